@@ -1,0 +1,151 @@
+"""The Python client: submit runs by agent name and follow them while any worker executes them.
+
+    client = Client.from_env()                 # WESICHAIN_REDIS_URL
+    handle = client.submit("research", "What is a lease?")
+    for event in handle.events():               # live, from whichever worker runs each phase
+        print(event.kind)
+    head = handle.wait(timeout=60)
+
+Submitting writes the run (IDLE) and sends ``wesichain.start`` by name; nothing here imports the
+worker package, so a producer needs only the agent's name and the Redis URL.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from celery import Celery
+
+from shared.errors import ConfigError
+from shared.events import END_EVENTS, Event
+from shared.redis_client import connect
+from shared.settings import Settings, celery_config
+from shared.state import Phase, RunHead, TaskSpec
+from shared.store import RunStore
+
+TASK_START = "wesichain.start"
+
+
+class RunTimeout(TimeoutError):
+    """``RunHandle.wait`` ran out of time; the run goes on."""
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+class Client:
+    def __init__(self, settings: Settings, *, app: Celery | None = None, store: RunStore | None = None) -> None:
+        self.settings = settings
+        if app is None:
+            app = Celery("wesichain-producer", set_as_current=False)
+            app.conf.update(celery_config(settings))
+        self.app = app
+        self.store = store or RunStore(connect(settings), settings)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Client:
+        return cls(Settings.from_env(**overrides))
+
+    def submit(
+        self,
+        agent: str,
+        input: str,
+        *,
+        thread_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        model: str | None = None,
+        run_id: str | None = None,
+    ) -> RunHandle:
+        limits = self.settings.limits
+        if not input.strip():
+            raise ValueError("input is empty")
+        if len(input) > limits.max_input_chars:
+            raise ValueError(f"input is {len(input)} chars; the limit is {limits.max_input_chars}")
+        if metadata is not None and len(json.dumps(metadata, default=str)) > limits.max_metadata_chars:
+            raise ValueError(f"metadata is over {limits.max_metadata_chars} chars of JSON")
+        if model is not None and ":" not in model:
+            raise ConfigError(f"model {model!r} must look like PROVIDER:MODEL")
+        run_id = run_id or uuid.uuid4().hex
+        head = RunHead.new_idle(run_id, agent, input, thread_id=thread_id, metadata=metadata, model=model)
+        start = {"run_id": run_id, "version": head.version}
+        task_id = f"{run_id}:v{head.version}:start"
+        status = self.store.commit(None, head, outbox=[_spec(task_id, start)])
+        if status != "committed":
+            raise ValueError(f"run id {run_id!r} already exists")
+        self.app.send_task(TASK_START, kwargs=start, task_id=task_id)
+        return RunHandle(self, run_id)
+
+    def handle(self, run_id: str) -> RunHandle:
+        return RunHandle(self, run_id)
+
+    def close(self) -> None:
+        self.store.redis.close()
+
+
+def _spec(task_id: str, kwargs: dict[str, Any]) -> TaskSpec:
+    return TaskSpec(name=TASK_START, task_id=task_id, kwargs=kwargs)
+
+
+class RunHandle:
+    def __init__(self, client: Client, run_id: str) -> None:
+        self.client = client
+        self.run_id = run_id
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.run_id!r})"
+
+    def status(self) -> RunHead:
+        head = self.client.store.load(self.run_id)
+        if head is None:
+            raise RunNotFound(f"no run {self.run_id!r}")
+        return head
+
+    def events(self, *, follow: bool = True, after: str = "0-0", idle_timeout: float | None = None) -> Iterator[Event]:
+        """Every event of the run, in order; with ``follow``, live until the run's end event."""
+        store = self.client.store
+        last = after
+        idle_since = time.monotonic()
+        while True:
+            batch = store.read_events(self.run_id, after=last, count=500)
+            if not batch and follow:
+                batch = store.wait_events(self.run_id, after=last, timeout_s=0.5)
+            for last, event in batch:
+                yield event
+                if event.kind in END_EVENTS:
+                    return
+            if not follow:
+                return
+            if batch:
+                idle_since = time.monotonic()
+                continue
+            # Nothing new: the end event is committed atomically with the terminal head, so a
+            # terminal run with nothing left to read has had its stream trimmed or expired.
+            head = store.load(self.run_id)
+            if head is None or head.terminal:
+                for last, event in store.read_events(self.run_id, after=last):
+                    yield event
+                return
+            if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
+                return
+
+    def wait(self, timeout: float = 60.0) -> RunHead:
+        """Block until the run is terminal; raise :class:`RunTimeout` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            head = self.status()
+            if head.terminal:
+                return head
+            if time.monotonic() >= deadline:
+                raise RunTimeout(f"run {self.run_id} still {head.phase.value} after {timeout}s")
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.1)
+
+    def cancel(self) -> Phase | None:
+        """Ask the run to stop; it ends INTERRUPTED at its next phase boundary (or cooperative check)."""
+        return self.client.store.request_cancel(self.run_id)

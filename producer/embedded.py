@@ -1,0 +1,38 @@
+"""The embedded mode: producer, broker, Redis stand-in and worker in one process.
+
+Same tasks, same scripts, same state format as the distributed mode; only the transports differ
+(Celery's in-memory broker and an in-process Redis). It exists so ``wesichain demo`` works right
+after ``pip install``, and it is the one place the producer package imports the worker, because
+here the producer *is* the worker host.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from producer.client import Client
+from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings
+
+
+@contextmanager
+def embedded(
+    agents_module: str | None = None, *, concurrency: int = 4, **settings: Any
+) -> Iterator[Client]:
+    """Run an in-process worker and yield a client bound to it."""
+    from celery.contrib.testing.worker import start_worker
+
+    from worker.app import create_app
+
+    base = Settings.from_env(redis_url="memory://", agents_module=agents_module, **settings)
+    app = create_app(base)
+    # start_worker's readiness ping needs the built-in ping task registered.
+    app.loader.import_module("celery.contrib.testing.tasks")
+    runtime = app.wesichain_runtime.get()
+    with start_worker(
+        app, pool="threads", concurrency=concurrency, perform_ping_check=False, loglevel=os.environ.get("WESICHAIN_LOGLEVEL", "WARNING"),
+        shutdown_timeout=10.0, queues=[QUEUE_MODEL, QUEUE_TOOLS],
+    ):
+        yield Client(base, app=app, store=runtime.store)

@@ -1,0 +1,145 @@
+"""Structured errors.
+
+Every way a run can fail is one of these, and a failed run carries it in its state and in its
+``Failed`` event as a :class:`RunErrorInfo` (a JSON-safe record), so it says exactly why::
+
+    WesichainError
+     ├── PolicyConfigInvalid      a policy that could loop forever or is malformed (developer)
+     ├── ConfigError              bad settings: URL, agent module, model string (operator)
+     └── RunError                 a run cannot go on
+          ├── ModelTransport        the provider could not be reached or answered badly
+          ├── InvalidModelAction    the model asked for something the runtime refuses
+          ├── ToolDispatch          a tool raised, timed out or got bad arguments
+          ├── ToolOutcomeUnknown    a non-retry-safe tool's worker died mid-call
+          ├── BudgetExceeded        step budget spent
+          ├── PoisonPhase           a phase crashed its worker too many times
+          └── InternalInvariant     a bug: state that must not exist
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+ErrorKind = Literal[
+    "ModelTransport",
+    "InvalidModelAction",
+    "ToolDispatch",
+    "ToolOutcomeUnknown",
+    "BudgetExceeded",
+    "PoisonPhase",
+    "PolicyConfigInvalid",
+    "InternalInvariant",
+    "Config",
+]
+
+#: Bound on any excerpt of untrusted text copied into an error (model output, HTTP bodies).
+MAX_EXCERPT = 2000
+
+
+def excerpt(text: str | None, limit: int = MAX_EXCERPT) -> str | None:
+    if text is None:
+        return None
+    return text if len(text) <= limit else text[:limit] + f"...[{len(text) - limit} more chars]"
+
+
+class RunErrorInfo(BaseModel):
+    """The persisted form of a run's error."""
+
+    kind: ErrorKind
+    message: str
+    step: int | None = None
+    tool: str | None = None
+    details: dict[str, Any] = {}
+
+
+class WesichainError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(WesichainError):
+    """Settings that cannot work: a bad URL, a missing agent module, an unknown provider."""
+
+
+class PolicyConfigInvalid(WesichainError):
+    """A policy that is malformed or could retry without bound."""
+
+
+class RunError(WesichainError):
+    kind: ErrorKind = "InternalInvariant"
+
+    def __init__(self, message: str, *, step: int | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.step = step
+        self.details = details
+
+    def info(self) -> RunErrorInfo:
+        tool = self.details.get("tool")
+        extra = {k: v for k, v in self.details.items() if k != "tool" and v is not None}
+        return RunErrorInfo(kind=self.kind, message=self.message, step=self.step, tool=tool, details=extra)
+
+
+class RunConfigError(RunError):
+    """The run names something the workers cannot provide: an unknown agent or model provider."""
+
+    kind = "Config"
+
+
+class ModelTransport(RunError):
+    """The provider failed: connection, timeout, HTTP status, malformed body or stream.
+
+    ``retryable`` says whether the same request may succeed later (429, 5xx, connection errors).
+    """
+
+    kind = "ModelTransport"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        retryable: bool = False,
+        body: str | None = None,
+        step: int | None = None,
+    ) -> None:
+        super().__init__(message, step=step, status_code=status_code, retryable=retryable, body=excerpt(body))
+        self.status_code = status_code
+        self.retryable = retryable
+
+
+class InvalidModelAction(RunError):
+    """The model's action is malformed: an unknown tool, arguments that are not a JSON object,
+    or arguments failing the tool's schema."""
+
+    kind = "InvalidModelAction"
+
+    def __init__(
+        self, message: str, *, step: int | None = None, tool: str | None = None, args: Any = None,
+        raw: str | None = None,
+    ) -> None:
+        super().__init__(message, step=step, tool=tool, args=args, raw=excerpt(raw))
+        self.tool = tool
+        self.args = args
+        self.raw = raw
+
+
+class ToolDispatch(RunError):
+    kind = "ToolDispatch"
+
+
+class ToolOutcomeUnknown(RunError):
+    kind = "ToolOutcomeUnknown"
+
+
+class BudgetExceeded(RunError):
+    kind = "BudgetExceeded"
+
+
+class PoisonPhase(RunError):
+    kind = "PoisonPhase"
+
+
+class InternalInvariant(RunError):
+    kind = "InternalInvariant"

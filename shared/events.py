@@ -1,0 +1,139 @@
+"""Typed run events: one discriminated union, one Redis Stream per run.
+
+Invariants the runtime keeps (and tests check): a step's ``StepStarted`` precedes its end, and
+every ``ToolDispatched`` has exactly one ``ToolCompleted`` (which carries ``ok=False`` on
+failure). Events of a transition are appended in the same atomic script as its commit, so a
+redelivered task can never emit them twice.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from functools import cache
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+from shared.errors import RunErrorInfo
+from shared.llm.base import Usage
+
+
+class WorkerId(BaseModel):
+    host: str
+    pid: int
+
+
+@cache
+def _hostname() -> str:
+    return os.environ.get("WESICHAIN_WORKER_NAME") or socket.gethostname()
+
+
+def this_worker() -> WorkerId:
+    # pid is read each time: prefork children inherit the parent's memory after fork.
+    return WorkerId(host=_hostname(), pid=os.getpid())
+
+
+class _Event(BaseModel):
+    run_id: str
+    step: int
+    ts: float = Field(default_factory=time.time)
+    worker: WorkerId = Field(default_factory=this_worker)
+
+
+class RunStarted(_Event):
+    kind: Literal["RunStarted"] = "RunStarted"
+    agent: str
+    agent_version: str
+    model: str
+
+
+class StepStarted(_Event):
+    kind: Literal["StepStarted"] = "StepStarted"
+
+
+class TokenDelta(_Event):
+    kind: Literal["TokenDelta"] = "TokenDelta"
+    text: str
+
+
+class ModelResponded(_Event):
+    kind: Literal["ModelResponded"] = "ModelResponded"
+    text: str | None = None
+    tool_calls: int = 0
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ToolDispatched(_Event):
+    kind: Literal["ToolDispatched"] = "ToolDispatched"
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+
+
+class ToolCompleted(_Event):
+    kind: Literal["ToolCompleted"] = "ToolCompleted"
+    call_id: str
+    tool: str
+    ok: bool
+    output: str
+    error: RunErrorInfo | None = None
+    duration_s: float = 0.0
+
+
+class StepFailed(_Event):
+    kind: Literal["StepFailed"] = "StepFailed"
+    error: RunErrorInfo
+    #: What the policy decided: "fail", "retry", "reprompt", "interrupt", "continue".
+    decision: str
+
+
+class AwaitingApproval(_Event):
+    kind: Literal["AwaitingApproval"] = "AwaitingApproval"
+    call_id: str
+    tool: str
+    reason: str
+
+
+class Completed(_Event):
+    kind: Literal["Completed"] = "Completed"
+    answer: str
+    usage: Usage = Field(default_factory=Usage)
+
+
+class Failed(_Event):
+    kind: Literal["Failed"] = "Failed"
+    error: RunErrorInfo
+
+
+class Interrupted(_Event):
+    kind: Literal["Interrupted"] = "Interrupted"
+    reason: str
+
+
+Event = Annotated[
+    RunStarted
+    | StepStarted
+    | TokenDelta
+    | ModelResponded
+    | ToolDispatched
+    | ToolCompleted
+    | StepFailed
+    | AwaitingApproval
+    | Completed
+    | Failed
+    | Interrupted,
+    Field(discriminator="kind"),
+]
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+END_EVENTS = ("Completed", "Failed", "Interrupted")
+
+
+def dump_event(event: Event) -> str:
+    return event.model_dump_json()
+
+
+def load_event(raw: str | bytes) -> Event:
+    return EVENT_ADAPTER.validate_json(raw)

@@ -1,0 +1,206 @@
+"""The flagship example: a research assistant with a calculator, the clock and a local corpus search.
+
+It runs on any model; by default on a scripted model so that ``wesichain demo`` works offline.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import operator
+import re
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from functools import cache
+from importlib import resources
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import BaseModel, Field
+
+from shared.agents import Agent, AgentRegistry
+from shared.llm.base import ModelResponse
+from shared.llm.scripted import ScriptedModel, reply
+from shared.messages import Message, ToolMessage, UserMessage
+from shared.tools import ToolSet, tool
+
+# -- calculator: arithmetic over a whitelisted AST, never eval ----------------------------------
+
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_FUNCS: dict[str, Callable[..., float]] = {"sqrt": math.sqrt, "abs": abs, "round": round, "log": math.log}
+_CONSTS = {"pi": math.pi, "e": math.e}
+MAX_EXPONENT = 1000
+MAX_MAGNITUDE = 1e300
+
+
+class CalculatorArgs(BaseModel):
+    expression: str = Field(max_length=200, description="Arithmetic, e.g. '3.5 * 24 * 3600' or 'sqrt(2)'")
+
+
+class CalculatorResult(BaseModel):
+    expression: str
+    value: float
+
+
+def _eval(node: ast.AST) -> float:
+    if isinstance(node, ast.Expression):
+        return _eval(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+        return float(node.value)
+    if isinstance(node, ast.Name) and node.id in _CONSTS:
+        return _CONSTS[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+            raise ValueError("exponent too large")
+        value = float(_BINARY[type(node.op)](left, right))
+    elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        value = float(_UNARY[type(node.op)](_eval(node.operand)))
+    elif (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS
+        and not node.keywords and len(node.args) <= 2
+    ):
+        value = float(_FUNCS[node.func.id](*(_eval(a) for a in node.args)))
+    else:
+        raise ValueError(f"unsupported expression element: {type(node).__name__}")
+    if not math.isfinite(value) or abs(value) > MAX_MAGNITUDE:
+        raise ValueError("result out of range")
+    return value
+
+
+@tool
+def calculator(args: CalculatorArgs) -> CalculatorResult:
+    """Evaluate an arithmetic expression (+ - * / // % **, parentheses, sqrt, abs, round, log, pi, e)."""
+    try:
+        tree = ast.parse(args.expression, mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"not an arithmetic expression: {exc.msg}") from None
+    return CalculatorResult(expression=args.expression, value=_eval(tree))
+
+
+# -- clock -------------------------------------------------------------------------------------
+
+
+class TimeArgs(BaseModel):
+    timezone: str = Field(default="UTC", max_length=64, description="IANA time zone, e.g. 'Europe/Paris'")
+
+
+class TimeResult(BaseModel):
+    timezone: str
+    iso: str
+
+
+@tool
+def current_time(args: TimeArgs) -> TimeResult:
+    """The current date and time in a time zone."""
+    try:
+        zone = ZoneInfo(args.timezone) if args.timezone != "UTC" else UTC
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {args.timezone!r}") from None
+    return TimeResult(timezone=args.timezone, iso=datetime.now(zone).isoformat(timespec="seconds"))
+
+
+# -- local corpus search -------------------------------------------------------------------------
+
+
+class SearchArgs(BaseModel):
+    query: str = Field(min_length=1, max_length=500)
+    limit: int = Field(default=3, ge=1, le=10)
+
+
+class Hit(BaseModel):
+    id: str
+    title: str
+    snippet: str
+    score: float
+
+
+class SearchResult(BaseModel):
+    hits: list[Hit]
+
+
+@cache
+def _corpus() -> list[dict[str, str]]:
+    data = resources.files("shared.examples").joinpath("corpus.json").read_text()
+    return list(json.loads(data))
+
+
+_WORD = re.compile(r"[a-z0-9]+")
+_STOP = frozenset("a an and are as at be by for from how in is it of on or the to what which with".split())
+
+
+def _terms(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+
+
+@tool
+def search(args: SearchArgs) -> SearchResult:
+    """Search the bundled knowledge base about durable agents, Celery and Redis."""
+    query = _terms(args.query)
+    scored = []
+    for doc in _corpus():
+        words = _terms(doc["title"] + " " + doc["text"])
+        overlap = len(query & words)
+        if overlap:
+            scored.append((overlap / (len(query) or 1), doc))
+    scored.sort(key=lambda pair: -pair[0])
+    hits = [
+        Hit(id=d["id"], title=d["title"], snippet=d["text"][:240], score=round(s, 3)) for s, d in scored[: args.limit]
+    ]
+    return SearchResult(hits=hits)
+
+
+# -- the scripted model that drives the demo -----------------------------------------------------
+
+DEMO_QUESTION = "What makes an agent run durable, and how many seconds are there in 3.5 days?"
+
+
+def _demo_script(messages: Sequence[Message]) -> ModelResponse:
+    """Plan: search + calculate + read the clock in parallel, then answer from what came back."""
+    tool_results = [m for m in messages if isinstance(m, ToolMessage)]
+    if not tool_results:
+        question = next((m.content for m in reversed(messages) if isinstance(m, UserMessage)), DEMO_QUESTION)
+        return reply(
+            "Let me look this up and do the arithmetic.",
+            ("search", {"query": question, "limit": 2}),
+            ("calculator", {"expression": "3.5 * 24 * 60 * 60"}),
+            ("current_time", {"timezone": "UTC"}),
+        )
+    by_name = {m.name: m for m in tool_results}
+    parts = []
+    if (found := by_name.get("search")) and not found.is_error:
+        hits = json.loads(found.content)["hits"]
+        if hits:
+            parts.append(f"{hits[0]['title']}: {hits[0]['snippet']}")
+    if (calc := by_name.get("calculator")) and not calc.is_error:
+        value = json.loads(calc.content)["value"]
+        parts.append(f"3.5 days is {value:,.0f} seconds.")
+    if (clock := by_name.get("current_time")) and not clock.is_error:
+        parts.append(f"(Answered at {json.loads(clock.content)['iso']}.)")
+    return reply(" ".join(parts) or "I could not find an answer.")
+
+
+registry = AgentRegistry()
+registry.add_model("research-demo", ScriptedModel(_demo_script, chunk=6))
+registry.add(
+    Agent(
+        name="research",
+        model="scripted:research-demo",
+        system_prompt=(
+            "You are a careful research assistant. Use `search` for facts from the knowledge base, "
+            "`calculator` for any arithmetic and `current_time` for dates. Cite what you found."
+        ),
+        tools=ToolSet([search, calculator, current_time]),
+        max_steps=6,
+    )
+)

@@ -1,0 +1,234 @@
+"""The run state machine as types: each phase is its own class exposing only its legal moves.
+
+    IDLE ─start→ THINKING ─complete→ COMPLETED
+                    │ └─act→ ACTING ─observe→ OBSERVING ─next_step→ THINKING …
+                    └─reprompt / retry→ THINKING
+    any live phase ─fail→ FAILED, ─interrupt→ INTERRUPTED; ACTING ─park→ AWAITING_APPROVAL
+
+Calling ``.act()`` on an :class:`Acting` or anything on a :class:`Completed` is a type error
+(``tests/unit/test_typestate.py`` proves mypy rejects it). At runtime, :func:`view` is the only
+way in, and it checks the stored phase. Transitions are pure: they return the new head, the
+messages to append and the events to emit; the worker commits them atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from shared import events as ev
+from shared.errors import InternalInvariant, RunErrorInfo
+from shared.llm.base import Usage
+from shared.messages import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
+from shared.state import Phase, RunHead, ToolResult
+
+P = TypeVar("P", bound="PhaseView", covariant=True)
+
+
+@dataclass(frozen=True)
+class Transition(Generic[P]):
+    to: P
+    messages: tuple[Message, ...] = ()
+    events: tuple[ev.Event, ...] = ()
+
+    @property
+    def head(self) -> RunHead:
+        return self.to.head
+
+
+@dataclass(frozen=True)
+class PhaseView:
+    head: RunHead
+    phase: Phase = field(init=False, default=Phase.IDLE)
+
+    def _next(self, phase: Phase, **changes: Any) -> RunHead:
+        now = time.time()
+        return self.head.model_copy(
+            update={"phase": phase, "version": self.head.version + 1, "updated_at": now, **changes}
+        )
+
+
+@dataclass(frozen=True)
+class _Live(PhaseView):
+    """A phase that can still end: by failure or by interruption (cancel, or halted by policy)."""
+
+    def fail(self, error: RunErrorInfo) -> Transition[Failed]:
+        head = self._next(Phase.FAILED, error=error, pending_calls=[])
+        return Transition(Failed(head), events=(ev.Failed(run_id=head.run_id, step=head.step, error=error),))
+
+    def interrupt(self, reason: str, error: RunErrorInfo | None = None) -> Transition[Interrupted]:
+        head = self._next(Phase.INTERRUPTED, error=error, pending_calls=[])
+        return Transition(
+            Interrupted(head), events=(ev.Interrupted(run_id=head.run_id, step=head.step, reason=reason),)
+        )
+
+    @property
+    def budget_left(self) -> int:
+        return self.head.max_steps - self.head.steps_used
+
+
+@dataclass(frozen=True)
+class Idle(_Live):
+    phase: Phase = field(init=False, default=Phase.IDLE)
+
+    def start(self, initial: Sequence[Message], *, agent_version: str, model: str, max_steps: int) -> Transition[Thinking]:
+        head = self._next(
+            Phase.THINKING, step=1, steps_used=1, message_count=len(initial), agent_version=agent_version,
+            model=model, max_steps=max_steps,
+        )
+        return Transition(
+            Thinking(head),
+            messages=tuple(initial),
+            events=(
+                ev.RunStarted(
+                    run_id=head.run_id, step=0, agent=head.agent, agent_version=head.agent_version, model=head.model
+                ),
+                ev.StepStarted(run_id=head.run_id, step=1),
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Thinking(_Live):
+    phase: Phase = field(init=False, default=Phase.THINKING)
+
+    def complete(self, answer: str, usage: Usage) -> Transition[Completed]:
+        total = self.head.usage + usage
+        head = self._next(
+            Phase.COMPLETED, answer=answer, usage=total, message_count=self.head.message_count + 1, model_retries=0
+        )
+        return Transition(
+            Completed(head),
+            messages=(AssistantMessage(content=answer),),
+            events=(
+                ev.ModelResponded(run_id=head.run_id, step=head.step, text=answer, usage=usage),
+                ev.Completed(run_id=head.run_id, step=head.step, answer=answer, usage=total),
+            ),
+        )
+
+    def act(self, text: str | None, calls: Sequence[ToolCall], usage: Usage) -> Transition[Acting]:
+        if not calls:
+            raise InternalInvariant("act() needs at least one tool call", step=self.head.step)
+        head = self._next(
+            Phase.ACTING,
+            pending_calls=list(calls),
+            usage=self.head.usage + usage,
+            message_count=self.head.message_count + 1,
+            model_retries=0,
+        )
+        dispatched = tuple(
+            ev.ToolDispatched(run_id=head.run_id, step=head.step, call_id=c.id, tool=c.name, arguments=c.arguments)
+            for c in calls
+        )
+        responded = ev.ModelResponded(run_id=head.run_id, step=head.step, text=text, tool_calls=len(calls), usage=usage)
+        return Transition(
+            Acting(head),
+            messages=(AssistantMessage(content=text, tool_calls=list(calls)),),
+            events=(responded, *dispatched),
+        )
+
+    def reprompt(
+        self, error: RunErrorInfo, raw_reply: str | None, correction: str, usage: Usage, consume_budget: bool
+    ) -> Transition[Thinking]:
+        """Show the model its malformed reply and what was wrong; think again (a new step if charged)."""
+        step = self.head.step + 1 if consume_budget else self.head.step
+        messages: tuple[Message, ...] = (AssistantMessage(content=raw_reply or ""), UserMessage(content=correction))
+        head = self._next(
+            Phase.THINKING,
+            step=step,
+            steps_used=self.head.steps_used + (1 if consume_budget else 0),
+            reprompts=self.head.reprompts + 1,
+            usage=self.head.usage + usage,
+            message_count=self.head.message_count + len(messages),
+        )
+        events: list[ev.Event] = [ev.StepFailed(run_id=head.run_id, step=self.head.step, error=error, decision="reprompt")]
+        if consume_budget:
+            events.append(ev.StepStarted(run_id=head.run_id, step=step))
+        return Transition(Thinking(head), messages=messages, events=tuple(events))
+
+    def retry(self, error: RunErrorInfo, consume_budget: bool) -> Transition[Thinking]:
+        """Call the model again for the same step (the failed call left no messages behind)."""
+        head = self._next(
+            Phase.THINKING,
+            model_retries=self.head.model_retries + 1,
+            steps_used=self.head.steps_used + (1 if consume_budget else 0),
+        )
+        return Transition(
+            Thinking(head), events=(ev.StepFailed(run_id=head.run_id, step=head.step, error=error, decision="retry"),)
+        )
+
+
+@dataclass(frozen=True)
+class Acting(_Live):
+    phase: Phase = field(init=False, default=Phase.ACTING)
+
+    def observe(self) -> Transition[Observing]:
+        """All results are in. In production this move is made by the fan-in script in Redis
+        (atomically with the last result); this pure form is its specification."""
+        return Transition(Observing(self._next(Phase.OBSERVING)))
+
+
+@dataclass(frozen=True)
+class Observing(_Live):
+    phase: Phase = field(init=False, default=Phase.OBSERVING)
+
+    def next_step(self, results: Sequence[ToolResult]) -> Transition[Thinking]:
+        by_id = {r.call_id: r for r in results}
+        missing = [c.id for c in self.head.pending_calls if c.id not in by_id]
+        if missing:
+            raise InternalInvariant(f"observe without results for calls {missing}", step=self.head.step)
+        messages = tuple(
+            ToolMessage(tool_call_id=c.id, name=c.name, content=by_id[c.id].output, is_error=not by_id[c.id].ok)
+            for c in self.head.pending_calls
+        )
+        step = self.head.step + 1
+        head = self._next(
+            Phase.THINKING,
+            step=step,
+            steps_used=self.head.steps_used + 1,
+            pending_calls=[],
+            message_count=self.head.message_count + len(messages),
+        )
+        return Transition(Thinking(head), messages=messages, events=(ev.StepStarted(run_id=head.run_id, step=step),))
+
+
+@dataclass(frozen=True)
+class AwaitingApproval(_Live):
+    phase: Phase = field(init=False, default=Phase.AWAITING_APPROVAL)
+
+
+@dataclass(frozen=True)
+class Completed(PhaseView):
+    phase: Phase = field(init=False, default=Phase.COMPLETED)
+
+
+@dataclass(frozen=True)
+class Failed(PhaseView):
+    phase: Phase = field(init=False, default=Phase.FAILED)
+
+
+@dataclass(frozen=True)
+class Interrupted(PhaseView):
+    phase: Phase = field(init=False, default=Phase.INTERRUPTED)
+
+
+AnyPhase = Idle | Thinking | Acting | Observing | AwaitingApproval | Completed | Failed | Interrupted
+LivePhase = Idle | Thinking | Acting | Observing | AwaitingApproval
+
+_VIEWS: dict[Phase, type[AnyPhase]] = {
+    Phase.IDLE: Idle,
+    Phase.THINKING: Thinking,
+    Phase.ACTING: Acting,
+    Phase.OBSERVING: Observing,
+    Phase.AWAITING_APPROVAL: AwaitingApproval,
+    Phase.COMPLETED: Completed,
+    Phase.FAILED: Failed,
+    Phase.INTERRUPTED: Interrupted,
+}
+
+
+def view(head: RunHead) -> AnyPhase:
+    """The typed view of a stored head; the only way from untyped state to a phase."""
+    return _VIEWS[head.phase](head)

@@ -1,0 +1,23 @@
+"""LLM adapters: one protocol, one module per wire format."""
+
+from shared.llm.base import (
+    LlmAdapter,
+    ModelRequest,
+    ModelResponse,
+    RawToolCall,
+    StreamPart,
+    TextDelta,
+    ToolSpec,
+    Usage,
+)
+
+__all__ = [
+    "LlmAdapter",
+    "ModelRequest",
+    "ModelResponse",
+    "RawToolCall",
+    "StreamPart",
+    "TextDelta",
+    "ToolSpec",
+    "Usage",
+]

@@ -1,0 +1,111 @@
+"""Policy: what happens when the model or a tool misbehaves. Deterministic, side-effect free.
+
+Every retrying action carries a bound ``n > 0`` (capped at :data:`MAX_ATTEMPTS`), so an unbounded
+retry cannot be configured: such a policy raises :class:`PolicyConfigInvalid` when built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from shared.errors import PolicyConfigInvalid
+
+MAX_ATTEMPTS = 20
+
+
+@dataclass(frozen=True)
+class Fail:
+    """End the run as FAILED with the error."""
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """End the run as INTERRUPTED (halted by policy), keeping the error for inspection."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Call the model again, at most ``n`` times for one step."""
+
+    n: int = 3
+    consume_budget: bool = False
+
+    def __post_init__(self) -> None:
+        _check_bound("Retry", self.n)
+
+
+@dataclass(frozen=True)
+class Reprompt:
+    """Tell the model what was wrong and let it try again, at most ``n`` times per run."""
+
+    n: int = 2
+    strategy: Literal["explain_error"] = "explain_error"
+    consume_budget: bool = True
+
+    def __post_init__(self) -> None:
+        _check_bound("Reprompt", self.n)
+        if self.strategy != "explain_error":
+            raise PolicyConfigInvalid(f"unknown reprompt strategy {self.strategy!r}")
+
+
+def _check_bound(what: str, n: object) -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_ATTEMPTS:
+        raise PolicyConfigInvalid(f"{what}(n={n!r}): n must be an integer in 1..{MAX_ATTEMPTS}; retries are bounded")
+
+
+Action = Fail | Retry | Reprompt | Interrupt
+
+
+class ToolFailure:
+    FAIL_FAST: Literal["fail_fast"] = "fail_fast"
+    APPEND_ERROR_AND_CONTINUE: Literal["append_error_and_continue"] = "append_error_and_continue"
+
+
+ToolFailureMode = Literal["fail_fast", "append_error_and_continue"]
+UnknownOutcomeMode = Literal["fail", "await_approval"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    #: Malformed model action: unknown tool, arguments not JSON, arguments failing validation.
+    on_invalid_action: Fail | Reprompt | Interrupt = Fail()
+    #: The provider failed (network, 5xx, malformed body).
+    on_model_error: Fail | Retry | Interrupt = Retry(n=2)
+    #: A tool raised or timed out.
+    on_tool_error: ToolFailureMode = "append_error_and_continue"
+    #: A tool that is not retry-safe lost its worker mid-call.
+    on_unknown_outcome: UnknownOutcomeMode = "fail"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.on_invalid_action, Fail | Reprompt | Interrupt):
+            raise PolicyConfigInvalid(f"on_invalid_action must be Fail, Reprompt or Interrupt, got {self.on_invalid_action!r}")
+        if not isinstance(self.on_model_error, Fail | Retry | Interrupt):
+            raise PolicyConfigInvalid(f"on_model_error must be Fail, Retry or Interrupt, got {self.on_model_error!r}")
+        if self.on_tool_error not in ("fail_fast", "append_error_and_continue"):
+            raise PolicyConfigInvalid(f"on_tool_error must be fail_fast or append_error_and_continue, got {self.on_tool_error!r}")
+        if self.on_unknown_outcome not in ("fail", "await_approval"):
+            raise PolicyConfigInvalid(f"on_unknown_outcome must be fail or await_approval, got {self.on_unknown_outcome!r}")
+
+
+Decision = Literal["fail", "retry", "reprompt", "interrupt"]
+
+
+def decide_invalid_action(policy: Policy, reprompts_used: int) -> tuple[Decision, bool]:
+    """What to do with a malformed model action; returns (decision, consume_budget)."""
+    action = policy.on_invalid_action
+    if isinstance(action, Reprompt):
+        if reprompts_used < action.n:
+            return "reprompt", action.consume_budget
+        return "fail", False
+    return ("interrupt" if isinstance(action, Interrupt) else "fail"), False
+
+
+def decide_model_error(policy: Policy, retries_used: int, retryable: bool) -> tuple[Decision, bool]:
+    """What to do when the provider failed; a non-retryable error (e.g. 400) is never retried."""
+    action = policy.on_model_error
+    if isinstance(action, Retry):
+        if retryable and retries_used < action.n:
+            return "retry", action.consume_budget
+        return "fail", False
+    return ("interrupt" if isinstance(action, Interrupt) else "fail"), False

@@ -1,0 +1,113 @@
+"""The persisted state of a run.
+
+A run is stored as a small *head* (this model) plus an append-only message list. The head is
+what a transition reads and rewrites; it stays small and does not grow with the run's length
+(``message_count`` points into the list instead of holding it).
+
+``version`` is the fencing token: every commit increments it with compare-and-set, and every task
+message names the version it was enqueued for, so a duplicate or late delivery can tell that the
+run has moved on.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from shared.errors import RunErrorInfo
+from shared.llm.base import Usage
+from shared.messages import ToolCall
+
+
+class Phase(enum.StrEnum):
+    IDLE = "idle"
+    THINKING = "thinking"
+    ACTING = "acting"
+    OBSERVING = "observing"
+    AWAITING_APPROVAL = "awaiting_approval"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_PHASES
+
+
+TERMINAL_PHASES = frozenset({Phase.COMPLETED, Phase.FAILED, Phase.INTERRUPTED})
+
+
+class TaskSpec(BaseModel):
+    """One entry of a commit's outbox: a task to publish once the commit is durable."""
+
+    name: str
+    task_id: str
+    kwargs: dict[str, Any]
+
+
+class ToolResult(BaseModel):
+    """The recorded outcome of one tool call, written once per (run, step, call_id)."""
+
+    call_id: str
+    name: str
+    ok: bool
+    output: str
+    error: RunErrorInfo | None = None
+    duration_s: float = 0.0
+
+
+class RunHead(BaseModel):
+    run_id: str
+    agent: str
+    #: Filled in by the start phase from the agent spec (a producer knows only the agent's name).
+    agent_version: str = ""
+    #: ``PROVIDER:MODEL``; a producer may set it to override the agent's model.
+    model: str = ""
+    phase: Phase
+    #: The current step: one think (and the tool calls it asked for, and their observation).
+    step: int = 0
+    version: int = 0
+    #: Bumped each time the sweeper takes a phase over from a worker that stopped renewing it.
+    epoch: int = 0
+    input: str
+    thread_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    message_count: int = 0
+    #: The accepted tool calls of the current step (ACTING / OBSERVING).
+    pending_calls: list[ToolCall] = Field(default_factory=list)
+    max_steps: int = 0
+    #: Steps charged against ``max_steps`` (thinks, plus reprompts/retries that consume budget).
+    steps_used: int = 0
+    reprompts: int = 0
+    #: Model-call retries of the current step (reset when the step advances).
+    model_retries: int = 0
+    answer: str | None = None
+    error: RunErrorInfo | None = None
+    usage: Usage = Field(default_factory=Usage)
+    created_at: float
+    updated_at: float
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase.terminal
+
+    @classmethod
+    def new_idle(
+        cls,
+        run_id: str,
+        agent: str,
+        input: str,
+        *,
+        thread_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        model: str | None = None,
+    ) -> RunHead:
+        """A run as a producer creates it: version 1, IDLE, waiting for the start phase."""
+        now = time.time()
+        return cls(
+            run_id=run_id, agent=agent, model=model or "", phase=Phase.IDLE, version=1, input=input,
+            thread_id=thread_id, metadata=metadata or {}, created_at=now, updated_at=now,
+        )

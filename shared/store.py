@@ -1,0 +1,264 @@
+"""The run store: Redis keys and the atomic scripts over them.
+
+Every write that matters is one Lua script, so Redis sees it whole or not at all:
+
+* :meth:`RunStore.begin` — read the head, claim the phase (outbox sent, attempt counted, lease set);
+* :meth:`RunStore.commit` — compare-and-set the version, append messages, emit events, record the
+  checkpoint and the outbox of tasks to publish next;
+* :meth:`RunStore.record_result` — one tool result once per ``(run, step, call_id)``, and the fan-in:
+  the last result moves the run to OBSERVING and puts observe in the outbox.
+
+A commit costs the same at step 50 as at step 1: messages are appended, never rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal
+
+import redis
+
+from shared.errors import InternalInvariant
+from shared.events import Event, dump_event, load_event
+from shared.keys import Keys
+from shared.messages import MESSAGE_ADAPTER, Message, dump_message
+from shared.settings import Settings
+from shared.state import Phase, RunHead, TaskSpec, ToolResult
+
+def _script(name: str) -> str:
+    return resources.files("shared").joinpath("lua", f"{name}.lua").read_text()
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What :meth:`RunStore.begin` returns when the run is where the task expected it."""
+
+    head: RunHead
+    attempts: int
+    messages: list[Message]
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class Stale:
+    """The run is not where the task expected: a duplicate or late delivery."""
+
+    head: RunHead | None
+    outbox: list[TaskSpec]
+    outbox_sent: bool
+
+
+CommitStatus = Literal["committed", "fenced", "cancel_pending"]
+RecordStatus = Literal["stale", "duplicate", "recorded", "complete"]
+
+
+class RunStore:
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self.redis = client
+        self.settings = settings
+        self.keys = Keys(settings.prefix)
+        self._begin = client.register_script(_script("begin"))
+        self._commit = client.register_script(_script("commit"))
+        self._record = client.register_script(_script("record_result"))
+        self._cancel = client.register_script(_script("cancel"))
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _head_from_fields(fields: dict[str, str]) -> RunHead:
+        head = RunHead.model_validate_json(fields["body"])
+        # The fan-in script moves phase/version without rewriting the body; the fields win.
+        return head.model_copy(
+            update={
+                "phase": Phase(fields["phase"]),
+                "version": int(fields["version"]),
+                "step": int(fields["step"]),
+                "epoch": int(fields["epoch"]),
+            }
+        )
+
+    @staticmethod
+    def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+        it = iter(flat)
+        return {_s(k): _s(v) for k, v in zip(it, it, strict=True)}
+
+    def load(self, run_id: str) -> RunHead | None:
+        fields = self.load_raw(run_id)
+        return self._head_from_fields(fields) if fields else None
+
+    def load_raw(self, run_id: str) -> dict[str, str]:
+        raw = self.redis.hgetall(self.keys.run(run_id))
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    def load_messages(self, run_id: str, start: int = 0, end: int = -1) -> list[Message]:
+        raw = self.redis.lrange(self.keys.messages(run_id), start, end)
+        return [MESSAGE_ADAPTER.validate_json(m) for m in raw]
+
+    def load_results(self, run_id: str, step: int) -> list[ToolResult]:
+        raw = self.redis.hvals(self.keys.results(run_id, step))
+        return [ToolResult.model_validate_json(r) for r in raw]
+
+    def has_result(self, run_id: str, step: int, call_id: str) -> bool:
+        return bool(self.redis.hexists(self.keys.results(run_id, step), call_id))
+
+    def checkpoints(self, run_id: str) -> list[RunHead]:
+        return [RunHead.model_validate_json(r) for r in self.redis.lrange(self.keys.checkpoints(run_id), 0, -1)]
+
+    def cancel_requested(self, run_id: str) -> bool:
+        return _s(self.redis.hget(self.keys.run(run_id), "cancel") or b"") == "1"
+
+    # -- claiming ----------------------------------------------------------------------------
+
+    def begin(
+        self, run_id: str, version: int, phase: Phase, attempt_field: str, *, with_messages: bool = False
+    ) -> Claim | Stale | None:
+        deadline = time.time() + self.settings.lease_s
+        k = self.keys
+        reply = self._begin(
+            keys=[k.run(run_id), k.attempts(run_id), k.leases(), k.messages(run_id)],
+            args=[str(version), phase.value, attempt_field, f"{deadline:.3f}", run_id, "1" if with_messages else "0"],
+        )
+        status = _s(reply[0])
+        if status == "missing":
+            return None
+        fields = self._pairs(reply[1])
+        head = self._head_from_fields(fields)
+        if status == "stale":
+            outbox = [TaskSpec.model_validate(t) for t in _json_list(fields.get("outbox", "[]"))]
+            return Stale(head=head, outbox=outbox, outbox_sent=fields.get("outbox_sent") == "1")
+        messages = [MESSAGE_ADAPTER.validate_json(m) for m in reply[3]]
+        return Claim(
+            head=head, attempts=int(reply[2]), messages=messages, cancel_requested=fields.get("cancel") == "1"
+        )
+
+    def renew_lease(self, run_id: str) -> None:
+        self.redis.zadd(self.keys.leases(), {run_id: time.time() + self.settings.lease_s})
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def commit(
+        self,
+        expected_version: int | None,
+        head: RunHead,
+        messages: Sequence[Message] = (),
+        events: Sequence[Event] = (),
+        outbox: Sequence[TaskSpec] = (),
+    ) -> CommitStatus:
+        """Compare-and-set ``head`` over ``expected_version`` (``None`` creates the run)."""
+        if expected_version is not None and head.version != expected_version + 1:
+            raise InternalInvariant(f"commit of version {head.version} over {expected_version}")
+        limits = self.settings.limits
+        k = self.keys
+        terminal = head.phase.terminal
+        leased = not terminal and head.phase is not Phase.AWAITING_APPROVAL
+        lease = f"{time.time() + self.settings.lease_s:.3f}" if leased else ""
+        args: list[str] = [
+            "" if expected_version is None else str(expected_version),
+            str(head.version),
+            head.phase.value,
+            str(head.step),
+            str(head.epoch),
+            head.model_dump_json(),
+            _dump_outbox(outbox),
+            "1" if terminal else "0",
+            str(limits.events_maxlen),
+            str(self.settings.retention_s),
+            lease,
+            head.run_id,
+            f"{time.time():.3f}",
+            str(len(messages)),
+            str(len(events)),
+            *(dump_message(m) for m in messages),
+            *(dump_event(e) for e in events),
+        ]
+        reply = self._commit(
+            keys=[k.run(head.run_id), k.messages(head.run_id), k.checkpoints(head.run_id), k.events(head.run_id),
+                  k.leases(), k.runs_index()],
+            args=args,
+        )
+        return {1: "committed", 0: "fenced", -1: "cancel_pending"}[int(reply[0])]  # type: ignore[return-value]
+
+    def record_result(
+        self, head: RunHead, result: ToolResult, event: Event, observe: TaskSpec
+    ) -> RecordStatus:
+        k = self.keys
+        reply = self._record(
+            keys=[k.run(head.run_id), k.results(head.run_id, head.step), k.events(head.run_id), k.leases()],
+            args=[
+                str(head.version),
+                result.call_id,
+                result.model_dump_json(),
+                dump_event(event),
+                str(len(head.pending_calls)),
+                _dump_outbox([observe]),
+                str(self.settings.limits.events_maxlen),
+                f"{time.time() + self.settings.lease_s:.3f}",
+                head.run_id,
+            ],
+        )
+        return _s(reply)  # type: ignore[return-value]
+
+    def mark_outbox_sent(self, run_id: str, version: int) -> None:
+        key = self.keys.run(run_id)
+        with self.redis.pipeline() as pipe:
+            # Only the outbox of this version: a newer commit's outbox must stay unsent.
+            pipe.watch(key)
+            if _s(pipe.hget(key, "version") or b"") != str(version):
+                return
+            pipe.multi()
+            pipe.hset(key, "outbox_sent", "1")
+            try:
+                pipe.execute()
+            except redis.WatchError:
+                pass
+
+    def emit(self, run_id: str, events: Sequence[Event]) -> None:
+        """Append events that are not part of a commit (live token deltas)."""
+        if not events:
+            return
+        key = self.keys.events(run_id)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for e in events:
+                pipe.xadd(key, {"e": dump_event(e)}, maxlen=self.settings.limits.events_maxlen, approximate=True)
+            pipe.execute()
+
+    def request_cancel(self, run_id: str) -> Phase | None:
+        phase = _s(self._cancel(keys=[self.keys.run(run_id)]))
+        return Phase(phase) if phase else None
+
+    # -- events ------------------------------------------------------------------------------
+
+    def read_events(self, run_id: str, after: str = "0-0", count: int = 1000) -> list[tuple[str, Event]]:
+        raw = self.redis.xrange(self.keys.events(run_id), min=f"({after}" if after != "0-0" else "-", count=count)
+        return [(_s(eid), load_event(fields["e"])) for eid, fields in raw]
+
+    def wait_events(self, run_id: str, after: str, timeout_s: float) -> list[tuple[str, Event]]:
+        """Block up to ``timeout_s`` for events after ``after`` (XREAD BLOCK; polled when embedded)."""
+        key = self.keys.events(run_id)
+        if self.settings.embedded:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if batch := self.read_events(run_id, after):
+                    return batch
+                time.sleep(0.01)
+            return []
+        reply = self.redis.xread({key: after}, count=500, block=max(1, int(timeout_s * 1000)))
+        entries = reply[0][1] if reply else []
+        return [(_s(eid), load_event(fields["e"])) for eid, fields in entries]
+
+
+def _dump_outbox(outbox: Sequence[TaskSpec]) -> str:
+    return "[" + ",".join(t.model_dump_json() for t in outbox) + "]"
+
+
+def _json_list(raw: str) -> list[Any]:
+    value = json.loads(raw)
+    return value if isinstance(value, list) else []

@@ -1,0 +1,1 @@
+"""The Celery side: one task per phase of the run state machine, plus the recovery sweeper."""

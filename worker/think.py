@@ -1,0 +1,127 @@
+"""The think phase: ask the model, validate what it wants, and commit the next move."""
+
+from __future__ import annotations
+
+import time
+
+from shared import events as ev
+from shared import fsm
+from shared.actions import accept_tool_calls
+from shared.errors import InvalidModelAction, ModelTransport, RunError
+from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse, TextDelta
+from shared.messages import Message
+from shared.models import resolve_model
+from shared.policy import decide_invalid_action, decide_model_error
+from shared.state import Phase
+from shared.store import Claim, Stale
+from worker.runtime import TASK_THINK, Runtime, log
+
+#: Token deltas are flushed to the event stream at most this often (one round trip per batch).
+DELTA_FLUSH_S = 0.05
+
+
+def run_think(rt: Runtime, run_id: str, step: int, version: int) -> None:
+    claim = rt.store.begin(run_id, version, Phase.THINKING, f"{step}:think", with_messages=True)
+    if claim is None:
+        log.warning("think for unknown run %s dropped", run_id)
+        return
+    if isinstance(claim, Stale):
+        rt.on_stale(claim, TASK_THINK, version)
+        return
+    current = fsm.view(claim.head)
+    assert isinstance(current, fsm.Thinking)
+    if rt.check_poison(current, claim.attempts, f"think of step {step}"):
+        return
+    if claim.cancel_requested:
+        rt.interrupt(current, "cancelled")
+        return
+    _think(rt, current, claim)
+
+
+def _think(rt: Runtime, current: fsm.Thinking, claim: Claim) -> None:
+    head = current.head
+    agent = rt.agents.get(head.agent)
+    step = head.step
+    try:
+        adapter = resolve_model(head.model, rt.agents)
+        request = ModelRequest(model=head.model.partition(":")[2], messages=claim.messages, tools=agent.tools.specs())
+        response = _call_model(rt, adapter, request, head.run_id, step, stream=agent.stream)
+    except ModelTransport as exc:
+        exc.step = step
+        decision, consume = decide_model_error(agent.policy, head.model_retries, exc.retryable)
+        error = exc.info()
+        if decision == "retry":
+            rt.commit(current, current.retry(error, consume))
+        elif decision == "interrupt":
+            rt.interrupt(current, "model error (halted by policy)", error)
+        else:
+            rt.fail(current, error, (ev.StepFailed(run_id=head.run_id, step=step, error=error, decision="fail"),))
+        return
+    except RunError as exc:
+        rt.fail(current, exc.info())
+        return
+    try:
+        calls = accept_tool_calls(response, agent.tools, step, rt.settings.limits)
+    except InvalidModelAction as exc:
+        _on_invalid(rt, current, exc, response, claim.messages)
+        return
+    if calls:
+        rt.commit(current, current.act(response.text, calls, response.usage))
+    else:
+        answer = (response.text or "")[: rt.settings.limits.max_message_chars]
+        rt.commit(current, current.complete(answer, response.usage))
+
+
+def _on_invalid(
+    rt: Runtime, current: fsm.Thinking, exc: InvalidModelAction, response: ModelResponse, history: list[Message]
+) -> None:
+    head = current.head
+    agent = rt.agents.get(head.agent)
+    decision, consume = decide_invalid_action(agent.policy, head.reprompts)
+    error = exc.info()
+    if decision == "reprompt" and (not consume or current.budget_left > 0):
+        correction = (
+            f"Your previous reply could not be used: {exc.message}. "
+            f"Available tools: {', '.join(agent.tools.names) or 'none'}. "
+            "Reply again with valid tool calls (arguments as a JSON object) or with a final answer."
+        )
+        raw = response.raw or response.text or _describe_calls(response)
+        rt.commit(current, current.reprompt(error, raw, correction, response.usage, consume))
+    elif decision == "interrupt":
+        rt.interrupt(current, "invalid model action (halted by policy)", error)
+    else:
+        step_failed = ev.StepFailed(run_id=head.run_id, step=head.step, error=error, decision="fail")
+        rt.fail(current, error, (step_failed,))
+
+
+def _describe_calls(response: ModelResponse) -> str:
+    return "; ".join(f"{c.name}({c.arguments!r})"[:500] for c in response.tool_calls)
+
+
+def _call_model(
+    rt: Runtime, adapter: LlmAdapter, request: ModelRequest, run_id: str, step: int, *, stream: bool
+) -> ModelResponse:
+    if not stream:
+        return adapter.complete(request)
+    pending: list[str] = []
+    last_flush = time.monotonic()
+    final: ModelResponse | None = None
+    for part in adapter.stream(request):
+        if isinstance(part, TextDelta):
+            pending.append(part.text)
+            if time.monotonic() - last_flush >= DELTA_FLUSH_S:
+                _flush(rt, run_id, step, pending)
+                last_flush = time.monotonic()
+        else:
+            final = part
+    _flush(rt, run_id, step, pending)
+    if final is None:
+        raise ModelTransport("the model stream ended without a final response", retryable=True, step=step)
+    return final
+
+
+def _flush(rt: Runtime, run_id: str, step: int, pending: list[str]) -> None:
+    if pending:
+        text = "".join(pending)[: rt.settings.limits.max_event_payload_chars]
+        rt.store.emit(run_id, [ev.TokenDelta(run_id=run_id, step=step, text=text)])
+        pending.clear()
