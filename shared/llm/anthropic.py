@@ -189,9 +189,9 @@ class _StreamAssembler:
             if block.type == "text" and block.text:
                 text_parts.append(block.text)
             elif block.type == "tool_use":
-                pieces = self.partial_json.get(index)
-                # No input deltas means the input was given whole (an empty object) at the start.
-                arguments = "".join(pieces) if pieces else block.input
+                joined = "".join(self.partial_json.get(index, []))
+                # No (or only empty) input deltas: the input was given whole, {}, at the start.
+                arguments = joined if joined.strip() else block.input
                 calls.append(RawToolCall(id=block.id, name=block.name or "", arguments=arguments))
         text = "".join(text_parts) or None
         return ModelResponse(
