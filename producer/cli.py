@@ -19,21 +19,28 @@ EXIT_TIMEOUT = 3
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wesichain", description=__doc__)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--redis", metavar="URL", help=f"Redis URL (default ${ENV_REDIS_URL} or redis://127.0.0.1:6379/0)")
+    common.add_argument(
+        "--redis", metavar="URL", help=f"Redis URL (default ${ENV_REDIS_URL} or redis://127.0.0.1:6379/0)"
+    )
     common.add_argument("--agents", metavar="MODULE", help=f"agents module to import (default ${ENV_AGENTS})")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", parents=[common], help="run the research assistant embedded: no server, no API key")
+    d = sub.add_parser(
+        "demo", parents=[common], help="run the research assistant embedded: no server, no API key"
+    )
     d.add_argument("question", nargs="?", help="what to ask")
     d.add_argument("--json", action="store_true", help="print events and the final state as JSON lines")
     d.add_argument("--model", help="override the agent's model (PROVIDER:MODEL)")
 
     w = sub.add_parser("worker", parents=[common], help="run a Celery worker for the phase tasks")
-    w.add_argument("--queues", default=f"{QUEUE_MODEL},{QUEUE_TOOLS}", help="comma-separated queues to consume")
+    w.add_argument(
+        "--queues", default=f"{QUEUE_MODEL},{QUEUE_TOOLS}", help="comma-separated queues to consume"
+    )
     w.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
     w.add_argument("--concurrency", "-c", type=int, default=None)
     w.add_argument("--name", "-n", default=None, help="worker node name, e.g. w1@%%h")
     w.add_argument("--loglevel", "-l", default="INFO")
+    w.add_argument("celery_args", nargs=argparse.REMAINDER, help="after --, passed to `celery worker` as is")
 
     s = sub.add_parser("submit", parents=[common], help="submit a run")
     s.add_argument("agent")

@@ -39,7 +39,9 @@ class RunNotFound(LookupError):
 
 
 class Client:
-    def __init__(self, settings: Settings, *, app: Celery | None = None, store: RunStore | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, app: Celery | None = None, store: RunStore | None = None
+    ) -> None:
         self.settings = settings
         if app is None:
             app = Celery("wesichain-producer", set_as_current=False)
@@ -88,7 +90,7 @@ class Client:
 
 
 def _spec(task_id: str, kwargs: dict[str, Any]) -> TaskSpec:
-    return TaskSpec(name=TASK_START, task_id=task_id, kwargs=kwargs)
+    return TaskSpec(name=TASK_START, task_id=task_id, arguments=kwargs)
 
 
 class RunHandle:
@@ -105,16 +107,19 @@ class RunHandle:
             raise RunNotFound(f"no run {self.run_id!r}")
         return head
 
-    def events(self, *, follow: bool = True, after: str = "0-0", idle_timeout: float | None = None) -> Iterator[Event]:
+    def events(
+        self, *, follow: bool = True, after: str = "0-0", idle_timeout: float | None = None
+    ) -> Iterator[Event]:
         """Every event of the run, in order; with ``follow``, live until the run's end event."""
         store = self.client.store
-        last = after
+        cursor = after
         idle_since = time.monotonic()
         while True:
-            batch = store.read_events(self.run_id, after=last, count=500)
+            batch = store.read_events(self.run_id, after=cursor, count=500)
             if not batch and follow:
-                batch = store.wait_events(self.run_id, after=last, timeout_s=0.5)
-            for last, event in batch:
+                batch = store.wait_events(self.run_id, after=cursor, timeout_s=0.5)
+            for event_id, event in batch:
+                cursor = event_id
                 yield event
                 if event.kind in END_EVENTS:
                     return
@@ -127,8 +132,7 @@ class RunHandle:
             # terminal run with nothing left to read has had its stream trimmed or expired.
             head = store.load(self.run_id)
             if head is None or head.terminal:
-                for last, event in store.read_events(self.run_id, after=last):
-                    yield event
+                yield from (event for _, event in store.read_events(self.run_id, after=cursor))
                 return
             if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
                 return

@@ -32,6 +32,7 @@ def worker(args: argparse.Namespace) -> int:
         argv.append(f"--concurrency={args.concurrency}")
     if args.name:
         argv.append(f"--hostname={args.name}")
+    argv.extend(a for a in args.celery_args if a != "--")
     app.worker_main(argv)
     return 0
 
@@ -43,7 +44,10 @@ def demo(args: argparse.Namespace) -> int:
     question = args.question or DEMO_QUESTION
     with embedded(args.agents) as client:
         if not args.json:
-            print(f"Asking the research assistant (embedded: in-process broker, Redis stand-in and worker):\n  {question}\n")
+            print(
+                "Asking the research assistant (embedded: in-process broker, Redis stand-in and worker):\n"
+                f"  {question}\n"
+            )
         handle = client.submit("research", question, model=args.model)
         for event in handle.events():
             if event.kind == "TokenDelta" and not args.json:

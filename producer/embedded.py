@@ -18,9 +18,7 @@ from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings
 
 
 @contextmanager
-def embedded(
-    agents_module: str | None = None, *, concurrency: int = 4, **settings: Any
-) -> Iterator[Client]:
+def embedded(agents_module: str | None = None, *, concurrency: int = 4, **settings: Any) -> Iterator[Client]:
     """Run an in-process worker and yield a client bound to it."""
     from celery.contrib.testing.worker import start_worker
 
@@ -32,7 +30,12 @@ def embedded(
     app.loader.import_module("celery.contrib.testing.tasks")
     runtime = app.wesichain_runtime.get()
     with start_worker(
-        app, pool="threads", concurrency=concurrency, perform_ping_check=False, loglevel=os.environ.get("WESICHAIN_LOGLEVEL", "WARNING"),
-        shutdown_timeout=10.0, queues=[QUEUE_MODEL, QUEUE_TOOLS],
+        app,
+        pool="threads",
+        concurrency=concurrency,
+        perform_ping_check=False,
+        loglevel=os.environ.get("WESICHAIN_LOGLEVEL", "WARNING"),
+        shutdown_timeout=10.0,
+        queues=[QUEUE_MODEL, QUEUE_TOOLS],
     ):
         yield Client(base, app=app, store=runtime.store)

@@ -19,7 +19,8 @@ def render_event(event: Event) -> str:
         case "ToolDispatched":
             detail = f"{event.tool}({_short(str(event.arguments))}) id={event.call_id}"
         case "ToolCompleted":
-            detail = f"{event.tool} {'ok' if event.ok else 'ERROR'} {_short(event.output)} ({event.duration_s * 1000:.1f} ms)"
+            status = "ok" if event.ok else "ERROR"
+            detail = f"{event.tool} {status} {_short(event.output)} ({event.duration_s * 1000:.1f} ms)"
         case "StepFailed":
             detail = f"{event.error.kind}: {_short(event.error.message)} -> {event.decision}"
         case "AwaitingApproval":

@@ -19,11 +19,14 @@ def accept_tool_calls(response: ModelResponse, tools: ToolSet, step: int, limits
     raw_text = response.raw or response.text
     if not response.tool_calls:
         if not (response.text or "").strip():
-            raise InvalidModelAction("the model returned neither text nor tool calls", step=step, raw=raw_text)
+            raise InvalidModelAction(
+                "the model returned neither text nor tool calls", step=step, raw=raw_text
+            )
         return []
     if len(response.tool_calls) > limits.max_tool_calls_per_step:
         raise InvalidModelAction(
-            f"{len(response.tool_calls)} tool calls in one step; the limit is {limits.max_tool_calls_per_step}",
+            f"{len(response.tool_calls)} tool calls in one step;"
+            f" the limit is {limits.max_tool_calls_per_step}",
             step=step,
             raw=raw_text,
         )
@@ -34,8 +37,11 @@ def accept_tool_calls(response: ModelResponse, tools: ToolSet, step: int, limits
         if tool is None:
             known = ", ".join(tools.names) or "none"
             raise InvalidModelAction(
-                f"unknown tool {raw.name!r} (available: {known})", step=step, tool=raw.name,
-                args=_bounded(raw.arguments), raw=raw_text,
+                f"unknown tool {raw.name!r} (available: {known})",
+                step=step,
+                tool=raw.name,
+                args=_bounded(raw.arguments),
+                raw=raw_text,
             )
         arguments = _parse_arguments(raw.arguments, raw.name, step, raw_text)
         try:
@@ -43,7 +49,10 @@ def accept_tool_calls(response: ModelResponse, tools: ToolSet, step: int, limits
         except ValidationError as exc:
             raise InvalidModelAction(
                 f"arguments for {raw.name!r} failed validation: {validation_summary(exc)}",
-                step=step, tool=raw.name, args=_bounded(arguments), raw=raw_text,
+                step=step,
+                tool=raw.name,
+                args=_bounded(arguments),
+                raw=raw_text,
             ) from None
         call_id = _unique_id(raw.id or f"call_{index}", seen)
         accepted.append(ToolCall(id=call_id, name=raw.name, arguments=validated.model_dump(mode="json")))
@@ -58,13 +67,19 @@ def _parse_arguments(value: Any, tool: str, step: int, raw_text: str | None) -> 
             value = json.loads(value)
         except ValueError as exc:
             raise InvalidModelAction(
-                f"arguments for {tool!r} are not valid JSON: {exc}", step=step, tool=tool, args=_bounded(value),
+                f"arguments for {tool!r} are not valid JSON: {exc}",
+                step=step,
+                tool=tool,
+                args=_bounded(value),
                 raw=raw_text,
             ) from None
     if not isinstance(value, dict):
         raise InvalidModelAction(
-            f"arguments for {tool!r} must be a JSON object, got {type(value).__name__}", step=step, tool=tool,
-            args=_bounded(value), raw=raw_text,
+            f"arguments for {tool!r} must be a JSON object, got {type(value).__name__}",
+            step=step,
+            tool=tool,
+            args=_bounded(value),
+            raw=raw_text,
         )
     return value
 

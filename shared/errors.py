@@ -116,7 +116,12 @@ class InvalidModelAction(RunError):
     kind = "InvalidModelAction"
 
     def __init__(
-        self, message: str, *, step: int | None = None, tool: str | None = None, args: Any = None,
+        self,
+        message: str,
+        *,
+        step: int | None = None,
+        tool: str | None = None,
+        args: Any = None,
         raw: str | None = None,
     ) -> None:
         super().__init__(message, step=step, tool=tool, args=args, raw=excerpt(raw))

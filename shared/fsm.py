@@ -73,17 +73,28 @@ class _Live(PhaseView):
 class Idle(_Live):
     phase: Phase = field(init=False, default=Phase.IDLE)
 
-    def start(self, initial: Sequence[Message], *, agent_version: str, model: str, max_steps: int) -> Transition[Thinking]:
+    def start(
+        self, initial: Sequence[Message], *, agent_version: str, model: str, max_steps: int
+    ) -> Transition[Thinking]:
         head = self._next(
-            Phase.THINKING, step=1, steps_used=1, message_count=len(initial), agent_version=agent_version,
-            model=model, max_steps=max_steps,
+            Phase.THINKING,
+            step=1,
+            steps_used=1,
+            message_count=len(initial),
+            agent_version=agent_version,
+            model=model,
+            max_steps=max_steps,
         )
         return Transition(
             Thinking(head),
             messages=tuple(initial),
             events=(
                 ev.RunStarted(
-                    run_id=head.run_id, step=0, agent=head.agent, agent_version=head.agent_version, model=head.model
+                    run_id=head.run_id,
+                    step=0,
+                    agent=head.agent,
+                    agent_version=head.agent_version,
+                    model=head.model,
                 ),
                 ev.StepStarted(run_id=head.run_id, step=1),
             ),
@@ -97,7 +108,11 @@ class Thinking(_Live):
     def complete(self, answer: str, usage: Usage) -> Transition[Completed]:
         total = self.head.usage + usage
         head = self._next(
-            Phase.COMPLETED, answer=answer, usage=total, message_count=self.head.message_count + 1, model_retries=0
+            Phase.COMPLETED,
+            answer=answer,
+            usage=total,
+            message_count=self.head.message_count + 1,
+            model_retries=0,
         )
         return Transition(
             Completed(head),
@@ -119,10 +134,14 @@ class Thinking(_Live):
             model_retries=0,
         )
         dispatched = tuple(
-            ev.ToolDispatched(run_id=head.run_id, step=head.step, call_id=c.id, tool=c.name, arguments=c.arguments)
+            ev.ToolDispatched(
+                run_id=head.run_id, step=head.step, call_id=c.id, tool=c.name, arguments=c.arguments
+            )
             for c in calls
         )
-        responded = ev.ModelResponded(run_id=head.run_id, step=head.step, text=text, tool_calls=len(calls), usage=usage)
+        responded = ev.ModelResponded(
+            run_id=head.run_id, step=head.step, text=text, tool_calls=len(calls), usage=usage
+        )
         return Transition(
             Acting(head),
             messages=(AssistantMessage(content=text, tool_calls=list(calls)),),
@@ -134,7 +153,10 @@ class Thinking(_Live):
     ) -> Transition[Thinking]:
         """Show the model its malformed reply and what was wrong; think again (a new step if charged)."""
         step = self.head.step + 1 if consume_budget else self.head.step
-        messages: tuple[Message, ...] = (AssistantMessage(content=raw_reply or ""), UserMessage(content=correction))
+        messages: tuple[Message, ...] = (
+            AssistantMessage(content=raw_reply or ""),
+            UserMessage(content=correction),
+        )
         head = self._next(
             Phase.THINKING,
             step=step,
@@ -143,7 +165,9 @@ class Thinking(_Live):
             usage=self.head.usage + usage,
             message_count=self.head.message_count + len(messages),
         )
-        events: list[ev.Event] = [ev.StepFailed(run_id=head.run_id, step=self.head.step, error=error, decision="reprompt")]
+        events: list[ev.Event] = [
+            ev.StepFailed(run_id=head.run_id, step=self.head.step, error=error, decision="reprompt")
+        ]
         if consume_budget:
             events.append(ev.StepStarted(run_id=head.run_id, step=step))
         return Transition(Thinking(head), messages=messages, events=tuple(events))
@@ -156,7 +180,8 @@ class Thinking(_Live):
             steps_used=self.head.steps_used + (1 if consume_budget else 0),
         )
         return Transition(
-            Thinking(head), events=(ev.StepFailed(run_id=head.run_id, step=head.step, error=error, decision="retry"),)
+            Thinking(head),
+            events=(ev.StepFailed(run_id=head.run_id, step=head.step, error=error, decision="retry"),),
         )
 
 
@@ -180,7 +205,9 @@ class Observing(_Live):
         if missing:
             raise InternalInvariant(f"observe without results for calls {missing}", step=self.head.step)
         messages = tuple(
-            ToolMessage(tool_call_id=c.id, name=c.name, content=by_id[c.id].output, is_error=not by_id[c.id].ok)
+            ToolMessage(
+                tool_call_id=c.id, name=c.name, content=by_id[c.id].output, is_error=not by_id[c.id].ok
+            )
             for c in self.head.pending_calls
         )
         step = self.head.step + 1
@@ -191,7 +218,9 @@ class Observing(_Live):
             pending_calls=[],
             message_count=self.head.message_count + len(messages),
         )
-        return Transition(Thinking(head), messages=messages, events=(ev.StepStarted(run_id=head.run_id, step=step),))
+        return Transition(
+            Thinking(head), messages=messages, events=(ev.StepStarted(run_id=head.run_id, step=step),)
+        )
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,9 @@ def _build(provider: str, name: str, model: str) -> LlmAdapter:
     if provider == "scripted":
         if name.endswith(".json"):
             return ScriptedModel(load_script(name))
-        raise ConfigError(f"scripted model {name!r} is neither registered in the agents module nor a .json file")
+        raise ConfigError(
+            f"scripted model {name!r} is neither registered in the agents module nor a .json file"
+        )
     try:
         from shared.llm.providers import build_adapter
     except ImportError as exc:  # pragma: no cover - the providers module ships with the package

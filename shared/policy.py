@@ -51,7 +51,9 @@ class Reprompt:
 
 def _check_bound(what: str, n: object) -> None:
     if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_ATTEMPTS:
-        raise PolicyConfigInvalid(f"{what}(n={n!r}): n must be an integer in 1..{MAX_ATTEMPTS}; retries are bounded")
+        raise PolicyConfigInvalid(
+            f"{what}(n={n!r}): n must be an integer in 1..{MAX_ATTEMPTS}; retries are bounded"
+        )
 
 
 Action = Fail | Retry | Reprompt | Interrupt
@@ -79,13 +81,21 @@ class Policy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.on_invalid_action, Fail | Reprompt | Interrupt):
-            raise PolicyConfigInvalid(f"on_invalid_action must be Fail, Reprompt or Interrupt, got {self.on_invalid_action!r}")
+            raise PolicyConfigInvalid(
+                f"on_invalid_action must be Fail, Reprompt or Interrupt, got {self.on_invalid_action!r}"
+            )
         if not isinstance(self.on_model_error, Fail | Retry | Interrupt):
-            raise PolicyConfigInvalid(f"on_model_error must be Fail, Retry or Interrupt, got {self.on_model_error!r}")
+            raise PolicyConfigInvalid(
+                f"on_model_error must be Fail, Retry or Interrupt, got {self.on_model_error!r}"
+            )
         if self.on_tool_error not in ("fail_fast", "append_error_and_continue"):
-            raise PolicyConfigInvalid(f"on_tool_error must be fail_fast or append_error_and_continue, got {self.on_tool_error!r}")
+            raise PolicyConfigInvalid(
+                f"on_tool_error must be fail_fast or append_error_and_continue, got {self.on_tool_error!r}"
+            )
         if self.on_unknown_outcome not in ("fail", "await_approval"):
-            raise PolicyConfigInvalid(f"on_unknown_outcome must be fail or await_approval, got {self.on_unknown_outcome!r}")
+            raise PolicyConfigInvalid(
+                f"on_unknown_outcome must be fail or await_approval, got {self.on_unknown_outcome!r}"
+            )
 
 
 Decision = Literal["fail", "retry", "reprompt", "interrupt"]

@@ -71,7 +71,8 @@ class Settings:
         parts = urlsplit(self.redis_url)
         if parts.scheme not in ("redis", "rediss", "memory"):
             raise ConfigError(
-                f"Redis URL must start with redis://, rediss:// or memory://, got {redact_url(self.redis_url)!r}"
+                "Redis URL must start with redis://, rediss:// or memory://,"
+                f" got {redact_url(self.redis_url)!r}"
             )
         if parts.scheme != "memory" and not parts.hostname:
             raise ConfigError(f"Redis URL has no host: {redact_url(self.redis_url)!r}")

@@ -45,7 +45,7 @@ class TaskSpec(BaseModel):
 
     name: str
     task_id: str
-    kwargs: dict[str, Any]
+    arguments: dict[str, Any]
 
 
 class ToolResult(BaseModel):
@@ -108,6 +108,14 @@ class RunHead(BaseModel):
         """A run as a producer creates it: version 1, IDLE, waiting for the start phase."""
         now = time.time()
         return cls(
-            run_id=run_id, agent=agent, model=model or "", phase=Phase.IDLE, version=1, input=input,
-            thread_id=thread_id, metadata=metadata or {}, created_at=now, updated_at=now,
+            run_id=run_id,
+            agent=agent,
+            model=model or "",
+            phase=Phase.IDLE,
+            version=1,
+            input=input,
+            thread_id=thread_id,
+            metadata=metadata or {},
+            created_at=now,
+            updated_at=now,
         )

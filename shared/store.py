@@ -29,6 +29,7 @@ from shared.messages import MESSAGE_ADAPTER, Message, dump_message
 from shared.settings import Settings
 from shared.state import Phase, RunHead, TaskSpec, ToolResult
 
+
 def _script(name: str) -> str:
     return resources.files("shared").joinpath("lua", f"{name}.lua").read_text()
 
@@ -110,7 +111,9 @@ class RunStore:
         return bool(self.redis.hexists(self.keys.results(run_id, step), call_id))
 
     def checkpoints(self, run_id: str) -> list[RunHead]:
-        return [RunHead.model_validate_json(r) for r in self.redis.lrange(self.keys.checkpoints(run_id), 0, -1)]
+        return [
+            RunHead.model_validate_json(r) for r in self.redis.lrange(self.keys.checkpoints(run_id), 0, -1)
+        ]
 
     def cancel_requested(self, run_id: str) -> bool:
         return _s(self.redis.hget(self.keys.run(run_id), "cancel") or b"") == "1"
@@ -124,7 +127,14 @@ class RunStore:
         k = self.keys
         reply = self._begin(
             keys=[k.run(run_id), k.attempts(run_id), k.leases(), k.messages(run_id)],
-            args=[str(version), phase.value, attempt_field, f"{deadline:.3f}", run_id, "1" if with_messages else "0"],
+            args=[
+                str(version),
+                phase.value,
+                attempt_field,
+                f"{deadline:.3f}",
+                run_id,
+                "1" if with_messages else "0",
+            ],
         )
         status = _s(reply[0])
         if status == "missing":
@@ -180,8 +190,14 @@ class RunStore:
             *(dump_event(e) for e in events),
         ]
         reply = self._commit(
-            keys=[k.run(head.run_id), k.messages(head.run_id), k.checkpoints(head.run_id), k.events(head.run_id),
-                  k.leases(), k.runs_index()],
+            keys=[
+                k.run(head.run_id),
+                k.messages(head.run_id),
+                k.checkpoints(head.run_id),
+                k.events(head.run_id),
+                k.leases(),
+                k.runs_index(),
+            ],
             args=args,
         )
         return {1: "committed", 0: "fenced", -1: "cancel_pending"}[int(reply[0])]  # type: ignore[return-value]
@@ -206,20 +222,6 @@ class RunStore:
         )
         return _s(reply)  # type: ignore[return-value]
 
-    def mark_outbox_sent(self, run_id: str, version: int) -> None:
-        key = self.keys.run(run_id)
-        with self.redis.pipeline() as pipe:
-            # Only the outbox of this version: a newer commit's outbox must stay unsent.
-            pipe.watch(key)
-            if _s(pipe.hget(key, "version") or b"") != str(version):
-                return
-            pipe.multi()
-            pipe.hset(key, "outbox_sent", "1")
-            try:
-                pipe.execute()
-            except redis.WatchError:
-                pass
-
     def emit(self, run_id: str, events: Sequence[Event]) -> None:
         """Append events that are not part of a commit (live token deltas)."""
         if not events:
@@ -227,7 +229,9 @@ class RunStore:
         key = self.keys.events(run_id)
         with self.redis.pipeline(transaction=False) as pipe:
             for e in events:
-                pipe.xadd(key, {"e": dump_event(e)}, maxlen=self.settings.limits.events_maxlen, approximate=True)
+                pipe.xadd(
+                    key, {"e": dump_event(e)}, maxlen=self.settings.limits.events_maxlen, approximate=True
+                )
             pipe.execute()
 
     def request_cancel(self, run_id: str) -> Phase | None:
@@ -237,8 +241,10 @@ class RunStore:
     # -- events ------------------------------------------------------------------------------
 
     def read_events(self, run_id: str, after: str = "0-0", count: int = 1000) -> list[tuple[str, Event]]:
-        raw = self.redis.xrange(self.keys.events(run_id), min=f"({after}" if after != "0-0" else "-", count=count)
-        return [(_s(eid), load_event(fields["e"])) for eid, fields in raw]
+        raw = self.redis.xrange(
+            self.keys.events(run_id), min=f"({after}" if after != "0-0" else "-", count=count
+        )
+        return _entries(raw)
 
     def wait_events(self, run_id: str, after: str, timeout_s: float) -> list[tuple[str, Event]]:
         """Block up to ``timeout_s`` for events after ``after`` (XREAD BLOCK; polled when embedded)."""
@@ -250,9 +256,12 @@ class RunStore:
                     return batch
                 time.sleep(0.01)
             return []
-        reply = self.redis.xread({key: after}, count=500, block=max(1, int(timeout_s * 1000)))
-        entries = reply[0][1] if reply else []
-        return [(_s(eid), load_event(fields["e"])) for eid, fields in entries]
+        reply: Any = self.redis.xread({key: after}, count=500, block=max(1, int(timeout_s * 1000)))
+        return _entries(reply[0][1] if reply else [])
+
+
+def _entries(raw: Any) -> list[tuple[str, Event]]:
+    return [(_s(eid), load_event(fields["e"])) for eid, fields in raw]
 
 
 def _dump_outbox(outbox: Sequence[TaskSpec]) -> str:

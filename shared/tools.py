@@ -70,7 +70,9 @@ class Tool:
     timeout_s: float = 60.0
 
     def spec(self) -> ToolSpec:
-        return ToolSpec(name=self.name, description=self.description, parameters=self.args_model.model_json_schema())
+        return ToolSpec(
+            name=self.name, description=self.description, parameters=self.args_model.model_json_schema()
+        )
 
     def validate(self, arguments: dict[str, Any]) -> BaseModel:
         """Raises ``pydantic.ValidationError`` for arguments that do not fit the schema."""
@@ -119,14 +121,20 @@ def tool(
             raise ConfigError(f"tool {f.__name__!r}: first parameter must be annotated with a pydantic model")
         args_model = hints[params[0].name]
         if not (isinstance(args_model, type) and issubclass(args_model, BaseModel)):
-            raise ConfigError(f"tool {f.__name__!r}: arguments must be a pydantic BaseModel, got {args_model!r}")
+            raise ConfigError(
+                f"tool {f.__name__!r}: arguments must be a pydantic BaseModel, got {args_model!r}"
+            )
         if "return" not in hints:
             raise ConfigError(f"tool {f.__name__!r}: the return type must be annotated")
         if len(params) > 2:
-            raise ConfigError(f"tool {f.__name__!r}: takes (args) or (args, ctx), not {len(params)} parameters")
+            raise ConfigError(
+                f"tool {f.__name__!r}: takes (args) or (args, ctx), not {len(params)} parameters"
+            )
         description = inspect.cleandoc(f.__doc__ or "").strip()
         if not description:
-            raise ConfigError(f"tool {f.__name__!r}: needs a docstring; it is the description the model reads")
+            raise ConfigError(
+                f"tool {f.__name__!r}: needs a docstring; it is the description the model reads"
+            )
         if timeout_s <= 0:
             raise ConfigError(f"tool {f.__name__!r}: timeout_s must be > 0")
         return Tool(

@@ -38,9 +38,14 @@ def run_tool(rt: Runtime, run_id: str, step: int, version: int, call_id: str) ->
     agent = rt.agents.get(head.agent)
     tool = agent.tools.get(call.name)
     if claim.cancel_requested:
-        result = _error_result(call, ToolDispatch("the run was cancelled before the tool started", step=step, tool=call.name))
+        result = _error_result(
+            call, ToolDispatch("the run was cancelled before the tool started", step=step, tool=call.name)
+        )
     elif tool is None:
-        result = _error_result(call, ToolDispatch(f"tool {call.name!r} is not registered on this worker", step=step, tool=call.name))
+        result = _error_result(
+            call,
+            ToolDispatch(f"tool {call.name!r} is not registered on this worker", step=step, tool=call.name),
+        )
     elif claim.attempts > 1 and not tool.retry_safe:
         # An earlier delivery entered this tool and never recorded a result: its worker died mid-call.
         # Running it again could repeat a side effect that must happen once, so the policy decides.
@@ -48,14 +53,20 @@ def run_tool(rt: Runtime, run_id: str, step: int, version: int, call_id: str) ->
             call,
             ToolOutcomeUnknown(
                 f"tool {call.name!r} is not retry-safe and its earlier attempt ended without an outcome",
-                step=step, tool=call.name,
+                step=step,
+                tool=call.name,
             ),
         )
     else:
         result = _invoke(rt, tool, call, head)
     completed = ev.ToolCompleted(
-        run_id=run_id, step=step, call_id=call.id, tool=call.name, ok=result.ok,
-        output=result.output[: rt.settings.limits.max_event_payload_chars], error=result.error,
+        run_id=run_id,
+        step=step,
+        call_id=call.id,
+        tool=call.name,
+        ok=result.ok,
+        output=result.output[: rt.settings.limits.max_event_payload_chars],
+        error=result.error,
         duration_s=result.duration_s,
     )
     status = rt.store.record_result(head, result, completed, observe_task(head))
@@ -66,7 +77,10 @@ def run_tool(rt: Runtime, run_id: str, step: int, version: int, call_id: str) ->
 def _invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead) -> ToolResult:
     store = rt.store
     ctx = ToolContext(
-        run_id=head.run_id, step=head.step, call_id=call.id, deadline=time.time() + tool.timeout_s,
+        run_id=head.run_id,
+        step=head.step,
+        call_id=call.id,
+        deadline=time.time() + tool.timeout_s,
         _cancel_check=lambda: store.cancel_requested(head.run_id),
     )
     started = time.perf_counter()
@@ -74,8 +88,12 @@ def _invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead) -> ToolResul
         args = tool.validate(call.arguments)
         output = tool.invoke(args, ctx)
     except ValidationError as exc:
-        return _error_result(call, ToolDispatch(f"bad arguments for {call.name!r}: {validation_summary(exc)}",
-                                                step=head.step, tool=call.name))
+        return _error_result(
+            call,
+            ToolDispatch(
+                f"bad arguments for {call.name!r}: {validation_summary(exc)}", step=head.step, tool=call.name
+            ),
+        )
     except Exception as exc:  # a tool's failure is data for the policy, never a crashed worker
         log.info("run %s: tool %s raised %s", head.run_id, call.name, type(exc).__name__)
         message = f"{type(exc).__name__}: {exc}"[:2000]
@@ -83,8 +101,13 @@ def _invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead) -> ToolResul
     limit = rt.settings.limits.max_tool_output_chars
     if len(output) > limit:
         output = output[:limit] + f"...[truncated {len(output) - limit} chars]"
-    return ToolResult(call_id=call.id, name=call.name, ok=True, output=output,
-                      duration_s=round(time.perf_counter() - started, 6))
+    return ToolResult(
+        call_id=call.id,
+        name=call.name,
+        ok=True,
+        output=output,
+        duration_s=round(time.perf_counter() - started, 6),
+    )
 
 
 def _error_result(call: ToolCall, error: ToolDispatch | ToolOutcomeUnknown) -> ToolResult:

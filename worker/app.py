@@ -49,7 +49,9 @@ class RuntimeHolder:
         def send(name: str, kwargs: dict[str, Any], task_id: str) -> None:
             app.send_task(name, kwargs=kwargs, task_id=task_id)
 
-        return Runtime(store=store, agents=load_registry(self.settings.agents_module), send=send, settings=self.settings)
+        return Runtime(
+            store=store, agents=load_registry(self.settings.agents_module), send=send, settings=self.settings
+        )
 
 
 def create_app(settings: Settings) -> Celery:
@@ -58,19 +60,27 @@ def create_app(settings: Settings) -> Celery:
     holder = RuntimeHolder(app, settings)
     app.wesichain_runtime = holder  # the embedded mode and tests reach the runtime through the app
 
-    @app.task(name=TASK_START, ignore_result=True, shared=False)
+    @app.task(  # type: ignore[untyped-decorator]
+        name=TASK_START, ignore_result=True, shared=False
+    )
     def start(run_id: str, version: int = 1, create: dict[str, Any] | None = None) -> None:
         run_start(holder.get(), run_id, version, create)
 
-    @app.task(name=TASK_THINK, ignore_result=True, shared=False)
+    @app.task(  # type: ignore[untyped-decorator]
+        name=TASK_THINK, ignore_result=True, shared=False
+    )
     def think(run_id: str, step: int, version: int) -> None:
         run_think(holder.get(), run_id, step, version)
 
-    @app.task(name=TASK_TOOL, ignore_result=True, shared=False)
+    @app.task(  # type: ignore[untyped-decorator]
+        name=TASK_TOOL, ignore_result=True, shared=False
+    )
     def tool(run_id: str, step: int, version: int, call_id: str) -> None:
         run_tool(holder.get(), run_id, step, version, call_id)
 
-    @app.task(name=TASK_OBSERVE, ignore_result=True, shared=False)
+    @app.task(  # type: ignore[untyped-decorator]
+        name=TASK_OBSERVE, ignore_result=True, shared=False
+    )
     def observe(run_id: str, step: int, version: int) -> None:
         run_observe(holder.get(), run_id, step, version)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shared import fsm
 from shared.errors import BudgetExceeded, RunErrorInfo
-from shared.state import Phase
+from shared.state import Phase, ToolResult
 from shared.store import Stale
 from worker.runtime import TASK_OBSERVE, Runtime, log
 
@@ -44,7 +44,7 @@ def run_observe(rt: Runtime, run_id: str, step: int, version: int) -> None:
     rt.commit(current, current.next_step(results))
 
 
-def _first_error(results: list) -> RunErrorInfo:  # type: ignore[type-arg]
-    first = results[0]
-    assert first.error is not None
-    return first.error
+def _first_error(results: list[ToolResult]) -> RunErrorInfo:
+    error = results[0].error
+    assert error is not None
+    return error

@@ -39,19 +39,27 @@ def task_for(head: RunHead) -> list[TaskSpec]:
     if head.phase is Phase.IDLE:
         return [start_task(head.run_id, head.version)]
     if head.phase is Phase.THINKING:
-        return [TaskSpec(name=TASK_THINK, task_id=f"{head.run_id}:v{head.version}:think", kwargs=base)]
+        return [TaskSpec(name=TASK_THINK, task_id=f"{head.run_id}:v{head.version}:think", arguments=base)]
     if head.phase is Phase.ACTING:
         return [
-            TaskSpec(name=TASK_TOOL, task_id=f"{head.run_id}:v{head.version}:tool:{c.id}", kwargs={**base, "call_id": c.id})
+            TaskSpec(
+                name=TASK_TOOL,
+                task_id=f"{head.run_id}:v{head.version}:tool:{c.id}",
+                arguments={**base, "call_id": c.id},
+            )
             for c in head.pending_calls
         ]
     if head.phase is Phase.OBSERVING:
-        return [TaskSpec(name=TASK_OBSERVE, task_id=f"{head.run_id}:v{head.version}:observe", kwargs=base)]
+        return [TaskSpec(name=TASK_OBSERVE, task_id=f"{head.run_id}:v{head.version}:observe", arguments=base)]
     return []
 
 
 def start_task(run_id: str, version: int) -> TaskSpec:
-    return TaskSpec(name=TASK_START, task_id=f"{run_id}:v{version}:start", kwargs={"run_id": run_id, "version": version})
+    return TaskSpec(
+        name=TASK_START,
+        task_id=f"{run_id}:v{version}:start",
+        arguments={"run_id": run_id, "version": version},
+    )
 
 
 def observe_task(acting: RunHead) -> TaskSpec:
@@ -60,7 +68,7 @@ def observe_task(acting: RunHead) -> TaskSpec:
     return TaskSpec(
         name=TASK_OBSERVE,
         task_id=f"{acting.run_id}:v{version}:observe",
-        kwargs={"run_id": acting.run_id, "step": acting.step, "version": version},
+        arguments={"run_id": acting.run_id, "step": acting.step, "version": version},
     )
 
 
@@ -73,7 +81,7 @@ class Runtime:
 
     def publish(self, outbox: Sequence[TaskSpec]) -> None:
         for spec in outbox:
-            self.send(spec.name, spec.kwargs, spec.task_id)
+            self.send(spec.name, spec.arguments, spec.task_id)
 
     def on_stale(self, stale: Stale, task: str, version: int) -> None:
         """A duplicate or late delivery: do nothing but make sure the run's next phase was sent."""
@@ -81,7 +89,13 @@ class Runtime:
         if head is None or head.terminal:
             return
         if head.version > version and not stale.outbox_sent:
-            log.info("run %s: %s v%d is stale at v%d; re-publishing its outbox", head.run_id, task, version, head.version)
+            log.info(
+                "run %s: %s v%d is stale at v%d; re-publishing its outbox",
+                head.run_id,
+                task,
+                version,
+                head.version,
+            )
             self.publish(stale.outbox)
 
     def commit(
@@ -114,7 +128,8 @@ class Runtime:
         if attempts <= self.settings.max_phase_attempts:
             return False
         error = PoisonPhase(
-            f"{what} was started {attempts} times without finishing (limit {self.settings.max_phase_attempts})",
+            f"{what} was started {attempts} times without finishing"
+            f" (limit {self.settings.max_phase_attempts})",
             step=current.head.step,
         ).info()
         self.fail(current, error)

@@ -56,15 +56,17 @@ def run_start(rt: Runtime, run_id: str, version: int, create: dict[str, Any] | N
 def _thread_history(rt: Runtime, head: RunHead) -> list[Message]:
     assert head.thread_id is not None
     key = rt.store.keys.thread(head.thread_id)
-    ids: list[str] = rt.store.redis.lrange(key, 0, -1)
+    ids = [str(i) for i in rt.store.redis.lrange(key, 0, -1)]
     if head.run_id not in ids:
         rt.store.redis.rpush(key, head.run_id)
         rt.store.redis.expire(key, rt.settings.retention_s)
     earlier = [r for r in ids if r != head.run_id]
     if not earlier:
         return []
-    previous = [m for m in rt.store.load_messages(earlier[-1]) if not isinstance(m, SystemMessage)]
-    window = previous[-HISTORY_WINDOW:]
+    previous: list[Message] = [
+        m for m in rt.store.load_messages(earlier[-1]) if not isinstance(m, SystemMessage)
+    ]
+    window: list[Message] = previous[-HISTORY_WINDOW:]
     # Never start the window mid-exchange (e.g. with a tool result whose call was cut off).
     while window and not isinstance(window[0], UserMessage):
         window.pop(0)

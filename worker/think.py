@@ -44,7 +44,9 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim) -> None:
     step = head.step
     try:
         adapter = resolve_model(head.model, rt.agents)
-        request = ModelRequest(model=head.model.partition(":")[2], messages=claim.messages, tools=agent.tools.specs())
+        request = ModelRequest(
+            model=head.model.partition(":")[2], messages=claim.messages, tools=agent.tools.specs()
+        )
         response = _call_model(rt, adapter, request, head.run_id, step, stream=agent.stream)
     except ModelTransport as exc:
         exc.step = step
@@ -55,7 +57,9 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim) -> None:
         elif decision == "interrupt":
             rt.interrupt(current, "model error (halted by policy)", error)
         else:
-            rt.fail(current, error, (ev.StepFailed(run_id=head.run_id, step=step, error=error, decision="fail"),))
+            rt.fail(
+                current, error, (ev.StepFailed(run_id=head.run_id, step=step, error=error, decision="fail"),)
+            )
         return
     except RunError as exc:
         rt.fail(current, exc.info())
@@ -73,7 +77,11 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim) -> None:
 
 
 def _on_invalid(
-    rt: Runtime, current: fsm.Thinking, exc: InvalidModelAction, response: ModelResponse, history: list[Message]
+    rt: Runtime,
+    current: fsm.Thinking,
+    exc: InvalidModelAction,
+    response: ModelResponse,
+    history: list[Message],
 ) -> None:
     head = current.head
     agent = rt.agents.get(head.agent)

@@ -55,7 +55,11 @@ class CalculatorResult(BaseModel):
 def _eval(node: ast.AST) -> float:
     if isinstance(node, ast.Expression):
         return _eval(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    ):
         return float(node.value)
     if isinstance(node, ast.Name) and node.id in _CONSTS:
         return _CONSTS[node.id]
@@ -67,8 +71,11 @@ def _eval(node: ast.AST) -> float:
     elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         value = float(_UNARY[type(node.op)](_eval(node.operand)))
     elif (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS
-        and not node.keywords and len(node.args) <= 2
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _FUNCS
+        and not node.keywords
+        and len(node.args) <= 2
     ):
         value = float(_FUNCS[node.func.id](*(_eval(a) for a in node.args)))
     else:
@@ -155,7 +162,8 @@ def search(args: SearchArgs) -> SearchResult:
             scored.append((overlap / (len(query) or 1), doc))
     scored.sort(key=lambda pair: -pair[0])
     hits = [
-        Hit(id=d["id"], title=d["title"], snippet=d["text"][:240], score=round(s, 3)) for s, d in scored[: args.limit]
+        Hit(id=d["id"], title=d["title"], snippet=d["text"][:240], score=round(s, 3))
+        for s, d in scored[: args.limit]
     ]
     return SearchResult(hits=hits)
 

@@ -22,7 +22,9 @@ ScriptFn = Callable[[Sequence[Message]], ModelResponse]
 
 def reply(text: str | None = None, *calls: tuple[str, Any]) -> ModelResponse:
     """Build a scripted reply: ``reply("done")`` or ``reply(None, ("add", {"a": 1, "b": 2}))``."""
-    tool_calls = [RawToolCall(id=f"call_{i}", name=name, arguments=args) for i, (name, args) in enumerate(calls)]
+    tool_calls = [
+        RawToolCall(id=f"call_{i}", name=name, arguments=args) for i, (name, args) in enumerate(calls)
+    ]
     return ModelResponse(text=text, tool_calls=tool_calls, usage=Usage(input_tokens=10, output_tokens=5))
 
 
@@ -78,7 +80,11 @@ def load_script(path: str) -> list[ModelResponse]:
             RawToolCall(id=c.get("id", f"call_{j}"), name=c["name"], arguments=c.get("arguments"))
             for j, c in enumerate(item.get("tool_calls", []))
         ]
-        replies.append(ModelResponse(text=item.get("text"), tool_calls=calls, usage=Usage(input_tokens=10, output_tokens=5)))
+        replies.append(
+            ModelResponse(
+                text=item.get("text"), tool_calls=calls, usage=Usage(input_tokens=10, output_tokens=5)
+            )
+        )
         if not replies[-1].text and not calls:
             raise ConfigError(f"scripted reply {i} in {path!r} has neither text nor tool_calls")
     return replies

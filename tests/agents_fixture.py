@@ -1,0 +1,160 @@
+"""Agents the integration and chaos tests run on real workers (imported by path, like any agents module).
+
+Tools record their side effects in the test's Redis (``HINCRBY test:effects <idempotency key>``),
+so tests can count how many times an effect really happened.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Sequence
+from functools import cache
+
+import redis
+from pydantic import BaseModel, Field
+
+from shared.agents import Agent, AgentRegistry
+from shared.llm.base import ModelResponse, RawToolCall, Usage
+from shared.llm.scripted import ScriptedModel, reply
+from shared.messages import Message, ToolMessage
+from shared.policy import Fail, Interrupt, Policy, Reprompt, Retry
+from shared.tools import ToolContext, ToolSet, tool
+
+EFFECTS_KEY = "test:effects"
+STARTS_KEY = "test:starts"
+
+
+@cache
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(os.environ["WESICHAIN_REDIS_URL"], decode_responses=True)
+
+
+def _record(key: str, ctx: ToolContext) -> None:
+    _redis().hincrby(key, ctx.idempotency_key, 1)
+
+
+class AddArgs(BaseModel):
+    a: float
+    b: float
+
+
+@tool
+def add(args: AddArgs, ctx: ToolContext) -> float:
+    """Add two numbers (records one effect per call)."""
+    _record(EFFECTS_KEY, ctx)
+    return args.a + args.b
+
+
+class SleepArgs(BaseModel):
+    seconds: float = Field(ge=0, le=60)
+    label: str = ""
+
+
+class SleepResult(BaseModel):
+    label: str
+    pid: int
+
+
+@tool
+def slow(args: SleepArgs, ctx: ToolContext) -> SleepResult:
+    """Sleep cooperatively (stops early when the run is cancelled) and report which process ran it."""
+    _record(STARTS_KEY, ctx)
+    deadline = time.monotonic() + args.seconds
+    while time.monotonic() < deadline:
+        if ctx.cancelled():
+            break
+        time.sleep(0.02)
+    _record(EFFECTS_KEY, ctx)
+    return SleepResult(label=args.label, pid=os.getpid())
+
+
+@tool(retry_safe=False)
+def charge(args: SleepArgs, ctx: ToolContext) -> SleepResult:
+    """A side effect that must never happen twice (think: a payment)."""
+    _record(STARTS_KEY, ctx)
+    time.sleep(args.seconds)
+    _record(EFFECTS_KEY, ctx)
+    return SleepResult(label=args.label, pid=os.getpid())
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+@tool
+def crash_worker(args: NoArgs, ctx: ToolContext) -> str:
+    """A poison tool: kills the process that runs it, every time."""
+    _record(STARTS_KEY, ctx)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+@tool
+def boom(args: NoArgs) -> str:
+    """A tool that always raises."""
+    raise RuntimeError("boom: the tool failed")
+
+
+TOOLS = ToolSet([add, slow, charge, crash_worker, boom])
+registry = AgentRegistry()
+
+
+def _add(name: str, script: Sequence[ModelResponse], **kwargs: object) -> None:
+    registry.add_model(name, ScriptedModel(script))
+    registry.add(
+        Agent(name=name, model=f"scripted:{name}", system_prompt=f"test agent {name}", tools=TOOLS, **kwargs)
+    )  # type: ignore[arg-type]
+
+
+def _raw(name: str, arguments: object) -> ModelResponse:
+    return ModelResponse(tool_calls=[RawToolCall(id="c1", name=name, arguments=arguments)], usage=Usage())  # type: ignore[arg-type]
+
+
+_add("direct", [reply("The answer is 42.")])
+_add("one_hop", [reply(None, ("add", {"a": 1, "b": 2})), reply("1 + 2 = 3")])
+_add(
+    "chain",
+    [
+        reply(None, ("add", {"a": 1, "b": 2})),
+        reply(None, ("add", {"a": 3, "b": 4})),
+        reply(None, ("add", {"a": 5, "b": 6})),
+        reply("done after three hops"),
+    ],
+)
+_add(
+    "parallel",
+    [
+        reply(None, *[("slow", {"seconds": 1.0, "label": f"p{i}"}) for i in range(4)]),
+        reply("all four done"),
+    ],
+)
+_add("unknown_tool", [_raw("does_not_exist", "{}")])
+_add("bad_json", [_raw("add", '{"a": 1, "b": ')])
+_add("bad_args", [_raw("add", {"a": "one", "b": 2})])
+_add(
+    "reprompt",
+    [_raw("add", {"a": "one"}), reply(None, ("add", {"a": 1, "b": 1})), reply("fixed it: 2")],
+    policy=Policy(on_invalid_action=Reprompt(n=1)),
+)
+_add("interrupt_on_invalid", [_raw("nope", "{}")], policy=Policy(on_invalid_action=Interrupt()))
+_add("tool_error_continue", [reply(None, ("boom", {})), reply("recovered from the tool error")])
+_add("tool_error_fail", [reply(None, ("boom", {}))], policy=Policy(on_tool_error="fail_fast"))
+_add("budget", [reply(None, ("add", {"a": 1, "b": 1}))] * 5, max_steps=2)
+_add("long_tool", [reply(None, ("slow", {"seconds": 30, "label": "long"})), reply("should not get here")])
+_add("poison", [reply(None, ("crash_worker", {})), reply("unreachable")])
+_add("charge_once", [reply(None, ("charge", {"seconds": 3, "label": "pay"})), reply("charged")])
+_add("slow_step", [reply(None, ("slow", {"seconds": 3, "label": "s"})), reply("slow step done")])
+_add("model_retry_fail", [reply("!transport")], policy=Policy(on_model_error=Retry(n=2)))
+_add("model_fail", [reply("!transport")], policy=Policy(on_model_error=Fail()))
+
+
+def _echo_conversation(messages: Sequence[Message]) -> ModelResponse:
+    """Answers with how many tool results it has seen, so threads and history are observable."""
+    seen = sum(1 for m in messages if isinstance(m, ToolMessage))
+    return reply(f"seen {seen} tool results in {len(messages)} messages")
+
+
+registry.add_model("echo", ScriptedModel(_echo_conversation))
+registry.add(Agent(name="echo", model="scripted:echo", system_prompt="echo", tools=TOOLS))

@@ -1,0 +1,219 @@
+"""Real processes for integration, chaos tests and benchmarks: a redis-server and celery workers.
+
+Nothing here is mocked: :class:`RedisServer` runs the ``redis-server`` binary on a free loopback
+port, :class:`WorkerProcess` runs ``wesichain worker`` in its own process group, so a test can
+SIGKILL the whole worker or just one prefork child.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(
+    condition: Callable[[], Any], timeout: float, interval: float = 0.02, what: str = "condition"
+) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class RedisServer:
+    def __init__(self, *, appendonly: bool = False) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not on PATH (Debian: apt-get install redis-server)")
+        self.binary = binary
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="wesichain-redis-")
+        self.appendonly = appendonly
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            self.dir,
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "always",
+            "--maxmemory-policy",
+            "noeviction",
+            "--protected-mode",
+            "yes",
+            "--loglevel",
+            "warning",
+        ]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = self.client()
+        wait_until(lambda: _pings(client), timeout=10, what="redis-server to accept connections")
+        client.close()
+        return self
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, **kwargs)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def cleanup(self) -> None:
+        self.stop(signal.SIGKILL)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+class WorkerProcess:
+    """``wesichain worker`` in its own session (process group), logging to a file."""
+
+    def __init__(
+        self,
+        name: str,
+        redis_url: str,
+        *,
+        agents: str = "tests.agents_fixture",
+        pool: str = "prefork",
+        concurrency: int = 1,
+        queues: str | None = None,
+        env: dict[str, str] | None = None,
+        log_dir: str | None = None,
+    ) -> None:
+        self.name = name
+        self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="wesichain-worker-")) / f"{name}.log"
+        self.args = [
+            sys.executable,
+            "-m",
+            "producer.cli",
+            "worker",
+            "--redis",
+            redis_url,
+            "--agents",
+            agents,
+            "--pool",
+            pool,
+            "--concurrency",
+            str(concurrency),
+            "--name",
+            f"{name}@test",
+            "--loglevel",
+            "INFO",
+        ]
+        if queues:
+            self.args += ["--queues", queues]
+        self.args += ["--", "--without-mingle", "--without-gossip", "--without-heartbeat"]
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_WORKER_NAME": name, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait: bool = True) -> WorkerProcess:
+        self._log = open(self.log_path, "ab")  # closed in stop()
+        self._offset = self.log_path.stat().st_size
+        self.proc = subprocess.Popen(
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        if wait:
+            self.wait_ready()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        def ready() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()[-3000:]}"
+                )
+            return "ready." in self.log_path.read_text(errors="replace")[self._offset :]
+
+        wait_until(ready, timeout=timeout, interval=0.05, what=f"worker {self.name} to be ready")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def children(self) -> list[int]:
+        try:
+            return [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def pids(self) -> set[int]:
+        return {self.pid, *self.children()}
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker: main process and its pool children."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 15) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+            self._log = None  # type: ignore[assignment]
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
