@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--loglevel", "-l", default="INFO")
     w.add_argument("celery_args", nargs=argparse.REMAINDER, help="after --, passed to `celery worker` as is")
 
+    sw = sub.add_parser("sweeper", parents=[common], help="run the recovery sweeper standalone")
+    sw.add_argument("--once", action="store_true", help="sweep once and exit")
+
     s = sub.add_parser("submit", parents=[common], help="submit a run")
     s.add_argument("agent")
     s.add_argument("text")
@@ -99,6 +102,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return commands.worker(args)
     if args.command == "demo":
         return commands.demo(args)
+    if args.command == "sweeper":
+        return commands.sweeper(args)
     import redis
 
     try:

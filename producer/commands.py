@@ -37,6 +37,18 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def sweeper(args: argparse.Namespace) -> int:
+    from worker.app import app
+    from worker.sweeper import Sweeper
+
+    sweeper = Sweeper(app.wesichain_runtime.get())
+    if args.once:
+        print(f"recovered {sweeper.tick()} run(s)")
+        return 0
+    sweeper.run_forever()
+    return 0
+
+
 def demo(args: argparse.Namespace) -> int:
     from producer.embedded import embedded
     from shared.examples.research import DEMO_QUESTION

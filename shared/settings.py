@@ -13,6 +13,8 @@ ENV_REDIS_URL = "WESICHAIN_REDIS_URL"
 ENV_AGENTS = "WESICHAIN_AGENTS"
 ENV_PREFIX = "WESICHAIN_PREFIX"
 ENV_LEASE = "WESICHAIN_LEASE_S"
+ENV_QUEUED_LEASE = "WESICHAIN_QUEUED_LEASE_S"
+ENV_MAX_ATTEMPTS = "WESICHAIN_MAX_PHASE_ATTEMPTS"
 
 DEFAULT_AGENTS_MODULE = "shared.examples.research"
 
@@ -38,8 +40,13 @@ class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "wesichain:"
     agents_module: str = DEFAULT_AGENTS_MODULE
-    #: A phase in flight must renew its lease within this; the sweeper recovers it after.
+    #: A claimed phase must renew its lease within this; the sweeper recovers it after.
     lease_s: float = 10.0
+    #: How long a committed next phase may wait in the queue before the sweeper re-publishes it
+    #: (covers a message lost between broker pop and delivery, and a crash before publish).
+    queued_lease_s: float = 30.0
+    #: How often the sweeper looks for expired leases.
+    sweep_interval_s: float = 1.0
     #: Deliveries of one (run, step, phase) that may start work before the run is failed as poison.
     max_phase_attempts: int = 5
     #: How long a terminal run's keys are kept.
@@ -59,6 +66,10 @@ class Settings:
             values["prefix"] = prefix
         if lease := os.environ.get(ENV_LEASE):
             values["lease_s"] = float(lease)
+        if queued := os.environ.get(ENV_QUEUED_LEASE):
+            values["queued_lease_s"] = float(queued)
+        if attempts := os.environ.get(ENV_MAX_ATTEMPTS):
+            values["max_phase_attempts"] = int(attempts)
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
         settings.validate()
@@ -76,8 +87,8 @@ class Settings:
             )
         if parts.scheme != "memory" and not parts.hostname:
             raise ConfigError(f"Redis URL has no host: {redact_url(self.redis_url)!r}")
-        if self.lease_s <= 0 or self.max_phase_attempts < 1:
-            raise ConfigError("lease_s must be > 0 and max_phase_attempts >= 1")
+        if self.lease_s <= 0 or self.queued_lease_s <= 0 or self.max_phase_attempts < 1:
+            raise ConfigError("lease_s and queued_lease_s must be > 0 and max_phase_attempts >= 1")
 
     @property
     def embedded(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -46,6 +47,28 @@ class Claim:
     attempts: int
     messages: list[Message]
     cancel_requested: bool
+    #: The claim this delivery holds (renewed by the heartbeat, ended by the commit or result).
+    claim_field: str
+    token: str
+    #: "none", or "expired"/"takeover" when an earlier attempt claimed this work and never finished.
+    prior: str
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another delivery holds a live claim on this phase; this one must do nothing."""
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """The sweeper took a run over: re-publish ``outbox`` under the new ``epoch``."""
+
+    run_id: str
+    phase: Phase
+    version: int
+    epoch: int
+    step: int
+    outbox: list[TaskSpec]
 
 
 @dataclass(frozen=True)
@@ -70,6 +93,8 @@ class RunStore:
         self._commit = client.register_script(_script("commit"))
         self._record = client.register_script(_script("record_result"))
         self._cancel = client.register_script(_script("cancel"))
+        self._renew = client.register_script(_script("renew"))
+        self._recover = client.register_script(_script("recover"))
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -121,9 +146,26 @@ class RunStore:
     # -- claiming ----------------------------------------------------------------------------
 
     def begin(
-        self, run_id: str, version: int, phase: Phase, attempt_field: str, *, with_messages: bool = False
-    ) -> Claim | Stale | None:
-        deadline = time.time() + self.settings.lease_s
+        self,
+        run_id: str,
+        version: int,
+        phase: Phase,
+        epoch: int,
+        attempt_field: str,
+        *,
+        call_id: str | None = None,
+        with_messages: bool = False,
+        takeover: bool = False,
+    ) -> Claim | Busy | Stale | None:
+        """Claim a phase (or one tool call of it) for this delivery.
+
+        ``takeover`` says the broker redelivered this task because its worker was lost, so a claim
+        that has not expired yet belongs to a dead process and may be taken over.
+        """
+        now = time.time()
+        deadline = now + self.settings.lease_s
+        claim_field = f"claim:{call_id}" if call_id is not None else "running"
+        token = uuid.uuid4().hex[:16]
         k = self.keys
         reply = self._begin(
             keys=[k.run(run_id), k.attempts(run_id), k.leases(), k.messages(run_id)],
@@ -134,11 +176,18 @@ class RunStore:
                 f"{deadline:.3f}",
                 run_id,
                 "1" if with_messages else "0",
+                str(epoch),
+                claim_field,
+                token,
+                f"{now:.3f}",
+                "1" if takeover else "0",
             ],
         )
         status = _s(reply[0])
         if status == "missing":
             return None
+        if status == "busy":
+            return Busy()
         fields = self._pairs(reply[1])
         head = self._head_from_fields(fields)
         if status == "stale":
@@ -146,11 +195,54 @@ class RunStore:
             return Stale(head=head, outbox=outbox, outbox_sent=fields.get("outbox_sent") == "1")
         messages = [MESSAGE_ADAPTER.validate_json(m) for m in reply[3]]
         return Claim(
-            head=head, attempts=int(reply[2]), messages=messages, cancel_requested=fields.get("cancel") == "1"
+            head=head,
+            attempts=int(reply[2]),
+            messages=messages,
+            cancel_requested=fields.get("cancel") == "1",
+            claim_field=claim_field,
+            token=token,
+            prior=_s(reply[4]),
         )
 
-    def renew_lease(self, run_id: str) -> None:
-        self.redis.zadd(self.keys.leases(), {run_id: time.time() + self.settings.lease_s})
+    def renew(self, run_id: str, claim_field: str, token: str) -> tuple[bool, bool]:
+        """Extend a claim and the run's lease; returns (still held, cancel requested)."""
+        deadline = time.time() + self.settings.lease_s
+        reply = self._renew(
+            keys=[self.keys.run(run_id), self.keys.leases()],
+            args=[claim_field, token, f"{deadline:.3f}", run_id],
+        )
+        return int(reply[0]) == 1, int(reply[1]) == 1
+
+    def release_claim(self, run_id: str, claim_field: str, token: str) -> None:
+        key = self.keys.run(run_id)
+        value = self.redis.hget(key, claim_field)
+        if value is not None and _s(value).startswith(token + "|"):
+            self.redis.hdel(key, claim_field)
+
+    def expired_leases(self, limit: int = 100) -> list[str]:
+        return [
+            str(r)
+            for r in self.redis.zrangebyscore(self.keys.leases(), "-inf", time.time(), start=0, num=limit)
+        ]
+
+    def recover(self, run_id: str) -> Recovery | None:
+        """Take over a run whose lease expired (see ``recover.lua``); None if there is nothing to do."""
+        now = time.time()
+        reply = self._recover(
+            keys=[self.keys.run(run_id), self.keys.leases()],
+            args=[run_id, f"{now:.3f}", f"{now + self.settings.queued_lease_s:.3f}"],
+        )
+        if _s(reply[0]) != "recover":
+            return None
+        outbox = [TaskSpec.model_validate(t) for t in _json_list(_s(reply[5]))]
+        return Recovery(
+            run_id=run_id,
+            phase=Phase(_s(reply[1])),
+            version=int(reply[2]),
+            epoch=int(reply[3]),
+            step=int(reply[4]),
+            outbox=outbox,
+        )
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -169,7 +261,9 @@ class RunStore:
         k = self.keys
         terminal = head.phase.terminal
         leased = not terminal and head.phase is not Phase.AWAITING_APPROVAL
-        lease = f"{time.time() + self.settings.lease_s:.3f}" if leased else ""
+        # Until the next phase is claimed, the run is only queued: a longer lease, so a backlog
+        # does not look like a crash (a claimed phase gets the short lease in begin()).
+        lease = f"{time.time() + self.settings.queued_lease_s:.3f}" if leased else ""
         args: list[str] = [
             "" if expected_version is None else str(expected_version),
             str(head.version),
@@ -204,7 +298,8 @@ class RunStore:
 
     def record_result(
         self, head: RunHead, result: ToolResult, event: Event, observe: TaskSpec
-    ) -> RecordStatus:
+    ) -> tuple[RecordStatus, int]:
+        """Record a result once; returns the status and, when complete, the run's current epoch."""
         k = self.keys
         reply = self._record(
             keys=[k.run(head.run_id), k.results(head.run_id, head.step), k.events(head.run_id), k.leases()],
@@ -216,11 +311,12 @@ class RunStore:
                 str(len(head.pending_calls)),
                 _dump_outbox([observe]),
                 str(self.settings.limits.events_maxlen),
-                f"{time.time() + self.settings.lease_s:.3f}",
+                f"{time.time() + self.settings.queued_lease_s:.3f}",
                 head.run_id,
             ],
         )
-        return _s(reply)  # type: ignore[return-value]
+        status, _, epoch = _s(reply).partition(":")
+        return status, int(epoch or head.epoch)  # type: ignore[return-value]
 
     def emit(self, run_id: str, events: Sequence[Event]) -> None:
         """Append events that are not part of a commit (live token deltas)."""

@@ -11,26 +11,30 @@ from shared import fsm
 from shared.errors import RunErrorInfo, ToolDispatch, ToolOutcomeUnknown
 from shared.messages import ToolCall
 from shared.state import Phase, RunHead, ToolResult
-from shared.store import Stale
+from shared.store import Claim
 from shared.tools import Tool, ToolContext, validation_summary
-from worker.runtime import TASK_TOOL, Runtime, log, observe_task
+from worker.heartbeat import Held
+from worker.runtime import TASK_TOOL, Runtime, log, observe_task, with_epoch
 
 
-def run_tool(rt: Runtime, run_id: str, step: int, version: int, call_id: str) -> None:
-    claim = rt.store.begin(run_id, version, Phase.ACTING, f"{step}:tool:{call_id}")
-    if claim is None:
-        log.warning("tool call for unknown run %s dropped", run_id)
+def run_tool(
+    rt: Runtime, run_id: str, step: int, version: int, call_id: str, epoch: int = 0, takeover: bool = False
+) -> None:
+    claim = rt.store.begin(
+        run_id, version, Phase.ACTING, epoch, f"{step}:tool:{call_id}", call_id=call_id, takeover=takeover
+    )
+    if rt.unclaimed(claim, TASK_TOOL, run_id, version):
         return
-    if isinstance(claim, Stale):
-        rt.on_stale(claim, TASK_TOOL, version)
-        return
+    assert isinstance(claim, Claim)
     head = claim.head
     call = next((c for c in head.pending_calls if c.id == call_id), None)
     if call is None:
         log.error("run %s v%d has no pending call %r; dropped", run_id, version, call_id)
         return
     if rt.store.has_result(run_id, step, call_id):
-        return  # a duplicate delivery of a call whose result is already recorded
+        # A duplicate delivery of a call whose result is already recorded.
+        rt.store.release_claim(run_id, claim.claim_field, claim.token)
+        return
     current = fsm.view(head)
     assert isinstance(current, fsm.Acting)
     if rt.check_poison(current, claim.attempts, f"tool call {call.name}:{call_id} of step {step}"):
@@ -46,8 +50,8 @@ def run_tool(rt: Runtime, run_id: str, step: int, version: int, call_id: str) ->
             call,
             ToolDispatch(f"tool {call.name!r} is not registered on this worker", step=step, tool=call.name),
         )
-    elif claim.attempts > 1 and not tool.retry_safe:
-        # An earlier delivery entered this tool and never recorded a result: its worker died mid-call.
+    elif claim.prior != "none" and not tool.retry_safe:
+        # An earlier delivery claimed this call and never recorded a result: its worker died mid-call.
         # Running it again could repeat a side effect that must happen once, so the policy decides.
         result = _error_result(
             call,
@@ -58,7 +62,8 @@ def run_tool(rt: Runtime, run_id: str, step: int, version: int, call_id: str) ->
             ),
         )
     else:
-        result = _invoke(rt, tool, call, head)
+        with rt.heartbeat.hold(run_id, claim.claim_field, claim.token) as held:
+            result = _invoke(rt, tool, call, head, held)
     completed = ev.ToolCompleted(
         run_id=run_id,
         step=step,
@@ -69,19 +74,18 @@ def run_tool(rt: Runtime, run_id: str, step: int, version: int, call_id: str) ->
         error=result.error,
         duration_s=result.duration_s,
     )
-    status = rt.store.record_result(head, result, completed, observe_task(head))
+    status, epoch = rt.store.record_result(head, result, completed, observe_task(head))
     if status == "complete":
-        rt.publish([observe_task(head)])
+        rt.publish([with_epoch(observe_task(head), epoch) if epoch != head.epoch else observe_task(head)])
 
 
-def _invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead) -> ToolResult:
-    store = rt.store
+def _invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) -> ToolResult:
     ctx = ToolContext(
         run_id=head.run_id,
         step=head.step,
         call_id=call.id,
         deadline=time.time() + tool.timeout_s,
-        _cancel_check=lambda: store.cancel_requested(head.run_id),
+        _cancel_check=held.cancelled.is_set,
     )
     started = time.perf_counter()
     try:

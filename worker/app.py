@@ -2,6 +2,8 @@
 
 Start a worker with ``wesichain worker`` (or ``celery -A worker.app worker``). Settings come from
 the environment (``WESICHAIN_REDIS_URL``, ``WESICHAIN_AGENTS``, ...), read once per process.
+Every worker's main process also runs the sweeper (one active at a time across the cluster)
+unless ``WESICHAIN_SWEEPER=0``.
 """
 
 from __future__ import annotations
@@ -10,15 +12,18 @@ import os
 import threading
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
+from celery.signals import worker_ready, worker_shutdown
 
 from shared.agents import load_registry
 from shared.settings import Settings, celery_config
 from shared.store import RunStore
 from worker.act import run_tool
+from worker.heartbeat import Heartbeat
 from worker.observe import run_observe
-from worker.runtime import TASK_OBSERVE, TASK_START, TASK_THINK, TASK_TOOL, Runtime
+from worker.runtime import TASK_OBSERVE, TASK_START, TASK_SWEEP, TASK_THINK, TASK_TOOL, Runtime
 from worker.start import run_start
+from worker.sweeper import Sweeper, sweep_once
 from worker.think import run_think
 
 
@@ -31,6 +36,7 @@ class RuntimeHolder:
         self._lock = threading.Lock()
         self._pid = -1
         self._runtime: Runtime | None = None
+        self.sweeper: Sweeper | None = None
 
     def get(self) -> Runtime:
         if self._runtime is None or self._pid != os.getpid():
@@ -50,39 +56,60 @@ class RuntimeHolder:
             app.send_task(name, kwargs=kwargs, task_id=task_id)
 
         return Runtime(
-            store=store, agents=load_registry(self.settings.agents_module), send=send, settings=self.settings
+            store=store,
+            agents=load_registry(self.settings.agents_module),
+            send=send,
+            settings=self.settings,
+            heartbeat=Heartbeat(store, interval_s=min(self.settings.lease_s / 3, 1.0)),
         )
+
+    def start_sweeper(self) -> None:
+        if self.sweeper is None:
+            self.sweeper = Sweeper(self.get())
+            self.sweeper.start()
+
+    def stop_sweeper(self) -> None:
+        if self.sweeper is not None:
+            self.sweeper.stop()
+            self.sweeper = None
+
+
+def _lost_worker(task: Task) -> bool:
+    """True when the broker handed this task over because the process running it died."""
+    request = task.request
+    return bool(request.retries) or bool((request.delivery_info or {}).get("redelivered"))
 
 
 def create_app(settings: Settings) -> Celery:
     app = Celery("wesichain", set_as_current=False)
     app.conf.update(celery_config(settings))
+    app.conf.beat_schedule = {
+        "wesichain-sweep": {"task": TASK_SWEEP, "schedule": settings.sweep_interval_s},
+    }
     holder = RuntimeHolder(app, settings)
     app.wesichain_runtime = holder  # the embedded mode and tests reach the runtime through the app
 
-    @app.task(  # type: ignore[untyped-decorator]
-        name=TASK_START, ignore_result=True, shared=False
-    )
-    def start(run_id: str, version: int = 1, create: dict[str, Any] | None = None) -> None:
-        run_start(holder.get(), run_id, version, create)
+    @app.task(name=TASK_START, bind=True, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def start(
+        self: Task, run_id: str, version: int = 1, epoch: int = 0, create: dict[str, Any] | None = None
+    ) -> None:
+        run_start(holder.get(), run_id, version, epoch, create, takeover=_lost_worker(self))
 
-    @app.task(  # type: ignore[untyped-decorator]
-        name=TASK_THINK, ignore_result=True, shared=False
-    )
-    def think(run_id: str, step: int, version: int) -> None:
-        run_think(holder.get(), run_id, step, version)
+    @app.task(name=TASK_THINK, bind=True, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def think(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> None:
+        run_think(holder.get(), run_id, step, version, epoch, takeover=_lost_worker(self))
 
-    @app.task(  # type: ignore[untyped-decorator]
-        name=TASK_TOOL, ignore_result=True, shared=False
-    )
-    def tool(run_id: str, step: int, version: int, call_id: str) -> None:
-        run_tool(holder.get(), run_id, step, version, call_id)
+    @app.task(name=TASK_TOOL, bind=True, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def tool(self: Task, run_id: str, step: int, version: int, call_id: str, epoch: int = 0) -> None:
+        run_tool(holder.get(), run_id, step, version, call_id, epoch, takeover=_lost_worker(self))
 
-    @app.task(  # type: ignore[untyped-decorator]
-        name=TASK_OBSERVE, ignore_result=True, shared=False
-    )
-    def observe(run_id: str, step: int, version: int) -> None:
-        run_observe(holder.get(), run_id, step, version)
+    @app.task(name=TASK_OBSERVE, bind=True, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def observe(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> None:
+        run_observe(holder.get(), run_id, step, version, epoch, takeover=_lost_worker(self))
+
+    @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def sweep() -> int:
+        return sweep_once(holder.get())
 
     return app
 
@@ -93,3 +120,18 @@ def _default_app() -> Celery:
 
 #: The app ``celery -A worker.app`` finds.
 app = _default_app()
+
+
+@worker_ready.connect  # type: ignore[untyped-decorator]
+def _start_sweeper(sender: Any = None, **_: Any) -> None:
+    if os.environ.get("WESICHAIN_SWEEPER", "1") != "0":
+        holder: RuntimeHolder | None = getattr(getattr(sender, "app", None), "wesichain_runtime", None)
+        if holder is not None:
+            holder.start_sweeper()
+
+
+@worker_shutdown.connect  # type: ignore[untyped-decorator]
+def _stop_sweeper(sender: Any = None, **_: Any) -> None:
+    holder: RuntimeHolder | None = getattr(getattr(sender, "app", None), "wesichain_runtime", None)
+    if holder is not None:
+        holder.stop_sweeper()

@@ -5,18 +5,17 @@ from __future__ import annotations
 from shared import fsm
 from shared.errors import BudgetExceeded, RunErrorInfo
 from shared.state import Phase, ToolResult
-from shared.store import Stale
-from worker.runtime import TASK_OBSERVE, Runtime, log
+from shared.store import Claim
+from worker.runtime import TASK_OBSERVE, Runtime
 
 
-def run_observe(rt: Runtime, run_id: str, step: int, version: int) -> None:
-    claim = rt.store.begin(run_id, version, Phase.OBSERVING, f"{step}:observe")
-    if claim is None:
-        log.warning("observe for unknown run %s dropped", run_id)
+def run_observe(
+    rt: Runtime, run_id: str, step: int, version: int, epoch: int = 0, takeover: bool = False
+) -> None:
+    claim = rt.store.begin(run_id, version, Phase.OBSERVING, epoch, f"{step}:observe", takeover=takeover)
+    if rt.unclaimed(claim, TASK_OBSERVE, run_id, version):
         return
-    if isinstance(claim, Stale):
-        rt.on_stale(claim, TASK_OBSERVE, version)
-        return
+    assert isinstance(claim, Claim)
     current = fsm.view(claim.head)
     assert isinstance(current, fsm.Observing)
     if rt.check_poison(current, claim.attempts, f"observe of step {step}"):

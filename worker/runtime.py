@@ -1,13 +1,15 @@
 """What every phase task needs: the store, the agents, a publisher, and the shared moves.
 
-A phase task follows one shape (see ``think.py``, ``act.py``, ``observe.py``):
+A phase task follows one shape (see ``think.py``, ``act.py``, ``observe.py``, ``start.py``):
 claim the phase with :meth:`RunStore.begin`; if the run is elsewhere, only make sure its outbox
-was published; otherwise do the phase, commit with compare-and-set, then publish the outbox.
+was published; if another delivery holds a live claim, do nothing; otherwise do the phase under
+a heartbeat, commit with compare-and-set, then publish the outbox.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +22,9 @@ from shared.fsm import Transition
 from shared.messages import Message, SystemMessage, UserMessage
 from shared.settings import Settings
 from shared.state import Phase, RunHead, TaskSpec
-from shared.store import CommitStatus, RunStore, Stale
+from shared.store import Busy, Claim, CommitStatus, RunStore, Stale
+from worker import faults
+from worker.heartbeat import Heartbeat
 
 log = logging.getLogger("wesichain.worker")
 
@@ -31,34 +35,43 @@ TASK_START = "wesichain.start"
 TASK_THINK = "wesichain.think"
 TASK_TOOL = "wesichain.tool"
 TASK_OBSERVE = "wesichain.observe"
+TASK_SWEEP = "wesichain.sweep"
+
+
+def _task_id(run_id: str, version: int, what: str, epoch: int) -> str:
+    # Deterministic: the same commit always publishes the same ids; a takeover adds its epoch.
+    return f"{run_id}:v{version}:{what}" + (f":e{epoch}" if epoch else "")
 
 
 def task_for(head: RunHead) -> list[TaskSpec]:
     """The outbox of a committed head: the tasks that carry the run to its next phase."""
-    base = {"run_id": head.run_id, "step": head.step, "version": head.version}
+    run_id, version, epoch = head.run_id, head.version, head.epoch
+    base = {"run_id": run_id, "step": head.step, "version": version, "epoch": epoch}
     if head.phase is Phase.IDLE:
-        return [start_task(head.run_id, head.version)]
+        return [start_task(run_id, version, epoch)]
     if head.phase is Phase.THINKING:
-        return [TaskSpec(name=TASK_THINK, task_id=f"{head.run_id}:v{head.version}:think", arguments=base)]
+        return [TaskSpec(name=TASK_THINK, task_id=_task_id(run_id, version, "think", epoch), arguments=base)]
     if head.phase is Phase.ACTING:
         return [
             TaskSpec(
                 name=TASK_TOOL,
-                task_id=f"{head.run_id}:v{head.version}:tool:{c.id}",
+                task_id=_task_id(run_id, version, f"tool:{c.id}", epoch),
                 arguments={**base, "call_id": c.id},
             )
             for c in head.pending_calls
         ]
     if head.phase is Phase.OBSERVING:
-        return [TaskSpec(name=TASK_OBSERVE, task_id=f"{head.run_id}:v{head.version}:observe", arguments=base)]
+        return [
+            TaskSpec(name=TASK_OBSERVE, task_id=_task_id(run_id, version, "observe", epoch), arguments=base)
+        ]
     return []
 
 
-def start_task(run_id: str, version: int) -> TaskSpec:
+def start_task(run_id: str, version: int, epoch: int = 0) -> TaskSpec:
     return TaskSpec(
         name=TASK_START,
-        task_id=f"{run_id}:v{version}:start",
-        arguments={"run_id": run_id, "version": version},
+        task_id=_task_id(run_id, version, "start", epoch),
+        arguments={"run_id": run_id, "version": version, "epoch": epoch},
     )
 
 
@@ -67,9 +80,15 @@ def observe_task(acting: RunHead) -> TaskSpec:
     version = acting.version + 1
     return TaskSpec(
         name=TASK_OBSERVE,
-        task_id=f"{acting.run_id}:v{version}:observe",
-        arguments={"run_id": acting.run_id, "step": acting.step, "version": version},
+        task_id=_task_id(acting.run_id, version, "observe", acting.epoch),
+        arguments={"run_id": acting.run_id, "step": acting.step, "version": version, "epoch": acting.epoch},
     )
+
+
+def with_epoch(spec: TaskSpec, epoch: int) -> TaskSpec:
+    """The same task re-published by the sweeper under a new epoch."""
+    base = re.sub(r":e\d+$", "", spec.task_id)
+    return TaskSpec(name=spec.name, task_id=f"{base}:e{epoch}", arguments={**spec.arguments, "epoch": epoch})
 
 
 @dataclass
@@ -78,10 +97,26 @@ class Runtime:
     agents: AgentRegistry
     send: Send
     settings: Settings
+    heartbeat: Heartbeat
 
     def publish(self, outbox: Sequence[TaskSpec]) -> None:
         for spec in outbox:
             self.send(spec.name, spec.arguments, spec.task_id)
+            if faults.enabled("duplicate_publish"):
+                self.send(spec.name, spec.arguments, spec.task_id)
+
+    def unclaimed(self, claim: Claim | Busy | Stale | None, task: str, run_id: str, version: int) -> bool:
+        """Handle every outcome of begin() but a fresh claim; True when the task must stop here."""
+        if claim is None:
+            log.warning("%s for unknown run %s dropped", task, run_id)
+            return True
+        if isinstance(claim, Busy):
+            log.info("run %s: %s v%d is already being worked on; duplicate dropped", run_id, task, version)
+            return True
+        if isinstance(claim, Stale):
+            self.on_stale(claim, task, version)
+            return True
+        return False
 
     def on_stale(self, stale: Stale, task: str, version: int) -> None:
         """A duplicate or late delivery: do nothing but make sure the run's next phase was sent."""
@@ -107,9 +142,11 @@ class Runtime:
         """Commit a transition and publish what it leads to; a pending cancel wins over it."""
         head = transition.head
         events = (*extra_events, *transition.events)
-        status = self.store.commit(current.head.version, head, transition.messages, events, task_for(head))
+        outbox = task_for(head)
+        status = self.store.commit(current.head.version, head, transition.messages, events, outbox)
         if status == "committed":
-            self.publish(task_for(head))
+            faults.crash_point(f"crash_after_commit:{current.phase.value}", self.store, head.run_id)
+            self.publish(outbox)
         elif status == "cancel_pending":
             self.interrupt(current, "cancelled")
         else:

@@ -13,24 +13,28 @@ from shared import fsm
 from shared.errors import ConfigError, RunConfigError
 from shared.messages import Message, SystemMessage, UserMessage
 from shared.state import Phase, RunHead
-from shared.store import Stale
-from worker.runtime import TASK_START, Runtime, initial_messages, log, start_task
+from shared.store import Claim
+from worker.runtime import TASK_START, Runtime, initial_messages, start_task
 
 #: Messages of earlier runs in the same thread carried into a new run.
 HISTORY_WINDOW = 40
 
 
-def run_start(rt: Runtime, run_id: str, version: int, create: dict[str, Any] | None = None) -> None:
+def run_start(
+    rt: Runtime,
+    run_id: str,
+    version: int,
+    epoch: int = 0,
+    create: dict[str, Any] | None = None,
+    takeover: bool = False,
+) -> None:
     if create is not None and rt.store.load_raw(run_id) == {}:
         # Sent by a bare producer: create the run here (a no-op if a duplicate already did).
         rt.store.commit(None, RunHead.new_idle(run_id, **create), outbox=[start_task(run_id, 1)])
-    claim = rt.store.begin(run_id, version, Phase.IDLE, "0:start")
-    if claim is None:
-        log.warning("start for unknown run %s dropped", run_id)
+    claim = rt.store.begin(run_id, version, Phase.IDLE, epoch, "0:start", takeover=takeover)
+    if rt.unclaimed(claim, TASK_START, run_id, version):
         return
-    if isinstance(claim, Stale):
-        rt.on_stale(claim, TASK_START, version)
-        return
+    assert isinstance(claim, Claim)
     current = fsm.view(claim.head)
     assert isinstance(current, fsm.Idle)
     if rt.check_poison(current, claim.attempts, "start"):

@@ -13,21 +13,23 @@ from shared.messages import Message
 from shared.models import resolve_model
 from shared.policy import decide_invalid_action, decide_model_error
 from shared.state import Phase
-from shared.store import Claim, Stale
-from worker.runtime import TASK_THINK, Runtime, log
+from shared.store import Claim
+from worker.heartbeat import Held
+from worker.runtime import TASK_THINK, Runtime
 
 #: Token deltas are flushed to the event stream at most this often (one round trip per batch).
 DELTA_FLUSH_S = 0.05
 
 
-def run_think(rt: Runtime, run_id: str, step: int, version: int) -> None:
-    claim = rt.store.begin(run_id, version, Phase.THINKING, f"{step}:think", with_messages=True)
-    if claim is None:
-        log.warning("think for unknown run %s dropped", run_id)
+def run_think(
+    rt: Runtime, run_id: str, step: int, version: int, epoch: int = 0, takeover: bool = False
+) -> None:
+    claim = rt.store.begin(
+        run_id, version, Phase.THINKING, epoch, f"{step}:think", with_messages=True, takeover=takeover
+    )
+    if rt.unclaimed(claim, TASK_THINK, run_id, version):
         return
-    if isinstance(claim, Stale):
-        rt.on_stale(claim, TASK_THINK, version)
-        return
+    assert isinstance(claim, Claim)
     current = fsm.view(claim.head)
     assert isinstance(current, fsm.Thinking)
     if rt.check_poison(current, claim.attempts, f"think of step {step}"):
@@ -35,10 +37,11 @@ def run_think(rt: Runtime, run_id: str, step: int, version: int) -> None:
     if claim.cancel_requested:
         rt.interrupt(current, "cancelled")
         return
-    _think(rt, current, claim)
+    with rt.heartbeat.hold(run_id, claim.claim_field, claim.token) as held:
+        _think(rt, current, claim, held)
 
 
-def _think(rt: Runtime, current: fsm.Thinking, claim: Claim) -> None:
+def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> None:
     head = current.head
     agent = rt.agents.get(head.agent)
     step = head.step
@@ -47,7 +50,10 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim) -> None:
         request = ModelRequest(
             model=head.model.partition(":")[2], messages=claim.messages, tools=agent.tools.specs()
         )
-        response = _call_model(rt, adapter, request, head.run_id, step, stream=agent.stream)
+        response = _call_model(rt, adapter, request, head.run_id, step, stream=agent.stream, held=held)
+    except Cancelled:
+        rt.interrupt(current, "cancelled")
+        return
     except ModelTransport as exc:
         exc.step = step
         decision, consume = decide_model_error(agent.policy, head.model_retries, exc.retryable)
@@ -106,8 +112,19 @@ def _describe_calls(response: ModelResponse) -> str:
     return "; ".join(f"{c.name}({c.arguments!r})"[:500] for c in response.tool_calls)
 
 
+class Cancelled(Exception):
+    """The run was cancelled while the model was still streaming."""
+
+
 def _call_model(
-    rt: Runtime, adapter: LlmAdapter, request: ModelRequest, run_id: str, step: int, *, stream: bool
+    rt: Runtime,
+    adapter: LlmAdapter,
+    request: ModelRequest,
+    run_id: str,
+    step: int,
+    *,
+    stream: bool,
+    held: Held,
 ) -> ModelResponse:
     if not stream:
         return adapter.complete(request)
@@ -115,6 +132,9 @@ def _call_model(
     last_flush = time.monotonic()
     final: ModelResponse | None = None
     for part in adapter.stream(request):
+        if held.cancelled.is_set():
+            # Closing the generator closes the HTTP response: the provider stops generating.
+            raise Cancelled()
         if isinstance(part, TextDelta):
             pending.append(part.text)
             if time.monotonic() - last_flush >= DELTA_FLUSH_S:
