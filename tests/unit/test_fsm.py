@@ -100,7 +100,12 @@ def test_thinking_complete() -> None:
     assert kinds(t) == ["ModelResponded", "Completed"]
     responded, completed = t.events
     assert isinstance(responded, ev.ModelResponded) and isinstance(completed, ev.Completed)
-    assert (responded.step, responded.text, responded.tool_calls, responded.usage) == (2, "the answer", 0, usage)
+    assert (responded.step, responded.text, responded.tool_calls, responded.usage) == (
+        2,
+        "the answer",
+        0,
+        usage,
+    )
     assert (completed.answer, completed.usage) == ("the answer", after.usage)
     assert after.terminal
 

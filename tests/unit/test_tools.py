@@ -123,7 +123,11 @@ def test_async_tool_with_context() -> None:
 def test_tool_context() -> None:
     flag = {"cancel": False}
     ctx = ToolContext(
-        run_id="abc", step=7, call_id="call_2", deadline=time.time() + 30, _cancel_check=lambda: flag["cancel"]
+        run_id="abc",
+        step=7,
+        call_id="call_2",
+        deadline=time.time() + 30,
+        _cancel_check=lambda: flag["cancel"],
     )
     assert ctx.idempotency_key == "abc:7:call_2"
     assert ctx.cancelled() is False

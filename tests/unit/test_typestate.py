@@ -33,7 +33,7 @@ CALL = ToolCall(id="c", name="t", arguments={})
 
 # Name -> (the offending line, the mypy message it must produce). Each is appended after PRELUDE.
 ILLEGAL: dict[str, tuple[str, str]] = {
-    "acting_act": ('Acting(HEAD).act(None, [CALL], Usage())', '"Acting" has no attribute "act"'),
+    "acting_act": ("Acting(HEAD).act(None, [CALL], Usage())", '"Acting" has no attribute "act"'),
     "acting_complete": ('Acting(HEAD).complete("x", Usage())', '"Acting" has no attribute "complete"'),
     "acting_next_step": ("Acting(HEAD).next_step([])", '"Acting" has no attribute "next_step"'),
     "idle_complete": ('Idle(HEAD).complete("x", Usage())', '"Idle" has no attribute "complete"'),
@@ -45,7 +45,10 @@ ILLEGAL: dict[str, tuple[str, str]] = {
         'Thinking(HEAD).start([], agent_version="1", model="m:x", max_steps=1)',
         '"Thinking" has no attribute "start"',
     ),
-    "observing_complete": ('Observing(HEAD).complete("x", Usage())', '"Observing" has no attribute "complete"'),
+    "observing_complete": (
+        'Observing(HEAD).complete("x", Usage())',
+        '"Observing" has no attribute "complete"',
+    ),
     "observing_act": ("Observing(HEAD).act(None, [CALL], Usage())", '"Observing" has no attribute "act"'),
     "awaiting_act": (
         "AwaitingApproval(HEAD).act(None, [CALL], Usage())",
@@ -96,7 +99,7 @@ def run() -> Transition[Completed]:
 
 
 def fail_anywhere() -> list[Transition[Failed]]:
-    return [Idle(HEAD).fail(ERR), Acting(HEAD).fail(ERR), Observing(HEAD).fail(ERR), AwaitingApproval(HEAD).fail(ERR)]
+    return [Idle(HEAD).fail(ERR), Acting(HEAD).fail(ERR), AwaitingApproval(HEAD).fail(ERR)]
 
 
 def interrupt_anywhere() -> Transition[Interrupted]:
