@@ -24,6 +24,8 @@ from shared.tools import ToolContext, ToolSet, tool
 
 EFFECTS_KEY = "test:effects"
 STARTS_KEY = "test:starts"
+#: idempotency key -> pid of the process that last started the call (chaos tests kill it).
+PIDS_KEY = "test:pids"
 
 
 @cache
@@ -32,6 +34,8 @@ def _redis() -> redis.Redis:
 
 
 def _record(key: str, ctx: ToolContext) -> None:
+    if key == STARTS_KEY:
+        _redis().hset(PIDS_KEY, ctx.idempotency_key, os.getpid())
     _redis().hincrby(key, ctx.idempotency_key, 1)
 
 

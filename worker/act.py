@@ -63,6 +63,7 @@ def run_tool(
         )
     else:
         with rt.heartbeat.hold(run_id, claim.claim_field, claim.token) as held:
+            rt.paused(Phase.ACTING, run_id)
             result = _invoke(rt, tool, call, head, held)
     completed = ev.ToolCompleted(
         run_id=run_id,

@@ -24,6 +24,8 @@ def run_observe(
         rt.interrupt(current, "cancelled")
         return
     head = current.head
+    with rt.heartbeat.hold(run_id, claim.claim_field, claim.token):
+        rt.paused(Phase.OBSERVING, run_id)
     agent = rt.agents.get(head.agent)
     results = rt.store.load_results(run_id, step)
     failures = [r for r in results if not r.ok]

@@ -118,6 +118,9 @@ class Runtime:
             return True
         return False
 
+    def paused(self, phase: Phase, run_id: str) -> None:
+        faults.pause_point(phase.value, self.store, run_id)
+
     def on_stale(self, stale: Stale, task: str, version: int) -> None:
         """A duplicate or late delivery: do nothing but make sure the run's next phase was sent."""
         head = stale.head

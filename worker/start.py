@@ -43,6 +43,8 @@ def run_start(
         rt.interrupt(current, "cancelled")
         return
     head = current.head
+    with rt.heartbeat.hold(run_id, claim.claim_field, claim.token):
+        rt.paused(Phase.IDLE, run_id)
     try:
         agent = rt.agents.get(head.agent)
     except ConfigError as exc:

@@ -38,6 +38,7 @@ def run_think(
         rt.interrupt(current, "cancelled")
         return
     with rt.heartbeat.hold(run_id, claim.claim_field, claim.token) as held:
+        rt.paused(Phase.THINKING, run_id)
         _think(rt, current, claim, held)
 
 
