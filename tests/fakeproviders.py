@@ -86,6 +86,8 @@ class Reply:
     retry_after_ms: str | None = None
     input_tokens: int = 12
     output_tokens: int = 7
+    #: Sent verbatim as a whole (non-stream) answer instead of rendering text and tool calls.
+    body: Any = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Reply:
@@ -510,7 +512,7 @@ class FakeProvider:
         self._server = _Server(self._address, self)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
+            kwargs={"poll_interval": 0.01},
             name=f"fake-{self.provider}",
             daemon=True,
         )
@@ -717,7 +719,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "application/json",
             )
         else:
-            payload = _dumps(renderer.complete(reply, model, seq))
+            answer = reply.body if reply.body is not None else renderer.complete(reply, model, seq)
+            payload = _dumps(answer)
             self._send_bytes(200, payload, "application/json", drop=fault is Fault.DROP)
 
     def _status_fault(self, fault: Fault, reply: Reply, key: str | None) -> None:
