@@ -50,6 +50,18 @@ class Keys:
         """Sorted set: run_id scored by creation time, for listing."""
         return f"{self.prefix}runs"
 
+    def sweeper_lock(self) -> str:
+        """String: the token of the sweeper currently allowed to sweep (expires with it)."""
+        return f"{self.prefix}sweeper:lock"
+
+    def fault(self, name: str, run_id: str) -> str:
+        """String: set once a test-only fault point fired for a run (see ``worker/faults.py``)."""
+        return f"{self.prefix}fault:{name}:{run_id}"
+
+    def fault_pid(self, phase: str, run_id: str) -> str:
+        """String: the pid a ``pause:<phase>`` fault point paused in (tests kill it)."""
+        return f"{self.prefix}fault:pid:{phase}:{run_id}"
+
     def thread(self, thread_id: str) -> str:
         """List: run ids of one conversation thread, oldest first."""
         return f"{self.prefix}thread:{thread_id}"

@@ -30,7 +30,7 @@ def enabled(name: str) -> bool:
 
 
 def _once(name: str, store: RunStore, run_id: str) -> bool:
-    return bool(store.redis.set(f"{store.keys.prefix}fault:{name}:{run_id}", "1", nx=True, ex=3600))
+    return bool(store.redis.set(store.keys.fault(name, run_id), "1", nx=True, ex=3600))
 
 
 def crash_point(name: str, store: RunStore, run_id: str) -> None:
@@ -41,5 +41,5 @@ def crash_point(name: str, store: RunStore, run_id: str) -> None:
 def pause_point(phase: str, store: RunStore, run_id: str) -> None:
     name = f"pause:{phase}"
     if name in _FAULTS and _once(name, store, run_id):
-        store.redis.set(f"{store.keys.prefix}fault:pid:{phase}:{run_id}", str(os.getpid()), ex=3600)
+        store.redis.set(store.keys.fault_pid(phase, run_id), str(os.getpid()), ex=3600)
         time.sleep(_PAUSE_S)

@@ -60,18 +60,15 @@ class Sweeper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    @property
-    def lock_key(self) -> str:
-        return f"{self.rt.store.keys.prefix}sweeper:lock"
-
     def tick(self) -> int:
         r = self.rt.store.redis
+        lock_key = self.rt.store.keys.sweeper_lock()
         ttl_ms = int(self.interval_s * 3000)
         # Take the lock, or keep it if it is ours; another sweeper sweeps meanwhile.
-        if not r.set(self.lock_key, self.token, nx=True, px=ttl_ms):
-            if r.get(self.lock_key) != self.token:
+        if not r.set(lock_key, self.token, nx=True, px=ttl_ms):
+            if r.get(lock_key) != self.token:
                 return 0
-            r.pexpire(self.lock_key, ttl_ms)
+            r.pexpire(lock_key, ttl_ms)
         return sweep_once(self.rt)
 
     def run_forever(self) -> None:
