@@ -2,9 +2,10 @@
 
 Wire format: ``POST {host}/api/chat``; tools in OpenAI's function format; tool call arguments
 arrive as JSON *objects* and are passed on as they are; calls carry no ids, so they get
-positional ones (``call_0``, ``call_1``); tool results are ``tool`` messages naming the tool in
-``tool_name``. Streams are NDJSON and end with an object whose ``done`` is true: a stream
-without it was cut short and is an error, never an answer.
+positional ones (``call_0``, ``call_1``; an id a newer server does send is kept); tool results
+are ``tool`` messages naming the tool in ``tool_name``. Streams are NDJSON and end with an
+object whose ``done`` is true: a stream without it was cut short and is an error, never an
+answer.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -108,12 +109,32 @@ class _Completion(_Wire):
     error: dict[str, Any] | str | None = None
 
 
+@dataclass
+class _PartialCall:
+    """One tool call being streamed: id and name come whole (usually first), arguments in pieces."""
+
+    id: str | None = None
+    name: str | None = None
+    arguments: list[str] = field(default_factory=list)
+
+    def add(self, piece: _ToolCall) -> None:
+        # Some compatible servers repeat the id and name in later pieces: the first one wins.
+        self.id = self.id or piece.id
+        if piece.function is not None:
+            self.name = self.name or piece.function.name
+            if piece.function.arguments:
+                self.arguments.append(piece.function.arguments)
+
+    def call(self) -> RawToolCall:
+        return RawToolCall(id=self.id, name=self.name or "", arguments="".join(self.arguments))
+
+
 class _StreamAssembler:
     """Folds chunks into one answer: text pieces joined, tool call pieces joined by index."""
 
     def __init__(self) -> None:
         self.text: list[str] = []
-        self.calls: dict[int, tuple[list[str | None], list[str]]] = {}  # index -> ([id, name], args)
+        self.calls: dict[int, _PartialCall] = {}
         self.finish_reason: str | None = None
         self.usage = Usage()
 
@@ -126,26 +147,15 @@ class _StreamAssembler:
             return ""
         self.finish_reason = choice.finish_reason or self.finish_reason
         for position, piece in enumerate(choice.delta.tool_calls or []):
-            self._add_call(position if piece.index is None else piece.index, piece)
+            index = position if piece.index is None else piece.index
+            self.calls.setdefault(index, _PartialCall()).add(piece)
         delta = (choice.delta.content or "") + (choice.delta.refusal or "")
         if delta:
             self.text.append(delta)
         return delta
 
-    def _add_call(self, index: int, piece: _ToolCall) -> None:
-        ident, args = self.calls.setdefault(index, ([None, None], []))
-        # Id and name come whole in the first piece; some servers repeat them later.
-        ident[0] = ident[0] or piece.id
-        if piece.function is not None:
-            ident[1] = ident[1] or piece.function.name
-            if piece.function.arguments:
-                args.append(piece.function.arguments)
-
     def response(self) -> ModelResponse:
-        calls = [
-            RawToolCall(id=ident[0], name=ident[1] or "", arguments="".join(args))
-            for _, (ident, args) in sorted(self.calls.items())
-        ]
+        calls = [partial.call() for _, partial in sorted(self.calls.items())]
         text = "".join(self.text) or None
         return ModelResponse(
             text=text,

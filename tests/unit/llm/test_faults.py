@@ -201,6 +201,17 @@ def test_stream_without_terminator_yields_no_final_response(harness: Harness, pr
     assert not any(isinstance(p, ModelResponse) for p in parts)
 
 
+@pytest.mark.parametrize(
+    ("provider", "retryable"), [("openai", True), ("anthropic", True), ("ollama", False)]
+)
+def test_in_band_stream_error(harness: Harness, provider: str, retryable: bool) -> None:
+    fake, adapter = harness.pair(provider, Reply(text=OK * 3, fault=Fault.ERROR_EVENT), Reply(text=OK))
+    error = fails(adapter, "stream")
+    assert "provider reported an error" in error.message
+    assert error.retryable is retryable  # server-side kinds only
+    assert len(fake.requests) == 1
+
+
 # --- secrets ----------------------------------------------------------------------------------
 
 
