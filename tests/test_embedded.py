@@ -1,0 +1,95 @@
+"""The embedded mode: ``wesichain demo`` and concurrent runs in one process, no servers."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from producer.cli import main
+from producer.embedded import embedded
+from shared.settings import ENV_AGENTS, ENV_PREFIX, ENV_REDIS_URL
+from shared.state import Phase
+
+DEMO_KINDS = [
+    "RunStarted",
+    "StepStarted",
+    "ModelResponded",
+    "ToolDispatched",
+    "ToolDispatched",
+    "ToolDispatched",
+    "ToolCompleted",
+    "ToolCompleted",
+    "ToolCompleted",
+    "StepStarted",
+    "ModelResponded",
+    "Completed",
+]
+
+EVENT_LINE = re.compile(r"^\[step (\d+)\] (\w+)\s")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (ENV_REDIS_URL, ENV_AGENTS, ENV_PREFIX):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    events = [(int(m[1]), m[2]) for line in out.splitlines() if (m := EVENT_LINE.match(line))]
+    assert [kind for _, kind in events] == DEMO_KINDS
+    assert [step for step, _ in events] == [0] + [1] * 8 + [2] * 3
+    completed = {line.split()[2] for line in out.splitlines() if "ToolCompleted" in line}
+    assert completed == {"search", "calculator", "current_time"}
+    assert all(" ok " in line for line in out.splitlines() if "ToolCompleted" in line)
+    answer = next(line for line in out.splitlines() if line.startswith("answer "))
+    assert "3.5 days is 302,400 seconds." in answer
+    assert "Durable agent runs" in answer
+    assert re.search(r"^phase\s+completed\s+step 2/6", out, re.M)
+    assert "TokenDelta" not in out
+
+
+def test_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    records = [json.loads(line) for line in lines]
+    *events, final = records
+    kinds = [e["kind"] for e in events]
+    assert [k for k in kinds if k != "TokenDelta"] == DEMO_KINDS
+    assert "TokenDelta" in kinds  # --json prints every delta
+    deltas = "".join(e["text"] for e in events if e["kind"] == "TokenDelta")
+    assert final["phase"] == "completed"
+    assert final["answer"] == events[-1]["answer"]
+    assert "302,400 seconds" in final["answer"]
+    assert deltas.endswith(final["answer"])
+    assert {e["run_id"] for e in events} == {final["run_id"]}
+    assert final["step"] == 2 and final["version"] == 6
+
+
+def test_two_concurrent_runs_in_one_embedded_worker() -> None:
+    with embedded() as client:
+        first = client.submit("research", "What is a lease?")
+        second = client.submit("research", "What is exactly-once?")
+        assert first.run_id != second.run_id
+        heads = [first.wait(timeout=60), second.wait(timeout=60)]
+        assert [h.phase for h in heads] == [Phase.COMPLETED, Phase.COMPLETED]
+        assert heads[0].answer is not None and heads[0].answer.startswith("Leases: ")
+        assert heads[1].answer is not None and heads[1].answer.startswith("Exactly-once effects: ")
+        for handle, head in zip((first, second), heads, strict=True):
+            assert "302,400 seconds" in (head.answer or "")
+            events = list(handle.events(follow=False))
+            assert [e.kind for e in events if e.kind != "TokenDelta"] == DEMO_KINDS
+            assert {e.run_id for e in events} == {handle.run_id}
+            messages = client.store.load_messages(handle.run_id)
+            assert [m.role for m in messages] == [
+                "system",
+                "user",
+                "assistant",
+                "tool",
+                "tool",
+                "tool",
+                "assistant",
+            ]
