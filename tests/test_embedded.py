@@ -42,7 +42,7 @@ def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
     events = [(int(m[1]), m[2]) for line in out.splitlines() if (m := EVENT_LINE.match(line))]
     assert [kind for _, kind in events] == DEMO_KINDS
     assert [step for step, _ in events] == [0] + [1] * 8 + [2] * 3
-    completed = {line.split()[2] for line in out.splitlines() if "ToolCompleted" in line}
+    completed = {line.split()[3] for line in out.splitlines() if "ToolCompleted" in line}
     assert completed == {"search", "calculator", "current_time"}
     assert all(" ok " in line for line in out.splitlines() if "ToolCompleted" in line)
     answer = next(line for line in out.splitlines() if line.startswith("answer "))
