@@ -1,0 +1,229 @@
+"""The ``wesichain`` CLI against a real redis-server and real worker processes."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from producer.cli import main
+from producer.client import Client, RunNotFound
+from shared.settings import ENV_AGENTS, ENV_PREFIX, ENV_REDIS_URL
+from shared.state import Phase
+from tests.harness import RedisServer, WorkerProcess, wait_until
+
+AGENTS = "tests.agents_fixture"
+UNREACHABLE = "redis://127.0.0.1:1/0"
+EVENT_LINE = re.compile(r"^\[step (\d+)\] (\w+)\s")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # main() exports --redis/--agents to the environment (for worker children): restore it after.
+    monkeypatch.delenv(ENV_PREFIX, raising=False)
+    monkeypatch.setenv(ENV_REDIS_URL, "redis://127.0.0.1:1/0")
+    monkeypatch.setenv(ENV_AGENTS, AGENTS)
+
+
+def cli(redis_url: str, *args: str) -> int:
+    return main([*args, "--redis", redis_url, "--agents", AGENTS])
+
+
+def submit_json(redis_url: str, capsys: pytest.CaptureFixture[str], agent: str) -> str:
+    assert cli(redis_url, "submit", agent, "go", "--json") == 0
+    out = capsys.readouterr().out
+    return str(json.loads(out)["run_id"])
+
+
+# -- against real workers ---------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_submit_wait_json(
+    workers: list[WorkerProcess], redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(redis_server.url, "submit", "direct", "hi", "--wait", "--json") == 0
+    captured = capsys.readouterr()
+    *events, final = [json.loads(line) for line in captured.out.splitlines()]
+    assert [e["kind"] for e in events if e["kind"] != "TokenDelta"] == [
+        "RunStarted",
+        "StepStarted",
+        "ModelResponded",
+        "Completed",
+    ]
+    assert final["phase"] == "completed"
+    assert final["answer"] == "The answer is 42."
+    assert final["input"] == "hi" and final["agent"] == "direct"
+    assert {e["run_id"] for e in events} == {final["run_id"]}
+    assert captured.err == ""
+
+
+@pytest.mark.integration
+def test_submit_wait_text_status_and_events(
+    workers: list[WorkerProcess], redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(redis_server.url, "submit", "one_hop", "add please", "--wait") == 0
+    captured = capsys.readouterr()
+    run_id = re.fullmatch(r"run ([0-9a-f]{32})\n", captured.err)[1]  # type: ignore[index]
+    assert re.search(r"^answer\s+1 \+ 2 = 3$", captured.out, re.M)
+    assert re.search(r"^phase\s+completed\s+step 2/10", captured.out, re.M)
+
+    assert cli(redis_server.url, "status", run_id, "--json") == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["run_id"], status["phase"], status["answer"], status["step"]) == (
+        run_id,
+        "completed",
+        "1 + 2 = 3",
+        2,
+    )
+
+    assert cli(redis_server.url, "status", run_id) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"run      {run_id}"
+    assert re.search(r"^agent\s+one_hop v1\s+model scripted:one_hop$", out, re.M)
+
+    assert cli(redis_server.url, "events", run_id) == 0
+    lines = capsys.readouterr().out.splitlines()
+    printed = [m[2] for line in lines if (m := EVENT_LINE.match(line))]
+    assert len(printed) == len(lines)
+    kinds = [k for k in printed if k != "TokenDelta"]
+    assert kinds == [
+        "RunStarted",
+        "StepStarted",
+        "ModelResponded",
+        "ToolDispatched",
+        "ToolCompleted",
+        "StepStarted",
+        "ModelResponded",
+        "Completed",
+    ]
+    assert "add ok 3.0" in next(line for line in lines if "ToolCompleted" in line)
+
+    assert cli(redis_server.url, "events", run_id, "--json") == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["kind"] for r in records if r["kind"] != "TokenDelta"] == kinds
+    assert records[-1]["answer"] == "1 + 2 = 3"
+
+
+@pytest.mark.integration
+def test_submit_without_wait_prints_the_run_id(
+    workers: list[WorkerProcess],
+    redis_server: RedisServer,
+    client: Client,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli(redis_server.url, "submit", "direct", "hi") == 0
+    run_id = capsys.readouterr().out.strip()
+    assert re.fullmatch(r"[0-9a-f]{32}", run_id)
+    assert client.handle(run_id).wait(30).phase is Phase.COMPLETED
+
+
+@pytest.mark.integration
+def test_cancel_a_long_tool_run(
+    workers: list[WorkerProcess],
+    redis_server: RedisServer,
+    client: Client,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run_id = submit_json(redis_server.url, capsys, "long_tool")
+    handle = client.handle(run_id)
+    wait_until(lambda: handle.status().phase is Phase.ACTING, timeout=30, what="the run to reach ACTING")
+    # Wait until the tool is really running, so the cancel interrupts it mid-call.
+    wait_until(
+        lambda: any(e.kind == "ToolDispatched" for e in handle.events(follow=False)),
+        timeout=10,
+        what="dispatch",
+    )
+    assert cli(redis_server.url, "cancel", run_id) == 0
+    assert capsys.readouterr().out.strip() == "cancel requested (run was acting)"
+    head = handle.wait(timeout=30)
+    assert head.phase is Phase.INTERRUPTED
+    assert head.answer is None
+    events = list(handle.events(follow=False))
+    assert events[-1].kind == "Interrupted"
+    assert "Completed" not in {e.kind for e in events}
+
+    assert cli(redis_server.url, "cancel", run_id) == 0
+    assert capsys.readouterr().out.strip() == "run already interrupted"
+
+
+def test_cancel_unknown_run(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(redis_server.url, "cancel", "no-such-run") == 1
+    captured = capsys.readouterr()
+    assert captured.err.strip() == "wesichain: no run 'no-such-run'"
+    assert captured.out == ""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RunNotFound,
+    reason="producer.cli.main does not handle RunNotFound (a LookupError): `status`/`events` of an "
+    "unknown run id end in a traceback",
+)
+@pytest.mark.parametrize("command", ["status", "events"])
+def test_unknown_run_id(redis_server: RedisServer, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    code = cli(redis_server.url, command, "no-such-run")
+    assert code != 0
+    assert "no run 'no-such-run'" in capsys.readouterr().err
+
+
+# -- configuration and connectivity errors ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["status", "abc"], ["submit", "direct", "hi"], ["events", "abc"], ["cancel", "abc"]],
+)
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://x", "Redis URL must start with redis://, rediss:// or memory://, got 'http://x'"),
+        ("redis://", "Redis URL has no host: 'redis://'"),
+    ],
+)
+def test_bad_redis_url(capsys: pytest.CaptureFixture[str], args: list[str], url: str, message: str) -> None:
+    assert cli(url, *args) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"wesichain: configuration error: {message}\n"
+    assert captured.out == ""
+
+
+def test_bad_redis_url_password_is_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli("http://user:s3cret@host/0", "status", "abc") == 2
+    err = capsys.readouterr().err
+    assert "configuration error" in err and "s3cret" not in err and "***" in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "abc"],
+        ["submit", "direct", "hi"],
+        ["events", "abc"],
+        ["cancel", "abc"],
+        ["submit", "direct", "hi", "--wait"],
+    ],
+)
+def test_unreachable_redis(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    assert cli(UNREACHABLE, *args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"wesichain: cannot reach Redis at {UNREACHABLE}: ")
+    assert "Connection refused" in captured.err
+    assert "Traceback" not in captured.err
+    assert len(captured.err.splitlines()) == 1
+
+
+def test_bad_model_string(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(UNREACHABLE, "submit", "direct", "hi", "--model", "no-provider") == 2
+    assert "configuration error: model 'no-provider' must look like PROVIDER:MODEL" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["submit"])
+    assert info.value.code == 2
+    assert "required" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
