@@ -65,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("cancel", parents=[common], help="cancel a run")
     c.add_argument("run_id")
+
+    for verb, text in (
+        ("approve", "approve what a parked run waits on"),
+        ("deny", "deny it (the model is told)"),
+    ):
+        a = sub.add_parser(verb, parents=[common], help=text)
+        a.add_argument("run_id")
+        a.add_argument("--note", default="", help="a note the model (and the run's history) will see")
     return p
 
 
@@ -112,6 +120,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             "status": commands.status,
             "events": commands.events,
             "cancel": commands.cancel,
+            "approve": commands.approve,
+            "deny": commands.deny,
         }[args.command](args)
     except redis.ConnectionError as exc:
         url = redact_url(os.environ.get(ENV_REDIS_URL, "redis://127.0.0.1:6379/0"))

@@ -24,10 +24,11 @@ from shared.errors import ConfigError
 from shared.events import END_EVENTS, Event
 from shared.redis_client import connect
 from shared.settings import Settings, celery_config
-from shared.state import Phase, RunHead, TaskSpec
+from shared.state import Decision, Phase, RunHead, TaskSpec
 from shared.store import RunStore
 
 TASK_START = "wesichain.start"
+TASK_DECIDE = "wesichain.decide"
 
 
 class RunTimeout(TimeoutError):
@@ -152,4 +153,28 @@ class RunHandle:
 
     def cancel(self) -> Phase | None:
         """Ask the run to stop; it ends INTERRUPTED at its next phase boundary (or cooperative check)."""
-        return self.client.store.request_cancel(self.run_id)
+        phase = self.client.store.request_cancel(self.run_id)
+        if phase is Phase.AWAITING_APPROVAL:
+            # No worker holds a parked run: wake one to commit the interruption.
+            self._send_decide(self.status())
+        return phase
+
+    def approve(self, note: str = "") -> None:
+        """Approve the tool calls a parked run waits on (or accept an unknown tool outcome)."""
+        self.decide(Decision(approve=True, note=note))
+
+    def deny(self, note: str = "") -> None:
+        """Deny them: the model is told and thinks again (an unknown outcome: the run fails)."""
+        self.decide(Decision(approve=False, note=note))
+
+    def decide(self, decision: Decision) -> None:
+        head = self.status()
+        if head.phase is not Phase.AWAITING_APPROVAL:
+            raise ValueError(f"run {self.run_id} is {head.phase.value}, not awaiting approval")
+        if not self.client.store.submit_decision(self.run_id, head.version, decision):
+            raise ValueError(f"run {self.run_id} was already decided or has moved on")
+        self._send_decide(head)
+
+    def _send_decide(self, head: RunHead) -> None:
+        kwargs = {"run_id": self.run_id, "version": head.version, "epoch": head.epoch}
+        self.client.app.send_task(TASK_DECIDE, kwargs=kwargs, task_id=f"{self.run_id}:v{head.version}:decide")

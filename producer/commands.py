@@ -110,3 +110,15 @@ def cancel(args: argparse.Namespace) -> int:
         return EXIT_FAILED_RUN
     print(f"cancel requested (run was {phase.value})" if not phase.terminal else f"run already {phase.value}")
     return 0
+
+
+def approve(args: argparse.Namespace) -> int:
+    Client.from_env().handle(args.run_id).approve(args.note)
+    print(f"approved; run {args.run_id} resumes")
+    return 0
+
+
+def deny(args: argparse.Namespace) -> int:
+    Client.from_env().handle(args.run_id).deny(args.note)
+    print(f"denied; run {args.run_id} resumes without the denied calls")
+    return 0

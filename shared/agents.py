@@ -32,12 +32,17 @@ class Agent:
     version: str = "1"
     #: Stream the model's answer as TokenDelta events.
     stream: bool = True
+    #: Tools whose calls a human must approve first (the run parks in AWAITING_APPROVAL).
+    approval_required: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ConfigError(f"agent name {self.name!r} must be alphanumeric (with - _ .)")
         if not 1 <= self.max_steps <= 1000:
             raise ConfigError(f"agent {self.name!r}: max_steps must be in 1..1000")
+        unknown = set(self.approval_required) - set(self.tools.names)
+        if unknown:
+            raise ConfigError(f"agent {self.name!r}: approval_required names unknown tools {sorted(unknown)}")
         if ":" not in self.model:
             raise ConfigError(f"agent {self.name!r}: model {self.model!r} must look like PROVIDER:MODEL")
 

@@ -2,8 +2,10 @@
 
     IDLE ─start→ THINKING ─complete→ COMPLETED
                     │ └─act→ ACTING ─observe→ OBSERVING ─next_step→ THINKING …
-                    └─reprompt / retry→ THINKING
-    any live phase ─fail→ FAILED, ─interrupt→ INTERRUPTED; ACTING ─park→ AWAITING_APPROVAL
+                    ├─reprompt / retry→ THINKING
+                    └─park→ AWAITING_APPROVAL ─approve→ ACTING, ─deny→ THINKING
+    OBSERVING ─park_unknown→ AWAITING_APPROVAL ─resume→ THINKING
+    any live phase ─fail→ FAILED, ─interrupt→ INTERRUPTED
 
 Calling ``.act()`` on an :class:`Acting` or anything on a :class:`Completed` is a type error
 (``tests/unit/test_typestate.py`` proves mypy rejects it). At runtime, :func:`view` is the only
@@ -22,7 +24,7 @@ from shared import events as ev
 from shared.errors import InternalInvariant, RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
-from shared.state import Phase, RunHead, ToolResult
+from shared.state import Approval, Phase, RunHead, ToolResult
 
 P = TypeVar("P", bound="PhaseView", covariant=True)
 
@@ -148,6 +150,32 @@ class Thinking(_Live):
             events=(responded, *dispatched),
         )
 
+    def park(
+        self, text: str | None, calls: Sequence[ToolCall], usage: Usage, needs_approval: Sequence[str]
+    ) -> Transition[AwaitingApproval]:
+        """The model asked for calls a human must approve first: park, holding no worker."""
+        reason = "tool calls need approval: " + ", ".join(needs_approval)
+        head = self._next(
+            Phase.AWAITING_APPROVAL,
+            pending_calls=list(calls),
+            approval=Approval(kind="tool_calls", call_ids=[c.id for c in calls], reason=reason),
+            usage=self.head.usage + usage,
+            message_count=self.head.message_count + 1,
+            model_retries=0,
+        )
+        waiting = tuple(
+            ev.AwaitingApproval(run_id=head.run_id, step=head.step, call_id=c.id, tool=c.name, reason=reason)
+            for c in calls
+        )
+        responded = ev.ModelResponded(
+            run_id=head.run_id, step=head.step, text=text, tool_calls=len(calls), usage=usage
+        )
+        return Transition(
+            AwaitingApproval(head),
+            messages=(AssistantMessage(content=text, tool_calls=list(calls)),),
+            events=(responded, *waiting),
+        )
+
     def reprompt(
         self, error: RunErrorInfo, raw_reply: str | None, correction: str, usage: Usage, consume_budget: bool
     ) -> Transition[Thinking]:
@@ -222,10 +250,74 @@ class Observing(_Live):
             Thinking(head), messages=messages, events=(ev.StepStarted(run_id=head.run_id, step=step),)
         )
 
+    def park_unknown(self, results: Sequence[ToolResult]) -> Transition[AwaitingApproval]:
+        """A non-retry-safe call's outcome is unknown and the policy asks a human."""
+        unknown = [r for r in results if r.error is not None and r.error.kind == "ToolOutcomeUnknown"]
+        reason = "outcome unknown (worker died mid-call) for: " + ", ".join(r.name for r in unknown)
+        head = self._next(
+            Phase.AWAITING_APPROVAL,
+            approval=Approval(kind="unknown_outcome", call_ids=[r.call_id for r in unknown], reason=reason),
+        )
+        events = tuple(
+            ev.AwaitingApproval(
+                run_id=head.run_id, step=head.step, call_id=r.call_id, tool=r.name, reason=reason
+            )
+            for r in unknown
+        )
+        return Transition(AwaitingApproval(head), events=events)
+
 
 @dataclass(frozen=True)
 class AwaitingApproval(_Live):
+    """Parked: no worker is held until a human decides."""
+
     phase: Phase = field(init=False, default=Phase.AWAITING_APPROVAL)
+
+    def approve(self) -> Transition[Acting]:
+        """Approved tool calls: dispatch them all."""
+        head = self._next(Phase.ACTING, approval=None)
+        dispatched = tuple(
+            ev.ToolDispatched(
+                run_id=head.run_id, step=head.step, call_id=c.id, tool=c.name, arguments=c.arguments
+            )
+            for c in head.pending_calls
+        )
+        return Transition(Acting(head), events=dispatched)
+
+    def deny(self, note: str) -> Transition[Thinking]:
+        """Denied tool calls: none runs, and the model is told so."""
+        reason = f"Denied by a human reviewer{': ' + note if note else ''}. The tool call was not executed."
+        messages = tuple(
+            ToolMessage(tool_call_id=c.id, name=c.name, content=reason, is_error=True)
+            for c in self.head.pending_calls
+        )
+        return self._continue(messages)
+
+    def resume(self, results: Sequence[ToolResult]) -> Transition[Thinking]:
+        """An unknown outcome accepted by a human: feed the step's results (unknown included) back."""
+        by_id = {r.call_id: r for r in results}
+        messages = tuple(
+            ToolMessage(
+                tool_call_id=c.id, name=c.name, content=by_id[c.id].output, is_error=not by_id[c.id].ok
+            )
+            for c in self.head.pending_calls
+            if c.id in by_id
+        )
+        return self._continue(messages)
+
+    def _continue(self, messages: tuple[Message, ...]) -> Transition[Thinking]:
+        step = self.head.step + 1
+        head = self._next(
+            Phase.THINKING,
+            step=step,
+            steps_used=self.head.steps_used + 1,
+            pending_calls=[],
+            approval=None,
+            message_count=self.head.message_count + len(messages),
+        )
+        return Transition(
+            Thinking(head), messages=messages, events=(ev.StepStarted(run_id=head.run_id, step=step),)
+        )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -59,6 +59,23 @@ class ToolResult(BaseModel):
     duration_s: float = 0.0
 
 
+class Approval(BaseModel):
+    """Why a run is parked in AWAITING_APPROVAL, and for which calls."""
+
+    #: "tool_calls": the calls need a human yes/no before they run.
+    #: "unknown_outcome": a non-retry-safe call's worker died mid-call; a human says whether to go on.
+    kind: Literal["tool_calls", "unknown_outcome"]
+    call_ids: list[str]
+    reason: str
+
+
+class Decision(BaseModel):
+    """A human's answer to an :class:`Approval` (stored on the run, never in task arguments)."""
+
+    approve: bool
+    note: str = Field(default="", max_length=2000)
+
+
 class RunHead(BaseModel):
     run_id: str
     agent: str
@@ -78,6 +95,7 @@ class RunHead(BaseModel):
     message_count: int = 0
     #: The accepted tool calls of the current step (ACTING / OBSERVING).
     pending_calls: list[ToolCall] = Field(default_factory=list)
+    approval: Approval | None = None
     max_steps: int = 0
     #: Steps charged against ``max_steps`` (thinks, plus reprompts/retries that consume budget).
     steps_used: int = 0

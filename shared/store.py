@@ -28,7 +28,7 @@ from shared.events import Event, dump_event, load_event
 from shared.keys import Keys
 from shared.messages import MESSAGE_ADAPTER, Message, dump_message
 from shared.settings import Settings
-from shared.state import Phase, RunHead, TaskSpec, ToolResult
+from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
 
 
 def _script(name: str) -> str:
@@ -95,6 +95,7 @@ class RunStore:
         self._cancel = client.register_script(_script("cancel"))
         self._renew = client.register_script(_script("renew"))
         self._recover = client.register_script(_script("recover"))
+        self._decide = client.register_script(_script("decide"))
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -212,6 +213,20 @@ class RunStore:
             args=[claim_field, token, f"{deadline:.3f}", run_id],
         )
         return int(reply[0]) == 1, int(reply[1]) == 1
+
+    def submit_decision(self, run_id: str, version: int, decision: Decision) -> bool:
+        """Store a human's decision on a run parked at ``version``; False if it is not parked there."""
+        reply = self._decide(keys=[self.keys.run(run_id)], args=[str(version), decision.model_dump_json()])
+        return int(reply) == 1
+
+    def load_decision(self, run_id: str) -> Decision | None:
+        raw = self.redis.hget(self.keys.run(run_id), "decision")
+        return Decision.model_validate_json(raw) if raw else None
+
+    def park(self, run_id: str, claim_field: str, token: str) -> None:
+        """Give a claim on a parked run back and take it off the sweeper's watch list."""
+        self.release_claim(run_id, claim_field, token)
+        self.redis.zrem(self.keys.leases(), run_id)
 
     def release_claim(self, run_id: str, claim_field: str, token: str) -> None:
         key = self.keys.run(run_id)

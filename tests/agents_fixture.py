@@ -162,3 +162,36 @@ def _echo_conversation(messages: Sequence[Message]) -> ModelResponse:
 
 registry.add_model("echo", ScriptedModel(_echo_conversation))
 registry.add(Agent(name="echo", model="scripted:echo", system_prompt="echo", tools=TOOLS))
+
+
+# -- approvals -------------------------------------------------------------------------------------
+
+
+def _after_review(messages: Sequence[Message]) -> ModelResponse:
+    """Ask for a charge; then report what the reviewer decided, from the tool message it got."""
+    results = [m for m in messages if isinstance(m, ToolMessage)]
+    if not results:
+        return reply(None, ("charge", {"seconds": 0, "label": "refund"}))
+    last = results[-1]
+    return reply(f"{'denied' if last.is_error else 'charged'}: {last.content}")
+
+
+registry.add_model("needs_approval", ScriptedModel(_after_review))
+registry.add(
+    Agent(
+        name="needs_approval",
+        model="scripted:needs_approval",
+        system_prompt="approval test agent",
+        tools=TOOLS,
+        approval_required=frozenset({"charge"}),
+    )
+)
+registry.add(
+    Agent(
+        name="charge_park_unknown",
+        model="scripted:charge_once",
+        system_prompt="a non-retry-safe tool whose unknown outcome parks the run",
+        tools=TOOLS,
+        policy=Policy(on_unknown_outcome="await_approval"),
+    )
+)

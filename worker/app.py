@@ -19,9 +19,18 @@ from shared.agents import load_registry
 from shared.settings import Settings, celery_config
 from shared.store import RunStore
 from worker.act import run_tool
+from worker.decide import run_decide
 from worker.heartbeat import Heartbeat
 from worker.observe import run_observe
-from worker.runtime import TASK_OBSERVE, TASK_START, TASK_SWEEP, TASK_THINK, TASK_TOOL, Runtime
+from worker.runtime import (
+    TASK_DECIDE,
+    TASK_OBSERVE,
+    TASK_START,
+    TASK_SWEEP,
+    TASK_THINK,
+    TASK_TOOL,
+    Runtime,
+)
 from worker.start import run_start
 from worker.sweeper import Sweeper, sweep_once
 from worker.think import run_think
@@ -106,6 +115,10 @@ def create_app(settings: Settings) -> Celery:
     @app.task(name=TASK_OBSERVE, bind=True, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def observe(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> None:
         run_observe(holder.get(), run_id, step, version, epoch, takeover=_lost_worker(self))
+
+    @app.task(name=TASK_DECIDE, bind=True, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def decide(self: Task, run_id: str, version: int, epoch: int = 0) -> None:
+        run_decide(holder.get(), run_id, version, epoch, takeover=_lost_worker(self))
 
     @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep() -> int:

@@ -33,6 +33,9 @@ def run_observe(
     if unknown and agent.policy.on_unknown_outcome == "fail":
         rt.fail(current, _first_error(unknown))
         return
+    if unknown:
+        rt.commit(current, current.park_unknown(results))
+        return
     if failures and agent.policy.on_tool_error == "fail_fast":
         rt.fail(current, _first_error(failures))
         return

@@ -35,6 +35,7 @@ TASK_START = "wesichain.start"
 TASK_THINK = "wesichain.think"
 TASK_TOOL = "wesichain.tool"
 TASK_OBSERVE = "wesichain.observe"
+TASK_DECIDE = "wesichain.decide"
 TASK_SWEEP = "wesichain.sweep"
 
 
@@ -60,6 +61,8 @@ def task_for(head: RunHead) -> list[TaskSpec]:
             )
             for c in head.pending_calls
         ]
+    if head.phase is Phase.AWAITING_APPROVAL:
+        return []  # parked: the decide task is sent when a human decides
     if head.phase is Phase.OBSERVING:
         return [
             TaskSpec(name=TASK_OBSERVE, task_id=_task_id(run_id, version, "observe", epoch), arguments=base)

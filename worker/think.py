@@ -76,7 +76,10 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> None
     except InvalidModelAction as exc:
         _on_invalid(rt, current, exc, response, claim.messages)
         return
-    if calls:
+    needs_approval = sorted({c.name for c in calls} & agent.approval_required)
+    if needs_approval:
+        rt.commit(current, current.park(response.text, calls, response.usage, needs_approval))
+    elif calls:
         rt.commit(current, current.act(response.text, calls, response.usage))
     else:
         answer = (response.text or "")[: rt.settings.limits.max_message_chars]

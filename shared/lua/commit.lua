@@ -16,7 +16,7 @@ if ARGV[8] ~= '1' and redis.call('HGET', KEYS[1], 'cancel') == '1' then
   return {-1, current}
 end
 -- The phase claim ends with the commit; tool claims end when their result is recorded.
-redis.call('HDEL', KEYS[1], 'running')
+redis.call('HDEL', KEYS[1], 'running', 'decision')
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'phase', ARGV[3], 'step', ARGV[4], 'epoch', ARGV[5],
   'body', ARGV[6], 'outbox', ARGV[7], 'outbox_sent', '0')
 local n_messages = tonumber(ARGV[14])
