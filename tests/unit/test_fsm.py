@@ -11,7 +11,7 @@ from shared import fsm
 from shared.errors import InternalInvariant, RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
-from shared.state import Phase, RunHead, ToolResult
+from shared.state import Approval, Phase, RunHead, ToolResult
 
 ERROR = RunErrorInfo(kind="ModelTransport", message="provider down", step=1)
 CALLS = [
@@ -224,6 +224,120 @@ def test_observing_next_step_missing_result_raises() -> None:
     assert info.value.step == 2
     with pytest.raises(InternalInvariant, match=r"\['b', 'a'\]"):
         fsm.Observing(head(Phase.OBSERVING)).next_step([])
+
+
+# -- approvals ----------------------------------------------------------------------------------------
+
+
+def test_thinking_park_waits_for_approval_without_dispatching() -> None:
+    before = head(Phase.THINKING, model_retries=2)
+    usage = Usage(input_tokens=1, output_tokens=1)
+    t = fsm.Thinking(before).park("may I?", CALLS, usage, needs_approval=["search"])
+    after = assert_moved(before, t, Phase.AWAITING_APPROVAL, fsm.AwaitingApproval)
+    assert after.pending_calls == CALLS
+    assert after.approval == Approval(
+        kind="tool_calls", call_ids=["b", "a"], reason="tool calls need approval: search"
+    )
+    assert (after.step, after.steps_used, after.model_retries, after.message_count) == (2, 2, 0, 5)
+    assert after.usage == Usage(input_tokens=101, output_tokens=51)
+    assert t.messages == (AssistantMessage(content="may I?", tool_calls=CALLS),)
+    # Nothing is dispatched until a human approves.
+    assert kinds(t) == ["ModelResponded", "AwaitingApproval", "AwaitingApproval"]
+    waiting = [e for e in t.events if isinstance(e, ev.AwaitingApproval)]
+    assert [(w.call_id, w.tool, w.reason) for w in waiting] == [
+        ("b", "search", "tool calls need approval: search"),
+        ("a", "calculator", "tool calls need approval: search"),
+    ]
+
+
+def parked(**changes: Any) -> RunHead:
+    values: dict[str, Any] = {
+        "pending_calls": list(CALLS),
+        "approval": Approval(kind="tool_calls", call_ids=["b", "a"], reason="r"),
+        **changes,
+    }
+    return head(Phase.AWAITING_APPROVAL, **values)
+
+
+def test_approve_dispatches_every_pending_call() -> None:
+    before = parked()
+    t = fsm.AwaitingApproval(before).approve()
+    after = assert_moved(before, t, Phase.ACTING, fsm.Acting)
+    assert after.approval is None
+    assert after.pending_calls == CALLS
+    assert (after.step, after.steps_used, after.message_count) == (2, 2, 4)
+    assert t.messages == ()
+    assert [(e.kind, getattr(e, "call_id", None)) for e in t.events] == [
+        ("ToolDispatched", "b"),
+        ("ToolDispatched", "a"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("note", "content"),
+    [
+        ("", "Denied by a human reviewer. The tool call was not executed."),
+        ("too risky", "Denied by a human reviewer: too risky. The tool call was not executed."),
+    ],
+)
+def test_deny_tells_the_model_and_starts_a_new_step(note: str, content: str) -> None:
+    before = parked()
+    t = fsm.AwaitingApproval(before).deny(note)
+    after = assert_moved(before, t, Phase.THINKING, fsm.Thinking)
+    assert t.messages == (
+        ToolMessage(tool_call_id="b", name="search", content=content, is_error=True),
+        ToolMessage(tool_call_id="a", name="calculator", content=content, is_error=True),
+    )
+    assert (after.step, after.steps_used, after.message_count) == (3, 3, 6)
+    assert after.pending_calls == [] and after.approval is None
+    assert kinds(t) == ["StepStarted"] and t.events[0].step == 3
+
+
+def test_park_unknown_outcome() -> None:
+    before = head(Phase.OBSERVING)
+    unknown = RunErrorInfo(kind="ToolOutcomeUnknown", message="worker died")
+    other = RunErrorInfo(kind="ToolDispatch", message="raised")
+    results = [
+        ToolResult(call_id="a", name="calculator", ok=False, output="?", error=unknown),
+        ToolResult(call_id="b", name="search", ok=False, output="boom", error=other),
+    ]
+    t = fsm.Observing(before).park_unknown(results)
+    after = assert_moved(before, t, Phase.AWAITING_APPROVAL, fsm.AwaitingApproval)
+    reason = "outcome unknown (worker died mid-call) for: calculator"
+    assert after.approval == Approval(kind="unknown_outcome", call_ids=["a"], reason=reason)
+    assert after.pending_calls == CALLS
+    assert after.step == 2 and after.message_count == 4
+    assert t.messages == ()
+    assert [(e.kind, getattr(e, "call_id", None)) for e in t.events] == [("AwaitingApproval", "a")]
+
+
+def test_resume_feeds_every_result_back_in_call_order() -> None:
+    before = parked(approval=Approval(kind="unknown_outcome", call_ids=["a"], reason="r"))
+    unknown = RunErrorInfo(kind="ToolOutcomeUnknown", message="worker died")
+    results = [
+        ToolResult(call_id="a", name="calculator", ok=False, output="Error: unknown", error=unknown),
+        ToolResult(call_id="b", name="search", ok=True, output="hits"),
+    ]
+    t = fsm.AwaitingApproval(before).resume(results)
+    after = assert_moved(before, t, Phase.THINKING, fsm.Thinking)
+    assert t.messages == (
+        ToolMessage(tool_call_id="b", name="search", content="hits", is_error=False),
+        ToolMessage(tool_call_id="a", name="calculator", content="Error: unknown", is_error=True),
+    )
+    assert (after.step, after.steps_used, after.message_count) == (3, 3, 6)
+    assert after.pending_calls == [] and after.approval is None
+    assert kinds(t) == ["StepStarted"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="AwaitingApproval.resume silently drops pending calls that have no result (next_step raises "
+    "InternalInvariant): the model would see tool calls with no tool message",
+)
+def test_resume_with_a_missing_result_is_an_invariant_violation() -> None:
+    results = [ToolResult(call_id="a", name="calculator", ok=True, output="2")]
+    with pytest.raises(InternalInvariant):
+        fsm.AwaitingApproval(parked()).resume(results)
 
 
 # -- fail / interrupt from every live phase ------------------------------------------------------

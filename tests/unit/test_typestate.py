@@ -55,6 +55,26 @@ ILLEGAL: dict[str, tuple[str, str]] = {
         '"AwaitingApproval" has no attribute "act"',
     ),
     # The phase travels through the transition's type: what ``start`` returns cannot observe.
+    "thinking_approve": ("Thinking(HEAD).approve()", '"Thinking" has no attribute "approve"'),
+    "acting_park": (
+        "Acting(HEAD).park(None, [CALL], Usage(), [])",
+        '"Acting" has no attribute "park"',
+    ),
+    "idle_resume": ("Idle(HEAD).resume([])", '"Idle" has no attribute "resume"'),
+    "observing_deny": ('Observing(HEAD).deny("no")', '"Observing" has no attribute "deny"'),
+    "thinking_park_unknown": (
+        "Thinking(HEAD).park_unknown([])",
+        '"Thinking" has no attribute "park_unknown"',
+    ),
+    "awaiting_complete": (
+        'AwaitingApproval(HEAD).complete("x", Usage())',
+        '"AwaitingApproval" has no attribute "complete"',
+    ),
+    "awaiting_observe": ("AwaitingApproval(HEAD).observe()", '"AwaitingApproval" has no attribute "observe"'),
+    "chained_park_observe": (
+        "Thinking(HEAD).park(None, [CALL], Usage(), []).to.observe()",
+        '"AwaitingApproval" has no attribute "observe"',
+    ),
     "chained_start_observe": (
         'Idle(HEAD).start([], agent_version="1", model="m:x", max_steps=1).to.observe()',
         '"Thinking" has no attribute "observe"',
@@ -79,6 +99,11 @@ TERMINAL_CALLS = {
     "retry": "retry(ERR, False)",
     "observe": "observe()",
     "next_step": "next_step([])",
+    "park": "park(None, [CALL], Usage(), [])",
+    "park_unknown": "park_unknown([])",
+    "approve": "approve()",
+    "deny": 'deny("no")',
+    "resume": "resume([])",
 }
 for _cls in ("Completed", "Failed", "Interrupted"):
     for _method, _call in TERMINAL_CALLS.items():
@@ -96,6 +121,12 @@ def run() -> Transition[Completed]:
     t5 = t4.to.reprompt(ERR, None, "fix", Usage(), consume_budget=False)
     t6 = t5.to.retry(ERR, consume_budget=True)
     return t6.to.complete("done", Usage())
+
+
+def approvals() -> tuple[Transition[Acting], Transition[Thinking], Transition[Thinking]]:
+    parked = Thinking(HEAD).park("may I?", [CALL], Usage(), ["t"]).to
+    unknown = Observing(HEAD).park_unknown([]).to
+    return parked.approve(), parked.deny("no"), unknown.resume([])
 
 
 def fail_anywhere() -> list[Transition[Failed]]:
