@@ -148,6 +148,42 @@ def test_cancel_a_long_tool_run(
     assert capsys.readouterr().out.strip() == "run already interrupted"
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("verb", "extra", "printed", "answer"),
+    [
+        ("approve", [], "approved; run {} resumes", "charged: "),
+        (
+            "deny",
+            ["--note", "not today"],
+            "denied; run {} resumes without the denied calls",
+            "denied: Denied by a human reviewer: not today. The tool call was not executed.",
+        ),
+    ],
+)
+def test_approve_and_deny_a_parked_run(
+    workers: list[WorkerProcess],
+    redis_server: RedisServer,
+    client: Client,
+    capsys: pytest.CaptureFixture[str],
+    verb: str,
+    extra: list[str],
+    printed: str,
+    answer: str,
+) -> None:
+    run_id = submit_json(redis_server.url, capsys, "needs_approval")
+    handle = client.handle(run_id)
+    wait_until(lambda: handle.status().phase is Phase.AWAITING_APPROVAL, timeout=30, what="the run to park")
+    assert cli(redis_server.url, verb, run_id, *extra) == 0
+    assert capsys.readouterr().out.strip() == printed.format(run_id)
+    head = handle.wait(timeout=30)
+    assert head.phase is Phase.COMPLETED
+    assert head.answer is not None and head.answer.startswith(answer)
+    # The run has moved on: a second decision is refused with a clear message.
+    assert cli(redis_server.url, verb, run_id) == 2
+    assert capsys.readouterr().err.strip() == f"wesichain: run {run_id} is completed, not awaiting approval"
+
+
 def test_cancel_unknown_run(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(redis_server.url, "cancel", "no-such-run") == 1
     captured = capsys.readouterr()
@@ -158,10 +194,10 @@ def test_cancel_unknown_run(redis_server: RedisServer, capsys: pytest.CaptureFix
 @pytest.mark.xfail(
     strict=True,
     raises=RunNotFound,
-    reason="producer.cli.main does not handle RunNotFound (a LookupError): `status`/`events` of an "
-    "unknown run id end in a traceback",
+    reason="producer.cli.main does not handle RunNotFound (a LookupError): `status`/`events`/`approve`/"
+    "`deny` of an unknown run id end in a traceback",
 )
-@pytest.mark.parametrize("command", ["status", "events"])
+@pytest.mark.parametrize("command", ["status", "events", "approve", "deny"])
 def test_unknown_run_id(redis_server: RedisServer, capsys: pytest.CaptureFixture[str], command: str) -> None:
     code = cli(redis_server.url, command, "no-such-run")
     assert code != 0
