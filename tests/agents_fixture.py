@@ -195,3 +195,25 @@ registry.add(
         policy=Policy(on_unknown_outcome="await_approval"),
     )
 )
+
+
+# -- agents of the chaos suite (tests/chaos) ------------------------------------------------------
+
+#: Step 1 a quick tool, step 2 a 3 s tool: old deliveries of step 1 can be replayed while step 2 runs.
+_add(
+    "late_delivery",
+    [
+        reply(None, ("add", {"a": 1, "b": 2})),
+        reply(None, ("slow", {"seconds": 3, "label": "late"})),
+        reply("late deliveries changed nothing"),
+    ],
+)
+#: Retry-safe and non-retry-safe tools in one run: two parallel calls, then a payment.
+_add(
+    "mixed",
+    [
+        reply(None, ("add", {"a": 2, "b": 2}), ("slow", {"seconds": 0.5, "label": "m"})),
+        reply(None, ("charge", {"seconds": 1, "label": "pay"})),
+        reply("mixed done"),
+    ],
+)

@@ -1,0 +1,88 @@
+"""Fixtures of the chaos suite: each test gets its own redis-server and its own worker processes.
+
+Nothing is shared between tests, so a test that kills workers, restarts Redis or leaves duplicate
+messages queued cannot disturb the next one. When a test fails, the tail of every worker's log is
+attached to its report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from producer.client import Client
+from shared.settings import Settings
+from tests.chaos.support import RECOVERIES, Cluster
+from tests.conftest import _need_redis
+from tests.harness import RedisServer
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    _need_redis()
+    s = RedisServer().start()
+    yield s
+    s.cleanup()
+
+
+@pytest.fixture
+def aof_server() -> Iterator[RedisServer]:
+    """A redis-server that persists every write (AOF, fsync always), so it can be restarted."""
+    _need_redis()
+    s = RedisServer(appendonly=True).start()
+    yield s
+    s.cleanup()
+
+
+def _cluster(request: pytest.FixtureRequest, server: RedisServer, tmp_path: Any) -> Iterator[Cluster]:
+    log_dir = tmp_path / "workers"
+    log_dir.mkdir()
+    cluster = Cluster(server, log_dir)
+    yield cluster
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        report.sections.append(("worker logs", cluster.log_tails()))
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest, server: RedisServer, tmp_path: Any) -> Iterator[Cluster]:
+    yield from _cluster(request, server, tmp_path)
+
+
+@pytest.fixture
+def aof_cluster(request: pytest.FixtureRequest, aof_server: RedisServer, tmp_path: Any) -> Iterator[Cluster]:
+    yield from _cluster(request, aof_server, tmp_path)
+
+
+def _client(s: RedisServer) -> Iterator[Client]:
+    c = Client(Settings(redis_url=s.url, agents_module="tests.agents_fixture"))
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def client(server: RedisServer) -> Iterator[Client]:
+    yield from _client(server)
+
+
+@pytest.fixture
+def aof_client(aof_server: RedisServer) -> Iterator[Client]:
+    yield from _client(aof_server)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not RECOVERIES:
+        return
+    terminalreporter.section("chaos recovery times (kill -> next committed event)")
+    for case, seconds in RECOVERIES:
+        terminalreporter.write_line(f"{seconds:7.2f} s  {case}")

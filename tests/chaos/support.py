@@ -1,0 +1,301 @@
+"""Shared pieces of the chaos suite: a cluster of real worker processes, fault settings and run checks.
+
+Every check here reads what the runtime really wrote to Redis: the run head, its event stream, its
+results, and the counters the test tools keep (``test:starts`` / ``test:effects`` / ``test:pids``,
+keyed by the call's idempotency key ``run_id:step:call_id``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis
+
+from producer.client import Client, RunHandle
+from shared.events import END_EVENTS, Event
+from shared.state import Phase, RunHead
+from tests.agents_fixture import EFFECTS_KEY, PIDS_KEY, STARTS_KEY
+from tests.harness import RedisServer, WorkerProcess, wait_until
+
+PREFIX = "wesichain:"
+#: Short leases so a dead worker's phase is handed on within seconds.
+LEASE_S = 2.0
+QUEUED_LEASE_S = 4.0
+CHAOS_ENV = {
+    "WESICHAIN_LEASE_S": str(LEASE_S),
+    "WESICHAIN_QUEUED_LEASE_S": str(QUEUED_LEASE_S),
+    # A paused phase waits far longer than any test: it only ends because the test kills it.
+    "WESICHAIN_FAULT_PAUSE_S": "120",
+}
+#: Recovery must happen within the lease plus a few seconds; generous for a loaded 2-core box.
+RECOVERY_BOUND_S = 15.0
+#: How long a whole run may take, chaos included.
+RUN_TIMEOUT_S = 60.0
+
+#: (case, seconds) for every recovery a test measured; printed in the terminal summary.
+RECOVERIES: list[tuple[str, float]] = []
+
+
+def note_recovery(case: str, seconds: float) -> float:
+    RECOVERIES.append((case, round(seconds, 3)))
+    if path := os.environ.get("WESICHAIN_CHAOS_REPORT"):
+        with open(path, "a") as f:
+            f.write(json.dumps({"case": case, "recovery_s": round(seconds, 3)}) + "\n")
+    return seconds
+
+
+# -- workers ------------------------------------------------------------------------------------
+
+
+class Cluster:
+    """The worker processes of one test, all on that test's own redis-server."""
+
+    def __init__(self, server: RedisServer, log_dir: Path) -> None:
+        self.server = server
+        self.log_dir = log_dir
+        self.workers: list[WorkerProcess] = []
+
+    def start(
+        self,
+        n: int = 2,
+        *,
+        env: dict[str, str] | None = None,
+        concurrency: int = 1,
+        pool: str = "prefork",
+    ) -> list[WorkerProcess]:
+        new = [
+            WorkerProcess(
+                f"w{len(self.workers) + i + 1}",
+                self.server.url,
+                concurrency=concurrency,
+                pool=pool,
+                env={**CHAOS_ENV, **(env or {})},
+                log_dir=str(self.log_dir),
+            )
+            for i in range(n)
+        ]
+        for w in new:
+            w.start(wait=False)
+        for w in new:
+            w.wait_ready(timeout=60)
+        self.workers += new
+        return new
+
+    def owner(self, pid: int) -> WorkerProcess:
+        """The worker whose process tree holds ``pid``."""
+        for w in self.workers:
+            if w.alive and pid in w.pids():
+                return w
+        raise AssertionError(f"pid {pid} belongs to no live worker: {[(w.name, w.pids()) for w in self.workers]}")
+
+    def revive(self, wait: bool = False) -> list[WorkerProcess]:
+        """Start again every worker whose main process died; returns those restarted."""
+        dead = [w for w in self.workers if not w.alive]
+        for w in dead:
+            w.stop()  # closes its log; the process is already gone
+            w.start(wait=False)
+        if wait:
+            for w in dead:
+                w.wait_ready(timeout=60)
+        return dead
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.kill()
+            w.stop()
+
+    def log_tails(self, chars: int = 6000) -> str:
+        parts = []
+        for w in self.workers:
+            try:
+                text = w.log()
+            except OSError:
+                continue
+            parts.append(f"===== {w.name} ({w.log_path}) =====\n{text[-chars:]}")
+        return "\n".join(parts)
+
+
+def kill_child(pid: int, worker: WorkerProcess) -> None:
+    """SIGKILL one prefork child, leaving the worker's main process running."""
+    assert pid != worker.pid, "that is the worker's main process, not a pool child"
+    assert pid in worker.children(), f"pid {pid} is not a child of {worker.name}"
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not _running(pid), timeout=10, what=f"child {pid} to die")
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# -- faults -------------------------------------------------------------------------------------
+
+
+def pause_pid(r: redis.Redis, phase: Phase | str, run_id: str) -> int | None:
+    """The pid a ``pause:<phase>`` fault recorded when the run's phase paused there."""
+    raw = r.get(f"{PREFIX}fault:pid:{Phase(phase).value}:{run_id}")
+    return int(raw) if raw else None
+
+
+def wait_paused(r: redis.Redis, phase: Phase | str, run_id: str, timeout: float = 30) -> int:
+    return int(wait_until(lambda: pause_pid(r, phase, run_id), timeout, what=f"run to pause in {phase}"))
+
+
+def wait_tool_started(r: redis.Redis, key: str, timeout: float = 30) -> int:
+    """Wait until a test tool entered its body; returns the pid running it."""
+    wait_until(lambda: r.hget(STARTS_KEY, key), timeout, what=f"tool {key} to start")
+    return int(r.hget(PIDS_KEY, key) or 0)
+
+
+# -- counters -----------------------------------------------------------------------------------
+
+
+def idem(run_id: str, step: int = 1, call_id: str = "call_0") -> str:
+    return f"{run_id}:{step}:{call_id}"
+
+
+def starts(r: redis.Redis, key: str) -> int:
+    return int(r.hget(STARTS_KEY, key) or 0)
+
+
+def effects(r: redis.Redis, key: str) -> int:
+    return int(r.hget(EFFECTS_KEY, key) or 0)
+
+
+# -- runs ---------------------------------------------------------------------------------------
+
+
+def events_of(handle: RunHandle) -> list[Event]:
+    events: list[Event] = []
+    store = handle.client.store
+    after = "0-0"
+    while batch := store.read_events(handle.run_id, after=after, count=500):
+        events += [e for _, e in batch]
+        after = batch[-1][0]
+    return events
+
+
+def kinds(events: Iterable[Event]) -> list[str]:
+    return [e.kind for e in events if e.kind != "TokenDelta"]
+
+
+def wait_terminal(handle: RunHandle, timeout: float = RUN_TIMEOUT_S) -> RunHead:
+    return handle.wait(timeout)
+
+
+def assert_event_invariants(events: Sequence[Event]) -> None:
+    """Every step's StepStarted precedes its end; every ToolDispatched has exactly one completion;
+    a terminal run has exactly one end event and it is the last."""
+    started: set[int] = set()
+    for e in events:
+        if e.kind == "StepStarted":
+            assert e.step not in started, f"step {e.step} started twice"
+            started.add(e.step)
+        elif e.kind in (
+            "ModelResponded",
+            "ToolDispatched",
+            "ToolCompleted",
+            "StepFailed",
+            "Completed",
+            "Failed",
+        ) and (e.step > 0):
+            assert e.step in started, f"{e.kind} of step {e.step} before its StepStarted"
+    dispatched = [(e.step, e.call_id) for e in events if e.kind == "ToolDispatched"]
+    completed = [(e.step, e.call_id) for e in events if e.kind == "ToolCompleted"]
+    assert len(set(dispatched)) == len(dispatched), f"a tool call was dispatched twice: {dispatched}"
+    assert len(set(completed)) == len(completed), f"a tool call completed twice: {completed}"
+    assert sorted(dispatched) == sorted(completed), (
+        f"dispatched calls without exactly one completion: dispatched={dispatched} completed={completed}"
+    )
+    ends = [e for e in events if e.kind in END_EVENTS]
+    assert len(ends) == 1, f"expected one end event, got {kinds(ends)}"
+    assert events[-1].kind in END_EVENTS, f"events go on after the end: {kinds(events)}"
+
+
+def assert_terminal_matches_events(head: RunHead, events: Sequence[Event]) -> None:
+    end = events[-1]
+    expected = {Phase.COMPLETED: "Completed", Phase.FAILED: "Failed", Phase.INTERRUPTED: "Interrupted"}
+    assert end.kind == expected[head.phase], f"head is {head.phase} but the last event is {end.kind}"
+    if end.kind == "Failed":
+        assert end.error == head.error
+
+
+def first_event_after(events: Sequence[Event], t: float) -> Event:
+    later = [e for e in events if e.ts > t]
+    assert later, f"no event after {t}: {kinds(events)}"
+    return later[0]
+
+
+@dataclass
+class RunSnapshot:
+    """Everything a late or duplicate delivery could change about a run."""
+
+    head: dict[str, Any]
+    messages: int
+    events: int
+    effects: dict[str, str] = field(default_factory=dict)
+    starts: dict[str, str] = field(default_factory=dict)
+
+
+def snapshot(client: Client, run_id: str) -> RunSnapshot:
+    r = client.store.redis
+    head = client.store.load(run_id)
+    assert head is not None
+    return RunSnapshot(
+        head=head.model_dump(),
+        messages=len(client.store.load_messages(run_id)),
+        events=int(r.xlen(client.store.keys.events(run_id))),
+        effects={k: v for k, v in r.hgetall(EFFECTS_KEY).items() if k.startswith(run_id)},
+        starts={k: v for k, v in r.hgetall(STARTS_KEY).items() if k.startswith(run_id)},
+    )
+
+
+# -- broker -------------------------------------------------------------------------------------
+
+QUEUES = ("wesichain.model", "wesichain.tools")
+
+
+def pending_task_ids(r: redis.Redis) -> set[str]:
+    """Task ids still queued or delivered-but-unacked in the broker."""
+    prefix = PREFIX + "celery:"
+    raw: list[str] = []
+    for q in QUEUES:
+        raw += r.lrange(prefix + q, 0, -1)
+    raw += list(r.hvals(prefix + "unacked"))
+    ids: set[str] = set()
+    for item in raw:
+        try:
+            message = json.loads(item)
+        except ValueError:
+            continue
+        if isinstance(message, list):  # unacked entries are [message, exchange, routing_key]
+            message = message[0]
+        task_id = (message.get("headers") or {}).get("id")
+        if task_id:
+            ids.add(str(task_id))
+    return ids
+
+
+def wait_delivered(r: redis.Redis, task_ids: Iterable[str], timeout: float = 30) -> None:
+    """Wait until the broker no longer holds any of ``task_ids`` (each was delivered and acked)."""
+    wanted = set(task_ids)
+    wait_until(
+        lambda: not (wanted & pending_task_ids(r)),
+        timeout,
+        interval=0.05,
+        what=f"tasks {sorted(wanted)} to be delivered and acked",
+    )
+
+
+def monotonic_deadline(seconds: float) -> float:
+    return time.monotonic() + seconds

@@ -1,0 +1,207 @@
+"""SIGKILL a worker in the middle of every phase; the run still ends, correctly, effects guarded.
+
+Whole-worker kills (the process group: main process and pool children) leave the task message
+unacked in the broker for the visibility timeout, so recovery is the sweeper's: the phase's lease
+expires, the epoch is bumped and the outbox re-published to the surviving worker. A killed prefork
+child leaves its main process running, and Celery redelivers the task (retry on worker lost), which
+takes the dead child's claim over without waiting for the lease.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from producer.client import Client
+from shared.state import Phase
+from tests.chaos.support import (
+    RECOVERY_BOUND_S,
+    RUN_TIMEOUT_S,
+    Cluster,
+    assert_event_invariants,
+    assert_terminal_matches_events,
+    effects,
+    events_of,
+    first_event_after,
+    idem,
+    kill_child,
+    kinds,
+    note_recovery,
+    starts,
+    wait_paused,
+    wait_tool_started,
+)
+
+pytestmark = pytest.mark.chaos
+
+ONE_HOP = [
+    "RunStarted",
+    "StepStarted",
+    "ModelResponded",
+    "ToolDispatched",
+    "ToolCompleted",
+    "StepStarted",
+    "ModelResponded",
+    "Completed",
+]
+TOOL_FAILED = ["RunStarted", "StepStarted", "ModelResponded", "ToolDispatched", "ToolCompleted", "Failed"]
+#: The first event the recovered phase commits.
+NEXT_EVENT = {
+    Phase.IDLE: "RunStarted",
+    Phase.THINKING: "ModelResponded",
+    Phase.ACTING: "ToolCompleted",
+    Phase.OBSERVING: "StepStarted",
+}
+#: A lease far longer than Celery's redelivery of a dead child's task (1 s countdown): when a run
+#: recovers well within it, with its epoch unchanged, the redelivery did it, not the sweeper.
+CHILD_ENV = {"WESICHAIN_LEASE_S": "20", "WESICHAIN_QUEUED_LEASE_S": "30"}
+
+
+@pytest.mark.parametrize("phase", [Phase.IDLE, Phase.THINKING, Phase.ACTING, Phase.OBSERVING], ids=str)
+def test_whole_worker_killed_mid_phase(cluster: Cluster, client: Client, phase: Phase) -> None:
+    cluster.start(2, env={"WESICHAIN_FAULT": f"pause:{phase.value}"})
+    r = client.store.redis
+    handle = client.submit("one_hop", "go")
+    victim = cluster.owner(wait_paused(r, phase, handle.run_id))
+    killed_at = time.time()
+    victim.kill()
+    held = handle.status()
+    assert held.phase is phase and held.epoch == 0, "the kill did not land inside the paused phase"
+
+    head = handle.wait(RUN_TIMEOUT_S)
+    events = events_of(handle)
+    assert head.phase is Phase.COMPLETED and head.answer == "1 + 2 = 3"
+    assert head.epoch >= 1, "the sweeper should have taken the dead worker's phase over"
+    assert kinds(events) == ONE_HOP
+    assert_event_invariants(events)
+    assert_terminal_matches_events(head, events)
+    assert effects(r, idem(handle.run_id)) == 1
+    recovered = first_event_after(events, killed_at)
+    assert recovered.kind == NEXT_EVENT[phase]
+    assert recovered.worker.host != victim.name, "the killed worker cannot have committed after its death"
+    seconds = note_recovery(f"whole worker killed in {phase.value}", recovered.ts - killed_at)
+    assert seconds < RECOVERY_BOUND_S
+
+
+def test_whole_worker_killed_inside_retry_safe_tool(cluster: Cluster, client: Client) -> None:
+    cluster.start(2)
+    r = client.store.redis
+    handle = client.submit("slow_step", "go")
+    key = idem(handle.run_id)
+    victim = cluster.owner(wait_tool_started(r, key))
+    killed_at = time.time()
+    victim.kill()
+
+    head = handle.wait(RUN_TIMEOUT_S)
+    events = events_of(handle)
+    assert head.phase is Phase.COMPLETED and head.answer == "slow step done"
+    assert kinds(events) == ONE_HOP
+    assert_event_invariants(events)
+    # The killed call is run again (it is retry-safe); its effect happens once.
+    assert starts(r, key) == 2
+    assert effects(r, key) == 1
+    completed = next(e for e in events if e.kind == "ToolCompleted")
+    assert completed.ok and completed.worker.host != victim.name
+    # Recovery here includes running the 3 s tool again.
+    seconds = note_recovery("whole worker killed inside a 3 s retry-safe tool", completed.ts - killed_at)
+    assert seconds < RECOVERY_BOUND_S
+
+
+def test_whole_worker_killed_inside_non_retry_safe_tool(cluster: Cluster, client: Client) -> None:
+    cluster.start(2)
+    r = client.store.redis
+    handle = client.submit("charge_once", "go")
+    key = idem(handle.run_id)
+    victim = cluster.owner(wait_tool_started(r, key))
+    killed_at = time.time()
+    victim.kill()
+
+    head = handle.wait(RUN_TIMEOUT_S)
+    events = events_of(handle)
+    assert head.phase is Phase.FAILED
+    assert head.error is not None and head.error.kind == "ToolOutcomeUnknown"
+    assert head.error.tool == "charge" and head.error.step == 1
+    assert kinds(events) == TOOL_FAILED
+    assert_event_invariants(events)
+    assert_terminal_matches_events(head, events)
+    # Never started again: the payment happened at most once (here: not at all, it was killed).
+    assert starts(r, key) == 1
+    assert effects(r, key) == 0
+    completed = next(e for e in events if e.kind == "ToolCompleted")
+    assert not completed.ok and completed.error is not None
+    assert completed.error.kind == "ToolOutcomeUnknown"
+    seconds = note_recovery("whole worker killed inside a non-retry-safe tool", completed.ts - killed_at)
+    assert seconds < RECOVERY_BOUND_S
+
+
+def test_non_retry_safe_tool_whose_claim_expired_is_not_run(cluster: Cluster, client: Client) -> None:
+    """Killed after claiming the call but before the body ran: the runtime cannot tell the two apart,
+    so the call is reported as outcome-unknown rather than risked twice."""
+    cluster.start(2, env={"WESICHAIN_FAULT": "pause:acting"})
+    r = client.store.redis
+    handle = client.submit("charge_once", "go")
+    cluster.owner(wait_paused(r, Phase.ACTING, handle.run_id)).kill()
+
+    head = handle.wait(RUN_TIMEOUT_S)
+    events = events_of(handle)
+    assert head.phase is Phase.FAILED
+    assert head.error is not None and head.error.kind == "ToolOutcomeUnknown"
+    assert kinds(events) == TOOL_FAILED
+    assert_event_invariants(events)
+    assert starts(r, idem(handle.run_id)) == 0
+
+
+@pytest.mark.parametrize("agent", ["slow_step", "charge_once"])
+def test_prefork_child_killed_inside_tool(cluster: Cluster, client: Client, agent: str) -> None:
+    (worker,) = cluster.start(1, env=CHILD_ENV)
+    r = client.store.redis
+    handle = client.submit(agent, "go")
+    key = idem(handle.run_id)
+    pid = wait_tool_started(r, key)
+    killed_at = time.time()
+    kill_child(pid, worker)
+
+    head = handle.wait(RUN_TIMEOUT_S)
+    events = events_of(handle)
+    assert worker.alive, "only the child was killed; the worker's main process must survive"
+    assert head.epoch == 0, "Celery's redelivery should have recovered the call, not the sweeper"
+    assert_event_invariants(events)
+    assert_terminal_matches_events(head, events)
+    completed = next(e for e in events if e.kind == "ToolCompleted")
+    assert completed.worker.pid != pid
+    if agent == "slow_step":
+        assert head.phase is Phase.COMPLETED and head.answer == "slow step done"
+        assert kinds(events) == ONE_HOP
+        assert starts(r, key) == 2
+        assert effects(r, key) == 1
+    else:
+        assert head.phase is Phase.FAILED
+        assert head.error is not None and head.error.kind == "ToolOutcomeUnknown"
+        assert kinds(events) == TOOL_FAILED
+        assert starts(r, key) == 1
+        assert effects(r, key) == 0
+    seconds = note_recovery(f"prefork child killed inside tool ({agent})", completed.ts - killed_at)
+    assert seconds < RECOVERY_BOUND_S
+
+
+def test_prefork_child_killed_mid_think(cluster: Cluster, client: Client) -> None:
+    (worker,) = cluster.start(1, env={**CHILD_ENV, "WESICHAIN_FAULT": "pause:thinking"})
+    r = client.store.redis
+    handle = client.submit("one_hop", "go")
+    pid = wait_paused(r, Phase.THINKING, handle.run_id)
+    killed_at = time.time()
+    kill_child(pid, worker)
+
+    head = handle.wait(RUN_TIMEOUT_S)
+    events = events_of(handle)
+    assert worker.alive
+    assert head.phase is Phase.COMPLETED and head.answer == "1 + 2 = 3"
+    assert head.epoch == 0, "Celery's redelivery should have recovered the think, not the sweeper"
+    assert kinds(events) == ONE_HOP
+    assert_event_invariants(events)
+    assert effects(r, idem(handle.run_id)) == 1
+    recovered = first_event_after(events, killed_at)
+    assert recovered.kind == "ModelResponded" and recovered.worker.pid != pid
+    seconds = note_recovery("prefork child killed in thinking", recovered.ts - killed_at)
+    assert seconds < RECOVERY_BOUND_S
