@@ -329,11 +329,6 @@ def test_resume_feeds_every_result_back_in_call_order() -> None:
     assert kinds(t) == ["StepStarted"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AwaitingApproval.resume silently drops pending calls that have no result (next_step raises "
-    "InternalInvariant): the model would see tool calls with no tool message",
-)
 def test_resume_with_a_missing_result_is_an_invariant_violation() -> None:
     results = [ToolResult(call_id="a", name="calculator", ok=True, output="2")]
     with pytest.raises(InternalInvariant):

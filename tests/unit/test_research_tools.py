@@ -167,13 +167,11 @@ def test_expression_length_is_bounded() -> None:
     assert calc("+".join(["1"] * 100)) == 100.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="calculator: every number is a float, so round(x, n) raises TypeError"
-    " ('float' object cannot be interpreted as an integer) although round is advertised",
-)
 def test_round_with_digits() -> None:
     assert calc("round(3.14159, 2)") == 3.14
+    assert calc("round(1234.5, -2)") == 1200.0
+    with pytest.raises(ValueError, match="whole number of digits"):
+        calc("round(3.14159, 2.5)")
 
 
 # -- current_time ----------------------------------------------------------------------------------

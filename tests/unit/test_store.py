@@ -17,7 +17,7 @@ from shared.errors import InternalInvariant
 from shared.llm.base import Usage
 from shared.messages import Message, SystemMessage, ToolCall, ToolMessage, UserMessage, dump_message
 from shared.settings import Settings
-from shared.state import Phase, RunHead, TaskSpec, ToolResult
+from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
 from shared.store import Busy, Claim, RunStore, Stale
 from tests.harness import RedisServer, wait_until
 
@@ -430,11 +430,6 @@ def test_terminal_commit_sets_retention_ttls(store: RunStore) -> None:
         assert 3590 <= store.redis.ttl(key) <= 3600, key
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="commit.lua expires only the run hash, messages, checkpoints and events: the attempts hash "
-    "and the per-step results hashes of a finished run never expire",
-)
 def test_every_key_of_a_finished_run_expires(store: RunStore) -> None:
     act = acting(store)
     h = act.head
@@ -501,3 +496,44 @@ def test_messages_round_trip(store: RunStore) -> None:
     )
     store.commit(thinking.head.version, t.head, t.messages, t.events)
     assert store.load_messages(thinking.head.run_id)[-2:] == list(t.messages)
+
+
+# -- human decisions on parked runs -----------------------------------------------------------------
+
+
+def parked(store: RunStore) -> fsm.AwaitingApproval:
+    thinking = started(store)
+    t = thinking.park("may I?", CALLS, Usage(), needs_approval=["add"])
+    assert store.commit(thinking.head.version, t.head, t.messages, t.events) == "committed"
+    return t.to
+
+
+def test_parked_runs_hold_no_lease(store: RunStore) -> None:
+    p = parked(store)
+    assert store.redis.zscore(store.keys.leases(), p.head.run_id) is None
+    assert [store.redis.ttl(k) for k in (store.keys.run(p.head.run_id),)] == [-1]
+
+
+def test_submit_decision_once_per_parked_version(store: RunStore) -> None:
+    p = parked(store)
+    h = p.head
+    assert store.load_decision(h.run_id) is None
+    yes = Decision(approve=True, note="ok")
+    assert store.submit_decision(h.run_id, h.version - 1, yes) is False
+    assert store.load_decision(h.run_id) is None
+    assert store.submit_decision(h.run_id, h.version, yes) is True
+    assert store.submit_decision(h.run_id, h.version, Decision(approve=False)) is False
+    assert store.load_decision(h.run_id) == yes
+    # The commit that acts on the decision consumes it.
+    t = p.approve()
+    assert store.commit(h.version, t.head, t.messages, t.events) == "committed"
+    assert store.load_decision(h.run_id) is None
+    assert store.submit_decision(h.run_id, t.head.version, yes) is False
+
+
+def test_submit_decision_on_a_run_that_is_not_parked(store: RunStore) -> None:
+    thinking = started(store)
+    h = thinking.head
+    assert store.submit_decision(h.run_id, h.version, Decision(approve=True)) is False
+    assert store.submit_decision("missing", 1, Decision(approve=True)) is False
+    assert store.load_decision(h.run_id) is None
