@@ -1,0 +1,141 @@
+"""How the act phase turns one tool call into a recorded result (``worker.act._invoke``)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from shared.messages import ToolCall
+from shared.settings import Limits, Settings
+from shared.state import Phase, RunHead, ToolResult
+from shared.tools import Tool, ToolContext, tool
+from worker.act import _invoke
+from worker.heartbeat import Held
+
+HEAD = RunHead.new_idle("run9", "agent", "q").model_copy(update={"phase": Phase.ACTING, "step": 4})
+
+
+class Args(BaseModel):
+    n: int
+
+
+def invoke(
+    t: Tool, arguments: dict[str, Any], *, held: Held | None = None, limit: int = 32_000
+) -> ToolResult:
+    rt = SimpleNamespace(settings=Settings(limits=Limits(max_tool_output_chars=limit)))
+    call = ToolCall(id="c7", name=t.name, arguments=arguments)
+    return _invoke(rt, t, call, HEAD, held or Held("run9", "claim:c7", "tok"))  # type: ignore[arg-type]
+
+
+def test_ok_result() -> None:
+    seen: list[ToolContext] = []
+
+    @tool
+    def double(args: Args, ctx: ToolContext) -> int:
+        """Double."""
+        seen.append(ctx)
+        return args.n * 2
+
+    result = invoke(double, {"n": 21})
+    assert (result.call_id, result.name, result.ok, result.output, result.error) == (
+        "c7",
+        "double",
+        True,
+        "42",
+        None,
+    )
+    assert result.duration_s >= 0
+    (ctx,) = seen
+    assert ctx.idempotency_key == "run9:4:c7"
+    assert 59 < ctx.remaining_s() <= 60
+
+
+def test_cancel_is_visible_to_the_tool() -> None:
+    @tool
+    def check(args: Args, ctx: ToolContext) -> bool:
+        """Report the cancel flag."""
+        return ctx.cancelled()
+
+    held = Held("run9", "claim:c7", "tok")
+    assert invoke(check, {"n": 1}, held=held).output == "false"
+    held.cancelled.set()
+    assert invoke(check, {"n": 1}, held=held).output == "true"
+
+
+def test_bad_arguments_do_not_run_the_tool() -> None:
+    calls: list[Args] = []
+
+    @tool
+    def record(args: Args) -> int:
+        """Record."""
+        calls.append(args)
+        return 0
+
+    result = invoke(record, {"n": "many"})
+    assert calls == []
+    assert not result.ok
+    assert result.output.startswith("Error: bad arguments for 'record': n: Input should be a valid integer")
+    assert result.error is not None
+    assert (result.error.kind, result.error.tool, result.error.step) == ("ToolDispatch", "record", 4)
+
+
+def test_a_raising_tool_becomes_an_error_result() -> None:
+    @tool
+    def boom(args: Args) -> int:
+        """Fail."""
+        raise RuntimeError("kaput " + "x" * 5000)
+
+    result = invoke(boom, {"n": 1})
+    assert not result.ok
+    assert result.output.startswith("Error: RuntimeError: kaput x")
+    assert result.error is not None and result.error.kind == "ToolDispatch"
+    assert len(result.error.message) == 2000
+
+
+def test_long_output_is_truncated() -> None:
+    @tool
+    def big(args: Args) -> str:
+        """Big."""
+        return "y" * args.n
+
+    result = invoke(big, {"n": 150}, limit=100)
+    assert result.ok
+    assert result.output == "y" * 100 + "...[truncated 50 chars]"
+    assert invoke(big, {"n": 100}, limit=100).output == "y" * 100
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="worker.act._invoke reports any pydantic ValidationError from Tool.invoke, including the "
+    "tool's own wrong result type, as 'bad arguments for <tool>', misleading the model",
+)
+def test_a_wrong_result_type_is_not_blamed_on_the_arguments() -> None:
+    @tool
+    def liar(args: Args) -> int:
+        """Claims an int."""
+        return "not a number"  # type: ignore[return-value]
+
+    result = invoke(liar, {"n": 1})
+    assert not result.ok
+    assert "bad arguments" not in result.output
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Tool.timeout_s is never enforced: worker.act._invoke only sets ToolContext.deadline, so a "
+    "tool that overruns its timeout still returns ok",
+)
+def test_a_tool_over_its_timeout_fails() -> None:
+    @tool(timeout_s=0.05)
+    def slow(args: Args) -> int:
+        """Sleep past the timeout."""
+        time.sleep(0.3)
+        return 1
+
+    result = invoke(slow, {"n": 1})
+    assert not result.ok
+    assert result.error is not None and result.error.kind == "ToolDispatch"
