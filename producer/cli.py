@@ -99,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"wesichain: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except LookupError as exc:  # RunNotFound
+        print(f"wesichain: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return EXIT_FAILED_RUN
     except KeyboardInterrupt:
         return 130
 

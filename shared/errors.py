@@ -126,7 +126,8 @@ class InvalidModelAction(RunError):
     ) -> None:
         super().__init__(message, step=step, tool=tool, args=args, raw=excerpt(raw))
         self.tool = tool
-        self.args = args
+        # Not ``self.args``: that is BaseException's tuple of constructor arguments.
+        self.tool_args = args
         self.raw = raw
 
 

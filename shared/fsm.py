@@ -228,16 +228,7 @@ class Observing(_Live):
     phase: Phase = field(init=False, default=Phase.OBSERVING)
 
     def next_step(self, results: Sequence[ToolResult]) -> Transition[Thinking]:
-        by_id = {r.call_id: r for r in results}
-        missing = [c.id for c in self.head.pending_calls if c.id not in by_id]
-        if missing:
-            raise InternalInvariant(f"observe without results for calls {missing}", step=self.head.step)
-        messages = tuple(
-            ToolMessage(
-                tool_call_id=c.id, name=c.name, content=by_id[c.id].output, is_error=not by_id[c.id].ok
-            )
-            for c in self.head.pending_calls
-        )
+        messages = _tool_messages(self.head, results)
         step = self.head.step + 1
         head = self._next(
             Phase.THINKING,
@@ -295,15 +286,7 @@ class AwaitingApproval(_Live):
 
     def resume(self, results: Sequence[ToolResult]) -> Transition[Thinking]:
         """An unknown outcome accepted by a human: feed the step's results (unknown included) back."""
-        by_id = {r.call_id: r for r in results}
-        messages = tuple(
-            ToolMessage(
-                tool_call_id=c.id, name=c.name, content=by_id[c.id].output, is_error=not by_id[c.id].ok
-            )
-            for c in self.head.pending_calls
-            if c.id in by_id
-        )
-        return self._continue(messages)
+        return self._continue(_tool_messages(self.head, results))
 
     def _continue(self, messages: tuple[Message, ...]) -> Transition[Thinking]:
         step = self.head.step + 1
@@ -318,6 +301,18 @@ class AwaitingApproval(_Live):
         return Transition(
             Thinking(head), messages=messages, events=(ev.StepStarted(run_id=head.run_id, step=step),)
         )
+
+
+def _tool_messages(head: RunHead, results: Sequence[ToolResult]) -> tuple[Message, ...]:
+    """One tool message per pending call, in call order; every call must have its result."""
+    by_id = {r.call_id: r for r in results}
+    missing = [c.id for c in head.pending_calls if c.id not in by_id]
+    if missing:
+        raise InternalInvariant(f"observe without results for calls {missing}", step=head.step)
+    return tuple(
+        ToolMessage(tool_call_id=c.id, name=c.name, content=by_id[c.id].output, is_error=not by_id[c.id].ok)
+        for c in head.pending_calls
+    )
 
 
 @dataclass(frozen=True)

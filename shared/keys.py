@@ -34,10 +34,6 @@ class Keys:
         """Hash: call_id -> tool result JSON for one step; HSETNX makes each result once."""
         return f"{self.prefix}run:{{{run_id}}}:step:{step}:results"
 
-    def tool_starts(self, run_id: str, step: int) -> str:
-        """Hash: call_id -> number of times a tool body was entered (outcome-unknown detection)."""
-        return f"{self.prefix}run:{{{run_id}}}:step:{step}:starts"
-
     def attempts(self, run_id: str) -> str:
         """Hash: "<step>:<phase>[:<call_id>]" -> deliveries that started work (poison detection)."""
         return f"{self.prefix}run:{{{run_id}}}:attempts"

@@ -33,6 +33,7 @@ class Retry:
 
     def __post_init__(self) -> None:
         _check_bound("Retry", self.n)
+        _check_flag("Retry", self.consume_budget)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Reprompt:
 
     def __post_init__(self) -> None:
         _check_bound("Reprompt", self.n)
+        _check_flag("Reprompt", self.consume_budget)
         if self.strategy != "explain_error":
             raise PolicyConfigInvalid(f"unknown reprompt strategy {self.strategy!r}")
 
@@ -54,6 +56,11 @@ def _check_bound(what: str, n: object) -> None:
         raise PolicyConfigInvalid(
             f"{what}(n={n!r}): n must be an integer in 1..{MAX_ATTEMPTS}; retries are bounded"
         )
+
+
+def _check_flag(what: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise PolicyConfigInvalid(f"{what}(consume_budget={value!r}): must be True or False")
 
 
 Action = Fail | Retry | Reprompt | Interrupt

@@ -298,6 +298,12 @@ class RunStore:
             *(dump_message(m) for m in messages),
             *(dump_event(e) for e in events),
         ]
+        # A finished run's per-step keys expire with it (bounded: steps <= max_steps).
+        extra = (
+            [k.attempts(head.run_id)] + [k.results(head.run_id, step) for step in range(1, head.step + 1)]
+            if terminal
+            else []
+        )
         reply = self._commit(
             keys=[
                 k.run(head.run_id),
@@ -306,6 +312,7 @@ class RunStore:
                 k.events(head.run_id),
                 k.leases(),
                 k.runs_index(),
+                *extra,
             ],
             args=args,
         )

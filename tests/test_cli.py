@@ -8,7 +8,7 @@ import re
 import pytest
 
 from producer.cli import main
-from producer.client import Client, RunNotFound
+from producer.client import Client
 from shared.settings import ENV_AGENTS, ENV_PREFIX, ENV_REDIS_URL
 from shared.state import Phase
 from tests.harness import RedisServer, WorkerProcess, wait_until
@@ -184,24 +184,42 @@ def test_approve_and_deny_a_parked_run(
     assert capsys.readouterr().err.strip() == f"wesichain: run {run_id} is completed, not awaiting approval"
 
 
-def test_cancel_unknown_run(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli(redis_server.url, "cancel", "no-such-run") == 1
+@pytest.mark.integration
+def test_failed_run_exits_1(
+    workers: list[WorkerProcess], redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(redis_server.url, "submit", "no_such_agent", "hi", "--wait", "--json") == 1
+    final = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert final["phase"] == "failed"
+    assert final["error"]["kind"] == "Config"
+    assert "unknown agent 'no_such_agent'" in final["error"]["message"]
+
+
+@pytest.mark.integration
+def test_wait_timeout_exits_3(
+    workers: list[WorkerProcess],
+    redis_server: RedisServer,
+    client: Client,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli(redis_server.url, "submit", "slow_step", "hi", "--wait", "--timeout", "0.5") == 3
     captured = capsys.readouterr()
-    assert captured.err.strip() == "wesichain: no run 'no-such-run'"
-    assert captured.out == ""
+    run_id = captured.err.splitlines()[0].removeprefix("run ")
+    assert re.search(rf"^wesichain: run {run_id} still \w+ after 0.5s$", captured.err, re.M)
+    # The run goes on regardless, and `events --follow` follows it to its end.
+    assert cli(redis_server.url, "events", run_id, "--follow", "--json") == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert records[-1]["kind"] == "Completed"
+    assert records[-1]["answer"] == "slow step done"
+    assert client.handle(run_id).status().phase is Phase.COMPLETED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RunNotFound,
-    reason="producer.cli.main does not handle RunNotFound (a LookupError): `status`/`events`/`approve`/"
-    "`deny` of an unknown run id end in a traceback",
-)
-@pytest.mark.parametrize("command", ["status", "events", "approve", "deny"])
+@pytest.mark.parametrize("command", ["status", "events", "approve", "deny", "cancel"])
 def test_unknown_run_id(redis_server: RedisServer, capsys: pytest.CaptureFixture[str], command: str) -> None:
-    code = cli(redis_server.url, command, "no-such-run")
-    assert code != 0
-    assert "no run 'no-such-run'" in capsys.readouterr().err
+    assert cli(redis_server.url, command, "no-such-run") == 1
+    captured = capsys.readouterr()
+    assert captured.err == "wesichain: no run 'no-such-run'\n"
+    assert captured.out == ""
 
 
 # -- configuration and connectivity errors ------------------------------------------------------------
@@ -248,6 +266,14 @@ def test_unreachable_redis(capsys: pytest.CaptureFixture[str], args: list[str]) 
     assert "Connection refused" in captured.err
     assert "Traceback" not in captured.err
     assert len(captured.err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "message"), [("   ", "input is empty"), ("x" * 32_001, "input is 32001 chars")]
+)
+def test_bad_input(capsys: pytest.CaptureFixture[str], text: str, message: str) -> None:
+    assert cli(UNREACHABLE, "submit", "direct", text) == 2
+    assert capsys.readouterr().err.startswith(f"wesichain: {message}")
 
 
 def test_bad_model_string(capsys: pytest.CaptureFixture[str]) -> None:

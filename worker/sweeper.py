@@ -23,6 +23,8 @@ log = logging.getLogger("wesichain.sweeper")
 
 def sweep_once(rt: Runtime, limit: int = 200) -> int:
     """Recover every run whose lease expired; returns how many were re-published."""
+    # The run index outlives no run: trim entries older than the retention.
+    rt.store.redis.zremrangebyscore(rt.store.keys.runs_index(), "-inf", time.time() - rt.settings.retention_s)
     recovered = 0
     for run_id in rt.store.expired_leases(limit):
         recovery = rt.store.recover(run_id)

@@ -77,7 +77,14 @@ def _eval(node: ast.AST) -> float:
         and not node.keywords
         and len(node.args) <= 2
     ):
-        value = float(_FUNCS[node.func.id](*(_eval(a) for a in node.args)))
+        operands = [_eval(a) for a in node.args]
+        if node.func.id == "round" and len(operands) == 2:
+            # round()'s digits must be an int; every operand here is a float.
+            if not operands[1].is_integer():
+                raise ValueError("round(x, n) needs a whole number of digits")
+            value = float(round(operands[0], int(operands[1])))
+        else:
+            value = float(_FUNCS[node.func.id](*operands))
     else:
         raise ValueError(f"unsupported expression element: {type(node).__name__}")
     if not math.isfinite(value) or abs(value) > MAX_MAGNITUDE:

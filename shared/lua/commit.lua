@@ -1,5 +1,6 @@
 -- Commit one transition atomically: fenced checkpoint + appended messages + events + outbox.
--- KEYS: run hash, messages list, checkpoints list, events stream, leases zset, runs index zset
+-- KEYS: run hash, messages list, checkpoints list, events stream, leases zset, runs index zset,
+--       then (terminal commits only) every other key of the run, to expire with it
 -- ARGV: 1 expected_version ('' = create), 2 new_version, 3 phase, 4 step, 5 epoch, 6 head_json,
 --       7 outbox_json, 8 terminal ('1'/'0'), 9 events_maxlen, 10 retention_s, 11 lease_deadline
 --       ('' = no lease: parked or terminal), 12 run_id, 13 now, 14 n_messages, 15 n_events,
@@ -37,5 +38,6 @@ end
 if ARGV[8] == '1' then
   local ttl = tonumber(ARGV[10])
   for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
+  for i = 7, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
 end
 return {1, ARGV[2]}
