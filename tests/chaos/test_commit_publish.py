@@ -1,0 +1,86 @@
+"""SIGKILL between a commit and the publish of its outbox: the next phase is committed but never sent.
+
+Two ways back, both tested: a prefork child dies, Celery redelivers its task, the redelivery finds
+the run moved on with its outbox unsent and publishes it; or the whole worker dies (solo pool: the
+task runs in the main process), nothing is redelivered, and the sweeper re-publishes the outbox once
+the queued lease of the committed phase expires.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from producer.client import Client
+from shared.state import Phase
+from tests.chaos.support import (
+    PREFIX,
+    QUEUED_LEASE_S,
+    RECOVERY_BOUND_S,
+    RUN_TIMEOUT_S,
+    Cluster,
+    assert_event_invariants,
+    assert_terminal_matches_events,
+    committed,
+    effects,
+    events_of,
+    idem,
+    kinds,
+    note_recovery,
+)
+from tests.chaos.test_worker_kill import ONE_HOP
+
+pytestmark = pytest.mark.chaos
+
+PHASES = [Phase.IDLE, Phase.THINKING, Phase.OBSERVING]
+#: (index of the last event the crashed commit wrote, kind of the first event after recovery) in ONE_HOP.
+CRASHED_COMMIT = {
+    Phase.IDLE: (1, "ModelResponded"),  # RunStarted, StepStarted(1) | think of step 1
+    Phase.THINKING: (3, "ToolCompleted"),  # ModelResponded, ToolDispatched | the tool
+    Phase.OBSERVING: (5, "ModelResponded"),  # StepStarted(2) | think of step 2
+}
+
+
+def _check(client: Client, run_id: str, phase: Phase, case: str) -> int:
+    r = client.store.redis
+    handle = client.handle(run_id)
+    head = handle.wait(RUN_TIMEOUT_S)
+    events = committed(events_of(handle))
+    assert r.exists(f"{PREFIX}fault:crash_after_commit:{phase.value}:{run_id}"), "the crash never fired"
+    assert head.phase is Phase.COMPLETED and head.answer == "1 + 2 = 3"
+    assert kinds(events) == ONE_HOP
+    assert_event_invariants(events)
+    assert_terminal_matches_events(head, events)
+    assert effects(r, idem(run_id)) == 1
+    last, next_kind = CRASHED_COMMIT[phase]
+    assert events[last + 1].kind == next_kind
+    seconds = note_recovery(case, events[last + 1].ts - events[last].ts)
+    assert seconds < RECOVERY_BOUND_S
+    return head.epoch
+
+
+@pytest.mark.parametrize("phase", PHASES, ids=str)
+def test_child_killed_between_commit_and_publish(cluster: Cluster, client: Client, phase: Phase) -> None:
+    # A queued lease far beyond the test: only the redelivery can bring the run back in time.
+    (worker,) = cluster.start(
+        1, env={"WESICHAIN_FAULT": f"crash_after_commit:{phase.value}", "WESICHAIN_QUEUED_LEASE_S": "30"}
+    )
+    handle = client.submit("one_hop", "go")
+    epoch = _check(client, handle.run_id, phase, f"prefork child killed after the {phase.value} commit")
+    assert epoch == 0, "the redelivered task should have published the outbox, not the sweeper"
+    assert worker.alive
+    assert "WorkerLostError" in worker.log()
+
+
+@pytest.mark.parametrize("phase", PHASES, ids=str)
+def test_whole_worker_killed_between_commit_and_publish(
+    cluster: Cluster, client: Client, phase: Phase
+) -> None:
+    workers = cluster.start(2, pool="solo", env={"WESICHAIN_FAULT": f"crash_after_commit:{phase.value}"})
+    handle = client.submit("one_hop", "go")
+    epoch = _check(client, handle.run_id, phase, f"whole worker killed after the {phase.value} commit")
+    assert epoch >= 1, "only the sweeper can re-publish the outbox of a worker that died whole"
+    assert sum(not w.alive for w in workers) == 1, "exactly one worker should have died in the crash"
+    # The sweeper waited for the committed phase's queued lease before re-publishing.
+    last, _ = CRASHED_COMMIT[phase]
+    events = committed(events_of(handle))
+    assert events[last + 1].ts - events[last].ts >= QUEUED_LEASE_S - 0.5
