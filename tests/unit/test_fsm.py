@@ -10,7 +10,7 @@ from shared import events as ev
 from shared import fsm
 from shared.errors import InternalInvariant, RunErrorInfo
 from shared.llm.base import Usage
-from shared.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
+from shared.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolMessage, UserMessage
 from shared.state import Approval, Phase, RunHead, ToolResult
 
 ERROR = RunErrorInfo(kind="ModelTransport", message="provider down", step=1)
@@ -43,7 +43,9 @@ def kinds(transition: fsm.Transition[Any]) -> list[str]:
     return [e.kind for e in transition.events]
 
 
-def assert_moved(before: RunHead, transition: fsm.Transition[Any], phase: Phase, cls: type) -> RunHead:
+def assert_moved(
+    before: RunHead, transition: fsm.Transition[Any], phase: Phase, cls: type[fsm.PhaseView]
+) -> RunHead:
     after = transition.head
     assert isinstance(transition.to, cls)
     assert transition.to.phase is phase
@@ -63,7 +65,7 @@ def test_idle_start() -> None:
     before = RunHead.new_idle("r1", "agent", "hello").model_copy(
         update={"created_at": 1000.0, "updated_at": 1000.0}
     )
-    initial = [SystemMessage(content="sys"), UserMessage(content="hello")]
+    initial: list[Message] = [SystemMessage(content="sys"), UserMessage(content="hello")]
     t = fsm.Idle(before).start(initial, agent_version="3", model="scripted:x", max_steps=4)
     after = assert_moved(before, t, Phase.THINKING, fsm.Thinking)
     assert after.version == 2

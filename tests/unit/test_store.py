@@ -13,9 +13,9 @@ import redis
 
 from shared import events as ev
 from shared import fsm
-from shared.errors import InternalInvariant
+from shared.errors import InternalInvariant, RunErrorInfo
 from shared.llm.base import Usage
-from shared.messages import Message, SystemMessage, ToolCall, ToolMessage, UserMessage, dump_message
+from shared.messages import SystemMessage, ToolCall, ToolMessage, UserMessage, dump_message
 from shared.settings import Settings
 from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
 from shared.store import Busy, Claim, RunStore, Stale
@@ -195,7 +195,7 @@ def test_commit_cost_does_not_grow_with_history(store: RunStore, monkeypatch: py
     sizes: list[int] = []
     for i in range(60):
         # A reprompt appends exactly two messages and keeps the run THINKING.
-        error = fsm.RunErrorInfo(kind="InvalidModelAction", message="bad")
+        error = RunErrorInfo(kind="InvalidModelAction", message="bad")
         t = current.reprompt(error, filler, f"correction {i}", Usage(), consume_budget=False)
         recorder.calls.clear()
         assert store.commit(current.head.version, t.head, t.messages, t.events) == "committed"
@@ -208,7 +208,8 @@ def test_commit_cost_does_not_grow_with_history(store: RunStore, monkeypatch: py
         sizes.append(sum(len(a.encode()) for a in args))
         assert store.redis.llen(store.keys.messages(run_id)) == 2 + 2 * (i + 1)
         current = t.to
-    history_bytes = sum(len(m.encode()) for m in store.redis.lrange(store.keys.messages(run_id), 0, -1))
+    history = store.redis.lrange(store.keys.messages(run_id), 0, -1)
+    history_bytes = sum(len(str(m).encode()) for m in history)
     assert history_bytes > 30_000
     # The only growth is in counters (version, message_count, digits of "correction N").
     assert max(sizes) - min(sizes) < 40, sizes
@@ -424,7 +425,7 @@ def test_terminal_commit_sets_retention_ttls(store: RunStore) -> None:
     k, run_id = store.keys, thinking.head.run_id
     run_keys = [k.run(run_id), k.messages(run_id), k.checkpoints(run_id), k.events(run_id)]
     assert [store.redis.ttl(key) for key in run_keys] == [-1, -1, -1, -1]
-    t = thinking.fail(fsm.RunErrorInfo(kind="BudgetExceeded", message="out of steps"))
+    t = thinking.fail(RunErrorInfo(kind="BudgetExceeded", message="out of steps"))
     assert store.commit(thinking.head.version, t.head, t.messages, t.events) == "committed"
     for key in run_keys:
         assert 3590 <= store.redis.ttl(key) <= 3600, key
@@ -488,11 +489,9 @@ def test_emit_appends_outside_commits(store: RunStore) -> None:
 
 def test_messages_round_trip(store: RunStore) -> None:
     thinking = started(store)
-    msgs: list[Message] = [
-        UserMessage(content='ünïcode ✓ \n\t "quotes"'),
-    ]
+    correction = 'ünïcode ✓ \n\t "quotes"'
     t = thinking.reprompt(
-        fsm.RunErrorInfo(kind="InvalidModelAction", message="x"), "raw ✓", msgs[0].content, Usage(), False
+        RunErrorInfo(kind="InvalidModelAction", message="x"), "raw ✓", correction, Usage(), False
     )
     store.commit(thinking.head.version, t.head, t.messages, t.events)
     assert store.load_messages(thinking.head.run_id)[-2:] == list(t.messages)
