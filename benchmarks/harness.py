@@ -1,0 +1,376 @@
+"""Processes, clocks and statistics shared by the scenarios.
+
+Everything runs for real: one ``redis-server`` on a free loopback port (``tests.harness.RedisServer``),
+``wesichain worker`` processes and bare ``celery worker`` processes, each in its own process group.
+Each scenario gets its own key prefix, so its workers never see another scenario's queues.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from benchmarks import bare
+from producer.client import Client
+from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings
+from shared.state import Phase, RunHead
+from tests.harness import RedisServer, WorkerProcess, wait_until
+
+AGENTS = "benchmarks.agents"
+END_MARKERS = ('"kind":"Completed"', '"kind":"Failed"', '"kind":"Interrupted"')
+
+_live: list[WorkerProcess] = []
+
+
+def _stop_all() -> None:
+    for w in list(_live):
+        try:
+            w.stop(timeout=5)
+        except Exception:  # best effort at exit
+            w.kill()
+
+
+atexit.register(_stop_all)
+
+
+# -- statistics -----------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of a non-empty sample."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summary(values: Sequence[float], digits: int = 3) -> dict[str, Any]:
+    """n, min, p50, p95, max and mean of a sample, rounded."""
+    if not values:
+        return {"n": 0}
+    return {
+        "n": len(values),
+        "min": round(min(values), digits),
+        "p50": round(percentile(values, 50), digits),
+        "p95": round(percentile(values, 95), digits),
+        "max": round(max(values), digits),
+        "mean": round(statistics.fmean(values), digits),
+    }
+
+
+def ratio(value: float, reference: float) -> float:
+    return round(value / reference, 3) if reference else math.nan
+
+
+def check(value: float, target: float, op: str) -> dict[str, Any]:
+    """A target verdict: ``op`` is "<=" (lower is better) or ">=" (higher is better)."""
+    ok = value <= target if op == "<=" else value >= target
+    return {"value": round(value, 3), "target": target, "op": op, "pass": bool(ok)}
+
+
+# -- processes ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    """One redis-server for the whole benchmark; workers come and go per scenario."""
+
+    redis: RedisServer
+    log_dir: str
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    @classmethod
+    def start(cls) -> Cluster:
+        return cls(redis=RedisServer().start(), log_dir=tempfile.mkdtemp(prefix="wesichain-bench-"))
+
+    @property
+    def url(self) -> str:
+        return self.redis.url
+
+    def settings(self, prefix: str) -> Settings:
+        return Settings(redis_url=self.url, agents_module=AGENTS, prefix=prefix)
+
+    def client(self, prefix: str) -> Client:
+        return Client(self.settings(prefix))
+
+    def wesichain_worker(
+        self, name: str, prefix: str, *, pool: str = "prefork", concurrency: int = 1
+    ) -> WorkerProcess:
+        return WorkerProcess(
+            name,
+            self.url,
+            agents=AGENTS,
+            pool=pool,
+            concurrency=concurrency,
+            env={"WESICHAIN_PREFIX": prefix},
+            log_dir=self.log_dir,
+        )
+
+    def bare_worker(self, name: str, *, pool: str = "prefork", concurrency: int = 1) -> WorkerProcess:
+        """A bare Celery worker, started with the same options ``wesichain worker`` passes to Celery."""
+        return self.celery_worker(name, "benchmarks.bare", pool=pool, concurrency=concurrency)
+
+    def celery_worker(
+        self,
+        name: str,
+        app_module: str,
+        *,
+        pool: str = "prefork",
+        concurrency: int = 1,
+        env: dict[str, str] | None = None,
+    ) -> WorkerProcess:
+        """``celery -A app_module worker`` with the options ``wesichain worker`` uses."""
+        w = WorkerProcess(name, self.url, pool=pool, concurrency=concurrency, log_dir=self.log_dir)
+        w.args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app_module,
+            "worker",
+            f"--queues={QUEUE_MODEL},{QUEUE_TOOLS}",
+            f"--pool={pool}",
+            "--loglevel=INFO",
+            f"--concurrency={concurrency}",
+            f"--hostname={name}@bench",
+            "--without-mingle",
+            "--without-gossip",
+            "--without-heartbeat",
+        ]
+        w.env.update({bare.ENV_URL: self.url, "WESICHAIN_REDIS_URL": self.url, "WESICHAIN_AGENTS": AGENTS})
+        w.env.update(env or {})
+        return w
+
+    def up(self, *workers: WorkerProcess) -> list[WorkerProcess]:
+        """Start workers in parallel and wait until every one is ready."""
+        for w in workers:
+            w.start(wait=False)
+            _live.append(w)
+            self.workers.append(w)
+        for w in workers:
+            w.wait_ready(timeout=60)
+        return list(workers)
+
+    def down(self, *workers: WorkerProcess) -> None:
+        for w in workers:
+            w.stop(timeout=10)
+            if w in _live:
+                _live.remove(w)
+            if w in self.workers:
+                self.workers.remove(w)
+
+    def close(self) -> None:
+        self.down(*self.workers)
+        self.redis.cleanup()
+
+
+def new_prefix(name: str) -> str:
+    return f"b{uuid.uuid4().hex[:6]}-{name}:"
+
+
+# -- memory -----------------------------------------------------------------------------------------------
+
+
+def worker_rss(worker: WorkerProcess) -> dict[str, float]:
+    """RSS in MiB of a worker's main process and of its pool children (recursively)."""
+    try:
+        main = psutil.Process(worker.pid)
+        main_rss = main.memory_info().rss
+        kids = 0
+        for child in main.children(recursive=True):
+            try:
+                kids += child.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+    except psutil.NoSuchProcess:
+        return {"main_mib": 0.0, "children_mib": 0.0, "total_mib": 0.0}
+    mib = 1024 * 1024
+    return {
+        "main_mib": round(main_rss / mib, 2),
+        "children_mib": round(kids / mib, 2),
+        "total_mib": round((main_rss + kids) / mib, 2),
+    }
+
+
+class PeakRss:
+    """Samples the summed RSS of some workers in a background thread; ``peak`` is the maximum seen."""
+
+    def __init__(self, workers: Iterable[WorkerProcess], interval_s: float = 0.05) -> None:
+        self.workers = list(workers)
+        self.interval_s = interval_s
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        total = sum(worker_rss(w)["total_mib"] for w in self.workers)
+        self.peak = max(self.peak, total)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> PeakRss:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+# -- runs --------------------------------------------------------------------------------------------------
+
+
+def wait_terminal(client: Client, run_id: str, timeout: float = 60.0) -> RunHead:
+    """Block on the run's event stream (XREAD BLOCK, no polling delay) until its end event."""
+    store = client.store
+    key = store.keys.events(run_id)
+    cursor = "0-0"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reply: Any = store.redis.xread({key: cursor}, count=500, block=500)
+        if not reply:
+            head = store.load(run_id)
+            if head is not None and head.terminal:
+                return head
+            continue
+        entries = reply[0][1]
+        cursor = entries[-1][0]
+        if any(marker in fields["e"] for _, fields in entries for marker in END_MARKERS):
+            head = store.load(run_id)
+            assert head is not None
+            return head
+    raise TimeoutError(f"run {run_id} not finished after {timeout}s")
+
+
+def wait_all_terminal(client: Client, run_ids: Sequence[str], timeout: float) -> None:
+    """Poll many runs' phases with one pipeline round trip every 20 ms until all are terminal."""
+    keys = [client.store.keys.run(r) for r in run_ids]
+    terminal = {p.value for p in Phase if p.terminal}
+    pending = list(keys)
+
+    def done() -> bool:
+        nonlocal pending
+        pipe = client.store.redis.pipeline(transaction=False)
+        for k in pending:
+            pipe.hget(k, "phase")
+        phases = pipe.execute()
+        pending = [k for k, p in zip(pending, phases, strict=True) if p not in terminal]
+        return not pending
+
+    wait_until(done, timeout=timeout, interval=0.02, what=f"{len(run_ids)} runs to finish")
+
+
+def run_and_wait(client: Client, agent: str, text: str, *, model: str | None = None) -> tuple[RunHead, float]:
+    """Submit one run and follow it to its end; returns the final head and client latency in ms."""
+    started = time.perf_counter()
+    handle = client.submit(agent, text, model=model)
+    head = wait_terminal(client, handle.run_id)
+    return head, (time.perf_counter() - started) * 1000
+
+
+def bare_chain(client: Client, app: Any, task: str, hops: int, timeout: float = 60.0) -> float:
+    """Run one bare hop chain; returns milliseconds per hop (first hop start to last hop end)."""
+    chain = uuid.uuid4().hex
+    app.send_task(task, kwargs={"chain": chain, "hop": 0, "total": hops}, task_id=f"{chain}:h0")
+    r = client.store.redis
+    wait_until(lambda: r.exists(bare.end_key(chain)), timeout=timeout, interval=0.005, what="bare chain")
+    start, end = float(r.get(bare.start_key(chain))), float(r.get(bare.end_key(chain)))
+    return (end - start) * 1000 / (hops - 1)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    started = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - started
+
+
+def environment() -> dict[str, Any]:
+    import platform
+    import subprocess
+
+    import celery
+    import kombu
+    import pydantic
+    import redis as redis_py
+
+    try:
+        server = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, timeout=10)
+        redis_server = server.stdout.strip()
+    except OSError:
+        redis_server = "unknown"
+    peers: dict[str, str] = {}
+    for name in ("langgraph", "langgraph.checkpoint.sqlite", "langchain_core"):
+        try:
+            from importlib.metadata import version
+
+            dist = {
+                "langgraph": "langgraph",
+                "langgraph.checkpoint.sqlite": "langgraph-checkpoint-sqlite",
+                "langchain_core": "langchain-core",
+            }[name]
+            peers[dist] = version(dist)
+        except Exception:  # not installed: the peers scenario says so
+            pass
+    return {
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "celery": celery.__version__,
+        "kombu": kombu.__version__,
+        "redis_py": redis_py.__version__,
+        "pydantic": pydantic.VERSION,
+        "redis_server": redis_server,
+        "peers": peers,
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def process_cpu_s(worker: WorkerProcess) -> dict[str, float]:
+    """CPU seconds (user + system) of a worker's main process and of its pool children so far.
+
+    Children include those already reaped (prefork replaces a child every
+    ``worker_max_tasks_per_child`` tasks), through the main process's ``children_*`` times.
+    """
+    try:
+        main = psutil.Process(worker.pid)
+        t = main.cpu_times()
+        kids = t.children_user + t.children_system
+        for child in main.children(recursive=True):
+            try:
+                c = child.cpu_times()
+                kids += c.user + c.system
+            except psutil.NoSuchProcess:
+                pass
+        return {"main": t.user + t.system, "children": kids}
+    except psutil.NoSuchProcess:
+        return {"main": 0.0, "children": 0.0}
+
+
+def pid_cpu_s(pid: int) -> float:
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except psutil.NoSuchProcess:
+        return 0.0

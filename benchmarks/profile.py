@@ -1,0 +1,261 @@
+"""Profile a worker on the per-transition scenario with py-spy (``pip install py-spy``).
+
+    python -m benchmarks.profile [--target wesichain|bare|both] [--seconds 20] [--out DIR]
+
+Starts redis-server and one worker (prefork, concurrency 1), keeps it busy with back-to-back
+50-step runs (or bare hop chains), and samples the worker's main process and its pool child with
+``py-spy record --nonblocking --format raw`` (CPU samples only, so a process blocked on a socket
+is not counted). Writes, per target, the collapsed stacks and a report of the hottest frames
+(inclusive and self), plus CPU milliseconds per transition of the main process, the pool child and
+redis-server, measured with psutil over the same window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from benchmarks import bare
+from benchmarks.harness import Cluster, bare_chain, new_prefix, pid_cpu_s, process_cpu_s, run_and_wait
+from shared.state import Phase
+from tests.harness import WorkerProcess
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+#: Frames worth naming: (label, substrings of "function (file)"); a sample counts for every label
+#: one of its frames matches (inclusive, so labels overlap).
+KEY_FRAMES = [
+    ("celery task events published (EventDispatcher)", ("EventDispatcher.",)),
+    ("new redis client per kombu operation (Redis.__init__)", ("Redis.__init__ (redis/client.py)",)),
+    ("broker: BRPOP read", ("Channel._brpop_read",)),
+    ("broker: ack (QoS.ack)", ("QoS.ack",)),
+    ("broker: publish next task (send_task)", ("Celery.send_task",)),
+    ("prefork pipe to/from the child (billiard)", ("billiard/connection.py",)),
+    ("logging", ("logging/__init__.py",)),
+    ("task execution (trace_task)", ("trace_task",)),
+    ("RunStore.begin (claim + head + messages)", ("RunStore.begin",)),
+    ("RunStore.commit", ("RunStore.commit",)),
+    ("RunStore.record_result", ("RunStore.record_result",)),
+    ("RunStore.has_result", ("RunStore.has_result",)),
+    ("RunStore.load_results", ("RunStore.load_results",)),
+    ("RunStore.emit (token deltas)", ("RunStore.emit",)),
+    ("Heartbeat.hold", ("Heartbeat.hold",)),
+    ("model call (ScriptedModel)", ("ScriptedModel.",)),
+    ("ModelRequest construction", ("ModelRequest",)),
+    ("accept_tool_calls", ("accept_tool_calls",)),
+    ("tool invoke", ("Tool.invoke",)),
+    ("state machine (shared/fsm.py)", ("shared/fsm.py",)),
+    ("event models (shared/events.py)", ("shared/events.py",)),
+    ("pydantic (any)", ("pydantic/", "pydantic_core")),
+    ("redis-py command round trips", ("execute_command (redis/client.py)", "Pipeline.execute (redis/client.py)",
+                                      "Script.__call__")),
+]
+
+
+def _py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(found).exists():
+        raise SystemExit("py-spy is not installed: pip install py-spy")
+    return found
+
+
+def _record(pid: int, seconds: int, out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [_py_spy(), "record", "--pid", str(pid), "--subprocesses", "--duration", str(seconds),
+         "--rate", "250", "--nonblocking", "--format", "raw", "--output", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def _frames(stack: str) -> list[str]:
+    return [f for f in stack.split(";") if f]
+
+
+def split_by_process(raw: Path) -> dict[str, list[tuple[list[str], int]]]:
+    """Stacks of a ``--subprocesses`` recording, as "main" and "children" (pool processes).
+
+    A pool child is a fork of the main process (py-spy labels both with the same process frame),
+    so a child's stacks are told apart by billiard's process bootstrap frame.
+    """
+    out: dict[str, list[tuple[list[str], int]]] = {"main": [], "children": []}
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [f for f in _frames(stack) if not f.startswith("process ")]
+        child = any(f.startswith("BaseProcess._bootstrap ") for f in frames)
+        out["children" if child else "main"].append((frames, int(count)))
+    return out
+
+
+def analyse(stacks: list[tuple[list[str], int]], top: int = 30) -> dict[str, Any]:
+    """Inclusive and self sample counts per frame ("function (file)"), and the key frames."""
+    inclusive: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    keys: Counter[str] = Counter()
+    total = 0
+    for raw_frames, n in stacks:
+        total += n
+        frames = [_strip_line(f) for f in raw_frames]
+        for f in set(frames):
+            inclusive[f] += n
+        if frames:
+            own[frames[-1]] += n
+        for label, patterns in KEY_FRAMES:
+            if any(p in f for f in frames for p in patterns):
+                keys[label] += n
+    # Frames every sample shares (the worker's startup stack) say nothing: drop them.
+    inclusive_top = [(f, c) for f, c in inclusive.most_common() if c < total][:top]
+    key_frames = [(label, keys[label]) for label, _ in KEY_FRAMES if keys[label]]
+    return {"samples": total, "inclusive": inclusive_top, "self": own.most_common(top), "keys": key_frames}
+
+
+def _strip_line(frame: str) -> str:
+    # "func (path/to/file.py:123)" -> "func (path/to/file.py)", with site-packages paths shortened.
+    name, _, where = frame.partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    for marker in ("site-packages/", "lib/python3.11/", "/work/main/", str(Path.cwd()) + "/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+    return f"{name} ({path})"
+
+
+def _render(title: str, a: dict[str, Any], total_transitions: int) -> list[str]:
+    n = a["samples"] or 1
+    lines = [f"### {title}: {a['samples']} CPU samples", "", "| inclusive % | key frames |", "|---:|---|"]
+    lines += [f"| {100 * c / n:.1f} | {label} |" for label, c in a["keys"]]
+    lines += ["", "| inclusive % | frame |", "|---:|---|"]
+    lines += [f"| {100 * c / n:.1f} | `{f}` |" for f, c in a["inclusive"]]
+    lines += ["", "| self % | frame |", "|---:|---|"]
+    lines += [f"| {100 * c / n:.1f} | `{f}` |" for f, c in a["self"][:20]]
+    return lines + [""]
+
+
+TARGETS = ("wesichain", "bare", "wesichain-no-events", "bare-no-events")
+
+
+def _worker(cluster: Cluster, target: str, prefix: str) -> WorkerProcess:
+    if target == "wesichain":
+        return cluster.wesichain_worker("prof-w", prefix)
+    if target == "bare":
+        return cluster.bare_worker("prof-b")
+    base, _, whatif = target.partition("-")
+    return cluster.celery_worker(
+        f"prof-{target}", "benchmarks.whatif",
+        env={"BENCH_WHATIF": whatif, "BENCH_WHATIF_TARGET": base, "WESICHAIN_PREFIX": prefix},
+    )
+
+
+def profile(cluster: Cluster, target: str, seconds: int, out: Path, sample: bool = True) -> tuple[list[str], dict[str, Any]]:
+    prefix = new_prefix(f"profile-{target}")
+    worker = _worker(cluster, target, prefix)
+    cluster.up(worker)
+    client = cluster.client(prefix)
+    app = bare.make_app(cluster.url)
+    if target.endswith("no-events"):
+        app.conf.update(task_send_sent_event=False)
+    ours = target.startswith("wesichain")
+    stop = threading.Event()
+    counted = {"transitions": 0, "per_transition_ms": []}
+
+    def load() -> None:
+        while not stop.is_set():
+            if ours:
+                head, _ = run_and_wait(client, "long", "steps=50")
+                counted["transitions"] += head.version - 1
+                cps = client.store.checkpoints(head.run_id)
+                first = next(cp for cp in cps if cp.phase is Phase.THINKING)
+                counted["per_transition_ms"].append(
+                    1000 * (head.updated_at - first.updated_at) / (head.version - first.version))
+            else:
+                counted["per_transition_ms"].append(bare_chain(client, app, bare.TASK_HOP, 150))
+                counted["transitions"] += 150
+
+    raw = out / f"profile-{target}.raw"
+    try:
+        if ours:
+            run_and_wait(client, "long", "steps=10")
+        else:
+            bare_chain(client, app, bare.TASK_HOP, 50)
+        redis_pid = cluster.redis.proc.pid if cluster.redis.proc else 0
+        thread = threading.Thread(target=load, daemon=True)
+        thread.start()
+        time.sleep(0.5)
+        before, n_before = counted["transitions"], len(counted["per_transition_ms"])
+        cpu0, redis0 = process_cpu_s(worker), pid_cpu_s(redis_pid)
+        started = time.monotonic()
+        if sample:
+            _record(worker.pid, seconds, raw).wait(timeout=seconds + 60)
+        else:
+            time.sleep(seconds)
+        elapsed = time.monotonic() - started
+        cpu1, redis1 = process_cpu_s(worker), pid_cpu_s(redis_pid)
+        transitions = counted["transitions"] - before
+        wall = statistics.median(counted["per_transition_ms"][n_before:] or [float("nan")])
+        stop.set()
+        thread.join(timeout=60)
+    finally:
+        cluster.down(worker)
+        client.close()
+    n = max(1, transitions)
+    per = {"main": 1000 * (cpu1["main"] - cpu0["main"]) / n,
+           "pool child": 1000 * (cpu1["children"] - cpu0["children"]) / n,
+           "redis-server": 1000 * (redis1 - redis0) / n}
+    figures = {"transitions": transitions, "per_s": transitions / elapsed, "wall_ms": wall,
+               "cpu_ms": per, "cpu_total_ms": sum(per.values())}
+    lines = [
+        f"## {target}: {transitions} transitions in {elapsed:.0f} s ({transitions / elapsed:.0f}/s);"
+        f" median {wall:.3f} ms per transition",
+        "",
+        "CPU per transition: " + ", ".join(f"{k} {v:.3f} ms" for k, v in per.items())
+        + f" (sum {sum(per.values()):.3f} ms).",
+        "",
+    ]
+    if sample and raw.exists():
+        split = split_by_process(raw)
+        for proc in ("children", "main"):
+            if split[proc]:
+                lines += _render(f"{target} {'pool child' if proc == 'children' else 'main process'}",
+                                 analyse(split[proc]), transitions)
+    return lines, figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", action="append", choices=[*TARGETS, "all"], default=[],
+                   help="what to profile (repeatable; default: wesichain and bare)")
+    p.add_argument("--seconds", type=int, default=20)
+    p.add_argument("--no-sample", action="store_true", help="only measure CPU per transition (no py-spy)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    targets = list(TARGETS) if "all" in args.target else (args.target or ["wesichain", "bare"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster.start()
+    lines = ["# Worker profile on the per-transition scenario (py-spy, CPU samples)", ""]
+    figures: dict[str, Any] = {}
+    try:
+        for target in targets:
+            print(f"profiling {target} for {args.seconds} s ...", flush=True)
+            more, figures[target] = profile(cluster, target, args.seconds, args.out, sample=not args.no_sample)
+            print(more[0], more[2], sep="\n", flush=True)
+            lines += more
+    finally:
+        cluster.close()
+    report = args.out / "profile.md"
+    report.write_text("\n".join(lines) + "\n")
+    (args.out / "profile.json").write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Markdown rendering of a results JSON (``python -m benchmarks.report results/latest.json``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+TARGET_LABELS = {
+    "transition_over_bare_hop": "Per-transition time / bare Celery hop",
+    "late_over_early": "Transition cost at steps 46-50 / steps 1-5",
+    "eight_over_one": "Fan-out: 8 x 500 ms calls / 1 call (dispatch -> observe commit)",
+    "speedup_vs_sequential": "Fan-out: speed-up over 8 sequential calls",
+    "throughput_over_bare": "Throughput on 2 workers / bare hop chains",
+    "rss_over_bare": "Worker RSS / bare Celery worker RSS (prefork, 1 child)",
+    "growth_mib": "Worker RSS growth over the soak (MiB)",
+    "transition_over_langgraph_sqlite_node": "Per-transition time / LangGraph per-node time (SQLite)",
+}
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def targets_table(results: dict[str, Any]) -> list[str]:
+    lines = ["| Scenario | Target | Measured | Goal | Result |", "|---|---|---:|---:|---|"]
+    for name, sc in results["scenarios"].items():
+        for tid, t in sc.get("targets", {}).items():
+            verdict = "met" if t["pass"] else "**missed**"
+            lines.append(
+                f"| {name} | {TARGET_LABELS.get(tid, tid)} | {_fmt(t['value'])} | {t['op']} {t['target']} | {verdict} |"
+            )
+        if "error" in sc:
+            lines.append(f"| {name} | (scenario failed) | | | **error**: {sc['error'][:120]} |")
+        elif "skipped" in sc and not sc.get("targets"):
+            lines.append(f"| {name} | (skipped) | | | {sc['skipped'][:120]} |")
+    return lines
+
+
+def latency_table(sc: dict[str, Any]) -> list[str]:
+    m = sc["metrics"]
+    lines = [
+        f"Bare Celery hop in the same scenario: p50 {m['bare_hop_ms']['p50']} ms;"
+        f" bare worker RSS {m['bare_worker_rss_mib']} MiB.",
+        "",
+        "| Scenario | Model latency | p50 ms | p95 ms | Overhead p50 ms | Peak worker RSS MiB | Steps"
+        " | Model calls | Transitions |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in m["scenarios"].values():
+        lines.append(
+            f"| {r['agent']} | {r['model_latency_ms']:.0f} ms | {r['latency_ms']['p50']:.2f} | {r['latency_ms']['p95']:.2f}"
+            f" | {r['overhead_p50_ms']:.2f} | {r['peak_worker_rss_mib']:.1f} | {r['steps']} | {r['model_calls']}"
+            f" | {r['transitions']} |"
+        )
+    return lines
+
+
+def transition_table(sc: dict[str, Any]) -> list[str]:
+    m = sc["metrics"]
+    return [
+        "| Measure | p50 ms | p95 ms | n |",
+        "|---|---:|---:|---:|",
+        f"| Bare Celery hop | {m['bare_hop_ms']['p50']} | {m['bare_hop_ms']['p95']} | {m['bare_hop_ms']['n']} chains |",
+        f"| Bare hop + 4 KB pydantic state (GET/SET) | {m['bare_state_hop_ms']['p50']} |"
+        f" {m['bare_state_hop_ms']['p95']} | {m['bare_state_hop_ms']['n']} chains |",
+        f"| Wesichain transition (per step / 3) | {m['transition_ms']['p50']} | {m['transition_ms']['p95']} |"
+        f" {m['transition_ms']['n']} steps |",
+        "",
+        f"State hop / bare hop: {m['state_hop_over_hop']}x; transition / state hop:"
+        f" {m['transition_over_state_hop']}x.",
+    ]
+
+
+def flat_table(sc: dict[str, Any]) -> list[str]:
+    m = sc["metrics"]
+    return [
+        f"Steps 1-5: p50 {m['early_transition_ms']['p50']} ms per transition; steps"
+        f" {sc['settings']['late_steps'][0]}-{sc['settings']['late_steps'][1]}: p50 {m['late_transition_ms']['p50']} ms;"
+        f" fitted growth {m['slope_us_per_step']} µs per transition per step.",
+    ]
+
+
+def fanout_table(sc: dict[str, Any]) -> list[str]:
+    m = sc["metrics"]
+    return [
+        "| Step | p50 ms | p95 ms |",
+        "|---|---:|---:|",
+        f"| 1 call of 500 ms | {m['one_call_ms']['p50']} | {m['one_call_ms']['p95']} |",
+        f"| 8 calls of 500 ms on 8 slots | {m['eight_calls_ms']['p50']} | {m['eight_calls_ms']['p95']} |",
+        "",
+        f"Fan-in overhead above 500 ms: {m['fan_in_overhead_ms']} ms; speed-up over sequential:"
+        f" {m['speedup_vs_sequential']}x; peak worker RSS (main + 8 children): {m['peak_worker_rss_mib']} MiB.",
+    ]
+
+
+def throughput_table(sc: dict[str, Any]) -> list[str]:
+    m = sc["metrics"]
+    return [
+        "| System | median per second | n rounds |",
+        "|---|---:|---:|",
+        f"| Wesichain, committed transitions | {m['transitions_per_s']['p50']} | {m['transitions_per_s']['n']} |",
+        f"| Bare Celery, hops | {m['bare_hops_per_s']['p50']} | {m['bare_hops_per_s']['n']} |",
+    ]
+
+
+def memory_table(sc: dict[str, Any]) -> list[str]:
+    m = sc["metrics"]
+    lines = [
+        "| Measure | Value |",
+        "|---|---:|",
+        f"| Wesichain worker RSS (main + child), warm | {m['worker_rss_mib']['total_mib']} MiB"
+        f" ({m['worker_rss_mib']['main_mib']} + {m['worker_rss_mib']['children_mib']}) |",
+        f"| Bare Celery worker RSS (main + child) | {m['bare_worker_rss_mib']['total_mib']} MiB"
+        f" ({m['bare_worker_rss_mib']['main_mib']} + {m['bare_worker_rss_mib']['children_mib']}) |",
+        f"| Growth over {sc['settings']['runs'] - sc['settings']['warm_up_runs']} runs (total / main) |"
+        f" {m['growth_mib']} / {m['growth_main_mib']} MiB |",
+        f"| Peak worker RSS during the soak | {m['peak_worker_rss_mib']} MiB |",
+        f"| Redis used_memory per retained run (direct) | {m['redis_bytes_per_run']} B |",
+        "",
+        "Redis bytes of one run's keys (MEMORY USAGE):",
+        "",
+        "| Run | Total B | Keys |",
+        "|---|---:|---|",
+    ]
+    for run, sizes in m["redis_key_bytes_by_scenario"].items():
+        keys = ", ".join(f"{k} {v}" for k, v in sizes.items() if k != "total")
+        lines.append(f"| {run} | {sizes['total']} | {keys} |")
+    return lines
+
+
+def peers_table(sc: dict[str, Any]) -> list[str]:
+    lines = []
+    if "skipped" in sc:
+        lines += [f"Skipped in part: {sc['skipped']}", ""]
+    lines += ["| Run | System | p50 ms per transition/node | p50 ms per model step |", "|---|---|---:|---:|"]
+    for case, row in sc["metrics"].items():
+        lines.append(
+            f"| {case} | wesichain (distributed, durable) | {row['wesichain_per_transition_ms']['p50']}"
+            f" | {row['wesichain_per_step_ms']['p50']} |"
+        )
+        lines.append(f"| {case} | asyncio loop (in-process, nothing kept) | | {row['asyncio_per_step_ms']['p50']} |")
+        for kind in ("none", "memory", "sqlite"):
+            node = row.get(f"langgraph_{kind}_per_node_ms")
+            if node:
+                step = row[f"langgraph_{kind}_per_step_ms"]
+                lines.append(f"| {case} | LangGraph, checkpointer: {kind} | {node['p50']} | {step['p50']} |")
+    return lines
+
+
+RENDERERS = {
+    "latency": latency_table,
+    "transition": transition_table,
+    "flat": flat_table,
+    "fanout": fanout_table,
+    "throughput": throughput_table,
+    "memory": memory_table,
+    "peers": peers_table,
+}
+
+
+def render(results: dict[str, Any]) -> str:
+    env = results["environment"]
+    lines = [
+        f"# Benchmark results ({'quick' if results['quick'] else 'full'} run)",
+        "",
+        f"{results['started_at']}; {results['elapsed_s']:.0f} s. Python {env['python']}, Celery {env['celery']},"
+        f" {env['redis_server'].split(' sha=')[0]}, {env['cpu_count']} CPUs, {env['memory_gib']} GiB;"
+        f" load average at start {env['loadavg_at_start']}, at end {env.get('loadavg_at_end')}.",
+        "",
+        "## Targets",
+        "",
+        *targets_table(results),
+    ]
+    for name, sc in results["scenarios"].items():
+        lines += ["", f"## {sc.get('title', name)}", ""]
+        if "error" in sc:
+            lines.append(f"Failed: `{sc['error']}`")
+            continue
+        renderer = RENDERERS.get(name)
+        if renderer is not None:
+            lines += renderer(sc)
+        for note in sc.get("notes", []):
+            lines += ["", f"Note: {note}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    path = Path(args[0] if args else Path(__file__).parent / "results" / "latest.json")
+    print(render(json.loads(path.read_text())), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
