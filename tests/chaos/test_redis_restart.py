@@ -1,0 +1,128 @@
+"""Redis restarted (AOF, fsync always) while tools run: the runs continue and complete afterwards.
+
+The server is stopped, kept down until every worker has noticed, and started again on the same port
+with its AOF. Losing the broker connection makes Celery cancel the tasks it is running (they are
+late-acked) and the connection that delivered them is gone, so their messages stay unacked; the
+sweeper hands those phases on once their leases expire. Retry-safe tools may run again; their effect
+still happens once.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from producer.client import Client
+from shared.state import Phase
+from tests.chaos.support import (
+    RECOVERY_BOUND_S,
+    RUN_TIMEOUT_S,
+    Cluster,
+    assert_event_invariants,
+    assert_terminal_matches_events,
+    effects,
+    events_of,
+    idem,
+    kinds,
+    note_recovery,
+    starts,
+    wait_tool_started,
+)
+from tests.chaos.test_worker_kill import ONE_HOP
+from tests.harness import RedisServer, WorkerProcess, wait_until
+
+pytestmark = pytest.mark.chaos
+
+LOST = "Connection to broker lost"
+
+
+def outage(server: RedisServer, workers: list[WorkerProcess]) -> float:
+    """Stop Redis, keep it down until every worker noticed (and had its chance to fail), start it again.
+
+    Returns when the server stopped.
+    """
+    offsets = {w.name: len(w.log()) for w in workers}
+
+    def reacted(w: WorkerProcess) -> bool:
+        text = w.log()[offsets[w.name] :]
+        # Either it is already trying to reconnect, or it died handling the loss.
+        return LOST in text and ("Cannot connect" in text or not w.alive)
+
+    stopped_at = time.time()
+    server.stop()
+    wait_until(lambda: all(reacted(w) for w in workers), 30, what="every worker to notice the outage")
+    server.start()
+    return stopped_at
+
+
+def _submit_slow_runs_and_wait_for_their_tools(client: Client, n: int) -> list[str]:
+    handles = [client.submit("slow_step", "go") for _ in range(n)]
+    for h in handles:
+        wait_tool_started(client.store.redis, idem(h.run_id))
+    return [h.run_id for h in handles]
+
+
+def _check_completed(client: Client, run_id: str) -> None:
+    r = client.store.redis
+    handle = client.handle(run_id)
+    agent = handle.status().agent
+    head = handle.wait(RUN_TIMEOUT_S)
+    events = events_of(handle)
+    assert head.phase is Phase.COMPLETED, f"{run_id}: {head.phase} {head.error}"
+    assert kinds(events) == ONE_HOP
+    assert_event_invariants(events)
+    assert_terminal_matches_events(head, events)
+    key = idem(run_id)
+    assert effects(r, key) == 1
+    if agent == "slow_step":
+        assert 1 <= starts(r, key) <= 2
+
+
+def test_runs_complete_across_a_redis_restart(
+    aof_cluster: Cluster, aof_server: RedisServer, aof_client: Client
+) -> None:
+    """The durable state survives the restart and every run ends correctly.
+
+    A worker that exits on the connection loss is started again here, as a process supervisor would
+    (``test_workers_reconnect_after_a_redis_restart`` is the check that they should not exit at all).
+    """
+    workers = aof_cluster.start(2, concurrency=2)
+    before = _submit_slow_runs_and_wait_for_their_tools(aof_client, 3)
+    stopped_at = outage(aof_server, workers)
+    aof_cluster.revive(wait=True)
+    after = [aof_client.submit(agent, "go").run_id for agent in ("one_hop", "slow_step", "one_hop")]
+
+    for run_id in before + after:
+        _check_completed(aof_client, run_id)
+    for run_id in before:
+        done = next(e for e in events_of(aof_client.handle(run_id)) if e.kind == "ToolCompleted")
+        seconds = note_recovery("redis stopped under a running 3 s tool, then restarted", done.ts - stopped_at)
+        assert seconds < RECOVERY_BOUND_S
+
+
+def test_workers_reconnect_after_a_redis_restart(
+    aof_cluster: Cluster, aof_server: RedisServer, aof_client: Client
+) -> None:
+    """Workers busy with tasks when Redis goes away must reconnect, not exit."""
+    workers = aof_cluster.start(2, concurrency=2)
+    before = _submit_slow_runs_and_wait_for_their_tools(aof_client, 3)
+    outage(aof_server, workers)
+    dead = [w.name for w in workers if not w.alive]
+    assert not dead, (
+        f"workers {dead} exited on the broker connection loss instead of reconnecting:\n"
+        + "\n".join(_crash_lines(w) for w in workers if not w.alive)
+    )
+    after = [aof_client.submit("one_hop", "go").run_id for _ in range(3)]
+    for run_id in before + after:
+        _check_completed(aof_client, run_id)
+    assert all(w.alive for w in workers)
+
+
+def _crash_lines(w: WorkerProcess) -> str:
+    lines = w.log().splitlines()
+    keep = [i for i, line in enumerate(lines) if "CRITICAL" in line or "Unrecoverable" in line]
+    if not keep:
+        return f"{w.name}: exited with {w.proc.returncode if w.proc else '?'}"
+    tail = lines[keep[0] :][-12:]
+    return f"{w.name}: " + "\n".join([lines[keep[0]], *tail])
