@@ -64,12 +64,16 @@ class Settings:
             values["agents_module"] = module
         if prefix := os.environ.get(ENV_PREFIX):
             values["prefix"] = prefix
-        if lease := os.environ.get(ENV_LEASE):
-            values["lease_s"] = float(lease)
-        if queued := os.environ.get(ENV_QUEUED_LEASE):
-            values["queued_lease_s"] = float(queued)
-        if attempts := os.environ.get(ENV_MAX_ATTEMPTS):
-            values["max_phase_attempts"] = int(attempts)
+        for env, name, kind in (
+            (ENV_LEASE, "lease_s", float),
+            (ENV_QUEUED_LEASE, "queued_lease_s", float),
+            (ENV_MAX_ATTEMPTS, "max_phase_attempts", int),
+        ):
+            if raw := os.environ.get(env):
+                try:
+                    values[name] = kind(raw)
+                except ValueError:
+                    raise ConfigError(f"{env}={raw!r} is not a valid {kind.__name__}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
         settings.validate()

@@ -15,6 +15,7 @@ from shared.store import Claim
 from shared.tools import Tool, ToolContext, validation_summary
 from worker.heartbeat import Held
 from worker.runtime import TASK_TOOL, Runtime, log, observe_task, with_epoch
+from worker.timeouts import call_with_timeout
 
 
 def run_tool(
@@ -91,13 +92,20 @@ def _invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) 
     started = time.perf_counter()
     try:
         args = tool.validate(call.arguments)
-        output = tool.invoke(args, ctx)
     except ValidationError as exc:
         return _error_result(
             call,
             ToolDispatch(
                 f"bad arguments for {call.name!r}: {validation_summary(exc)}", step=head.step, tool=call.name
             ),
+        )
+    try:
+        output = call_with_timeout(lambda: tool.invoke(args, ctx), tool.timeout_s)
+    except ValidationError as exc:
+        # Raised by the result check: the tool broke its own contract, not the model.
+        message = f"tool {call.name!r} returned a result that does not match its declared type: "
+        return _error_result(
+            call, ToolDispatch(message + validation_summary(exc), step=head.step, tool=call.name)
         )
     except Exception as exc:  # a tool's failure is data for the policy, never a crashed worker
         log.info("run %s: tool %s raised %s", head.run_id, call.name, type(exc).__name__)

@@ -7,7 +7,7 @@ import time
 from shared import events as ev
 from shared import fsm
 from shared.actions import accept_tool_calls
-from shared.errors import InvalidModelAction, ModelTransport, RunError
+from shared.errors import ConfigError, InvalidModelAction, ModelTransport, RunConfigError, RunError
 from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse, TextDelta
 from shared.messages import Message
 from shared.models import resolve_model
@@ -70,6 +70,11 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> None
         return
     except RunError as exc:
         rt.fail(current, exc.info())
+        return
+    except ConfigError as exc:
+        # This worker cannot build the run's model (unknown provider, missing API key): no
+        # redelivery can change that, so the run fails now instead of crashing every attempt.
+        rt.fail(current, RunConfigError(str(exc), step=step).info())
         return
     try:
         calls = accept_tool_calls(response, agent.tools, step, rt.settings.limits)

@@ -99,7 +99,15 @@ def calculator(args: CalculatorArgs) -> CalculatorResult:
         tree = ast.parse(args.expression, mode="eval")
     except SyntaxError as exc:
         raise ValueError(f"not an arithmetic expression: {exc.msg}") from None
-    return CalculatorResult(expression=args.expression, value=_eval(tree))
+    try:
+        value = _eval(tree)
+    except ZeroDivisionError:
+        raise ValueError("division by zero") from None
+    except OverflowError:
+        raise ValueError("result out of range") from None
+    except TypeError:
+        raise ValueError("the result is not a real number") from None
+    return CalculatorResult(expression=args.expression, value=value)
 
 
 # -- clock -------------------------------------------------------------------------------------

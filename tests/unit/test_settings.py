@@ -114,11 +114,6 @@ def test_unparsable_environment_is_a_config_error(
         Settings.from_env()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Settings.from_env converts WESICHAIN_LEASE_S / _QUEUED_LEASE_S / _MAX_PHASE_ATTEMPTS with bare "
-    "float()/int(): a bad value raises a ValueError that does not name the variable, not a ConfigError",
-)
 def test_unparsable_environment_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_LEASE, "abc")
     with pytest.raises(ConfigError, match=ENV_LEASE):
