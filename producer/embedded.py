@@ -38,4 +38,20 @@ def embedded(agents_module: str | None = None, *, concurrency: int = 4, **settin
         shutdown_timeout=10.0,
         queues=[QUEUE_MODEL, QUEUE_TOOLS],
     ):
-        yield Client(base, app=app, store=runtime.store)
+        try:
+            yield Client(base, app=app, store=runtime.store)
+        finally:
+            _wake_for_shutdown(app)
+
+
+def _wake_for_shutdown(app: Any) -> None:
+    """Ask the in-process worker to stop, and wake its consumer right away.
+
+    The consumer of the in-memory broker only notices a stop request between two polls of up to
+    2 s each; one message per queue ends that poll at once.
+    """
+    from celery.worker import state
+
+    state.should_terminate = 0
+    for queue in (QUEUE_MODEL, QUEUE_TOOLS):
+        app.send_task("celery.ping", queue=queue)
