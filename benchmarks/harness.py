@@ -45,7 +45,7 @@ def _stop_all() -> None:
 atexit.register(_stop_all)
 
 
-# -- statistics -----------------------------------------------------------------------------------
+# -- statistics
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -84,7 +84,7 @@ def check(value: float, target: float, op: str) -> dict[str, Any]:
     return {"value": round(value, 3), "target": target, "op": op, "pass": bool(ok)}
 
 
-# -- processes ----------------------------------------------------------------------------------------
+# -- processes
 
 
 @dataclass
@@ -184,7 +184,7 @@ def new_prefix(name: str) -> str:
     return f"b{uuid.uuid4().hex[:6]}-{name}:"
 
 
-# -- memory -----------------------------------------------------------------------------------------------
+# -- memory
 
 
 def worker_rss(worker: WorkerProcess) -> dict[str, float]:
@@ -237,7 +237,7 @@ class PeakRss:
         self._sample()
 
 
-# -- runs --------------------------------------------------------------------------------------------------
+# -- runs
 
 
 def wait_terminal(client: Client, run_id: str, timeout: float = 60.0) -> RunHead:

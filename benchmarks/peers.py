@@ -39,7 +39,7 @@ def _ctx(run_id: str, step: int, call_id: str) -> ToolContext:
     return ToolContext(run_id=run_id, step=step, call_id=call_id, deadline=time.time() + 60)
 
 
-# -- the in-process asyncio loop ----------------------------------------------------------------------
+# -- the in-process asyncio loop
 
 
 async def _asyncio_agent(agent: str, text: str) -> tuple[str, int]:
@@ -71,14 +71,14 @@ def asyncio_run(agent: str, text: str) -> tuple[str, int, float]:
     return answer, steps, time.perf_counter() - started
 
 
-# -- LangGraph ------------------------------------------------------------------------------------------
+# -- LangGraph
 
 
 def langgraph_available() -> str | None:
     """None when LangGraph and its SQLite checkpointer import; otherwise why not."""
     try:
-        import langgraph.checkpoint.sqlite  # noqa: F401
-        import langgraph.graph  # noqa: F401
+        import langgraph.checkpoint.sqlite
+        import langgraph.graph
         import langgraph.prebuilt  # noqa: F401
     except ImportError as exc:
         return f"{exc} (install the extra: pip install -e '.[peers]')"
@@ -114,8 +114,9 @@ def _build_langgraph(checkpointer: Any) -> Callable[[str, str, dict[str, Any]], 
         def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedChatModel:
             return self
 
-        def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
-                      **kwargs: Any) -> ChatResult:
+        def _generate(
+            self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
+        ) -> ChatResult:
             user = next(m for m in messages if isinstance(m, HumanMessage))
             turn = sum(1 for m in messages if isinstance(m, AIMessage))
             response = _script_reply(self.agent, str(user.content), turn)

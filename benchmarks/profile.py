@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -56,8 +56,10 @@ KEY_FRAMES = [
     ("state machine (shared/fsm.py)", ("shared/fsm.py",)),
     ("event models (shared/events.py)", ("shared/events.py",)),
     ("pydantic (any)", ("pydantic/", "pydantic_core")),
-    ("redis-py command round trips", ("execute_command (redis/client.py)", "Pipeline.execute (redis/client.py)",
-                                      "Script.__call__")),
+    (
+        "redis-py command round trips",
+        ("execute_command (redis/client.py)", "Pipeline.execute (redis/client.py)", "Script.__call__"),
+    ),
 ]
 
 
@@ -70,9 +72,24 @@ def _py_spy() -> str:
 
 def _record(pid: int, seconds: int, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [_py_spy(), "record", "--pid", str(pid), "--subprocesses", "--duration", str(seconds),
-         "--rate", "250", "--nonblocking", "--format", "raw", "--output", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            _py_spy(),
+            "record",
+            "--pid",
+            str(pid),
+            "--subprocesses",
+            "--duration",
+            str(seconds),
+            "--rate",
+            "250",
+            "--nonblocking",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -150,12 +167,15 @@ def _worker(cluster: Cluster, target: str, prefix: str) -> WorkerProcess:
         return cluster.bare_worker("prof-b")
     base, _, whatif = target.partition("-")
     return cluster.celery_worker(
-        f"prof-{target}", "benchmarks.whatif",
+        f"prof-{target}",
+        "benchmarks.whatif",
         env={"BENCH_WHATIF": whatif, "BENCH_WHATIF_TARGET": base, "WESICHAIN_PREFIX": prefix},
     )
 
 
-def profile(cluster: Cluster, target: str, seconds: int, out: Path, sample: bool = True) -> tuple[list[str], dict[str, Any]]:
+def profile(
+    cluster: Cluster, target: str, seconds: int, out: Path, sample: bool = True
+) -> tuple[list[str], dict[str, Any]]:
     prefix = new_prefix(f"profile-{target}")
     worker = _worker(cluster, target, prefix)
     cluster.up(worker)
@@ -175,7 +195,8 @@ def profile(cluster: Cluster, target: str, seconds: int, out: Path, sample: bool
                 cps = client.store.checkpoints(head.run_id)
                 first = next(cp for cp in cps if cp.phase is Phase.THINKING)
                 counted["per_transition_ms"].append(
-                    1000 * (head.updated_at - first.updated_at) / (head.version - first.version))
+                    1000 * (head.updated_at - first.updated_at) / (head.version - first.version)
+                )
             else:
                 counted["per_transition_ms"].append(bare_chain(client, app, bare.TASK_HOP, 150))
                 counted["transitions"] += 150
@@ -207,16 +228,24 @@ def profile(cluster: Cluster, target: str, seconds: int, out: Path, sample: bool
         cluster.down(worker)
         client.close()
     n = max(1, transitions)
-    per = {"main": 1000 * (cpu1["main"] - cpu0["main"]) / n,
-           "pool child": 1000 * (cpu1["children"] - cpu0["children"]) / n,
-           "redis-server": 1000 * (redis1 - redis0) / n}
-    figures = {"transitions": transitions, "per_s": transitions / elapsed, "wall_ms": wall,
-               "cpu_ms": per, "cpu_total_ms": sum(per.values())}
+    per = {
+        "main": 1000 * (cpu1["main"] - cpu0["main"]) / n,
+        "pool child": 1000 * (cpu1["children"] - cpu0["children"]) / n,
+        "redis-server": 1000 * (redis1 - redis0) / n,
+    }
+    figures = {
+        "transitions": transitions,
+        "per_s": transitions / elapsed,
+        "wall_ms": wall,
+        "cpu_ms": per,
+        "cpu_total_ms": sum(per.values()),
+    }
     lines = [
         f"## {target}: {transitions} transitions in {elapsed:.0f} s ({transitions / elapsed:.0f}/s);"
         f" median {wall:.3f} ms per transition",
         "",
-        "CPU per transition: " + ", ".join(f"{k} {v:.3f} ms" for k, v in per.items())
+        "CPU per transition: "
+        + ", ".join(f"{k} {v:.3f} ms" for k, v in per.items())
         + f" (sum {sum(per.values()):.3f} ms).",
         "",
     ]
@@ -224,15 +253,23 @@ def profile(cluster: Cluster, target: str, seconds: int, out: Path, sample: bool
         split = split_by_process(raw)
         for proc in ("children", "main"):
             if split[proc]:
-                lines += _render(f"{target} {'pool child' if proc == 'children' else 'main process'}",
-                                 analyse(split[proc]), transitions)
+                lines += _render(
+                    f"{target} {'pool child' if proc == 'children' else 'main process'}",
+                    analyse(split[proc]),
+                    transitions,
+                )
     return lines, figures
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", action="append", choices=[*TARGETS, "all"], default=[],
-                   help="what to profile (repeatable; default: wesichain and bare)")
+    p.add_argument(
+        "--target",
+        action="append",
+        choices=[*TARGETS, "all"],
+        default=[],
+        help="what to profile (repeatable; default: wesichain and bare)",
+    )
     p.add_argument("--seconds", type=int, default=20)
     p.add_argument("--no-sample", action="store_true", help="only measure CPU per transition (no py-spy)")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -245,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for target in targets:
             print(f"profiling {target} for {args.seconds} s ...", flush=True)
-            more, figures[target] = profile(cluster, target, args.seconds, args.out, sample=not args.no_sample)
+            more, figures[target] = profile(
+                cluster, target, args.seconds, args.out, sample=not args.no_sample
+            )
             print(more[0], more[2], sep="\n", flush=True)
             lines += more
     finally:

@@ -53,9 +53,13 @@ def one_trial(kind: str, redis: RedisServer, workers: list[WorkerProcess], clien
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--lease", type=float, default=None, help="override lease_s (default: the product default)")
+    parser.add_argument(
+        "--lease", type=float, default=None, help="override lease_s (default: the product default)"
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recovery.json"))
     args = parser.parse_args()
 

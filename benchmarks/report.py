@@ -31,7 +31,8 @@ def targets_table(results: dict[str, Any]) -> list[str]:
         for tid, t in sc.get("targets", {}).items():
             verdict = "met" if t["pass"] else "**missed**"
             lines.append(
-                f"| {name} | {TARGET_LABELS.get(tid, tid)} | {_fmt(t['value'])} | {t['op']} {t['target']} | {verdict} |"
+                f"| {name} | {TARGET_LABELS.get(tid, tid)} | {_fmt(t['value'])}"
+                f" | {t['op']} {t['target']} | {verdict} |"
             )
         if "error" in sc:
             lines.append(f"| {name} | (scenario failed) | | | **error**: {sc['error'][:120]} |")
@@ -52,8 +53,9 @@ def latency_table(sc: dict[str, Any]) -> list[str]:
     ]
     for r in m["scenarios"].values():
         lines.append(
-            f"| {r['agent']} | {r['model_latency_ms']:.0f} ms | {r['latency_ms']['p50']:.2f} | {r['latency_ms']['p95']:.2f}"
-            f" | {r['overhead_p50_ms']:.2f} | {r['peak_worker_rss_mib']:.1f} | {r['steps']} | {r['model_calls']}"
+            f"| {r['agent']} | {r['model_latency_ms']:.0f} ms | {r['latency_ms']['p50']:.2f}"
+            f" | {r['latency_ms']['p95']:.2f} | {r['overhead_p50_ms']:.2f} | {r['peak_worker_rss_mib']:.1f}"
+            f" | {r['steps']} | {r['model_calls']}"
             f" | {r['transitions']} |"
         )
     return lines
@@ -64,7 +66,8 @@ def transition_table(sc: dict[str, Any]) -> list[str]:
     return [
         "| Measure | p50 ms | p95 ms | n |",
         "|---|---:|---:|---:|",
-        f"| Bare Celery hop | {m['bare_hop_ms']['p50']} | {m['bare_hop_ms']['p95']} | {m['bare_hop_ms']['n']} chains |",
+        f"| Bare Celery hop | {m['bare_hop_ms']['p50']} | {m['bare_hop_ms']['p95']}"
+        f" | {m['bare_hop_ms']['n']} chains |",
         f"| Bare hop + 4 KB pydantic state (GET/SET) | {m['bare_state_hop_ms']['p50']} |"
         f" {m['bare_state_hop_ms']['p95']} | {m['bare_state_hop_ms']['n']} chains |",
         f"| Wesichain transition (per step / 3) | {m['transition_ms']['p50']} | {m['transition_ms']['p95']} |"
@@ -79,7 +82,8 @@ def flat_table(sc: dict[str, Any]) -> list[str]:
     m = sc["metrics"]
     return [
         f"Steps 1-5: p50 {m['early_transition_ms']['p50']} ms per transition; steps"
-        f" {sc['settings']['late_steps'][0]}-{sc['settings']['late_steps'][1]}: p50 {m['late_transition_ms']['p50']} ms;"
+        f" {sc['settings']['late_steps'][0]}-{sc['settings']['late_steps'][1]}:"
+        f" p50 {m['late_transition_ms']['p50']} ms;"
         f" fitted growth {m['slope_us_per_step']} µs per transition per step.",
     ]
 
@@ -93,7 +97,8 @@ def fanout_table(sc: dict[str, Any]) -> list[str]:
         f"| 8 calls of 500 ms on 8 slots | {m['eight_calls_ms']['p50']} | {m['eight_calls_ms']['p95']} |",
         "",
         f"Fan-in overhead above 500 ms: {m['fan_in_overhead_ms']} ms; speed-up over sequential:"
-        f" {m['speedup_vs_sequential']}x; peak worker RSS (main + 8 children): {m['peak_worker_rss_mib']} MiB.",
+        f" {m['speedup_vs_sequential']}x; peak worker RSS (main + 8 children):"
+        f" {m['peak_worker_rss_mib']} MiB.",
     ]
 
 
@@ -102,7 +107,8 @@ def throughput_table(sc: dict[str, Any]) -> list[str]:
     return [
         "| System | median per second | n rounds |",
         "|---|---:|---:|",
-        f"| Wesichain, committed transitions | {m['transitions_per_s']['p50']} | {m['transitions_per_s']['n']} |",
+        f"| Wesichain, committed transitions | {m['transitions_per_s']['p50']}"
+        f" | {m['transitions_per_s']['n']} |",
         f"| Bare Celery, hops | {m['bare_hops_per_s']['p50']} | {m['bare_hops_per_s']['n']} |",
     ]
 
@@ -142,7 +148,9 @@ def peers_table(sc: dict[str, Any]) -> list[str]:
             f"| {case} | wesichain (distributed, durable) | {row['wesichain_per_transition_ms']['p50']}"
             f" | {row['wesichain_per_step_ms']['p50']} |"
         )
-        lines.append(f"| {case} | asyncio loop (in-process, nothing kept) | | {row['asyncio_per_step_ms']['p50']} |")
+        lines.append(
+            f"| {case} | asyncio loop (in-process, nothing kept) | | {row['asyncio_per_step_ms']['p50']} |"
+        )
         for kind in ("none", "memory", "sqlite"):
             node = row.get(f"langgraph_{kind}_per_node_ms")
             if node:
@@ -167,7 +175,8 @@ def render(results: dict[str, Any]) -> str:
     lines = [
         f"# Benchmark results ({'quick' if results['quick'] else 'full'} run)",
         "",
-        f"{results['started_at']}; {results['elapsed_s']:.0f} s. Python {env['python']}, Celery {env['celery']},"
+        f"{results['started_at']}; {results['elapsed_s']:.0f} s. Python {env['python']},"
+        f" Celery {env['celery']},"
         f" {env['redis_server'].split(' sha=')[0]}, {env['cpu_count']} CPUs, {env['memory_gib']} GiB;"
         f" load average at start {env['loadavg_at_start']}, at end {env.get('loadavg_at_end')}.",
         "",

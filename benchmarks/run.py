@@ -51,8 +51,13 @@ def _celery_settings() -> dict[str, Any]:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a short smoke run (fewer runs and rounds)")
-    p.add_argument("--only", action="append", default=[], metavar="NAME",
-                   help=f"run only these scenarios (repeatable or comma-separated): {', '.join(SCENARIO_FUNCS)}")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"run only these scenarios (repeatable or comma-separated): {', '.join(SCENARIO_FUNCS)}",
+    )
     p.add_argument("--out", type=Path, default=RESULTS, help="directory for latest.json and latest.md")
     p.add_argument("--name", default="latest", help="base name of the result files (default: latest)")
     args = p.parse_args(argv)
@@ -74,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "environment": environment(),
-        "settings": {"sizes": asdict(sizes), "celery": _celery_settings(),
-                     "wesichain": {k: v for k, v in asdict(Settings()).items() if k != "redis_url"}},
+        "settings": {
+            "sizes": asdict(sizes),
+            "celery": _celery_settings(),
+            "wesichain": {k: v for k, v in asdict(Settings()).items() if k != "redis_url"},
+        },
         "scenarios": {},
     }
     signal.signal(signal.SIGALRM, _alarm)
@@ -100,13 +108,18 @@ def main(argv: list[str] | None = None) -> int:
             outcome["elapsed_s"] = round(time.monotonic() - ctx_started, 1)
             results["scenarios"][name] = outcome
             for tid, t in outcome.get("targets", {}).items():
-                print(f"    {tid}: {t['value']} (goal {t['op']} {t['target']}) -> {'met' if t['pass'] else 'MISSED'}")
+                print(
+                    f"    {tid}: {t['value']} (goal {t['op']} {t['target']})"
+                    f" -> {'met' if t['pass'] else 'MISSED'}"
+                )
     finally:
         cluster.close()
     results["environment"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     results["summary"] = {
-        f"{name}.{tid}": t["pass"] for name, sc in results["scenarios"].items() for tid, t in sc.get("targets", {}).items()
+        f"{name}.{tid}": t["pass"]
+        for name, sc in results["scenarios"].items()
+        for tid, t in sc.get("targets", {}).items()
     }
     args.out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = args.out / f"{args.name}.json", args.out / f"{args.name}.md"
@@ -123,8 +136,13 @@ _shared_cache: dict[str, Any] = {}
 
 def _context(cluster: Cluster, sizes: Any, quick: bool, results: dict[str, Any]) -> Context:
     # One cache for the whole run: "transition" and "flat" share the same long runs.
-    return Context(cluster=cluster, sizes=sizes, quick=quick, cache=_shared_cache,
-                   log=lambda line: print(line, flush=True))
+    return Context(
+        cluster=cluster,
+        sizes=sizes,
+        quick=quick,
+        cache=_shared_cache,
+        log=lambda line: print(line, flush=True),
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Timing sources:
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 import uuid
@@ -100,8 +101,16 @@ def _ms(seconds: float) -> float:
     return seconds * 1000
 
 
-def _gate(gid: str, kind: str, value: float, unit: str, *, better: str = "lower",
-          normalized: float | None = None, norm_unit: str | None = None) -> dict[str, Any]:
+def _gate(
+    gid: str,
+    kind: str,
+    value: float,
+    unit: str,
+    *,
+    better: str = "lower",
+    normalized: float | None = None,
+    norm_unit: str | None = None,
+) -> dict[str, Any]:
     """A metric compare.py gates on: kind p50/p95 (latency), memory, or ratio (a target)."""
     g: dict[str, Any] = {"id": gid, "kind": kind, "value": round(value, 3), "unit": unit, "better": better}
     if normalized is not None:
@@ -127,7 +136,7 @@ def step_intervals_ms(cps: list[RunHead]) -> dict[int, float]:
     return {k: _ms(thinking[k + 1] - t) for k, t in thinking.items() if k + 1 in thinking}
 
 
-# -- 1. the four scenarios -------------------------------------------------------------------------------
+# -- 1. the four scenarios
 
 #: agent -> (input, model calls a completed run makes)
 SCENARIOS: dict[str, tuple[str, int]] = {
@@ -153,8 +162,10 @@ def scenario_latency(ctx: Context) -> dict[str, Any]:
             run_and_wait(client, agent, text)
         results: dict[str, Any] = {}
         gated: list[dict[str, Any]] = []
-        for variant, suffix, n in (("0ms", "", sz.scenario_runs),
-                                   ("200ms", SLOW_SUFFIX, sz.scenario_slow_runs)):
+        for variant, suffix, n in (
+            ("0ms", "", sz.scenario_runs),
+            ("200ms", SLOW_SUFFIX, sz.scenario_slow_runs),
+        ):
             for agent, (text, calls) in SCENARIOS.items():
                 latencies: list[float] = []
                 server: list[float] = []
@@ -183,23 +194,48 @@ def scenario_latency(ctx: Context) -> dict[str, Any]:
                     "transitions": heads[-1].version - 1,
                     "reprompts": heads[-1].reprompts,
                 }
-                ctx.log(f"  {key:<18} p50 {lat['p50']:8.2f} ms  p95 {lat['p95']:8.2f} ms"
-                        f"  peak {peak.peak:6.1f} MiB  steps {heads[-1].step}")
+                ctx.log(
+                    f"  {key:<18} p50 {lat['p50']:8.2f} ms  p95 {lat['p95']:8.2f} ms"
+                    f"  peak {peak.peak:6.1f} MiB  steps {heads[-1].step}"
+                )
         hop = statistics.median(hops_ref)
         bare_rss = worker_rss(b)["total_mib"]
         for key, r in results.items():
             model_ms = r["model_calls"] * r["model_latency_ms"]
             for q in ("p50", "p95"):
                 over = r["latency_ms"][q] - model_ms
-                gated.append(_gate(f"latency.{key}.{q}", q, r["latency_ms"][q], "ms",
-                                   normalized=over / hop, norm_unit="bare hops of overhead"))
-            gated.append(_gate(f"latency.{key}.peak_rss", "memory", r["peak_worker_rss_mib"], "MiB",
-                               normalized=r["peak_worker_rss_mib"] / bare_rss, norm_unit="x bare worker RSS"))
+                gated.append(
+                    _gate(
+                        f"latency.{key}.{q}",
+                        q,
+                        r["latency_ms"][q],
+                        "ms",
+                        normalized=over / hop,
+                        norm_unit="bare hops of overhead",
+                    )
+                )
+            gated.append(
+                _gate(
+                    f"latency.{key}.peak_rss",
+                    "memory",
+                    r["peak_worker_rss_mib"],
+                    "MiB",
+                    normalized=r["peak_worker_rss_mib"] / bare_rss,
+                    norm_unit="x bare worker RSS",
+                )
+            )
         return {
-            "settings": {"worker": "1 x wesichain worker, prefork, concurrency 1", "runs": sz.scenario_runs,
-                         "runs_200ms": sz.scenario_slow_runs, "client": "submit -> end event (XREAD BLOCK)"},
-            "metrics": {"bare_hop_ms": summary(hops_ref), "bare_worker_rss_mib": bare_rss,
-                        "scenarios": results},
+            "settings": {
+                "worker": "1 x wesichain worker, prefork, concurrency 1",
+                "runs": sz.scenario_runs,
+                "runs_200ms": sz.scenario_slow_runs,
+                "client": "submit -> end event (XREAD BLOCK)",
+            },
+            "metrics": {
+                "bare_hop_ms": summary(hops_ref),
+                "bare_worker_rss_mib": bare_rss,
+                "scenarios": results,
+            },
             "targets": {},
             "gated": gated,
         }
@@ -208,7 +244,7 @@ def scenario_latency(ctx: Context) -> dict[str, Any]:
         client.close()
 
 
-# -- 2 and 3. per-transition overhead and flat cost in run length ------------------------------------------------
+# -- 2 and 3. per-transition overhead and flat cost in run length
 
 
 def _long_runs(ctx: Context) -> dict[str, Any]:
@@ -239,11 +275,13 @@ def _long_runs(ctx: Context) -> dict[str, Any]:
             value = fn()
             after, redis_after = process_cpu_s(worker), pid_cpu_s(redis_pid)
             n = count(value)
-            cpu[what].append({
-                "main": 1000 * (after["main"] - before["main"]) / n,
-                "child": 1000 * (after["children"] - before["children"]) / n,
-                "redis": 1000 * (redis_after - redis_before) / n,
-            })
+            cpu[what].append(
+                {
+                    "main": 1000 * (after["main"] - before["main"]) / n,
+                    "child": 1000 * (after["children"] - before["children"]) / n,
+                    "redis": 1000 * (redis_after - redis_before) / n,
+                }
+            )
             return value
 
         with PeakRss([w]) as peak_w, PeakRss([b]) as peak_b:
@@ -252,16 +290,26 @@ def _long_runs(ctx: Context) -> dict[str, Any]:
                 got: dict[str, float] = {}
                 for what in order:
                     if what == "hop":
-                        got["hop"] = cpu_of(b, lambda: bare_chain(client, bare_app, bare.TASK_HOP, sz.bare_hops),
-                                            lambda _: sz.bare_hops, "hop")
+                        got["hop"] = cpu_of(
+                            b,
+                            lambda: bare_chain(client, bare_app, bare.TASK_HOP, sz.bare_hops),
+                            lambda _: sz.bare_hops,
+                            "hop",
+                        )
                         hop.append(got["hop"])
                     elif what == "state":
-                        state_hop.append(cpu_of(
-                            b, lambda: bare_chain(client, bare_app, bare.TASK_STATE_HOP, sz.bare_hops),
-                            lambda _: sz.bare_hops, "state"))
+                        state_hop.append(
+                            cpu_of(
+                                b,
+                                lambda: bare_chain(client, bare_app, bare.TASK_STATE_HOP, sz.bare_hops),
+                                lambda _: sz.bare_hops,
+                                "state",
+                            )
+                        )
                     else:
-                        head, _ = cpu_of(w, lambda: run_and_wait(client, "long", text),
-                                         lambda v: v[0].version - 1, "run")
+                        head, _ = cpu_of(
+                            w, lambda: run_and_wait(client, "long", text), lambda v: v[0].version - 1, "run"
+                        )
                         assert head.phase is Phase.COMPLETED, head
                         cps = _checkpoints(client, head.run_id)
                         steps = step_intervals_ms(cps)
@@ -272,10 +320,14 @@ def _long_runs(ctx: Context) -> dict[str, Any]:
                         for k, v in steps.items():
                             per_step.setdefault(k, []).append(v / TASKS_PER_TOOL_STEP)
                         first = next(cp for cp in cps if cp.phase is Phase.THINKING)
-                        whole_run.append(_ms(head.updated_at - first.updated_at) / (head.version - first.version))
+                        whole_run.append(
+                            _ms(head.updated_at - first.updated_at) / (head.version - first.version)
+                        )
                 round_ratios.append(got["run"] / got["hop"])
-                ctx.log(f"  round {r + 1}: bare hop {got['hop']:.3f} ms, transition {got['run']:.3f} ms"
-                        f" ({round_ratios[-1]:.2f}x)")
+                ctx.log(
+                    f"  round {r + 1}: bare hop {got['hop']:.3f} ms, transition {got['run']:.3f} ms"
+                    f" ({round_ratios[-1]:.2f}x)"
+                )
         data = {
             "hop": hop,
             "state_hop": state_hop,
@@ -288,8 +340,11 @@ def _long_runs(ctx: Context) -> dict[str, Any]:
             "peak_b": peak_b.peak,
             "rss_w": worker_rss(w),
             "rss_b": worker_rss(b),
-            "cpu": {k: {p: round(statistics.median(x[p] for x in v), 3) for p in ("main", "child", "redis")}
-                    for k, v in cpu.items() if v},
+            "cpu": {
+                k: {p: round(statistics.median(x[p] for x in v), 3) for p in ("main", "child", "redis")}
+                for k, v in cpu.items()
+                if v
+            },
         }
         ctx.cache["long_runs"] = data
         return data
@@ -307,10 +362,13 @@ def scenario_transition(ctx: Context) -> dict[str, Any]:
     tr = statistics.median(d["per_transition"])
     value = tr / hop
     return {
-        "settings": {"worker": "wesichain and bare workers side by side, prefork, concurrency 1 each",
-                     "rounds": sz.transition_rounds, "long_run_steps": sz.long_steps,
-                     "bare_chain_hops": sz.bare_hops,
-                     "transition": "median over every step of (THINKING head k -> k+1) / 3"},
+        "settings": {
+            "worker": "wesichain and bare workers side by side, prefork, concurrency 1 each",
+            "rounds": sz.transition_rounds,
+            "long_run_steps": sz.long_steps,
+            "bare_chain_hops": sz.bare_hops,
+            "transition": "median over every step of (THINKING head k -> k+1) / 3",
+        },
         "metrics": {
             "transition_ms": summary(d["per_transition"]),
             "transition_run_medians_ms": summary(d["run_medians"]),
@@ -320,14 +378,23 @@ def scenario_transition(ctx: Context) -> dict[str, Any]:
             "per_round_ratio": summary(d["round_ratios"]),
             "state_hop_over_hop": ratio(state, hop),
             "transition_over_state_hop": ratio(tr, state),
-            "cpu_ms_per_transition": {"wesichain": d["cpu"].get("run"), "bare_hop": d["cpu"].get("hop"),
-                                      "bare_state_hop": d["cpu"].get("state")},
+            "cpu_ms_per_transition": {
+                "wesichain": d["cpu"].get("run"),
+                "bare_hop": d["cpu"].get("hop"),
+                "bare_state_hop": d["cpu"].get("state"),
+            },
         },
         "targets": {"transition_over_bare_hop": check(value, 1.25, "<=")},
         "gated": [
             _gate("transition.ratio", "ratio", value, "x bare hop"),
-            _gate("transition.p95", "p95", summary(d["per_transition"])["p95"], "ms",
-                  normalized=summary(d["per_transition"])["p95"] / hop, norm_unit="bare hops"),
+            _gate(
+                "transition.p95",
+                "p95",
+                summary(d["per_transition"])["p95"],
+                "ms",
+                normalized=summary(d["per_transition"])["p95"] / hop,
+                norm_unit="bare hops",
+            ),
         ],
     }
 
@@ -346,8 +413,12 @@ def scenario_flat(ctx: Context) -> dict[str, Any]:
     ys = [v for vs in per_step.values() for v in vs]
     slope = statistics.linear_regression(xs, ys).slope if len(set(xs)) > 1 else 0.0
     return {
-        "settings": {"runs": sz.transition_rounds, "steps": sz.long_steps,
-                     "early_steps": [1, window], "late_steps": [last - window + 1, last]},
+        "settings": {
+            "runs": sz.transition_rounds,
+            "steps": sz.long_steps,
+            "early_steps": [1, window],
+            "late_steps": [last - window + 1, last],
+        },
         "metrics": {
             "early_transition_ms": summary(early),
             "late_transition_ms": summary(late),
@@ -359,7 +430,7 @@ def scenario_flat(ctx: Context) -> dict[str, Any]:
     }
 
 
-# -- 4. fan-out --------------------------------------------------------------------------------------------------
+# -- 4. fan-out
 
 
 def scenario_fanout(ctx: Context) -> dict[str, Any]:
@@ -380,24 +451,41 @@ def scenario_fanout(ctx: Context) -> dict[str, Any]:
                     assert head.phase is Phase.COMPLETED, head
                     cps = _checkpoints(client, head.run_id)
                     acting = next(cp for cp in cps if cp.phase is Phase.ACTING)
-                    after = next(cp for cp in cps if cp.phase is Phase.THINKING and cp.step == acting.step + 1)
+                    after = next(
+                        cp for cp in cps if cp.phase is Phase.THINKING and cp.step == acting.step + 1
+                    )
                     into.append(_ms(after.updated_at - acting.updated_at))
                 ctx.log(f"  round {r + 1}: 8 calls {eight[-1]:.1f} ms, 1 call {one[-1]:.1f} ms")
         m8, m1 = statistics.median(eight), statistics.median(one)
         speedup = 8 * m1 / m8
         return {
-            "settings": {"worker": "1 x wesichain worker, prefork, concurrency 8", "tool_seconds": seconds,
-                         "rounds": sz.fanout_rounds,
-                         "measure": "ACTING checkpoint (dispatch) -> next THINKING checkpoint (observe commit)"},
-            "metrics": {"eight_calls_ms": summary(eight), "one_call_ms": summary(one),
-                        "fan_in_overhead_ms": round(m8 - _ms(seconds), 3),
-                        "speedup_vs_sequential": round(speedup, 3), "peak_worker_rss_mib": round(peak.peak, 1)},
-            "targets": {"eight_over_one": check(m8 / m1, 1.15, "<="),
-                        "speedup_vs_sequential": check(speedup, 7.0, ">=")},
+            "settings": {
+                "worker": "1 x wesichain worker, prefork, concurrency 8",
+                "tool_seconds": seconds,
+                "rounds": sz.fanout_rounds,
+                "measure": "ACTING checkpoint (dispatch) -> next THINKING checkpoint (observe commit)",
+            },
+            "metrics": {
+                "eight_calls_ms": summary(eight),
+                "one_call_ms": summary(one),
+                "fan_in_overhead_ms": round(m8 - _ms(seconds), 3),
+                "speedup_vs_sequential": round(speedup, 3),
+                "peak_worker_rss_mib": round(peak.peak, 1),
+            },
+            "targets": {
+                "eight_over_one": check(m8 / m1, 1.15, "<="),
+                "speedup_vs_sequential": check(speedup, 7.0, ">="),
+            },
             "gated": [
                 _gate("fanout.ratio", "ratio", m8 / m1, "x one call"),
-                _gate("fanout.p95", "p95", summary(eight)["p95"], "ms",
-                      normalized=summary(eight)["p95"] / m1, norm_unit="x one-call p50"),
+                _gate(
+                    "fanout.p95",
+                    "p95",
+                    summary(eight)["p95"],
+                    "ms",
+                    normalized=summary(eight)["p95"] / m1,
+                    norm_unit="x one-call p50",
+                ),
                 _gate("fanout.peak_rss", "memory", peak.peak, "MiB"),
             ],
         }
@@ -406,7 +494,7 @@ def scenario_fanout(ctx: Context) -> dict[str, Any]:
         client.close()
 
 
-# -- 5. throughput --------------------------------------------------------------------------------------------------
+# -- 5. throughput
 
 
 def scenario_throughput(ctx: Context) -> dict[str, Any]:
@@ -440,8 +528,9 @@ def scenario_throughput(ctx: Context) -> dict[str, Any]:
                     chains = [uuid.uuid4().hex for _ in range(sz.throughput_runs)]
                     t0 = time.time()
                     for c in chains:
-                        bare_app.send_task(bare.TASK_HOP, kwargs={"chain": c, "hop": 0, "total": hops},
-                                           task_id=f"{c}:h0")
+                        bare_app.send_task(
+                            bare.TASK_HOP, kwargs={"chain": c, "hop": 0, "total": hops}, task_id=f"{c}:h0"
+                        )
 
                     def finished(chains: list[str] = chains) -> bool:
                         return bool(r.exists(*[bare.end_key(c) for c in chains]) == len(chains))
@@ -454,10 +543,13 @@ def scenario_throughput(ctx: Context) -> dict[str, Any]:
             ctx.log(f"  round {rnd + 1}: {ours[-1]:.0f} transitions/s vs bare {theirs[-1]:.0f} hops/s")
         value = statistics.median(ours) / statistics.median(theirs)
         return {
-            "settings": {"workers": "2 x wesichain worker vs 2 x bare worker, prefork, concurrency 1 each",
-                         "concurrent_runs": sz.throughput_runs, "steps_per_run": sz.throughput_steps,
-                         "transitions_per_run": transitions // max(1, sz.throughput_runs),
-                         "rounds": sz.throughput_rounds},
+            "settings": {
+                "workers": "2 x wesichain worker vs 2 x bare worker, prefork, concurrency 1 each",
+                "concurrent_runs": sz.throughput_runs,
+                "steps_per_run": sz.throughput_steps,
+                "transitions_per_run": transitions // max(1, sz.throughput_runs),
+                "rounds": sz.throughput_rounds,
+            },
             "metrics": {"transitions_per_s": summary(ours, 1), "bare_hops_per_s": summary(theirs, 1)},
             "targets": {"throughput_over_bare": check(value, 0.85, ">=")},
             "gated": [_gate("throughput.ratio", "ratio", value, "x bare throughput", better="higher")],
@@ -467,10 +559,10 @@ def scenario_throughput(ctx: Context) -> dict[str, Any]:
         client.close()
 
 
-# -- 6. memory --------------------------------------------------------------------------------------------------
+# -- 6. memory
 
 
-def _run_many(client: Client, agent: str, text: str, n: int, window: int = 32) -> None:
+def _run_many(client: Client, agent: str, text: str, n: int, window: int = 48) -> None:
     """Keep ``window`` runs in flight until ``n`` have finished."""
     r = client.store.redis
     terminal = {p.value for p in Phase if p.terminal}
@@ -481,7 +573,7 @@ def _run_many(client: Client, agent: str, text: str, n: int, window: int = 32) -
         while submitted < n and len(in_flight) < window:
             in_flight.append(client.submit(agent, text).run_id)
             submitted += 1
-        time.sleep(0.005)
+        time.sleep(0.02)
         pipe = r.pipeline(transaction=False)
         for run_id in in_flight:
             pipe.hget(client.store.keys.run(run_id), "phase")
@@ -495,9 +587,14 @@ def _run_many(client: Client, agent: str, text: str, n: int, window: int = 32) -
 
 
 def _run_bytes(client: Client, run_id: str) -> dict[str, int]:
+    """MEMORY USAGE of every key of one run, grouped by kind (per-step keys summed)."""
     r = client.store.redis
-    keys = list(r.scan_iter(match=client.store.keys.run(run_id).replace("{", "\\{").replace("}", "\\}") + "*"))
-    sizes = {k.split("}", 1)[1] or ":head": int(r.memory_usage(k, samples=0) or 0) for k in keys}
+    pattern = client.store.keys.run(run_id).replace("{", "\\{").replace("}", "\\}") + "*"
+    sizes: dict[str, int] = {}
+    for key in r.scan_iter(match=pattern):
+        kind = re.sub(r"step:\d+:", "step:*:", key.split("}", 1)[1].lstrip(":")) or "head"
+        sizes[kind] = sizes.get(kind, 0) + int(r.memory_usage(key, samples=0) or 0)
+    sizes = dict(sorted(sizes.items()))
     sizes["total"] = sum(sizes.values())
     return sizes
 
@@ -525,7 +622,9 @@ def scenario_memory(ctx: Context) -> dict[str, Any]:
         _run_many(client, "direct", "hi", warm_runs)
         rss_w_warm, rss_b = worker_rss(w), worker_rss(b)
         used_before = int(r.info("memory")["used_memory"])
-        ctx.log(f"  after {warm_runs} runs: worker {rss_w_warm['total_mib']} MiB, bare {rss_b['total_mib']} MiB")
+        ctx.log(
+            f"  after {warm_runs} runs: worker {rss_w_warm['total_mib']} MiB, bare {rss_b['total_mib']} MiB"
+        )
         samples: list[dict[str, Any]] = []
         done = 0
         chunk = max(1, (sz.memory_runs - warm_runs) // 5)
@@ -535,8 +634,10 @@ def scenario_memory(ctx: Context) -> dict[str, Any]:
                 _run_many(client, "direct", "hi", n)
                 done += n
                 samples.append({"runs": warm_runs + done, **worker_rss(w)})
-                ctx.log(f"  after {warm_runs + done} runs: worker {samples[-1]['total_mib']} MiB"
-                        f" (main {samples[-1]['main_mib']})")
+                ctx.log(
+                    f"  after {warm_runs + done} runs: worker {samples[-1]['total_mib']} MiB"
+                    f" (main {samples[-1]['main_mib']})"
+                )
         used_after = int(r.info("memory")["used_memory"])
         bare_chain(client, bare_app, bare.TASK_HOP, 200)
         rss_b_end = worker_rss(b)
@@ -546,10 +647,15 @@ def scenario_memory(ctx: Context) -> dict[str, Any]:
         measured_runs = sz.memory_runs - warm_runs
         rss_ratio = rss_w_warm["total_mib"] / rss_b["total_mib"]
         return {
-            "settings": {"workers": "1 x wesichain worker vs 1 x bare worker, prefork, concurrency 1",
-                         "runs": sz.memory_runs, "warm_up_runs": warm_runs, "agent": "direct",
-                         "in_flight": 32, "worker_max_tasks_per_child": 1000,
-                         "rss": "sum of main process and pool children (psutil RSS)"},
+            "settings": {
+                "workers": "1 x wesichain worker vs 1 x bare worker, prefork, concurrency 1",
+                "runs": sz.memory_runs,
+                "warm_up_runs": warm_runs,
+                "agent": "direct",
+                "in_flight": 48,
+                "worker_max_tasks_per_child": 1000,
+                "rss": "sum of main process and pool children (psutil RSS)",
+            },
             "metrics": {
                 "worker_rss_mib": rss_w_warm,
                 "bare_worker_rss_mib": rss_b,
@@ -566,11 +672,25 @@ def scenario_memory(ctx: Context) -> dict[str, Any]:
                 "growth_mib": check(growth, 5.0, "<="),
             },
             "gated": [
-                _gate("memory.rss", "memory", rss_w_warm["total_mib"], "MiB",
-                      normalized=rss_ratio, norm_unit="x bare worker RSS"),
-                _gate("memory.peak_rss", "memory", peak.peak, "MiB",
-                      normalized=peak.peak / rss_b["total_mib"], norm_unit="x bare worker RSS"),
-                _gate("memory.redis_bytes_per_run", "memory", (used_after - used_before) / measured_runs, "B"),
+                _gate(
+                    "memory.rss",
+                    "memory",
+                    rss_w_warm["total_mib"],
+                    "MiB",
+                    normalized=rss_ratio,
+                    norm_unit="x bare worker RSS",
+                ),
+                _gate(
+                    "memory.peak_rss",
+                    "memory",
+                    peak.peak,
+                    "MiB",
+                    normalized=peak.peak / rss_b["total_mib"],
+                    norm_unit="x bare worker RSS",
+                ),
+                _gate(
+                    "memory.redis_bytes_per_run", "memory", (used_after - used_before) / measured_runs, "B"
+                ),
             ],
         }
     finally:
@@ -578,7 +698,7 @@ def scenario_memory(ctx: Context) -> dict[str, Any]:
         client.close()
 
 
-# -- 7. peers ---------------------------------------------------------------------------------------------------
+# -- 7. peers
 
 
 def scenario_peers(ctx: Context) -> dict[str, Any]:
@@ -627,20 +747,25 @@ def scenario_peers(ctx: Context) -> dict[str, Any]:
                 row[f"langgraph_{kind}_per_node_ms"] = summary(lg_node[kind])
                 row[f"langgraph_{kind}_per_step_ms"] = summary(lg_step[kind])
             table[case] = row
-            ctx.log(f"  {case}: ours {row['wesichain_per_transition_ms']['p50']:.3f} ms/transition"
-                    + "".join(f", langgraph[{k}] {row[f'langgraph_{k}_per_node_ms']['p50']:.3f} ms/node"
-                              for k in lg))
+            ctx.log(
+                f"  {case}: ours {row['wesichain_per_transition_ms']['p50']:.3f} ms/transition"
+                + "".join(
+                    f", langgraph[{k}] {row[f'langgraph_{k}_per_node_ms']['p50']:.3f} ms/node" for k in lg
+                )
+            )
     finally:
         for p in lg.values():
             p.close()
         cl.down(w)
         client.close()
     result: dict[str, Any] = {
-        "settings": {"worker": "1 x wesichain worker, prefork, concurrency 1 (distributed, every phase a task)",
-                     "peers": "in the benchmark process: asyncio loop; LangGraph StateGraph + ToolNode",
-                     "reps": reps,
-                     "per_transition": "(terminal updated_at - created_at) / transitions",
-                     "per_node": "invoke() wall time / nodes executed (agent + tools)"},
+        "settings": {
+            "worker": "1 x wesichain worker, prefork, concurrency 1 (distributed, every phase a task)",
+            "peers": "in the benchmark process: asyncio loop; LangGraph StateGraph + ToolNode",
+            "reps": reps,
+            "per_transition": "(terminal updated_at - created_at) / transitions",
+            "per_node": "invoke() wall time / nodes executed (agent + tools)",
+        },
         "metrics": table,
         "targets": {},
         "gated": [],
