@@ -199,12 +199,12 @@ registry.add(
 
 # -- agents of the chaos suite (tests/chaos) ------------------------------------------------------
 
-#: Step 1 a quick tool, step 2 a 3 s tool: old deliveries of step 1 can be replayed while step 2 runs.
+#: Step 1 a quick tool, step 2 a 5 s tool: old deliveries of step 1 can be replayed while step 2 runs.
 _add(
     "late_delivery",
     [
         reply(None, ("add", {"a": 1, "b": 2})),
-        reply(None, ("slow", {"seconds": 3, "label": "late"})),
+        reply(None, ("slow", {"seconds": 5, "label": "late"})),
         reply("late deliveries changed nothing"),
     ],
 )

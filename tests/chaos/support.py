@@ -94,7 +94,9 @@ class Cluster:
         for w in self.workers:
             if w.alive and pid in w.pids():
                 return w
-        raise AssertionError(f"pid {pid} belongs to no live worker: {[(w.name, w.pids()) for w in self.workers]}")
+        raise AssertionError(
+            f"pid {pid} belongs to no live worker: {[(w.name, w.pids()) for w in self.workers]}"
+        )
 
     def revive(self, wait: bool = False) -> list[WorkerProcess]:
         """Start again every worker whose main process died; returns those restarted."""

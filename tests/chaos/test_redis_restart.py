@@ -97,7 +97,9 @@ def test_runs_complete_across_a_redis_restart(
         _check_completed(aof_client, run_id)
     for run_id in before:
         done = next(e for e in events_of(aof_client.handle(run_id)) if e.kind == "ToolCompleted")
-        seconds = note_recovery("redis stopped under a running 3 s tool, then restarted", done.ts - stopped_at)
+        seconds = note_recovery(
+            "redis stopped under a running 3 s tool, then restarted", done.ts - stopped_at
+        )
         assert seconds < RECOVERY_BOUND_S
 
 
