@@ -14,7 +14,7 @@ import pytest
 
 from producer.client import Client
 from shared.settings import Settings
-from tests.chaos.support import RECOVERIES, Cluster
+from tests.chaos.support import RECOVERIES, SOAK_REPORT, Cluster
 from tests.conftest import _need_redis
 from tests.harness import RedisServer
 
@@ -81,8 +81,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not RECOVERIES:
-        return
-    terminalreporter.section("chaos recovery times (kill -> next committed event)")
-    for case, seconds in RECOVERIES:
-        terminalreporter.write_line(f"{seconds:7.2f} s  {case}")
+    if RECOVERIES:
+        terminalreporter.section("chaos recovery times (kill -> next committed event)")
+        for case, seconds in RECOVERIES:
+            terminalreporter.write_line(f"{seconds:7.2f} s  {case}")
+    for report in SOAK_REPORT:
+        terminalreporter.section("crash soak")
+        for key, value in report.items():
+            terminalreporter.write_line(f"{key}: {value}")

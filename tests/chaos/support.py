@@ -42,6 +42,8 @@ RUN_TIMEOUT_S = 60.0
 
 #: (case, seconds) for every recovery a test measured; printed in the terminal summary.
 RECOVERIES: list[tuple[str, float]] = []
+#: What each soak did and saw; printed in the terminal summary.
+SOAK_REPORT: list[dict[str, Any]] = []
 
 
 def note_recovery(case: str, seconds: float) -> float:

@@ -1,0 +1,208 @@
+"""A randomized crash soak: runs keep arriving while whole workers and pool children are SIGKILLed.
+
+Three prefork workers; every few seconds either a whole worker (then started again, as a supervisor
+would) or one pool child dies. Afterwards every run must be terminal, each retry-safe result
+recorded once, no non-retry-safe tool started twice, and every run's events consistent.
+
+Short by default (part of the chaos run); ``WESICHAIN_SOAK_S`` makes it as long as wanted (the run
+count grows with it, or set ``WESICHAIN_SOAK_RUNS``); ``WESICHAIN_SOAK_SEED`` replays a schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+from producer.client import Client
+from shared.state import Phase
+from tests.agents_fixture import EFFECTS_KEY, STARTS_KEY
+from tests.chaos.support import (
+    SOAK_REPORT,
+    Cluster,
+    assert_event_invariants,
+    assert_terminal_matches_events,
+    events_of,
+    kinds,
+)
+from tests.chaos.test_duplicates import ANSWERS, SHAPES, hop_kinds
+from tests.harness import WorkerProcess
+
+pytestmark = [pytest.mark.chaos, pytest.mark.soak]
+
+SOAK_S = float(os.environ.get("WESICHAIN_SOAK_S", "45"))
+SOAK_RUNS = int(os.environ.get("WESICHAIN_SOAK_RUNS", str(max(100, int(2.5 * SOAK_S)))))
+SEED = int(os.environ.get("WESICHAIN_SOAK_SEED", str(int(time.time()))))
+#: Seconds between two kills, drawn uniformly.
+KILL_EVERY_S = (1.5, 4.0)
+SOAK_ENV = {"WESICHAIN_LEASE_S": "3", "WESICHAIN_QUEUED_LEASE_S": "8"}
+
+#: Agent -> weight in the mix. charge_once and mixed call the non-retry-safe `charge`.
+MIX = {
+    "one_hop": 4,
+    "chain": 2,
+    "parallel": 2,
+    "slow_step": 1,
+    "direct": 2,
+    "charge_once": 2,
+    "mixed": 2,
+}
+RETRY_SAFE_SHAPES = {**SHAPES, "slow_step": [1], "direct": []}
+RETRY_SAFE_ANSWERS = {**ANSWERS, "slow_step": "slow step done", "direct": "The answer is 42."}
+#: For agents with a non-retry-safe call: (steps, the step of the charge, answer).
+PAYING = {"charge_once": ([1], 1, "charged"), "mixed": ([2, 1], 2, "mixed done")}
+
+
+@dataclass
+class Chaos:
+    whole_kills: int = 0
+    child_kills: int = 0
+    restarts: int = 0
+    log: list[str] = field(default_factory=list)
+
+
+def _kill_something(cluster: Cluster, rng: random.Random, chaos: Chaos, t0: float) -> None:
+    alive = [w for w in cluster.workers if w.alive]
+    if not alive:
+        return
+    victim: WorkerProcess = rng.choice(alive)
+    children = victim.children()
+    if rng.random() < 0.4 or not children:
+        victim.kill()
+        chaos.whole_kills += 1
+        chaos.log.append(f"{time.monotonic() - t0:6.1f}s kill worker {victim.name}")
+        return
+    pid = rng.choice(children)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    chaos.child_kills += 1
+    chaos.log.append(f"{time.monotonic() - t0:6.1f}s kill child {pid} of {victim.name}")
+
+
+@pytest.mark.timeout(int(SOAK_S) + 420)
+def test_crash_soak(cluster: Cluster, client: Client) -> None:
+    rng = random.Random(SEED)
+    cluster.start(3, concurrency=2, env=SOAK_ENV)
+    agents = rng.choices(list(MIX), weights=list(MIX.values()), k=SOAK_RUNS)
+    runs: list[tuple[str, str]] = []
+    chaos = Chaos()
+    t0 = time.monotonic()
+    submit_over = 0.8 * SOAK_S
+    next_kill = t0 + rng.uniform(*KILL_EVERY_S)
+    while (now := time.monotonic()) < t0 + SOAK_S or len(runs) < len(agents):
+        due = min(len(agents), int(len(agents) * (now - t0) / submit_over) + 1)
+        while len(runs) < due:
+            agent = agents[len(runs)]
+            runs.append((client.submit(agent, "go").run_id, agent))
+        if now >= next_kill and now < t0 + SOAK_S:
+            _kill_something(cluster, rng, chaos, t0)
+            next_kill = now + rng.uniform(*KILL_EVERY_S)
+        chaos.restarts += len(cluster.revive())
+        time.sleep(0.05)
+    chaos_ended = time.monotonic()
+    chaos.restarts += len(cluster.revive(wait=True))
+    for w in cluster.workers:
+        w.wait_ready(timeout=60)
+
+    # Every run ends, though some lost phases wait for a lease (or a queued lease) to expire.
+    pending = {run_id for run_id, _ in runs}
+    deadline = time.monotonic() + 180
+    while pending and time.monotonic() < deadline:
+        pending = {run_id for run_id in pending if not client.handle(run_id).status().terminal}
+        time.sleep(0.2)
+    drained_s = time.monotonic() - chaos_ended
+    stuck = {run_id: _describe(client, run_id) for run_id in pending}
+    assert not stuck, f"runs not terminal 180 s after the chaos stopped (seed {SEED}): {stuck}"
+
+    outcomes = Counter[str]()
+    reruns = takeovers = 0
+    r = client.store.redis
+    all_starts = r.hgetall(STARTS_KEY)
+    all_effects = r.hgetall(EFFECTS_KEY)
+    latencies = []
+    for run_id, agent in runs:
+        head = client.handle(run_id).status()
+        events = events_of(client.handle(run_id))
+        where = f"run {run_id} ({agent}, seed {SEED})"
+        assert_event_invariants(events)
+        assert_terminal_matches_events(head, events)
+        outcomes[f"{agent}:{head.phase.value}" + (f":{head.error.kind}" if head.error else "")] += 1
+        takeovers += head.epoch
+        latencies.append(head.updated_at - head.created_at)
+        starts = {k: int(v) for k, v in all_starts.items() if k.startswith(run_id)}
+        effects = {k: int(v) for k, v in all_effects.items() if k.startswith(run_id)}
+        if agent in PAYING:
+            steps, pay_step, answer = PAYING[agent]
+            pay = f"{run_id}:{pay_step}:call_0"
+            assert starts.get(pay, 0) <= 1, f"{where}: the non-retry-safe call started {starts[pay]} times"
+            assert effects.get(pay, 0) <= starts.get(pay, 0), where
+            if head.phase is Phase.COMPLETED:
+                assert head.answer == answer and kinds(events) == hop_kinds(steps), where
+                assert starts.get(pay) == 1 and effects.get(pay) == 1, where
+            else:
+                assert head.phase is Phase.FAILED, f"{where}: {head.phase}"
+                assert head.error is not None and head.error.kind == "ToolOutcomeUnknown", (
+                    f"{where}: {head.error}"
+                )
+                assert head.error.step == pay_step, where
+        else:
+            assert head.phase is Phase.COMPLETED, f"{where}: {head.phase} {head.error}"
+            assert head.answer == RETRY_SAFE_ANSWERS[agent], where
+            steps = RETRY_SAFE_SHAPES[agent]
+            assert (
+                kinds(events) == hop_kinds(steps)
+                if steps
+                else kinds(events)
+                == [
+                    "RunStarted",
+                    "StepStarted",
+                    "ModelResponded",
+                    "Completed",
+                ]
+            ), where
+        # Each result once, one per call of every step of a completed run (retry-safe or not).
+        shape = PAYING[agent][0] if agent in PAYING else RETRY_SAFE_SHAPES[agent]
+        if head.phase is Phase.COMPLETED:
+            for step, n in enumerate(shape, start=1):
+                calls = sorted(x.call_id for x in client.store.load_results(run_id, step))
+                assert calls == [f"call_{i}" for i in range(n)], where
+        for key, count in starts.items():
+            reruns += count - 1
+            assert effects.get(key, 0) <= count, f"{where}: {key} has more effects than starts"
+
+    latencies.sort()
+    report = {
+        "seed": SEED,
+        "soak_s": SOAK_S,
+        "runs": len(runs),
+        "whole_worker_kills": chaos.whole_kills,
+        "child_kills": chaos.child_kills,
+        "worker_restarts": chaos.restarts,
+        "sweeper_takeovers": takeovers,
+        "tool_reruns": reruns,
+        "drain_after_chaos_s": round(drained_s, 1),
+        "run_latency_p50_s": round(latencies[len(latencies) // 2], 2),
+        "run_latency_max_s": round(latencies[-1], 2),
+        "outcomes": dict(sorted(outcomes.items())),
+    }
+    SOAK_REPORT.append(report)
+    if path := os.environ.get("WESICHAIN_CHAOS_REPORT"):
+        with open(path, "a") as f:
+            f.write(json.dumps({"soak": report, "kills": chaos.log}) + "\n")
+    assert len(runs) >= 100 or "WESICHAIN_SOAK_RUNS" in os.environ
+    assert chaos.whole_kills + chaos.child_kills >= SOAK_S / KILL_EVERY_S[1] - 1
+
+
+def _describe(client: Client, run_id: str) -> str:
+    raw = client.store.load_raw(run_id)
+    lease = client.store.redis.zscore(client.store.keys.leases(), run_id)
+    fields = {k: v for k, v in raw.items() if k != "body" and k != "outbox"}
+    return f"{fields} lease_in={None if lease is None else round(lease - time.time(), 1)}"
