@@ -12,6 +12,9 @@ from typing import Literal
 from shared.errors import PolicyConfigInvalid
 
 MAX_ATTEMPTS = 20
+#: Longest wait between model retries; kept well below the queued lease, so the sweeper never
+#: mistakes a delayed retry for a lost one.
+MAX_BACKOFF_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -30,10 +33,23 @@ class Retry:
 
     n: int = 3
     consume_budget: bool = False
+    #: Delay before retry k (0-based) is ``backoff_s * 2**k``, capped at :data:`MAX_BACKOFF_S`.
+    backoff_s: float = 1.0
 
     def __post_init__(self) -> None:
         _check_bound("Retry", self.n)
         _check_flag("Retry", self.consume_budget)
+        if (
+            not isinstance(self.backoff_s, int | float)
+            or isinstance(self.backoff_s, bool)
+            or not 0 <= self.backoff_s <= MAX_BACKOFF_S
+        ):
+            raise PolicyConfigInvalid(
+                f"Retry(backoff_s={self.backoff_s!r}): must be a number in 0..{MAX_BACKOFF_S}"
+            )
+
+    def delay_s(self, retries_used: int) -> float:
+        return float(min(self.backoff_s * 2**retries_used, MAX_BACKOFF_S))
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ class TaskSpec(BaseModel):
     name: str
     task_id: str
     arguments: dict[str, Any]
+    #: Seconds to wait before the task may run (a model retry's backoff); 0 = now.
+    countdown: float = 0.0
 
 
 class ToolResult(BaseModel):

@@ -17,6 +17,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from shared.agents import load_registry
 from shared.settings import Settings, celery_config
+from shared.state import TaskSpec
 from shared.store import RunStore
 from worker.act import run_tool
 from worker.decide import run_decide
@@ -61,8 +62,10 @@ class RuntimeHolder:
         store = RunStore(connect(self.settings), self.settings)
         app = self.app
 
-        def send(name: str, kwargs: dict[str, Any], task_id: str) -> None:
-            app.send_task(name, kwargs=kwargs, task_id=task_id)
+        def send(spec: TaskSpec) -> None:
+            app.send_task(
+                spec.name, kwargs=spec.arguments, task_id=spec.task_id, countdown=spec.countdown or None
+            )
 
         return Runtime(
             store=store,

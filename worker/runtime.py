@@ -12,7 +12,6 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from shared import fsm
 from shared.agents import AgentRegistry
@@ -28,8 +27,8 @@ from worker.heartbeat import Heartbeat
 
 log = logging.getLogger("wesichain.worker")
 
-#: Sends one task to the broker: (name, kwargs, task_id).
-Send = Callable[[str, dict[str, Any], str], None]
+#: Sends one task to the broker.
+Send = Callable[[TaskSpec], None]
 
 TASK_START = "wesichain.start"
 TASK_THINK = "wesichain.think"
@@ -104,9 +103,9 @@ class Runtime:
 
     def publish(self, outbox: Sequence[TaskSpec]) -> None:
         for spec in outbox:
-            self.send(spec.name, spec.arguments, spec.task_id)
+            self.send(spec)
             if faults.enabled("duplicate_publish"):
-                self.send(spec.name, spec.arguments, spec.task_id)
+                self.send(spec)
 
     def unclaimed(self, claim: Claim | Busy | Stale | None, task: str, run_id: str, version: int) -> bool:
         """Handle every outcome of begin() but a fresh claim; True when the task must stop here."""
@@ -144,11 +143,16 @@ class Runtime:
         current: fsm.LivePhase,
         transition: Transition[fsm.PhaseView],
         extra_events: Sequence[Event] = (),
+        countdown: float = 0.0,
     ) -> CommitStatus:
         """Commit a transition and publish what it leads to; a pending cancel wins over it."""
         head = transition.head
         events = (*extra_events, *transition.events)
-        outbox = task_for(head)
+        outbox = (
+            [s.model_copy(update={"countdown": countdown}) for s in task_for(head)]
+            if countdown
+            else task_for(head)
+        )
         status = self.store.commit(current.head.version, head, transition.messages, events, outbox)
         if status == "committed":
             faults.crash_point(f"crash_after_commit:{current.phase.value}", self.store, head.run_id)

@@ -11,7 +11,7 @@ from shared.errors import ConfigError, InvalidModelAction, ModelTransport, RunCo
 from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse, TextDelta
 from shared.messages import Message
 from shared.models import resolve_model
-from shared.policy import decide_invalid_action, decide_model_error
+from shared.policy import Retry, decide_invalid_action, decide_model_error
 from shared.state import Phase
 from shared.store import Claim
 from worker.heartbeat import Held
@@ -60,7 +60,9 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> None
         decision, consume = decide_model_error(agent.policy, head.model_retries, exc.retryable)
         error = exc.info()
         if decision == "retry":
-            rt.commit(current, current.retry(error, consume))
+            policy = agent.policy.on_model_error
+            delay = policy.delay_s(head.model_retries) if isinstance(policy, Retry) else 0.0
+            rt.commit(current, current.retry(error, consume), countdown=delay)
         elif decision == "interrupt":
             rt.interrupt(current, "model error (halted by policy)", error)
         else:
