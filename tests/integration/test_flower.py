@@ -1,0 +1,99 @@
+"""Operators watch Wesichain in Flower: phase tasks appear by readable name, searchable by run id,
+behind authentication, and carrying only ids (no conversation content) in their arguments."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from producer.client import Client
+from tests.harness import ROOT, RedisServer, WorkerProcess, free_port, wait_until
+
+pytestmark = pytest.mark.integration
+
+AUTH = ("ops", "s3cret-flower")
+
+
+@pytest.fixture(scope="module")
+def flower(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("flower") / "flower.log", "wb")  # closed below
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_REDIS_URL": redis_server.url}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker.app",
+            "flower",
+            "--address=127.0.0.1",
+            f"--port={port}",
+            f"--basic-auth={AUTH[0]}:{AUTH[1]}",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{url}/healthcheck", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(healthy, 30, interval=0.2, what="flower to serve")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+        log.close()
+
+
+def test_flower_shows_phase_tasks_by_run_id(
+    flower: str, workers: list[WorkerProcess], client: Client
+) -> None:
+    assert httpx.get(f"{flower}/api/workers", timeout=5).status_code == 401
+    # Flower only sees what happens while it listens: wait until it knows the workers.
+    wait_until(
+        lambda: len(httpx.get(f"{flower}/api/workers?refresh=1", auth=AUTH, timeout=10).json()) >= 2,
+        30,
+        interval=0.5,
+        what="flower to see both workers",
+    )
+    secret_text = "my confidential question 7f3a"
+    handle = client.submit("one_hop", secret_text)
+    handle.wait(30)
+
+    def tasks_of_run() -> list[dict[str, object]]:
+        reply = httpx.get(
+            f"{flower}/api/tasks", params={"search": f"kwargs:run_id={handle.run_id}"}, auth=AUTH, timeout=10
+        )
+        reply.raise_for_status()
+        return list(reply.json().values())
+
+    names = wait_until(
+        lambda: (
+            {t["name"] for t in tasks_of_run()}
+            >= {"wesichain.start", "wesichain.think", "wesichain.tool", "wesichain.observe"}
+            and tasks_of_run()
+        ),
+        30,
+        interval=0.5,
+        what="flower to list the run's phase tasks",
+    )
+    for task in names:
+        shown = f"{task.get('args')} {task.get('kwargs')} {task.get('result')}"
+        assert handle.run_id in shown
+        assert secret_text not in shown
+        assert task["state"] == "SUCCESS"
