@@ -1,6 +1,6 @@
 """Profile a worker on the per-transition scenario with py-spy (``pip install py-spy``).
 
-    python -m benchmarks.profile [--target wesichain|bare|both] [--seconds 20] [--out DIR]
+    python -m benchmarks.profile [--target BASE[+MOD...]]... [--seconds 20] [--no-sample] [--out DIR]
 
 Starts redis-server and one worker (prefork, concurrency 1), keeps it busy with back-to-back
 50-step runs (or bare hop chains), and samples the worker's main process and its pool child with
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -27,7 +28,7 @@ from typing import Any
 from benchmarks import bare
 from benchmarks.harness import Cluster, bare_chain, new_prefix, pid_cpu_s, process_cpu_s, run_and_wait
 from shared.state import Phase
-from tests.harness import WorkerProcess
+from tests.harness import ROOT, WorkerProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -157,33 +158,79 @@ def _render(title: str, a: dict[str, Any], total_transitions: int) -> list[str]:
     return lines + [""]
 
 
-TARGETS = ("wesichain", "bare", "wesichain-no-events", "bare-no-events")
+#: A target is a base system plus modifiers joined by "+": "wesichain", "bare+no-events",
+#: "wesichain+no-events+hiredis+threads", ...
+BASES = ("wesichain", "bare")
+MODIFIERS = {
+    "no-events": "worker_send_task_events and task_send_sent_event off (benchmarks/whatif.py)",
+    "hiredis": "redis-py with the hiredis C parser (needs hiredis importable, see --hiredis-path)",
+    "threads": "threads pool (concurrency 1) instead of prefork",
+}
+DEFAULT_TARGETS = ["wesichain", "bare"]
+ALL_TARGETS = [
+    "wesichain",
+    "bare",
+    "wesichain+no-events",
+    "bare+no-events",
+    "wesichain+hiredis",
+    "bare+hiredis",
+    "wesichain+no-events+hiredis",
+    "bare+no-events+hiredis",
+    "wesichain+threads",
+    "bare+threads",
+]
 
 
-def _worker(cluster: Cluster, target: str, prefix: str) -> WorkerProcess:
-    if target == "wesichain":
-        return cluster.wesichain_worker("prof-w", prefix)
-    if target == "bare":
-        return cluster.bare_worker("prof-b")
-    base, _, whatif = target.partition("-")
-    return cluster.celery_worker(
-        f"prof-{target}",
-        "benchmarks.whatif",
-        env={"BENCH_WHATIF": whatif, "BENCH_WHATIF_TARGET": base, "WESICHAIN_PREFIX": prefix},
-    )
+def parse_target(target: str) -> tuple[str, set[str]]:
+    base, *mods = target.split("+")
+    if base not in BASES or any(m not in MODIFIERS for m in mods):
+        raise SystemExit(f"bad target {target!r}: BASE[+MOD...], BASE in {BASES}, MOD in {list(MODIFIERS)}")
+    return base, set(mods)
+
+
+def _worker(cluster: Cluster, target: str, prefix: str, hiredis_path: str | None) -> WorkerProcess:
+    base, mods = parse_target(target)
+    pool = "threads" if "threads" in mods else "prefork"
+    name = "prof-" + target.replace("+", "-")
+    env: dict[str, str] = {"WESICHAIN_PREFIX": prefix}
+    if "hiredis" in mods:
+        if hiredis_path:
+            env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{hiredis_path}"
+    elif hiredis_available(None):
+        raise SystemExit("hiredis is importable here, so targets without +hiredis would use it too")
+    if "no-events" in mods:
+        env.update({"BENCH_WHATIF": "no-events", "BENCH_WHATIF_TARGET": base})
+        return cluster.celery_worker(name, "benchmarks.whatif", pool=pool, env=env)
+    if base == "bare":
+        return cluster.celery_worker(name, "benchmarks.bare", pool=pool, env=env)
+    w = cluster.wesichain_worker(name, prefix, pool=pool)
+    w.env.update(env)
+    return w
+
+
+def hiredis_available(path: str | None) -> bool:
+    code = "import redis.utils as u, sys; sys.exit(0 if u.HIREDIS_AVAILABLE else 1)"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)}
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT).returncode == 0
 
 
 def profile(
-    cluster: Cluster, target: str, seconds: int, out: Path, sample: bool = True
+    cluster: Cluster,
+    target: str,
+    seconds: int,
+    out: Path,
+    sample: bool = True,
+    hiredis_path: str | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
-    prefix = new_prefix(f"profile-{target}")
-    worker = _worker(cluster, target, prefix)
+    prefix = new_prefix("profile-" + target.replace("+", "-"))
+    worker = _worker(cluster, target, prefix, hiredis_path)
+    base, mods = parse_target(target)
     cluster.up(worker)
     client = cluster.client(prefix)
     app = bare.make_app(cluster.url)
-    if target.endswith("no-events"):
+    if "no-events" in mods:
         app.conf.update(task_send_sent_event=False)
-    ours = target.startswith("wesichain")
+    ours = base == "wesichain"
     stop = threading.Event()
     counted = {"transitions": 0, "per_transition_ms": []}
 
@@ -201,7 +248,7 @@ def profile(
                 counted["per_transition_ms"].append(bare_chain(client, app, bare.TASK_HOP, 150))
                 counted["transitions"] += 150
 
-    raw = out / f"profile-{target}.raw"
+    raw = out / f"profile-{target.replace('+', '-')}.raw"
     try:
         if ours:
             run_and_wait(client, "long", "steps=10")
@@ -266,32 +313,82 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--target",
         action="append",
-        choices=[*TARGETS, "all"],
         default=[],
-        help="what to profile (repeatable; default: wesichain and bare)",
+        help="BASE[+MOD...] (repeatable; 'all' for the what-if matrix; default: wesichain, bare);"
+        f" BASE: {', '.join(BASES)}; MOD: " + "; ".join(f"{k}: {v}" for k, v in MODIFIERS.items()),
     )
     p.add_argument("--seconds", type=int, default=20)
-    p.add_argument("--no-sample", action="store_true", help="only measure CPU per transition (no py-spy)")
+    p.add_argument("--no-sample", action="store_true", help="only measure CPU and wall time (no py-spy)")
+    p.add_argument("--hiredis-path", help="a directory holding hiredis (pip install --target DIR hiredis)")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--name", default="profile", help="base name of the report files")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat the list of targets this many times, interleaved; the summary takes medians",
+    )
     args = p.parse_args(argv)
-    targets = list(TARGETS) if "all" in args.target else (args.target or ["wesichain", "bare"])
+    targets = ALL_TARGETS if "all" in args.target else (args.target or DEFAULT_TARGETS)
+    for t in targets:
+        parse_target(t)
+    if any("hiredis" in t for t in targets) and not hiredis_available(args.hiredis_path):
+        print("hiredis is not importable: skipping the +hiredis targets", file=sys.stderr)
+        targets = [t for t in targets if "hiredis" not in t]
     args.out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster.start()
-    lines = ["# Worker profile on the per-transition scenario (py-spy, CPU samples)", ""]
-    figures: dict[str, Any] = {}
+    title = "CPU samples with py-spy" if not args.no_sample else "CPU and wall time, no sampling"
+    lines = [f"# Workers on the per-transition scenario ({title})", ""]
+    figures: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
     try:
-        for target in targets:
-            print(f"profiling {target} for {args.seconds} s ...", flush=True)
-            more, figures[target] = profile(
-                cluster, target, args.seconds, args.out, sample=not args.no_sample
-            )
-            print(more[0], more[2], sep="\n", flush=True)
-            lines += more
+        for rnd in range(args.rounds):
+            for target in targets:
+                print(f"[round {rnd + 1}] profiling {target} for {args.seconds} s ...", flush=True)
+                more, fig = profile(
+                    cluster,
+                    target,
+                    args.seconds,
+                    args.out,
+                    sample=not args.no_sample and rnd == 0,
+                    hiredis_path=args.hiredis_path,
+                )
+                figures[target].append(fig)
+                print(more[0], more[2], sep="\n", flush=True)
+                if rnd == 0:
+                    lines += more
     finally:
         cluster.close()
-    report = args.out / "profile.md"
+    lines += [
+        f"## Summary (medians over {args.rounds} interleaved round(s) of {args.seconds} s)",
+        "",
+        "| target | transitions/s | median ms per transition | CPU ms per transition"
+        " (main + pool child + redis-server) |",
+        "|---|---:|---:|---|",
+    ]
+    summary: dict[str, Any] = {}
+    for t, figs in figures.items():
+        if not figs:
+            continue
+
+        def med(get: Any, figs: list[dict[str, Any]] = figs) -> float:
+            return float(statistics.median(get(f) for f in figs))
+
+        summary[t] = {
+            "rounds": figs,
+            "per_s": med(lambda f: f["per_s"]),
+            "wall_ms": med(lambda f: f["wall_ms"]),
+            "cpu_total_ms": med(lambda f: f["cpu_total_ms"]),
+            "cpu_ms": {k: med(lambda f, k=k: f["cpu_ms"][k]) for k in ("main", "pool child", "redis-server")},
+        }
+        m = summary[t]
+        cpu = m["cpu_ms"]
+        lines.append(
+            f"| {t} | {m['per_s']:.0f} | {m['wall_ms']:.3f} | {m['cpu_total_ms']:.3f}"
+            f" ({cpu['main']:.3f} + {cpu['pool child']:.3f} + {cpu['redis-server']:.3f}) |"
+        )
+    report = args.out / f"{args.name}.md"
     report.write_text("\n".join(lines) + "\n")
-    (args.out / "profile.json").write_text(json.dumps(figures, indent=2) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {report}")
     return 0
 

@@ -105,11 +105,15 @@ def fanout_table(sc: dict[str, Any]) -> list[str]:
 def throughput_table(sc: dict[str, Any]) -> list[str]:
     m = sc["metrics"]
     return [
-        "| System | median per second | n rounds |",
-        "|---|---:|---:|",
+        "| System | median per second | CPU ms per transition (workers + redis) | rounds |",
+        "|---|---:|---:|---:|",
         f"| Wesichain, committed transitions | {m['transitions_per_s']['p50']}"
-        f" | {m['transitions_per_s']['n']} |",
-        f"| Bare Celery, hops | {m['bare_hops_per_s']['p50']} | {m['bare_hops_per_s']['n']} |",
+        f" | {m['cpu_ms_per_transition']['p50']} | {m['transitions_per_s']['n']} |",
+        f"| Bare Celery, hops | {m['bare_hops_per_s']['p50']} | {m['bare_cpu_ms_per_hop']['p50']}"
+        f" | {m['bare_hops_per_s']['n']} |",
+        "",
+        f"Paired per-round ratios: {m['paired_ratio']['min']}..{m['paired_ratio']['max']}"
+        f" (median {m['paired_ratio']['p50']}); CPU per transition / per bare hop: {m['cpu_ratio']}x.",
     ]
 
 
@@ -151,11 +155,21 @@ def peers_table(sc: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {case} | asyncio loop (in-process, nothing kept) | | {row['asyncio_per_step_ms']['p50']} |"
         )
-        for kind in ("none", "memory", "sqlite"):
+        for kind in ("none", "memory", "sqlite", "sqlite-wal"):
             node = row.get(f"langgraph_{kind}_per_node_ms")
             if node:
                 step = row[f"langgraph_{kind}_per_step_ms"]
                 lines.append(f"| {case} | LangGraph, checkpointer: {kind} | {node['p50']} | {step['p50']} |")
+    if sc.get("ratios"):
+        lines += [
+            "",
+            "Wesichain per transition / LangGraph per node (chain): "
+            + ", ".join(
+                f"{k.removeprefix('transition_over_langgraph_').removesuffix('_node')} {v}x"
+                for k, v in sc["ratios"].items()
+            )
+            + ".",
+        ]
     return lines
 
 
