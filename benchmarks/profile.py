@@ -147,10 +147,50 @@ def _strip_line(frame: str) -> str:
     return f"{name} ({path})"
 
 
-def _render(title: str, a: dict[str, Any], total_transitions: int) -> list[str]:
+PHASES = ("run_start", "run_think", "run_tool", "run_observe")
+
+
+def phase_breakdown(stacks: list[tuple[list[str], int]], top: int = 8) -> dict[str, list[tuple[str, int]]]:
+    """For each phase task function, samples by the frame directly beneath it."""
+    out: dict[str, Counter[str]] = {}
+    for raw_frames, n in stacks:
+        frames = [_strip_line(f) for f in raw_frames]
+        for i, f in enumerate(frames):
+            name = f.split(" (", 1)[0]
+            if name in PHASES:
+                below = frames[i + 1].split(" (", 1)[0] if i + 1 < len(frames) else "(self)"
+                out.setdefault(name, Counter())[below] += n
+                out[name]["(total)"] += n
+                break
+    return {k: c.most_common(top + 1) for k, c in out.items()}
+
+
+def _render(title: str, a: dict[str, Any], cpu_ms: float, phases: dict[str, Any] | None = None) -> list[str]:
+    """Percentages of the process's samples, and the same as CPU ms per transition."""
     n = a["samples"] or 1
-    lines = [f"### {title}: {a['samples']} CPU samples", "", "| inclusive % | key frames |", "|---:|---|"]
-    lines += [f"| {100 * c / n:.1f} | {label} |" for label, c in a["keys"]]
+
+    def ms(c: int) -> str:
+        return f"{cpu_ms * c / n:.3f}"
+
+    lines = [
+        f"### {title}: {a['samples']} CPU samples, {cpu_ms:.3f} CPU ms per transition",
+        "",
+        "| inclusive % | CPU ms per transition | key frames |",
+        "|---:|---:|---|",
+    ]
+    lines += [f"| {100 * c / n:.1f} | {ms(c)} | {label} |" for label, c in a["keys"]]
+    if phases:
+        lines += [
+            "",
+            "Phase tasks, by the call directly beneath them:",
+            "",
+            "| phase | CPU ms per transition | % | beneath |",
+            "|---|---:|---:|---|",
+        ]
+        for phase, rows in phases.items():
+            for below, c in rows:
+                label = "**all**" if below == "(total)" else f"`{below}`"
+                lines.append(f"| {phase} | {ms(c)} | {100 * c / n:.1f} | {label} |")
     lines += ["", "| inclusive % | frame |", "|---:|---|"]
     lines += [f"| {100 * c / n:.1f} | `{f}` |" for f, c in a["inclusive"]]
     lines += ["", "| self % | frame |", "|---:|---|"]
@@ -221,6 +261,7 @@ def profile(
     out: Path,
     sample: bool = True,
     hiredis_path: str | None = None,
+    keep_raw: bool = False,
 ) -> tuple[list[str], dict[str, Any]]:
     prefix = new_prefix("profile-" + target.replace("+", "-"))
     worker = _worker(cluster, target, prefix, hiredis_path)
@@ -298,13 +339,15 @@ def profile(
     ]
     if sample and raw.exists():
         split = split_by_process(raw)
-        for proc in ("children", "main"):
+        for proc, cpu_key, label in (
+            ("children", "pool child", "pool child"),
+            ("main", "main", "main process"),
+        ):
             if split[proc]:
-                lines += _render(
-                    f"{target} {'pool child' if proc == 'children' else 'main process'}",
-                    analyse(split[proc]),
-                    transitions,
-                )
+                phases = phase_breakdown(split[proc]) if proc == "children" else None
+                lines += _render(f"{target} {label}", analyse(split[proc]), per[cpu_key], phases)
+        if not keep_raw:
+            raw.unlink()
     return lines, figures
 
 
@@ -322,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hiredis-path", help="a directory holding hiredis (pip install --target DIR hiredis)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default="profile", help="base name of the report files")
+    p.add_argument("--keep-raw", action="store_true", help="keep py-spy's collapsed stacks (*.raw) in --out")
     p.add_argument(
         "--rounds",
         type=int,
