@@ -205,3 +205,45 @@ def test_prefork_child_killed_mid_think(cluster: Cluster, client: Client) -> Non
     assert recovered.kind == "ModelResponded" and recovered.worker.pid != pid
     seconds = note_recovery("prefork child killed in thinking", recovered.ts - killed_at)
     assert seconds < RECOVERY_BOUND_S
+
+
+def test_whole_worker_killed_during_a_parallel_fan_out(cluster: Cluster, client: Client) -> None:
+    """Only the killed worker's calls run again; the calls whose results are in are not."""
+    cluster.start(2, concurrency=2)
+    r = client.store.redis
+    handle = client.submit("parallel", "go")
+    keys = [idem(handle.run_id, 1, f"call_{i}") for i in range(4)]
+    pids = {key: wait_tool_started(r, key) for key in keys}
+    victim = cluster.owner(pids[keys[0]])
+    doomed = {key for key, pid in pids.items() if pid in victim.pids()}
+    killed_at = time.time()
+    victim.kill()
+
+    head = handle.wait(RUN_TIMEOUT_S)
+    events = events_of(handle)
+    assert head.phase is Phase.COMPLETED and head.answer == "all four done"
+    assert kinds(events) == [
+        "RunStarted",
+        "StepStarted",
+        "ModelResponded",
+        *["ToolDispatched"] * 4,
+        *["ToolCompleted"] * 4,
+        "StepStarted",
+        "ModelResponded",
+        "Completed",
+    ]
+    assert_event_invariants(events)
+    finished_by = {
+        idem(handle.run_id, 1, e.call_id): e.worker.host for e in events if e.kind == "ToolCompleted"
+    }
+    for key in keys:
+        assert effects(r, key) == 1, key
+        # A call the victim had started and not finished ran again elsewhere; no other call did.
+        rerun = key in doomed and finished_by[key] != victim.name
+        assert starts(r, key) == (2 if rerun else 1), key
+    assert any(finished_by[key] != victim.name for key in doomed), "the kill interrupted no call"
+    last = max(e.ts for e in events if e.kind == "ToolCompleted")
+    seconds = note_recovery(
+        "whole worker killed during a 4 x 1 s fan-out (its calls re-run)", last - killed_at
+    )
+    assert seconds < RECOVERY_BOUND_S
