@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.micro", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=400)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--name", default="micro", help="base name of the JSON file")
     args = p.parse_args(argv)
     server = RedisServer().start()
     try:
@@ -181,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in out.items():
         print(f"{k:<{width}}  {v:>9} {'µs' if k != 'n' else ''}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "micro.json").write_text(json.dumps(out, indent=2) + "\n")
+    import redis.utils
+
+    out["hiredis"] = bool(redis.utils.HIREDIS_AVAILABLE)
+    (args.out / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 

@@ -383,6 +383,15 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster.start()
     title = "CPU samples with py-spy" if not args.no_sample else "CPU and wall time, no sampling"
     lines = [f"# Workers on the per-transition scenario ({title})", ""]
+    if not args.no_sample:
+        lines += [
+            "py-spy samples the worker from beside it on the same cores, so wall times here run higher"
+            " than unsampled ones; CPU per transition is measured with psutil (main process, pool"
+            " children including reaped ones, redis-server). Percentages are of each process's CPU"
+            " samples; 'CPU ms per transition' is that share of the process's CPU per transition."
+            " Labels overlap (a frame inside another counts for both).",
+            "",
+        ]
     figures: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
     try:
         for rnd in range(args.rounds):
