@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -175,9 +176,14 @@ class Cluster:
             if w in self.workers:
                 self.workers.remove(w)
 
-    def close(self) -> None:
+    def close(self, keep_logs: bool = False) -> None:
+        """Stop every worker and the server; worker logs are kept only when asked (after a failure)."""
         self.down(*self.workers)
         self.redis.cleanup()
+        if keep_logs:
+            print(f"worker logs kept in {self.log_dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 def new_prefix(name: str) -> str:

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                     f" -> {'met' if t['pass'] else 'MISSED'}"
                 )
     finally:
-        cluster.close()
+        cluster.close(keep_logs=failed)
     results["environment"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     results["summary"] = {
