@@ -214,6 +214,23 @@ def worker_rss(worker: WorkerProcess) -> dict[str, float]:
     }
 
 
+def settled_rss(worker: WorkerProcess, children: int = 1, timeout: float = 15.0) -> dict[str, float]:
+    """:func:`worker_rss` once the pool has all its children (prefork replaces a child every
+    ``worker_max_tasks_per_child`` tasks; caught mid-replacement, a worker would look half its size),
+    as the median of three samples."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rss = worker_rss(worker)
+        if len(worker.children()) >= children and (children == 0 or rss["children_mib"] > 0):
+            break
+        time.sleep(0.1)
+    samples = []
+    for _ in range(3):
+        samples.append(worker_rss(worker))
+        time.sleep(0.1)
+    return sorted(samples, key=lambda r: r["total_mib"])[1]
+
+
 class PeakRss:
     """Samples the summed RSS of some workers in a background thread; ``peak`` is the maximum seen."""
 

@@ -34,6 +34,7 @@ from benchmarks.harness import (
     process_cpu_s,
     ratio,
     run_and_wait,
+    settled_rss,
     summary,
     wait_all_terminal,
     worker_rss,
@@ -200,7 +201,7 @@ def scenario_latency(ctx: Context) -> dict[str, Any]:
                     f"  peak {peak.peak:6.1f} MiB  steps {heads[-1].step}"
                 )
         hop = statistics.median(hops_ref)
-        bare_rss = worker_rss(b)["total_mib"]
+        bare_rss = settled_rss(b)["total_mib"]
         for key, r in results.items():
             model_ms = r["model_calls"] * r["model_latency_ms"]
             for q in ("p50", "p95"):
@@ -650,11 +651,12 @@ def scenario_memory(ctx: Context) -> dict[str, Any]:
             per_run[agent] = _run_bytes(client, head.run_id)
         head, _ = run_and_wait(client, "long", "steps=50")
         per_run["long50"] = _run_bytes(client, head.run_id)
-        bare_chain(client, bare_app, bare.TASK_HOP, 500)
-        bare_chain(client, bare_app, bare.TASK_STATE_HOP, 500)
+        # 800 tasks: a warm child, well short of worker_max_tasks_per_child (1000).
+        bare_chain(client, bare_app, bare.TASK_HOP, 400)
+        bare_chain(client, bare_app, bare.TASK_STATE_HOP, 400)
         warm_runs = max(100, sz.memory_runs // 10)
         _run_many(client, "direct", "hi", warm_runs)
-        rss_w_warm, rss_b = worker_rss(w), worker_rss(b)
+        rss_w_warm, rss_b = settled_rss(w), settled_rss(b)
         used_before = int(r.info("memory")["used_memory"])
         ctx.log(
             f"  after {warm_runs} runs: worker {rss_w_warm['total_mib']} MiB, bare {rss_b['total_mib']} MiB"
@@ -667,14 +669,14 @@ def scenario_memory(ctx: Context) -> dict[str, Any]:
                 n = min(chunk, sz.memory_runs - warm_runs - done)
                 _run_many(client, "direct", "hi", n)
                 done += n
-                samples.append({"runs": warm_runs + done, **worker_rss(w)})
+                samples.append({"runs": warm_runs + done, **settled_rss(w)})
                 ctx.log(
                     f"  after {warm_runs + done} runs: worker {samples[-1]['total_mib']} MiB"
                     f" (main {samples[-1]['main_mib']})"
                 )
         used_after = int(r.info("memory")["used_memory"])
-        bare_chain(client, bare_app, bare.TASK_HOP, 200)
-        rss_b_end = worker_rss(b)
+        bare_chain(client, bare_app, bare.TASK_HOP, 100)
+        rss_b_end = settled_rss(b)
         end = samples[-1]
         growth = end["total_mib"] - rss_w_warm["total_mib"]
         growth_main = end["main_mib"] - rss_w_warm["main_mib"]
