@@ -15,6 +15,7 @@ ENV_PREFIX = "WESICHAIN_PREFIX"
 ENV_LEASE = "WESICHAIN_LEASE_S"
 ENV_QUEUED_LEASE = "WESICHAIN_QUEUED_LEASE_S"
 ENV_MAX_ATTEMPTS = "WESICHAIN_MAX_PHASE_ATTEMPTS"
+ENV_TASK_EVENTS = "WESICHAIN_TASK_EVENTS"
 
 DEFAULT_AGENTS_MODULE = "shared.examples.research"
 
@@ -51,6 +52,9 @@ class Settings:
     max_phase_attempts: int = 5
     #: How long a terminal run's keys are kept.
     retention_s: int = 7 * 24 * 3600
+    #: Celery task events (for Flower). Off by default: they cost a third of a worker's CPU per
+    #: task, and Flower switches worker events on by itself while it runs (its enable_events).
+    task_events: bool = False
     #: Celery broker visibility timeout: above the longest phase; recovery uses leases instead.
     visibility_timeout_s: int = 3600
     limits: Limits = field(default_factory=Limits)
@@ -62,6 +66,8 @@ class Settings:
             values["redis_url"] = url
         if module := os.environ.get(ENV_AGENTS):
             values["agents_module"] = module
+        if events := os.environ.get(ENV_TASK_EVENTS):
+            values["task_events"] = events.lower() in ("1", "true", "yes", "on")
         if prefix := os.environ.get(ENV_PREFIX):
             values["prefix"] = prefix
         for env, name, kind in (
@@ -159,8 +165,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_soft_shutdown_timeout": 10,
         "worker_enable_soft_shutdown_on_idle": True,
         "worker_hijack_root_logger": False,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        "worker_send_task_events": settings.task_events,
+        "task_send_sent_event": settings.task_events,
         "worker_max_tasks_per_child": 1000,
         "broker_pool_limit": 10,
     }

@@ -14,8 +14,10 @@ A commit costs the same at step 50 as at step 1: messages are appended, never re
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -52,11 +54,18 @@ class Claim:
     token: str
     #: "none", or "expired"/"takeover" when an earlier attempt claimed this work and never finished.
     prior: str
+    #: The step's tool results, when asked for.
+    results: list[ToolResult]
 
 
 @dataclass(frozen=True)
 class Busy:
     """Another delivery holds a live claim on this phase; this one must do nothing."""
+
+
+@dataclass(frozen=True)
+class Done:
+    """The tool call this delivery names already has its result: a duplicate."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,7 @@ class RunStore:
         self._renew = client.register_script(_script("renew"))
         self._recover = client.register_script(_script("recover"))
         self._decide = client.register_script(_script("decide"))
+        self._messages = MessageCache()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -152,36 +162,42 @@ class RunStore:
         version: int,
         phase: Phase,
         epoch: int,
+        step: int,
         attempt_field: str,
         *,
         call_id: str | None = None,
         with_messages: bool = False,
+        with_results: bool = False,
         takeover: bool = False,
-    ) -> Claim | Busy | Stale | None:
-        """Claim a phase (or one tool call of it) for this delivery.
+    ) -> Claim | Busy | Done | Stale | None:
+        """Claim a phase (or one tool call of it) for this delivery, in one round trip.
 
-        ``takeover`` says the broker redelivered this task because its worker was lost, so a claim
-        that has not expired yet belongs to a dead process and may be taken over.
+        ``with_messages`` reads the conversation (only the part this process has not cached),
+        ``with_results`` the step's tool results. ``takeover`` says the broker redelivered this
+        task because its worker was lost, so a claim that has not expired yet belongs to a dead
+        process and may be taken over.
         """
         now = time.time()
         deadline = now + self.settings.lease_s
         claim_field = f"claim:{call_id}" if call_id is not None else "running"
         token = uuid.uuid4().hex[:16]
+        cached = self._messages.get(run_id) if with_messages else None
         k = self.keys
         reply = self._begin(
-            keys=[k.run(run_id), k.attempts(run_id), k.leases(), k.messages(run_id)],
+            keys=[k.run(run_id), k.attempts(run_id), k.leases(), k.messages(run_id), k.results(run_id, step)],
             args=[
                 str(version),
                 phase.value,
                 attempt_field,
                 f"{deadline:.3f}",
                 run_id,
-                "1" if with_messages else "0",
+                (str(len(cached)) if cached is not None else "0") if with_messages else "",
                 str(epoch),
                 claim_field,
                 token,
                 f"{now:.3f}",
                 "1" if takeover else "0",
+                "all" if with_results else (call_id or ""),
             ],
         )
         status = _s(reply[0])
@@ -189,12 +205,20 @@ class RunStore:
             return None
         if status == "busy":
             return Busy()
+        if status == "done":
+            return Done()
         fields = self._pairs(reply[1])
         head = self._head_from_fields(fields)
         if status == "stale":
             outbox = [TaskSpec.model_validate(t) for t in _json_list(fields.get("outbox", "[]"))]
             return Stale(head=head, outbox=outbox, outbox_sent=fields.get("outbox_sent") == "1")
-        messages = [MESSAGE_ADAPTER.validate_json(m) for m in reply[3]]
+        messages: list[Message] = []
+        if with_messages:
+            messages = [*(cached or []), *(MESSAGE_ADAPTER.validate_json(m) for m in reply[3])]
+            if len(messages) != head.message_count:
+                # Only appends ever happen, so this means the cache is not this run's prefix.
+                messages = self.load_messages(run_id)
+            self._messages.put(run_id, messages)
         return Claim(
             head=head,
             attempts=int(reply[2]),
@@ -203,6 +227,7 @@ class RunStore:
             claim_field=claim_field,
             token=token,
             prior=_s(reply[4]),
+            results=[ToolResult.model_validate_json(r) for r in reply[5]],
         )
 
     def renew(self, run_id: str, claim_field: str, token: str) -> tuple[bool, bool]:
@@ -376,6 +401,33 @@ class RunStore:
             return []
         reply: Any = self.redis.xread({key: after}, count=500, block=max(1, int(timeout_s * 1000)))
         return _entries(reply[0][1] if reply else [])
+
+
+class MessageCache:
+    """Validated conversations of recently seen runs, per process.
+
+    A run's message list is append-only, so a think only needs the messages added since this
+    process last saw the run: the Redis read and the validation then stay flat in the run's length.
+    """
+
+    def __init__(self, max_runs: int = 128) -> None:
+        self.max_runs = max_runs
+        self._runs: OrderedDict[str, list[Message]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, run_id: str) -> list[Message] | None:
+        with self._lock:
+            messages = self._runs.get(run_id)
+            if messages is not None:
+                self._runs.move_to_end(run_id)
+            return messages
+
+    def put(self, run_id: str, messages: list[Message]) -> None:
+        with self._lock:
+            self._runs[run_id] = messages
+            self._runs.move_to_end(run_id)
+            while len(self._runs) > self.max_runs:
+                self._runs.popitem(last=False)
 
 
 def _entries(raw: Any) -> list[tuple[str, Event]]:

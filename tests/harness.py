@@ -150,7 +150,8 @@ class WorkerProcess:
         ]
         if queues:
             self.args += ["--queues", queues]
-        self.args += ["--", "--without-mingle", "--without-gossip", "--without-heartbeat"]
+        # Event heartbeats stay on as in production: they let a monitor (Flower) switch task events on.
+        self.args += ["--", "--without-mingle", "--without-gossip"]
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_WORKER_NAME": name, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 

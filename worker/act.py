@@ -22,7 +22,14 @@ def run_tool(
     rt: Runtime, run_id: str, step: int, version: int, call_id: str, epoch: int = 0, takeover: bool = False
 ) -> None:
     claim = rt.store.begin(
-        run_id, version, Phase.ACTING, epoch, f"{step}:tool:{call_id}", call_id=call_id, takeover=takeover
+        run_id,
+        version,
+        Phase.ACTING,
+        epoch,
+        step,
+        f"{step}:tool:{call_id}",
+        call_id=call_id,
+        takeover=takeover,
     )
     if rt.unclaimed(claim, TASK_TOOL, run_id, version):
         return
@@ -31,10 +38,6 @@ def run_tool(
     call = next((c for c in head.pending_calls if c.id == call_id), None)
     if call is None:
         log.error("run %s v%d has no pending call %r; dropped", run_id, version, call_id)
-        return
-    if rt.store.has_result(run_id, step, call_id):
-        # A duplicate delivery of a call whose result is already recorded.
-        rt.store.release_claim(run_id, claim.claim_field, claim.token)
         return
     current = fsm.view(head)
     assert isinstance(current, fsm.Acting)

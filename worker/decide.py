@@ -10,7 +10,7 @@ from worker.runtime import TASK_DECIDE, Runtime, log
 
 
 def run_decide(rt: Runtime, run_id: str, version: int, epoch: int = 0, takeover: bool = False) -> None:
-    claim = rt.store.begin(run_id, version, Phase.AWAITING_APPROVAL, epoch, "decide", takeover=takeover)
+    claim = rt.store.begin(run_id, version, Phase.AWAITING_APPROVAL, epoch, 0, "decide", takeover=takeover)
     if rt.unclaimed(claim, TASK_DECIDE, run_id, version):
         return
     assert isinstance(claim, Claim)

@@ -12,7 +12,9 @@ from worker.runtime import TASK_OBSERVE, Runtime
 def run_observe(
     rt: Runtime, run_id: str, step: int, version: int, epoch: int = 0, takeover: bool = False
 ) -> None:
-    claim = rt.store.begin(run_id, version, Phase.OBSERVING, epoch, f"{step}:observe", takeover=takeover)
+    claim = rt.store.begin(
+        run_id, version, Phase.OBSERVING, epoch, step, f"{step}:observe", with_results=True, takeover=takeover
+    )
     if rt.unclaimed(claim, TASK_OBSERVE, run_id, version):
         return
     assert isinstance(claim, Claim)
@@ -27,7 +29,7 @@ def run_observe(
     with rt.heartbeat.hold(run_id, claim.claim_field, claim.token):
         rt.paused(Phase.OBSERVING, run_id)
     agent = rt.agents.get(head.agent)
-    results = rt.store.load_results(run_id, step)
+    results = claim.results
     failures = [r for r in results if not r.ok]
     unknown = [r for r in failures if r.error is not None and r.error.kind == "ToolOutcomeUnknown"]
     if unknown and agent.policy.on_unknown_outcome == "fail":

@@ -21,7 +21,7 @@ from shared.fsm import Transition
 from shared.messages import Message, SystemMessage, UserMessage
 from shared.settings import Settings
 from shared.state import Phase, RunHead, TaskSpec
-from shared.store import Busy, Claim, CommitStatus, RunStore, Stale
+from shared.store import Busy, Claim, CommitStatus, Done, RunStore, Stale
 from worker import faults
 from worker.heartbeat import Heartbeat
 
@@ -107,10 +107,14 @@ class Runtime:
             if faults.enabled("duplicate_publish"):
                 self.send(spec)
 
-    def unclaimed(self, claim: Claim | Busy | Stale | None, task: str, run_id: str, version: int) -> bool:
+    def unclaimed(
+        self, claim: Claim | Busy | Done | Stale | None, task: str, run_id: str, version: int
+    ) -> bool:
         """Handle every outcome of begin() but a fresh claim; True when the task must stop here."""
         if claim is None:
             log.warning("%s for unknown run %s dropped", task, run_id)
+            return True
+        if isinstance(claim, Done):
             return True
         if isinstance(claim, Busy):
             log.info("run %s: %s v%d is already being worked on; duplicate dropped", run_id, task, version)

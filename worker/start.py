@@ -31,7 +31,7 @@ def run_start(
     if create is not None and rt.store.load_raw(run_id) == {}:
         # Sent by a bare producer: create the run here (a no-op if a duplicate already did).
         rt.store.commit(None, RunHead.new_idle(run_id, **create), outbox=[start_task(run_id, 1)])
-    claim = rt.store.begin(run_id, version, Phase.IDLE, epoch, "0:start", takeover=takeover)
+    claim = rt.store.begin(run_id, version, Phase.IDLE, epoch, 0, "0:start", takeover=takeover)
     if rt.unclaimed(claim, TASK_START, run_id, version):
         return
     assert isinstance(claim, Claim)

@@ -25,7 +25,7 @@ def run_think(
     rt: Runtime, run_id: str, step: int, version: int, epoch: int = 0, takeover: bool = False
 ) -> None:
     claim = rt.store.begin(
-        run_id, version, Phase.THINKING, epoch, f"{step}:think", with_messages=True, takeover=takeover
+        run_id, version, Phase.THINKING, epoch, step, f"{step}:think", with_messages=True, takeover=takeover
     )
     if rt.unclaimed(claim, TASK_THINK, run_id, version):
         return

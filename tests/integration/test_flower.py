@@ -71,16 +71,28 @@ def test_flower_shows_phase_tasks_by_run_id(
         interval=0.5,
         what="flower to see both workers",
     )
-    secret_text = "my confidential question 7f3a"
-    handle = client.submit("one_hop", secret_text)
-    handle.wait(30)
 
-    def tasks_of_run() -> list[dict[str, object]]:
+    def tasks_of(run_id: str) -> list[dict[str, object]]:
         reply = httpx.get(
-            f"{flower}/api/tasks", params={"search": f"kwargs:run_id={handle.run_id}"}, auth=AUTH, timeout=10
+            f"{flower}/api/tasks", params={"search": f"kwargs:run_id={run_id}"}, auth=AUTH, timeout=10
         )
         reply.raise_for_status()
         return list(reply.json().values())
+
+    def tasks_of_run() -> list[dict[str, object]]:
+        return tasks_of(handle.run_id)
+
+    # Workers send task events only while a monitor asks for them (Flower's periodic
+    # enable_events); wait until a probe run shows up before the run under test.
+    def probe_seen() -> bool:
+        probe = client.submit("direct", "probe")
+        probe.wait(30)
+        return bool(tasks_of(probe.run_id))
+
+    wait_until(probe_seen, 45, interval=0.5, what="flower to receive task events")
+    secret_text = "my confidential question 7f3a"
+    handle = client.submit("one_hop", secret_text)
+    handle.wait(30)
 
     names = wait_until(
         lambda: (

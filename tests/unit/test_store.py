@@ -219,13 +219,13 @@ def test_commit_cost_does_not_grow_with_history(store: RunStore, monkeypatch: py
 
 
 def test_begin_missing_run(store: RunStore) -> None:
-    assert store.begin("nope", 1, Phase.IDLE, 0, "0:start") is None
+    assert store.begin("nope", 1, Phase.IDLE, 0, 0, "0:start") is None
 
 
 def test_begin_claims_and_counts_attempts(store: RunStore) -> None:
     head = create(store)
     run_id = head.run_id
-    first = store.begin(run_id, 1, Phase.IDLE, 0, "0:start")
+    first = store.begin(run_id, 1, Phase.IDLE, 0, 0, "0:start")
     assert isinstance(first, Claim)
     assert (first.attempts, first.prior, first.cancel_requested, first.messages) == (1, "none", False, [])
     assert first.head == head
@@ -238,17 +238,17 @@ def test_begin_claims_and_counts_attempts(store: RunStore) -> None:
     )
 
     # A second delivery while the claim is live does nothing.
-    assert isinstance(store.begin(run_id, 1, Phase.IDLE, 0, "0:start"), Busy)
+    assert isinstance(store.begin(run_id, 1, Phase.IDLE, 0, 0, "0:start"), Busy)
 
     # A redelivery after worker loss takes the live claim over.
-    second = store.begin(run_id, 1, Phase.IDLE, 0, "0:start", takeover=True)
+    second = store.begin(run_id, 1, Phase.IDLE, 0, 0, "0:start", takeover=True)
     assert isinstance(second, Claim)
     assert (second.attempts, second.prior) == (2, "takeover")
     assert second.token != first.token
 
     # Released claims leave no trace of an unknown outcome.
     store.release_claim(run_id, second.claim_field, second.token)
-    third = store.begin(run_id, 1, Phase.IDLE, 0, "0:start")
+    third = store.begin(run_id, 1, Phase.IDLE, 0, 0, "0:start")
     assert isinstance(third, Claim)
     assert (third.attempts, third.prior) == (3, "none")
     # Attempts are counted per attempt field.
@@ -258,11 +258,11 @@ def test_begin_claims_and_counts_attempts(store: RunStore) -> None:
 def test_begin_after_an_expired_claim(rds: redis.Redis) -> None:
     store = RunStore(rds, Settings(prefix=f"t-{uuid.uuid4().hex[:10]}:", lease_s=0.05))
     head = create(store)
-    first = store.begin(head.run_id, 1, Phase.IDLE, 0, "0:start")
+    first = store.begin(head.run_id, 1, Phase.IDLE, 0, 0, "0:start")
     assert isinstance(first, Claim)
     deadline = float(hash_of(store, head.run_id)["running"].split("|")[1])
     wait_until(lambda: time.time() > deadline + 0.01, timeout=5, what="the claim to expire")
-    again = store.begin(head.run_id, 1, Phase.IDLE, 0, "0:start")
+    again = store.begin(head.run_id, 1, Phase.IDLE, 0, 0, "0:start")
     assert isinstance(again, Claim)
     assert (again.attempts, again.prior) == (2, "expired")
 
@@ -270,19 +270,19 @@ def test_begin_after_an_expired_claim(rds: redis.Redis) -> None:
 def test_tool_claims_are_per_call(store: RunStore) -> None:
     act = acting(store)
     h = act.head
-    a = store.begin(h.run_id, h.version, Phase.ACTING, h.epoch, f"{h.step}:tool:a", call_id="a")
-    b = store.begin(h.run_id, h.version, Phase.ACTING, h.epoch, f"{h.step}:tool:b", call_id="b")
+    a = store.begin(h.run_id, h.version, Phase.ACTING, h.epoch, h.step, f"{h.step}:tool:a", call_id="a")
+    b = store.begin(h.run_id, h.version, Phase.ACTING, h.epoch, h.step, f"{h.step}:tool:b", call_id="b")
     assert isinstance(a, Claim) and isinstance(b, Claim)
     assert (a.claim_field, b.claim_field) == ("claim:a", "claim:b")
     assert (a.attempts, b.attempts) == (1, 1)
-    busy = store.begin(h.run_id, h.version, Phase.ACTING, h.epoch, f"{h.step}:tool:a", call_id="a")
+    busy = store.begin(h.run_id, h.version, Phase.ACTING, h.epoch, h.step, f"{h.step}:tool:a", call_id="a")
     assert isinstance(busy, Busy)
 
 
 def test_begin_with_messages(store: RunStore) -> None:
     thinking = started(store)
     h = thinking.head
-    claim = store.begin(h.run_id, h.version, Phase.THINKING, 0, "1:think", with_messages=True)
+    claim = store.begin(h.run_id, h.version, Phase.THINKING, 0, 1, "1:think", with_messages=True)
     assert isinstance(claim, Claim)
     assert claim.messages == [SystemMessage(content="sys"), UserMessage(content="question")]
     assert claim.head == h
@@ -295,7 +295,7 @@ def test_begin_with_messages(store: RunStore) -> None:
 def test_begin_stale(store: RunStore, version: int, phase: Phase, epoch: int) -> None:
     thinking = started(store)
     h = thinking.head
-    stale = store.begin(h.run_id, version, phase, epoch, "x")
+    stale = store.begin(h.run_id, version, phase, epoch, 1, "x")
     assert isinstance(stale, Stale)
     assert stale.head == h
     assert stale.outbox == [spec(h, "think")]
@@ -304,8 +304,8 @@ def test_begin_stale(store: RunStore, version: int, phase: Phase, epoch: int) ->
     assert "running" not in hash_of(store, h.run_id)
     assert store.redis.exists(store.keys.attempts(h.run_id)) == 0
     # Once the right delivery claimed the phase, the outbox is known to be sent.
-    assert isinstance(store.begin(h.run_id, 2, Phase.THINKING, 0, "1:think"), Claim)
-    stale = store.begin(h.run_id, version, phase, epoch, "x")
+    assert isinstance(store.begin(h.run_id, 2, Phase.THINKING, 0, 1, "1:think"), Claim)
+    stale = store.begin(h.run_id, version, phase, epoch, 1, "x")
     assert isinstance(stale, Stale) and stale.outbox_sent is True
 
 
@@ -386,7 +386,7 @@ def test_cancel_blocks_non_terminal_commits_but_not_the_end(store: RunStore) -> 
     t = thinking.act(None, CALLS, Usage())
     assert store.commit(h.version, t.head, t.messages, t.events) == "cancel_pending"
     assert snapshot(store, h.run_id) == before
-    claim = store.begin(h.run_id, h.version, Phase.THINKING, 0, "1:think")
+    claim = store.begin(h.run_id, h.version, Phase.THINKING, 0, 1, "1:think")
     assert isinstance(claim, Claim) and claim.cancel_requested
 
     end = thinking.interrupt("cancelled")
@@ -435,7 +435,9 @@ def test_every_key_of_a_finished_run_expires(store: RunStore) -> None:
     act = acting(store)
     h = act.head
     for call in CALLS:
-        claim = store.begin(h.run_id, h.version, Phase.ACTING, 0, f"{h.step}:tool:{call.id}", call_id=call.id)
+        claim = store.begin(
+            h.run_id, h.version, Phase.ACTING, 0, h.step, f"{h.step}:tool:{call.id}", call_id=call.id
+        )
         assert isinstance(claim, Claim)
         r, e = tool_done(h, call, "ok")
         store.record_result(h, r, e, spec(h, "observe"))
