@@ -137,7 +137,7 @@ def kill_child(pid: int, worker: WorkerProcess) -> None:
 
 def _running(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
@@ -265,9 +265,13 @@ def snapshot(client: Client, run_id: str) -> RunSnapshot:
         head=head.model_dump(),
         messages=len(client.store.load_messages(run_id)),
         events=int(r.xlen(client.store.keys.events(run_id))),
-        effects={k: v for k, v in r.hgetall(EFFECTS_KEY).items() if k.startswith(run_id)},
-        starts={k: v for k, v in r.hgetall(STARTS_KEY).items() if k.startswith(run_id)},
+        effects=_hash_of_run(r, EFFECTS_KEY, run_id),
+        starts=_hash_of_run(r, STARTS_KEY, run_id),
     )
+
+
+def _hash_of_run(r: redis.Redis, key: str, run_id: str) -> dict[str, str]:
+    return {str(k): str(v) for k, v in r.hgetall(key).items() if str(k).startswith(run_id)}
 
 
 # -- broker -------------------------------------------------------------------------------------
@@ -280,8 +284,8 @@ def pending_task_ids(r: redis.Redis) -> set[str]:
     prefix = PREFIX + "celery:"
     raw: list[str] = []
     for q in QUEUES:
-        raw += r.lrange(prefix + q, 0, -1)
-    raw += list(r.hvals(prefix + "unacked"))
+        raw += [str(m) for m in r.lrange(prefix + q, 0, -1)]
+    raw += [str(m) for m in r.hvals(prefix + "unacked")]
     ids: set[str] = set()
     for item in raw:
         try:

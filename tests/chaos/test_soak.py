@@ -125,8 +125,8 @@ def test_crash_soak(cluster: Cluster, client: Client) -> None:
     outcomes = Counter[str]()
     reruns = takeovers = 0
     r = client.store.redis
-    all_starts = r.hgetall(STARTS_KEY)
-    all_effects = r.hgetall(EFFECTS_KEY)
+    all_starts = {str(k): int(v) for k, v in r.hgetall(STARTS_KEY).items()}
+    all_effects = {str(k): int(v) for k, v in r.hgetall(EFFECTS_KEY).items()}
     latencies = []
     for run_id, agent in runs:
         head = client.handle(run_id).status()
@@ -137,8 +137,8 @@ def test_crash_soak(cluster: Cluster, client: Client) -> None:
         outcomes[f"{agent}:{head.phase.value}" + (f":{head.error.kind}" if head.error else "")] += 1
         takeovers += head.epoch
         latencies.append(head.updated_at - head.created_at)
-        starts = {k: int(v) for k, v in all_starts.items() if k.startswith(run_id)}
-        effects = {k: int(v) for k, v in all_effects.items() if k.startswith(run_id)}
+        starts = {k: v for k, v in all_starts.items() if k.startswith(run_id)}
+        effects = {k: v for k, v in all_effects.items() if k.startswith(run_id)}
         if agent in PAYING:
             steps, pay_step, answer = PAYING[agent]
             pay = f"{run_id}:{pay_step}:call_0"
