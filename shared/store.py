@@ -78,6 +78,8 @@ class Recovery:
     epoch: int
     step: int
     outbox: list[TaskSpec]
+    #: How many times the sweeper has taken this version over.
+    takeovers: int
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class RunStore:
         self._cancel = client.register_script(_script("cancel"))
         self._renew = client.register_script(_script("renew"))
         self._recover = client.register_script(_script("recover"))
+        self._mark_sent = client.register_script(_script("mark_sent"))
         self._decide = client.register_script(_script("decide"))
         self._messages = MessageCache()
 
@@ -259,6 +262,10 @@ class RunStore:
         if value is not None and _s(value).startswith(token + "|"):
             self.redis.hdel(key, claim_field)
 
+    def mark_sent(self, run_id: str, version: int) -> None:
+        """The outbox of ``version`` was published: stale deliveries need not publish it again."""
+        self._mark_sent(keys=[self.keys.run(run_id)], args=[str(version)])
+
     def expired_leases(self, limit: int = 100) -> list[str]:
         return [
             str(r)
@@ -269,7 +276,7 @@ class RunStore:
         """Take over a run whose lease expired (see ``recover.lua``); None if there is nothing to do."""
         now = time.time()
         reply = self._recover(
-            keys=[self.keys.run(run_id), self.keys.leases()],
+            keys=[self.keys.run(run_id), self.keys.leases(), self.keys.attempts(run_id)],
             args=[run_id, f"{now:.3f}", f"{now + self.settings.queued_lease_s:.3f}"],
         )
         if _s(reply[0]) != "recover":
@@ -282,6 +289,7 @@ class RunStore:
             epoch=int(reply[3]),
             step=int(reply[4]),
             outbox=outbox,
+            takeovers=int(reply[6]),
         )
 
     # -- writing -----------------------------------------------------------------------------

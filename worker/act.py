@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from shared import events as ev
 from shared import fsm
-from shared.errors import RunErrorInfo, ToolDispatch, ToolOutcomeUnknown
+from shared.errors import PoisonPhase, RunError, RunErrorInfo, ToolDispatch, ToolOutcomeUnknown
 from shared.messages import ToolCall
 from shared.state import Phase, RunHead, ToolResult
 from shared.store import Claim
@@ -41,11 +41,21 @@ def run_tool(
         return
     current = fsm.view(head)
     assert isinstance(current, fsm.Acting)
-    if rt.check_poison(current, claim.attempts, f"tool call {call.name}:{call_id} of step {step}"):
-        return
     agent = rt.agents.get(head.agent)
     tool = agent.tools.get(call.name)
-    if claim.cancel_requested:
+    if claim.attempts > rt.settings.max_phase_attempts:
+        # Past the limit: record the call as failed, like any result (one ToolCompleted, the fan-in
+        # intact), instead of running it again; observe then fails the run with PoisonPhase.
+        result = _error_result(
+            call,
+            PoisonPhase(
+                f"tool call {call.name}:{call_id} of step {step} was started {claim.attempts} times"
+                f" without finishing (limit {rt.settings.max_phase_attempts})",
+                step=step,
+                tool=call.name,
+            ),
+        )
+    elif claim.cancel_requested:
         result = _error_result(
             call, ToolDispatch("the run was cancelled before the tool started", step=step, tool=call.name)
         )
@@ -126,6 +136,6 @@ def _invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) 
     )
 
 
-def _error_result(call: ToolCall, error: ToolDispatch | ToolOutcomeUnknown) -> ToolResult:
+def _error_result(call: ToolCall, error: RunError) -> ToolResult:
     info: RunErrorInfo = error.info()
     return ToolResult(call_id=call.id, name=call.name, ok=False, output=f"Error: {error.message}", error=info)

@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import Celery, Task
 from celery.signals import worker_ready, worker_shutdown
+from celery.worker.consumer import Consumer as CeleryConsumer
 
 from shared.agents import load_registry
 from shared.settings import Settings, celery_config
@@ -86,6 +87,33 @@ class RuntimeHolder:
             self.sweeper = None
 
 
+class Consumer(CeleryConsumer):  # type: ignore[misc]
+    """Celery's consumer, surviving a broker outage while tasks are in flight.
+
+    Celery 5.7.0 cleans a lost connection up with ``collect()`` and then ``close()``. With Redis
+    still down, closing the channel inside ``collect()`` fails half-way (the channel stays open) and
+    ``collect()`` drops the transport anyway; ``close()`` then closes that channel again, which
+    restores its unacked messages through the dropped transport's client (None): AttributeError,
+    not a connection error, so the worker exits ("Unrecoverable error"). Forget the half-closed
+    channel once ``collect()`` ran: its messages stay in the broker's unacked hash and the sweeper
+    hands their phases on when their leases expire.
+    """
+
+    def on_connection_error_after_connected(self, exc: Exception) -> None:
+        connection = self.connection
+        if connection is not None:
+            collect = connection.collect
+
+            def collect_then_forget(*args: Any, **kwargs: Any) -> None:
+                try:
+                    collect(*args, **kwargs)
+                finally:
+                    connection._default_channel = None
+
+            connection.collect = collect_then_forget
+        super().on_connection_error_after_connected(exc)
+
+
 def _lost_worker(task: Task) -> bool:
     """True when the broker handed this task over because the process running it died."""
     request = task.request
@@ -95,6 +123,7 @@ def _lost_worker(task: Task) -> bool:
 def create_app(settings: Settings) -> Celery:
     app = Celery("wesichain", set_as_current=False)
     app.conf.update(celery_config(settings))
+    app.conf.worker_consumer = "worker.app:Consumer"
     app.conf.beat_schedule = {
         "wesichain-sweep": {"task": TASK_SWEEP, "schedule": settings.sweep_interval_s},
     }

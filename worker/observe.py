@@ -31,6 +31,10 @@ def run_observe(
     agent = rt.agents.get(head.agent)
     results = claim.results
     failures = [r for r in results if not r.ok]
+    poisoned = [r for r in failures if r.error is not None and r.error.kind == "PoisonPhase"]
+    if poisoned:
+        rt.fail(current, _first_error(poisoned))
+        return
     unknown = [r for r in failures if r.error is not None and r.error.kind == "ToolOutcomeUnknown"]
     if unknown and agent.policy.on_unknown_outcome == "fail":
         rt.fail(current, _first_error(unknown))

@@ -106,6 +106,10 @@ class Runtime:
             self.send(spec)
             if faults.enabled("duplicate_publish"):
                 self.send(spec)
+        # Only now is the outbox known to be sent; a crash before this line leaves it unmarked, and
+        # the next stale delivery (or the sweeper) publishes it.
+        for run_id, version in {(str(s.arguments["run_id"]), int(s.arguments["version"])) for s in outbox}:
+            self.store.mark_sent(run_id, version)
 
     def unclaimed(
         self, claim: Claim | Busy | Done | Stale | None, task: str, run_id: str, version: int

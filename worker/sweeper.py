@@ -15,7 +15,10 @@ import uuid
 
 import redis
 
+from shared import fsm
+from shared.errors import PoisonPhase
 from shared.state import Phase
+from shared.store import Recovery
 from worker.runtime import Runtime, with_epoch
 
 log = logging.getLogger("wesichain.sweeper")
@@ -29,6 +32,9 @@ def sweep_once(rt: Runtime, limit: int = 200) -> int:
     for run_id in rt.store.expired_leases(limit):
         recovery = rt.store.recover(run_id)
         if recovery is None:
+            continue
+        if recovery.takeovers > rt.settings.max_phase_attempts:
+            _fail_as_poison(rt, run_id, recovery)
             continue
         outbox = recovery.outbox
         if recovery.phase is Phase.ACTING:
@@ -50,6 +56,23 @@ def sweep_once(rt: Runtime, limit: int = 200) -> int:
         rt.publish([with_epoch(s, recovery.epoch) for s in outbox])
         recovered += 1
     return recovered
+
+
+def _fail_as_poison(rt: Runtime, run_id: str, recovery: Recovery) -> None:
+    """A phase re-published this often never even claimed the run (it fails before it can)."""
+    head = rt.store.load(run_id)
+    if head is None or head.terminal or head.version != recovery.version:
+        return
+    current = fsm.view(head)
+    if isinstance(current, fsm.Completed | fsm.Failed | fsm.Interrupted):
+        return
+    error = PoisonPhase(
+        f"{recovery.phase.value} of step {recovery.step} was handed on {recovery.takeovers} times"
+        f" without progress (limit {rt.settings.max_phase_attempts})",
+        step=recovery.step,
+    ).info()
+    log.error("run %s: %s", run_id, error.message)
+    rt.fail(current, error)
 
 
 class Sweeper:

@@ -1,6 +1,8 @@
--- Sweeper: take over a run whose lease expired. KEYS: 1 run hash, 2 leases zset
+-- Sweeper: take over a run whose lease expired. KEYS: 1 run hash, 2 leases zset, 3 attempts hash
 -- ARGV: 1 run_id, 2 now, 3 new lease deadline
--- Returns {'gone'|'parked'|'alive'} or {'recover', phase, version, epoch, step, outbox, pending_calls_field}.
+-- Returns {'gone'|'parked'|'alive'} or {'recover', phase, version, epoch, step, outbox, takeovers}
+-- where takeovers counts the sweeper's takeovers at this version (a bound against a phase whose
+-- task fails before it can even claim the run).
 -- A run whose claim holder is still renewing is 'alive' (its lease is pushed to the claim's
 -- deadline). Otherwise the epoch is bumped, so deliveries from before the takeover are stale,
 -- the expired phase claim is dropped and the caller re-publishes the outbox under the new epoch.
@@ -29,7 +31,9 @@ if latest > now then
   return {'alive'}
 end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+local version = redis.call('HGET', KEYS[1], 'version')
+local takeovers = redis.call('HINCRBY', KEYS[3], 'takeover:v' .. version, 1)
 redis.call('HDEL', KEYS[1], 'running')
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-return {'recover', phase, redis.call('HGET', KEYS[1], 'version'), tostring(epoch),
-        redis.call('HGET', KEYS[1], 'step'), redis.call('HGET', KEYS[1], 'outbox') or '[]'}
+return {'recover', phase, version, tostring(epoch),
+        redis.call('HGET', KEYS[1], 'step'), redis.call('HGET', KEYS[1], 'outbox') or '[]', takeovers}
