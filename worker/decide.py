@@ -5,20 +5,16 @@ from __future__ import annotations
 from shared import fsm
 from shared.errors import BudgetExceeded, ToolOutcomeUnknown
 from shared.state import Phase
-from shared.store import Claim
 from worker.runtime import TASK_DECIDE, Runtime, log
 
 
 def run_decide(rt: Runtime, run_id: str, version: int, epoch: int = 0, takeover: bool = False) -> None:
     claim = rt.store.begin(run_id, version, Phase.AWAITING_APPROVAL, epoch, 0, "decide", takeover=takeover)
-    if rt.unclaimed(claim, TASK_DECIDE, run_id, version):
+    claim = rt.ready(claim, TASK_DECIDE, run_id, version, "decide")
+    if claim is None:
         return
-    assert isinstance(claim, Claim)
     current = fsm.view(claim.head)
     assert isinstance(current, fsm.AwaitingApproval)
-    if claim.cancel_requested:
-        rt.interrupt(current, "cancelled")
-        return
     decision = rt.store.load_decision(run_id)
     approval = current.head.approval
     if decision is None or approval is None:

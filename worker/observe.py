@@ -5,7 +5,6 @@ from __future__ import annotations
 from shared import fsm
 from shared.errors import BudgetExceeded, RunErrorInfo
 from shared.state import Phase, ToolResult
-from shared.store import Claim
 from worker.runtime import TASK_OBSERVE, Runtime
 
 
@@ -15,16 +14,11 @@ def run_observe(
     claim = rt.store.begin(
         run_id, version, Phase.OBSERVING, epoch, step, f"{step}:observe", with_results=True, takeover=takeover
     )
-    if rt.unclaimed(claim, TASK_OBSERVE, run_id, version):
+    claim = rt.ready(claim, TASK_OBSERVE, run_id, version, f"observe of step {step}")
+    if claim is None:
         return
-    assert isinstance(claim, Claim)
     current = fsm.view(claim.head)
     assert isinstance(current, fsm.Observing)
-    if rt.check_poison(current, claim.attempts, f"observe of step {step}"):
-        return
-    if claim.cancel_requested:
-        rt.interrupt(current, "cancelled")
-        return
     head = current.head
     with rt.heartbeat.hold(run_id, claim.claim_field, claim.token):
         rt.paused(Phase.OBSERVING, run_id)

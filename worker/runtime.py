@@ -128,6 +128,26 @@ class Runtime:
             return True
         return False
 
+    def ready(
+        self, claim: Claim | Busy | Done | Stale | None, task: str, run_id: str, version: int, what: str
+    ) -> Claim | None:
+        """The claim, when this delivery is to do its phase; None when it must stop here.
+
+        Stopping may still take an action: re-publish a stale run's unsent outbox, fail a run
+        whose phase crashed its workers too often, or commit a requested cancel.
+        """
+        if self.unclaimed(claim, task, run_id, version):
+            return None
+        assert isinstance(claim, Claim)
+        current = fsm.view(claim.head)
+        assert not isinstance(current, fsm.Completed | fsm.Failed | fsm.Interrupted)
+        if self.check_poison(current, claim.attempts, what):
+            return None
+        if claim.cancel_requested:
+            self.interrupt(current, "cancelled")
+            return None
+        return claim
+
     def paused(self, phase: Phase, run_id: str) -> None:
         faults.pause_point(phase.value, self.store, run_id)
 

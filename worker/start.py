@@ -13,7 +13,6 @@ from shared import fsm
 from shared.errors import ConfigError, RunConfigError
 from shared.messages import Message, SystemMessage, UserMessage
 from shared.state import Phase, RunHead
-from shared.store import Claim
 from worker.runtime import TASK_START, Runtime, initial_messages, start_task
 
 #: Messages of earlier runs in the same thread carried into a new run.
@@ -32,16 +31,11 @@ def run_start(
         # Sent by a bare producer: create the run here (a no-op if a duplicate already did).
         rt.store.commit(None, RunHead.new_idle(run_id, **create), outbox=[start_task(run_id, 1)])
     claim = rt.store.begin(run_id, version, Phase.IDLE, epoch, 0, "0:start", takeover=takeover)
-    if rt.unclaimed(claim, TASK_START, run_id, version):
+    claim = rt.ready(claim, TASK_START, run_id, version, "start")
+    if claim is None:
         return
-    assert isinstance(claim, Claim)
     current = fsm.view(claim.head)
     assert isinstance(current, fsm.Idle)
-    if rt.check_poison(current, claim.attempts, "start"):
-        return
-    if claim.cancel_requested:
-        rt.interrupt(current, "cancelled")
-        return
     head = current.head
     with rt.heartbeat.hold(run_id, claim.claim_field, claim.token):
         rt.paused(Phase.IDLE, run_id)

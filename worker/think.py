@@ -27,16 +27,11 @@ def run_think(
     claim = rt.store.begin(
         run_id, version, Phase.THINKING, epoch, step, f"{step}:think", with_messages=True, takeover=takeover
     )
-    if rt.unclaimed(claim, TASK_THINK, run_id, version):
+    claim = rt.ready(claim, TASK_THINK, run_id, version, f"think of step {step}")
+    if claim is None:
         return
-    assert isinstance(claim, Claim)
     current = fsm.view(claim.head)
     assert isinstance(current, fsm.Thinking)
-    if rt.check_poison(current, claim.attempts, f"think of step {step}"):
-        return
-    if claim.cancel_requested:
-        rt.interrupt(current, "cancelled")
-        return
     with rt.heartbeat.hold(run_id, claim.claim_field, claim.token) as held:
         rt.paused(Phase.THINKING, run_id)
         _think(rt, current, claim, held)

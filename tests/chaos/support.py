@@ -20,10 +20,11 @@ import psutil
 import redis
 
 from producer.client import Client, RunHandle
-from shared.events import END_EVENTS, Event
+from shared.events import Event
 from shared.state import Phase, RunHead
 from tests.agents_fixture import EFFECTS_KEY, PIDS_KEY, STARTS_KEY
 from tests.harness import RedisServer, WorkerProcess, wait_until
+from tests.invariants import assert_event_invariants, committed, kinds  # noqa: F401 - re-exported for the chaos tests
 
 PREFIX = "wesichain:"
 #: Short leases so a dead worker's phase is handed on within seconds.
@@ -189,41 +190,8 @@ def events_of(handle: RunHandle) -> list[Event]:
     return events
 
 
-def kinds(events: Iterable[Event]) -> list[str]:
-    return [e.kind for e in events if e.kind != "TokenDelta"]
-
-
 def wait_terminal(handle: RunHandle, timeout: float = RUN_TIMEOUT_S) -> RunHead:
     return handle.wait(timeout)
-
-
-def assert_event_invariants(events: Sequence[Event]) -> None:
-    """Every step's StepStarted precedes its end; every ToolDispatched has exactly one completion;
-    a terminal run has exactly one end event and it is the last."""
-    started: set[int] = set()
-    for e in events:
-        if e.kind == "StepStarted":
-            assert e.step not in started, f"step {e.step} started twice"
-            started.add(e.step)
-        elif e.kind in (
-            "ModelResponded",
-            "ToolDispatched",
-            "ToolCompleted",
-            "StepFailed",
-            "Completed",
-            "Failed",
-        ) and (e.step > 0):
-            assert e.step in started, f"{e.kind} of step {e.step} before its StepStarted"
-    dispatched = [(e.step, e.call_id) for e in events if e.kind == "ToolDispatched"]
-    completed = [(e.step, e.call_id) for e in events if e.kind == "ToolCompleted"]
-    assert len(set(dispatched)) == len(dispatched), f"a tool call was dispatched twice: {dispatched}"
-    assert len(set(completed)) == len(completed), f"a tool call completed twice: {completed}"
-    assert sorted(dispatched) == sorted(completed), (
-        f"dispatched calls without exactly one completion: dispatched={dispatched} completed={completed}"
-    )
-    ends = [e for e in events if e.kind in END_EVENTS]
-    assert len(ends) == 1, f"expected one end event, got {kinds(ends)}"
-    assert committed(events)[-1].kind in END_EVENTS, f"events go on after the end: {kinds(events)}"
 
 
 def assert_terminal_matches_events(head: RunHead, events: Sequence[Event]) -> None:
@@ -232,11 +200,6 @@ def assert_terminal_matches_events(head: RunHead, events: Sequence[Event]) -> No
     assert end.kind == expected[head.phase], f"head is {head.phase} but the last event is {end.kind}"
     if end.kind == "Failed":
         assert end.error == head.error
-
-
-def committed(events: Iterable[Event]) -> list[Event]:
-    """The events written by commits (token deltas are streamed outside them, and may repeat)."""
-    return [e for e in events if e.kind != "TokenDelta"]
 
 
 def first_event_after(events: Sequence[Event], t: float) -> Event:

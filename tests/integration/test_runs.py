@@ -9,6 +9,7 @@ from shared.events import Event
 from shared.state import Phase
 from tests.agents_fixture import EFFECTS_KEY
 from tests.harness import WorkerProcess, wait_until
+from tests.invariants import assert_event_invariants, kinds
 
 pytestmark = pytest.mark.integration
 
@@ -19,32 +20,6 @@ def run(client: Client, agent: str, text: str = "go") -> tuple[RunHandle, list[E
     handle = client.submit(agent, text)
     events = list(handle.events())
     return handle, events
-
-
-def kinds(events: list[Event]) -> list[str]:
-    return [e.kind for e in events if e.kind != "TokenDelta"]
-
-
-def assert_event_invariants(events: list[Event]) -> None:
-    """Every step's StepStarted precedes its end; every ToolDispatched has exactly one completion."""
-    started: set[int] = set()
-    for e in events:
-        if e.kind == "StepStarted":
-            assert e.step not in started, f"step {e.step} started twice"
-            started.add(e.step)
-        elif e.kind in (
-            "ModelResponded",
-            "ToolDispatched",
-            "ToolCompleted",
-            "StepFailed",
-            "Completed",
-            "Failed",
-        ):
-            assert e.step in started, f"{e.kind} of step {e.step} before its StepStarted"
-    dispatched = [(e.step, e.call_id) for e in events if e.kind == "ToolDispatched"]
-    completed = [(e.step, e.call_id) for e in events if e.kind == "ToolCompleted"]
-    assert sorted(dispatched) == sorted(completed)
-    assert len(set(completed)) == len(completed), "a tool call completed twice"
 
 
 def test_direct_answer(workers: list[WorkerProcess], client: Client) -> None:
