@@ -89,6 +89,8 @@ class Stale:
     head: RunHead | None
     outbox: list[TaskSpec]
     outbox_sent: bool
+    #: The broker redelivered this task because its worker died.
+    takeover: bool = False
 
 
 CommitStatus = Literal["committed", "fenced", "cancel_pending"]
@@ -106,7 +108,6 @@ class RunStore:
         self._cancel = client.register_script(_script("cancel"))
         self._renew = client.register_script(_script("renew"))
         self._recover = client.register_script(_script("recover"))
-        self._mark_sent = client.register_script(_script("mark_sent"))
         self._decide = client.register_script(_script("decide"))
         self._messages = MessageCache()
 
@@ -214,7 +215,9 @@ class RunStore:
         head = self._head_from_fields(fields)
         if status == "stale":
             outbox = [TaskSpec.model_validate(t) for t in _json_list(fields.get("outbox", "[]"))]
-            return Stale(head=head, outbox=outbox, outbox_sent=fields.get("outbox_sent") == "1")
+            return Stale(
+                head=head, outbox=outbox, outbox_sent=fields.get("outbox_sent") == "1", takeover=takeover
+            )
         messages: list[Message] = []
         if with_messages:
             messages = [*(cached or []), *(MESSAGE_ADAPTER.validate_json(m) for m in reply[3])]
@@ -261,10 +264,6 @@ class RunStore:
         value = self.redis.hget(key, claim_field)
         if value is not None and _s(value).startswith(token + "|"):
             self.redis.hdel(key, claim_field)
-
-    def mark_sent(self, run_id: str, version: int) -> None:
-        """The outbox of ``version`` was published: stale deliveries need not publish it again."""
-        self._mark_sent(keys=[self.keys.run(run_id)], args=[str(version)])
 
     def expired_leases(self, limit: int = 100) -> list[str]:
         return [

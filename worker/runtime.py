@@ -106,10 +106,6 @@ class Runtime:
             self.send(spec)
             if faults.enabled("duplicate_publish"):
                 self.send(spec)
-        # Only now is the outbox known to be sent; a crash before this line leaves it unmarked, and
-        # the next stale delivery (or the sweeper) publishes it.
-        for run_id, version in {(str(s.arguments["run_id"]), int(s.arguments["version"])) for s in outbox}:
-            self.store.mark_sent(run_id, version)
 
     def unclaimed(
         self, claim: Claim | Busy | Done | Stale | None, task: str, run_id: str, version: int
@@ -152,11 +148,17 @@ class Runtime:
         faults.pause_point(phase.value, self.store, run_id)
 
     def on_stale(self, stale: Stale, task: str, version: int) -> None:
-        """A duplicate or late delivery: do nothing but make sure the run's next phase was sent."""
+        """A duplicate or late delivery: do nothing, unless the run's next phase may never have been sent.
+
+        That is the case only when the broker handed this task over because its worker died (the
+        worker may have died between its commit and its publish) and no task of the new version
+        has claimed the run since. Any other stale delivery is a benign duplicate: re-publishing
+        from it would send a duplicate of the next phase, which would do the same one hop later.
+        """
         head = stale.head
         if head is None or head.terminal:
             return
-        if head.version > version and not stale.outbox_sent:
+        if stale.takeover and head.version > version and not stale.outbox_sent:
             log.info(
                 "run %s: %s v%d is stale at v%d; re-publishing its outbox",
                 head.run_id,
