@@ -135,19 +135,13 @@ class Thinking(_Live):
             message_count=self.head.message_count + 1,
             model_retries=0,
         )
-        dispatched = tuple(
-            ev.ToolDispatched(
-                run_id=head.run_id, step=head.step, call_id=c.id, tool=c.name, arguments=c.arguments
-            )
-            for c in calls
-        )
         responded = ev.ModelResponded(
             run_id=head.run_id, step=head.step, text=text, tool_calls=len(calls), usage=usage
         )
         return Transition(
             Acting(head),
             messages=(AssistantMessage(content=text, tool_calls=list(calls)),),
-            events=(responded, *dispatched),
+            events=(responded, *_dispatched(head)),
         )
 
     def park(
@@ -267,13 +261,7 @@ class AwaitingApproval(_Live):
     def approve(self) -> Transition[Acting]:
         """Approved tool calls: dispatch them all."""
         head = self._next(Phase.ACTING, approval=None)
-        dispatched = tuple(
-            ev.ToolDispatched(
-                run_id=head.run_id, step=head.step, call_id=c.id, tool=c.name, arguments=c.arguments
-            )
-            for c in head.pending_calls
-        )
-        return Transition(Acting(head), events=dispatched)
+        return Transition(Acting(head), events=_dispatched(head))
 
     def deny(self, note: str) -> Transition[Thinking]:
         """Denied tool calls: none runs, and the model is told so."""
@@ -301,6 +289,16 @@ class AwaitingApproval(_Live):
         return Transition(
             Thinking(head), messages=messages, events=(ev.StepStarted(run_id=head.run_id, step=step),)
         )
+
+
+def _dispatched(head: RunHead) -> tuple[ev.Event, ...]:
+    """One ToolDispatched per pending call: emitted when the calls are really sent to the tools."""
+    return tuple(
+        ev.ToolDispatched(
+            run_id=head.run_id, step=head.step, call_id=c.id, tool=c.name, arguments=c.arguments
+        )
+        for c in head.pending_calls
+    )
 
 
 def _tool_messages(head: RunHead, results: Sequence[ToolResult]) -> tuple[Message, ...]:
