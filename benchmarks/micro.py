@@ -29,7 +29,7 @@ from shared.messages import MESSAGE_ADAPTER, SystemMessage, ToolCall, UserMessag
 from shared.settings import Settings, celery_config
 from shared.state import Phase, RunHead, ToolResult
 from shared.store import RunStore
-from worker.runtime import observe_task, task_for
+from shared.tasks import observe_task, task_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -24,11 +24,9 @@ from shared.errors import ConfigError
 from shared.events import END_EVENTS, Event
 from shared.redis_client import connect
 from shared.settings import Settings, celery_config
-from shared.state import Decision, Phase, RunHead, TaskSpec
+from shared.state import Decision, Phase, RunHead
 from shared.store import RunStore
-
-TASK_START = "wesichain.start"
-TASK_DECIDE = "wesichain.decide"
+from shared.tasks import decide_task, start_task
 
 
 class RunTimeout(TimeoutError):
@@ -75,12 +73,11 @@ class Client:
             raise ConfigError(f"model {model!r} must look like PROVIDER:MODEL")
         run_id = run_id or uuid.uuid4().hex
         head = RunHead.new_idle(run_id, agent, input, thread_id=thread_id, metadata=metadata, model=model)
-        start = {"run_id": run_id, "version": head.version}
-        task_id = f"{run_id}:v{head.version}:start"
-        status = self.store.commit(None, head, outbox=[_spec(task_id, start)])
+        start = start_task(run_id, head.version)
+        status = self.store.commit(None, head, outbox=[start])
         if status != "committed":
             raise ValueError(f"run id {run_id!r} already exists")
-        self.app.send_task(TASK_START, kwargs=start, task_id=task_id)
+        self.app.send_task(start.name, kwargs=start.arguments, task_id=start.task_id)
         return RunHandle(self, run_id)
 
     def handle(self, run_id: str) -> RunHandle:
@@ -88,10 +85,6 @@ class Client:
 
     def close(self) -> None:
         self.store.redis.close()
-
-
-def _spec(task_id: str, kwargs: dict[str, Any]) -> TaskSpec:
-    return TaskSpec(name=TASK_START, task_id=task_id, arguments=kwargs)
 
 
 class RunHandle:
@@ -176,5 +169,5 @@ class RunHandle:
         self._send_decide(head)
 
     def _send_decide(self, head: RunHead) -> None:
-        kwargs = {"run_id": self.run_id, "version": head.version, "epoch": head.epoch}
-        self.client.app.send_task(TASK_DECIDE, kwargs=kwargs, task_id=f"{self.run_id}:v{head.version}:decide")
+        task = decide_task(head)
+        self.client.app.send_task(task.name, kwargs=task.arguments, task_id=task.task_id)

@@ -12,9 +12,10 @@ from shared.errors import PoisonPhase, RunError, RunErrorInfo, ToolDispatch, Too
 from shared.messages import ToolCall
 from shared.state import Phase, RunHead, ToolResult
 from shared.store import Claim
+from shared.tasks import TASK_TOOL, observe_task, with_epoch
 from shared.tools import Tool, ToolContext, validation_summary
 from worker.heartbeat import Held
-from worker.runtime import TASK_TOOL, Runtime, log, observe_task, with_epoch
+from worker.runtime import Runtime, log
 from worker.timeouts import call_with_timeout
 
 

@@ -20,19 +20,12 @@ from shared.agents import load_registry
 from shared.settings import Settings, celery_config
 from shared.state import TaskSpec
 from shared.store import RunStore
+from shared.tasks import TASK_DECIDE, TASK_OBSERVE, TASK_START, TASK_SWEEP, TASK_THINK, TASK_TOOL
 from worker.act import run_tool
 from worker.decide import run_decide
 from worker.heartbeat import Heartbeat
 from worker.observe import run_observe
-from worker.runtime import (
-    TASK_DECIDE,
-    TASK_OBSERVE,
-    TASK_START,
-    TASK_SWEEP,
-    TASK_THINK,
-    TASK_TOOL,
-    Runtime,
-)
+from worker.runtime import Runtime
 from worker.start import run_start
 from worker.sweeper import Sweeper, sweep_once
 from worker.think import run_think

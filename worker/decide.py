@@ -5,7 +5,8 @@ from __future__ import annotations
 from shared import fsm
 from shared.errors import BudgetExceeded, ToolOutcomeUnknown
 from shared.state import Phase
-from worker.runtime import TASK_DECIDE, Runtime, log
+from shared.tasks import TASK_DECIDE
+from worker.runtime import Runtime, log
 
 
 def run_decide(rt: Runtime, run_id: str, version: int, epoch: int = 0, takeover: bool = False) -> None:

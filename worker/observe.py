@@ -5,7 +5,8 @@ from __future__ import annotations
 from shared import fsm
 from shared.errors import BudgetExceeded, RunErrorInfo
 from shared.state import Phase, ToolResult
-from worker.runtime import TASK_OBSERVE, Runtime
+from shared.tasks import TASK_OBSERVE
+from worker.runtime import Runtime
 
 
 def run_observe(

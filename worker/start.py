@@ -13,7 +13,8 @@ from shared import fsm
 from shared.errors import ConfigError, RunConfigError
 from shared.messages import Message, SystemMessage, UserMessage
 from shared.state import Phase, RunHead
-from worker.runtime import TASK_START, Runtime, initial_messages, start_task
+from shared.tasks import TASK_START, start_task
+from worker.runtime import Runtime, initial_messages
 
 #: Messages of earlier runs in the same thread carried into a new run.
 HISTORY_WINDOW = 40

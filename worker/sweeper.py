@@ -19,7 +19,8 @@ from shared import fsm
 from shared.errors import PoisonPhase
 from shared.state import Phase
 from shared.store import Recovery
-from worker.runtime import Runtime, with_epoch
+from shared.tasks import with_epoch
+from worker.runtime import Runtime
 
 log = logging.getLogger("wesichain.sweeper")
 

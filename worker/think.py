@@ -14,8 +14,9 @@ from shared.models import resolve_model
 from shared.policy import Retry, decide_invalid_action, decide_model_error
 from shared.state import Phase
 from shared.store import Claim
+from shared.tasks import TASK_THINK
 from worker.heartbeat import Held
-from worker.runtime import TASK_THINK, Runtime
+from worker.runtime import Runtime
 
 #: Token deltas are flushed to the event stream at most this often (one round trip per batch).
 DELTA_FLUSH_S = 0.05

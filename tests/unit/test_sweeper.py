@@ -16,9 +16,10 @@ from shared.messages import SystemMessage, UserMessage
 from shared.settings import Settings
 from shared.state import Phase, RunHead, TaskSpec
 from shared.store import RunStore
+from shared.tasks import task_for
 from tests.harness import RedisServer, wait_until
 from worker.heartbeat import Heartbeat
-from worker.runtime import Runtime, task_for
+from worker.runtime import Runtime
 from worker.sweeper import Sweeper, sweep_once
 
 
