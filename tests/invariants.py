@@ -6,6 +6,18 @@ from collections.abc import Iterable, Sequence
 
 from shared.events import END_EVENTS, Event
 
+#: The committed events of a run with one tool hop, in order.
+ONE_HOP = [
+    "RunStarted",
+    "StepStarted",
+    "ModelResponded",
+    "ToolDispatched",
+    "ToolCompleted",
+    "StepStarted",
+    "ModelResponded",
+    "Completed",
+]
+
 
 def kinds(events: Iterable[Event]) -> list[str]:
     return [e.kind for e in events if e.kind != "TokenDelta"]

@@ -12,6 +12,7 @@ from producer.client import Client
 from shared.settings import ENV_AGENTS, ENV_PREFIX, ENV_REDIS_URL
 from shared.state import Phase
 from tests.harness import RedisServer, WorkerProcess, wait_until
+from tests.invariants import ONE_HOP
 
 AGENTS = "tests.agents_fixture"
 UNREACHABLE = "redis://127.0.0.1:1/0"
@@ -88,16 +89,7 @@ def test_submit_wait_text_status_and_events(
     printed = [m[2] for line in lines if (m := EVENT_LINE.match(line))]
     assert len(printed) == len(lines)
     kinds = [k for k in printed if k != "TokenDelta"]
-    assert kinds == [
-        "RunStarted",
-        "StepStarted",
-        "ModelResponded",
-        "ToolDispatched",
-        "ToolCompleted",
-        "StepStarted",
-        "ModelResponded",
-        "Completed",
-    ]
+    assert kinds == ONE_HOP
     assert "add ok 3.0" in next(line for line in lines if "ToolCompleted" in line)
 
     assert cli(redis_server.url, "events", run_id, "--json") == 0

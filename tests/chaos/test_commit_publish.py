@@ -27,7 +27,7 @@ from tests.chaos.support import (
     kinds,
     note_recovery,
 )
-from tests.chaos.test_worker_kill import ONE_HOP
+from tests.invariants import ONE_HOP
 
 pytestmark = pytest.mark.chaos
 

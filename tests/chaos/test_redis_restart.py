@@ -29,8 +29,8 @@ from tests.chaos.support import (
     starts,
     wait_tool_started,
 )
-from tests.chaos.test_worker_kill import ONE_HOP
 from tests.harness import RedisServer, WorkerProcess, wait_until
+from tests.invariants import ONE_HOP
 
 pytestmark = pytest.mark.chaos
 

@@ -32,19 +32,10 @@ from tests.chaos.support import (
     wait_paused,
     wait_tool_started,
 )
+from tests.invariants import ONE_HOP
 
 pytestmark = pytest.mark.chaos
 
-ONE_HOP = [
-    "RunStarted",
-    "StepStarted",
-    "ModelResponded",
-    "ToolDispatched",
-    "ToolCompleted",
-    "StepStarted",
-    "ModelResponded",
-    "Completed",
-]
 TOOL_FAILED = ["RunStarted", "StepStarted", "ModelResponded", "ToolDispatched", "ToolCompleted", "Failed"]
 #: The first event the recovered phase commits.
 NEXT_EVENT = {
