@@ -26,6 +26,8 @@ EFFECTS_KEY = "test:effects"
 STARTS_KEY = "test:starts"
 #: idempotency key -> pid of the process that last started the call (chaos tests kill it).
 PIDS_KEY = "test:pids"
+#: List per idempotency key: the pid of every attempt of the poison tool, appended before it dies.
+ATTEMPT_PIDS_KEY = "test:attempt_pids:"
 
 
 @cache
@@ -89,8 +91,9 @@ class NoArgs(BaseModel):
 
 @tool
 def crash_worker(args: NoArgs, ctx: ToolContext) -> str:
-    """A poison tool: kills the process that runs it, every time."""
+    """A poison tool: kills the process that runs it, every time (recording which process first)."""
     _record(STARTS_KEY, ctx)
+    _redis().rpush(ATTEMPT_PIDS_KEY + ctx.idempotency_key, os.getpid())
     os.kill(os.getpid(), signal.SIGKILL)
     return "unreachable"
 

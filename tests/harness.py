@@ -127,6 +127,7 @@ class WorkerProcess:
         queues: str | None = None,
         env: dict[str, str] | None = None,
         log_dir: str | None = None,
+        include: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="wesichain-worker-")) / f"{name}.log"
@@ -152,8 +153,12 @@ class WorkerProcess:
             self.args += ["--queues", queues]
         # Event heartbeats stay on as in production: they let a monitor (Flower) switch task events on.
         self.args += ["--", "--without-mingle", "--without-gossip"]
+        if include:
+            self.args.append("--include=" + ",".join(include))
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_WORKER_NAME": name, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
+        #: The main pid of every incarnation of this worker, in start order.
+        self.main_pids: list[int] = []
 
     def start(self, wait: bool = True) -> WorkerProcess:
         self._log = open(self.log_path, "ab")  # closed in stop()
@@ -166,6 +171,7 @@ class WorkerProcess:
             cwd=ROOT,
             start_new_session=True,
         )
+        self.main_pids.append(self.proc.pid)
         if wait:
             self.wait_ready()
         return self

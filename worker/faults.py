@@ -30,7 +30,8 @@ def enabled(name: str) -> bool:
 
 
 def _once(name: str, store: RunStore, run_id: str) -> bool:
-    return bool(store.redis.set(store.keys.fault(name, run_id), "1", nx=True, ex=3600))
+    # The value is the pid the fault fired in, so a test can tell which process it killed.
+    return bool(store.redis.set(store.keys.fault(name, run_id), str(os.getpid()), nx=True, ex=3600))
 
 
 def crash_point(name: str, store: RunStore, run_id: str) -> None:

@@ -73,6 +73,7 @@ class Cluster:
         env: dict[str, str] | None = None,
         concurrency: int = 1,
         pool: str = "prefork",
+        include: tuple[str, ...] = (),
     ) -> list[WorkerProcess]:
         new = [
             WorkerProcess(
@@ -82,6 +83,7 @@ class Cluster:
                 pool=pool,
                 env={**CHAOS_ENV, **(env or {})},
                 log_dir=str(self.log_dir),
+                include=include,
             )
             for i in range(n)
         ]
@@ -133,10 +135,10 @@ def kill_child(pid: int, worker: WorkerProcess) -> None:
     assert pid != worker.pid, "that is the worker's main process, not a pool child"
     assert pid in worker.children(), f"pid {pid} is not a child of {worker.name}"
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not _running(pid), timeout=10, what=f"child {pid} to die")
+    wait_until(lambda: not is_running(pid), timeout=10, what=f"child {pid} to die")
 
 
-def _running(pid: int) -> bool:
+def is_running(pid: int) -> bool:
     try:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
