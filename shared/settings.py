@@ -135,7 +135,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "socket_timeout": 10,
             "socket_connect_timeout": 5,
             "health_check_interval": 25,
-            "retry_on_timeout": True,
+            # No retry_on_timeout: with it, redis-py silently reconnects a connection kombu is
+            # polling (BRPOP, pub/sub) after a reset, kombu never learns it lost the connection,
+            # and the worker stays up without ever consuming again. Without it the error reaches
+            # Celery's consumer, which reconnects everything within a second.
         }
     return {
         "broker_url": broker,
