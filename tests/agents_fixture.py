@@ -6,6 +6,7 @@ so tests can count how many times an effect really happened.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import time
@@ -18,7 +19,7 @@ from pydantic import BaseModel, Field
 from shared.agents import Agent, AgentRegistry
 from shared.llm.base import ModelResponse, RawToolCall, Usage
 from shared.llm.scripted import ScriptedModel, reply
-from shared.messages import Message, ToolMessage
+from shared.messages import AssistantMessage, Message, ToolMessage, UserMessage
 from shared.policy import Fail, Interrupt, Policy, Reprompt, Retry
 from shared.tools import ToolContext, ToolSet, tool
 
@@ -104,7 +105,68 @@ def boom(args: NoArgs) -> str:
     raise RuntimeError("boom: the tool failed")
 
 
-TOOLS = ToolSet([add, slow, charge, crash_worker, boom])
+class HoldArgs(BaseModel):
+    seconds: float = Field(ge=0, le=3600)
+
+
+def _sleep_holding_the_gil(seconds: float) -> None:
+    """Sit in C code for ``seconds`` without releasing the GIL and deaf to SIGALRM.
+
+    libc's sleep through ``ctypes.PyDLL`` is a C call made with the GIL held, so no other thread of
+    the process (the heartbeat included) runs meanwhile; SIGALRM is blocked first, as some C
+    libraries do, so no timer interrupts it either. Only killing the process ends it early.
+    """
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        ctypes.PyDLL(None).sleep(int(seconds))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+@tool(retry_safe=False)
+def charge_holding_gil(args: HoldArgs, ctx: ToolContext) -> str:
+    """A non-retry-safe side effect stuck in C code that holds the GIL (think: a blocking C driver)."""
+    _record(STARTS_KEY, ctx)
+    _sleep_holding_the_gil(args.seconds)
+    _record(EFFECTS_KEY, ctx)
+    return "charged while holding the GIL"
+
+
+@tool(timeout_s=1.0)
+def swallow_timeout(args: HoldArgs, ctx: ToolContext) -> str:
+    """A tool that runs far past its 1 s timeout and catches every Exception on the way."""
+    _record(STARTS_KEY, ctx)
+    deadline = time.monotonic() + args.seconds
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.05)
+        except Exception:  # the kind of blanket handler real tools have
+            pass
+    _record(EFFECTS_KEY, ctx)
+    return "finished long after the timeout"
+
+
+@tool(timeout_s=1.0)
+def hang_in_c(args: HoldArgs, ctx: ToolContext) -> str:
+    """A tool stuck in C code past its 1 s timeout: only killing its process stops it."""
+    _record(STARTS_KEY, ctx)
+    _sleep_holding_the_gil(args.seconds)
+    _record(EFFECTS_KEY, ctx)
+    return "came back from C"
+
+
+@tool(retry_safe=False, timeout_s=1.0)
+def charge_hang_in_c(args: HoldArgs, ctx: ToolContext) -> str:
+    """A non-retry-safe side effect stuck in C code past its 1 s timeout."""
+    _record(STARTS_KEY, ctx)
+    _sleep_holding_the_gil(args.seconds)
+    _record(EFFECTS_KEY, ctx)
+    return "charged after hanging"
+
+
+TOOLS = ToolSet(
+    [add, slow, charge, crash_worker, boom, charge_holding_gil, swallow_timeout, hang_in_c, charge_hang_in_c]
+)
 registry = AgentRegistry()
 
 
@@ -220,3 +282,66 @@ _add(
         reply("mixed done"),
     ],
 )
+
+
+# -- agents of the reliability tests ----------------------------------------------------------------
+
+#: Model calls per (run input, turn), counted by the models below: tests submit a unique input.
+MODEL_CALLS_KEY = "test:model_calls"
+
+
+def _count_call(messages: Sequence[Message]) -> int:
+    """Count this model call under (the run's input, the turn); returns the count so far."""
+    user = next(m.content for m in messages if isinstance(m, UserMessage))
+    turn = sum(1 for m in messages if isinstance(m, AssistantMessage))
+    return int(_redis().hincrby(MODEL_CALLS_KEY, f"{user}:{turn}", 1))
+
+
+def _counted(messages: Sequence[Message]) -> ModelResponse:
+    """One tool hop like one_hop, counting every model call."""
+    _count_call(messages)
+    if not any(isinstance(m, ToolMessage) for m in messages):
+        return reply(None, ("add", {"a": 1, "b": 2}))
+    return reply("1 + 2 = 3")
+
+
+registry.add_model("counted", ScriptedModel(_counted))
+registry.add(Agent(name="counted", model="scripted:counted", system_prompt="counted", tools=TOOLS))
+
+#: Fails this many times (a retryable provider error), then answers.
+FLAKY_FAILURES = 7
+
+
+def _flaky(messages: Sequence[Message]) -> ModelResponse:
+    if _count_call(messages) <= FLAKY_FAILURES:
+        return reply("!transport")
+    return reply("answered after the provider recovered")
+
+
+registry.add_model("flaky", ScriptedModel(_flaky))
+registry.add(
+    Agent(
+        name="flaky",
+        model="scripted:flaky",
+        system_prompt="flaky",
+        tools=TOOLS,
+        policy=Policy(on_model_error=Retry(n=FLAKY_FAILURES + 1, backoff_s=0.0)),
+    )
+)
+
+#: Step 1 charges (quick) beside a slow call, so the run stays at that step after the charge.
+_add(
+    "charge_beside_slow",
+    [
+        reply(None, ("charge", {"seconds": 0.2, "label": "pay"}), ("slow", {"seconds": 4, "label": "s"})),
+        reply("charged beside a slow call"),
+    ],
+)
+_add("backlog", [reply(None, ("slow", {"seconds": 0.05, "label": "b"})), reply("through the backlog")])
+_add("gil_charge", [reply(None, ("charge_holding_gil", {"seconds": 6})), reply("unreachable")])
+_add(
+    "swallowing",
+    [reply(None, ("swallow_timeout", {"seconds": 600})), reply("went on without the tool")],
+)
+_add("hanging", [reply(None, ("hang_in_c", {"seconds": 600})), reply("went on without the tool")])
+_add("charge_hanging", [reply(None, ("charge_hang_in_c", {"seconds": 600})), reply("unreachable")])

@@ -36,9 +36,7 @@ def cpu_hog(cores: int) -> Iterator[str]:
         what = f"stress-ng --cpu {cores}"
     else:
         loop = "while True: pass"
-        procs = [
-            subprocess.Popen([sys.executable, "-c", loop], start_new_session=True) for _ in range(cores)
-        ]
+        procs = [subprocess.Popen([sys.executable, "-c", loop], start_new_session=True) for _ in range(cores)]
         what = f"{cores} busy Python loops"
     try:
         yield what

@@ -74,6 +74,7 @@ class Cluster:
         concurrency: int = 1,
         pool: str = "prefork",
         include: tuple[str, ...] = (),
+        queues: str | None = None,
     ) -> list[WorkerProcess]:
         new = [
             WorkerProcess(
@@ -84,6 +85,7 @@ class Cluster:
                 env={**CHAOS_ENV, **(env or {})},
                 log_dir=str(self.log_dir),
                 include=include,
+                queues=queues,
             )
             for i in range(n)
         ]
@@ -242,15 +244,21 @@ def _hash_of_run(r: redis.Redis, key: str, run_id: str) -> dict[str, str]:
 # -- broker -------------------------------------------------------------------------------------
 
 QUEUES = ("wesichain.model", "wesichain.tools")
+#: The broker's keys: Celery's Redis transport, as the workers configure it.
+BROKER_PREFIX = PREFIX + "celery:"
+
+
+def queue_key(queue: str) -> str:
+    """The Redis list holding ``queue``'s waiting messages."""
+    return BROKER_PREFIX + queue
 
 
 def pending_task_ids(r: redis.Redis) -> set[str]:
     """Task ids still queued or delivered-but-unacked in the broker."""
-    prefix = PREFIX + "celery:"
     raw: list[str] = []
     for q in QUEUES:
-        raw += [str(m) for m in r.lrange(prefix + q, 0, -1)]
-    raw += [str(m) for m in r.hvals(prefix + "unacked")]
+        raw += [str(m) for m in r.lrange(queue_key(q), 0, -1)]
+    raw += [str(m) for m in r.hvals(BROKER_PREFIX + "unacked")]
     ids: set[str] = set()
     for item in raw:
         try:

@@ -538,3 +538,34 @@ def test_submit_decision_on_a_run_that_is_not_parked(store: RunStore) -> None:
     assert store.submit_decision(h.run_id, h.version, Decision(approve=True)) is False
     assert store.submit_decision("missing", 1, Decision(approve=True)) is False
     assert store.load_decision(h.run_id) is None
+
+
+def test_checkpoint_size_does_not_grow_with_the_input(store: RunStore) -> None:
+    """The run's input and metadata are stored once, not copied into every checkpoint."""
+
+    def checkpoint_bytes(input_chars: int) -> int:
+        head = RunHead.new_idle(uuid.uuid4().hex, "agent", "q" * input_chars, metadata={"m": "z" * 4000})
+        assert store.commit(None, head, outbox=[spec(head, "start")]) == "committed"
+        current: fsm.Thinking = (
+            fsm.Idle(head)
+            .start(
+                [SystemMessage(content="sys"), UserMessage(content="q")],
+                agent_version="1",
+                model="m:x",
+                max_steps=99,
+            )
+            .to
+        )
+        assert store.commit(1, current.head) == "committed"
+        for _ in range(4):
+            error = RunErrorInfo(kind="InvalidModelAction", message="bad")
+            t = current.reprompt(error, "r", "c", Usage(), consume_budget=False)
+            assert store.commit(current.head.version, t.head, t.messages, t.events) == "committed"
+            current = t.to
+        raw = store.redis.lrange(store.keys.checkpoints(head.run_id), 0, -1)
+        assert len(raw) == 6
+        return sum(len(c.encode()) for c in raw)
+
+    small, large = checkpoint_bytes(10), checkpoint_bytes(1_000_000)
+    assert large - small < 100, f"six checkpoints cost {large - small} more bytes with a 1 MB input"
+    assert small < 6 * 2000, f"six checkpoints of a small run cost {small} bytes"
