@@ -12,7 +12,6 @@ worker package, so a producer needs only the agent's name and the Redis URL.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,21 +19,22 @@ from typing import Any
 
 from celery import Celery
 
-from shared.errors import ConfigError
+from shared.errors import InvalidRequest, WesichainError
 from shared.events import END_EVENTS, Event
 from shared.redis_client import connect
+from shared.request import check_run_id, validate_request
 from shared.settings import Settings, celery_config
 from shared.state import Decision, Phase, RunHead
 from shared.store import RunStore
 from shared.tasks import decide_task, start_task
 
 
-class RunTimeout(TimeoutError):
+class RunTimeout(WesichainError, TimeoutError):
     """``RunHandle.wait`` ran out of time; the run goes on."""
 
 
-class RunNotFound(LookupError):
-    pass
+class RunNotFound(WesichainError, LookupError):
+    """No run has this id (never created, or expired after its retention)."""
 
 
 class Client:
@@ -62,21 +62,27 @@ class Client:
         model: str | None = None,
         run_id: str | None = None,
     ) -> RunHandle:
-        limits = self.settings.limits
-        if not input.strip():
-            raise ValueError("input is empty")
-        if len(input) > limits.max_input_chars:
-            raise ValueError(f"input is {len(input)} chars; the limit is {limits.max_input_chars}")
-        if metadata is not None and len(json.dumps(metadata, default=str)) > limits.max_metadata_chars:
-            raise ValueError(f"metadata is over {limits.max_metadata_chars} chars of JSON")
-        if model is not None and ":" not in model:
-            raise ConfigError(f"model {model!r} must look like PROVIDER:MODEL")
-        run_id = run_id or uuid.uuid4().hex
-        head = RunHead.new_idle(run_id, agent, input, thread_id=thread_id, metadata=metadata, model=model)
-        start = start_task(run_id, head.version)
-        status = self.store.commit(None, head, outbox=[start])
-        if status != "committed":
-            raise ValueError(f"run id {run_id!r} already exists")
+        """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request."""
+        fields: dict[str, Any] = {"agent": agent, "input": input}
+        if thread_id is not None:
+            fields["thread_id"] = thread_id
+        if metadata is not None:
+            fields["metadata"] = metadata
+        if model is not None:
+            fields["model"] = model
+        request = validate_request(fields, self.settings.limits)
+        run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
+        head = RunHead.new_idle(
+            run_id,
+            request.agent,
+            request.input,
+            thread_id=request.thread_id,
+            metadata=request.metadata,
+            model=request.model,
+        )
+        start = start_task(run_id)
+        if not self.store.create(head, [start]):
+            raise InvalidRequest(f"run id {run_id!r} already exists")
         self.app.send_task(start.name, kwargs=start.arguments, task_id=start.task_id)
         return RunHandle(self, run_id)
 

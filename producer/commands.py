@@ -41,7 +41,8 @@ def sweeper(args: argparse.Namespace) -> int:
     from worker.app import app
     from worker.sweeper import Sweeper
 
-    sweeper = Sweeper(app.wesichain_runtime.get())
+    holder = app.wesichain_runtime
+    sweeper = Sweeper(holder.get(), holder.probe())
     if args.once:
         print(f"recovered {sweeper.tick()} run(s)")
         return 0

@@ -7,6 +7,7 @@ Every way a run can fail is one of these, and a failed run carries it in its sta
      ├── PolicyConfigInvalid      a policy that could loop forever or is malformed (developer)
      ├── ConfigError              bad settings: URL, agent module, model string (operator)
      └── RunError                 a run cannot go on
+          ├── InvalidRequest        what a producer asked for breaks a limit or is malformed
           ├── ModelTransport        the provider could not be reached or answered badly
           ├── InvalidModelAction    the model asked for something the runtime refuses
           ├── ToolDispatch          a tool raised, timed out or got bad arguments
@@ -23,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 ErrorKind = Literal[
+    "InvalidRequest",
     "ModelTransport",
     "InvalidModelAction",
     "ToolDispatch",
@@ -85,6 +87,16 @@ class RunConfigError(RunError):
     """The run names something the workers cannot provide: an unknown agent or model provider."""
 
     kind = "Config"
+
+
+class InvalidRequest(RunError, ValueError):
+    """What a producer asked for cannot be run: a size over its limit, a missing or malformed field.
+
+    Raised to the producer when it can be told at once (the client, the HTTP API); recorded as the
+    error of a failed run when the request arrived as a bare Celery message.
+    """
+
+    kind = "InvalidRequest"
 
 
 class ModelTransport(RunError):

@@ -21,18 +21,33 @@ from shared.llm.base import Usage
 
 
 class WorkerId(BaseModel):
+    """The process that produced an event: the worker's name (its host by default) and pid."""
+
     host: str
     pid: int
 
 
+_identity: str | None = None
+
+
+def configure_worker_identity(name: str) -> None:
+    """Name this process's events and claims (``Settings.worker_name``; empty: the host name)."""
+    global _identity
+    _identity = name or None
+
+
 @cache
 def _hostname() -> str:
-    return os.environ.get("WESICHAIN_WORKER_NAME") or socket.gethostname()
+    return socket.gethostname()
+
+
+def worker_identity() -> str:
+    return _identity or _hostname()
 
 
 def this_worker() -> WorkerId:
     # pid is read each time: prefork children inherit the parent's memory after fork.
-    return WorkerId(host=_hostname(), pid=os.getpid())
+    return WorkerId(host=worker_identity(), pid=os.getpid())
 
 
 class _Event(BaseModel):

@@ -7,7 +7,11 @@
     OBSERVING ─park_unknown→ AWAITING_APPROVAL ─resume→ THINKING
     any live phase ─fail→ FAILED, ─interrupt→ INTERRUPTED
 
-Calling ``.act()`` on an :class:`Acting` or anything on a :class:`Completed` is a type error
+The view classes are named after the phases; the parked and terminal ones are ``Parked``,
+``CompletedRun``, ``FailedRun`` and ``InterruptedRun`` (the events that announce those moves are
+``AwaitingApproval``, ``Completed``, ``Failed`` and ``Interrupted``).
+
+Calling ``.act()`` on an :class:`Acting` or anything on a :class:`CompletedRun` is a type error
 (``tests/unit/test_typestate.py`` proves mypy rejects it). At runtime, :func:`view` is the only
 way in, and it checks the stored phase. Transitions are pure: they return the new head, the
 messages to append and the events to emit; the worker commits them atomically.
@@ -56,14 +60,16 @@ class PhaseView:
 class _Live(PhaseView):
     """A phase that can still end: by failure or by interruption (cancel, or halted by policy)."""
 
-    def fail(self, error: RunErrorInfo) -> Transition[Failed]:
+    def fail(self, error: RunErrorInfo) -> Transition[FailedRun]:
         head = self._next(Phase.FAILED, error=error, pending_calls=[])
-        return Transition(Failed(head), events=(ev.Failed(run_id=head.run_id, step=head.step, error=error),))
+        return Transition(
+            FailedRun(head), events=(ev.Failed(run_id=head.run_id, step=head.step, error=error),)
+        )
 
-    def interrupt(self, reason: str, error: RunErrorInfo | None = None) -> Transition[Interrupted]:
+    def interrupt(self, reason: str, error: RunErrorInfo | None = None) -> Transition[InterruptedRun]:
         head = self._next(Phase.INTERRUPTED, error=error, pending_calls=[])
         return Transition(
-            Interrupted(head), events=(ev.Interrupted(run_id=head.run_id, step=head.step, reason=reason),)
+            InterruptedRun(head), events=(ev.Interrupted(run_id=head.run_id, step=head.step, reason=reason),)
         )
 
     @property
@@ -107,7 +113,7 @@ class Idle(_Live):
 class Thinking(_Live):
     phase: Phase = field(init=False, default=Phase.THINKING)
 
-    def complete(self, answer: str, usage: Usage) -> Transition[Completed]:
+    def complete(self, answer: str, usage: Usage) -> Transition[CompletedRun]:
         total = self.head.usage + usage
         head = self._next(
             Phase.COMPLETED,
@@ -117,7 +123,7 @@ class Thinking(_Live):
             model_retries=0,
         )
         return Transition(
-            Completed(head),
+            CompletedRun(head),
             messages=(AssistantMessage(content=answer),),
             events=(
                 ev.ModelResponded(run_id=head.run_id, step=head.step, text=answer, usage=usage),
@@ -146,7 +152,7 @@ class Thinking(_Live):
 
     def park(
         self, text: str | None, calls: Sequence[ToolCall], usage: Usage, needs_approval: Sequence[str]
-    ) -> Transition[AwaitingApproval]:
+    ) -> Transition[Parked]:
         """The model asked for calls a human must approve first: park, holding no worker."""
         reason = "tool calls need approval: " + ", ".join(needs_approval)
         head = self._next(
@@ -165,7 +171,7 @@ class Thinking(_Live):
             run_id=head.run_id, step=head.step, text=text, tool_calls=len(calls), usage=usage
         )
         return Transition(
-            AwaitingApproval(head),
+            Parked(head),
             messages=(AssistantMessage(content=text, tool_calls=list(calls)),),
             events=(responded, *waiting),
         )
@@ -212,8 +218,8 @@ class Acting(_Live):
     phase: Phase = field(init=False, default=Phase.ACTING)
 
     def observe(self) -> Transition[Observing]:
-        """All results are in. In production this move is made by the fan-in script in Redis
-        (atomically with the last result); this pure form is its specification."""
+        """All results are in. The delivery whose result is the step's last computes this move and
+        the fan-in script commits it, atomically with that result."""
         return Transition(Observing(self._next(Phase.OBSERVING)))
 
 
@@ -235,7 +241,7 @@ class Observing(_Live):
             Thinking(head), messages=messages, events=(ev.StepStarted(run_id=head.run_id, step=step),)
         )
 
-    def park_unknown(self, results: Sequence[ToolResult]) -> Transition[AwaitingApproval]:
+    def park_unknown(self, results: Sequence[ToolResult]) -> Transition[Parked]:
         """A non-retry-safe call's outcome is unknown and the policy asks a human."""
         unknown = [r for r in results if r.error is not None and r.error.kind == "ToolOutcomeUnknown"]
         reason = "outcome unknown (worker died mid-call) for: " + ", ".join(r.name for r in unknown)
@@ -249,11 +255,11 @@ class Observing(_Live):
             )
             for r in unknown
         )
-        return Transition(AwaitingApproval(head), events=events)
+        return Transition(Parked(head), events=events)
 
 
 @dataclass(frozen=True)
-class AwaitingApproval(_Live):
+class Parked(_Live):
     """Parked: no worker is held until a human decides."""
 
     phase: Phase = field(init=False, default=Phase.AWAITING_APPROVAL)
@@ -314,35 +320,48 @@ def _tool_messages(head: RunHead, results: Sequence[ToolResult]) -> tuple[Messag
 
 
 @dataclass(frozen=True)
-class Completed(PhaseView):
+class CompletedRun(PhaseView):
     phase: Phase = field(init=False, default=Phase.COMPLETED)
 
 
 @dataclass(frozen=True)
-class Failed(PhaseView):
+class FailedRun(PhaseView):
     phase: Phase = field(init=False, default=Phase.FAILED)
 
 
 @dataclass(frozen=True)
-class Interrupted(PhaseView):
+class InterruptedRun(PhaseView):
     phase: Phase = field(init=False, default=Phase.INTERRUPTED)
 
 
-AnyPhase = Idle | Thinking | Acting | Observing | AwaitingApproval | Completed | Failed | Interrupted
-LivePhase = Idle | Thinking | Acting | Observing | AwaitingApproval
+AnyPhase = Idle | Thinking | Acting | Observing | Parked | CompletedRun | FailedRun | InterruptedRun
+LivePhase = Idle | Thinking | Acting | Observing | Parked
 
 _VIEWS: dict[Phase, type[AnyPhase]] = {
     Phase.IDLE: Idle,
     Phase.THINKING: Thinking,
     Phase.ACTING: Acting,
     Phase.OBSERVING: Observing,
-    Phase.AWAITING_APPROVAL: AwaitingApproval,
-    Phase.COMPLETED: Completed,
-    Phase.FAILED: Failed,
-    Phase.INTERRUPTED: Interrupted,
+    Phase.AWAITING_APPROVAL: Parked,
+    Phase.COMPLETED: CompletedRun,
+    Phase.FAILED: FailedRun,
+    Phase.INTERRUPTED: InterruptedRun,
 }
+
+
+V = TypeVar("V", bound=PhaseView)
 
 
 def view(head: RunHead) -> AnyPhase:
     """The typed view of a stored head; the only way from untyped state to a phase."""
     return _VIEWS[head.phase](head)
+
+
+def view_as(head: RunHead, cls: type[V]) -> V:
+    """The view of ``head`` as ``cls``; raises :class:`InternalInvariant` if it is in another phase."""
+    current = view(head)
+    if not isinstance(current, cls):
+        raise InternalInvariant(
+            f"run {head.run_id} is {head.phase.value}, expected {cls.__name__}", step=head.step
+        )
+    return current

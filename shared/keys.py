@@ -1,63 +1,84 @@
-"""Every Redis key the runtime uses, in one place, under one configurable prefix.
+"""Every Redis key of the run state, in one place, under one configurable prefix.
 
-Keys of one run share the ``{run_id}`` hash tag so that every Lua script touches a single
-Redis Cluster slot. Retention: a terminal run's keys get ``Settings.retention_s`` as TTL when it
-ends; the global sets are trimmed by the sweeper.
+Runs are spread over a fixed number of *shards*. Every key of a run, and the lease set and run
+index of its shard, carry the shard's hash tag (``{s7}``), so each Lua script touches keys of a
+single Redis Cluster slot. The shard of a run is a stable hash of its id; the number of shards is
+part of the key layout and must not change while runs live (``Settings.shards``).
+
+Retention: a terminal run's per-run keys get ``Settings.retention_s`` as TTL when it ends; the
+run indexes are trimmed by the sweeper.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "wesichain:"
+    shards: int = 16
+
+    def shard(self, run_id: str) -> int:
+        return zlib.crc32(run_id.encode()) % self.shards
+
+    def _tag(self, shard: int) -> str:
+        return f"{self.prefix}{{s{shard}}}:"
+
+    def _run(self, run_id: str) -> str:
+        return f"{self._tag(self.shard(run_id))}run:{run_id}"
 
     def run(self, run_id: str) -> str:
-        """Hash: the run's head (phase, step, version, epoch, body JSON, outbox, cancel flag)."""
-        return f"{self.prefix}run:{{{run_id}}}"
+        """Hash: the run's head and claims (field names in :mod:`shared.protocol`)."""
+        return self._run(run_id)
 
     def messages(self, run_id: str) -> str:
         """List: the conversation, append-only (RPUSH), so a commit never rewrites history."""
-        return f"{self.prefix}run:{{{run_id}}}:messages"
+        return self._run(run_id) + ":messages"
 
     def checkpoints(self, run_id: str) -> str:
-        """List: every committed head, in version order (index = version - 1)."""
-        return f"{self.prefix}run:{{{run_id}}}:checkpoints"
+        """List: the body of every committed head, in version order (index = version - 1)."""
+        return self._run(run_id) + ":checkpoints"
 
     def events(self, run_id: str) -> str:
         """Stream: the run's typed events, capped with MAXLEN."""
-        return f"{self.prefix}run:{{{run_id}}}:events"
+        return self._run(run_id) + ":events"
 
     def results(self, run_id: str, step: int) -> str:
         """Hash: call_id -> tool result JSON for one step; HSETNX makes each result once."""
-        return f"{self.prefix}run:{{{run_id}}}:step:{step}:results"
+        return f"{self._run(run_id)}:step:{step}:results"
 
     def attempts(self, run_id: str) -> str:
-        """Hash: "<step>:<phase>[:<call_id>]" -> deliveries that started work (poison detection)."""
-        return f"{self.prefix}run:{{{run_id}}}:attempts"
+        """Hash: claims per piece of work and version, last errors, lost publishes (poison detection)."""
+        return self._run(run_id) + ":attempts"
 
-    def leases(self) -> str:
-        """Sorted set: "<run_id>" scored by the lease deadline of the phase in flight."""
-        return f"{self.prefix}leases"
+    def leases(self, shard: int) -> str:
+        """Sorted set: run ids of the shard, scored by the Redis time (ms) the sweeper must look at them."""
+        return self._tag(shard) + "leases"
 
-    def runs_index(self) -> str:
-        """Sorted set: run_id scored by creation time, for listing."""
-        return f"{self.prefix}runs"
+    def leases_of(self, run_id: str) -> str:
+        return self.leases(self.shard(run_id))
+
+    def runs_index(self, shard: int) -> str:
+        """Sorted set: run ids of the shard scored by creation time (ms), for listing."""
+        return self._tag(shard) + "runs"
+
+    def runs_index_of(self, run_id: str) -> str:
+        return self.runs_index(self.shard(run_id))
 
     def sweeper_lock(self) -> str:
         """String: the token of the sweeper currently allowed to sweep (expires with it)."""
         return f"{self.prefix}sweeper:lock"
 
-    def fault(self, name: str, run_id: str) -> str:
-        """String: set once a test-only fault point fired for a run (see ``worker/faults.py``)."""
-        return f"{self.prefix}fault:{name}:{run_id}"
-
-    def fault_pid(self, phase: str, run_id: str) -> str:
-        """String: the pid a ``pause:<phase>`` fault point paused in (tests kill it)."""
-        return f"{self.prefix}fault:pid:{phase}:{run_id}"
-
     def thread(self, thread_id: str) -> str:
         """List: run ids of one conversation thread, oldest first."""
         return f"{self.prefix}thread:{thread_id}"
+
+    def workers(self) -> str:
+        """Sorted set: worker ids scored by their last heartbeat (Redis time, ms)."""
+        return f"{self.prefix}workers"
+
+    def worker(self, worker_id: str) -> str:
+        """String: one worker's JSON record (what it serves, whether it consumes); expires with it."""
+        return f"{self.prefix}worker:{worker_id}"

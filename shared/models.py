@@ -13,7 +13,7 @@ _lock = threading.Lock()
 _cache: dict[str, LlmAdapter] = {}
 
 
-def resolve_model(model: str, registry: AgentRegistry) -> LlmAdapter:
+def resolve_model(model: str, registry: AgentRegistry, *, trusted: bool = False) -> LlmAdapter:
     provider, _, name = model.partition(":")
     if not name:
         raise ConfigError(f"model {model!r} must look like PROVIDER:MODEL")
@@ -21,6 +21,11 @@ def resolve_model(model: str, registry: AgentRegistry) -> LlmAdapter:
         registered = registry.model(name)
         if registered is not None:
             return registered
+        if not trusted:
+            raise ConfigError(
+                f"scripted model {name!r} is not registered in the agents module; a run may only"
+                " name a scripted file if its agent does"
+            )
     with _lock:
         adapter = _cache.get(model)
         if adapter is None:

@@ -6,10 +6,12 @@ retry cannot be configured: such a policy raises :class:`PolicyConfigInvalid` wh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.errors import PolicyConfigInvalid
+from shared.errors import BudgetExceeded, PolicyConfigInvalid, RunErrorInfo
+from shared.state import ToolResult
 
 MAX_ATTEMPTS = 20
 #: Longest wait between model retries; kept well below the queued lease, so the sweeper never
@@ -82,11 +84,6 @@ def _check_flag(what: str, value: object) -> None:
 Action = Fail | Retry | Reprompt | Interrupt
 
 
-class ToolFailure:
-    FAIL_FAST: Literal["fail_fast"] = "fail_fast"
-    APPEND_ERROR_AND_CONTINUE: Literal["append_error_and_continue"] = "append_error_and_continue"
-
-
 ToolFailureMode = Literal["fail_fast", "append_error_and_continue"]
 UnknownOutcomeMode = Literal["fail", "await_approval"]
 
@@ -121,24 +118,75 @@ class Policy:
             )
 
 
-Decision = Literal["fail", "retry", "reprompt", "interrupt"]
+VerdictAction = Literal["fail", "retry", "reprompt", "interrupt"]
 
 
-def decide_invalid_action(policy: Policy, reprompts_used: int) -> tuple[Decision, bool]:
-    """What to do with a malformed model action; returns (decision, consume_budget)."""
+@dataclass(frozen=True)
+class Verdict:
+    """What the policy says to do about a malformed model action or a provider error."""
+
+    action: VerdictAction
+    #: The retry or reprompt is charged against the run's step budget.
+    consume_budget: bool = False
+    #: Seconds to wait before the retry (a model retry's backoff).
+    delay_s: float = 0.0
+
+
+def on_invalid_action(policy: Policy, reprompts_used: int, budget_left: int) -> Verdict:
+    """What to do with a malformed model action: reprompt while the policy and the budget allow."""
     action = policy.on_invalid_action
     if isinstance(action, Reprompt):
-        if reprompts_used < action.n:
-            return "reprompt", action.consume_budget
-        return "fail", False
-    return ("interrupt" if isinstance(action, Interrupt) else "fail"), False
+        if reprompts_used < action.n and (not action.consume_budget or budget_left > 0):
+            return Verdict("reprompt", action.consume_budget)
+        return Verdict("fail")
+    return Verdict("interrupt" if isinstance(action, Interrupt) else "fail")
 
 
-def decide_model_error(policy: Policy, retries_used: int, retryable: bool) -> tuple[Decision, bool]:
+def on_model_error(policy: Policy, retries_used: int, retryable: bool) -> Verdict:
     """What to do when the provider failed; a non-retryable error (e.g. 400) is never retried."""
     action = policy.on_model_error
     if isinstance(action, Retry):
         if retryable and retries_used < action.n:
-            return "retry", action.consume_budget
-        return "fail", False
-    return ("interrupt" if isinstance(action, Interrupt) else "fail"), False
+            return Verdict("retry", action.consume_budget, action.delay_s(retries_used))
+        return Verdict("fail")
+    return Verdict("interrupt" if isinstance(action, Interrupt) else "fail")
+
+
+StepAction = Literal["next_step", "fail", "park_unknown"]
+
+
+@dataclass(frozen=True)
+class StepVerdict:
+    """What follows a step once all its tool results are in."""
+
+    action: StepAction
+    #: The run's error when the verdict is to fail.
+    error: RunErrorInfo | None = None
+
+
+def after_tools(
+    policy: Policy, results: Sequence[ToolResult], *, budget_left: int, max_steps: int, step: int
+) -> StepVerdict:
+    """Fail, park for a human, or go on to the next step, from a step's results and the policy.
+
+    A call that was poison or hit a bug fails the run whatever the policy; a non-retry-safe call
+    with an unknown outcome fails or parks as ``on_unknown_outcome`` says; other tool errors fail
+    the run only under ``fail_fast``; a spent budget fails it before the model is asked again.
+    """
+    failures = [r.error for r in results if not r.ok and r.error is not None]
+    fatal = [e for e in failures if e.kind in ("PoisonPhase", "InternalInvariant")]
+    if fatal:
+        return StepVerdict("fail", fatal[0])
+    unknown = [e for e in failures if e.kind == "ToolOutcomeUnknown"]
+    if unknown:
+        if policy.on_unknown_outcome == "fail":
+            return StepVerdict("fail", unknown[0])
+        return StepVerdict("park_unknown")
+    if failures and policy.on_tool_error == "fail_fast":
+        return StepVerdict("fail", failures[0])
+    if budget_left <= 0:
+        error = BudgetExceeded(
+            f"step budget of {max_steps} spent before the model gave a final answer", step=step
+        )
+        return StepVerdict("fail", error.info())
+    return StepVerdict("next_step")

@@ -16,6 +16,12 @@ ENV_LEASE = "WESICHAIN_LEASE_S"
 ENV_QUEUED_LEASE = "WESICHAIN_QUEUED_LEASE_S"
 ENV_MAX_ATTEMPTS = "WESICHAIN_MAX_PHASE_ATTEMPTS"
 ENV_TASK_EVENTS = "WESICHAIN_TASK_EVENTS"
+ENV_SHARDS = "WESICHAIN_SHARDS"
+ENV_HOOKS = "WESICHAIN_HOOKS"
+ENV_SWEEPER = "WESICHAIN_SWEEPER"
+ENV_WORKER_NAME = "WESICHAIN_WORKER_NAME"
+ENV_LOGLEVEL = "WESICHAIN_LOGLEVEL"
+ENV_BROKER_PREFIX = "WESICHAIN_BROKER_PREFIX"
 
 DEFAULT_AGENTS_MODULE = "shared.examples.research"
 
@@ -57,6 +63,23 @@ class Settings:
     task_events: bool = False
     #: Celery broker visibility timeout: above the longest phase; recovery uses leases instead.
     visibility_timeout_s: int = 3600
+    #: Longest wait between two checks that a queued phase's message is still in the broker (the
+    #: wait doubles from ``queued_lease_s`` up to this while a backlog lasts).
+    max_queued_check_s: float = 300.0
+    #: Shards of the run key space (see ``shared/keys.py``): fixed for the life of a deployment.
+    shards: int = 16
+    #: ``module:Class`` of the worker's hooks (``worker.hooks.Hooks``); empty = none.
+    hooks: str = ""
+    #: Every worker's main process runs a sweeper (one sweeps at a time); off for a worker that
+    #: must never sweep.
+    sweeper: bool = True
+    #: This process's name in events and in the worker registry (default: the host name).
+    worker_name: str = ""
+    #: Log level of the embedded worker.
+    loglevel: str = "WARNING"
+    #: kombu's ``global_keyprefix`` for the broker's keys; empty (the default) so that any plain
+    #: Celery app with the broker URL reaches the workers' queues.
+    broker_prefix: str = ""
     limits: Limits = field(default_factory=Limits)
 
     @classmethod
@@ -70,10 +93,21 @@ class Settings:
             values["task_events"] = events.lower() in ("1", "true", "yes", "on")
         if prefix := os.environ.get(ENV_PREFIX):
             values["prefix"] = prefix
+        for env, name in (
+            (ENV_HOOKS, "hooks"),
+            (ENV_WORKER_NAME, "worker_name"),
+            (ENV_LOGLEVEL, "loglevel"),
+            (ENV_BROKER_PREFIX, "broker_prefix"),
+        ):
+            if (value := os.environ.get(env)) is not None:
+                values[name] = value
+        if (sweeper := os.environ.get(ENV_SWEEPER)) is not None:
+            values["sweeper"] = sweeper.lower() not in ("0", "false", "no", "off")
         for env, name, kind in (
             (ENV_LEASE, "lease_s", float),
             (ENV_QUEUED_LEASE, "queued_lease_s", float),
             (ENV_MAX_ATTEMPTS, "max_phase_attempts", int),
+            (ENV_SHARDS, "shards", int),
         ):
             if raw := os.environ.get(env):
                 try:
@@ -99,6 +133,8 @@ class Settings:
             raise ConfigError(f"Redis URL has no host: {redact_url(self.redis_url)!r}")
         if self.lease_s <= 0 or self.queued_lease_s <= 0 or self.max_phase_attempts < 1:
             raise ConfigError("lease_s and queued_lease_s must be > 0 and max_phase_attempts >= 1")
+        if not 1 <= self.shards <= 1024:
+            raise ConfigError(f"{ENV_SHARDS}={self.shards}: shards must be in 1..1024")
 
     @property
     def embedded(self) -> bool:
@@ -131,7 +167,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "visibility_timeout": settings.visibility_timeout_s,
             "unacked_restore_interval": 5,
             "unacked_restore_throttle": 1,
-            "global_keyprefix": settings.prefix + "celery:",
             "socket_timeout": 10,
             "socket_connect_timeout": 5,
             "health_check_interval": 25,
@@ -140,6 +175,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # and the worker stays up without ever consuming again. Without it the error reaches
             # Celery's consumer, which reconnects everything within a second.
         }
+        if settings.broker_prefix:
+            transport_options["global_keyprefix"] = settings.broker_prefix
     return {
         "broker_url": broker,
         "broker_transport_options": transport_options,
@@ -164,7 +201,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": QUEUE_MODEL,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A lost broker connection is a blip, not a crash: the tasks running go on (their claims
+        # stay live through the heartbeat, so the copies the broker hands out again after the
+        # reconnect find the work held and are dropped), instead of being killed mid-call.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_soft_shutdown_timeout": 10,
         "worker_enable_soft_shutdown_on_idle": True,
         "worker_hijack_root_logger": False,

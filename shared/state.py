@@ -48,6 +48,8 @@ class TaskSpec(BaseModel):
     arguments: dict[str, Any]
     #: Seconds to wait before the task may run (a model retry's backoff); 0 = now.
     countdown: float = 0.0
+    #: Hard time limit of the task (a tool's timeout plus grace): its process is killed past it.
+    time_limit_s: float | None = None
 
 
 class ToolResult(BaseModel):
@@ -78,7 +80,18 @@ class Decision(BaseModel):
     note: str = Field(default="", max_length=2000)
 
 
+#: The fields of a head that a producer sets when it creates the run and that never change: they
+#: are stored once (the run's ``request``), not copied into every commit and checkpoint.
+REQUEST_FIELDS = frozenset({"agent", "input", "thread_id", "metadata", "created_at"})
+
+
 class RunHead(BaseModel):
+    """The state of a run a transition reads and rewrites (the conversation is stored apart).
+
+    ``epoch`` is not part of a committed head: it belongs to the recovery protocol (the sweeper
+    bumps it when it hands a phase on) and is read from the run's hash with the head.
+    """
+
     run_id: str
     agent: str
     #: Filled in by the start phase from the agent spec (a producer knows only the agent's name).
@@ -113,6 +126,19 @@ class RunHead(BaseModel):
     @property
     def terminal(self) -> bool:
         return self.phase.terminal
+
+    def dump_request(self) -> str:
+        """The part of the head stored once, when the run is created."""
+        return self.model_dump_json(include=set(REQUEST_FIELDS))
+
+    def dump_body(self) -> str:
+        """The part of the head each commit writes (and its checkpoint keeps)."""
+        return self.model_dump_json(exclude={*REQUEST_FIELDS, "epoch"})
+
+    @classmethod
+    def compose(cls, body: str, request: str, epoch: int) -> RunHead:
+        """The head from its stored parts: both are JSON objects written by pydantic."""
+        return cls.model_validate_json(f'{{"epoch":{epoch},{request[1:-1]},{body[1:]}')
 
     @classmethod
     def new_idle(

@@ -1,14 +1,20 @@
 """The run store: Redis keys and the atomic scripts over them.
 
-Every write that matters is one Lua script, so Redis sees it whole or not at all:
+Every write that matters is one Lua script (``shared/lua``), so Redis sees it whole or not at all:
 
-* :meth:`RunStore.begin` — read the head, claim the phase (outbox sent, attempt counted, lease set);
-* :meth:`RunStore.commit` — compare-and-set the version, append messages, emit events, record the
-  checkpoint and the outbox of tasks to publish next;
-* :meth:`RunStore.record_result` — one tool result once per ``(run, step, call_id)``, and the fan-in:
-  the last result moves the run to OBSERVING and puts observe in the outbox.
+* :meth:`RunStore.create` — a new run, once per run id;
+* :meth:`RunStore.claim_phase` / :meth:`RunStore.claim_call` — check a delivery against the run and
+  claim its work (attempt counted, lease set) in one round trip, reading what the work needs;
+* :meth:`RunStore.commit` — compare-and-set the version as the claim's holder, append messages,
+  emit events, record the checkpoint and the outbox of tasks to publish next;
+* :meth:`RunStore.record_result` — one tool result once per ``(run, step, call)``, and the fan-in:
+  the last result commits the OBSERVING head;
+* :meth:`RunStore.inspect` / :meth:`RunStore.recover` — the sweeper's look at a run whose lease
+  time came, and its hand-on under a new epoch.
 
-A commit costs the same at step 50 as at step 1: messages are appended, never rewritten.
+A commit costs the same at step 50 as at step 1: messages are appended, never rewritten. Every
+script can be replayed after a lost reply (each write carries an op id it recognises), so the
+Redis client may retry them.
 """
 
 from __future__ import annotations
@@ -20,47 +26,84 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Literal
 
 import redis
 
+from shared import protocol
 from shared.errors import InternalInvariant
 from shared.events import Event, dump_event, load_event
 from shared.keys import Keys
 from shared.messages import MESSAGE_ADAPTER, Message, dump_message
+from shared.scripts import register_scripts
 from shared.settings import Settings
 from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
-
-
-def _script(name: str) -> str:
-    return resources.files("shared").joinpath("lua", f"{name}.lua").read_text()
 
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def new_token() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+# -- what claiming answers -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PhaseClaim:
+    """What a phase task asks to claim: the run at this version, phase, epoch and step."""
+
+    run_id: str
+    version: int
+    phase: Phase
+    epoch: int
+    step: int
+    #: Read the conversation (only the part this process has not cached).
+    read_messages: bool = False
+    #: Read the step's tool results.
+    read_results: bool = False
+
+
+@dataclass(frozen=True)
+class CallClaim:
+    """What a tool task asks to claim: one call of the run's current step."""
+
+    run_id: str
+    version: int
+    epoch: int
+    step: int
+    call_id: str
+
+
 @dataclass(frozen=True)
 class Claim:
-    """What :meth:`RunStore.begin` returns when the run is where the task expected it."""
+    """This delivery holds the work: do it, then commit as the claim's holder."""
 
     head: RunHead
+    #: Claims of this work at this version, this one included (poison detection).
     attempts: int
     messages: list[Message]
     cancel_requested: bool
-    #: The claim this delivery holds (renewed by the heartbeat, ended by the commit or result).
-    claim_field: str
+    #: The claim field this delivery holds (renewed by the heartbeat, ended by the commit or result).
+    field: str
     token: str
-    #: "none", or "expired"/"takeover" when an earlier attempt claimed this work and never finished.
+    #: "none", or "expired" when an earlier delivery claimed this work and never finished it.
     prior: str
     #: The step's tool results, when asked for.
     results: list[ToolResult]
+    #: The last thing known to have gone wrong with this work ("" if nothing).
+    last_error: str
+
+    @property
+    def ref(self) -> ClaimRef:
+        return ClaimRef(self.field, self.token)
 
 
 @dataclass(frozen=True)
 class Busy:
-    """Another delivery holds a live claim on this phase; this one must do nothing."""
+    """Another delivery holds a live claim on this work; this one must do nothing."""
 
 
 @dataclass(frozen=True)
@@ -69,71 +112,125 @@ class Done:
 
 
 @dataclass(frozen=True)
-class Recovery:
-    """The sweeper took a run over: re-publish ``outbox`` under the new ``epoch``."""
-
-    run_id: str
-    phase: Phase
-    version: int
-    epoch: int
-    step: int
-    outbox: list[TaskSpec]
-    #: How many times the sweeper has taken this version over.
-    takeovers: int
-
-
-@dataclass(frozen=True)
 class Stale:
-    """The run is not where the task expected: a duplicate or late delivery."""
+    """The run is not where the delivery expected: a duplicate, a late or a forged message."""
 
-    head: RunHead | None
+    version: int
+    phase: Phase
+    epoch: int
     outbox: list[TaskSpec]
-    outbox_sent: bool
-    #: The broker redelivered this task because its worker died.
-    takeover: bool = False
+    #: Some delivery of the current outbox already claimed work.
+    outbox_claimed: bool
 
+    @property
+    def terminal(self) -> bool:
+        return self.phase.terminal
+
+
+ClaimOutcome = Claim | Busy | Done | Stale | None
+
+
+# -- what writing answers --------------------------------------------------------------------------
 
 CommitStatus = Literal["committed", "fenced", "cancel_pending"]
 RecordStatus = Literal["stale", "duplicate", "recorded", "complete"]
 
 
+@dataclass(frozen=True)
+class Committed:
+    status: CommitStatus
+    #: The run's epoch after a successful commit (tasks are published under it).
+    epoch: int = 0
+
+
+@dataclass(frozen=True)
+class Recorded:
+    status: RecordStatus
+    #: The run's epoch when the fan-in completed (observe is published under it).
+    epoch: int = 0
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """The claim a commit is made under."""
+
+    field: str
+    token: str
+
+
+# -- what the sweeper sees -------------------------------------------------------------------------
+
+TaskState = Literal["done", "live", "expired", "unclaimed"]
+
+
+@dataclass(frozen=True)
+class Due:
+    """A run whose current phase needs a decision: a claim expired, or tasks waited past their time."""
+
+    run_id: str
+    version: int
+    epoch: int
+    phase: Phase
+    step: int
+    outbox: list[TaskSpec]
+    #: Per task ("" for the phase, else the call id): done, live, expired or unclaimed.
+    states: dict[str, TaskState]
+    #: How many times the broker was already checked for this version's unclaimed tasks.
+    queued_checks: int
+
+    @property
+    def expired(self) -> list[str]:
+        return [k for k, s in self.states.items() if s == "expired"]
+
+    @property
+    def unclaimed(self) -> list[str]:
+        return [k for k, s in self.states.items() if s == "unclaimed"]
+
+    def task_of(self, key: str) -> TaskSpec | None:
+        """The outbox task of one state key (the phase's task, or one call's)."""
+        for spec in self.outbox:
+            if key == "" or spec.arguments.get("call_id") == key:
+                return spec
+        return None
+
+
+@dataclass(frozen=True)
+class HandedOn:
+    epoch: int
+    #: Hand-ons of this version's tasks because their messages had vanished from the broker.
+    lost: int
+    #: The state keys whose tasks are to be published again under ``epoch``.
+    tasks: list[str]
+
+
 class RunStore:
+    """Reads and atomic writes of run state in one Redis (or Redis Cluster, key layout permitting)."""
+
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.redis = client
         self.settings = settings
-        self.keys = Keys(settings.prefix)
-        self._begin = client.register_script(_script("begin"))
-        self._commit = client.register_script(_script("commit"))
-        self._record = client.register_script(_script("record_result"))
-        self._cancel = client.register_script(_script("cancel"))
-        self._renew = client.register_script(_script("renew"))
-        self._recover = client.register_script(_script("recover"))
-        self._decide = client.register_script(_script("decide"))
+        self.keys = Keys(settings.prefix, settings.shards)
+        self._scripts = register_scripts(client)
         self._messages = MessageCache()
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return self._scripts[name](keys=list(keys), args=[str(a) for a in args])
+
+    @property
+    def _lease_ms(self) -> int:
+        return int(self.settings.lease_s * 1000)
+
+    @property
+    def _queued_ms(self) -> int:
+        return int(self.settings.queued_lease_s * 1000)
 
     # -- reading ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _head_from_fields(fields: dict[str, str]) -> RunHead:
-        head = RunHead.model_validate_json(fields["body"])
-        # The fan-in script moves phase/version without rewriting the body; the fields win.
-        return head.model_copy(
-            update={
-                "phase": Phase(fields["phase"]),
-                "version": int(fields["version"]),
-                "step": int(fields["step"]),
-                "epoch": int(fields["epoch"]),
-            }
-        )
-
-    @staticmethod
-    def _pairs(flat: Sequence[Any]) -> dict[str, str]:
-        it = iter(flat)
-        return {_s(k): _s(v) for k, v in zip(it, it, strict=True)}
-
     def load(self, run_id: str) -> RunHead | None:
-        fields = self.load_raw(run_id)
-        return self._head_from_fields(fields) if fields else None
+        raw = self.redis.hmget(self.keys.run(run_id), protocol.BODY, protocol.REQUEST, protocol.EPOCH)
+        if raw[0] is None:
+            return None
+        return RunHead.compose(_s(raw[0]), _s(raw[1]), int(raw[2] or 0))
 
     def load_raw(self, run_id: str) -> dict[str, str]:
         raw = self.redis.hgetall(self.keys.run(run_id))
@@ -147,79 +244,82 @@ class RunStore:
         raw = self.redis.hvals(self.keys.results(run_id, step))
         return [ToolResult.model_validate_json(r) for r in raw]
 
-    def has_result(self, run_id: str, step: int, call_id: str) -> bool:
-        return bool(self.redis.hexists(self.keys.results(run_id, step), call_id))
-
     def checkpoints(self, run_id: str) -> list[RunHead]:
-        return [
-            RunHead.model_validate_json(r) for r in self.redis.lrange(self.keys.checkpoints(run_id), 0, -1)
-        ]
+        """Every committed head, in version order (epochs are not part of a checkpoint: 0)."""
+        request = self.redis.hget(self.keys.run(run_id), protocol.REQUEST)
+        if request is None:
+            return []
+        bodies = self.redis.lrange(self.keys.checkpoints(run_id), 0, -1)
+        return [RunHead.compose(_s(b), _s(request), 0) for b in bodies]
+
+    def attempts(self, run_id: str) -> dict[str, str]:
+        raw = self.redis.hgetall(self.keys.attempts(run_id))
+        return {_s(k): _s(v) for k, v in raw.items()}
 
     def cancel_requested(self, run_id: str) -> bool:
-        return _s(self.redis.hget(self.keys.run(run_id), "cancel") or b"") == "1"
+        return _s(self.redis.hget(self.keys.run(run_id), protocol.CANCEL) or b"") == "1"
 
-    # -- claiming ----------------------------------------------------------------------------
+    # -- creating --------------------------------------------------------------------------
 
-    def begin(
-        self,
-        run_id: str,
-        version: int,
-        phase: Phase,
-        epoch: int,
-        step: int,
-        attempt_field: str,
-        *,
-        call_id: str | None = None,
-        with_messages: bool = False,
-        with_results: bool = False,
-        takeover: bool = False,
-    ) -> Claim | Busy | Done | Stale | None:
-        """Claim a phase (or one tool call of it) for this delivery, in one round trip.
-
-        ``with_messages`` reads the conversation (only the part this process has not cached),
-        ``with_results`` the step's tool results. ``takeover`` says the broker redelivered this
-        task because its worker was lost, so a claim that has not expired yet belongs to a dead
-        process and may be taken over.
-        """
-        now = time.time()
-        deadline = now + self.settings.lease_s
-        claim_field = f"claim:{call_id}" if call_id is not None else "running"
-        token = uuid.uuid4().hex[:16]
-        cached = self._messages.get(run_id) if with_messages else None
+    def create(self, head: RunHead, outbox: Sequence[TaskSpec]) -> bool:
+        """Create an IDLE run at version 1; False if a run with this id already exists."""
+        if head.version != 1 or head.phase is not Phase.IDLE:
+            raise InternalInvariant(f"a run is created IDLE at version 1, not {head.phase} v{head.version}")
         k = self.keys
-        reply = self._begin(
-            keys=[k.run(run_id), k.attempts(run_id), k.leases(), k.messages(run_id), k.results(run_id, step)],
-            args=[
-                str(version),
-                phase.value,
-                attempt_field,
-                f"{deadline:.3f}",
+        reply = self._run(
+            "create",
+            [
+                k.run(head.run_id),
+                k.checkpoints(head.run_id),
+                k.leases_of(head.run_id),
+                k.runs_index_of(head.run_id),
+            ],
+            [
+                head.run_id,
+                uuid.uuid4().hex,
+                head.dump_request(),
+                head.dump_body(),
+                _dump_outbox(outbox),
+                self._queued_ms,
+            ],
+        )
+        return _s(reply) == "created"
+
+    # -- claiming --------------------------------------------------------------------------
+
+    def claim_phase(self, want: PhaseClaim, holder: str) -> ClaimOutcome:
+        """Claim a phase for this delivery, in one round trip (see ``claim_phase.lua``)."""
+        k, run_id = self.keys, want.run_id
+        token = new_token()
+        cached = self._messages.get(run_id) if want.read_messages else None
+        reply = self._run(
+            "claim_phase",
+            [
+                k.run(run_id),
+                k.attempts(run_id),
+                k.leases_of(run_id),
+                k.messages(run_id),
+                k.results(run_id, want.step),
+            ],
+            [
                 run_id,
-                (str(len(cached)) if cached is not None else "0") if with_messages else "",
-                str(epoch),
-                claim_field,
+                want.version,
+                want.phase.value,
+                want.epoch,
+                want.step,
                 token,
-                f"{now:.3f}",
-                "1" if takeover else "0",
-                "all" if with_results else (call_id or ""),
+                holder,
+                self._lease_ms,
+                (len(cached) if cached is not None else 0) if want.read_messages else "",
+                "1" if want.read_results else "0",
             ],
         )
         status = _s(reply[0])
-        if status == "missing":
-            return None
-        if status == "busy":
-            return Busy()
-        if status == "done":
-            return Done()
-        fields = self._pairs(reply[1])
-        head = self._head_from_fields(fields)
-        if status == "stale":
-            outbox = [TaskSpec.model_validate(t) for t in _json_list(fields.get("outbox", "[]"))]
-            return Stale(
-                head=head, outbox=outbox, outbox_sent=fields.get("outbox_sent") == "1", takeover=takeover
-            )
+        if status != "ok":
+            return self._unclaimed(status, reply)
+        head = self._head_of(reply[1])
         messages: list[Message] = []
-        if with_messages:
+        if want.read_messages:
             messages = [*(cached or []), *(MESSAGE_ADAPTER.validate_json(m) for m in reply[3])]
             if len(messages) != head.message_count:
                 # Only appends ever happen, so this means the cache is not this run's prefix.
@@ -229,148 +329,287 @@ class RunStore:
             head=head,
             attempts=int(reply[2]),
             messages=messages,
-            cancel_requested=fields.get("cancel") == "1",
-            claim_field=claim_field,
+            cancel_requested=_s(reply[1][3] or "") == "1",
+            field=protocol.RUNNING,
             token=token,
             prior=_s(reply[4]),
             results=[ToolResult.model_validate_json(r) for r in reply[5]],
+            last_error=_s(reply[6]),
         )
 
-    def renew(self, run_id: str, claim_field: str, token: str) -> tuple[bool, bool]:
-        """Extend a claim and the run's lease; returns (still held, cancel requested)."""
-        deadline = time.time() + self.settings.lease_s
-        reply = self._renew(
-            keys=[self.keys.run(run_id), self.keys.leases()],
-            args=[claim_field, token, f"{deadline:.3f}", run_id],
+    def claim_call(self, want: CallClaim, holder: str) -> ClaimOutcome:
+        """Claim one tool call for this delivery (see ``claim_call.lua``)."""
+        k, run_id = self.keys, want.run_id
+        token = new_token()
+        reply = self._run(
+            "claim_call",
+            [k.run(run_id), k.attempts(run_id), k.leases_of(run_id), k.results(run_id, want.step)],
+            [run_id, want.version, want.epoch, want.step, want.call_id, token, holder, self._lease_ms],
         )
-        return int(reply[0]) == 1, int(reply[1]) == 1
+        status = _s(reply[0])
+        if status != "ok":
+            return self._unclaimed(status, reply)
+        return Claim(
+            head=self._head_of(reply[1]),
+            attempts=int(reply[2]),
+            messages=[],
+            cancel_requested=_s(reply[1][3] or "") == "1",
+            field=protocol.call_claim(want.step, want.call_id),
+            token=token,
+            prior=_s(reply[3]),
+            results=[],
+            last_error=_s(reply[4]),
+        )
 
-    def submit_decision(self, run_id: str, version: int, decision: Decision) -> bool:
-        """Store a human's decision on a run parked at ``version``; False if it is not parked there."""
-        reply = self._decide(keys=[self.keys.run(run_id)], args=[str(version), decision.model_dump_json()])
+    @staticmethod
+    def _head_of(raw: Sequence[Any]) -> RunHead:
+        return RunHead.compose(_s(raw[0]), _s(raw[1]), int(raw[2]))
+
+    @staticmethod
+    def _unclaimed(status: str, reply: Sequence[Any]) -> ClaimOutcome:
+        if status == "missing":
+            return None
+        if status == "busy":
+            return Busy()
+        if status == "done":
+            return Done()
+        if status != "stale":
+            raise InternalInvariant(f"unexpected claim status {status!r}")
+        version, phase, _, epoch, outbox, claimed = (_s(v) if v is not None else "" for v in reply[1][:6])
+        return Stale(
+            version=int(version),
+            phase=Phase(phase),
+            epoch=int(epoch),
+            outbox=_load_outbox(outbox or "[]"),
+            outbox_claimed=claimed == "1",
+        )
+
+    def renew(self, claims: Sequence[tuple[str, str, str, bool]]) -> list[tuple[bool, bool]]:
+        """Renew claims ``(run_id, field, token, extend)`` in one round trip.
+
+        Returns (still held, cancel requested) for each. ``extend`` False only checks the claim
+        (a tool past its deadline is left to expire and be handed on).
+        """
+        if not claims:
+            return []
+        k = self.keys
+        with self.redis.pipeline(transaction=False) as pipe:
+            for run_id, field, token, extend in claims:
+                self._scripts["renew"](
+                    keys=[k.run(run_id), k.leases_of(run_id)],
+                    args=[run_id, field, token, self._lease_ms, "1" if extend else "0"],
+                    client=pipe,
+                )
+            replies = pipe.execute()
+        return [(int(r[0]) == 1, int(r[1]) == 1) for r in replies]
+
+    def release(self, run_id: str, field: str, token: str) -> bool:
+        """Give up a claim this token holds (atomically: only if it still holds it)."""
+        k = self.keys
+        reply = self._run("release", [k.run(run_id), k.attempts(run_id)], [field, "token", token, "0", ""])
         return int(reply) == 1
 
-    def load_decision(self, run_id: str) -> Decision | None:
-        raw = self.redis.hget(self.keys.run(run_id), "decision")
-        return Decision.model_validate_json(raw) if raw else None
-
-    def park(self, run_id: str, claim_field: str, token: str) -> None:
-        """Give a claim on a parked run back and take it off the sweeper's watch list."""
-        self.release_claim(run_id, claim_field, token)
-        self.redis.zrem(self.keys.leases(), run_id)
-
-    def release_claim(self, run_id: str, claim_field: str, token: str) -> None:
-        key = self.keys.run(run_id)
-        value = self.redis.hget(key, claim_field)
-        if value is not None and _s(value).startswith(token + "|"):
-            self.redis.hdel(key, claim_field)
-
-    def expired_leases(self, limit: int = 100) -> list[str]:
-        return [
-            str(r)
-            for r in self.redis.zrangebyscore(self.keys.leases(), "-inf", time.time(), start=0, num=limit)
-        ]
-
-    def recover(self, run_id: str) -> Recovery | None:
-        """Take over a run whose lease expired (see ``recover.lua``); None if there is nothing to do."""
-        now = time.time()
-        reply = self._recover(
-            keys=[self.keys.run(run_id), self.keys.leases(), self.keys.attempts(run_id)],
-            args=[run_id, f"{now:.3f}", f"{now + self.settings.queued_lease_s:.3f}"],
+    def expire_dead_holder(self, run_id: str, version: int, field: str, holder: str, reason: str) -> bool:
+        """The process ``holder`` died (its worker saw it): expire its claim now, noting why."""
+        k = self.keys
+        reply = self._run(
+            "release", [k.run(run_id), k.attempts(run_id)], [field, "holder", holder, version, reason[:500]]
         )
-        if _s(reply[0]) != "recover":
-            return None
-        outbox = [TaskSpec.model_validate(t) for t in _json_list(_s(reply[5]))]
-        return Recovery(
-            run_id=run_id,
-            phase=Phase(_s(reply[1])),
-            version=int(reply[2]),
-            epoch=int(reply[3]),
-            step=int(reply[4]),
-            outbox=outbox,
-            takeovers=int(reply[6]),
-        )
+        return int(reply) == 1
 
-    # -- writing -----------------------------------------------------------------------------
+    # -- committing ------------------------------------------------------------------------
 
     def commit(
         self,
-        expected_version: int | None,
+        expected_version: int,
         head: RunHead,
+        claim: ClaimRef | None,
         messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
         outbox: Sequence[TaskSpec] = (),
-    ) -> CommitStatus:
-        """Compare-and-set ``head`` over ``expected_version`` (``None`` creates the run)."""
-        if expected_version is not None and head.version != expected_version + 1:
+    ) -> Committed:
+        """Compare-and-set ``head`` over ``expected_version`` as the holder of ``claim``.
+
+        ``claim`` None commits without a claim (the sweeper failing a poisoned run): allowed only
+        while no delivery holds a live claim on the phase.
+        """
+        if head.version != expected_version + 1:
             raise InternalInvariant(f"commit of version {head.version} over {expected_version}")
         limits = self.settings.limits
-        k = self.keys
-        terminal = head.phase.terminal
-        leased = not terminal and head.phase is not Phase.AWAITING_APPROVAL
-        # Until the next phase is claimed, the run is only queued: a longer lease, so a backlog
-        # does not look like a crash (a claimed phase gets the short lease in begin()).
-        lease = f"{time.time() + self.settings.queued_lease_s:.3f}" if leased else ""
-        args: list[str] = [
-            "" if expected_version is None else str(expected_version),
-            str(head.version),
+        k, run_id = self.keys, head.run_id
+        kind = (
+            "terminal" if head.terminal else ("parked" if head.phase is Phase.AWAITING_APPROVAL else "live")
+        )
+        body = head.dump_body()
+        args: list[Any] = [
+            run_id,
+            uuid.uuid4().hex,
+            expected_version,
+            claim.field if claim else "",
+            claim.token if claim else "",
+            head.version,
             head.phase.value,
-            str(head.step),
-            str(head.epoch),
-            head.model_dump_json(),
+            head.step,
+            body,
             _dump_outbox(outbox),
-            "1" if terminal else "0",
-            str(limits.events_maxlen),
-            str(self.settings.retention_s),
-            lease,
-            head.run_id,
-            f"{time.time():.3f}",
-            str(len(messages)),
-            str(len(events)),
+            ",".join(c.id for c in head.pending_calls) if head.phase is Phase.ACTING else "",
+            kind,
+            self._queued_ms,
+            self.settings.retention_s,
+            limits.events_maxlen,
+            len(messages),
+            len(events),
             *(dump_message(m) for m in messages),
             *(dump_event(e) for e in events),
         ]
         # A finished run's per-step keys expire with it (bounded: steps <= max_steps).
         extra = (
-            [k.attempts(head.run_id)] + [k.results(head.run_id, step) for step in range(1, head.step + 1)]
-            if terminal
+            [k.attempts(run_id)] + [k.results(run_id, step) for step in range(1, head.step + 1)]
+            if kind == "terminal"
             else []
         )
-        reply = self._commit(
-            keys=[
-                k.run(head.run_id),
-                k.messages(head.run_id),
-                k.checkpoints(head.run_id),
-                k.events(head.run_id),
-                k.leases(),
-                k.runs_index(),
+        reply = self._run(
+            "commit",
+            [
+                k.run(run_id),
+                k.messages(run_id),
+                k.checkpoints(run_id),
+                k.events(run_id),
+                k.leases_of(run_id),
                 *extra,
             ],
-            args=args,
+            args,
         )
-        return {1: "committed", 0: "fenced", -1: "cancel_pending"}[int(reply[0])]  # type: ignore[return-value]
+        status = _s(reply[0])
+        return Committed(status, int(reply[1]) if status == "committed" else 0)  # type: ignore[arg-type]
 
     def record_result(
-        self, head: RunHead, result: ToolResult, event: Event, observe: TaskSpec
-    ) -> tuple[RecordStatus, int]:
-        """Record a result once; returns the status and, when complete, the run's current epoch."""
-        k = self.keys
-        reply = self._record(
-            keys=[k.run(head.run_id), k.results(head.run_id, head.step), k.events(head.run_id), k.leases()],
-            args=[
-                str(head.version),
+        self,
+        head: RunHead,
+        claim: ClaimRef,
+        result: ToolResult,
+        event: Event,
+        observing: RunHead,
+        observe: TaskSpec,
+    ) -> Recorded:
+        """Record a call's result once; the last result of the step commits ``observing``."""
+        k, run_id = self.keys, head.run_id
+        reply = self._run(
+            "record_result",
+            [
+                k.run(run_id),
+                k.results(run_id, head.step),
+                k.events(run_id),
+                k.leases_of(run_id),
+                k.checkpoints(run_id),
+            ],
+            [
+                run_id,
+                uuid.uuid4().hex,
+                head.version,
+                head.step,
                 result.call_id,
+                claim.token,
                 result.model_dump_json(),
                 dump_event(event),
-                str(len(head.pending_calls)),
+                len(head.pending_calls),
+                observing.version,
+                observing.dump_body(),
                 _dump_outbox([observe]),
-                str(self.settings.limits.events_maxlen),
-                f"{time.time() + self.settings.queued_lease_s:.3f}",
-                head.run_id,
+                self._queued_ms,
+                self.settings.limits.events_maxlen,
             ],
         )
-        status, _, epoch = _s(reply).partition(":")
-        return status, int(epoch or head.epoch)  # type: ignore[return-value]
+        status = _s(reply[0])
+        return Recorded(status, int(reply[1]) if status == "complete" else 0)  # type: ignore[arg-type]
+
+    # -- human decisions and cancels -------------------------------------------------------
+
+    def submit_decision(self, run_id: str, version: int, decision: Decision) -> bool:
+        """Store a human's decision on a run parked at ``version``; False if it is not parked there."""
+        reply = self._run("decide", [self.keys.run(run_id)], [version, decision.model_dump_json()])
+        return int(reply) == 1
+
+    def load_decision(self, run_id: str) -> Decision | None:
+        raw = self.redis.hget(self.keys.run(run_id), protocol.DECISION)
+        return Decision.model_validate_json(raw) if raw else None
+
+    def join_thread(self, thread_id: str, run_id: str) -> list[str]:
+        """Add ``run_id`` to its thread (once, atomically); the thread's run ids, oldest first."""
+        reply = self._run("join_thread", [self.keys.thread(thread_id)], [run_id, self.settings.retention_s])
+        return [_s(r) for r in reply]
+
+    def request_cancel(self, run_id: str) -> Phase | None:
+        phase = _s(self._run("cancel", [self.keys.run(run_id)], []))
+        return Phase(phase) if phase else None
+
+    # -- the sweeper's side ----------------------------------------------------------------
+
+    def due(self, shard: int, limit: int = 100) -> list[str]:
+        """Run ids of ``shard`` whose lease time has come (by Redis's clock)."""
+        return [_s(r) for r in self._run("due", [self.keys.leases(shard)], [limit])]
+
+    def inspect(self, run_id: str) -> Due | Literal["alive", "settled"]:
+        """Look at a run whose lease time came (see ``inspect.lua``)."""
+        k = self.keys
+        step = int(self.redis.hget(k.run(run_id), protocol.STEP) or 0)
+        for _ in range(3):
+            reply = self._run(
+                "inspect", [k.run(run_id), k.leases_of(run_id), k.results(run_id, step)], [run_id, step]
+            )
+            status = _s(reply[0])
+            if status != "moved":
+                break
+            step = int(reply[1])
+        if status in ("gone", "settled", "moved"):
+            return "settled"
+        if status == "alive":
+            return "alive"
+        flat = [_s(x) for x in reply[6]]
+        states: dict[str, TaskState] = dict(zip(flat[0::2], flat[1::2], strict=True))  # type: ignore[arg-type]
+        return Due(
+            run_id=run_id,
+            version=int(reply[1]),
+            epoch=int(reply[2]),
+            phase=Phase(_s(reply[3])),
+            step=int(reply[4]),
+            outbox=_load_outbox(_s(reply[5])),
+            states=states,
+            queued_checks=int(reply[7]),
+        )
+
+    def wait_in_queue(self, due: Due, wait_s: float) -> bool:
+        """Every unclaimed task of ``due`` is still in the broker: look again after ``wait_s``."""
+        reply = self._recover(due, "wait", [], wait_s, "")
+        return _s(reply[0]) == "waiting"
+
+    def hand_on(self, due: Due, missing: Sequence[str], reason: str) -> HandedOn | None:
+        """Hand the phase on under a new epoch; None if the run changed since it was inspected."""
+        reply = self._recover(due, "hand_on", missing, 0, reason)
+        if _s(reply[0]) != "handed_on":
+            return None
+        return HandedOn(epoch=int(reply[1]), lost=int(reply[2]), tasks=[_s(t) for t in reply[3]])
+
+    def _recover(self, due: Due, action: str, missing: Sequence[str], wait_s: float, reason: str) -> Any:
+        k, run_id = self.keys, due.run_id
+        return self._run(
+            "recover",
+            [k.run(run_id), k.leases_of(run_id), k.attempts(run_id), k.results(run_id, due.step)],
+            [
+                run_id,
+                uuid.uuid4().hex,
+                action,
+                due.version,
+                due.epoch,
+                due.step,
+                ",".join(m or "-" for m in missing),
+                int(wait_s * 1000),
+                self._queued_ms,
+                reason,
+            ],
+        )
+
+    # -- events ----------------------------------------------------------------------------
 
     def emit(self, run_id: str, events: Sequence[Event]) -> None:
         """Append events that are not part of a commit (live token deltas)."""
@@ -383,12 +622,6 @@ class RunStore:
                     key, {"e": dump_event(e)}, maxlen=self.settings.limits.events_maxlen, approximate=True
                 )
             pipe.execute()
-
-    def request_cancel(self, run_id: str) -> Phase | None:
-        phase = _s(self._cancel(keys=[self.keys.run(run_id)]))
-        return Phase(phase) if phase else None
-
-    # -- events ------------------------------------------------------------------------------
 
     def read_events(self, run_id: str, after: str = "0-0", count: int = 1000) -> list[tuple[str, Event]]:
         raw = self.redis.xrange(
@@ -445,6 +678,6 @@ def _dump_outbox(outbox: Sequence[TaskSpec]) -> str:
     return "[" + ",".join(t.model_dump_json() for t in outbox) + "]"
 
 
-def _json_list(raw: str) -> list[Any]:
+def _load_outbox(raw: str) -> list[TaskSpec]:
     value = json.loads(raw)
-    return value if isinstance(value, list) else []
+    return [TaskSpec.model_validate(t) for t in value] if isinstance(value, list) else []

@@ -3,11 +3,17 @@
 Pure and shared: the worker publishes these after its commits, and a producer (which never imports
 worker code) builds the tasks it sends itself from the same functions, so task names, arguments and
 deterministic ids have one definition.
+
+A task names the run, version, epoch (and step, and call) it was published for; its id is
+deterministic: the same commit always publishes the same ids, and a hand-on by the sweeper adds
+the new epoch. Every publish stamps the run's current epoch (:func:`with_epoch`), so an outbox
+stored before the epoch changed is sent under the right one.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from shared.state import Phase, RunHead, TaskSpec
 
@@ -18,14 +24,19 @@ TASK_OBSERVE = "wesichain.observe"
 TASK_DECIDE = "wesichain.decide"
 TASK_SWEEP = "wesichain.sweep"
 
+#: Every phase task, by name (the sweep is not a phase).
+PHASE_TASKS = (TASK_START, TASK_THINK, TASK_TOOL, TASK_OBSERVE, TASK_DECIDE)
+
 
 def _task_id(run_id: str, version: int, what: str, epoch: int) -> str:
-    # Deterministic: the same commit always publishes the same ids; a takeover adds its epoch.
     return f"{run_id}:v{version}:{what}" + (f":e{epoch}" if epoch else "")
 
 
-def task_for(head: RunHead) -> list[TaskSpec]:
-    """The outbox of a committed head: the tasks that carry the run to its next phase."""
+def task_for(head: RunHead, time_limits: Mapping[str, float] | None = None) -> list[TaskSpec]:
+    """The outbox of a committed head: the tasks that carry the run to its next phase.
+
+    ``time_limits`` maps a tool name to the hard time limit of its calls.
+    """
     run_id, version, epoch = head.run_id, head.version, head.epoch
     base = {"run_id": run_id, "step": head.step, "version": version, "epoch": epoch}
     if head.phase is Phase.IDLE:
@@ -33,38 +44,28 @@ def task_for(head: RunHead) -> list[TaskSpec]:
     if head.phase is Phase.THINKING:
         return [TaskSpec(name=TASK_THINK, task_id=_task_id(run_id, version, "think", epoch), arguments=base)]
     if head.phase is Phase.ACTING:
+        limits = time_limits or {}
         return [
             TaskSpec(
                 name=TASK_TOOL,
                 task_id=_task_id(run_id, version, f"tool:{c.id}", epoch),
                 arguments={**base, "call_id": c.id},
+                time_limit_s=limits.get(c.name),
             )
             for c in head.pending_calls
         ]
-    if head.phase is Phase.AWAITING_APPROVAL:
-        return []  # parked: the decide task is sent when a human decides
     if head.phase is Phase.OBSERVING:
         return [
             TaskSpec(name=TASK_OBSERVE, task_id=_task_id(run_id, version, "observe", epoch), arguments=base)
         ]
-    return []
+    return []  # parked (the decide task is sent when a human decides) or terminal
 
 
-def start_task(run_id: str, version: int, epoch: int = 0) -> TaskSpec:
+def start_task(run_id: str, version: int = 1, epoch: int = 0) -> TaskSpec:
     return TaskSpec(
         name=TASK_START,
         task_id=_task_id(run_id, version, "start", epoch),
         arguments={"run_id": run_id, "version": version, "epoch": epoch},
-    )
-
-
-def observe_task(acting: RunHead) -> TaskSpec:
-    """The observe task the fan-in will enqueue: it expects the version after the last result."""
-    version = acting.version + 1
-    return TaskSpec(
-        name=TASK_OBSERVE,
-        task_id=_task_id(acting.run_id, version, "observe", acting.epoch),
-        arguments={"run_id": acting.run_id, "step": acting.step, "version": version, "epoch": acting.epoch},
     )
 
 
@@ -73,11 +74,18 @@ def decide_task(head: RunHead) -> TaskSpec:
     return TaskSpec(
         name=TASK_DECIDE,
         task_id=_task_id(head.run_id, head.version, "decide", head.epoch),
-        arguments={"run_id": head.run_id, "version": head.version, "epoch": head.epoch},
+        arguments={"run_id": head.run_id, "version": head.version, "epoch": head.epoch, "step": head.step},
     )
 
 
 def with_epoch(spec: TaskSpec, epoch: int) -> TaskSpec:
-    """The same task re-published by the sweeper under a new epoch."""
+    """The same task under ``epoch`` (its id and arguments say so); unchanged if already there."""
+    if spec.arguments.get("epoch") == epoch:
+        return spec
     base = re.sub(r":e\d+$", "", spec.task_id)
-    return TaskSpec(name=spec.name, task_id=f"{base}:e{epoch}", arguments={**spec.arguments, "epoch": epoch})
+    return spec.model_copy(
+        update={
+            "task_id": base + (f":e{epoch}" if epoch else ""),
+            "arguments": {**spec.arguments, "epoch": epoch},
+        }
+    )

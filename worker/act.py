@@ -1,87 +1,57 @@
-"""The act phase: one task per tool call, fanned out over the pool, fanned in atomically in Redis."""
+"""The act phase: one task per tool call, fanned out over the pool, fanned in atomically in Redis.
+
+A call's delivery claims the call (the claim names the run, the step and the call), runs the tool
+under a heartbeat and records its result once; the delivery whose result is the step's last
+computes the OBSERVING head with the state machine, and the same script commits it. Whatever
+happens, the call gets exactly one recorded result, so its ``ToolDispatched`` gets exactly one
+``ToolCompleted``: a call past the attempt limit, cancelled, naming an unknown tool, or hit by a
+bug is recorded as failed, and observe decides.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 
+import redis
 from pydantic import ValidationError
 
 from shared import events as ev
 from shared import fsm
-from shared.errors import PoisonPhase, RunError, RunErrorInfo, ToolDispatch, ToolOutcomeUnknown
+from shared.errors import ConfigError, RunErrorInfo, ToolDispatch, ToolOutcomeUnknown
 from shared.messages import ToolCall
 from shared.state import Phase, RunHead, ToolResult
-from shared.store import Claim
-from shared.tasks import TASK_TOOL, observe_task, with_epoch
+from shared.store import CallClaim, Claim
+from shared.tasks import task_for
 from shared.tools import Tool, ToolContext, validation_summary
 from worker.heartbeat import Held
-from worker.runtime import Runtime, log
-from worker.timeouts import call_with_timeout
+from worker.runtime import Delivery, Runtime, internal_error, poison_error
+from worker.timeouts import ToolTimeout, call_with_timeout, hard_limit_s
+
+log = logging.getLogger("wesichain.worker")
 
 
-def run_tool(
-    rt: Runtime, run_id: str, step: int, version: int, call_id: str, epoch: int = 0, takeover: bool = False
-) -> None:
-    claim = rt.store.begin(
-        run_id,
-        version,
-        Phase.ACTING,
-        epoch,
-        step,
-        f"{step}:tool:{call_id}",
-        call_id=call_id,
-        takeover=takeover,
-    )
-    if rt.unclaimed(claim, TASK_TOOL, run_id, version):
+def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
+    want = CallClaim(delivery.run_id, delivery.version, delivery.epoch, step, call_id)
+    outcome = rt.store.claim_call(want, rt.holder())
+    if not isinstance(outcome, Claim):
+        rt.on_unclaimed(outcome, delivery)
         return
-    assert isinstance(claim, Claim)
-    head = claim.head
+    head = outcome.head
+    current = fsm.view_as(head, fsm.Acting)
     call = next((c for c in head.pending_calls if c.id == call_id), None)
-    if call is None:
-        log.error("run %s v%d has no pending call %r; dropped", run_id, version, call_id)
-        return
-    current = fsm.view(head)
-    assert isinstance(current, fsm.Acting)
-    agent = rt.agents.get(head.agent)
-    tool = agent.tools.get(call.name)
-    if claim.attempts > rt.settings.max_phase_attempts:
-        # Past the limit: record the call as failed, like any result (one ToolCompleted, the fan-in
-        # intact), instead of running it again; observe then fails the run with PoisonPhase.
-        result = _error_result(
-            call,
-            PoisonPhase(
-                f"tool call {call.name}:{call_id} of step {step} was started {claim.attempts} times"
-                f" without finishing (limit {rt.settings.max_phase_attempts})",
-                step=step,
-                tool=call.name,
-            ),
-        )
-    elif claim.cancel_requested:
-        result = _error_result(
-            call, ToolDispatch("the run was cancelled before the tool started", step=step, tool=call.name)
-        )
-    elif tool is None:
-        result = _error_result(
-            call,
-            ToolDispatch(f"tool {call.name!r} is not registered on this worker", step=step, tool=call.name),
-        )
-    elif claim.prior != "none" and not tool.retry_safe:
-        # An earlier delivery claimed this call and never recorded a result: its worker died mid-call.
-        # Running it again could repeat a side effect that must happen once, so the policy decides.
-        result = _error_result(
-            call,
-            ToolOutcomeUnknown(
-                f"tool {call.name!r} is not retry-safe and its earlier attempt ended without an outcome",
-                step=step,
-                tool=call.name,
-            ),
-        )
-    else:
-        with rt.heartbeat.hold(run_id, claim.claim_field, claim.token) as held:
-            rt.paused(Phase.ACTING, run_id)
-            result = _invoke(rt, tool, call, head, held)
+    if call is None:  # the claim script checked the call id against the step: state that cannot be
+        raise RuntimeError(f"run {head.run_id} v{head.version} has no pending call {call_id!r}")
+    what = f"tool call {call.name}:{call_id} of step {step}"
+    try:
+        result = _outcome(rt, outcome, call, what)
+    except redis.RedisError:
+        raise  # Redis trouble: the lease hands the call on
+    except Exception as exc:
+        log.exception("run %s: %s failed with an unexpected error", head.run_id, what)
+        result = _error_result(call, internal_error(exc, what, Phase.ACTING, step))
     completed = ev.ToolCompleted(
-        run_id=run_id,
+        run_id=head.run_id,
         step=step,
         call_id=call.id,
         tool=call.name,
@@ -90,12 +60,54 @@ def run_tool(
         error=result.error,
         duration_s=result.duration_s,
     )
-    status, epoch = rt.store.record_result(head, result, completed, observe_task(head))
-    if status == "complete":
-        rt.publish([with_epoch(observe_task(head), epoch) if epoch != head.epoch else observe_task(head)])
+    observing = current.observe().head
+    (observe,) = task_for(observing)
+    recorded = rt.store.record_result(head, outcome.ref, result, completed, observing, observe)
+    if recorded.status == "complete":
+        rt.publish([observe], recorded.epoch)
 
 
-def _invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) -> ToolResult:
+def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str) -> ToolResult:
+    """Run the call, or say why it is not run."""
+    head, step = claim.head, claim.head.step
+    limit = rt.settings.max_phase_attempts
+    if claim.attempts > limit:
+        # Past the limit: record the call as failed, like any result (one ToolCompleted, the fan-in
+        # intact), instead of running it again; observe then fails the run with PoisonPhase.
+        return _error_result(
+            call, poison_error(what, Phase.ACTING, step, claim.attempts, limit, claim.last_error)
+        )
+    if claim.cancel_requested:
+        return _error_result(
+            call,
+            ToolDispatch("the run was cancelled before the tool started", step=step, tool=call.name).info(),
+        )
+    try:
+        tool = rt.agents.get(head.agent).tools.get(call.name)
+    except ConfigError as exc:
+        return _error_result(call, ToolDispatch(str(exc), step=step, tool=call.name).info())
+    if tool is None:
+        message = f"tool {call.name!r} is not registered on this worker"
+        return _error_result(call, ToolDispatch(message, step=step, tool=call.name).info())
+    if claim.prior != "none" and not tool.retry_safe:
+        # An earlier delivery claimed this call and never recorded a result: its worker died (or
+        # stalled past its lease) mid-call. Running it again could repeat a side effect that must
+        # happen once, so the policy decides.
+        error = ToolOutcomeUnknown(
+            f"tool {call.name!r} is not retry-safe and its earlier attempt ended without an outcome",
+            step=step,
+            tool=call.name,
+            last_error=claim.last_error or None,
+        )
+        return _error_result(call, error.info())
+    renew_until = time.monotonic() + hard_limit_s(tool.timeout_s)
+    with rt.heartbeat.hold(head.run_id, claim.field, claim.token, renew_until) as held:
+        rt.hooks.on_claimed(Phase.ACTING, head.run_id, rt.store)
+        return invoke(rt, tool, call, head, held)
+
+
+def invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) -> ToolResult:
+    """Validate the arguments and run the tool within its timeout; its failures become data."""
     ctx = ToolContext(
         run_id=head.run_id,
         step=head.step,
@@ -107,24 +119,28 @@ def _invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) 
     try:
         args = tool.validate(call.arguments)
     except ValidationError as exc:
-        return _error_result(
-            call,
-            ToolDispatch(
-                f"bad arguments for {call.name!r}: {validation_summary(exc)}", step=head.step, tool=call.name
-            ),
-        )
+        message = f"bad arguments for {call.name!r}: {validation_summary(exc)}"
+        return _error_result(call, ToolDispatch(message, step=head.step, tool=call.name).info())
     try:
         output = call_with_timeout(lambda: tool.invoke(args, ctx), tool.timeout_s)
+    except ToolTimeout as exc:
+        if not tool.retry_safe:
+            # It may have had its effect before the limit stopped it.
+            message = (
+                f"tool {call.name!r} is not retry-safe and {exc}: its effect may or may not have happened"
+            )
+            return _error_result(call, ToolOutcomeUnknown(message, step=head.step, tool=call.name).info())
+        return _error_result(call, ToolDispatch(str(exc), step=head.step, tool=call.name).info())
     except ValidationError as exc:
         # Raised by the result check: the tool broke its own contract, not the model.
         message = f"tool {call.name!r} returned a result that does not match its declared type: "
         return _error_result(
-            call, ToolDispatch(message + validation_summary(exc), step=head.step, tool=call.name)
+            call, ToolDispatch(message + validation_summary(exc), step=head.step, tool=call.name).info()
         )
     except Exception as exc:  # a tool's failure is data for the policy, never a crashed worker
         log.info("run %s: tool %s raised %s", head.run_id, call.name, type(exc).__name__)
         message = f"{type(exc).__name__}: {exc}"[:2000]
-        return _error_result(call, ToolDispatch(message, step=head.step, tool=call.name))
+        return _error_result(call, ToolDispatch(message, step=head.step, tool=call.name).info())
     limit = rt.settings.limits.max_tool_output_chars
     if len(output) > limit:
         output = output[:limit] + f"...[truncated {len(output) - limit} chars]"
@@ -132,11 +148,27 @@ def _invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) 
         call_id=call.id,
         name=call.name,
         ok=True,
-        output=output,
+        output=_printable(output),
         duration_s=round(time.perf_counter() - started, 6),
     )
 
 
-def _error_result(call: ToolCall, error: RunError) -> ToolResult:
-    info: RunErrorInfo = error.info()
-    return ToolResult(call_id=call.id, name=call.name, ok=False, output=f"Error: {error.message}", error=info)
+def tool_timeout_result(call: ToolCall, tool: Tool | None, step: int, reason: str) -> ToolResult:
+    """The result of a call whose process was killed at its hard time limit."""
+    if tool is not None and not tool.retry_safe:
+        message = (
+            f"tool {call.name!r} is not retry-safe and {reason}: its effect may or may not have happened"
+        )
+        return _error_result(call, ToolOutcomeUnknown(message, step=step, tool=call.name).info())
+    return _error_result(call, ToolDispatch(reason, step=step, tool=call.name).info())
+
+
+def _error_result(call: ToolCall, error: RunErrorInfo) -> ToolResult:
+    return ToolResult(
+        call_id=call.id, name=call.name, ok=False, output=f"Error: {error.message}", error=error
+    )
+
+
+def _printable(text: str) -> str:
+    # Lone surrogates (text decoded without care) cannot be written as JSON; replace them.
+    return text.encode("utf-8", "replace").decode("utf-8")

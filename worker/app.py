@@ -2,33 +2,53 @@
 
 Start a worker with ``wesichain worker`` (or ``celery -A worker.app worker``). Settings come from
 the environment (``WESICHAIN_REDIS_URL``, ``WESICHAIN_AGENTS``, ...), read once per process.
-Every worker's main process also runs the sweeper (one active at a time across the cluster)
-unless ``WESICHAIN_SWEEPER=0``.
+Every worker's main process also runs the sweeper (one sweeps at a time across the pool) unless
+``WESICHAIN_SWEEPER=0``.
+
+A task whose delivery ended the run as FAILED or INTERRUPTED raises :class:`RunEnded` after the
+commit, so a monitor such as Flower shows it as a failed task with the run's error; the message is
+acknowledged like any other (it is an expected exception of the task: no retry, no redelivery).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
 
+from billiard.einfo import ExceptionWithTraceback
 from celery import Celery, Task
+from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.signals import worker_ready, worker_shutdown
 from celery.worker.consumer import Consumer as CeleryConsumer
+from celery.worker.request import Request
 
 from shared.agents import load_registry
-from shared.settings import Settings, celery_config
-from shared.state import TaskSpec
+from shared.errors import WesichainError
+from shared.events import configure_worker_identity
+from shared.redis_client import connect
+from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
+from shared.state import Phase, RunHead, TaskSpec
 from shared.store import RunStore
 from shared.tasks import TASK_DECIDE, TASK_OBSERVE, TASK_START, TASK_SWEEP, TASK_THINK, TASK_TOOL
 from worker.act import run_tool
+from worker.broker_probe import BrokerProbe, RedisQueues, UnknownBroker
 from worker.decide import run_decide
 from worker.heartbeat import Heartbeat
+from worker.hooks import load_hooks
+from worker.lost import on_lost_process
 from worker.observe import run_observe
-from worker.runtime import Runtime
+from worker.runtime import Delivery, Runtime
 from worker.start import run_start
-from worker.sweeper import Sweeper, sweep_once
+from worker.sweeper import Sweeper
 from worker.think import run_think
+
+log = logging.getLogger("wesichain.worker")
+
+
+class RunEnded(WesichainError):
+    """Raised by the task whose delivery ended its run FAILED or INTERRUPTED (after the commit)."""
 
 
 class RuntimeHolder:
@@ -51,33 +71,71 @@ class RuntimeHolder:
         return self._runtime
 
     def _build(self) -> Runtime:
-        from shared.redis_client import connect
-
-        store = RunStore(connect(self.settings), self.settings)
+        settings = self.settings
+        configure_worker_identity(settings.worker_name)
+        store = RunStore(connect(settings), settings)
         app = self.app
 
         def send(spec: TaskSpec) -> None:
             app.send_task(
-                spec.name, kwargs=spec.arguments, task_id=spec.task_id, countdown=spec.countdown or None
+                spec.name,
+                kwargs=spec.arguments,
+                task_id=spec.task_id,
+                countdown=spec.countdown or None,
+                time_limit=spec.time_limit_s,
             )
 
         return Runtime(
             store=store,
-            agents=load_registry(self.settings.agents_module),
+            agents=load_registry(settings.agents_module),
             send=send,
-            settings=self.settings,
-            heartbeat=Heartbeat(store, interval_s=min(self.settings.lease_s / 3, 1.0)),
+            settings=settings,
+            heartbeat=Heartbeat(store, interval_s=min(settings.lease_s / 3, 1.0)),
+            hooks=load_hooks(settings.hooks),
+        )
+
+    def probe(self) -> BrokerProbe:
+        """How the sweeper asks the broker about queued messages."""
+        if self.settings.embedded:
+            return UnknownBroker()
+        conf = celery_config(self.settings)
+        options = conf["broker_transport_options"]
+        return RedisQueues(
+            self.get().store.redis,
+            [QUEUE_MODEL, QUEUE_TOOLS],
+            prefix=options.get("global_keyprefix", ""),
         )
 
     def start_sweeper(self) -> None:
         if self.sweeper is None:
-            self.sweeper = Sweeper(self.get())
+            self.sweeper = Sweeper(self.get(), self.probe())
             self.sweeper.start()
 
     def stop_sweeper(self) -> None:
         if self.sweeper is not None:
             self.sweeper.stop()
             self.sweeper = None
+
+
+class PhaseRequest(Request):  # type: ignore[misc]
+    """Celery's request, telling the runtime when the pool process running a phase died."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        if isinstance(exc, WorkerLostError | TimeLimitExceeded) and self.worker_pid:
+            holder: RuntimeHolder | None = getattr(self.task.app, "wesichain_runtime", None)
+            try:
+                if holder is not None:
+                    timed_out = isinstance(exc, TimeLimitExceeded)
+                    why = "was killed at its hard time limit" if timed_out else f"died ({exc})"
+                    on_lost_process(
+                        holder.get(), self.task_name, self.kwargs, self.worker_pid, why, timed_out
+                    )
+            except Exception:  # the task's own failure handling must still run
+                log.exception("could not hand on the work of dead pool process %s", self.worker_pid)
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
 
 class Consumer(CeleryConsumer):  # type: ignore[misc]
@@ -107,10 +165,18 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
         super().on_connection_error_after_connected(exc)
 
 
-def _lost_worker(task: Task) -> bool:
-    """True when the broker handed this task over because the process running it died."""
+def _delivery(task: Task, run_id: str, version: int, epoch: int) -> Delivery:
     request = task.request
-    return bool(request.retries) or bool((request.delivery_info or {}).get("redelivered"))
+    redelivered = bool(request.retries) or bool((request.delivery_info or {}).get("redelivered"))
+    return Delivery(task.name, run_id, version, epoch, redelivered)
+
+
+def _finish(head: RunHead | None) -> None:
+    """A run this delivery ended as failed or interrupted makes its task a failed one."""
+    if head is not None and head.phase in (Phase.FAILED, Phase.INTERRUPTED):
+        error = head.error
+        detail = f"{error.kind}: {error.message}" if error is not None else "interrupted"
+        raise RunEnded(f"run {head.run_id} {head.phase.value} at step {head.step}: {detail}"[:1000])
 
 
 def create_app(settings: Settings) -> Celery:
@@ -122,32 +188,39 @@ def create_app(settings: Settings) -> Celery:
     }
     holder = RuntimeHolder(app, settings)
     app.wesichain_runtime = holder  # the embedded mode and tests reach the runtime through the app
+    options: dict[str, Any] = {
+        "bind": True,
+        "ignore_result": True,
+        "shared": False,
+        "Request": PhaseRequest,
+        "throws": (RunEnded,),
+    }
 
-    @app.task(name=TASK_START, bind=True, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=TASK_START, **options)  # type: ignore[untyped-decorator]
     def start(
         self: Task, run_id: str, version: int = 1, epoch: int = 0, create: dict[str, Any] | None = None
     ) -> None:
-        run_start(holder.get(), run_id, version, epoch, create, takeover=_lost_worker(self))
+        _finish(run_start(holder.get(), _delivery(self, run_id, version, epoch), create))
 
-    @app.task(name=TASK_THINK, bind=True, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=TASK_THINK, **options)  # type: ignore[untyped-decorator]
     def think(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> None:
-        run_think(holder.get(), run_id, step, version, epoch, takeover=_lost_worker(self))
+        _finish(run_think(holder.get(), _delivery(self, run_id, version, epoch), step))
 
-    @app.task(name=TASK_TOOL, bind=True, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=TASK_TOOL, **options)  # type: ignore[untyped-decorator]
     def tool(self: Task, run_id: str, step: int, version: int, call_id: str, epoch: int = 0) -> None:
-        run_tool(holder.get(), run_id, step, version, call_id, epoch, takeover=_lost_worker(self))
+        run_tool(holder.get(), _delivery(self, run_id, version, epoch), step, call_id)
 
-    @app.task(name=TASK_OBSERVE, bind=True, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=TASK_OBSERVE, **options)  # type: ignore[untyped-decorator]
     def observe(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> None:
-        run_observe(holder.get(), run_id, step, version, epoch, takeover=_lost_worker(self))
+        _finish(run_observe(holder.get(), _delivery(self, run_id, version, epoch), step))
 
-    @app.task(name=TASK_DECIDE, bind=True, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
-    def decide(self: Task, run_id: str, version: int, epoch: int = 0) -> None:
-        run_decide(holder.get(), run_id, version, epoch, takeover=_lost_worker(self))
+    @app.task(name=TASK_DECIDE, **options)  # type: ignore[untyped-decorator]
+    def decide(self: Task, run_id: str, version: int, epoch: int = 0, step: int | None = None) -> None:
+        _finish(run_decide(holder.get(), _delivery(self, run_id, version, epoch), step))
 
     @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep() -> int:
-        return sweep_once(holder.get())
+        return Sweeper(holder.get(), holder.probe()).sweep_once_and_release()
 
     return app
 
@@ -162,10 +235,9 @@ app = _default_app()
 
 @worker_ready.connect  # type: ignore[untyped-decorator]
 def _start_sweeper(sender: Any = None, **_: Any) -> None:
-    if os.environ.get("WESICHAIN_SWEEPER", "1") != "0":
-        holder: RuntimeHolder | None = getattr(getattr(sender, "app", None), "wesichain_runtime", None)
-        if holder is not None:
-            holder.start_sweeper()
+    holder: RuntimeHolder | None = getattr(getattr(sender, "app", None), "wesichain_runtime", None)
+    if holder is not None and holder.settings.sweeper:
+        holder.start_sweeper()
 
 
 @worker_shutdown.connect  # type: ignore[untyped-decorator]

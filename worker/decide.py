@@ -2,45 +2,47 @@
 
 from __future__ import annotations
 
+import logging
+
 from shared import fsm
 from shared.errors import BudgetExceeded, ToolOutcomeUnknown
-from shared.state import Phase
-from shared.tasks import TASK_DECIDE
-from worker.runtime import Runtime, log
+from shared.state import Phase, RunHead
+from shared.store import Claim, PhaseClaim
+from worker.heartbeat import Held
+from worker.phase import run_phase
+from worker.runtime import Delivery, Runtime
+
+log = logging.getLogger("wesichain.worker")
 
 
-def run_decide(rt: Runtime, run_id: str, version: int, epoch: int = 0, takeover: bool = False) -> None:
-    claim = rt.store.begin(run_id, version, Phase.AWAITING_APPROVAL, epoch, 0, "decide", takeover=takeover)
-    claim = rt.ready(claim, TASK_DECIDE, run_id, version, "decide")
-    if claim is None:
-        return
-    current = fsm.view(claim.head)
-    assert isinstance(current, fsm.AwaitingApproval)
-    decision = rt.store.load_decision(run_id)
-    approval = current.head.approval
-    if decision is None or approval is None:
-        log.warning("run %s: decide without a stored decision; still waiting", run_id)
-        rt.store.park(run_id, claim.claim_field, claim.token)
-        return
-    if approval.kind == "unknown_outcome":
-        if decision.approve:
-            rt.commit(current, current.resume(rt.store.load_results(run_id, current.head.step)))
-        else:
+def run_decide(rt: Runtime, delivery: Delivery, step: int | None = None) -> RunHead | None:
+    def body(current: fsm.Parked, claim: Claim, held: Held) -> RunHead | None:
+        head = current.head
+        decision = rt.store.load_decision(head.run_id)
+        approval = head.approval
+        if decision is None or approval is None:
+            log.warning("run %s: decide without a stored decision; still waiting", head.run_id)
+            rt.store.release(head.run_id, claim.field, claim.token)
+            return None
+        if approval.kind == "unknown_outcome":
+            if decision.approve:
+                return rt.commit(
+                    current, current.resume(rt.store.load_results(head.run_id, head.step)), claim.ref
+                )
             note = f": {decision.note}" if decision.note else ""
             error = ToolOutcomeUnknown(
-                f"a human declined to continue after an unknown tool outcome{note}",
-                step=current.head.step,
-            ).info()
-            rt.fail(current, error)
-        return
-    if decision.approve:
-        rt.commit(current, current.approve())
-    elif current.budget_left <= 0:
-        rt.fail(
-            current,
-            BudgetExceeded(
-                "step budget spent after the tool calls were denied", step=current.head.step
-            ).info(),
-        )
-    else:
-        rt.commit(current, current.deny(decision.note))
+                f"a human declined to continue after an unknown tool outcome{note}", step=head.step
+            )
+            return rt.fail(current, claim.ref, error.info())
+        if decision.approve:
+            return rt.commit(current, current.approve(), claim.ref)
+        if current.budget_left <= 0:
+            spent = BudgetExceeded("step budget spent after the tool calls were denied", step=head.step)
+            return rt.fail(current, claim.ref, spent.info())
+        return rt.commit(current, current.deny(decision.note), claim.ref)
+
+    if step is None:  # sent by an older producer, without the step: claim at the run's own
+        head = rt.store.load(delivery.run_id)
+        step = head.step if head is not None else 0
+    want = PhaseClaim(delivery.run_id, delivery.version, Phase.AWAITING_APPROVAL, delivery.epoch, step)
+    return run_phase(rt, delivery, want, "decide", fsm.Parked, body)

@@ -1,8 +1,11 @@
 """One heartbeat thread per worker process renews the claims of every task it is running.
 
 While a renewal succeeds, the sweeper leaves the run alone; a renewal also reads the run's cancel
-flag, so a long model stream or tool learns about a cancel within one interval without a Redis
-round trip of its own.
+flag, so a long model call or tool learns about a cancel within one interval without a Redis round
+trip of its own. All claims of the process are renewed in one pipelined round trip.
+
+A claim may carry a renewal deadline (a tool's timeout plus grace): past it the claim is no longer
+extended, so work that hangs beyond its limit is handed on by the sweeper when the claim expires.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,9 +27,13 @@ log = logging.getLogger("wesichain.heartbeat")
 
 @dataclass
 class Held:
+    """A claim this process holds while its task runs."""
+
     run_id: str
     claim_field: str
     token: str
+    #: ``time.monotonic()`` past which the claim is no longer extended (None: while the task runs).
+    renew_until: float | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     #: Set when the claim was lost (expired and taken over): this delivery's commit will be fenced.
     lost: threading.Event = field(default_factory=threading.Event)
@@ -37,13 +45,14 @@ class Heartbeat:
         self.interval_s = interval_s
         self._held: dict[int, Held] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = -1
 
     @contextmanager
-    def hold(self, run_id: str, claim_field: str, token: str) -> Iterator[Held]:
-        held = Held(run_id, claim_field, token)
+    def hold(
+        self, run_id: str, claim_field: str, token: str, renew_until: float | None = None
+    ) -> Iterator[Held]:
+        held = Held(run_id, claim_field, token, renew_until)
         with self._lock:
             self._held[id(held)] = held
             self._ensure_thread()
@@ -61,16 +70,25 @@ class Heartbeat:
             self._thread.start()
 
     def _run(self) -> None:
-        while not self._wake.wait(self.interval_s):
+        while True:
+            time.sleep(self.interval_s)
             with self._lock:
                 held = list(self._held.values())
-            for h in held:
-                try:
-                    still_held, cancel = self.store.renew(h.run_id, h.claim_field, h.token)
-                except redis.RedisError as exc:
-                    log.warning("heartbeat for run %s failed: %s", h.run_id, exc)
-                    continue
-                if cancel:
-                    h.cancelled.set()
-                if not still_held:
-                    h.lost.set()
+            if held:
+                self.beat(held)
+
+    def beat(self, held: list[Held]) -> None:
+        now = time.monotonic()
+        claims = [
+            (h.run_id, h.claim_field, h.token, h.renew_until is None or now < h.renew_until) for h in held
+        ]
+        try:
+            replies = self.store.renew(claims)
+        except redis.RedisError as exc:
+            log.warning("heartbeat of %d claim(s) failed: %s", len(held), exc)
+            return
+        for h, (still_held, cancel) in zip(held, replies, strict=True):
+            if cancel:
+                h.cancelled.set()
+            if not still_held:
+                h.lost.set()

@@ -1,34 +1,52 @@
-"""What every phase task needs: the store, the agents, a publisher, and the shared moves.
+"""What every phase task needs: the store, the agents, a publisher, the hooks, and the shared moves.
 
-A phase task follows one shape (see ``think.py``, ``act.py``, ``observe.py``, ``start.py``):
-claim the phase with :meth:`RunStore.begin`; if the run is elsewhere, only make sure its outbox
-was published; if another delivery holds a live claim, do nothing; otherwise do the phase under
-a heartbeat, commit with compare-and-set, then publish the outbox.
+The moves (commit a transition and publish what it leads to, fail, interrupt) are the same for
+every phase; the order of a phase task is in ``worker/phase.py``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shared import fsm
 from shared.agents import AgentRegistry
-from shared.errors import PoisonPhase, RunErrorInfo
-from shared.events import Event
+from shared.errors import ConfigError, InternalInvariant, PoisonPhase, RunErrorInfo
+from shared.events import Event, worker_identity
 from shared.fsm import Transition
-from shared.messages import Message, SystemMessage, UserMessage
 from shared.settings import Settings
-from shared.state import Phase, TaskSpec
-from shared.store import Busy, Claim, CommitStatus, Done, RunStore, Stale
-from shared.tasks import task_for
-from worker import faults
+from shared.state import Phase, RunHead, TaskSpec
+from shared.store import Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
+from shared.tasks import task_for, with_epoch
 from worker.heartbeat import Heartbeat
+from worker.hooks import Hooks
+from worker.timeouts import hard_limit_s
 
 log = logging.getLogger("wesichain.worker")
 
 #: Sends one task to the broker.
 Send = Callable[[TaskSpec], None]
+
+
+class Cancelled(Exception):
+    """The run was cancelled while its phase was still working (seen by the heartbeat)."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery of a phase task, as Celery handed it over."""
+
+    task: str
+    run_id: str
+    version: int
+    epoch: int
+    #: The broker handed this message over again after the worker running it was lost (Celery's
+    #: ``retries`` / ``redelivered`` marks). It never lets a delivery take a live claim over; it
+    #: only tells a stale delivery that the next phase may never have been published.
+    redelivered: bool = False
 
 
 @dataclass
@@ -38,118 +56,135 @@ class Runtime:
     send: Send
     settings: Settings
     heartbeat: Heartbeat
+    hooks: Hooks
 
-    def publish(self, outbox: Sequence[TaskSpec]) -> None:
+    def holder(self) -> str:
+        """This process, as claims name their holder (read per call: prefork children fork)."""
+        return f"{worker_identity()}:{os.getpid()}"
+
+    def publish(self, outbox: Sequence[TaskSpec], epoch: int) -> None:
+        """Send ``outbox`` under the run's current ``epoch``."""
         for spec in outbox:
-            self.send(spec)
-            if faults.enabled("duplicate_publish"):
-                self.send(spec)
+            for task in self.hooks.outgoing(with_epoch(spec, epoch)):
+                self.send(task)
 
-    def unclaimed(
-        self, claim: Claim | Busy | Done | Stale | None, task: str, run_id: str, version: int
-    ) -> bool:
-        """Handle every outcome of begin() but a fresh claim; True when the task must stop here."""
-        if claim is None:
-            log.warning("%s for unknown run %s dropped", task, run_id)
-            return True
-        if isinstance(claim, Done):
-            return True
-        if isinstance(claim, Busy):
-            log.info("run %s: %s v%d is already being worked on; duplicate dropped", run_id, task, version)
-            return True
-        if isinstance(claim, Stale):
-            self.on_stale(claim, task, version)
-            return True
-        return False
+    # -- deliveries that claim nothing -------------------------------------------------------
 
-    def ready(
-        self, claim: Claim | Busy | Done | Stale | None, task: str, run_id: str, version: int, what: str
-    ) -> Claim | None:
-        """The claim, when this delivery is to do its phase; None when it must stop here.
+    def on_unclaimed(self, outcome: ClaimOutcome, delivery: Delivery) -> None:
+        if outcome is None:
+            log.warning("%s for unknown run %s dropped", delivery.task, delivery.run_id)
+        elif isinstance(outcome, Busy):
+            log.info(
+                "run %s: %s v%d is already being worked on; duplicate dropped",
+                delivery.run_id,
+                delivery.task,
+                delivery.version,
+            )
+        elif isinstance(outcome, Stale):
+            self.on_stale(outcome, delivery)
+        elif not isinstance(outcome, Done):
+            raise InternalInvariant(f"{delivery.task}: unexpected claim outcome {outcome!r}")
 
-        Stopping may still take an action: re-publish a stale run's unsent outbox, fail a run
-        whose phase crashed its workers too often, or commit a requested cancel.
-        """
-        if self.unclaimed(claim, task, run_id, version):
-            return None
-        assert isinstance(claim, Claim)
-        current = fsm.view(claim.head)
-        assert not isinstance(current, fsm.Completed | fsm.Failed | fsm.Interrupted)
-        if self.check_poison(current, claim.attempts, what):
-            return None
-        if claim.cancel_requested:
-            self.interrupt(current, "cancelled")
-            return None
-        return claim
-
-    def paused(self, phase: Phase, run_id: str) -> None:
-        faults.pause_point(phase.value, self.store, run_id)
-
-    def on_stale(self, stale: Stale, task: str, version: int) -> None:
-        """A duplicate or late delivery: do nothing, unless the run's next phase may never have been sent.
+    def on_stale(self, stale: Stale, delivery: Delivery) -> None:
+        """A duplicate or late delivery: do nothing, unless the next phase may never have been sent.
 
         That is the case only when the broker handed this task over because its worker died (the
         worker may have died between its commit and its publish) and no task of the new version
-        has claimed the run since. Any other stale delivery is a benign duplicate: re-publishing
-        from it would send a duplicate of the next phase, which would do the same one hop later.
+        has claimed work since. Any other stale delivery is a benign duplicate: re-publishing from
+        it would send a duplicate of the next phase, which would do the same one hop later.
         """
-        head = stale.head
-        if head is None or head.terminal:
+        if stale.terminal or not delivery.redelivered or stale.outbox_claimed:
             return
-        if stale.takeover and head.version > version and not stale.outbox_sent:
+        if stale.version > delivery.version:
             log.info(
                 "run %s: %s v%d is stale at v%d; re-publishing its outbox",
-                head.run_id,
-                task,
-                version,
-                head.version,
+                delivery.run_id,
+                delivery.task,
+                delivery.version,
+                stale.version,
             )
-            self.publish(stale.outbox)
+            self.publish(stale.outbox, stale.epoch)
+
+    # -- moves -------------------------------------------------------------------------------
 
     def commit(
         self,
         current: fsm.LivePhase,
         transition: Transition[fsm.PhaseView],
+        claim: ClaimRef | None,
         extra_events: Sequence[Event] = (),
         countdown: float = 0.0,
-    ) -> CommitStatus:
-        """Commit a transition and publish what it leads to; a pending cancel wins over it."""
+    ) -> RunHead | None:
+        """Commit a transition and publish what it leads to; a pending cancel wins over it.
+
+        Returns the head this delivery committed (the interruption, if a cancel won), or None when
+        the commit was fenced off (another delivery won, or this one lost its claim).
+        """
         head = transition.head
-        events = (*extra_events, *transition.events)
-        outbox = (
-            [s.model_copy(update={"countdown": countdown}) for s in task_for(head)]
-            if countdown
-            else task_for(head)
+        outbox = task_for(head, self.tool_time_limits(head))
+        if countdown:
+            outbox = [s.model_copy(update={"countdown": countdown}) for s in outbox]
+        result = self.store.commit(
+            current.head.version,
+            head,
+            claim,
+            transition.messages,
+            (*extra_events, *transition.events),
+            outbox,
         )
-        status = self.store.commit(current.head.version, head, transition.messages, events, outbox)
-        if status == "committed":
-            faults.crash_point(f"crash_after_commit:{current.phase.value}", self.store, head.run_id)
-            self.publish(outbox)
-        elif status == "cancel_pending":
-            self.interrupt(current, "cancelled")
-        else:
-            log.info("run %s: commit of v%d fenced off (another delivery won)", head.run_id, head.version)
-        return status
+        if result.status == "committed":
+            self.hooks.after_commit(current.phase, head.run_id, self.store)
+            self.publish(outbox, result.epoch)
+            return head
+        if result.status == "cancel_pending":
+            return self.interrupt(current, claim, "cancelled", head.error)
+        log.info("run %s: commit of v%d fenced off (another delivery won)", head.run_id, head.version)
+        return None
 
-    def interrupt(self, current: fsm.LivePhase, reason: str, error: RunErrorInfo | None = None) -> None:
+    def interrupt(
+        self, current: fsm.LivePhase, claim: ClaimRef | None, reason: str, error: RunErrorInfo | None = None
+    ) -> RunHead | None:
         transition = current.interrupt(reason, error)
-        self.store.commit(current.head.version, transition.head, (), transition.events)
+        result = self.store.commit(current.head.version, transition.head, claim, (), transition.events)
+        return transition.head if result.status == "committed" else None
 
-    def fail(self, current: fsm.LivePhase, error: RunErrorInfo, extra: Sequence[Event] = ()) -> None:
-        self.commit(current, current.fail(error), extra)
+    def fail(
+        self, current: fsm.LivePhase, claim: ClaimRef | None, error: RunErrorInfo, extra: Sequence[Event] = ()
+    ) -> RunHead | None:
+        return self.commit(current, current.fail(error), claim, extra)
 
-    def check_poison(self, current: fsm.LivePhase, attempts: int, what: str) -> bool:
-        """Past the attempt limit, end the run instead of crashing another worker."""
-        if attempts <= self.settings.max_phase_attempts:
-            return False
-        error = PoisonPhase(
-            f"{what} was started {attempts} times without finishing"
-            f" (limit {self.settings.max_phase_attempts})",
-            step=current.head.step,
-        ).info()
-        self.fail(current, error)
-        return True
+    def tool_time_limits(self, head: RunHead) -> dict[str, float]:
+        """Hard time limits of the tools an ACTING head calls (none for other phases)."""
+        if head.phase is not Phase.ACTING:
+            return {}
+        try:
+            tools = self.agents.get(head.agent).tools
+        except ConfigError:
+            return {}
+        return {c.name: hard_limit_s(t.timeout_s) for c in head.pending_calls if (t := tools.get(c.name))}
 
 
-def initial_messages(system_prompt: str, history: Sequence[Message], user_input: str) -> list[Message]:
-    return [SystemMessage(content=system_prompt), *history, UserMessage(content=user_input)]
+def poison_error(
+    what: str, phase: Phase, step: int, attempts: int, limit: int, last_error: str
+) -> RunErrorInfo:
+    """The error of a run whose phase was started too often without finishing."""
+    return PoisonPhase(
+        f"{what} was started {attempts} times without finishing (limit {limit})",
+        step=step,
+        phase=phase.value,
+        attempts=attempts,
+        last_error=last_error or "unknown: the process died without leaving a trace",
+    ).info()
+
+
+def internal_error(exc: BaseException, what: str, phase: Phase, step: int) -> RunErrorInfo:
+    """The error of a run whose phase raised something the runtime did not expect: a bug."""
+    trace = "".join(traceback.format_exception(exc, limit=-12))
+    return InternalInvariant(
+        f"{what} raised {type(exc).__name__}: {str(exc)[:500]}",
+        step=step,
+        phase=phase.value,
+        exception_type=type(exc).__name__,
+        exception_message=str(exc)[:2000],
+        traceback=trace[-4000:],
+    ).info()

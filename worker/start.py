@@ -1,66 +1,90 @@
 """The start phase: fill a new run in from its agent spec and begin thinking.
 
-A producer creates the run IDLE (or sends ``wesichain.start`` with no run at all, from any
-language); this task adds the agent's version, model and budget, the system prompt and the
-thread's earlier conversation, and commits IDLE → THINKING.
+A producer creates the run IDLE (or sends ``wesichain.start`` with a ``create`` request and no
+run at all, from any language); this task adds the agent's version, model and budget, the system
+prompt and the thread's earlier conversation, and commits IDLE → THINKING. A ``create`` request
+is checked against the same limits as the client's (``shared/request.py``): a bad one still
+becomes a run, failed with ``InvalidRequest``, so its sender can read why.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from shared import fsm
-from shared.errors import ConfigError, RunConfigError
+from shared.errors import ConfigError, InvalidRequest, RunConfigError, excerpt
 from shared.messages import Message, SystemMessage, UserMessage
+from shared.request import check_run_id, validate_request
 from shared.state import Phase, RunHead
-from shared.tasks import TASK_START, start_task
-from worker.runtime import Runtime, initial_messages
+from shared.store import Claim, PhaseClaim
+from shared.tasks import start_task
+from worker.heartbeat import Held
+from worker.phase import run_phase
+from worker.runtime import Delivery, Runtime
+
+log = logging.getLogger("wesichain.worker")
 
 #: Messages of earlier runs in the same thread carried into a new run.
 HISTORY_WINDOW = 40
 
 
-def run_start(
-    rt: Runtime,
-    run_id: str,
-    version: int,
-    epoch: int = 0,
-    create: dict[str, Any] | None = None,
-    takeover: bool = False,
-) -> None:
-    if create is not None and rt.store.load_raw(run_id) == {}:
-        # Sent by a bare producer: create the run here (a no-op if a duplicate already did).
-        rt.store.commit(None, RunHead.new_idle(run_id, **create), outbox=[start_task(run_id, 1)])
-    claim = rt.store.begin(run_id, version, Phase.IDLE, epoch, 0, "0:start", takeover=takeover)
-    claim = rt.ready(claim, TASK_START, run_id, version, "start")
-    if claim is None:
-        return
-    current = fsm.view(claim.head)
-    assert isinstance(current, fsm.Idle)
-    head = current.head
-    with rt.heartbeat.hold(run_id, claim.claim_field, claim.token):
-        rt.paused(Phase.IDLE, run_id)
+def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = None) -> RunHead | None:
+    rejected = _create(rt, delivery.run_id, create) if create is not None else None
+
+    def body(current: fsm.Idle, claim: Claim, held: Held) -> RunHead | None:
+        if rejected is not None:
+            return rt.fail(current, claim.ref, rejected.info())
+        head = current.head
+        try:
+            agent = rt.agents.get(head.agent)
+        except ConfigError as exc:
+            return rt.fail(current, claim.ref, RunConfigError(str(exc), step=0).info())
+        history = _thread_history(rt, head) if head.thread_id else []
+        messages = [SystemMessage(content=agent.system_prompt), *history, UserMessage(content=head.input)]
+        transition = current.start(
+            messages, agent_version=agent.version, model=head.model or agent.model, max_steps=agent.max_steps
+        )
+        return rt.commit(current, transition, claim.ref)
+
+    want = PhaseClaim(delivery.run_id, delivery.version, Phase.IDLE, delivery.epoch, 0)
+    return run_phase(rt, delivery, want, "start", fsm.Idle, body)
+
+
+def _create(rt: Runtime, run_id: str, create: dict[str, Any]) -> InvalidRequest | None:
+    """Create the run a bare producer asked for (a no-op if it exists); the request's fault, if any."""
+    check_run_id(run_id)  # no run can be recorded under a bad id: the task fails, visibly
+    if rt.store.load(run_id) is not None:
+        return None
+    rejected: InvalidRequest | None = None
     try:
-        agent = rt.agents.get(head.agent)
-    except ConfigError as exc:
-        rt.fail(current, RunConfigError(str(exc), step=0).info())
-        return
-    limits = rt.settings.limits
-    history = _thread_history(rt, head) if head.thread_id else []
-    messages = initial_messages(agent.system_prompt, history, head.input[: limits.max_input_chars])
-    transition = current.start(
-        messages, agent_version=agent.version, model=head.model or agent.model, max_steps=agent.max_steps
-    )
-    rt.commit(current, transition)
+        request = validate_request(create, rt.settings.limits)
+        head = RunHead.new_idle(
+            run_id,
+            request.agent,
+            request.input,
+            thread_id=request.thread_id,
+            metadata=request.metadata,
+            model=request.model,
+        )
+    except InvalidRequest as exc:
+        # Record the run anyway, with what can be kept of the request, so the sender can read why.
+        rejected = exc
+        agent, text = create.get("agent"), create.get("input")
+        head = RunHead.new_idle(
+            run_id,
+            (excerpt(agent, 200) or "?") if isinstance(agent, str) and agent else "?",
+            (excerpt(text, 200) or "") if isinstance(text, str) else "",
+        )
+        log.warning("run %s: request refused: %s", run_id, exc)
+    rt.store.create(head, [start_task(run_id)])
+    return rejected
 
 
 def _thread_history(rt: Runtime, head: RunHead) -> list[Message]:
-    assert head.thread_id is not None
-    key = rt.store.keys.thread(head.thread_id)
-    ids = [str(i) for i in rt.store.redis.lrange(key, 0, -1)]
-    if head.run_id not in ids:
-        rt.store.redis.rpush(key, head.run_id)
-        rt.store.redis.expire(key, rt.settings.retention_s)
+    if head.thread_id is None:
+        return []
+    ids = rt.store.join_thread(head.thread_id, head.run_id)
     earlier = [r for r in ids if r != head.run_id]
     if not earlier:
         return []

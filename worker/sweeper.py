@@ -1,9 +1,16 @@
-"""The sweeper: hands on every phase whose lease expired without progress.
+"""The sweeper: hands on every phase whose claim expired, or whose message left the broker unclaimed.
 
-It runs as a thread in every worker's main process (one at a time cluster-wide, by a Redis lock),
-as a celery beat schedule (``wesichain.sweep``), or standalone (``wesichain sweeper``). Recovery
-time after a whole-worker SIGKILL is then the lease plus one sweep interval, not the broker's
-visibility timeout.
+It runs as a thread in every worker's main process, as a celery beat schedule (``wesichain.sweep``)
+or standalone (``wesichain sweeper``); all of them take the same lock, so one sweeps at a time.
+Each run whose lease time came (by Redis's clock) is inspected:
+
+* a claim expired: its holder stopped renewing it (the process died, or stalled past its lease),
+  so the phase is handed on under a new epoch; recovery after a whole-worker SIGKILL is then the
+  lease plus one sweep interval, not the broker's visibility timeout;
+* unclaimed tasks waited past their queued time: if the broker still holds their messages they
+  are only waiting behind a backlog, and the sweeper looks again later (the wait doubles, up to
+  ``max_queued_check_s``); only a message gone from the broker is published again, and a run
+  whose messages keep vanishing is failed as poison.
 """
 
 from __future__ import annotations
@@ -12,90 +19,153 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 
 import redis
 
 from shared import fsm
 from shared.errors import PoisonPhase
-from shared.state import Phase
-from shared.store import Recovery
+from shared.scripts import register_scripts
+from shared.store import Due, HandedOn
 from shared.tasks import with_epoch
+from worker.broker_probe import BrokerProbe
 from worker.runtime import Runtime
 
 log = logging.getLogger("wesichain.sweeper")
 
-
-def sweep_once(rt: Runtime, limit: int = 200) -> int:
-    """Recover every run whose lease expired; returns how many were re-published."""
-    # The run index outlives no run: trim entries older than the retention.
-    rt.store.redis.zremrangebyscore(rt.store.keys.runs_index(), "-inf", time.time() - rt.settings.retention_s)
-    recovered = 0
-    for run_id in rt.store.expired_leases(limit):
-        recovery = rt.store.recover(run_id)
-        if recovery is None:
-            continue
-        if recovery.takeovers > rt.settings.max_phase_attempts:
-            _fail_as_poison(rt, run_id, recovery)
-            continue
-        outbox = recovery.outbox
-        if recovery.phase is Phase.ACTING:
-            # Only the calls still without a result; their old claims (if any) have expired, so a
-            # non-retry-safe call that was mid-flight is reported as outcome-unknown, not re-run.
-            outbox = [
-                s
-                for s in outbox
-                if not rt.store.has_result(run_id, recovery.step, str(s.arguments["call_id"]))
-            ]
-        log.warning(
-            "run %s: lease expired in %s v%d; re-publishing %d task(s) under epoch %d",
-            run_id,
-            recovery.phase.value,
-            recovery.version,
-            len(outbox),
-            recovery.epoch,
-        )
-        rt.publish([with_epoch(s, recovery.epoch) for s in outbox])
-        recovered += 1
-    return recovered
-
-
-def _fail_as_poison(rt: Runtime, run_id: str, recovery: Recovery) -> None:
-    """A phase re-published this often never even claimed the run (it fails before it can)."""
-    head = rt.store.load(run_id)
-    if head is None or head.terminal or head.version != recovery.version:
-        return
-    current = fsm.view(head)
-    if isinstance(current, fsm.Completed | fsm.Failed | fsm.Interrupted):
-        return
-    error = PoisonPhase(
-        f"{recovery.phase.value} of step {recovery.step} was handed on {recovery.takeovers} times"
-        f" without progress (limit {rt.settings.max_phase_attempts})",
-        step=recovery.step,
-    ).info()
-    log.error("run %s: %s", run_id, error.message)
-    rt.fail(current, error)
+#: Runs looked at per shard and sweep.
+BATCH = 200
 
 
 class Sweeper:
-    """Runs :func:`sweep_once` every interval while it holds the cluster-wide sweeper lock."""
+    """Sweeps while it holds the cluster-wide sweeper lock (see :meth:`sweep`)."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, probe: BrokerProbe) -> None:
         self.rt = rt
+        self.probe = probe
         self.interval_s = rt.settings.sweep_interval_s
         self.token = uuid.uuid4().hex
+        self._lock = register_scripts(rt.store.redis)["lock"]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    # -- the lock ------------------------------------------------------------------------------
+
+    def _hold_lock(self) -> bool:
+        key = self.rt.store.keys.sweeper_lock()
+        return int(self._lock(keys=[key], args=[self.token, int(self.interval_s * 3000), "hold"])) == 1
+
+    def _release_lock(self) -> None:
+        self._lock(keys=[self.rt.store.keys.sweeper_lock()], args=[self.token, 0, "release"])
+
     def tick(self) -> int:
-        r = self.rt.store.redis
-        lock_key = self.rt.store.keys.sweeper_lock()
-        ttl_ms = int(self.interval_s * 3000)
-        # Take the lock, or keep it if it is ours; another sweeper sweeps meanwhile.
-        if not r.set(lock_key, self.token, nx=True, px=ttl_ms):
-            if r.get(lock_key) != self.token:
-                return 0
-            r.pexpire(lock_key, ttl_ms)
-        return sweep_once(self.rt)
+        """Sweep once if this sweeper holds (or takes) the lock; returns the runs handed on."""
+        if not self._hold_lock():
+            return 0
+        return self.sweep()
+
+    def sweep_once_and_release(self) -> int:
+        """One sweep under the lock, then let it go (celery beat's ``wesichain.sweep``)."""
+        if not self._hold_lock():
+            return 0
+        try:
+            return self.sweep()
+        finally:
+            self._release_lock()
+
+    # -- one sweep -----------------------------------------------------------------------------
+
+    def sweep(self) -> int:
+        store = self.rt.store
+        cutoff_ms = (time.time() - self.rt.settings.retention_s) * 1000
+        handed = 0
+        for shard in range(store.keys.shards):
+            # The run index outlives no run: trim entries older than the retention.
+            store.redis.zremrangebyscore(store.keys.runs_index(shard), "-inf", cutoff_ms)
+            waiting: list[Due] = []
+            for run_id in store.due(shard, BATCH):
+                seen = store.inspect(run_id)
+                if not isinstance(seen, Due):
+                    continue
+                if seen.expired:
+                    handed += self._hand_on(
+                        seen, [], "its lease expired: the holder stopped renewing its claim"
+                    )
+                else:
+                    waiting.append(seen)
+            handed += self._check_queued(waiting)
+        return handed
+
+    def _check_queued(self, waiting: Sequence[Due]) -> int:
+        """Unclaimed tasks past their queued time: waiting in the broker, or lost?"""
+        if not waiting:
+            return 0
+        ids = {key: self._task_id(seen, key) for seen in waiting for key in seen.unclaimed}
+        present = self.probe.present(set(ids.values()))
+        handed = 0
+        settings = self.rt.settings
+        for seen in waiting:
+            if present is None:
+                # The broker cannot be asked: after a generous total wait, assume the worst.
+                missing = seen.unclaimed if seen.queued_checks >= 6 else []
+            else:
+                missing = [key for key in seen.unclaimed if self._task_id(seen, key) not in present]
+            if missing:
+                handed += self._hand_on(seen, missing, "its message was missing from the broker")
+            else:
+                wait_s = min(
+                    settings.queued_lease_s * 2 ** (seen.queued_checks + 1), settings.max_queued_check_s
+                )
+                self.rt.store.wait_in_queue(seen, wait_s)
+        return handed
+
+    @staticmethod
+    def _task_id(seen: Due, key: str) -> str:
+        spec = seen.task_of(key)
+        return with_epoch(spec, seen.epoch).task_id if spec is not None else ""
+
+    def _hand_on(self, seen: Due, missing: Sequence[str], reason: str) -> int:
+        rt = self.rt
+        result = rt.store.hand_on(seen, missing, reason)
+        if result is None:
+            return 0  # the run moved since it was inspected: nothing to do
+        if result.lost > rt.settings.max_phase_attempts:
+            self._fail_as_poison(seen, result)
+            return 1
+        outbox = [spec for key in result.tasks if (spec := seen.task_of(key)) is not None]
+        log.warning(
+            "run %s: %s in %s v%d; publishing %d task(s) again under epoch %d",
+            seen.run_id,
+            reason,
+            seen.phase.value,
+            seen.version,
+            len(outbox),
+            result.epoch,
+        )
+        rt.publish(outbox, result.epoch)
+        return 1
+
+    def _fail_as_poison(self, seen: Due, result: HandedOn) -> None:
+        """A phase whose messages keep vanishing unclaimed: its task fails before it can claim."""
+        rt = self.rt
+        head = rt.store.load(seen.run_id)
+        if head is None or head.terminal or head.version != seen.version:
+            return
+        current = fsm.view(head)
+        if isinstance(current, fsm.CompletedRun | fsm.FailedRun | fsm.InterruptedRun):
+            return
+        error = PoisonPhase(
+            f"{seen.phase.value} of step {seen.step} was published {result.lost} times and never claimed"
+            f" (limit {rt.settings.max_phase_attempts})",
+            step=seen.step,
+            phase=seen.phase.value,
+            attempts=result.lost,
+            last_error="its task message kept vanishing from the broker before any worker claimed it",
+        ).info()
+        log.error("run %s: %s", seen.run_id, error.message)
+        rt.fail(current, None, error)
+
+    # -- the thread ----------------------------------------------------------------------------
 
     def run_forever(self) -> None:
         while not self._stop.is_set():

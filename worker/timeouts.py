@@ -1,10 +1,15 @@
-"""Enforcing a tool's ``timeout_s``.
+"""Enforcing a tool's ``timeout_s``, softly and then hard.
 
-In a prefork child (or the solo pool) the tool runs on the main thread, where a SIGALRM timer
-interrupts it in the middle of Python code, as Celery's soft time limit does. On a thread pool
-there is no way to stop a thread from outside: the tool runs on a helper thread, the task stops
-waiting at the deadline and the result is a timeout error, while the abandoned thread runs on
-until it returns. Tools that can hang belong on the prefork tools queue.
+Soft: in a prefork child (or the solo pool) the tool runs on the main thread, where a SIGALRM
+timer raises :class:`ToolTimeout` in the middle of its Python code. ``ToolTimeout`` is a
+``BaseException``, so a tool's ``except Exception`` does not swallow it by accident. On a thread
+pool no thread can be stopped from outside: the tool runs on a helper thread, the task stops
+waiting at the deadline and the call times out, while the abandoned thread runs on until it
+returns (tools that can hang belong on the prefork tools queue).
+
+Hard: a tool that catches ``BaseException`` or sits in C code, where no signal handler runs, is
+killed with its process by Celery's hard time limit, :func:`hard_limit_s` of its timeout, set on
+each tool task; its claim stops being renewed past the same limit.
 """
 
 from __future__ import annotations
@@ -18,9 +23,20 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-class ToolTimeout(Exception):
+class ToolTimeout(BaseException):
+    """The tool ran past its timeout (a BaseException: a tool cannot catch it by accident)."""
+
     def __init__(self, timeout_s: float) -> None:
-        super().__init__(f"the tool did not finish within its timeout of {timeout_s:g}s")
+        super().__init__(timeout_s)
+        self.timeout_s = timeout_s
+
+    def __str__(self) -> str:
+        return f"the tool did not finish within its timeout of {self.timeout_s:g}s"
+
+
+def hard_limit_s(timeout_s: float) -> float:
+    """When a tool's process is killed: its timeout plus a grace for the soft limit to work."""
+    return timeout_s + max(5.0, 0.5 * timeout_s)
 
 
 def call_with_timeout(fn: Callable[[], T], timeout_s: float) -> T:

@@ -1,7 +1,6 @@
 -- Ask a run to stop. KEYS: run hash. Returns the phase, or '' if the run does not exist.
-local phase = redis.call('HGET', KEYS[1], 'phase')
+local run = KEYS[1]
+local phase = redis.call('HGET', run, F_PHASE)
 if not phase then return '' end
-if phase ~= 'completed' and phase ~= 'failed' and phase ~= 'interrupted' then
-  redis.call('HSET', KEYS[1], 'cancel', '1')
-end
+if not TERMINAL[phase] then redis.call('HSET', run, F_CANCEL, '1') end
 return phase

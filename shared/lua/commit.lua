@@ -1,43 +1,55 @@
--- Commit one transition atomically: fenced checkpoint + appended messages + events + outbox.
--- KEYS: run hash, messages list, checkpoints list, events stream, leases zset, runs index zset,
---       then (terminal commits only) every other key of the run, to expire with it
--- ARGV: 1 expected_version ('' = create), 2 new_version, 3 phase, 4 step, 5 epoch, 6 head_json,
---       7 outbox_json, 8 terminal ('1'/'0'), 9 events_maxlen, 10 retention_s, 11 lease_deadline
---       ('' = no lease: parked or terminal), 12 run_id, 13 now, 14 n_messages, 15 n_events,
---       then the messages, then the events.
--- Returns {1, version} on success, {0, current_version} if fenced off, {-1, version} if a cancel
--- is pending and this transition is not terminal (the caller then commits the interruption).
-local current = redis.call('HGET', KEYS[1], 'version')
-if ARGV[1] == '' then
-  if current then return {0, current} end
-elseif current ~= ARGV[1] then
-  return {0, current or ''}
+-- Commit one transition atomically: fenced head + appended messages + events + checkpoint + outbox.
+-- KEYS: run hash, messages list, checkpoints list, events stream, leases zset, then (terminal
+--       commits only) every other key of the run, to expire with it
+-- The commit is fenced twice: the run must be at expected_version (compare-and-set), and the
+-- committing delivery must still hold its claim (a delivery whose claim expired and was taken over
+-- cannot commit). An unclaimed commit (claim_field '') is only allowed while no claim is live.
+-- A pending cancel wins over every transition but the interruption itself.
+-- Returns {'committed', epoch}, {'fenced', current_version} or {'cancel_pending', version}.
+local run_id, op, expected_version, claim_field, claim_token, new_version, phase, step, body, outbox,
+  calls, kind, queued_lease_ms, retention_s, events_maxlen, n_messages, n_events = unpack(ARGV, 1, 17)
+local run, messages_key, checkpoints, events_key, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
+local current = redis.call('HGET', run, F_VERSION)
+if current ~= expected_version then
+  if current == new_version and redis.call('HGET', run, F_OP) == op then
+    return {'committed', redis.call('HGET', run, F_EPOCH)}  -- this very commit, replayed
+  end
+  return {'fenced', current or ''}
 end
-if ARGV[8] ~= '1' and redis.call('HGET', KEYS[1], 'cancel') == '1' then
-  return {-1, current}
-end
--- The phase claim ends with the commit; tool claims end when their result is recorded.
-redis.call('HDEL', KEYS[1], 'running', 'decision')
-redis.call('HSET', KEYS[1], 'version', ARGV[2], 'phase', ARGV[3], 'step', ARGV[4], 'epoch', ARGV[5],
-  'body', ARGV[6], 'outbox', ARGV[7], 'outbox_sent', '0')
-local n_messages = tonumber(ARGV[14])
-local n_events = tonumber(ARGV[15])
-local base = 15
-for i = 1, n_messages do redis.call('RPUSH', KEYS[2], ARGV[base + i]) end
-base = base + n_messages
-for i = 1, n_events do
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', 'e', ARGV[base + i])
-end
-redis.call('RPUSH', KEYS[3], ARGV[6])
-if ARGV[1] == '' then redis.call('ZADD', KEYS[6], ARGV[13], ARGV[12]) end
-if ARGV[11] ~= '' then
-  redis.call('ZADD', KEYS[5], ARGV[11], ARGV[12])
+local now = now_ms()
+if claim_token ~= '' then
+  local held = redis.call('HGET', run, claim_field)
+  if not held or (claim_parts(held)) ~= claim_token then return {'fenced', current} end
 else
-  redis.call('ZREM', KEYS[5], ARGV[12])
+  local running = redis.call('HGET', run, F_RUNNING)
+  if running and select(2, claim_parts(running)) > now then return {'fenced', current} end
 end
-if ARGV[8] == '1' then
-  local ttl = tonumber(ARGV[10])
+if phase ~= P_INTERRUPTED and redis.call('HGET', run, F_CANCEL) == '1' then
+  return {'cancel_pending', current}
+end
+
+local queued_until = now + tonumber(queued_lease_ms)
+if claim_field ~= '' then redis.call('HDEL', run, claim_field) end
+redis.call('HDEL', run, F_RUNNING, F_DECISION)
+redis.call('HSET', run, F_VERSION, new_version, F_PHASE, phase, F_STEP, step, F_BODY, body,
+  F_OUTBOX, outbox, F_OUTBOX_CLAIMED, '0', F_CALLS, calls, F_QUEUED_UNTIL, queued_until,
+  F_QUEUED_CHECKS, '0', F_OP, op)
+local base = 17
+for i = 1, tonumber(n_messages) do redis.call('RPUSH', messages_key, ARGV[base + i]) end
+base = base + tonumber(n_messages)
+for i = 1, tonumber(n_events) do
+  redis.call('XADD', events_key, 'MAXLEN', '~', events_maxlen, '*', 'e', ARGV[base + i])
+end
+redis.call('RPUSH', checkpoints, body)
+if kind == 'live' then
+  redis.call('ZADD', leases, queued_until, run_id)
+else
+  redis.call('ZREM', leases, run_id)  -- parked or terminal: nothing for the sweeper to watch
+end
+if kind == 'terminal' then
+  local ttl = tonumber(retention_s)
   for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
-  for i = 7, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
+  for i = 6, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
 end
-return {1, ARGV[2]}
+return {'committed', redis.call('HGET', run, F_EPOCH)}

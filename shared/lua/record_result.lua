@@ -1,18 +1,36 @@
--- Record one tool result exactly once and decide the fan-in atomically.
--- KEYS: run hash, results hash, events stream, leases zset
--- ARGV: 1 expected_version, 2 call_id, 3 result_json, 4 event_json, 5 n_calls,
---       6 observe_outbox_json, 7 events_maxlen, 8 lease_deadline, 9 run_id
--- Returns 'stale' (run moved on), 'duplicate' (this call already has a result), 'recorded', or
--- 'complete:<epoch>' (the last result: the run is now OBSERVING and the outbox holds observe).
-if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'phase') ~= 'acting' then
-  return 'stale'
+-- Record one tool result exactly once, and make the fan-in: the last result of the step commits
+-- the OBSERVING head the worker computed with the state machine (with its checkpoint and outbox).
+-- KEYS: run hash, results hash of the step, events stream, leases zset, checkpoints list
+-- Returns {'stale'} (the run moved on), {'duplicate'} (the call already has another result),
+-- {'recorded'}, or {'complete', epoch} (this result was the last: the run is now OBSERVING).
+-- A replay of this very call (same result, same op) answers as the first time did.
+local run_id, op, version, step, call_id, claim_token, result, event, n_calls, observe_version,
+  observe_body, observe_outbox, queued_lease_ms, events_maxlen = unpack(ARGV, 1, 14)
+local run, results_key, events_key, leases, checkpoints = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
+local state = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP)
+if state[1] ~= version or state[2] ~= P_ACTING or state[3] ~= step then
+  if state[1] == observe_version and redis.call('HGET', run, F_OP) == op then
+    return {'complete', redis.call('HGET', run, F_EPOCH)}  -- this very fan-in, replayed
+  end
+  return {'stale'}
 end
-if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3]) == 0 then return 'duplicate' end
-redis.call('HDEL', KEYS[1], 'claim:' .. ARGV[2])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'e', ARGV[4])
-if redis.call('HLEN', KEYS[2]) < tonumber(ARGV[5]) then return 'recorded' end
-redis.call('HSET', KEYS[1], 'phase', 'observing', 'version', tostring(tonumber(ARGV[1]) + 1),
-  'outbox', ARGV[6], 'outbox_sent', '0')
-redis.call('ZADD', KEYS[4], ARGV[8], ARGV[9])
--- The observe task must carry the run's current epoch (the sweeper may have bumped it).
-return 'complete:' .. redis.call('HGET', KEYS[1], 'epoch')
+if redis.call('HSETNX', results_key, call_id, result) == 0 then
+  if redis.call('HGET', results_key, call_id) == result then return {'recorded'} end  -- replayed
+  return {'duplicate'}
+end
+local field = call_claim(step, call_id)
+local held = redis.call('HGET', run, field)
+if held and (claim_parts(held)) == claim_token then redis.call('HDEL', run, field) end
+redis.call('XADD', events_key, 'MAXLEN', '~', events_maxlen, '*', 'e', event)
+if redis.call('HLEN', results_key) < tonumber(n_calls) then return {'recorded'} end
+
+-- The step is over: no claim of its calls (live or an expired marker) means anything now.
+for _, id in ipairs(split_calls(redis.call('HGET', run, F_CALLS))) do redis.call('HDEL', run, call_claim(step, id)) end
+local queued_until = now_ms() + tonumber(queued_lease_ms)
+redis.call('HSET', run, F_VERSION, observe_version, F_PHASE, P_OBSERVING, F_BODY, observe_body,
+  F_OUTBOX, observe_outbox, F_OUTBOX_CLAIMED, '0', F_QUEUED_UNTIL, queued_until, F_QUEUED_CHECKS, '0',
+  F_OP, op)
+redis.call('RPUSH', checkpoints, observe_body)
+redis.call('ZADD', leases, queued_until, run_id)
+return {'complete', redis.call('HGET', run, F_EPOCH)}

@@ -1,39 +1,74 @@
--- Sweeper: take over a run whose lease expired. KEYS: 1 run hash, 2 leases zset, 3 attempts hash
--- ARGV: 1 run_id, 2 now, 3 new lease deadline
--- Returns {'gone'|'parked'|'alive'} or {'recover', phase, version, epoch, step, outbox, takeovers}
--- where takeovers counts the sweeper's takeovers at this version (a bound against a phase whose
--- task fails before it can even claim the run).
--- A run whose claim holder is still renewing is 'alive' (its lease is pushed to the claim's
--- deadline). Otherwise the epoch is bumped, so deliveries from before the takeover are stale,
--- the expired phase claim is dropped and the caller re-publishes the outbox under the new epoch.
-local phase = redis.call('HGET', KEYS[1], 'phase')
-if not phase then
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  return {'gone'}
+-- Sweeper, second step: act on what it decided after inspect (and, for unclaimed tasks, after
+-- asking the broker whether their messages are still there). Everything is re-checked here,
+-- atomically, by Redis's clock: two sweepers deciding on the same run act once.
+-- KEYS: run hash, leases zset, attempts hash, results hash of the step
+-- action 'wait': every unclaimed task is still in the broker: look again after wait_ms.
+-- action 'hand_on': some claim expired, or unclaimed tasks are missing from the broker (listed
+--   in missing): bump the epoch, so every earlier message of this phase is stale, and return the
+--   tasks to publish again under it (every task that has no result and no live claim).
+-- Returns {'moved'} when the run changed since inspect, {'waiting'}, or
+-- {'handed_on', epoch, lost, tasks} where lost counts hand-ons of vanished messages at this version.
+local run_id, op, action, version, epoch, step, missing, wait_ms, queued_lease_ms, reason =
+  unpack(ARGV, 1, 10)
+local run, leases, attempts_key, results_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+
+local head = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP, F_EPOCH, F_CALLS, F_OP)
+if head[1] ~= version or head[3] ~= step or TERMINAL[head[2]] or head[2] == P_AWAITING_APPROVAL then
+  return {'moved'}
 end
-if phase == 'completed' or phase == 'failed' or phase == 'interrupted' or phase == 'awaiting_approval' then
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  return {'parked'}
+local phase = head[2]
+local now = now_ms()
+local replay = head[6] == op
+if replay then epoch = head[4] elseif head[4] ~= epoch then return {'moved'} end
+local states, next_live, expired = task_states(run, results_key, phase, step, head[5], now)
+local by_key = {}
+for i = 1, #states, 2 do by_key[states[i]] = states[i + 1] end
+
+if action == 'wait' then
+  local queued_until = now + tonumber(wait_ms)
+  redis.call('HSET', run, F_QUEUED_UNTIL, queued_until)
+  redis.call('HINCRBY', run, F_QUEUED_CHECKS, 1)
+  local next_time = queued_until
+  if next_live and next_live < next_time then next_time = next_live end
+  redis.call('ZADD', leases, next_time, run_id)
+  return {'waiting'}
 end
-local now = tonumber(ARGV[2])
-local latest = 0
-local fields = redis.call('HGETALL', KEYS[1])
-for i = 1, #fields, 2 do
-  local name = fields[i]
-  if name == 'running' or string.sub(name, 1, 6) == 'claim:' then
-    local value = fields[i + 1]
-    local deadline = tonumber(string.sub(value, string.find(value, '|', 1, true) + 1))
-    if deadline > latest then latest = deadline end
+
+local lost = 0
+if not replay then
+  local lost_keys = split_calls(missing)
+  if not expired and #lost_keys == 0 then return {'moved'} end
+  for _, key in ipairs(lost_keys) do
+    if key == '-' then key = '' end
+    if by_key[key] ~= 'unclaimed' then return {'moved'} end
   end
+  epoch = tostring(redis.call('HINCRBY', run, F_EPOCH, 1))
+  if #lost_keys > 0 then lost = redis.call('HINCRBY', attempts_key, 'lost:v' .. version, 1) end
+  for key, state in pairs(by_key) do
+    if state == 'expired' then
+      local field = F_RUNNING
+      if key ~= '' then field = call_claim(step, key) end
+      local err = 'err:v' .. version .. ':' .. field
+      if redis.call('HEXISTS', attempts_key, err) == 0 then
+        local _, _, holder = claim_parts(redis.call('HGET', run, field))
+        redis.call('HSET', attempts_key, err, reason .. ' (held by ' .. holder .. ')')
+      end
+      -- The phase claim is dropped; an expired call claim stays, so the next delivery of the call
+      -- knows an earlier one may have had its effect.
+      if key == '' then redis.call('HDEL', run, F_RUNNING) end
+    end
+  end
+  redis.call('HSET', run, F_OP, op)
+else
+  lost = tonumber(redis.call('HGET', attempts_key, 'lost:v' .. version) or '0')
 end
-if latest > now then
-  redis.call('ZADD', KEYS[2], latest, ARGV[1])
-  return {'alive'}
+local tasks = {}
+for i = 1, #states, 2 do
+  if states[i + 1] ~= 'done' and states[i + 1] ~= 'live' then tasks[#tasks + 1] = states[i] end
 end
-local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-local version = redis.call('HGET', KEYS[1], 'version')
-local takeovers = redis.call('HINCRBY', KEYS[3], 'takeover:v' .. version, 1)
-redis.call('HDEL', KEYS[1], 'running')
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-return {'recover', phase, version, tostring(epoch),
-        redis.call('HGET', KEYS[1], 'step'), redis.call('HGET', KEYS[1], 'outbox') or '[]', takeovers}
+local queued_until = now + tonumber(queued_lease_ms)
+redis.call('HSET', run, F_QUEUED_UNTIL, queued_until, F_QUEUED_CHECKS, '0')
+local next_time = queued_until
+if next_live and next_live < next_time then next_time = next_live end
+redis.call('ZADD', leases, next_time, run_id)
+return {'handed_on', epoch, lost, tasks}

@@ -1,9 +1,18 @@
--- Heartbeat: extend a live claim and the run's lease. KEYS: 1 run hash, 2 leases zset
--- ARGV: 1 claim_field, 2 token, 3 deadline, 4 run_id
--- Returns {held, cancel}: held = 1 while this token still owns the claim.
-local claim = redis.call('HGET', KEYS[1], ARGV[1])
-local cancel = redis.call('HGET', KEYS[1], 'cancel') == '1' and 1 or 0
-if not claim or string.sub(claim, 1, #ARGV[2] + 1) ~= ARGV[2] .. '|' then return {0, cancel} end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. '|' .. ARGV[3])
-redis.call('ZADD', KEYS[2], 'GT', ARGV[3], ARGV[4])
+-- Heartbeat: extend a live claim. KEYS: run hash, leases zset
+-- Returns {held, cancel}: held is 1 while this token still owns the claim (it is then extended by
+-- the lease from now, by Redis's clock); cancel is 1 once the run was asked to stop. With extend
+-- '0' the claim is only checked, not extended (a tool past its deadline is left to expire).
+local run_id, field, token, lease_ms, extend = unpack(ARGV, 1, 5)
+local run, leases = KEYS[1], KEYS[2]
+
+local cancel = redis.call('HGET', run, F_CANCEL) == '1' and 1 or 0
+local current = redis.call('HGET', run, field)
+if not current then return {0, cancel} end
+local held_by, _, holder = claim_parts(current)
+if held_by ~= token then return {0, cancel} end
+if extend == '1' then
+  local deadline = now_ms() + tonumber(lease_ms)
+  redis.call('HSET', run, field, claim_value(token, deadline, holder))
+  redis.call('ZADD', leases, 'LT', deadline, run_id)
+end
 return {1, cancel}

@@ -23,6 +23,7 @@ from producer.client import Client, RunHandle
 from shared.events import Event
 from shared.state import Phase, RunHead
 from tests.agents_fixture import EFFECTS_KEY, PIDS_KEY, STARTS_KEY
+from tests.chaos.faults import pid_key
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.invariants import assert_event_invariants, committed, kinds  # noqa: F401 - re-exported for the chaos tests
 
@@ -35,6 +36,7 @@ CHAOS_ENV = {
     "WESICHAIN_QUEUED_LEASE_S": str(QUEUED_LEASE_S),
     # A paused phase waits far longer than any test: it only ends because the test kills it.
     "WESICHAIN_FAULT_PAUSE_S": "120",
+    "WESICHAIN_HOOKS": "tests.chaos.faults:ChaosHooks",
 }
 #: Recovery must happen within the lease plus a few seconds; generous for a loaded 2-core box.
 RECOVERY_BOUND_S = 15.0
@@ -152,7 +154,7 @@ def is_running(pid: int) -> bool:
 
 def pause_pid(r: redis.Redis, phase: Phase | str, run_id: str) -> int | None:
     """The pid a ``pause:<phase>`` fault recorded when the run's phase paused there."""
-    raw = r.get(f"{PREFIX}fault:pid:{Phase(phase).value}:{run_id}")
+    raw = r.get(pid_key(phase, run_id))
     return int(raw) if raw else None
 
 
@@ -244,8 +246,8 @@ def _hash_of_run(r: redis.Redis, key: str, run_id: str) -> dict[str, str]:
 # -- broker -------------------------------------------------------------------------------------
 
 QUEUES = ("wesichain.model", "wesichain.tools")
-#: The broker's keys: Celery's Redis transport, as the workers configure it.
-BROKER_PREFIX = PREFIX + "celery:"
+#: The broker's keys: Celery's Redis transport, as the workers configure it (no key prefix).
+BROKER_PREFIX = ""
 
 
 def queue_key(queue: str) -> str:

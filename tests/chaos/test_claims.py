@@ -21,6 +21,7 @@ import pytest
 
 from producer.client import Client
 from shared.state import Phase
+from shared.store import Due
 from tests.agents_fixture import MODEL_CALLS_KEY
 from tests.chaos.support import (
     RUN_TIMEOUT_S,
@@ -98,16 +99,15 @@ def test_a_tool_message_naming_another_step_is_refused(cluster: Cluster, client:
 def test_a_worker_with_a_skewed_clock_takes_nothing_over(
     cluster: Cluster, client: Client, skew_s: float
 ) -> None:
-    # The skewed worker starts first, so its sweeper is the one that holds the sweeper lock.
-    (skewed,) = cluster.start(
-        1, concurrency=2, env={"WESICHAIN_TEST_CLOCK_SKEW_S": str(skew_s)}, include=("tests.clock_skew",)
-    )
-    wait_until(
-        lambda: client.store.redis.get(client.store.keys.sweeper_lock()),
-        30,
-        what="a sweeper to hold the lock",
-    )
-    cluster.start(1, concurrency=2)
+    """Ahead, the skewed worker sweeps (it would see everyone's leases expired); behind, a sound
+    worker sweeps (it would see the skewed worker's leases expired): either way nothing is."""
+    skew = {"env": {"WESICHAIN_TEST_CLOCK_SKEW_S": str(skew_s)}, "include": ("tests.clock_skew",)}
+    first, second = (skew, {}) if skew_s > 0 else ({}, skew)
+    # The worker started first takes the sweeper lock and keeps it.
+    (sweeping,) = cluster.start(1, concurrency=2, **first)  # type: ignore[arg-type]
+    lock = client.store.keys.sweeper_lock()
+    wait_until(lambda: client.store.redis.get(lock), 30, what="a sweeper to hold the lock")
+    cluster.start(1, concurrency=2, **second)  # type: ignore[arg-type]
     tag = uuid.uuid4().hex
     inputs = [f"{tag}-{i}" for i in range(8)]
     handles = [client.submit("counted", text) for text in inputs]
@@ -120,25 +120,28 @@ def test_a_worker_with_a_skewed_clock_takes_nothing_over(
         assert_terminal_matches_events(head, events_of(handle))
     calls = {k: int(v) for k, v in r.hgetall(MODEL_CALLS_KEY).items() if k.startswith(tag)}
     assert calls == {f"{text}:{turn}": 1 for text in inputs for turn in (0, 1)}, "a model call ran twice"
-    assert skewed.alive
+    assert all(w.alive for w in cluster.workers)
 
 
 def test_two_recoveries_of_one_expired_lease_bump_the_epoch_once(cluster: Cluster, client: Client) -> None:
-    """The sweeper's recovery is atomic on its own: racing sweepers (a worker's and celery beat's)
+    """The sweeper's hand-on is atomic on its own: racing sweepers (a worker's and celery beat's)
     cannot both take the same run over."""
     handle = client.submit("one_hop", "go")  # no worker: the start phase stays queued
     store = client.store
     r = store.redis
-    # Make its queued lease expire now, as if the start message had been lost.
-    r.zadd(store.keys.leases(), {handle.run_id: 0})
+    # Make its queued time run out now, as if the start message had been lost.
+    r.hset(store.keys.run(handle.run_id), "queued_until", 0)
+    r.zadd(store.keys.leases_of(handle.run_id), {handle.run_id: 0})
+    due = store.inspect(handle.run_id)
+    assert isinstance(due, Due) and due.unclaimed == [""], due
     results: list[object] = []
     barrier = threading.Barrier(4)
 
-    def recover() -> None:
+    def hand_on() -> None:
         barrier.wait()
-        results.append(store.recover(handle.run_id))
+        results.append(store.hand_on(due, [""], "its message was missing from the broker"))
 
-    threads = [threading.Thread(target=recover) for _ in range(4)]
+    threads = [threading.Thread(target=hand_on) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:

@@ -13,7 +13,6 @@ import pytest
 from producer.client import Client
 from shared.state import Phase
 from tests.chaos.support import (
-    PREFIX,
     QUEUED_LEASE_S,
     RECOVERY_BOUND_S,
     RUN_TIMEOUT_S,
@@ -28,6 +27,7 @@ from tests.chaos.support import (
     kinds,
     note_recovery,
 )
+from tests.chaos.faults import fired_key
 from tests.invariants import ONE_HOP
 
 pytestmark = pytest.mark.chaos
@@ -47,7 +47,7 @@ def _check(client: Client, run_id: str, phase: Phase, case: str) -> tuple[int, i
     handle = client.handle(run_id)
     head = handle.wait(RUN_TIMEOUT_S)
     events = committed(events_of(handle))
-    crashed = r.get(f"{PREFIX}fault:crash_after_commit:{phase.value}:{run_id}")
+    crashed = r.get(fired_key(f"crash_after_commit:{phase.value}", run_id))
     assert crashed, "the crash never fired"
     assert head.phase is Phase.COMPLETED and head.answer == "1 + 2 = 3"
     assert kinds(events) == ONE_HOP

@@ -20,7 +20,7 @@ def test_approved_call_runs_once_and_run_completes(workers: list[WorkerProcess],
     head = handle.status()
     assert head.approval is not None and head.approval.kind == "tool_calls"
     # Parked means no lease: the sweeper must leave it alone, no tool has run.
-    assert client.store.redis.zscore(client.store.keys.leases(), handle.run_id) is None
+    assert client.store.redis.zscore(client.store.keys.leases_of(handle.run_id), handle.run_id) is None
     assert client.store.redis.hget(EFFECTS_KEY, f"{handle.run_id}:1:call_0") is None
     handle.approve("looks right")
     done = handle.wait(TIMEOUT)

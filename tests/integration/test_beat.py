@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.settings import QUEUE_MODEL, Settings
+from shared.settings import QUEUE_MODEL
 from tests.harness import ROOT, RedisServer, wait_until
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ def test_beat_schedules_the_sweep_task(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    queue = f"{Settings().prefix}celery:{QUEUE_MODEL}"
+    queue = QUEUE_MODEL  # the broker keys carry no prefix
     client = server.client()
     try:
         # The schedule is every sweep_interval_s (1 s): two messages prove it repeats.

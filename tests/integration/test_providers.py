@@ -27,6 +27,7 @@ import redis
 from producer.client import Client, RunHandle
 from shared.events import Event
 from shared.llm.base import Usage
+from shared.protocol import RUNNING, attempts_field
 from shared.settings import Settings
 from shared.state import Phase, RunHead
 from tests.agents_fixture import EFFECTS_KEY
@@ -302,7 +303,8 @@ def test_model_the_workers_cannot_build_fails_the_run_at_once(cluster: Cluster) 
     # Failed by the first think, not after crashing it until a lease expired and a takeover.
     store = cluster.client.store
     assert head.epoch == 0, "the run waited for lease expiries instead of failing"
-    assert store.redis.hget(store.keys.attempts(handle.run_id), "1:think") == "1"
+    # One claim of the think (at version 2, after the start), and no other.
+    assert store.attempts(handle.run_id) == {attempts_field(2, RUNNING): "1", attempts_field(1, RUNNING): "1"}
     assert of(events, "Failed")[0].error == head.error
 
 

@@ -1,4 +1,4 @@
-"""How the act phase turns one tool call into a recorded result (``worker.act._invoke``)."""
+"""How the act phase turns one tool call into a recorded result (``worker.act.invoke``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from shared.messages import ToolCall
 from shared.settings import Limits, Settings
 from shared.state import Phase, RunHead, ToolResult
 from shared.tools import Tool, ToolContext, tool
-from worker.act import _invoke
+from worker.act import invoke as act_invoke
 from worker.heartbeat import Held
 
 HEAD = RunHead.new_idle("run9", "agent", "q").model_copy(update={"phase": Phase.ACTING, "step": 4})
@@ -28,7 +28,7 @@ def invoke(
 ) -> ToolResult:
     rt = SimpleNamespace(settings=Settings(limits=Limits(max_tool_output_chars=limit)))
     call = ToolCall(id="c7", name=t.name, arguments=arguments)
-    return _invoke(rt, t, call, HEAD, held or Held("run9", "claim:c7", "tok"))  # type: ignore[arg-type]
+    return act_invoke(rt, t, call, HEAD, held or Held("run9", "call:4:c7", "tok"))  # type: ignore[arg-type]
 
 
 def test_ok_result() -> None:
@@ -147,3 +147,35 @@ def test_a_tool_over_its_timeout_fails_on_a_thread_pool_too() -> None:
     result = box["result"]
     assert isinstance(result, ToolResult)
     assert not result.ok and "timeout" in result.output
+
+
+def test_a_tool_that_catches_every_exception_is_still_stopped_at_its_timeout() -> None:
+    """The soft limit is a BaseException: a blanket ``except Exception`` cannot swallow it."""
+
+    @tool(timeout_s=0.05)
+    def stubborn(args: Args) -> int:
+        """Ignore every exception until done."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                time.sleep(0.01)
+            except Exception:
+                pass
+        return 1
+
+    started = time.monotonic()
+    result = invoke(stubborn, {"n": 1})
+    assert time.monotonic() - started < 25, "the tool ran to its own end"
+    assert not result.ok and result.error is not None and result.error.kind == "ToolDispatch"
+    assert "timeout" in result.error.message
+
+
+def test_a_non_retry_safe_tool_past_its_timeout_has_an_unknown_outcome() -> None:
+    @tool(timeout_s=0.05, retry_safe=False)
+    def pay(args: Args) -> int:
+        """Pay, slowly."""
+        time.sleep(5)
+        return 1
+
+    result = invoke(pay, {"n": 1})
+    assert not result.ok and result.error is not None and result.error.kind == "ToolOutcomeUnknown"

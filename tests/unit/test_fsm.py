@@ -92,7 +92,7 @@ def test_thinking_complete() -> None:
     before = head(Phase.THINKING, model_retries=2)
     usage = Usage(input_tokens=10, output_tokens=5)
     t = fsm.Thinking(before).complete("the answer", usage)
-    after = assert_moved(before, t, Phase.COMPLETED, fsm.Completed)
+    after = assert_moved(before, t, Phase.COMPLETED, fsm.CompletedRun)
     assert after.answer == "the answer"
     assert after.usage == Usage(input_tokens=110, output_tokens=55)
     assert after.message_count == 5
@@ -235,7 +235,7 @@ def test_thinking_park_waits_for_approval_without_dispatching() -> None:
     before = head(Phase.THINKING, model_retries=2)
     usage = Usage(input_tokens=1, output_tokens=1)
     t = fsm.Thinking(before).park("may I?", CALLS, usage, needs_approval=["search"])
-    after = assert_moved(before, t, Phase.AWAITING_APPROVAL, fsm.AwaitingApproval)
+    after = assert_moved(before, t, Phase.AWAITING_APPROVAL, fsm.Parked)
     assert after.pending_calls == CALLS
     assert after.approval == Approval(
         kind="tool_calls", call_ids=["b", "a"], reason="tool calls need approval: search"
@@ -263,7 +263,7 @@ def parked(**changes: Any) -> RunHead:
 
 def test_approve_dispatches_every_pending_call() -> None:
     before = parked()
-    t = fsm.AwaitingApproval(before).approve()
+    t = fsm.Parked(before).approve()
     after = assert_moved(before, t, Phase.ACTING, fsm.Acting)
     assert after.approval is None
     assert after.pending_calls == CALLS
@@ -284,7 +284,7 @@ def test_approve_dispatches_every_pending_call() -> None:
 )
 def test_deny_tells_the_model_and_starts_a_new_step(note: str, content: str) -> None:
     before = parked()
-    t = fsm.AwaitingApproval(before).deny(note)
+    t = fsm.Parked(before).deny(note)
     after = assert_moved(before, t, Phase.THINKING, fsm.Thinking)
     assert t.messages == (
         ToolMessage(tool_call_id="b", name="search", content=content, is_error=True),
@@ -304,7 +304,7 @@ def test_park_unknown_outcome() -> None:
         ToolResult(call_id="b", name="search", ok=False, output="boom", error=other),
     ]
     t = fsm.Observing(before).park_unknown(results)
-    after = assert_moved(before, t, Phase.AWAITING_APPROVAL, fsm.AwaitingApproval)
+    after = assert_moved(before, t, Phase.AWAITING_APPROVAL, fsm.Parked)
     reason = "outcome unknown (worker died mid-call) for: calculator"
     assert after.approval == Approval(kind="unknown_outcome", call_ids=["a"], reason=reason)
     assert after.pending_calls == CALLS
@@ -320,7 +320,7 @@ def test_resume_feeds_every_result_back_in_call_order() -> None:
         ToolResult(call_id="a", name="calculator", ok=False, output="Error: unknown", error=unknown),
         ToolResult(call_id="b", name="search", ok=True, output="hits"),
     ]
-    t = fsm.AwaitingApproval(before).resume(results)
+    t = fsm.Parked(before).resume(results)
     after = assert_moved(before, t, Phase.THINKING, fsm.Thinking)
     assert t.messages == (
         ToolMessage(tool_call_id="b", name="search", content="hits", is_error=False),
@@ -334,7 +334,7 @@ def test_resume_feeds_every_result_back_in_call_order() -> None:
 def test_resume_with_a_missing_result_is_an_invariant_violation() -> None:
     results = [ToolResult(call_id="a", name="calculator", ok=True, output="2")]
     with pytest.raises(InternalInvariant):
-        fsm.AwaitingApproval(parked()).resume(results)
+        fsm.Parked(parked()).resume(results)
 
 
 # -- fail / interrupt from every live phase ------------------------------------------------------
@@ -344,7 +344,7 @@ LIVE = [
     (Phase.THINKING, fsm.Thinking),
     (Phase.ACTING, fsm.Acting),
     (Phase.OBSERVING, fsm.Observing),
-    (Phase.AWAITING_APPROVAL, fsm.AwaitingApproval),
+    (Phase.AWAITING_APPROVAL, fsm.Parked),
 ]
 
 
@@ -352,7 +352,7 @@ LIVE = [
 def test_fail_from_live_phase(phase: Phase, cls: type[fsm._Live]) -> None:
     before = head(phase, pending_calls=list(CALLS))
     t = cls(before).fail(ERROR)
-    after = assert_moved(before, t, Phase.FAILED, fsm.Failed)
+    after = assert_moved(before, t, Phase.FAILED, fsm.FailedRun)
     assert after.error == ERROR
     assert after.pending_calls == []
     assert after.step == before.step and after.message_count == before.message_count
@@ -369,7 +369,7 @@ def test_fail_from_live_phase(phase: Phase, cls: type[fsm._Live]) -> None:
 def test_interrupt_from_live_phase(phase: Phase, cls: type[fsm._Live], error: RunErrorInfo | None) -> None:
     before = head(phase, pending_calls=list(CALLS))
     t = cls(before).interrupt("cancelled", error)
-    after = assert_moved(before, t, Phase.INTERRUPTED, fsm.Interrupted)
+    after = assert_moved(before, t, Phase.INTERRUPTED, fsm.InterruptedRun)
     assert after.error == error
     assert after.pending_calls == []
     assert t.messages == ()
@@ -397,9 +397,9 @@ def test_transitions_do_not_mutate_the_input() -> None:
 
 VIEWS = [
     *LIVE,
-    (Phase.COMPLETED, fsm.Completed),
-    (Phase.FAILED, fsm.Failed),
-    (Phase.INTERRUPTED, fsm.Interrupted),
+    (Phase.COMPLETED, fsm.CompletedRun),
+    (Phase.FAILED, fsm.FailedRun),
+    (Phase.INTERRUPTED, fsm.InterruptedRun),
 ]
 
 

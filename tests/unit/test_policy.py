@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shared.errors import PolicyConfigInvalid
+from shared.errors import PolicyConfigInvalid, RunErrorInfo
 from shared.policy import (
     MAX_ATTEMPTS,
     Fail,
@@ -14,9 +14,13 @@ from shared.policy import (
     Policy,
     Reprompt,
     Retry,
-    decide_invalid_action,
-    decide_model_error,
+    StepVerdict,
+    Verdict,
+    after_tools,
+    on_invalid_action,
+    on_model_error,
 )
+from shared.state import ToolResult
 
 
 @pytest.mark.parametrize("n", [0, -1, 10**9, MAX_ATTEMPTS + 1, True, False, 1.0, 2.5, "3", None])
@@ -82,57 +86,106 @@ def test_valid_policies() -> None:
     assert Policy(on_tool_error="fail_fast", on_unknown_outcome="await_approval").on_tool_error == "fail_fast"
 
 
-# -- decide_invalid_action -------------------------------------------------------------------------
+# -- on_invalid_action ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("action", "used", "expected"),
+    ("action", "used", "budget", "expected"),
     [
-        (Fail(), 0, ("fail", False)),
-        (Interrupt(), 0, ("interrupt", False)),
-        (Interrupt(), 99, ("interrupt", False)),
-        (Reprompt(n=2), 0, ("reprompt", True)),
-        (Reprompt(n=2), 1, ("reprompt", True)),
-        (Reprompt(n=2), 2, ("fail", False)),
-        (Reprompt(n=2), 3, ("fail", False)),
-        (Reprompt(n=1, consume_budget=False), 0, ("reprompt", False)),
-        (Reprompt(n=1, consume_budget=False), 1, ("fail", False)),
+        (Fail(), 0, 5, Verdict("fail")),
+        (Interrupt(), 0, 5, Verdict("interrupt")),
+        (Interrupt(), 99, 5, Verdict("interrupt")),
+        (Reprompt(n=2), 0, 5, Verdict("reprompt", True)),
+        (Reprompt(n=2), 1, 5, Verdict("reprompt", True)),
+        (Reprompt(n=2), 2, 5, Verdict("fail")),
+        (Reprompt(n=2), 3, 5, Verdict("fail")),
+        (Reprompt(n=2), 0, 0, Verdict("fail")),  # a charged reprompt needs budget left
+        (Reprompt(n=1, consume_budget=False), 0, 0, Verdict("reprompt", False)),
+        (Reprompt(n=1, consume_budget=False), 1, 5, Verdict("fail")),
     ],
 )
-def test_decide_invalid_action(action: Any, used: int, expected: tuple[str, bool]) -> None:
-    assert decide_invalid_action(Policy(on_invalid_action=action), used) == expected
+def test_on_invalid_action(action: Any, used: int, budget: int, expected: Verdict) -> None:
+    assert on_invalid_action(Policy(on_invalid_action=action), used, budget) == expected
 
 
-# -- decide_model_error ----------------------------------------------------------------------------
+# -- on_model_error ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("action", "used", "retryable", "expected"),
     [
-        (Retry(n=2), 0, True, ("retry", False)),
-        (Retry(n=2), 1, True, ("retry", False)),
-        (Retry(n=2), 2, True, ("fail", False)),
-        (Retry(n=2), 0, False, ("fail", False)),  # non-retryable is never retried
-        (Retry(n=MAX_ATTEMPTS), 0, False, ("fail", False)),
-        (Retry(n=3, consume_budget=True), 0, True, ("retry", True)),
-        (Retry(n=3, consume_budget=True), 3, True, ("fail", False)),
-        (Fail(), 0, True, ("fail", False)),
-        (Fail(), 0, False, ("fail", False)),
-        (Interrupt(), 0, True, ("interrupt", False)),
-        (Interrupt(), 0, False, ("interrupt", False)),
+        (Retry(n=2), 0, True, Verdict("retry", False, 1.0)),
+        (Retry(n=2), 1, True, Verdict("retry", False, 2.0)),
+        (Retry(n=2), 2, True, Verdict("fail")),
+        (Retry(n=2), 0, False, Verdict("fail")),  # non-retryable is never retried
+        (Retry(n=MAX_ATTEMPTS), 0, False, Verdict("fail")),
+        (Retry(n=3, consume_budget=True, backoff_s=0), 0, True, Verdict("retry", True, 0.0)),
+        (Retry(n=3, consume_budget=True), 3, True, Verdict("fail")),
+        (Fail(), 0, True, Verdict("fail")),
+        (Fail(), 0, False, Verdict("fail")),
+        (Interrupt(), 0, True, Verdict("interrupt")),
+        (Interrupt(), 0, False, Verdict("interrupt")),
     ],
 )
-def test_decide_model_error(action: Any, used: int, retryable: bool, expected: tuple[str, bool]) -> None:
-    assert decide_model_error(Policy(on_model_error=action), used, retryable) == expected
+def test_on_model_error(action: Any, used: int, retryable: bool, expected: Verdict) -> None:
+    assert on_model_error(Policy(on_model_error=action), used, retryable) == expected
 
 
 def test_retry_count_is_bounded_by_n() -> None:
     policy = Policy(on_model_error=Retry(n=4))
-    decisions = [decide_model_error(policy, used, True)[0] for used in range(10)]
-    assert decisions == ["retry"] * 4 + ["fail"] * 6
+    actions = [on_model_error(policy, used, True).action for used in range(10)]
+    assert actions == ["retry"] * 4 + ["fail"] * 6
     policy2 = Policy(on_invalid_action=Reprompt(n=3))
-    decisions = [decide_invalid_action(policy2, used)[0] for used in range(5)]
-    assert decisions == ["reprompt"] * 3 + ["fail"] * 2
+    actions2 = [on_invalid_action(policy2, used, 99).action for used in range(5)]
+    assert actions2 == ["reprompt"] * 3 + ["fail"] * 2
+
+
+# -- after_tools ------------------------------------------------------------------------------------
+
+
+def result(call_id: str, kind: str | None = None) -> ToolResult:
+    error = RunErrorInfo(kind=kind, message=f"{kind} of {call_id}") if kind else None  # type: ignore[arg-type]
+    return ToolResult(call_id=call_id, name="t", ok=error is None, output="x", error=error)
+
+
+@pytest.mark.parametrize(
+    ("policy", "results", "budget", "action", "error_of"),
+    [
+        (Policy(), [result("a"), result("b")], 3, "next_step", None),
+        (Policy(), [result("a"), result("b", "ToolDispatch")], 3, "next_step", None),
+        (Policy(on_tool_error="fail_fast"), [result("a"), result("b", "ToolDispatch")], 3, "fail", "b"),
+        (Policy(), [result("a", "ToolOutcomeUnknown")], 3, "fail", "a"),
+        (
+            Policy(on_unknown_outcome="await_approval"),
+            [result("a", "ToolOutcomeUnknown")],
+            3,
+            "park_unknown",
+            None,
+        ),
+        # Poison and bugs fail the run whatever the policy, before anything else is considered.
+        (
+            Policy(on_unknown_outcome="await_approval"),
+            [result("a", "ToolOutcomeUnknown"), result("b", "PoisonPhase")],
+            3,
+            "fail",
+            "b",
+        ),
+        (Policy(), [result("a", "InternalInvariant")], 3, "fail", "a"),
+        (Policy(), [result("a")], 0, "fail", None),  # the budget is spent
+    ],
+)
+def test_after_tools(
+    policy: Policy, results: list[ToolResult], budget: int, action: str, error_of: str | None
+) -> None:
+    verdict = after_tools(policy, results, budget_left=budget, max_steps=4, step=2)
+    assert verdict.action == action
+    if action == "fail" and error_of is None:
+        assert verdict.error is not None and verdict.error.kind == "BudgetExceeded"
+        assert verdict.error.message == "step budget of 4 spent before the model gave a final answer"
+    elif error_of is not None:
+        assert verdict.error is not None and verdict.error.message.endswith(f"of {error_of}")
+    else:
+        assert verdict == StepVerdict(action)  # type: ignore[arg-type]
 
 
 def test_policy_objects_are_frozen() -> None:

@@ -123,8 +123,8 @@ def test_unparsable_environment_names_the_variable(monkeypatch: pytest.MonkeyPat
 # -- keys ---------------------------------------------------------------------------------------------
 
 
-def test_every_key_of_a_run_shares_its_hash_tag() -> None:
-    k = Keys("pre:")
+def test_every_key_of_a_run_shares_its_shard_s_hash_tag() -> None:
+    k = Keys("pre:", shards=8)
     per_run = [
         k.run("r1"),
         k.messages("r1"),
@@ -132,12 +132,21 @@ def test_every_key_of_a_run_shares_its_hash_tag() -> None:
         k.events("r1"),
         k.results("r1", 3),
         k.attempts("r1"),
+        k.leases_of("r1"),
+        k.runs_index_of("r1"),
     ]
-    assert all(key.startswith("pre:run:{r1}") for key in per_run)
+    tag = f"pre:{{s{k.shard('r1')}}}:"
+    assert all(key.startswith(tag) for key in per_run)
     assert len(set(per_run)) == len(per_run)
     assert k.results("r1", 3) != k.results("r1", 4)
-    assert k.leases() == "pre:leases" and k.runs_index() == "pre:runs"
+    # Runs spread over every shard, each run in exactly one.
+    assert {k.shard(f"run-{i}") for i in range(200)} == set(range(8))
     assert Keys("a:").run("x") != Keys("b:").run("x")
+
+
+def test_shards_are_bounded() -> None:
+    with pytest.raises(ConfigError, match="shards"):
+        Settings(shards=0).validate()
 
 
 # -- celery configuration -----------------------------------------------------------------------------
@@ -147,7 +156,12 @@ def test_celery_config_distributed() -> None:
     s = Settings(redis_url="redis://h:1/0", prefix="pfx:")
     conf = celery_config(s)
     assert conf["broker_url"] == "redis://h:1/0"
-    assert conf["broker_transport_options"]["global_keyprefix"] == "pfx:celery:"
+    # No key prefix on the broker: a plain Celery app with the broker URL reaches the queues.
+    assert "global_keyprefix" not in conf["broker_transport_options"]
+    assert "retry_on_timeout" not in conf["broker_transport_options"]
+    assert conf["worker_cancel_long_running_tasks_on_connection_loss"] is False
+    prefixed = celery_config(Settings(redis_url="redis://h:1/0", broker_prefix="svc:"))
+    assert prefixed["broker_transport_options"]["global_keyprefix"] == "svc:"
     assert conf["broker_transport_options"]["visibility_timeout"] == s.visibility_timeout_s
     assert (conf["task_acks_late"], conf["worker_prefetch_multiplier"]) == (True, 1)
     assert conf["task_reject_on_worker_lost"] is True

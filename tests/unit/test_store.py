@@ -1,8 +1,10 @@
-"""The run store against a real redis-server: CAS commits, claims, fan-in, cancel, retention, events."""
+"""The run store against a real redis-server: creation, claims, fenced commits, fan-in, the sweeper's
+inspect and hand-on, cancel, retention and events."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,19 +14,21 @@ import pytest
 import redis
 
 from shared import events as ev
-from shared import fsm
+from shared import fsm, protocol
 from shared.errors import InternalInvariant, RunErrorInfo
 from shared.llm.base import Usage
-from shared.messages import SystemMessage, ToolCall, ToolMessage, UserMessage, dump_message
+from shared.messages import SystemMessage, ToolCall, ToolMessage, UserMessage
 from shared.settings import Settings
 from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
-from shared.store import Busy, Claim, RunStore, Stale
+from shared.store import Busy, CallClaim, Claim, ClaimRef, Done, Due, PhaseClaim, RunStore, Stale
+from shared.tasks import start_task, task_for
 from tests.harness import RedisServer, wait_until
 
 CALLS = [
     ToolCall(id="a", name="add", arguments={"a": 1, "b": 2}),
     ToolCall(id="b", name="add", arguments={"a": 3, "b": 4}),
 ]
+HOLDER = "test-host:1"
 
 
 @pytest.fixture
@@ -34,23 +38,39 @@ def rds(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
+def make_store(rds: redis.Redis, **settings: Any) -> RunStore:
+    return RunStore(rds, Settings(prefix=f"t-{uuid.uuid4().hex[:10]}:", retention_s=3600, **settings))
+
+
 @pytest.fixture
 def store(rds: redis.Redis) -> RunStore:
-    return RunStore(rds, Settings(prefix=f"t-{uuid.uuid4().hex[:10]}:", retention_s=3600))
+    return make_store(rds)
 
 
-def spec(head: RunHead, what: str) -> TaskSpec:
-    return TaskSpec(
-        name=f"wesichain.{what}",
-        task_id=f"{head.run_id}:v{head.version}:{what}",
-        arguments={"run_id": head.run_id, "version": head.version},
-    )
+def redis_ms(store: RunStore) -> int:
+    seconds, micros = store.redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def create(store: RunStore, run_id: str | None = None) -> RunHead:
     head = RunHead.new_idle(run_id or uuid.uuid4().hex, "agent", "question")
-    assert store.commit(None, head, outbox=[spec(head, "start")]) == "committed"
+    assert store.create(head, [start_task(head.run_id)])
     return head
+
+
+def claim(store: RunStore, head: RunHead, **read: bool) -> Claim:
+    outcome = store.claim_phase(
+        PhaseClaim(head.run_id, head.version, head.phase, head.epoch, head.step, **read), HOLDER
+    )
+    assert isinstance(outcome, Claim), outcome
+    return outcome
+
+
+def commit(store: RunStore, current: fsm.PhaseView, t: fsm.Transition[Any]) -> None:
+    held = claim(store, current.head)
+    assert store.commit(
+        current.head.version, t.head, held.ref, t.messages, t.events, task_for(t.head)
+    ).status == ("committed")
 
 
 def started(store: RunStore) -> fsm.Thinking:
@@ -62,14 +82,14 @@ def started(store: RunStore) -> fsm.Thinking:
         model="scripted:x",
         max_steps=100,
     )
-    assert store.commit(1, t.head, t.messages, t.events, [spec(t.head, "think")]) == "committed"
+    commit(store, idle, t)
     return t.to
 
 
 def acting(store: RunStore) -> fsm.Acting:
     thinking = started(store)
     t = thinking.act("calling", CALLS, Usage(input_tokens=1))
-    assert store.commit(thinking.head.version, t.head, t.messages, t.events) == "committed"
+    commit(store, thinking, t)
     return t.to
 
 
@@ -87,47 +107,97 @@ def snapshot(store: RunStore, run_id: str) -> dict[str, Any]:
     }
 
 
-# -- create and compare-and-set -------------------------------------------------------------------
+# -- creation ----------------------------------------------------------------------------------------
 
 
-def test_create_then_duplicate_create_is_fenced(store: RunStore) -> None:
+def test_create_once(store: RunStore) -> None:
     head = create(store, "run-1")
     fields = hash_of(store, "run-1")
     assert (fields["version"], fields["phase"], fields["step"], fields["epoch"]) == ("1", "idle", "0", "0")
-    assert fields["outbox_sent"] == "0"
-    assert json.loads(fields["outbox"]) == [spec(head, "start").model_dump()]
+    assert fields["outbox_claimed"] == "0"
+    assert json.loads(fields["outbox"]) == [start_task("run-1").model_dump()]
     assert store.load("run-1") == head
     assert store.checkpoints("run-1") == [head]
-    assert store.redis.zscore(store.keys.runs_index(), "run-1") is not None
-
+    assert store.redis.zscore(store.keys.runs_index_of("run-1"), "run-1") is not None
     before = snapshot(store, "run-1")
-    other = RunHead.new_idle("run-1", "other-agent", "another question")
-    assert store.commit(
-        None, other, [UserMessage(content="x")], [ev.StepStarted(run_id="run-1", step=1)]
-    ) == ("fenced")
+    assert store.create(RunHead.new_idle("run-1", "other-agent", "another question"), []) is False
     assert snapshot(store, "run-1") == before
-    loaded = store.load("run-1")
-    assert loaded is not None and loaded.agent == "agent"
+
+
+def test_create_refuses_anything_but_a_new_idle_head(store: RunStore) -> None:
+    with pytest.raises(InternalInvariant):
+        store.create(RunHead.new_idle("r", "a", "q").model_copy(update={"version": 2}), [])
+
+
+def test_every_key_of_a_run_is_in_its_shard_slot(store: RunStore) -> None:
+    """Each script touches the run's keys and its shard's indexes: one hash tag, one cluster slot."""
+    k = store.keys
+    for run_id in ("a", "b", uuid.uuid4().hex):
+        tag = f"{{s{k.shard(run_id)}}}"
+        keys = [
+            k.run(run_id),
+            k.messages(run_id),
+            k.checkpoints(run_id),
+            k.events(run_id),
+            k.results(run_id, 3),
+            k.attempts(run_id),
+            k.leases_of(run_id),
+            k.runs_index_of(run_id),
+        ]
+        assert all(key.count("{") == 1 and tag in key for key in keys), keys
+
+
+# -- commits: compare-and-set, as the claim's holder -------------------------------------------------
 
 
 def test_commit_over_a_wrong_version_is_fenced_and_changes_nothing(store: RunStore) -> None:
     thinking = started(store)
     run_id = thinking.head.run_id
+    held = claim(store, thinking.head)
     before = snapshot(store, run_id)
     t = thinking.complete("answer", Usage())
     for wrong in (1, 3, 99):
         forged = t.head.model_copy(update={"version": wrong + 1})
-        assert store.commit(wrong, forged, t.messages, t.events) == "fenced"
+        assert store.commit(wrong, forged, held.ref, t.messages, t.events).status == "fenced"
     assert snapshot(store, run_id) == before
-    # The right version still commits afterwards.
-    assert store.commit(thinking.head.version, t.head, t.messages, t.events) == "committed"
+    assert store.commit(thinking.head.version, t.head, held.ref, t.messages, t.events).status == "committed"
     loaded = store.load(run_id)
     assert loaded is not None and loaded.phase is Phase.COMPLETED and loaded.version == 3
 
 
+def test_only_the_claim_holder_commits(store: RunStore) -> None:
+    thinking = started(store)
+    held = claim(store, thinking.head)
+    t = thinking.complete("answer", Usage())
+    before = snapshot(store, thinking.head.run_id)
+    for ref in (ClaimRef(protocol.RUNNING, "not-the-token"), None):
+        assert store.commit(2, t.head, ref, t.messages, t.events).status == "fenced"
+    assert snapshot(store, thinking.head.run_id) == before
+    assert store.commit(2, t.head, held.ref, t.messages, t.events).status == "committed"
+
+
+def test_a_replayed_commit_is_recognised(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit the client sends again after losing the reply answers 'committed', not 'fenced'."""
+    thinking = started(store)
+    held = claim(store, thinking.head)
+    t = thinking.complete("answer", Usage())
+    script = store._scripts["commit"]
+    sent: list[list[str]] = []
+
+    def twice(*, keys: list[str], args: list[str]) -> Any:
+        sent.append(args)
+        script(keys=keys, args=args)
+        return script(keys=keys, args=args)
+
+    monkeypatch.setitem(store._scripts, "commit", twice)
+    assert store.commit(2, t.head, held.ref, t.messages, t.events).status == "committed"
+    assert len(store.load_messages(t.head.run_id)) == 3, "the replay appended again"
+    assert store.redis.llen(store.keys.checkpoints(t.head.run_id)) == 3
+
+
 def test_commit_on_a_missing_run_is_fenced(store: RunStore) -> None:
     head = RunHead.new_idle("ghost", "agent", "q").model_copy(update={"version": 5})
-    assert store.commit(4, head) == "fenced"
+    assert store.commit(4, head, None).status == "fenced"
     assert store.load("ghost") is None
     assert store.redis.exists(store.keys.run("ghost")) == 0
 
@@ -135,181 +205,237 @@ def test_commit_on_a_missing_run_is_fenced(store: RunStore) -> None:
 def test_commit_refuses_a_version_that_does_not_follow(store: RunStore) -> None:
     thinking = started(store)
     with pytest.raises(InternalInvariant, match="commit of version 5 over 2"):
-        store.commit(2, thinking.head.model_copy(update={"version": 5}))
+        store.commit(2, thinking.head.model_copy(update={"version": 5}), None)
 
 
-def test_checkpoints_hold_every_committed_head_in_order(store: RunStore) -> None:
+def test_an_unclaimed_commit_waits_for_a_live_claim_to_go(rds: redis.Redis) -> None:
+    store = make_store(rds, lease_s=0.2)
     thinking = started(store)
-    t = thinking.complete("done", Usage())
-    store.commit(thinking.head.version, t.head, t.messages, t.events)
-    checkpoints = store.checkpoints(t.head.run_id)
-    assert [c.version for c in checkpoints] == [1, 2, 3]
-    assert [c.phase for c in checkpoints] == [Phase.IDLE, Phase.THINKING, Phase.COMPLETED]
-    assert checkpoints[-1] == t.head
+    claim(store, thinking.head)
+    t = thinking.fail(RunErrorInfo(kind="PoisonPhase", message="x"))
+    assert store.commit(2, t.head, None, (), t.events).status == "fenced"
+    wait_until(
+        lambda: store.commit(2, t.head, None, (), t.events).status == "committed",
+        5,
+        what="the claim to expire",
+    )
 
 
-# -- messages: appended, and a commit's cost independent of history -------------------------------
+def test_checkpoints_hold_one_head_per_version_fan_in_included(store: RunStore) -> None:
+    act = acting(store)
+    h = act.head
+    record_all(store, act)
+    checkpoints = store.checkpoints(h.run_id)
+    assert [c.version for c in checkpoints] == [1, 2, 3, 4]
+    assert [c.phase for c in checkpoints] == [Phase.IDLE, Phase.THINKING, Phase.ACTING, Phase.OBSERVING]
+    assert same_head(checkpoints[-1], act.observe().head)
+
+
+def test_checkpoint_size_does_not_grow_with_the_input(store: RunStore) -> None:
+    """The run's input and metadata are stored once, not copied into every checkpoint."""
+
+    def checkpoint_bytes(input_chars: int) -> int:
+        head = RunHead.new_idle(uuid.uuid4().hex, "agent", "q" * input_chars, metadata={"m": "z" * 4000})
+        assert store.create(head, [start_task(head.run_id)])
+        idle = fsm.Idle(head)
+        t = idle.start(
+            [SystemMessage(content="sys"), UserMessage(content="q")],
+            agent_version="1",
+            model="m:x",
+            max_steps=9,
+        )
+        commit(store, idle, t)
+        current = t.to
+        for _ in range(4):
+            error = RunErrorInfo(kind="InvalidModelAction", message="bad")
+            nxt = current.reprompt(error, "r", "c", Usage(), consume_budget=False)
+            commit(store, current, nxt)
+            current = nxt.to
+        raw = store.redis.lrange(store.keys.checkpoints(head.run_id), 0, -1)
+        assert len(raw) == 6
+        return sum(len(c.encode()) for c in raw)
+
+    small, large = checkpoint_bytes(10), checkpoint_bytes(1_000_000)
+    assert large - small < 100, f"six checkpoints cost {large - small} more bytes with a 1 MB input"
+    assert small < 6 * 1000, f"six checkpoints of a small run cost {small} bytes"
+
+
+# -- messages: appended, and a commit's cost independent of history ---------------------------------
 
 
 def test_messages_are_appended(store: RunStore) -> None:
-    thinking = started(store)
-    run_id = thinking.head.run_id
-    assert store.load_messages(run_id) == [SystemMessage(content="sys"), UserMessage(content="question")]
-    t = thinking.act("calling", CALLS, Usage())
-    store.commit(thinking.head.version, t.head, t.messages, t.events)
+    act = acting(store)
+    run_id = act.head.run_id
     assert store.redis.llen(store.keys.messages(run_id)) == 3
-    t2 = t.to.observe()
-    store.commit(t.head.version, t2.head, t2.messages, t2.events)
-    assert store.redis.llen(store.keys.messages(run_id)) == 3
-    results = [ToolResult(call_id=c.id, name=c.name, ok=True, output=str(i)) for i, c in enumerate(CALLS)]
-    t3 = t2.to.next_step(results)
-    store.commit(t2.head.version, t3.head, t3.messages, t3.events)
+    record_all(store, act)
+    observing = fsm.view_as(must_load(store, run_id), fsm.Observing)
+    results = store.load_results(run_id, 1)
+    t = observing.next_step(results)
+    commit(store, observing, t)
     messages = store.load_messages(run_id)
-    assert len(messages) == 5 == t3.head.message_count
-    assert messages[2:] == [
-        *t.messages,
-        ToolMessage(tool_call_id="a", name="add", content="0"),
-        ToolMessage(tool_call_id="b", name="add", content="1"),
+    assert len(messages) == 5 == t.head.message_count
+    assert messages[3:] == [
+        ToolMessage(tool_call_id="a", name="add", content="3"),
+        ToolMessage(tool_call_id="b", name="add", content="7"),
     ]
     assert store.load_messages(run_id, 3, 3) == [messages[3]]
 
 
-class Recorder:
-    """Wraps the commit script to see exactly what each commit sends to Redis."""
-
-    def __init__(self, script: Any) -> None:
-        self.script = script
-        self.calls: list[list[str]] = []
-
-    def __call__(self, *, keys: list[str], args: list[str]) -> Any:
-        self.calls.append(list(args))
-        return self.script(keys=keys, args=args)
-
-
 def test_commit_cost_does_not_grow_with_history(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    recorder = Recorder(store._commit)
-    monkeypatch.setattr(store, "_commit", recorder)
-    current: fsm.Thinking = started(store)
-    run_id = current.head.run_id
-    filler = "x" * 500
     sizes: list[int] = []
+    script = store._scripts["commit"]
+
+    def recording(*, keys: list[str], args: list[str]) -> Any:
+        sizes.append(sum(len(a.encode()) for a in args))
+        return script(keys=keys, args=args)
+
+    current = started(store)
+    monkeypatch.setitem(store._scripts, "commit", recording)
     for i in range(60):
         # A reprompt appends exactly two messages and keeps the run THINKING.
         error = RunErrorInfo(kind="InvalidModelAction", message="bad")
-        t = current.reprompt(error, filler, f"correction {i}", Usage(), consume_budget=False)
-        recorder.calls.clear()
-        assert store.commit(current.head.version, t.head, t.messages, t.events) == "committed"
-        (args,) = recorder.calls
-        n_messages, n_events = int(args[13]), int(args[14])
-        assert (n_messages, n_events) == (2, 1)
-        assert len(args) == 15 + n_messages + n_events
-        # Only the new messages travel, never the history.
-        assert args[15 : 15 + n_messages] == [dump_message(m) for m in t.messages]
-        sizes.append(sum(len(a.encode()) for a in args))
-        assert store.redis.llen(store.keys.messages(run_id)) == 2 + 2 * (i + 1)
+        t = current.reprompt(error, "x" * 500, f"correction {i}", Usage(), consume_budget=False)
+        commit(store, current, t)
         current = t.to
-    history = store.redis.lrange(store.keys.messages(run_id), 0, -1)
-    history_bytes = sum(len(str(m).encode()) for m in history)
-    assert history_bytes > 30_000
+    history = store.redis.lrange(store.keys.messages(current.head.run_id), 0, -1)
+    assert sum(len(str(m).encode()) for m in history) > 30_000
     # The only growth is in counters (version, message_count, digits of "correction N").
     assert max(sizes) - min(sizes) < 40, sizes
 
 
-# -- begin: claims, attempts, stale deliveries ------------------------------------------------------
+# -- claiming a phase --------------------------------------------------------------------------------
 
 
-def test_begin_missing_run(store: RunStore) -> None:
-    assert store.begin("nope", 1, Phase.IDLE, 0, 0, "0:start") is None
+def test_claim_of_a_missing_run(store: RunStore) -> None:
+    assert store.claim_phase(PhaseClaim("nope", 1, Phase.IDLE, 0, 0), HOLDER) is None
 
 
-def test_begin_claims_and_counts_attempts(store: RunStore) -> None:
+def test_claim_counts_attempts_and_sets_the_lease_by_redis_time(store: RunStore) -> None:
     head = create(store)
     run_id = head.run_id
-    first = store.begin(run_id, 1, Phase.IDLE, 0, 0, "0:start")
-    assert isinstance(first, Claim)
-    assert (first.attempts, first.prior, first.cancel_requested, first.messages) == (1, "none", False, [])
-    assert first.head == head
-    assert first.claim_field == "running"
-    fields = hash_of(store, run_id)
-    assert fields["outbox_sent"] == "1"
-    assert fields["running"].startswith(first.token + "|")
-    assert store.redis.zscore(store.keys.leases(), run_id) == pytest.approx(
-        time.time() + store.settings.lease_s, abs=2
+    before = redis_ms(store)
+    first = claim(store, head)
+    assert (first.attempts, first.prior, first.cancel_requested, first.messages, first.last_error) == (
+        1,
+        "none",
+        False,
+        [],
+        "",
     )
-
-    # A second delivery while the claim is live does nothing.
-    assert isinstance(store.begin(run_id, 1, Phase.IDLE, 0, 0, "0:start"), Busy)
-
-    # A redelivery after worker loss takes the live claim over.
-    second = store.begin(run_id, 1, Phase.IDLE, 0, 0, "0:start", takeover=True)
-    assert isinstance(second, Claim)
-    assert (second.attempts, second.prior) == (2, "takeover")
-    assert second.token != first.token
-
-    # Released claims leave no trace of an unknown outcome.
-    store.release_claim(run_id, second.claim_field, second.token)
-    third = store.begin(run_id, 1, Phase.IDLE, 0, 0, "0:start")
-    assert isinstance(third, Claim)
-    assert (third.attempts, third.prior) == (3, "none")
-    # Attempts are counted per attempt field.
-    assert store.redis.hgetall(store.keys.attempts(run_id)) == {"0:start": "3"}
+    assert first.head == head and first.field == protocol.RUNNING
+    value = protocol.ClaimValue.parse(hash_of(store, run_id)[protocol.RUNNING])
+    assert (value.token, value.holder) == (first.token, HOLDER)
+    lease_ms = store.settings.lease_s * 1000
+    assert before + lease_ms <= value.deadline_ms <= redis_ms(store) + lease_ms
+    assert store.redis.zscore(store.keys.leases_of(run_id), run_id) == value.deadline_ms
+    assert hash_of(store, run_id)[protocol.OUTBOX_CLAIMED] == "1"
+    # A second delivery while the claim is live does nothing, whatever it claims to be.
+    assert isinstance(store.claim_phase(PhaseClaim(run_id, 1, Phase.IDLE, 0, 0), HOLDER), Busy)
+    # A released claim leaves no trace of an unknown outcome.
+    assert store.release(run_id, first.field, first.token)
+    assert not store.release(run_id, first.field, first.token)
+    again = claim(store, head)
+    assert (again.attempts, again.prior) == (2, "none")
+    assert store.attempts(run_id) == {protocol.attempts_field(1, protocol.RUNNING): "2"}
 
 
-def test_begin_after_an_expired_claim(rds: redis.Redis) -> None:
-    store = RunStore(rds, Settings(prefix=f"t-{uuid.uuid4().hex[:10]}:", lease_s=0.05))
+def test_release_only_by_the_holder(store: RunStore) -> None:
     head = create(store)
-    first = store.begin(head.run_id, 1, Phase.IDLE, 0, 0, "0:start")
-    assert isinstance(first, Claim)
-    deadline = float(hash_of(store, head.run_id)["running"].split("|")[1])
-    wait_until(lambda: time.time() > deadline + 0.01, timeout=5, what="the claim to expire")
-    again = store.begin(head.run_id, 1, Phase.IDLE, 0, 0, "0:start")
-    assert isinstance(again, Claim)
+    held = claim(store, head)
+    assert not store.release(head.run_id, held.field, "another-token")
+    assert protocol.RUNNING in hash_of(store, head.run_id)
+
+
+def test_a_claim_is_taken_over_only_once_expired(rds: redis.Redis) -> None:
+    store = make_store(rds, lease_s=0.2)
+    head = create(store)
+    first = claim(store, head)
+    assert isinstance(store.claim_phase(PhaseClaim(head.run_id, 1, Phase.IDLE, 0, 0), HOLDER), Busy)
+    deadline = protocol.ClaimValue.parse(hash_of(store, head.run_id)[protocol.RUNNING]).deadline_ms
+    wait_until(lambda: redis_ms(store) > deadline, 5, what="the claim to expire")
+    again = claim(store, head)
     assert (again.attempts, again.prior) == (2, "expired")
+    assert again.token != first.token
 
 
-def test_tool_claims_are_per_call(store: RunStore) -> None:
-    act = acting(store)
-    h = act.head
-    a = store.begin(h.run_id, h.version, Phase.ACTING, h.epoch, h.step, f"{h.step}:tool:a", call_id="a")
-    b = store.begin(h.run_id, h.version, Phase.ACTING, h.epoch, h.step, f"{h.step}:tool:b", call_id="b")
-    assert isinstance(a, Claim) and isinstance(b, Claim)
-    assert (a.claim_field, b.claim_field) == ("claim:a", "claim:b")
-    assert (a.attempts, b.attempts) == (1, 1)
-    busy = store.begin(h.run_id, h.version, Phase.ACTING, h.epoch, h.step, f"{h.step}:tool:a", call_id="a")
-    assert isinstance(busy, Busy)
+def test_a_dead_holder_s_claim_expires_at_once(store: RunStore) -> None:
+    head = create(store)
+    held = claim(store, head)
+    field = held.field
+    assert not store.expire_dead_holder(head.run_id, 1, field, "other-host:1", "died")
+    assert isinstance(store.claim_phase(PhaseClaim(head.run_id, 1, Phase.IDLE, 0, 0), HOLDER), Busy)
+    assert store.expire_dead_holder(head.run_id, 1, field, HOLDER, "its process died (signal 9)")
+    again = claim(store, head)
+    assert (again.attempts, again.prior, again.last_error) == (2, "expired", "its process died (signal 9)")
 
 
-def test_begin_with_messages(store: RunStore) -> None:
+def test_claim_reads_the_messages(store: RunStore) -> None:
     thinking = started(store)
-    h = thinking.head
-    claim = store.begin(h.run_id, h.version, Phase.THINKING, 0, 1, "1:think", with_messages=True)
-    assert isinstance(claim, Claim)
-    assert claim.messages == [SystemMessage(content="sys"), UserMessage(content="question")]
-    assert claim.head == h
+    held = claim(store, thinking.head, read_messages=True)
+    assert held.messages == [SystemMessage(content="sys"), UserMessage(content="question")]
+    assert held.head == thinking.head
 
 
 @pytest.mark.parametrize(
-    ("version", "phase", "epoch"),
-    [(1, Phase.THINKING, 0), (3, Phase.THINKING, 0), (2, Phase.ACTING, 0), (2, Phase.THINKING, 1)],
+    ("version", "phase", "epoch", "step"),
+    [
+        (1, Phase.THINKING, 0, 1),
+        (3, Phase.THINKING, 0, 1),
+        (2, Phase.ACTING, 0, 1),
+        (2, Phase.THINKING, 1, 1),
+        (2, Phase.THINKING, 0, 2),
+    ],
 )
-def test_begin_stale(store: RunStore, version: int, phase: Phase, epoch: int) -> None:
+def test_claim_stale(store: RunStore, version: int, phase: Phase, epoch: int, step: int) -> None:
     thinking = started(store)
     h = thinking.head
-    stale = store.begin(h.run_id, version, phase, epoch, 1, "x")
+    attempts = store.attempts(h.run_id)
+    stale = store.claim_phase(PhaseClaim(h.run_id, version, phase, epoch, step), HOLDER)
     assert isinstance(stale, Stale)
-    assert stale.head == h
-    assert stale.outbox == [spec(h, "think")]
-    assert stale.outbox_sent is False
+    assert (stale.version, stale.phase, stale.epoch, stale.outbox_claimed) == (2, Phase.THINKING, 0, False)
+    assert stale.outbox == task_for(h)
     # A stale delivery claims nothing and counts no attempt.
-    assert "running" not in hash_of(store, h.run_id)
-    assert store.redis.exists(store.keys.attempts(h.run_id)) == 0
-    # Once the right delivery claimed the phase, the outbox is known to be sent.
-    assert isinstance(store.begin(h.run_id, 2, Phase.THINKING, 0, 1, "1:think"), Claim)
-    stale = store.begin(h.run_id, version, phase, epoch, 1, "x")
-    assert isinstance(stale, Stale) and stale.outbox_sent is True
+    assert protocol.RUNNING not in hash_of(store, h.run_id)
+    assert store.attempts(h.run_id) == attempts
+    claim(store, h)
+    stale = store.claim_phase(PhaseClaim(h.run_id, version, phase, epoch, step), HOLDER)
+    assert isinstance(stale, Stale) and stale.outbox_claimed is True
 
 
-# -- record_result: exactly once, and the atomic fan-in ---------------------------------------------
+# -- claiming a tool call ----------------------------------------------------------------------------
+
+
+def call_claim(store: RunStore, head: RunHead, call_id: str, *, step: int | None = None) -> Any:
+    want = CallClaim(head.run_id, head.version, head.epoch, head.step if step is None else step, call_id)
+    return store.claim_call(want, HOLDER)
+
+
+def test_tool_claims_name_the_step_and_the_call(store: RunStore) -> None:
+    h = acting(store).head
+    a, b = call_claim(store, h, "a"), call_claim(store, h, "b")
+    assert isinstance(a, Claim) and isinstance(b, Claim)
+    assert (a.field, b.field) == ("call:1:a", "call:1:b")
+    assert (a.attempts, b.attempts) == (1, 1)
+    assert isinstance(call_claim(store, h, "a"), Busy)
+
+
+@pytest.mark.parametrize("step", [0, 2, 7])
+def test_a_tool_message_for_another_step_is_stale(store: RunStore, step: int) -> None:
+    h = acting(store).head
+    attempts = store.attempts(h.run_id)
+    assert isinstance(call_claim(store, h, "a", step=step), Stale)
+    assert isinstance(call_claim(store, h, "not-a-call"), Stale)
+    assert store.attempts(h.run_id) == attempts
+
+
+def test_a_call_with_its_result_is_done(store: RunStore) -> None:
+    act = acting(store)
+    held = call_claim(store, act.head, "a")
+    record(store, act, held, CALLS[0], "3")
+    assert isinstance(call_claim(store, act.head, "a"), Done)
+
+
+# -- results and the fan-in ---------------------------------------------------------------------------
 
 
 def tool_done(head: RunHead, call: ToolCall, output: str) -> tuple[ToolResult, ev.ToolCompleted]:
@@ -320,136 +446,313 @@ def tool_done(head: RunHead, call: ToolCall, output: str) -> tuple[ToolResult, e
     return result, event
 
 
-def test_record_result_fan_in(store: RunStore) -> None:
+def record(store: RunStore, act: fsm.Acting, held: Claim, call: ToolCall, output: str) -> str:
+    observing = act.observe().head
+    result, event = tool_done(act.head, call, output)
+    return store.record_result(act.head, held.ref, result, event, observing, task_for(observing)[0]).status
+
+
+def record_all(store: RunStore, act: fsm.Acting) -> None:
+    for call, output in zip(CALLS, ("3", "7"), strict=True):
+        held = call_claim(store, act.head, call.id)
+        record(store, act, held, call, output)
+
+
+def same_head(a: RunHead, b: RunHead) -> bool:
+    """Equal but for the time each was made."""
+    return a.model_dump(exclude={"updated_at"}) == b.model_dump(exclude={"updated_at"})
+
+
+def must_load(store: RunStore, run_id: str) -> RunHead:
+    head = store.load(run_id)
+    assert head is not None
+    return head
+
+
+def test_record_result_once_and_fan_in(store: RunStore) -> None:
     act = acting(store)
     h = act.head
-    observe = spec(h.model_copy(update={"version": h.version + 1}), "observe")
     events_before = len(store.read_events(h.run_id))
-
-    ra, ea = tool_done(h, CALLS[0], "3")
-    assert store.record_result(h, ra, ea, observe) == ("recorded", 0)
-    assert store.record_result(h, ra, ea, observe)[0] == "duplicate"
-    other, other_event = tool_done(h, CALLS[0], "a different outcome")
-    assert store.record_result(h, other, other_event, observe)[0] == "duplicate"
-    assert hash_of(store, h.run_id)["phase"] == "acting"
-    assert store.load_results(h.run_id, h.step) == [ra]
-    assert store.has_result(h.run_id, h.step, "a") and not store.has_result(h.run_id, h.step, "b")
-
-    rb, eb = tool_done(h, CALLS[1], "7")
-    assert store.record_result(h, rb, eb, observe) == ("complete", 0)
+    a = call_claim(store, h, "a")
+    assert record(store, act, a, CALLS[0], "3") == "recorded"
+    assert record(store, act, a, CALLS[0], "3") == "recorded", "a replay answers as the first time"
+    assert record(store, act, a, CALLS[0], "a different outcome") == "duplicate"
+    assert hash_of(store, h.run_id)[protocol.PHASE] == "acting"
+    assert "call:1:a" not in hash_of(store, h.run_id)
+    b = call_claim(store, h, "b")
+    assert record(store, act, b, CALLS[1], "7") == "complete"
+    loaded = must_load(store, h.run_id)
+    assert same_head(loaded, act.observe().head)
     fields = hash_of(store, h.run_id)
-    assert (fields["phase"], fields["version"]) == ("observing", str(h.version + 1))
-    assert json.loads(fields["outbox"]) == [observe.model_dump()]
-    assert fields["outbox_sent"] == "0"
-    loaded = store.load(h.run_id)
-    assert loaded is not None
-    assert (loaded.phase, loaded.version, loaded.pending_calls) == (Phase.OBSERVING, h.version + 1, CALLS)
-    assert sorted(store.load_results(h.run_id, h.step), key=lambda r: r.call_id) == [ra, rb]
-    # One ToolCompleted per recorded result, none for the duplicates.
+    assert json.loads(fields[protocol.OUTBOX]) == [task_for(loaded)[0].model_dump()]
+    assert fields[protocol.OUTBOX_CLAIMED] == "0"
+    assert not [f for f in fields if f.startswith(protocol.CALL_CLAIM_PREFIX)]
     new_events = [e for _, e in store.read_events(h.run_id)][events_before:]
-    assert new_events == [ea, eb]
+    assert [e.kind for e in new_events] == ["ToolCompleted", "ToolCompleted"]
+    assert record(store, act, b, CALLS[1], "7") == "stale", "the run moved on: a later delivery is stale"
+    assert store.redis.llen(store.keys.checkpoints(h.run_id)) == 4
 
-    # The run moved on: a late result of this version is stale.
-    assert store.record_result(h, rb, eb, observe)[0] == "stale"
+
+def test_a_replayed_fan_in_answers_as_the_first_time(
+    store: RunStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    act = acting(store)
+    record(store, act, call_claim(store, act.head, "a"), CALLS[0], "3")
+    b = call_claim(store, act.head, "b")
+    script = store._scripts["record_result"]
+    replies: list[Any] = []
+
+    def twice(*, keys: list[str], args: list[str]) -> Any:
+        replies.append(script(keys=keys, args=args))
+        replies.append(script(keys=keys, args=args))
+        return replies[-1]
+
+    monkeypatch.setitem(store._scripts, "record_result", twice)
+    assert record(store, act, b, CALLS[1], "7") == "complete"
+    assert replies[0] == replies[1]
+    assert store.redis.llen(store.keys.checkpoints(act.head.run_id)) == 4
 
 
-def test_record_result_stale_version(store: RunStore) -> None:
+def test_the_fan_in_reports_the_current_epoch(store: RunStore) -> None:
     act = acting(store)
     h = act.head
-    wrong = h.model_copy(update={"version": h.version - 1})
-    r, e = tool_done(wrong, CALLS[0], "3")
-    assert store.record_result(wrong, r, e, spec(h, "observe"))[0] == "stale"
-    assert store.load_results(h.run_id, h.step) == []
-    assert hash_of(store, h.run_id)["phase"] == "acting"
+    a, b = call_claim(store, h, "a"), call_claim(store, h, "b")
+    store.redis.hset(store.keys.run(h.run_id), protocol.EPOCH, "4")
+    record(store, act, a, CALLS[0], "1")
+    observing = act.observe().head
+    result, event = tool_done(h, CALLS[1], "2")
+    recorded = store.record_result(h, b.ref, result, event, observing, task_for(observing)[0])
+    assert (recorded.status, recorded.epoch) == ("complete", 4)
+    loaded = must_load(store, h.run_id)
+    assert loaded.epoch == 4 and loaded.version == 4
 
 
-def test_record_result_reports_the_current_epoch(store: RunStore) -> None:
+def test_a_stale_result_is_not_recorded(store: RunStore) -> None:
     act = acting(store)
     h = act.head
-    store.redis.hset(store.keys.run(h.run_id), "epoch", "4")
-    r, e = tool_done(h, CALLS[0], "1")
-    assert store.record_result(h, r, e, spec(h, "observe"))[0] == "recorded"
-    r, e = tool_done(h, CALLS[1], "2")
-    assert store.record_result(h, r, e, spec(h, "observe")) == ("complete", 4)
+    held = call_claim(store, h, "a")
+    wrong = fsm.Acting(h.model_copy(update={"version": 2}))
+    assert record(store, wrong, held, CALLS[0], "3") == "stale"
+    assert store.load_results(h.run_id, 1) == []
 
 
-# -- cancel -----------------------------------------------------------------------------------------
+# -- cancel ------------------------------------------------------------------------------------------
 
 
-def test_cancel_blocks_non_terminal_commits_but_not_the_end(store: RunStore) -> None:
+def test_a_cancel_wins_over_every_commit_but_the_interruption(store: RunStore) -> None:
     thinking = started(store)
     h = thinking.head
+    held = claim(store, h)
     assert store.request_cancel(h.run_id) is Phase.THINKING
-    assert hash_of(store, h.run_id)["cancel"] == "1"
     assert store.cancel_requested(h.run_id)
     before = snapshot(store, h.run_id)
-    t = thinking.act(None, CALLS, Usage())
-    assert store.commit(h.version, t.head, t.messages, t.events) == "cancel_pending"
+    act = thinking.act(None, CALLS, Usage())
+    done = thinking.complete("an answer", Usage())
+    failed = thinking.fail(RunErrorInfo(kind="ModelTransport", message="x"))
+    for t in (act, done, failed):
+        assert store.commit(2, t.head, held.ref, t.messages, t.events).status == "cancel_pending"
     assert snapshot(store, h.run_id) == before
-    claim = store.begin(h.run_id, h.version, Phase.THINKING, 0, 1, "1:think")
-    assert isinstance(claim, Claim) and claim.cancel_requested
-
     end = thinking.interrupt("cancelled")
-    assert store.commit(h.version, end.head, end.messages, end.events) == "committed"
-    loaded = store.load(h.run_id)
-    assert loaded is not None and loaded.phase is Phase.INTERRUPTED
-    # Cancelling a finished run changes nothing.
+    assert store.commit(2, end.head, held.ref, end.messages, end.events).status == "committed"
+    assert must_load(store, h.run_id).phase is Phase.INTERRUPTED
     assert store.request_cancel(h.run_id) is Phase.INTERRUPTED
 
 
 def test_cancel_of_a_terminal_or_missing_run(store: RunStore) -> None:
     thinking = started(store)
     t = thinking.complete("done", Usage())
-    store.commit(thinking.head.version, t.head, t.messages, t.events)
+    commit(store, thinking, t)
     assert store.request_cancel(t.head.run_id) is Phase.COMPLETED
-    assert "cancel" not in hash_of(store, t.head.run_id)
+    assert protocol.CANCEL not in hash_of(store, t.head.run_id)
     assert store.request_cancel("missing") is None
     assert store.redis.exists(store.keys.run("missing")) == 0
 
 
-# -- leases and retention ---------------------------------------------------------------------------
+# -- renewing ----------------------------------------------------------------------------------------
 
 
-def test_leases_follow_the_phase(store: RunStore) -> None:
+def test_renew_extends_live_claims_in_one_round_trip(store: RunStore) -> None:
+    h = acting(store).head
+    a, b = call_claim(store, h, "a"), call_claim(store, h, "b")
+    field = lambda c: protocol.ClaimValue.parse(hash_of(store, h.run_id)[c.field])  # noqa: E731
+    deadline_a, deadline_b = field(a).deadline_ms, field(b).deadline_ms
+    wait_until(
+        lambda: redis_ms(store) > deadline_a - store.settings.lease_s * 1000 + 20, 5, what="time to pass"
+    )
+    store.request_cancel(h.run_id)
+    replies = store.renew(
+        [
+            (h.run_id, a.field, a.token, True),
+            (h.run_id, b.field, b.token, False),
+            (h.run_id, a.field, "x", True),
+        ]
+    )
+    assert replies == [(True, True), (True, True), (False, True)]
+    assert field(a).deadline_ms > deadline_a
+    assert field(b).deadline_ms == deadline_b, "a claim past its renewal deadline is only checked"
+
+
+# -- the sweeper's inspect and hand-on ----------------------------------------------------------------
+
+
+def expire_queued(store: RunStore, run_id: str) -> None:
+    store.redis.hset(store.keys.run(run_id), protocol.QUEUED_UNTIL, 0)
+
+
+def test_inspect_a_live_run(rds: redis.Redis) -> None:
+    store = make_store(rds, queued_lease_s=60)
     thinking = started(store)
     run_id = thinking.head.run_id
-    score = store.redis.zscore(store.keys.leases(), run_id)
-    assert score == pytest.approx(time.time() + store.settings.queued_lease_s, abs=2)
-    t = thinking.complete("done", Usage())
-    store.commit(thinking.head.version, t.head, t.messages, t.events)
-    assert store.redis.zscore(store.keys.leases(), run_id) is None
+    assert store.inspect(run_id) == "alive"  # queued, within its queued time
+    claim(store, thinking.head)
+    assert store.inspect(run_id) == "alive"  # claimed and live
+    assert store.inspect("missing") == "settled"
 
 
-def test_terminal_commit_sets_retention_ttls(store: RunStore) -> None:
+def test_inspect_and_hand_on_an_expired_claim(rds: redis.Redis) -> None:
+    store = make_store(rds, lease_s=0.2)
     thinking = started(store)
-    k, run_id = store.keys, thinking.head.run_id
-    run_keys = [k.run(run_id), k.messages(run_id), k.checkpoints(run_id), k.events(run_id)]
-    assert [store.redis.ttl(key) for key in run_keys] == [-1, -1, -1, -1]
-    t = thinking.fail(RunErrorInfo(kind="BudgetExceeded", message="out of steps"))
-    assert store.commit(thinking.head.version, t.head, t.messages, t.events) == "committed"
-    for key in run_keys:
-        assert 3590 <= store.redis.ttl(key) <= 3600, key
+    run_id = thinking.head.run_id
+    held = claim(store, thinking.head)
+    deadline = protocol.ClaimValue.parse(hash_of(store, run_id)[protocol.RUNNING]).deadline_ms
+    wait_until(lambda: redis_ms(store) > deadline, 5, what="the claim to expire")
+    due = store.inspect(run_id)
+    assert isinstance(due, Due) and due.states == {"": "expired"} and due.expired == [""]
+    handed = store.hand_on(due, [], "its lease expired")
+    assert handed is not None and (handed.epoch, handed.lost, handed.tasks) == (1, 0, [""])
+    assert protocol.RUNNING not in hash_of(store, run_id)
+    assert store.attempts(run_id)[f"err:{protocol.attempts_field(2, protocol.RUNNING)}"] == (
+        f"its lease expired (held by {HOLDER})"
+    )
+    # The old delivery can no longer commit; the old epoch's messages are stale.
+    t = thinking.complete("late", Usage())
+    assert store.commit(2, t.head, held.ref, t.messages, t.events).status == "fenced"
+    assert isinstance(store.claim_phase(PhaseClaim(run_id, 2, Phase.THINKING, 0, 1), HOLDER), Stale)
+    assert isinstance(store.claim_phase(PhaseClaim(run_id, 2, Phase.THINKING, 1, 1), HOLDER), Claim)
+
+
+def test_inspect_a_queued_phase_past_its_time_and_wait(store: RunStore) -> None:
+    thinking = started(store)
+    run_id = thinking.head.run_id
+    expire_queued(store, run_id)
+    due = store.inspect(run_id)
+    assert isinstance(due, Due) and due.unclaimed == [""] and due.queued_checks == 0
+    assert due.task_of("") == task_for(thinking.head)[0]
+    assert store.wait_in_queue(due, 30.0)
+    assert store.inspect(run_id) == "alive"
+    score = store.redis.zscore(store.keys.leases_of(run_id), run_id)
+    assert score is not None and score >= redis_ms(store) + 29_000
+    assert hash_of(store, run_id)[protocol.QUEUED_CHECKS] == "1"
+    assert hash_of(store, run_id)[protocol.EPOCH] == "0"
+
+
+def test_hand_on_lost_messages_counts_them(store: RunStore) -> None:
+    thinking = started(store)
+    run_id = thinking.head.run_id
+    for n in (1, 2):
+        expire_queued(store, run_id)
+        due = store.inspect(run_id)
+        assert isinstance(due, Due)
+        handed = store.hand_on(due, [""], "its message was missing from the broker")
+        assert handed is not None and (handed.epoch, handed.lost, handed.tasks) == (n, n, [""])
+
+
+def test_a_hand_on_of_a_run_that_moved_does_nothing(store: RunStore) -> None:
+    thinking = started(store)
+    run_id = thinking.head.run_id
+    expire_queued(store, run_id)
+    due = store.inspect(run_id)
+    assert isinstance(due, Due)
+    claim(store, thinking.head)  # a delivery arrived meanwhile: the task is no longer unclaimed
+    assert store.hand_on(due, [""], "missing") is None
+    assert hash_of(store, run_id)[protocol.EPOCH] == "0"
+
+
+def test_racing_hand_ons_bump_the_epoch_once(store: RunStore) -> None:
+    thinking = started(store)
+    run_id = thinking.head.run_id
+    expire_queued(store, run_id)
+    due = store.inspect(run_id)
+    assert isinstance(due, Due)
+    results: list[object] = []
+    barrier = threading.Barrier(6)
+
+    def hand_on() -> None:
+        barrier.wait()
+        results.append(store.hand_on(due, [""], "missing"))
+
+    threads = [threading.Thread(target=hand_on) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r is not None for r in results) == 1
+    assert must_load(store, run_id).epoch == 1
+
+
+def test_hand_on_of_a_fan_out_republishes_what_is_not_done_or_live(rds: redis.Redis) -> None:
+    store = make_store(rds, lease_s=0.2)
+    act = acting(store)
+    h = act.head
+    a = call_claim(store, h, "a")
+    record(store, act, a, CALLS[0], "3")
+    b = call_claim(store, h, "b")
+    deadline = protocol.ClaimValue.parse(hash_of(store, h.run_id)[b.field]).deadline_ms
+    wait_until(lambda: redis_ms(store) > deadline, 5, what="b's claim to expire")
+    due = store.inspect(h.run_id)
+    assert isinstance(due, Due) and due.states == {"a": "done", "b": "expired"}
+    handed = store.hand_on(due, [], "its lease expired")
+    assert handed is not None and handed.tasks == ["b"]
+    # The expired claim stays as a marker: the next delivery of b knows its outcome is unknown.
+    again = store.claim_call(CallClaim(h.run_id, h.version, 1, 1, "b"), HOLDER)
+    assert isinstance(again, Claim) and again.prior == "expired"
+
+
+# -- leases, retention and threads -------------------------------------------------------------------
+
+
+def test_leases_follow_the_phase(rds: redis.Redis) -> None:
+    store = make_store(rds, queued_lease_s=60)
+    thinking = started(store)
+    run_id = thinking.head.run_id
+    score = store.redis.zscore(store.keys.leases_of(run_id), run_id)
+    assert score is not None and abs(score - (redis_ms(store) + 60_000)) < 5_000
+    t = thinking.complete("done", Usage())
+    commit(store, thinking, t)
+    assert store.redis.zscore(store.keys.leases_of(run_id), run_id) is None
 
 
 def test_every_key_of_a_finished_run_expires(store: RunStore) -> None:
     act = acting(store)
     h = act.head
-    for call in CALLS:
-        claim = store.begin(
-            h.run_id, h.version, Phase.ACTING, 0, h.step, f"{h.step}:tool:{call.id}", call_id=call.id
-        )
-        assert isinstance(claim, Claim)
-        r, e = tool_done(h, call, "ok")
-        store.record_result(h, r, e, spec(h, "observe"))
-    observing = fsm.Observing(store.load(h.run_id))  # type: ignore[arg-type]
+    record_all(store, act)
+    observing = fsm.view_as(must_load(store, h.run_id), fsm.Observing)
     end = observing.interrupt("cancelled")
-    assert store.commit(observing.head.version, end.head, end.messages, end.events) == "committed"
-    keys = sorted(store.redis.scan_iter(match=f"{store.keys.prefix}run:{{{h.run_id}}}*"))
-    assert store.keys.attempts(h.run_id) in keys and store.keys.results(h.run_id, h.step) in keys
-    assert {key: store.redis.ttl(key) > 0 for key in keys} == dict.fromkeys(keys, True)
+    commit(store, observing, end)
+    keys = sorted(store.redis.scan_iter(match=f"{store.keys.run(h.run_id)}*"))
+    assert store.keys.attempts(h.run_id) in keys and store.keys.results(h.run_id, 1) in keys
+    assert {key: 3590 <= store.redis.ttl(key) <= 3600 for key in keys} == dict.fromkeys(keys, True)
 
 
-# -- events -----------------------------------------------------------------------------------------
+def test_join_thread_once(store: RunStore) -> None:
+    barrier = threading.Barrier(5)
+    ids: list[list[str]] = []
+
+    def join() -> None:
+        barrier.wait()
+        ids.append(store.join_thread("t1", "run-b"))
+
+    store.join_thread("t1", "run-a")
+    threads = [threading.Thread(target=join) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(i == ["run-a", "run-b"] for i in ids)
+    assert 0 < store.redis.ttl(store.keys.thread("t1")) <= 3600
+
+
+# -- events ------------------------------------------------------------------------------------------
 
 
 def test_event_stream_holds_exactly_the_committed_events_in_order(store: RunStore) -> None:
@@ -457,23 +760,17 @@ def test_event_stream_holds_exactly_the_committed_events_in_order(store: RunStor
     run_id = idle.head.run_id
     assert store.read_events(run_id) == []
     t1 = idle.start([UserMessage(content="q")], agent_version="1", model="m:x", max_steps=5)
-    store.commit(1, t1.head, t1.messages, t1.events)
+    commit(store, idle, t1)
     t2 = t1.to.act("go", CALLS, Usage())
-    # A fenced commit adds no events.
-    assert store.commit(1, t2.head.model_copy(update={"version": 2}), t2.messages, t2.events) == "fenced"
-    store.commit(t1.head.version, t2.head, t2.messages, t2.events)
+    held = claim(store, t1.head)
+    assert (
+        store.commit(1, t2.head.model_copy(update={"version": 2}), held.ref, t2.messages, t2.events).status
+        == "fenced"
+    )
+    assert store.commit(2, t2.head, held.ref, t2.messages, t2.events).status == "committed"
     entries = store.read_events(run_id)
     assert [e for _, e in entries] == [*t1.events, *t2.events]
-    assert [e.kind for _, e in entries] == [
-        "RunStarted",
-        "StepStarted",
-        "ModelResponded",
-        "ToolDispatched",
-        "ToolDispatched",
-    ]
     ids = [i for i, _ in entries]
-    assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
-    # Reading after a cursor returns only what follows it.
     assert [e for _, e in store.read_events(run_id, after=ids[2])] == list(t2.events[1:])
     assert store.read_events(run_id, after=ids[-1]) == []
     assert [e for _, e in store.wait_events(run_id, after=ids[1], timeout_s=0.1)] == list(t2.events)
@@ -489,47 +786,33 @@ def test_emit_appends_outside_commits(store: RunStore) -> None:
     assert [e for _, e in store.read_events(run_id)][-2:] == deltas
 
 
-def test_messages_round_trip(store: RunStore) -> None:
-    thinking = started(store)
-    correction = 'ünïcode ✓ \n\t "quotes"'
-    t = thinking.reprompt(
-        RunErrorInfo(kind="InvalidModelAction", message="x"), "raw ✓", correction, Usage(), False
-    )
-    store.commit(thinking.head.version, t.head, t.messages, t.events)
-    assert store.load_messages(thinking.head.run_id)[-2:] == list(t.messages)
+# -- human decisions on parked runs ------------------------------------------------------------------
 
 
-# -- human decisions on parked runs -----------------------------------------------------------------
-
-
-def parked(store: RunStore) -> fsm.AwaitingApproval:
+def parked(store: RunStore) -> fsm.Parked:
     thinking = started(store)
     t = thinking.park("may I?", CALLS, Usage(), needs_approval=["add"])
-    assert store.commit(thinking.head.version, t.head, t.messages, t.events) == "committed"
+    commit(store, thinking, t)
     return t.to
 
 
 def test_parked_runs_hold_no_lease(store: RunStore) -> None:
     p = parked(store)
-    assert store.redis.zscore(store.keys.leases(), p.head.run_id) is None
-    assert [store.redis.ttl(k) for k in (store.keys.run(p.head.run_id),)] == [-1]
+    assert store.redis.zscore(store.keys.leases_of(p.head.run_id), p.head.run_id) is None
+    assert store.redis.ttl(store.keys.run(p.head.run_id)) == -1
 
 
 def test_submit_decision_once_per_parked_version(store: RunStore) -> None:
     p = parked(store)
     h = p.head
-    assert store.load_decision(h.run_id) is None
     yes = Decision(approve=True, note="ok")
     assert store.submit_decision(h.run_id, h.version - 1, yes) is False
-    assert store.load_decision(h.run_id) is None
     assert store.submit_decision(h.run_id, h.version, yes) is True
     assert store.submit_decision(h.run_id, h.version, Decision(approve=False)) is False
     assert store.load_decision(h.run_id) == yes
     # The commit that acts on the decision consumes it.
-    t = p.approve()
-    assert store.commit(h.version, t.head, t.messages, t.events) == "committed"
+    commit(store, p, p.approve())
     assert store.load_decision(h.run_id) is None
-    assert store.submit_decision(h.run_id, t.head.version, yes) is False
 
 
 def test_submit_decision_on_a_run_that_is_not_parked(store: RunStore) -> None:
@@ -537,35 +820,19 @@ def test_submit_decision_on_a_run_that_is_not_parked(store: RunStore) -> None:
     h = thinking.head
     assert store.submit_decision(h.run_id, h.version, Decision(approve=True)) is False
     assert store.submit_decision("missing", 1, Decision(approve=True)) is False
-    assert store.load_decision(h.run_id) is None
 
 
-def test_checkpoint_size_does_not_grow_with_the_input(store: RunStore) -> None:
-    """The run's input and metadata are stored once, not copied into every checkpoint."""
+def test_an_outbox_holds_tasks_without_loss(store: RunStore) -> None:
+    act = acting(store)
+    stored = json.loads(hash_of(store, act.head.run_id)[protocol.OUTBOX])
+    assert [TaskSpec.model_validate(t) for t in stored] == task_for(act.head)
 
-    def checkpoint_bytes(input_chars: int) -> int:
-        head = RunHead.new_idle(uuid.uuid4().hex, "agent", "q" * input_chars, metadata={"m": "z" * 4000})
-        assert store.commit(None, head, outbox=[spec(head, "start")]) == "committed"
-        current: fsm.Thinking = (
-            fsm.Idle(head)
-            .start(
-                [SystemMessage(content="sys"), UserMessage(content="q")],
-                agent_version="1",
-                model="m:x",
-                max_steps=99,
-            )
-            .to
-        )
-        assert store.commit(1, current.head) == "committed"
-        for _ in range(4):
-            error = RunErrorInfo(kind="InvalidModelAction", message="bad")
-            t = current.reprompt(error, "r", "c", Usage(), consume_budget=False)
-            assert store.commit(current.head.version, t.head, t.messages, t.events) == "committed"
-            current = t.to
-        raw = store.redis.lrange(store.keys.checkpoints(head.run_id), 0, -1)
-        assert len(raw) == 6
-        return sum(len(c.encode()) for c in raw)
 
-    small, large = checkpoint_bytes(10), checkpoint_bytes(1_000_000)
-    assert large - small < 100, f"six checkpoints cost {large - small} more bytes with a 1 MB input"
-    assert small < 6 * 2000, f"six checkpoints of a small run cost {small} bytes"
+def test_time_comes_from_redis_not_the_client(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client whose clock is far off sets the same deadlines as any other."""
+    monkeypatch.setattr(time, "time", lambda: 10.0)  # 1970
+    head = create(store)
+    claim(store, head)
+    deadline = protocol.ClaimValue.parse(hash_of(store, head.run_id)[protocol.RUNNING]).deadline_ms
+    monkeypatch.undo()
+    assert abs(deadline - (redis_ms(store) + store.settings.lease_s * 1000)) < 5_000

@@ -1,121 +1,201 @@
-"""The sweeper against a real redis-server: what it re-publishes, under which epoch, and its bound."""
+"""The sweeper against a real redis-server: what it hands on, under which epoch, what it leaves
+waiting, its poison bound, its lock, and the broker probe against messages Celery really wrote."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import pytest
 import redis
+from celery import Celery
+from kombu import Connection, Queue
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from shared import fsm
+from shared import fsm, protocol
 from shared.agents import load_registry
 from shared.messages import SystemMessage, UserMessage
-from shared.settings import Settings
+from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Phase, RunHead, TaskSpec
-from shared.store import RunStore
-from shared.tasks import task_for
+from shared.store import Claim, PhaseClaim, RunStore, Stale
+from shared.tasks import start_task, task_for
 from tests.harness import RedisServer, wait_until
+from worker.broker_probe import RedisQueues
 from worker.heartbeat import Heartbeat
+from worker.hooks import Hooks
 from worker.runtime import Runtime
-from worker.sweeper import Sweeper, sweep_once
+from worker.sweeper import Sweeper
+
+
+class FakeBroker:
+    """Says which task ids it holds: what the sweeper asks a real broker (tested below)."""
+
+    def __init__(self) -> None:
+        self.held: set[str] = set()
+        self.asked: list[set[str]] = []
+
+    def present(self, task_ids: Collection[str]) -> set[str] | None:
+        self.asked.append(set(task_ids))
+        return set(task_ids) & self.held
 
 
 @pytest.fixture
-def runtime(redis_server: RedisServer) -> Iterator[tuple[Runtime, list[TaskSpec]]]:
+def rt(redis_server: RedisServer) -> Iterator[Runtime]:
     client = redis_server.client()
-    settings = Settings(prefix=f"sw-{uuid.uuid4().hex[:8]}:", max_phase_attempts=3)
+    settings = Settings(prefix=f"sw-{uuid.uuid4().hex[:8]}:", max_phase_attempts=3, lease_s=0.3)
     store = RunStore(client, settings)
     sent: list[TaskSpec] = []
-    rt = Runtime(
+    runtime = Runtime(
         store=store,
         agents=load_registry("tests.agents_fixture"),
         send=sent.append,
         settings=settings,
         heartbeat=Heartbeat(store, interval_s=1.0),
+        hooks=Hooks(),
     )
-    yield rt, sent
+    runtime.sent = sent  # type: ignore[attr-defined]
+    yield runtime
     client.close()
+
+
+def sent(rt: Runtime) -> list[TaskSpec]:
+    return rt.sent  # type: ignore[attr-defined, no-any-return]
 
 
 def thinking_run(rt: Runtime) -> RunHead:
     idle = RunHead.new_idle(uuid.uuid4().hex, "direct", "hi")
-    assert rt.store.commit(None, idle) == "committed"
+    assert rt.store.create(idle, [start_task(idle.run_id)])
     start = fsm.Idle(idle).start(
         [SystemMessage(content="s"), UserMessage(content="hi")],
         agent_version="1",
         model="scripted:direct",
         max_steps=3,
     )
-    assert (
-        rt.store.commit(idle.version, start.head, start.messages, start.events, task_for(start.head))
-        == "committed"
-    )
+    held = rt.store.claim_phase(PhaseClaim(idle.run_id, 1, Phase.IDLE, 0, 0), "h:1")
+    assert isinstance(held, Claim)
+    result = rt.store.commit(1, start.head, held.ref, start.messages, start.events, task_for(start.head))
+    assert result.status == "committed"
     return start.head
 
 
-def expire(rt: Runtime, run_id: str) -> None:
-    rt.store.redis.zadd(rt.store.keys.leases(), {run_id: 0})
+def queued_time_over(rt: Runtime, run_id: str) -> None:
+    rt.store.redis.hset(rt.store.keys.run(run_id), protocol.QUEUED_UNTIL, 0)
+    rt.store.redis.zadd(rt.store.keys.leases_of(run_id), {run_id: 0})
 
 
-def test_expired_lease_is_republished_under_a_new_epoch(runtime: tuple[Runtime, list[TaskSpec]]) -> None:
-    rt, sent = runtime
+def test_a_phase_waiting_in_the_broker_is_left_alone(rt: Runtime) -> None:
+    broker = FakeBroker()
     head = thinking_run(rt)
-    assert sweep_once(rt) == 0  # the queued lease has not expired yet
-    expire(rt, head.run_id)
-    assert sweep_once(rt) == 1
-    assert [(s.name, s.arguments["epoch"], s.task_id) for s in sent] == [
+    think_id = task_for(head)[0].task_id
+    broker.held.add(think_id)
+    sweeper = Sweeper(rt, broker)
+    assert sweeper.sweep() == 0  # its queued time has not run out
+    assert broker.asked == []
+    for checks in (1, 2, 3):
+        queued_time_over(rt, head.run_id)
+        assert sweeper.sweep() == 0
+        assert broker.asked[-1] == {think_id}
+        fields = rt.store.load_raw(head.run_id)
+        assert fields[protocol.QUEUED_CHECKS] == str(checks)
+    # Waiting in a queue is not poison: nothing published, no epoch bumped, no attempt counted.
+    assert sent(rt) == [] and rt.store.load(head.run_id).epoch == 0  # type: ignore[union-attr]
+    assert not any(k.startswith("lost:") for k in rt.store.attempts(head.run_id))
+
+
+def test_the_wait_doubles_up_to_its_cap(rt: Runtime) -> None:
+    broker = FakeBroker()
+    head = thinking_run(rt)
+    broker.held.add(task_for(head)[0].task_id)
+    sweeper = Sweeper(rt, broker)
+    waits = []
+    for _ in range(6):
+        queued_time_over(rt, head.run_id)
+        sweeper.sweep()
+        until = int(rt.store.load_raw(head.run_id)[protocol.QUEUED_UNTIL])
+        seconds, micros = rt.store.redis.time()
+        waits.append(round((until - (seconds * 1000 + micros // 1000)) / 1000))
+    q = rt.settings.queued_lease_s
+    assert waits == [
+        2 * q,
+        4 * q,
+        8 * q,
+        rt.settings.max_queued_check_s,
+        rt.settings.max_queued_check_s,
+        rt.settings.max_queued_check_s,
+    ]
+
+
+def test_a_message_gone_from_the_broker_is_published_again(rt: Runtime) -> None:
+    head = thinking_run(rt)
+    queued_time_over(rt, head.run_id)
+    assert Sweeper(rt, FakeBroker()).sweep() == 1
+    assert [(s.name, s.arguments["epoch"], s.task_id) for s in sent(rt)] == [
         ("wesichain.think", 1, f"{head.run_id}:v{head.version}:think:e1")
     ]
     assert rt.store.load(head.run_id).epoch == 1  # type: ignore[union-attr]
-    # A delivery of the old epoch is now stale.
+    stale = rt.store.claim_phase(PhaseClaim(head.run_id, head.version, Phase.THINKING, 0, 1), "h:1")
+    assert isinstance(stale, Stale)
+
+
+def test_an_expired_claim_is_handed_on_without_asking_the_broker(rt: Runtime) -> None:
+    broker = FakeBroker()
+    head = thinking_run(rt)
+    held = rt.store.claim_phase(PhaseClaim(head.run_id, head.version, Phase.THINKING, 0, 1), "dead:1")
+    assert isinstance(held, Claim)
+    sweeper = Sweeper(rt, broker)
+    wait_until(lambda: sweeper.sweep() == 1, 10, what="the claim to expire and be handed on")
+    assert broker.asked == []
+    assert [s.arguments["epoch"] for s in sent(rt)] == [1]
     assert (
-        rt.store.begin(head.run_id, head.version, Phase.THINKING, 0, 1, "1:think").__class__.__name__
-        == "Stale"
+        "dead:1"
+        in rt.store.attempts(head.run_id)[f"err:{protocol.attempts_field(head.version, protocol.RUNNING)}"]
     )
 
 
-def test_a_phase_that_never_claims_is_failed_as_poison(runtime: tuple[Runtime, list[TaskSpec]]) -> None:
-    rt, sent = runtime
+def test_a_phase_whose_messages_keep_vanishing_is_failed_as_poison(rt: Runtime) -> None:
     head = thinking_run(rt)
+    sweeper = Sweeper(rt, FakeBroker())
     for _ in range(rt.settings.max_phase_attempts):
-        expire(rt, head.run_id)
-        assert sweep_once(rt) == 1
-    assert len(sent) == rt.settings.max_phase_attempts
-    expire(rt, head.run_id)
-    sweep_once(rt)
+        queued_time_over(rt, head.run_id)
+        assert sweeper.sweep() == 1
+    assert len(sent(rt)) == rt.settings.max_phase_attempts
+    queued_time_over(rt, head.run_id)
+    sweeper.sweep()
     final = rt.store.load(head.run_id)
     assert final is not None and final.phase is Phase.FAILED
     assert final.error is not None and final.error.kind == "PoisonPhase"
-    assert len(sent) == rt.settings.max_phase_attempts  # nothing more was published
+    assert final.error.details["attempts"] == rt.settings.max_phase_attempts + 1
+    assert "vanishing" in final.error.details["last_error"]
+    assert len(sent(rt)) == rt.settings.max_phase_attempts  # nothing more was published
 
 
-def test_only_one_sweeper_sweeps_at_a_time(runtime: tuple[Runtime, list[TaskSpec]]) -> None:
-    rt, sent = runtime
+def test_only_one_sweeper_sweeps_at_a_time(rt: Runtime) -> None:
     head = thinking_run(rt)
-    expire(rt, head.run_id)
-    first, second = Sweeper(rt), Sweeper(rt)
+    first, second = Sweeper(rt, FakeBroker()), Sweeper(rt, FakeBroker())
+    queued_time_over(rt, head.run_id)
     assert first.tick() == 1
-    expire(rt, head.run_id)
+    queued_time_over(rt, head.run_id)
     assert second.tick() == 0  # the lock is the first sweeper's
+    assert second.sweep_once_and_release() == 0  # celery beat's sweep takes the same lock
     assert first.tick() == 1
 
 
-def test_parked_and_finished_runs_leave_the_watch_list(runtime: tuple[Runtime, list[TaskSpec]]) -> None:
-    rt, sent = runtime
+def test_parked_and_finished_runs_leave_the_watch_list(rt: Runtime) -> None:
     head = thinking_run(rt)
+    held = rt.store.claim_phase(PhaseClaim(head.run_id, head.version, Phase.THINKING, 0, 1), "h:1")
+    assert isinstance(held, Claim)
     done = fsm.Thinking(head).complete("ok", head.usage)
-    assert rt.store.commit(head.version, done.head, done.messages, done.events) == "committed"
-    rt.store.redis.zadd(rt.store.keys.leases(), {head.run_id: 0})
-    assert sweep_once(rt) == 0
-    assert rt.store.redis.zscore(rt.store.keys.leases(), head.run_id) is None
-    assert sent == []
+    assert (
+        rt.store.commit(head.version, done.head, held.ref, done.messages, done.events).status == "committed"
+    )
+    rt.store.redis.zadd(rt.store.keys.leases_of(head.run_id), {head.run_id: 0})
+    assert Sweeper(rt, FakeBroker()).sweep() == 0
+    assert rt.store.redis.zscore(rt.store.keys.leases_of(head.run_id), head.run_id) is None
+    assert sent(rt) == []
 
 
-def test_redis_unavailable_does_not_kill_the_sweeper(runtime: tuple[Runtime, list[TaskSpec]]) -> None:
-    rt, _ = runtime
+def test_redis_unavailable_does_not_kill_the_sweeper(rt: Runtime) -> None:
     broken = Runtime(
         store=RunStore(
             redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)), rt.settings
@@ -124,6 +204,7 @@ def test_redis_unavailable_does_not_kill_the_sweeper(runtime: tuple[Runtime, lis
         send=lambda spec: None,
         settings=rt.settings,
         heartbeat=rt.heartbeat,
+        hooks=Hooks(),
     )
     failures: list[Exception] = []
 
@@ -135,7 +216,7 @@ def test_redis_unavailable_does_not_kill_the_sweeper(runtime: tuple[Runtime, lis
                 failures.append(exc)
                 raise
 
-    sweeper = Counting(broken)
+    sweeper = Counting(broken, FakeBroker())
     sweeper.interval_s = 0.05
     sweeper.start()
     try:
@@ -144,3 +225,34 @@ def test_redis_unavailable_does_not_kill_the_sweeper(runtime: tuple[Runtime, lis
         assert sweeper._thread is not None and sweeper._thread.is_alive()
     finally:
         sweeper.stop()
+
+
+# -- the broker probe, on the messages Celery and kombu really write -----------------------------------
+
+
+def test_the_probe_finds_queued_and_delivered_messages(redis_server: RedisServer) -> None:
+    url = redis_server.url.replace("/0", "/5")
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushdb()
+    app = Celery("probe-test", set_as_current=False)
+    app.conf.update(celery_config(Settings(redis_url=url)))
+    ids = [f"run-{i}:v2:think" for i in range(1200)]  # more than one scan chunk
+    for task_id in ids:
+        app.send_task("wesichain.think", kwargs={"run_id": "x"}, task_id=task_id)
+    app.send_task("wesichain.tool", kwargs={"run_id": "x"}, task_id="run-t:v3:tool:c1")
+    probe = RedisQueues(client, [QUEUE_MODEL, QUEUE_TOOLS])
+    wanted = {ids[0], ids[-1], ids[600], "run-t:v3:tool:c1", "never-sent"}
+    assert probe.present(wanted) == wanted - {"never-sent"}
+
+    # A message a consumer took but has not acknowledged is held in the unacked hash: still there.
+    with Connection(url) as conn:
+        queue = conn.SimpleQueue(Queue(QUEUE_TOOLS, routing_key=QUEUE_TOOLS), no_ack=False)
+        message = queue.get(timeout=5)
+        assert message.headers["id"] == "run-t:v3:tool:c1"
+        assert client.llen(QUEUE_TOOLS) == 0
+        assert probe.present({"run-t:v3:tool:c1"}) == {"run-t:v3:tool:c1"}
+        message.ack()
+        assert probe.present({"run-t:v3:tool:c1"}) == set()
+        queue.close()
+    client.flushdb()
+    client.close()

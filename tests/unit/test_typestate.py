@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PRELUDE = """\
 from shared.errors import RunErrorInfo
 from shared.fsm import (
-    Acting, AwaitingApproval, Completed, Failed, Idle, Interrupted, Observing, Thinking, Transition, view,
+    Acting, Parked, CompletedRun, FailedRun, Idle, InterruptedRun, Observing, Thinking, Transition, view,
 )
 from shared.llm.base import Usage
 from shared.messages import ToolCall, UserMessage
@@ -51,8 +51,8 @@ ILLEGAL: dict[str, tuple[str, str]] = {
     ),
     "observing_act": ("Observing(HEAD).act(None, [CALL], Usage())", '"Observing" has no attribute "act"'),
     "awaiting_act": (
-        "AwaitingApproval(HEAD).act(None, [CALL], Usage())",
-        '"AwaitingApproval" has no attribute "act"',
+        "Parked(HEAD).act(None, [CALL], Usage())",
+        '"Parked" has no attribute "act"',
     ),
     # The phase travels through the transition's type: what ``start`` returns cannot observe.
     "thinking_approve": ("Thinking(HEAD).approve()", '"Thinking" has no attribute "approve"'),
@@ -67,13 +67,13 @@ ILLEGAL: dict[str, tuple[str, str]] = {
         '"Thinking" has no attribute "park_unknown"',
     ),
     "awaiting_complete": (
-        'AwaitingApproval(HEAD).complete("x", Usage())',
-        '"AwaitingApproval" has no attribute "complete"',
+        'Parked(HEAD).complete("x", Usage())',
+        '"Parked" has no attribute "complete"',
     ),
-    "awaiting_observe": ("AwaitingApproval(HEAD).observe()", '"AwaitingApproval" has no attribute "observe"'),
+    "awaiting_observe": ("Parked(HEAD).observe()", '"Parked" has no attribute "observe"'),
     "chained_park_observe": (
         "Thinking(HEAD).park(None, [CALL], Usage(), []).to.observe()",
-        '"AwaitingApproval" has no attribute "observe"',
+        '"Parked" has no attribute "observe"',
     ),
     "chained_start_observe": (
         'Idle(HEAD).start([], agent_version="1", model="m:x", max_steps=1).to.observe()',
@@ -81,11 +81,11 @@ ILLEGAL: dict[str, tuple[str, str]] = {
     ),
     "chained_complete_act": (
         'Thinking(HEAD).complete("x", Usage()).to.act(None, [CALL], Usage())',
-        '"Completed" has no attribute "act"',
+        '"CompletedRun" has no attribute "act"',
     ),
     "chained_fail_interrupt": (
         'Thinking(HEAD).fail(ERR).to.interrupt("x")',
-        '"Failed" has no attribute "interrupt"',
+        '"FailedRun" has no attribute "interrupt"',
     ),
 }
 
@@ -105,7 +105,7 @@ TERMINAL_CALLS = {
     "deny": 'deny("no")',
     "resume": "resume([])",
 }
-for _cls in ("Completed", "Failed", "Interrupted"):
+for _cls in ("CompletedRun", "FailedRun", "InterruptedRun"):
     for _method, _call in TERMINAL_CALLS.items():
         ILLEGAL[f"terminal_{_cls.lower()}_{_method}"] = (
             f"{_cls}(HEAD).{_call}",
@@ -113,7 +113,7 @@ for _cls in ("Completed", "Failed", "Interrupted"):
         )
 
 LEGAL = """\
-def run() -> Transition[Completed]:
+def run() -> Transition[CompletedRun]:
     t1 = Idle(HEAD).start([UserMessage(content="q")], agent_version="1", model="m:x", max_steps=3)
     t2 = t1.to.act(None, [CALL], Usage())
     t3 = t2.to.observe()
@@ -129,11 +129,11 @@ def approvals() -> tuple[Transition[Acting], Transition[Thinking], Transition[Th
     return parked.approve(), parked.deny("no"), unknown.resume([])
 
 
-def fail_anywhere() -> list[Transition[Failed]]:
-    return [Idle(HEAD).fail(ERR), Acting(HEAD).fail(ERR), AwaitingApproval(HEAD).fail(ERR)]
+def fail_anywhere() -> list[Transition[FailedRun]]:
+    return [Idle(HEAD).fail(ERR), Acting(HEAD).fail(ERR), Parked(HEAD).fail(ERR)]
 
 
-def interrupt_anywhere() -> Transition[Interrupted]:
+def interrupt_anywhere() -> Transition[InterruptedRun]:
     return Thinking(HEAD).interrupt("cancelled", ERR)
 
 
@@ -141,7 +141,7 @@ def dispatch(head: RunHead) -> str:
     v = view(head)
     if isinstance(v, Thinking):
         return v.complete("x", Usage()).to.phase.value
-    if isinstance(v, Completed | Failed | Interrupted):
+    if isinstance(v, CompletedRun | FailedRun | InterruptedRun):
         return v.head.phase.value
     return v.fail(ERR).to.phase.value
 
@@ -222,7 +222,7 @@ def test_legal_sequence_type_checks(mypy_run: tuple[int, dict[str, list[tuple[in
     assert errors(found) == []
     # The file really was analysed against shared.fsm: the phase is carried through the chain.
     notes = [msg for _, sev, msg in found if sev == "note"]
-    assert notes == ['Revealed type is "shared.fsm.Transition[shared.fsm.Completed]"'], found
+    assert notes == ['Revealed type is "shared.fsm.Transition[shared.fsm.CompletedRun]"'], found
 
 
 def test_terminal_table_covers_every_transition_method() -> None:
@@ -230,7 +230,7 @@ def test_terminal_table_covers_every_transition_method() -> None:
 
     methods = {
         name
-        for cls in (fsm.Idle, fsm.Thinking, fsm.Acting, fsm.Observing, fsm.AwaitingApproval)
+        for cls in (fsm.Idle, fsm.Thinking, fsm.Acting, fsm.Observing, fsm.Parked)
         for name in vars(cls) | vars(fsm._Live)
         if not name.startswith("_") and callable(getattr(cls, name, None))
     }

@@ -1,0 +1,50 @@
+-- Claim a phase (start, think, observe, decide) for one delivery, and read what the phase needs.
+-- KEYS: run hash, attempts hash, leases zset, messages list, results hash of the step
+-- Returns {status, head, attempts, messages, prior, results, last_error} where status is
+--   'missing'  no such run;
+--   'stale'    the run is not at this version, phase, epoch and step: a duplicate or late delivery
+--              (head then holds version, phase, step, epoch, outbox, outbox_claimed);
+--   'busy'     another delivery holds a claim on the phase that has not expired by Redis's clock;
+--   'ok'       claimed (or this delivery's own claim, replayed). prior is 'none', or 'expired' when
+--              an earlier delivery claimed the phase and stopped renewing before it finished.
+-- head of 'ok' is {body, request, epoch, cancel}.
+local run_id, version, phase, epoch, step, token, holder, lease_ms, messages_from, want_results =
+  unpack(ARGV, 1, 10)
+local run, attempts_key, leases, messages_key, results_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
+local state = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP, F_EPOCH, F_OUTBOX, F_OUTBOX_CLAIMED)
+if not state[1] then return {'missing'} end
+if state[1] ~= version or state[2] ~= phase or state[3] ~= step or state[4] ~= epoch then
+  return {'stale', state}
+end
+local now = now_ms()
+local attempts_field = 'v' .. version .. ':' .. F_RUNNING
+local prior = 'none'
+local current = redis.call('HGET', run, F_RUNNING)
+local replay = false
+if current then
+  local held_by, deadline = claim_parts(current)
+  if held_by == token then
+    replay = true
+  elseif deadline > now then
+    return {'busy', state}
+  else
+    prior = 'expired'
+  end
+end
+local deadline = now + tonumber(lease_ms)
+redis.call('HSET', run, F_RUNNING, claim_value(token, deadline, holder), F_OUTBOX_CLAIMED, '1')
+local attempts
+if replay then
+  attempts = tonumber(redis.call('HGET', attempts_key, attempts_field) or '1')
+else
+  attempts = redis.call('HINCRBY', attempts_key, attempts_field, 1)
+end
+redis.call('ZADD', leases, 'LT', deadline, run_id)
+local messages = {}
+if messages_from ~= '' then messages = redis.call('LRANGE', messages_key, tonumber(messages_from), -1) end
+local results = {}
+if want_results == '1' then results = redis.call('HVALS', results_key) end
+local head = redis.call('HMGET', run, F_BODY, F_REQUEST, F_EPOCH, F_CANCEL)
+local last_error = redis.call('HGET', attempts_key, 'err:' .. attempts_field) or ''
+return {'ok', head, attempts, messages, prior, results, last_error}

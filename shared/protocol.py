@@ -1,0 +1,187 @@
+"""The Redis protocol of a run, spelled once for Python and Lua.
+
+A run is a hash (see :mod:`shared.keys`) whose fields are named here. The Lua scripts get these
+names, the phase names and the claim format from a generated prelude (:func:`lua_prelude`), so a
+field renamed here is renamed everywhere.
+
+A *claim* is a field of the run hash whose value is ``token|deadline_ms|holder``: the token of the
+delivery that holds it, the Redis time (milliseconds) until which it is held unless renewed, and
+the process holding it (``host:pid``). The phase claim of think, observe, start and decide is the
+field :data:`RUNNING`; each tool call has its own claim field, :func:`call_claim`, naming the step
+and the call. Deadlines always come from Redis's clock (``TIME`` inside the scripts), so hosts
+whose clocks disagree agree on when a claim expired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.state import TERMINAL_PHASES, Phase
+
+# -- fields of the run hash --------------------------------------------------------------------------
+
+#: The committed version: the fencing token of every commit (compare-and-set).
+VERSION = "version"
+PHASE = "phase"
+STEP = "step"
+#: Bumped each time the sweeper hands the run's current phase on; messages of older epochs are stale.
+EPOCH = "epoch"
+#: What the producer asked for (agent, input, thread, metadata): written once, when the run is created.
+REQUEST = "request"
+#: The rest of the head, rewritten by every commit (and copied into the checkpoint list).
+BODY = "body"
+#: JSON list of the tasks that carry the run to its next phase (stamped with the epoch when sent).
+OUTBOX = "outbox"
+#: "1" once a delivery of the outbox claimed work at this version.
+OUTBOX_CLAIMED = "outbox_claimed"
+#: Comma-separated ids of the current step's tool calls (ACTING), checked against tool messages.
+CALLS = "calls"
+#: Redis time (ms) until which unclaimed outbox tasks are only waiting in the broker.
+QUEUED_UNTIL = "queued_until"
+#: How many times the sweeper checked the broker for this version's unclaimed tasks (backoff).
+QUEUED_CHECKS = "queued_checks"
+CANCEL = "cancel"
+DECISION = "decision"
+#: Id of the last write that succeeded, so a script replayed after a lost reply knows it ran.
+OP = "op"
+#: The phase claim of think, observe, start and decide.
+RUNNING = "running"
+
+#: Prefix of a tool call's claim field: ``call:<step>:<call_id>``.
+CALL_CLAIM_PREFIX = "call:"
+
+
+def call_claim(step: int, call_id: str) -> str:
+    return f"{CALL_CLAIM_PREFIX}{step}:{call_id}"
+
+
+# -- fields of the attempts hash ---------------------------------------------------------------------
+
+
+def attempts_field(version: int, claim_field: str) -> str:
+    """Claims of one piece of work at one version: deliveries that started it (poison detection)."""
+    return f"v{version}:{claim_field}"
+
+
+def last_error_field(version: int, claim_field: str) -> str:
+    """The last thing known to have gone wrong with that work (a lost worker, an expired lease)."""
+    return f"err:v{version}:{claim_field}"
+
+
+def lost_field(version: int) -> str:
+    """Times the sweeper re-published this version's tasks because they vanished from the broker."""
+    return f"lost:v{version}"
+
+
+# -- claims ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimValue:
+    token: str
+    deadline_ms: int
+    holder: str
+
+    @classmethod
+    def parse(cls, raw: str) -> ClaimValue:
+        token, deadline, holder = raw.split("|", 2)
+        return cls(token, int(deadline), holder)
+
+    def dump(self) -> str:
+        return f"{self.token}|{self.deadline_ms}|{self.holder}"
+
+
+# -- Lua -----------------------------------------------------------------------------------------------
+
+_FIELDS = {
+    "F_VERSION": VERSION,
+    "F_PHASE": PHASE,
+    "F_STEP": STEP,
+    "F_EPOCH": EPOCH,
+    "F_REQUEST": REQUEST,
+    "F_BODY": BODY,
+    "F_OUTBOX": OUTBOX,
+    "F_OUTBOX_CLAIMED": OUTBOX_CLAIMED,
+    "F_CALLS": CALLS,
+    "F_QUEUED_UNTIL": QUEUED_UNTIL,
+    "F_QUEUED_CHECKS": QUEUED_CHECKS,
+    "F_CANCEL": CANCEL,
+    "F_DECISION": DECISION,
+    "F_OP": OP,
+    "F_RUNNING": RUNNING,
+    "CALL_CLAIM_PREFIX": CALL_CLAIM_PREFIX,
+}
+
+_HELPERS = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- A claim is 'token|deadline_ms|holder'.
+local function claim_parts(value)
+  local a = string.find(value, '|', 1, true)
+  local b = string.find(value, '|', a + 1, true)
+  return string.sub(value, 1, a - 1), tonumber(string.sub(value, a + 1, b - 1)), string.sub(value, b + 1)
+end
+local function claim_value(token, deadline, holder)
+  return token .. '|' .. tostring(deadline) .. '|' .. holder
+end
+local function call_claim(step, call_id)
+  return CALL_CLAIM_PREFIX .. step .. ':' .. call_id
+end
+local function has_call(calls, call_id)
+  return string.find(',' .. (calls or '') .. ',', ',' .. call_id .. ',', 1, true) ~= nil
+end
+-- The state of every task of the current phase: for ACTING one entry per call id ('done', 'live',
+-- 'expired' or 'unclaimed'), else one entry '' for the phase claim. Also returns the earliest
+-- deadline of a live claim (or nil) and whether any task is expired or unclaimed.
+local function task_states(run, results_key, phase, step, calls, now)
+  local states, next_live, expired, unclaimed = {}, nil, false, false
+  local function classify(key, claim)
+    local state = 'unclaimed'
+    if claim then
+      local _, deadline = claim_parts(claim)
+      if deadline > now then
+        state = 'live'
+        if not next_live or deadline < next_live then next_live = deadline end
+      else
+        state = 'expired'
+        expired = true
+      end
+    else
+      unclaimed = true
+    end
+    states[#states + 1] = key
+    states[#states + 1] = state
+  end
+  if phase == P_ACTING then
+    for id in string.gmatch(calls or '', '[^,]+') do
+      if redis.call('HEXISTS', results_key, id) == 1 then
+        states[#states + 1] = id
+        states[#states + 1] = 'done'
+      else
+        classify(id, redis.call('HGET', run, call_claim(step, id)))
+      end
+    end
+  else
+    classify('', redis.call('HGET', run, F_RUNNING))
+  end
+  return states, next_live, expired, unclaimed
+end
+local function split_calls(calls)
+  local out = {}
+  if calls and calls ~= '' then
+    for id in string.gmatch(calls, '[^,]+') do out[#out + 1] = id end
+  end
+  return out
+end
+"""
+
+
+def lua_prelude() -> str:
+    """Field names, phase names and claim helpers, prepended to every script."""
+    lines = [f"local {name} = '{value}'" for name, value in _FIELDS.items()]
+    lines += [f"local P_{p.name} = '{p.value}'" for p in Phase]
+    terminal = ", ".join(f"[P_{p.name}] = true" for p in sorted(TERMINAL_PHASES, key=lambda p: p.value))
+    lines.append(f"local TERMINAL = {{{terminal}}}")
+    return "\n".join(lines) + "\n" + _HELPERS

@@ -1,0 +1,99 @@
+"""What a producer asks for when it starts a run, validated the same way on every path.
+
+The Python client, the CLI and a bare ``wesichain.start`` message from another service all end in
+:func:`validate_request`, so the same limits hold whoever sends the run: a request over a limit is
+refused with an :class:`~shared.errors.InvalidRequest` naming the field and the limit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.errors import InvalidRequest
+from shared.settings import Limits
+
+#: Agent names, thread ids and run ids: short, printable, no separators that mean something to Redis.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$")
+MAX_NAME_CHARS = 200
+
+
+class RunRequest(BaseModel):
+    """A run as a producer asks for it (the ``create`` of a bare ``wesichain.start`` message)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: The agent's registered name.
+    agent: str
+    #: The user's message.
+    input: str
+    #: A conversation thread: runs of one thread see the earlier runs' messages.
+    thread_id: str | None = None
+    #: Free-form JSON stored with the run (bounded).
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    #: ``PROVIDER:MODEL`` to use instead of the agent's own model.
+    model: str | None = None
+
+
+def validate_request(raw: Mapping[str, Any], limits: Limits) -> RunRequest:
+    """Check a request against the limits; raises :class:`InvalidRequest` saying what is wrong."""
+    if not isinstance(raw, Mapping):
+        raise InvalidRequest(f"the request must be a JSON object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(RunRequest.model_fields))
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(map(repr, unknown))} in the request")
+    if "agent" not in raw:
+        raise InvalidRequest("the request names no agent ('agent' is required)")
+    if "input" not in raw:
+        raise InvalidRequest("the request has no input ('input' is required)")
+    agent, text = raw["agent"], raw["input"]
+    _check_name("agent", agent)
+    _check_input(text, limits)
+    thread_id = raw.get("thread_id")
+    if thread_id is not None:
+        _check_name("thread_id", thread_id)
+    metadata = raw.get("metadata") or {}
+    _check_metadata(metadata, limits)
+    model = raw.get("model")
+    if model is not None and (not isinstance(model, str) or ":" not in model or len(model) > MAX_NAME_CHARS):
+        raise InvalidRequest(f"model must look like PROVIDER:MODEL, got {str(model)[:80]!r}")
+    return RunRequest(agent=agent, input=text, thread_id=thread_id, metadata=metadata, model=model)
+
+
+def _check_input(text: Any, limits: Limits) -> None:
+    if not isinstance(text, str):
+        raise InvalidRequest(f"input must be text, got {type(text).__name__}")
+    if not text.strip():
+        raise InvalidRequest("input is empty")
+    if len(text) > limits.max_input_chars:
+        raise InvalidRequest(f"input is {len(text)} chars; the limit is {limits.max_input_chars}")
+
+
+def _check_metadata(metadata: Any, limits: Limits) -> None:
+    if not isinstance(metadata, dict):
+        raise InvalidRequest(f"metadata must be a JSON object, got {type(metadata).__name__}")
+    try:
+        size = len(json.dumps(metadata))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"metadata is not JSON: {exc}") from None
+    if size > limits.max_metadata_chars:
+        raise InvalidRequest(f"metadata is {size} chars of JSON; the limit is {limits.max_metadata_chars}")
+
+
+def _check_name(field: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{field} must be text, got {type(value).__name__}")
+    if not value or len(value) > MAX_NAME_CHARS or not _NAME.match(value):
+        raise InvalidRequest(
+            f"{field} {value[:80]!r} must be 1..{MAX_NAME_CHARS} chars of letters, digits and . _ : @ / -"
+        )
+
+
+def check_run_id(run_id: Any) -> str:
+    """A run id a producer chose; raises :class:`InvalidRequest` when it cannot name a run."""
+    _check_name("run_id", run_id)
+    return str(run_id)

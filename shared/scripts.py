@@ -1,0 +1,41 @@
+"""The Lua scripts of the run store, loaded once with the protocol prelude prepended."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis
+
+from shared.protocol import lua_prelude
+
+SCRIPT_NAMES = (
+    "create",
+    "claim_phase",
+    "claim_call",
+    "renew",
+    "release",
+    "commit",
+    "record_result",
+    "due",
+    "inspect",
+    "recover",
+    "cancel",
+    "decide",
+    "join_thread",
+    "lock",
+    "scan_queue",
+)
+
+
+@cache
+def script_source(name: str) -> str:
+    """A script's source as Redis runs it: the prelude (field names, helpers), then its body."""
+    body = resources.files("shared").joinpath("lua", f"{name}.lua").read_text()
+    return lua_prelude() + body
+
+
+def register_scripts(client: redis.Redis) -> dict[str, Any]:
+    """Every script registered on ``client`` (EVALSHA, reloaded by redis-py after a Redis restart)."""
+    return {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}

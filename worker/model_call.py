@@ -1,0 +1,119 @@
+"""One model call of a think phase, run on a helper thread so the phase keeps its hands free.
+
+The think task waits on the call's parts with a short timeout, so it can:
+
+* flush streamed text to the run's events on a timer, not only when the next token arrives (text
+  received just before a stall reaches the followers);
+* give the call up at once when the heartbeat sees a cancel, streaming or not (an abandoned
+  stream is closed at its next part; an abandoned non-streaming call ends with its read timeout
+  and its answer is dropped);
+* give it up when the claim was lost, since its commit would be fenced off anyway.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from shared import events as ev
+from shared.errors import ModelTransport
+from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse, StreamPart, TextDelta
+from shared.store import RunStore
+from worker.heartbeat import Held
+from worker.runtime import Cancelled
+
+#: Streamed text is flushed to the event stream at most this often (one round trip per batch),
+#: and at least this often while text is waiting.
+DELTA_FLUSH_S = 0.05
+
+
+class ClaimLost(Exception):
+    """The phase's claim expired and was taken over: its work can no longer be committed."""
+
+
+class _End:
+    """Marks the end of the call's parts."""
+
+
+Part = StreamPart | BaseException | _End
+
+
+class ModelCall:
+    """One call of ``adapter`` for the think of ``run_id``'s ``step``, under its claim ``held``."""
+
+    def __init__(
+        self, store: RunStore, *, run_id: str, step: int, held: Held, stream: bool, max_delta_chars: int
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.step = step
+        self.held = held
+        self.stream = stream
+        self.max_delta_chars = max_delta_chars
+        self._parts: queue.Queue[Part] = queue.Queue()
+        self._stop = threading.Event()
+        self._pending: list[str] = []
+        self._last_flush = time.monotonic()
+
+    def run(self, adapter: LlmAdapter, request: ModelRequest) -> ModelResponse:
+        threading.Thread(
+            target=self._produce, args=(adapter, request), name="wesichain-model-call", daemon=True
+        ).start()
+        final: ModelResponse | None = None
+        while not isinstance(item := self._next(), _End):
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, TextDelta):
+                self._pending.append(item.text)
+            elif isinstance(item, ModelResponse):
+                final = item
+            if time.monotonic() - self._last_flush >= DELTA_FLUSH_S:
+                self._flush()
+        self._flush()
+        if final is None:
+            raise ModelTransport(
+                "the model stream ended without a final response", retryable=True, step=self.step
+            )
+        return final
+
+    def _next(self) -> Part | None:
+        """The next part, or None after a short wait; raises when the call must be given up."""
+        try:
+            item: Part | None = self._parts.get(timeout=DELTA_FLUSH_S)
+        except queue.Empty:
+            item = None
+        if self.held.cancelled.is_set():
+            self._stop.set()
+            raise Cancelled()
+        if self.held.lost.is_set():
+            self._stop.set()
+            raise ClaimLost()
+        return item
+
+    def _produce(self, adapter: LlmAdapter, request: ModelRequest) -> None:
+        try:
+            if not self.stream:
+                self._parts.put(adapter.complete(request))
+                return
+            source = adapter.stream(request)
+            try:
+                for part in source:
+                    self._parts.put(part)
+                    if self._stop.is_set():
+                        break
+            finally:
+                close = getattr(source, "close", None)
+                if close is not None:
+                    close()  # closing the generator closes the HTTP response
+        except BaseException as exc:  # handed to the think task
+            self._parts.put(exc)
+        finally:
+            self._parts.put(_End())
+
+    def _flush(self) -> None:
+        if self._pending:
+            text = "".join(self._pending)[: self.max_delta_chars]
+            self.store.emit(self.run_id, [ev.TokenDelta(run_id=self.run_id, step=self.step, text=text)])
+            self._pending.clear()
+        self._last_flush = time.monotonic()
