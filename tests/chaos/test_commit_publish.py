@@ -12,6 +12,7 @@ import pytest
 
 from producer.client import Client
 from shared.state import Phase
+from tests.chaos.faults import fired_key
 from tests.chaos.support import (
     QUEUED_LEASE_S,
     RECOVERY_BOUND_S,
@@ -27,7 +28,6 @@ from tests.chaos.support import (
     kinds,
     note_recovery,
 )
-from tests.chaos.faults import fired_key
 from tests.invariants import ONE_HOP
 
 pytestmark = pytest.mark.chaos

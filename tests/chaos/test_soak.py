@@ -5,7 +5,8 @@ would) or one pool child dies. Afterwards every run must be terminal, each retry
 recorded once, no non-retry-safe tool started twice, and every run's events consistent.
 
 Short by default (part of the chaos run); ``WESICHAIN_SOAK_S`` makes it as long as wanted (the run
-count grows with it, or set ``WESICHAIN_SOAK_RUNS``); ``WESICHAIN_SOAK_SEED`` picks another schedule (the default is fixed, so a failure replays).
+count grows with it, or set ``WESICHAIN_SOAK_RUNS``); ``WESICHAIN_SOAK_SEED`` picks another schedule
+(the default is fixed, so a failure replays).
 """
 
 from __future__ import annotations
