@@ -56,7 +56,9 @@ def _record_timeout(rt: Runtime, run_id: str, version: int, step: int, call_id: 
         tool = rt.agents.get(head.agent).tools.get(call.name)
     except ConfigError:
         tool = None
-    result = tool_timeout_result(call, tool, step, f"it was killed at its hard time limit ({reason})")
+    timeout = f" of {tool.timeout_s:g}s" if tool is not None else ""
+    why = f"it did not finish within its timeout{timeout} and was killed at its hard time limit ({reason})"
+    result = tool_timeout_result(call, tool, step, why)
     completed = ev.ToolCompleted(
         run_id=run_id,
         step=step,

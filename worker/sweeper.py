@@ -100,8 +100,7 @@ class Sweeper:
         """Unclaimed tasks past their queued time: waiting in the broker, or lost?"""
         if not waiting:
             return 0
-        ids = {key: self._task_id(seen, key) for seen in waiting for key in seen.unclaimed}
-        present = self.probe.present(set(ids.values()))
+        present = self.probe.present({self._task_id(seen, key) for seen in waiting for key in seen.unclaimed})
         handed = 0
         settings = self.rt.settings
         for seen in waiting:

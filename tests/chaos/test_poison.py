@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from producer.client import Client, RunHandle
+from shared.protocol import attempts_field, call_claim
 from shared.settings import Settings
 from shared.state import Phase
 from tests.agents_fixture import ATTEMPT_PIDS_KEY
@@ -61,7 +62,9 @@ def _check_poisoned(client: Client, poison: RunHandle, limit: int) -> list[int]:
     key = idem(poison.run_id)
     # Every claim up to the limit ran the tool (and died in it); the claim past the limit did not.
     assert starts(r, key) == limit
-    assert int(r.hget(client.store.keys.attempts(poison.run_id), "1:tool:call_0") or 0) == limit + 1
+    # Acting at version 3: start (1), think (2), then the call.
+    field = attempts_field(3, call_claim(1, "call_0"))
+    assert int(client.store.attempts(poison.run_id).get(field, 0)) == limit + 1
     pids = _attempt_pids(r, poison)
     assert len(pids) == limit and len(set(pids)) == limit, f"attempt pids {pids}"
     assert not any(is_running(pid) for pid in pids), f"an attempt's process survived its kill: {pids}"
