@@ -1,49 +1,50 @@
-"""``wesichain``: run workers, submit and follow runs, and try it all embedded with ``demo``."""
+"""wesichain: submit and follow runs, list what the workers serve, run workers, try it all with demo.
+
+The producer's commands are defined here; the worker's (worker, sweeper, demo) come from the
+installed package through the ``wesichain.commands`` entry point group, so this module never
+imports worker code.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
 
-from shared.errors import ConfigError, WesichainError
-from shared.settings import ENV_AGENTS, ENV_REDIS_URL, QUEUE_MODEL, QUEUE_TOOLS, redact_url
+from shared.errors import ConfigError, InvalidRequest, WesichainError
+from shared.settings import ENV_AGENTS, ENV_REDIS_URL, redact_url
 
 EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 3
 
+Handler = Callable[[argparse.Namespace], int]
+#: What a command group adds: its subcommands, and the handler of each.
+Register = Callable[
+    ["argparse._SubParsersAction[argparse.ArgumentParser]", argparse.ArgumentParser], dict[str, Handler]
+]
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="wesichain", description=__doc__)
+DESCRIPTION = (
+    "Run LLM agents as durable, distributed state machines on Celery and Redis: submit and follow"
+    " runs, list what the workers serve, run workers, or try it all in one process with 'demo'."
+)
+
+
+def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--redis", metavar="URL", help=f"Redis URL (default ${ENV_REDIS_URL} or redis://127.0.0.1:6379/0)"
     )
     common.add_argument("--agents", metavar="MODULE", help=f"agents module to import (default ${ENV_AGENTS})")
-    sub = p.add_subparsers(dest="command", required=True)
+    return common
 
-    d = sub.add_parser(
-        "demo", parents=[common], help="run the research assistant embedded: no server, no API key"
-    )
-    d.add_argument("question", nargs="?", help="what to ask")
-    d.add_argument("--json", action="store_true", help="print events and the final state as JSON lines")
-    d.add_argument("--model", help="override the agent's model (PROVIDER:MODEL)")
 
-    w = sub.add_parser("worker", parents=[common], help="run a Celery worker for the phase tasks")
-    w.add_argument(
-        "--queues", default=f"{QUEUE_MODEL},{QUEUE_TOOLS}", help="comma-separated queues to consume"
-    )
-    w.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
-    w.add_argument("--concurrency", "-c", type=int, default=None)
-    w.add_argument("--name", "-n", default=None, help="worker node name, e.g. w1@%%h")
-    w.add_argument("--loglevel", "-l", default="INFO")
-    w.add_argument("celery_args", nargs=argparse.REMAINDER, help="after --, passed to `celery worker` as is")
-
-    sw = sub.add_parser("sweeper", parents=[common], help="run the recovery sweeper standalone")
-    sw.add_argument("--once", action="store_true", help="sweep once and exit")
+def _producer_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> dict[str, Handler]:
+    from producer import commands
 
     s = sub.add_parser("submit", parents=[common], help="submit a run")
     s.add_argument("agent")
@@ -53,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--model", help="override the agent's model (PROVIDER:MODEL)")
     s.add_argument("--thread", help="conversation thread id (carries history across runs)")
+    s.add_argument(
+        "--no-check", action="store_true", help="submit even if no live worker serves the agent (queue it)"
+    )
 
     st = sub.add_parser("status", parents=[common], help="show a run's state")
     st.add_argument("run_id")
@@ -61,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("events", parents=[common], help="print a run's events")
     e.add_argument("run_id")
     e.add_argument("--follow", "-f", action="store_true", help="keep following until the run ends")
+    e.add_argument("--after", metavar="ID", default="0-0", help="only events after this stream id (resume)")
     e.add_argument("--json", action="store_true")
 
     c = sub.add_parser("cancel", parents=[common], help="cancel a run")
@@ -73,7 +78,38 @@ def _parser() -> argparse.ArgumentParser:
         a = sub.add_parser(verb, parents=[common], help=text)
         a.add_argument("run_id")
         a.add_argument("--note", default="", help="a note the model (and the run's history) will see")
-    return p
+
+    ag = sub.add_parser("agents", parents=[common], help="list the agents live workers serve")
+    ag.add_argument("--json", action="store_true")
+    wk = sub.add_parser("workers", parents=[common], help="list live workers and whether they consume")
+    wk.add_argument("--json", action="store_true")
+    h = sub.add_parser(
+        "health", parents=[common], help="exit 0 if this host's workers are live and consuming (a probe)"
+    )
+    h.add_argument("--worker", help="the worker's node name (default: every worker of this host)")
+    return {
+        "submit": commands.submit,
+        "status": commands.status,
+        "events": commands.events,
+        "cancel": commands.cancel,
+        "approve": commands.approve,
+        "deny": commands.deny,
+        "agents": commands.agents,
+        "workers": commands.workers,
+        "health": commands.health,
+    }
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    p = argparse.ArgumentParser(prog="wesichain", description=DESCRIPTION)
+    common = _common()
+    sub = p.add_subparsers(dest="command", required=True)
+    handlers: dict[str, Handler] = {}
+    for entry in sorted(entry_points(group="wesichain.commands"), key=lambda e: e.name):
+        register: Register = entry.load()
+        handlers.update(register(sub, common))
+    handlers.update(_producer_commands(sub, common))
+    return p, handlers
 
 
 def _apply_env(args: argparse.Namespace) -> None:
@@ -86,54 +122,39 @@ def _apply_env(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser, handlers = _parser()
+    args = parser.parse_args(argv)
     _apply_env(args)
+    import redis
+
     try:
-        return _dispatch(args)
+        return handlers[args.command](args)
     except ConfigError as exc:
         print(f"wesichain: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except InvalidRequest as exc:
+        print(f"wesichain: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except LookupError as exc:  # RunNotFound
+        print(f"wesichain: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return EXIT_FAILED_RUN
     except WesichainError as exc:
         print(f"wesichain: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ValueError as exc:
         print(f"wesichain: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except LookupError as exc:  # RunNotFound
-        print(f"wesichain: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return EXIT_FAILED_RUN
-    except KeyboardInterrupt:
-        return 130
-
-
-def _dispatch(args: argparse.Namespace) -> int:
-    from producer import commands
-
-    if args.command == "worker":
-        return commands.worker(args)
-    if args.command == "demo":
-        return commands.demo(args)
-    if args.command == "sweeper":
-        return commands.sweeper(args)
-    import redis
-
-    try:
-        return {
-            "submit": commands.submit,
-            "status": commands.status,
-            "events": commands.events,
-            "cancel": commands.cancel,
-            "approve": commands.approve,
-            "deny": commands.deny,
-        }[args.command](args)
     except redis.ConnectionError as exc:
         url = redact_url(os.environ.get(ENV_REDIS_URL, "redis://127.0.0.1:6379/0"))
         print(f"wesichain: cannot reach Redis at {url}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-
-
-def dump_json(obj: object) -> str:
-    return json.dumps(obj, default=str)
+    except redis.RedisError as exc:
+        # E.g. something that is not Redis listens on that port.
+        url = redact_url(os.environ.get(ENV_REDIS_URL, "redis://127.0.0.1:6379/0"))
+        print(f"wesichain: Redis at {url} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,10 +23,11 @@ from shared.errors import InvalidRequest, WesichainError
 from shared.events import END_EVENTS, Event
 from shared.redis_client import connect
 from shared.request import check_run_id, validate_request
-from shared.settings import Settings, celery_config
+from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Decision, Phase, RunHead
 from shared.store import RunStore
 from shared.tasks import decide_task, start_task
+from shared.workers import WorkerDirectory
 
 
 class RunTimeout(WesichainError, TimeoutError):
@@ -47,6 +48,7 @@ class Client:
             app.conf.update(celery_config(settings))
         self.app = app
         self.store = store or RunStore(connect(settings), settings)
+        self.workers = WorkerDirectory(self.store.redis, self.store.keys, settings.registry_interval_s)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Client:
@@ -61,8 +63,13 @@ class Client:
         metadata: dict[str, Any] | None = None,
         model: str | None = None,
         run_id: str | None = None,
+        check_agent: bool = True,
     ) -> RunHandle:
-        """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request."""
+        """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request.
+
+        With ``check_agent`` (the default) a run for an agent no live worker serves is refused,
+        naming the agents on offer; without it the run is queued until a worker serves it.
+        """
         fields: dict[str, Any] = {"agent": agent, "input": input}
         if thread_id is not None:
             fields["thread_id"] = thread_id
@@ -72,6 +79,8 @@ class Client:
             fields["model"] = model
         request = validate_request(fields, self.settings.limits)
         run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
+        if check_agent:
+            self._check_agent(request.agent)
         head = RunHead.new_idle(
             run_id,
             request.agent,
@@ -85,6 +94,15 @@ class Client:
             raise InvalidRequest(f"run id {run_id!r} already exists")
         self.app.send_task(start.name, kwargs=start.arguments, task_id=start.task_id)
         return RunHandle(self, run_id)
+
+    def _check_agent(self, agent: str) -> None:
+        served = self.workers.agents()
+        if agent not in served:
+            known = ", ".join(sorted(served)) or "none: no worker is live"
+            raise InvalidRequest(
+                f"no live worker serves agent {agent!r} (agents served now: {known}); submit with"
+                " check_agent=False (--no-check) to queue the run anyway"
+            )
 
     def handle(self, run_id: str) -> RunHandle:
         return RunHandle(self, run_id)
@@ -110,7 +128,11 @@ class RunHandle:
     def events(
         self, *, follow: bool = True, after: str = "0-0", idle_timeout: float | None = None
     ) -> Iterator[Event]:
-        """Every event of the run, in order; with ``follow``, live until the run's end event."""
+        """Every event of the run, in order; with ``follow``, live until the run's end event.
+
+        Each event carries its ``stream_id``: pass the last one seen as ``after`` to resume.
+        ``idle_timeout`` ends following when nothing arrived for that long.
+        """
         store = self.client.store
         cursor = after
         idle_since = time.monotonic()
@@ -149,6 +171,18 @@ class RunHandle:
                 raise RunTimeout(f"run {self.run_id} still {head.phase.value} after {timeout}s")
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.1)
+
+    def why_waiting(self) -> str | None:
+        """Why the run is not moving, when something can be said: no worker consumes its queue."""
+        head = self.status()
+        if head.terminal or head.phase is Phase.AWAITING_APPROVAL:
+            return None
+        queue = QUEUE_TOOLS if head.phase is Phase.ACTING else QUEUE_MODEL
+        if not self.client.workers.consumers_of(queue):
+            return (
+                f"is {head.phase.value}, and no live worker consumes queue {queue}: it waits until one does"
+            )
+        return None
 
     def cancel(self) -> Phase | None:
         """Ask the run to stop; it ends INTERRUPTED at its next phase boundary (or cooperative check)."""

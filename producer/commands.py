@@ -1,93 +1,78 @@
-"""The CLI's commands, one function each."""
+"""The producer's CLI commands, one function each."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
+import time
 
-from producer.client import Client, RunTimeout
+from producer.client import Client, RunHandle
 from producer.render import render_event, render_head
-from shared.events import Event
+from shared.events import END_EVENTS, Event
 from shared.state import Phase, RunHead
+from shared.workers import AgentInfo
 
 EXIT_FAILED_RUN = 1
 EXIT_TIMEOUT = 3
+#: How long a submitted run may sit unclaimed before ``--wait`` says why.
+QUIET_S = 10.0
 
 
-def _print_event(event: Event, as_json: bool) -> None:
-    print(event.model_dump_json() if as_json else render_event(event), flush=True)
+def print_event(event: Event, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"stream_id": event.stream_id, **event.model_dump(mode="json")}), flush=True)
+    else:
+        print(render_event(event), flush=True)
+
+
+def print_head(head: RunHead, as_json: bool) -> None:
+    print(head.model_dump_json() if as_json else render_head(head), flush=True)
 
 
 def _finish(head: RunHead, as_json: bool) -> int:
-    print(head.model_dump_json() if as_json else render_head(head), flush=True)
+    print_head(head, as_json)
     return 0 if head.phase is Phase.COMPLETED else EXIT_FAILED_RUN
-
-
-def worker(args: argparse.Namespace) -> int:
-    from worker.app import app
-
-    argv = ["worker", f"--queues={args.queues}", f"--pool={args.pool}", f"--loglevel={args.loglevel}"]
-    if args.concurrency:
-        argv.append(f"--concurrency={args.concurrency}")
-    if args.name:
-        argv.append(f"--hostname={args.name}")
-    argv.extend(a for a in args.celery_args if a != "--")
-    app.worker_main(argv)
-    return 0
-
-
-def sweeper(args: argparse.Namespace) -> int:
-    from worker.app import app
-    from worker.sweeper import Sweeper
-
-    holder = app.wesichain_runtime
-    sweeper = Sweeper(holder.get(), holder.probe())
-    if args.once:
-        print(f"recovered {sweeper.tick()} run(s)")
-        return 0
-    sweeper.run_forever()
-    return 0
-
-
-def demo(args: argparse.Namespace) -> int:
-    from producer.embedded import embedded
-    from shared.examples.research import DEMO_QUESTION
-
-    question = args.question or DEMO_QUESTION
-    with embedded(args.agents) as client:
-        if not args.json:
-            print(
-                "Asking the research assistant (embedded: in-process broker, Redis stand-in and worker):\n"
-                f"  {question}\n"
-            )
-        handle = client.submit("research", question, model=args.model)
-        for event in handle.events():
-            if event.kind == "TokenDelta" and not args.json:
-                continue  # shown as the final answer below; --json prints every delta
-            _print_event(event, args.json)
-        head = handle.wait(timeout=60)
-        if not args.json:
-            print()
-        return _finish(head, args.json)
 
 
 def submit(args: argparse.Namespace) -> int:
     client = Client.from_env()
-    handle = client.submit(args.agent, args.text, model=args.model, thread_id=args.thread)
+    handle = client.submit(
+        args.agent, args.text, model=args.model, thread_id=args.thread, check_agent=not args.no_check
+    )
     if not args.wait:
         print(json.dumps({"run_id": handle.run_id}) if args.json else handle.run_id)
         return 0
     if not args.json:
         print(f"run {handle.run_id}", file=sys.stderr)
-    try:
-        for event in handle.events(idle_timeout=args.timeout):
-            _print_event(event, args.json)
-        head = handle.wait(timeout=args.timeout)
-    except RunTimeout as exc:
-        print(f"wesichain: {exc}", file=sys.stderr)
+    _follow(handle, args.timeout, args.json)
+    head = handle.status()
+    if not head.terminal:
+        print(
+            f"wesichain: run {handle.run_id} still {head.phase.value} after {args.timeout:g}s",
+            file=sys.stderr,
+        )
         return EXIT_TIMEOUT
     return _finish(head, args.json)
+
+
+def _follow(handle: RunHandle, timeout: float, as_json: bool) -> None:
+    """Print the run's events until its end or ``timeout``; if nothing happens for a while, say why."""
+    deadline = time.monotonic() + timeout
+    after = "0-0"
+    told = False
+    while (left := deadline - time.monotonic()) > 0:
+        for event in handle.events(after=after, idle_timeout=min(QUIET_S, left)):
+            print_event(event, as_json)
+            after = event.stream_id or after
+            if event.kind in END_EVENTS:
+                return
+        if handle.status().terminal:
+            return
+        if not told and (reason := handle.why_waiting()):
+            print(f"wesichain: run {handle.run_id} {reason}", file=sys.stderr, flush=True)
+            told = True
 
 
 def status(args: argparse.Namespace) -> int:
@@ -99,8 +84,8 @@ def status(args: argparse.Namespace) -> int:
 def events(args: argparse.Namespace) -> int:
     handle = Client.from_env().handle(args.run_id)
     handle.status()  # raises RunNotFound for a bad id instead of waiting forever
-    for event in handle.events(follow=args.follow):
-        _print_event(event, args.json)
+    for event in handle.events(follow=args.follow, after=args.after):
+        print_event(event, args.json)
     return 0
 
 
@@ -123,3 +108,67 @@ def deny(args: argparse.Namespace) -> int:
     Client.from_env().handle(args.run_id).deny(args.note)
     print(f"denied; run {args.run_id} resumes without the denied calls")
     return 0
+
+
+def agents(args: argparse.Namespace) -> int:
+    client = Client.from_env()
+    live = client.workers.live()
+    served: dict[str, list[str]] = {}
+    infos: dict[str, AgentInfo] = {}
+    for worker in live:
+        if worker.record.consuming:
+            for agent in worker.record.agents:
+                served.setdefault(agent.name, []).append(worker.record.id)
+                infos.setdefault(agent.name, agent)
+    if args.json:
+        print(
+            json.dumps(
+                [{**infos[n].model_dump(mode="json"), "workers": sorted(served[n])} for n in sorted(infos)]
+            )
+        )
+        return 0
+    if not infos:
+        print("no live worker serves any agent", file=sys.stderr)
+        return EXIT_FAILED_RUN
+    for name in sorted(infos):
+        agent = infos[name]
+        tools = ", ".join(t.name for t in agent.tools) or "no tools"
+        print(
+            f"{name} v{agent.version}  model {agent.model}  tools: {tools}  ({len(served[name])} worker(s))"
+        )
+    return 0
+
+
+def workers(args: argparse.Namespace) -> int:
+    live = Client.from_env().workers.live()
+    if args.json:
+        print(json.dumps([{**w.record.model_dump(mode="json"), "age_s": round(w.age_s, 2)} for w in live]))
+        return 0
+    for w in live:
+        r = w.record
+        print(
+            f"{r.id}  {r.pool} x{r.concurrency}  queues {','.join(r.queues)}  {r.consumer_state}"
+            f"  (seen {w.age_s:.1f}s ago)"
+        )
+    return 0
+
+
+def health(args: argparse.Namespace) -> int:
+    """A probe: 0 when the worker (or every worker of this host) is live and consuming."""
+    live = Client.from_env().workers.live()
+    if args.worker:
+        mine = [w for w in live if w.record.id == args.worker]
+        what = f"worker {args.worker}"
+    else:
+        host = socket.gethostname()
+        mine = [w for w in live if w.record.host == host or w.record.id.endswith(f"@{host}")]
+        what = f"no worker of host {host}"
+    if not mine:
+        print(
+            f"unhealthy: {what} is not live (no heartbeat)" if args.worker else f"unhealthy: {what} is live"
+        )
+        return EXIT_FAILED_RUN
+    bad = [w for w in mine if not w.record.consuming]
+    for w in mine:
+        print(f"{w.record.id}: {w.record.consumer_state}")
+    return EXIT_FAILED_RUN if bad else 0

@@ -55,6 +55,9 @@ class _Event(BaseModel):
     step: int
     ts: float = Field(default_factory=time.time)
     worker: WorkerId = Field(default_factory=this_worker)
+    #: The event's id in the run's stream, set when it is read (resume after it with ``after``);
+    #: not part of the stored event.
+    stream_id: str | None = Field(default=None, exclude=True)
 
 
 class RunStarted(_Event):

@@ -26,6 +26,7 @@ SCRIPT_NAMES = (
     "join_thread",
     "lock",
     "scan_queue",
+    "worker_beat",
 )
 
 

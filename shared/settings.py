@@ -66,6 +66,9 @@ class Settings:
     #: Longest wait between two checks that a queued phase's message is still in the broker (the
     #: wait doubles from ``queued_lease_s`` up to this while a backlog lasts).
     max_queued_check_s: float = 300.0
+    #: How often each worker writes its record to the worker registry (what it serves, whether
+    #: it consumes); a worker is live while its last record is at most three intervals old.
+    registry_interval_s: float = 2.0
     #: Shards of the run key space (see ``shared/keys.py``): fixed for the life of a deployment.
     shards: int = 16
     #: ``module:Class`` of the worker's hooks (``worker.hooks.Hooks``); empty = none.

@@ -671,7 +671,12 @@ class MessageCache:
 
 
 def _entries(raw: Any) -> list[tuple[str, Event]]:
-    return [(_s(eid), load_event(fields["e"])) for eid, fields in raw]
+    entries = []
+    for eid, fields in raw:
+        event = load_event(fields["e"])
+        event.stream_id = _s(eid)
+        entries.append((event.stream_id, event))
+    return entries
 
 
 def _dump_outbox(outbox: Sequence[TaskSpec]) -> str:

@@ -177,14 +177,39 @@ def test_approve_and_deny_a_parked_run(
 
 
 @pytest.mark.integration
-def test_failed_run_exits_1(
+def test_an_agent_no_worker_serves_is_refused_unless_queued_anyway(
     workers: list[WorkerProcess], redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli(redis_server.url, "submit", "no_such_agent", "hi", "--wait", "--json") == 1
+    assert cli(redis_server.url, "submit", "no_such_agent", "hi", "--wait", "--json") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wesichain: no live worker serves agent 'no_such_agent' (agents served now: ")
+    assert "one_hop" in err and "--no-check" in err
+    # Queued anyway, the run reaches a worker, which fails it: exit 1.
+    assert cli(redis_server.url, "submit", "no_such_agent", "hi", "--wait", "--json", "--no-check") == 1
     final = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert final["phase"] == "failed"
     assert final["error"]["kind"] == "Config"
     assert "unknown agent 'no_such_agent'" in final["error"]["message"]
+
+
+@pytest.mark.integration
+def test_agents_and_workers_list_what_live_workers_serve(
+    workers: list[WorkerProcess], redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(redis_server.url, "agents", "--json") == 0
+    agents = {a["name"]: a for a in json.loads(capsys.readouterr().out)}
+    assert {"one_hop", "direct", "needs_approval"} <= set(agents)
+    assert sorted(agents["one_hop"]["workers"]) == sorted(f"{w.name}@test" for w in workers)
+    add = next(t for t in agents["one_hop"]["tools"] if t["name"] == "add")
+    assert add["parameters"]["required"] == ["a", "b"] and add["retry_safe"] is True
+    assert agents["needs_approval"]["approval_required"] == ["charge"]
+    assert cli(redis_server.url, "workers", "--json") == 0
+    listed = {w["id"]: w for w in json.loads(capsys.readouterr().out)}
+    assert set(listed) >= {f"{w.name}@test" for w in workers}
+    assert all(w["consuming"] for w in listed.values())
+    assert cli(redis_server.url, "health", "--worker", f"{workers[0].name}@test") == 0
+    assert cli(redis_server.url, "health", "--worker", "nobody@nowhere") == 1
+    assert "nobody@nowhere is not live" in capsys.readouterr().out
 
 
 @pytest.mark.integration
@@ -270,7 +295,7 @@ def test_bad_input(capsys: pytest.CaptureFixture[str], text: str, message: str) 
 
 def test_bad_model_string(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(UNREACHABLE, "submit", "direct", "hi", "--model", "no-provider") == 2
-    assert "configuration error: model 'no-provider' must look like PROVIDER:MODEL" in capsys.readouterr().err
+    assert capsys.readouterr().err == "wesichain: model must look like PROVIDER:MODEL, got 'no-provider'\n"
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from producer.cli import main
-from producer.embedded import embedded
+from worker.embedded import embedded
 from shared.settings import ENV_AGENTS, ENV_PREFIX, ENV_REDIS_URL
 from shared.state import Phase
 

@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
 from celery import Celery, Task
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_init, worker_ready, worker_shutdown
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
 from shared.agents import load_registry
-from shared.errors import WesichainError
+from shared.errors import ConfigError, WesichainError
 from shared.events import configure_worker_identity
 from shared.redis_client import connect
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
@@ -39,6 +40,7 @@ from worker.heartbeat import Heartbeat
 from worker.hooks import load_hooks
 from worker.lost import on_lost_process
 from worker.observe import run_observe
+from worker.registry import RegistryBeat
 from worker.runtime import Delivery, Runtime
 from worker.start import run_start
 from worker.sweeper import Sweeper
@@ -61,6 +63,7 @@ class RuntimeHolder:
         self._pid = -1
         self._runtime: Runtime | None = None
         self.sweeper: Sweeper | None = None
+        self.registry: RegistryBeat | None = None
 
     def get(self) -> Runtime:
         if self._runtime is None or self._pid != os.getpid():
@@ -115,6 +118,16 @@ class RuntimeHolder:
         if self.sweeper is not None:
             self.sweeper.stop()
             self.sweeper = None
+
+    def start_registry(self, consumer: Any) -> None:
+        if self.registry is None:
+            self.registry = RegistryBeat(self.get(), consumer, self.settings.registry_interval_s)
+            self.registry.start()
+
+    def stop_registry(self) -> None:
+        if self.registry is not None:
+            self.registry.stop()
+            self.registry = None
 
 
 class PhaseRequest(Request):  # type: ignore[misc]
@@ -225,6 +238,16 @@ def create_app(settings: Settings) -> Celery:
     return app
 
 
+def check_agents_module(app: Celery) -> None:
+    """Exit (status 2) before consuming anything if the worker cannot import its agents module."""
+    holder: RuntimeHolder = app.wesichain_runtime
+    try:
+        load_registry(holder.settings.agents_module)
+    except ConfigError as exc:
+        print(f"wesichain: refusing to start the worker: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
 def _default_app() -> Celery:
     return create_app(Settings.from_env())
 
@@ -233,15 +256,28 @@ def _default_app() -> Celery:
 app = _default_app()
 
 
+@celeryd_init.connect  # type: ignore[untyped-decorator]
+def _before_start(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """``celery -A worker.app worker`` too refuses to start without its agents."""
+    worker_app = getattr(instance, "app", None)
+    if worker_app is not None and getattr(worker_app, "wesichain_runtime", None) is not None:
+        check_agents_module(worker_app)
+
+
 @worker_ready.connect  # type: ignore[untyped-decorator]
-def _start_sweeper(sender: Any = None, **_: Any) -> None:
+def _on_ready(sender: Any = None, **_: Any) -> None:
+    """The consumer is ready (``sender``): join the registry and start sweeping."""
     holder: RuntimeHolder | None = getattr(getattr(sender, "app", None), "wesichain_runtime", None)
-    if holder is not None and holder.settings.sweeper:
+    if holder is None:
+        return
+    holder.start_registry(sender)
+    if holder.settings.sweeper:
         holder.start_sweeper()
 
 
 @worker_shutdown.connect  # type: ignore[untyped-decorator]
-def _stop_sweeper(sender: Any = None, **_: Any) -> None:
+def _on_shutdown(sender: Any = None, **_: Any) -> None:
     holder: RuntimeHolder | None = getattr(getattr(sender, "app", None), "wesichain_runtime", None)
     if holder is not None:
         holder.stop_sweeper()
+        holder.stop_registry()

@@ -7,7 +7,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -769,12 +769,18 @@ def test_event_stream_holds_exactly_the_committed_events_in_order(store: RunStor
     )
     assert store.commit(2, t2.head, held.ref, t2.messages, t2.events).status == "committed"
     entries = store.read_events(run_id)
-    assert [e for _, e in entries] == [*t1.events, *t2.events]
+    assert dumps(e for _, e in entries) == dumps([*t1.events, *t2.events])
     ids = [i for i, _ in entries]
-    assert [e for _, e in store.read_events(run_id, after=ids[2])] == list(t2.events[1:])
+    # Each event read carries its stream id, to resume after it.
+    assert [e.stream_id for _, e in entries] == ids
+    assert dumps(e for _, e in store.read_events(run_id, after=ids[2])) == dumps(t2.events[1:])
     assert store.read_events(run_id, after=ids[-1]) == []
-    assert [e for _, e in store.wait_events(run_id, after=ids[1], timeout_s=0.1)] == list(t2.events)
+    assert dumps(e for _, e in store.wait_events(run_id, after=ids[1], timeout_s=0.1)) == dumps(t2.events)
     assert store.wait_events(run_id, after=ids[-1], timeout_s=0.05) == []
+
+
+def dumps(events: Iterable[ev.Event]) -> list[dict[str, Any]]:
+    return [e.model_dump() for e in events]
 
 
 def test_emit_appends_outside_commits(store: RunStore) -> None:
@@ -783,7 +789,7 @@ def test_emit_appends_outside_commits(store: RunStore) -> None:
     deltas = [ev.TokenDelta(run_id=run_id, step=1, text=t) for t in ("a", "b")]
     store.emit(run_id, deltas)
     store.emit(run_id, [])
-    assert [e for _, e in store.read_events(run_id)][-2:] == deltas
+    assert dumps(e for _, e in store.read_events(run_id))[-2:] == dumps(deltas)
 
 
 # -- human decisions on parked runs ------------------------------------------------------------------

@@ -2,13 +2,11 @@
 
 Same tasks, same scripts, same state format as the distributed mode; only the transports differ
 (Celery's in-memory broker and an in-process Redis). It exists so ``wesichain demo`` works right
-after ``pip install``, and it is the one place the producer package imports the worker, because
-here the producer *is* the worker host.
+after ``pip install``, and so agents can be tested without a server (see ``worker.pytest_plugin``).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -28,19 +26,23 @@ def embedded(agents_module: str | None = None, *, concurrency: int = 4, **settin
     app = create_app(base)
     # start_worker's readiness ping needs the built-in ping task registered.
     app.loader.import_module("celery.contrib.testing.tasks")
-    runtime = app.wesichain_runtime.get()
+    holder = app.wesichain_runtime
+    runtime = holder.get()
     with start_worker(
         app,
         pool="threads",
         concurrency=concurrency,
         perform_ping_check=False,
-        loglevel=os.environ.get("WESICHAIN_LOGLEVEL", "WARNING"),
+        loglevel=base.loglevel,
         shutdown_timeout=10.0,
         queues=[QUEUE_MODEL, QUEUE_TOOLS],
-    ):
+    ) as worker:
+        # The test worker sends no worker_ready: join the registry here, so producers see its agents.
+        holder.start_registry(worker.consumer)
         try:
             yield Client(base, app=app, store=runtime.store)
         finally:
+            holder.stop_registry()
             _wake_for_shutdown(app)
 
 

@@ -1,0 +1,9 @@
+-- A worker's heartbeat in the registry: its record (with a TTL) and its time in the index.
+-- KEYS: the worker's record key, the workers zset. ARGV: worker id, record json, ttl_ms
+-- Returns the Redis time (ms) of this beat. Entries of workers gone for long are dropped.
+local id, record, ttl_ms = unpack(ARGV, 1, 3)
+local now = now_ms()
+redis.call('SET', KEYS[1], record, 'PX', tonumber(ttl_ms))
+redis.call('ZADD', KEYS[2], now, id)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - 100 * tonumber(ttl_ms))
+return now

@@ -1,0 +1,134 @@
+"""The worker registry: what every live worker serves, and whether it is consuming.
+
+Each worker's main process writes its :class:`WorkerRecord` every ``registry_interval_s`` (a key
+that expires three intervals later) and its Redis time in an index. Producers read it to refuse a
+run no live worker can serve, operators to list the agents on offer (``wesichain agents``), and a
+deployment's probe to tell a healthy worker from one that is up but cannot consume
+(``wesichain health``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+from pydantic import BaseModel, Field
+
+from shared.agents import AgentRegistry
+from shared.keys import Keys
+
+
+class ToolInfo(BaseModel):
+    name: str
+    description: str
+    #: The JSON schema of the tool's arguments.
+    parameters: dict[str, Any]
+    retry_safe: bool
+    timeout_s: float
+
+
+class AgentInfo(BaseModel):
+    name: str
+    version: str
+    model: str
+    tools: list[ToolInfo] = Field(default_factory=list)
+    approval_required: list[str] = Field(default_factory=list)
+
+
+class WorkerRecord(BaseModel):
+    """One worker as it last described itself."""
+
+    #: Celery's node name of the worker (``name@host``).
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    pool: str
+    concurrency: int
+    agents: list[AgentInfo]
+    started_at: float
+    #: False when the worker is up but cannot take messages from the broker.
+    consuming: bool
+    #: What the consumer is doing: consuming, saturated (every slot busy), or why it is not consuming.
+    consumer_state: str
+
+
+class LiveWorker(BaseModel):
+    record: WorkerRecord
+    #: Seconds since its last heartbeat, by Redis's clock.
+    age_s: float
+
+
+def describe_agents(registry: AgentRegistry) -> list[AgentInfo]:
+    agents = []
+    for name in registry.names:
+        agent = registry.get(name)
+        tools = [
+            ToolInfo(
+                name=t.name,
+                description=t.description,
+                parameters=t.args_model.model_json_schema(),
+                retry_safe=t.retry_safe,
+                timeout_s=t.timeout_s,
+            )
+            for t in agent.tools
+        ]
+        agents.append(
+            AgentInfo(
+                name=agent.name,
+                version=agent.version,
+                model=agent.model,
+                tools=tools,
+                approval_required=sorted(agent.approval_required),
+            )
+        )
+    return agents
+
+
+class WorkerDirectory:
+    """Reads the registry."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, interval_s: float) -> None:
+        self.redis = client
+        self.keys = keys
+        self.interval_s = interval_s
+
+    def live(self) -> list[LiveWorker]:
+        """Workers whose last heartbeat is at most three intervals old, newest first."""
+        seconds, micros = self.redis.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        horizon = now_ms - 3 * self.interval_s * 1000
+        entries: list[Any] = self.redis.zrevrangebyscore(
+            self.keys.workers(), "+inf", horizon, withscores=True
+        )
+        if not entries:
+            return []
+        ids = [_text(worker_id) for worker_id, _ in entries]
+        raw = self.redis.mget([self.keys.worker(i) for i in ids])
+        live = []
+        for (_, score), record in zip(entries, raw, strict=True):
+            if record is not None:
+                live.append(
+                    LiveWorker(
+                        record=WorkerRecord.model_validate(json.loads(record)),
+                        age_s=(now_ms - float(score)) / 1000,
+                    )
+                )
+        return live
+
+    def agents(self) -> dict[str, AgentInfo]:
+        """Every agent some live, consuming worker serves, by name."""
+        found: dict[str, AgentInfo] = {}
+        for worker in self.live():
+            if worker.record.consuming or worker.record.consumer_state == "saturated":
+                for agent in worker.record.agents:
+                    found.setdefault(agent.name, agent)
+        return found
+
+    def consumers_of(self, queue: str) -> list[WorkerRecord]:
+        return [w.record for w in self.live() if queue in w.record.queues and w.record.consuming]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,88 @@
+"""The worker's CLI commands (``worker``, ``sweeper``, ``demo``), added to ``wesichain`` through
+the ``wesichain.commands`` entry point group."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shared.settings import QUEUE_MODEL, QUEUE_TOOLS
+
+Handler = Any
+
+
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> dict[str, Handler]:
+    d = sub.add_parser(
+        "demo", parents=[common], help="run the research assistant embedded: no server, no API key"
+    )
+    d.add_argument("question", nargs="?", help="what to ask")
+    d.add_argument("--json", action="store_true", help="print events and the final state as JSON lines")
+    d.add_argument("--model", help="override the agent's model (PROVIDER:MODEL)")
+
+    w = sub.add_parser("worker", parents=[common], help="run a Celery worker for the phase tasks")
+    w.add_argument(
+        "--queues", default=f"{QUEUE_MODEL},{QUEUE_TOOLS}", help="comma-separated queues to consume"
+    )
+    w.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
+    w.add_argument("--concurrency", "-c", type=int, default=None)
+    w.add_argument("--name", "-n", default=None, help="worker node name, e.g. w1@%%h")
+    w.add_argument("--loglevel", "-l", default="INFO")
+    w.add_argument("celery_args", nargs=argparse.REMAINDER, help="after --, passed to `celery worker` as is")
+
+    sw = sub.add_parser("sweeper", parents=[common], help="run the recovery sweeper standalone")
+    sw.add_argument("--once", action="store_true", help="sweep once and exit")
+    return {"demo": demo, "worker": worker, "sweeper": sweeper}
+
+
+def worker(args: argparse.Namespace) -> int:
+    from worker.app import app, check_agents_module
+
+    check_agents_module(app)  # before consuming anything: a worker that cannot import them must not start
+    argv = ["worker", f"--queues={args.queues}", f"--pool={args.pool}", f"--loglevel={args.loglevel}"]
+    if args.concurrency:
+        argv.append(f"--concurrency={args.concurrency}")
+    if args.name:
+        argv.append(f"--hostname={args.name}")
+    argv.extend(a for a in args.celery_args if a != "--")
+    app.worker_main(argv)
+    return 0
+
+
+def sweeper(args: argparse.Namespace) -> int:
+    from worker.app import app
+    from worker.sweeper import Sweeper
+
+    holder = app.wesichain_runtime
+    sweeper = Sweeper(holder.get(), holder.probe())
+    if args.once:
+        print(f"handed on {sweeper.sweep_once_and_release()} run(s)")
+        return 0
+    sweeper.run_forever()
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    from producer.commands import print_event, print_head
+    from shared.examples.research import DEMO_QUESTION
+    from shared.state import Phase
+    from worker.embedded import embedded
+
+    question = args.question or DEMO_QUESTION
+    with embedded(args.agents) as client:
+        if not args.json:
+            print(
+                "Asking the research assistant (embedded: in-process broker, Redis stand-in and worker):\n"
+                f"  {question}\n"
+            )
+        handle = client.submit("research", question, model=args.model)
+        for event in handle.events():
+            if event.kind == "TokenDelta" and not args.json:
+                continue  # shown as the final answer below; --json prints every delta
+            print_event(event, args.json)
+        head = handle.wait(timeout=60)
+        if not args.json:
+            print()
+        print_head(head, args.json)
+        return 0 if head.phase is Phase.COMPLETED else 1

@@ -1,0 +1,130 @@
+"""The worker's side of the registry: a heartbeat thread that says what it serves and whether its
+consumer really takes messages from the broker.
+
+A worker can be up and still deaf: a consumer whose broker connection was reset under it may never
+ask the broker for a message again. So the heartbeat does not only say "alive": it looks at the
+consumer itself. With Celery's Redis transport a consuming worker has a BRPOP on the way at all
+times, answered by the broker within ``brpop_timeout`` (a second) and sent again at once; a worker
+that wants messages (a pool slot is free) and has not sent one for several seconds is deaf, and
+its record says so, so ``wesichain health`` fails and a deployment restarts it. A worker whose
+every slot is busy asks for nothing, and is healthy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import redis
+
+from shared.events import worker_identity
+from shared.scripts import register_scripts
+from shared.workers import WorkerRecord, describe_agents
+from worker.runtime import Runtime
+
+log = logging.getLogger("wesichain.registry")
+
+#: A consumer that has not asked the broker for a message for this long, while it could take one,
+#: is deaf (kombu's BRPOP is answered within a second and sent again at once).
+DEAF_AFTER_S = 10.0
+
+
+def consumer_state(consumer: Any) -> tuple[bool, str]:
+    """Whether Celery's ``consumer`` takes messages, and what it is doing."""
+    connection = getattr(consumer, "connection", None)
+    if connection is None or not getattr(connection, "connected", False):
+        return False, "not connected to the broker (reconnecting)"
+    cycle = getattr(connection.transport, "cycle", None)
+    channels = getattr(cycle, "_channels", None)
+    if channels is None:
+        return True, "consuming"  # a transport without a polling cycle to look at (in-memory)
+    now = time.monotonic()
+    polling = [c for c in channels if getattr(c, "active_queues", None)]
+    if not polling:
+        return False, "not consuming any queue"
+    for channel in polling:
+        if not channel.qos.can_consume():
+            return True, "saturated"
+        sent = getattr(channel, "_brpop_sent_at", None)
+        timeout = float(getattr(channel, "brpop_timeout", 1) or 1)
+        if sent is not None and now - sent > timeout + DEAF_AFTER_S:
+            return False, f"deaf: it has not asked the broker for a message for {now - sent:.0f}s"
+    return True, "consuming"
+
+
+class RegistryBeat:
+    """Writes this worker's record every ``interval_s`` while the worker runs."""
+
+    def __init__(self, rt: Runtime, consumer: Any, interval_s: float) -> None:
+        self.rt = rt
+        self.consumer = consumer
+        self.interval_s = interval_s
+        self.started_at = time.time()
+        self._beat = register_scripts(rt.store.redis)["worker_beat"]
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        controller = getattr(consumer, "controller", None)
+        self.worker_id = str(getattr(controller, "hostname", None) or f"{worker_identity()}@{os.getpid()}")
+        self._agents = describe_agents(rt.agents)
+
+    def record(self) -> WorkerRecord:
+        consuming, state = consumer_state(self.consumer)
+        controller = getattr(self.consumer, "controller", None)
+        queues = sorted(
+            q.name for q in getattr(getattr(self.consumer, "task_consumer", None), "queues", []) or []
+        )
+        pool = type(getattr(controller, "pool", None)).__module__.rsplit(".", 1)[-1]
+        return WorkerRecord(
+            id=self.worker_id,
+            host=worker_identity(),
+            pid=os.getpid(),
+            queues=queues,
+            pool=pool,
+            concurrency=int(getattr(controller, "concurrency", 0) or 0),
+            agents=self._agents,
+            started_at=self.started_at,
+            consuming=consuming,
+            consumer_state=state,
+        )
+
+    def beat(self) -> None:
+        record = self.record()
+        keys = self.rt.store.keys
+        self._beat(
+            keys=[keys.worker(self.worker_id), keys.workers()],
+            args=[self.worker_id, record.model_dump_json(), int(self.interval_s * 3000)],
+        )
+        if not record.consuming:
+            log.error("worker %s cannot consume: %s", self.worker_id, record.consumer_state)
+
+    def run_forever(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except redis.RedisError as exc:
+                log.warning("registry heartbeat failed (will retry): %s", exc)
+            except Exception:  # the heartbeat must outlive anything one beat runs into
+                log.exception("registry heartbeat failed (will retry)")
+
+    def start(self) -> None:
+        try:
+            self.beat()  # at once: the worker is listed as soon as it is ready
+        except redis.RedisError as exc:
+            log.warning("registry heartbeat failed (will retry): %s", exc)
+        self._thread = threading.Thread(target=self.run_forever, name="wesichain-registry", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating and leave the registry (a stopped worker serves nothing)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        keys = self.rt.store.keys
+        try:
+            self.rt.store.redis.delete(keys.worker(self.worker_id))
+            self.rt.store.redis.zrem(keys.workers(), self.worker_id)
+        except redis.RedisError as exc:
+            log.warning("could not leave the registry: %s", exc)
