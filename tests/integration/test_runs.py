@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from producer.client import Client, RunHandle
+from shared.errors import InvalidRequest
 from shared.events import Event
 from shared.state import Phase
 from tests.agents_fixture import EFFECTS_KEY
@@ -156,8 +157,10 @@ def test_cancel_during_a_run(workers: list[WorkerProcess], client: Client) -> No
     assert_event_invariants(events)
 
 
-def test_unknown_agent_fails_cleanly(workers: list[WorkerProcess], client: Client) -> None:
-    handle = client.submit("no_such_agent", "hello")
+def test_unknown_agent_is_refused_or_fails_cleanly(workers: list[WorkerProcess], client: Client) -> None:
+    with pytest.raises(InvalidRequest, match="no live worker serves agent 'no_such_agent'"):
+        client.submit("no_such_agent", "hello")
+    handle = client.submit("no_such_agent", "hello", check_agent=False)
     head = handle.wait(TIMEOUT)
     assert head.phase is Phase.FAILED
     assert head.error is not None and head.error.kind == "Config" and "no_such_agent" in head.error.message
