@@ -16,6 +16,10 @@ ENV_LEASE = "WESICHAIN_LEASE_S"
 ENV_QUEUED_LEASE = "WESICHAIN_QUEUED_LEASE_S"
 ENV_MAX_ATTEMPTS = "WESICHAIN_MAX_PHASE_ATTEMPTS"
 ENV_TASK_EVENTS = "WESICHAIN_TASK_EVENTS"
+ENV_REDIS_CA_FILE = "WESICHAIN_REDIS_CA_FILE"
+ENV_REDIS_CERT_FILE = "WESICHAIN_REDIS_CERT_FILE"
+ENV_REDIS_KEY_FILE = "WESICHAIN_REDIS_KEY_FILE"
+ENV_REDIS_TLS_INSECURE = "WESICHAIN_REDIS_TLS_INSECURE"
 
 DEFAULT_AGENTS_MODULE = "shared.examples.research"
 
@@ -38,6 +42,11 @@ class Limits:
 
 @dataclass(frozen=True)
 class Settings:
+    #: ``redis://``, ``rediss://`` (TLS, the server's certificate always verified unless
+    #: ``redis_tls_insecure``) or ``memory://`` (embedded). A ``rediss://`` URL may carry the
+    #: redis-py/kombu query parameters ``ssl_ca_certs``, ``ssl_certfile`` and ``ssl_keyfile``
+    #: instead of the three file settings below (and ``ssl_cert_reqs=required``,
+    #: ``ssl_check_hostname=true``, which change nothing).
     redis_url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "wesichain:"
     agents_module: str = DEFAULT_AGENTS_MODULE
@@ -57,6 +66,16 @@ class Settings:
     task_events: bool = False
     #: Celery broker visibility timeout: above the longest phase; recovery uses leases instead.
     visibility_timeout_s: int = 3600
+    #: ``WESICHAIN_REDIS_CA_FILE``: PEM file of the CA(s) a ``rediss://`` server's certificate must
+    #: chain to, for a private CA; None trusts the system's CAs. Store and broker both use it.
+    redis_ca_file: str | None = None
+    #: ``WESICHAIN_REDIS_CERT_FILE``: PEM client certificate for mutual TLS (may hold the key too).
+    redis_cert_file: str | None = None
+    #: ``WESICHAIN_REDIS_KEY_FILE``: its private key (unencrypted PEM); needs the certificate.
+    redis_key_file: str | None = None
+    #: ``WESICHAIN_REDIS_TLS_INSECURE=1``: encrypt but do NOT verify the server's certificate or
+    #: host name (anyone on the path can impersonate Redis). Never the default; logged as a warning.
+    redis_tls_insecure: bool = False
     limits: Limits = field(default_factory=Limits)
 
     @classmethod
@@ -70,6 +89,15 @@ class Settings:
             values["task_events"] = events.lower() in ("1", "true", "yes", "on")
         if prefix := os.environ.get(ENV_PREFIX):
             values["prefix"] = prefix
+        for env, name in (
+            (ENV_REDIS_CA_FILE, "redis_ca_file"),
+            (ENV_REDIS_CERT_FILE, "redis_cert_file"),
+            (ENV_REDIS_KEY_FILE, "redis_key_file"),
+        ):
+            if path := os.environ.get(env):
+                values[name] = path
+        if insecure := os.environ.get(ENV_REDIS_TLS_INSECURE):
+            values["redis_tls_insecure"] = _parse_switch(ENV_REDIS_TLS_INSECURE, insecure)
         for env, name, kind in (
             (ENV_LEASE, "lease_s", float),
             (ENV_QUEUED_LEASE, "queued_lease_s", float),
@@ -99,10 +127,22 @@ class Settings:
             raise ConfigError(f"Redis URL has no host: {redact_url(self.redis_url)!r}")
         if self.lease_s <= 0 or self.queued_lease_s <= 0 or self.max_phase_attempts < 1:
             raise ConfigError("lease_s and queued_lease_s must be > 0 and max_phase_attempts >= 1")
+        from shared.tls import endpoint  # shared.tls builds on this module
+
+        endpoint(self)  # TLS files exist and load, the URL's TLS parameters are consistent
 
     @property
     def embedded(self) -> bool:
         return self.redis_url.startswith("memory://")
+
+
+def _parse_switch(env: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{env}={raw!r} is not a valid switch (use 1 or 0)")
 
 
 def redact_url(url: str) -> str:
@@ -122,11 +162,19 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     so a dead prefork child's task comes back quickly; JSON only; no result backend, since the
     run state lives in our own keys.
     """
+    from shared.tls import endpoint  # shared.tls builds on this module
+
+    broker_use_ssl: dict[str, Any] | bool = False
     if settings.embedded:
         broker = "memory://localhost/"
         transport_options: dict[str, Any] = {"polling_interval": 0.005}
     else:
-        broker = settings.redis_url
+        # With rediss://, explicit TLS parameters: given none, kombu would connect with
+        # ssl_cert_reqs=CERT_NONE. The URL loses its ssl_* parameters, which would override these.
+        target = endpoint(settings)
+        broker = target.url
+        if target.tls is not None:
+            broker_use_ssl = target.tls.options()
         transport_options = {
             "visibility_timeout": settings.visibility_timeout_s,
             "unacked_restore_interval": 5,
@@ -142,6 +190,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         }
     return {
         "broker_url": broker,
+        "broker_use_ssl": broker_use_ssl,
         "broker_transport_options": transport_options,
         "task_serializer": "json",
         "result_serializer": "json",
