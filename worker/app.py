@@ -3,17 +3,19 @@
 Start a worker with ``wesichain worker`` (or ``celery -A worker.app worker``). Settings come from
 the environment (``WESICHAIN_REDIS_URL``, ``WESICHAIN_AGENTS``, ...), read once per process.
 Every worker's main process also runs the sweeper (one active at a time across the cluster)
-unless ``WESICHAIN_SWEEPER=0``.
+unless ``WESICHAIN_SWEEPER=0``. With a ``rediss://`` URL whose server fails TLS verification, the
+worker exits (status 2) before it consumes anything.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
 from celery import Celery, Task
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_init, worker_ready, worker_shutdown
 from celery.worker.consumer import Consumer as CeleryConsumer
 
 from shared.agents import load_registry
@@ -21,6 +23,7 @@ from shared.settings import Settings, celery_config
 from shared.state import TaskSpec
 from shared.store import RunStore
 from shared.tasks import TASK_DECIDE, TASK_OBSERVE, TASK_START, TASK_SWEEP, TASK_THINK, TASK_TOOL
+from shared.tls import RedisTlsError
 from worker.act import run_tool
 from worker.decide import run_decide
 from worker.heartbeat import Heartbeat
@@ -158,6 +161,29 @@ def _default_app() -> Celery:
 
 #: The app ``celery -A worker.app`` finds.
 app = _default_app()
+
+
+#: The CLI's exit status for a configuration error.
+EXIT_CONFIG = 2
+
+
+@celeryd_init.connect  # type: ignore[untyped-decorator]
+def _refuse_unverified_redis(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """Exit before consuming anything if the Redis server fails TLS verification.
+
+    Celery would retry the broker connection forever (broker_connection_retry_on_startup); the
+    store connects with the same TLS parameters, so one PING of the store tells first.
+    """
+    holder: RuntimeHolder | None = getattr(getattr(instance, "app", None), "wesichain_runtime", None)
+    if holder is None:
+        return
+    from shared.redis_client import check_tls
+
+    try:
+        check_tls(holder.settings)
+    except RedisTlsError as exc:
+        print(f"wesichain: refusing to start the worker: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG) from None
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]
