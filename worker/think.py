@@ -9,8 +9,8 @@ from shared import fsm
 from shared.actions import accept_tool_calls
 from shared.errors import ConfigError, InvalidModelAction, ModelTransport, RunConfigError, RunError
 from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse, TextDelta
+from shared.llm.resolver import resolve_model
 from shared.messages import Message
-from shared.models import resolve_model
 from shared.policy import Retry, decide_invalid_action, decide_model_error
 from shared.state import Phase
 from shared.store import Claim
