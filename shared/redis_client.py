@@ -1,32 +1,79 @@
-"""Redis connections for the store: one client per process (after fork), bounded timeouts."""
+"""Redis connections for the store: one client per process (after fork), bounded timeouts.
+
+A ``rediss://`` URL gets the TLS parameters of :mod:`shared.tls` (the broker gets the same ones),
+and a server that fails verification raises :class:`~shared.tls.RedisTlsError`, naming the URL.
+"""
 
 from __future__ import annotations
 
+import ssl
 import threading
+from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from shared.errors import ConfigError
 from shared.settings import Settings, redact_url
+from shared.tls import RedisTlsError, describe, endpoint
 
 _embedded_lock = threading.Lock()
 _embedded: redis.Redis | None = None
 
 
-def connect(settings: Settings) -> redis.Redis:
+class VerifiedSSLConnection(redis.SSLConnection):
+    """redis-py's TLS connection; a failed verification raises :class:`RedisTlsError`."""
+
+    def __init__(self, *args: Any, display_url: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.display_url = display_url
+
+    def _connect(self) -> Any:
+        try:
+            return super()._connect()  # type: ignore[no-untyped-call]
+        except ssl.SSLCertVerificationError as exc:
+            raise RedisTlsError(self.display_url, describe(exc), self.ca_certs) from exc
+
+
+def connect(settings: Settings, **overrides: Any) -> redis.Redis:
     if settings.embedded:
         return embedded_redis()
+    target = endpoint(settings)
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_timeout": 10,
+        "socket_connect_timeout": 5,
+        "health_check_interval": 25,
+        "retry_on_timeout": True,
+    }
+    if target.tls is not None:
+        options.update(target.tls.options())
+        options.update(connection_class=VerifiedSSLConnection, display_url=target.display)
+    options.update(overrides)
     try:
-        return redis.Redis.from_url(
-            settings.redis_url,
-            decode_responses=True,
-            socket_timeout=10,
-            socket_connect_timeout=5,
-            health_check_interval=25,
-            retry_on_timeout=True,
-        )
+        return redis.Redis.from_url(target.url, **options)
     except ValueError as exc:
         raise ConfigError(f"bad Redis URL {redact_url(settings.redis_url)!r}: {exc}") from exc
+
+
+def check_tls(settings: Settings) -> None:
+    """Raise :class:`RedisTlsError` if the ``rediss://`` server fails verification.
+
+    One connection attempt, no retries. Only a verification failure raises: an unreachable Redis
+    is an outage, which the caller's own retries are for.
+    """
+    if endpoint(settings).tls is None:
+        return
+    client = connect(settings, retry=Retry(NoBackoff(), 0), health_check_interval=0)
+    try:
+        client.ping()
+    except RedisTlsError:
+        raise
+    except redis.RedisError:
+        return
+    finally:
+        client.close()
 
 
 def embedded_redis() -> redis.Redis:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from shared.errors import ConfigError
+from shared.llm.settings import LlmSettings
 
 ENV_REDIS_URL = "WESICHAIN_REDIS_URL"
 ENV_AGENTS = "WESICHAIN_AGENTS"
@@ -22,6 +24,11 @@ ENV_SWEEPER = "WESICHAIN_SWEEPER"
 ENV_WORKER_NAME = "WESICHAIN_WORKER_NAME"
 ENV_LOGLEVEL = "WESICHAIN_LOGLEVEL"
 ENV_BROKER_PREFIX = "WESICHAIN_BROKER_PREFIX"
+ENV_BROKER_OPTIONS = "WESICHAIN_BROKER_TRANSPORT_OPTIONS"
+ENV_REDIS_CA_FILE = "WESICHAIN_REDIS_CA_FILE"
+ENV_REDIS_CERT_FILE = "WESICHAIN_REDIS_CERT_FILE"
+ENV_REDIS_KEY_FILE = "WESICHAIN_REDIS_KEY_FILE"
+ENV_REDIS_TLS_INSECURE = "WESICHAIN_REDIS_TLS_INSECURE"
 
 DEFAULT_AGENTS_MODULE = "shared.examples.research"
 
@@ -44,6 +51,11 @@ class Limits:
 
 @dataclass(frozen=True)
 class Settings:
+    #: ``redis://``, ``rediss://`` (TLS, the server's certificate always verified unless
+    #: ``redis_tls_insecure``) or ``memory://`` (embedded). A ``rediss://`` URL may carry the
+    #: redis-py/kombu query parameters ``ssl_ca_certs``, ``ssl_certfile`` and ``ssl_keyfile``
+    #: instead of the three file settings below (and ``ssl_cert_reqs=required``,
+    #: ``ssl_check_hostname=true``, which change nothing).
     redis_url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "wesichain:"
     agents_module: str = DEFAULT_AGENTS_MODULE
@@ -83,40 +95,32 @@ class Settings:
     #: kombu's ``global_keyprefix`` for the broker's keys; empty (the default) so that any plain
     #: Celery app with the broker URL reaches the workers' queues.
     broker_prefix: str = ""
+    #: Extra options for the broker's transport (kombu's ``broker_transport_options``), JSON in
+    #: ``WESICHAIN_BROKER_TRANSPORT_OPTIONS``; they win over the runtime's own.
+    broker_options: dict[str, Any] = field(default_factory=dict)
+    #: ``WESICHAIN_REDIS_CA_FILE``: PEM file of the CA(s) a ``rediss://`` server's certificate must
+    #: chain to, for a private CA; None trusts the system's CAs. Store and broker both use it.
+    redis_ca_file: str | None = None
+    #: ``WESICHAIN_REDIS_CERT_FILE``: PEM client certificate for mutual TLS (may hold the key too).
+    redis_cert_file: str | None = None
+    #: ``WESICHAIN_REDIS_KEY_FILE``: its private key (unencrypted PEM); needs the certificate.
+    redis_key_file: str | None = None
+    #: ``WESICHAIN_REDIS_TLS_INSECURE=1``: encrypt but do NOT verify the server's certificate or
+    #: host name (anyone on the path can impersonate Redis). Never the default; logged as a warning.
+    redis_tls_insecure: bool = False
     limits: Limits = field(default_factory=Limits)
+    #: How workers call model providers (timeouts, retries, scripted model files).
+    llm: LlmSettings = field(default_factory=LlmSettings)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
+        """Settings from the environment (the variables named in this module), then ``overrides``."""
         values: dict[str, Any] = {}
-        if url := os.environ.get(ENV_REDIS_URL):
-            values["redis_url"] = url
-        if module := os.environ.get(ENV_AGENTS):
-            values["agents_module"] = module
-        if events := os.environ.get(ENV_TASK_EVENTS):
-            values["task_events"] = events.lower() in ("1", "true", "yes", "on")
-        if prefix := os.environ.get(ENV_PREFIX):
-            values["prefix"] = prefix
-        for env, name in (
-            (ENV_HOOKS, "hooks"),
-            (ENV_WORKER_NAME, "worker_name"),
-            (ENV_LOGLEVEL, "loglevel"),
-            (ENV_BROKER_PREFIX, "broker_prefix"),
-        ):
-            if (value := os.environ.get(env)) is not None:
-                values[name] = value
-        if (sweeper := os.environ.get(ENV_SWEEPER)) is not None:
-            values["sweeper"] = sweeper.lower() not in ("0", "false", "no", "off")
-        for env, name, kind in (
-            (ENV_LEASE, "lease_s", float),
-            (ENV_QUEUED_LEASE, "queued_lease_s", float),
-            (ENV_MAX_ATTEMPTS, "max_phase_attempts", int),
-            (ENV_SHARDS, "shards", int),
-        ):
-            if raw := os.environ.get(env):
-                try:
-                    values[name] = kind(raw)
-                except ValueError:
-                    raise ConfigError(f"{env}={raw!r} is not a valid {kind.__name__}") from None
+        for env, name, parse in _ENVIRONMENT:
+            raw = os.environ.get(env)
+            if raw:
+                values[name] = parse(env, raw)
+        values["llm"] = LlmSettings.from_env(os.environ)
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
         settings.validate()
@@ -138,10 +142,69 @@ class Settings:
             raise ConfigError("lease_s and queued_lease_s must be > 0 and max_phase_attempts >= 1")
         if not 1 <= self.shards <= 1024:
             raise ConfigError(f"{ENV_SHARDS}={self.shards}: shards must be in 1..1024")
+        from shared.tls import endpoint  # shared.tls builds on this module
+
+        endpoint(self)  # TLS files exist and load, the URL's TLS parameters are consistent
 
     @property
     def embedded(self) -> bool:
         return self.redis_url.startswith("memory://")
+
+
+def _text(env: str, raw: str) -> str:
+    return raw
+
+
+def _number(kind: type[int] | type[float]) -> Any:
+    def parse(env: str, raw: str) -> int | float:
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ConfigError(f"{env}={raw!r} is not a valid {kind.__name__}") from None
+
+    return parse
+
+
+def _json_object(env: str, raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{env} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{env} must be a JSON object")
+    return value
+
+
+def _parse_switch(env: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{env}={raw!r} is not a valid switch (use 1 or 0)")
+
+
+#: Every variable ``Settings.from_env`` reads: (variable, field, parser).
+_ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
+    (ENV_REDIS_URL, "redis_url", _text),
+    (ENV_AGENTS, "agents_module", _text),
+    (ENV_PREFIX, "prefix", _text),
+    (ENV_TASK_EVENTS, "task_events", _parse_switch),
+    (ENV_REDIS_CA_FILE, "redis_ca_file", _text),
+    (ENV_REDIS_CERT_FILE, "redis_cert_file", _text),
+    (ENV_REDIS_KEY_FILE, "redis_key_file", _text),
+    (ENV_REDIS_TLS_INSECURE, "redis_tls_insecure", _parse_switch),
+    (ENV_HOOKS, "hooks", _text),
+    (ENV_WORKER_NAME, "worker_name", _text),
+    (ENV_LOGLEVEL, "loglevel", _text),
+    (ENV_BROKER_PREFIX, "broker_prefix", _text),
+    (ENV_BROKER_OPTIONS, "broker_options", _json_object),
+    (ENV_SWEEPER, "sweeper", _parse_switch),
+    (ENV_LEASE, "lease_s", _number(float)),
+    (ENV_QUEUED_LEASE, "queued_lease_s", _number(float)),
+    (ENV_MAX_ATTEMPTS, "max_phase_attempts", _number(int)),
+    (ENV_SHARDS, "shards", _number(int)),
+)
 
 
 def redact_url(url: str) -> str:
@@ -161,11 +224,19 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     so a dead prefork child's task comes back quickly; JSON only; no result backend, since the
     run state lives in our own keys.
     """
+    from shared.tls import endpoint  # shared.tls builds on this module
+
+    broker_use_ssl: dict[str, Any] | bool = False
     if settings.embedded:
         broker = "memory://localhost/"
         transport_options: dict[str, Any] = {"polling_interval": 0.005}
     else:
-        broker = settings.redis_url
+        # With rediss://, explicit TLS parameters: given none, kombu would connect with
+        # ssl_cert_reqs=CERT_NONE. The URL loses its ssl_* parameters, which would override these.
+        target = endpoint(settings)
+        broker = target.url
+        if target.tls is not None:
+            broker_use_ssl = target.tls.options()
         transport_options = {
             "visibility_timeout": settings.visibility_timeout_s,
             "unacked_restore_interval": 5,
@@ -180,8 +251,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         }
         if settings.broker_prefix:
             transport_options["global_keyprefix"] = settings.broker_prefix
+        transport_options.update(settings.broker_options)
     return {
         "broker_url": broker,
+        "broker_use_ssl": broker_use_ssl,
         "broker_transport_options": transport_options,
         "task_serializer": "json",
         "result_serializer": "json",

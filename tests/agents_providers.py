@@ -7,9 +7,11 @@ keys), which the tests point at loopback fakes. The tools come from ``tests.agen
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
 from shared.agents import Agent, AgentRegistry
 from shared.policy import Policy, Reprompt, Retry
-from shared.tools import ToolSet
+from shared.tools import ToolSet, tool
 from tests.agents_fixture import add
 
 #: The model of each provider's agents (the Ollama one has a tag: only the first colon splits).
@@ -20,13 +22,25 @@ MODELS = {
 }
 PROVIDERS = tuple(MODELS)
 
+
+class NoteArgs(BaseModel):
+    text: str
+
+
+@tool
+def note(args: NoteArgs) -> str:
+    """Write a note down and read it back."""
+    return args.text
+
+
 TOOLS = ToolSet([add])
 registry = AgentRegistry()
 
 
 def _agent(name: str, model: str, **kwargs: object) -> None:
+    kwargs.setdefault("tools", TOOLS)
     registry.add(
-        Agent(name=name, model=model, system_prompt=f"provider test agent {name}", tools=TOOLS, **kwargs)  # type: ignore[arg-type]
+        Agent(name=name, model=model, system_prompt=f"provider test agent {name}", **kwargs)  # type: ignore[arg-type]
     )
 
 
@@ -35,6 +49,8 @@ for _provider, _model in MODELS.items():
     _agent(f"{_provider}_stream", _model, stream=True)
     _agent(f"{_provider}_complete", _model, stream=False)
     _agent(f"{_provider}_retry_once", _model, stream=True, policy=Policy(on_model_error=Retry(n=1)))
+    # A tool taking text, for answers and arguments whose characters arrive cut.
+    _agent(f"{_provider}_notes", _model, stream=True, tools=ToolSet([note]))
 
 _agent("openai_reprompt", MODELS["openai"], stream=False, policy=Policy(on_invalid_action=Reprompt(n=1)))
 _agent("react", "react+openai:fake-model", stream=True)

@@ -4,7 +4,8 @@ A :class:`FakeProvider` is a threaded HTTP server on 127.0.0.1 that answers each
 next scripted :class:`Reply` (a text answer or tool calls, optionally a :class:`Fault`) and
 records every request it received, headers and JSON body, so tests can assert the exact wire
 format. Streams are sent in awkward 1-7 byte HTTP chunks, flushed one by one, so events, JSON
-objects and multi-byte characters arrive split at arbitrary points, as real networks do.
+objects and multi-byte characters arrive split at arbitrary points, as real networks do. A reply
+can also cut every one of its characters on purpose (:class:`Split`).
 
 In process::
 
@@ -36,6 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import pairwise
 from types import FrameType, TracebackType
 from typing import Any, ClassVar
 
@@ -56,6 +58,18 @@ class Fault(StrEnum):
     MALFORMED_CHUNK = "malformed_chunk"  # a stream with one event that is not JSON
     NO_TERMINATOR = "no_terminator"  # a stream that ends cleanly without its terminator
     ERROR_EVENT = "error_event"  # a stream that breaks off with the provider's in-band error
+
+
+class Split(StrEnum):
+    """How a reply cuts its multi-byte characters on purpose (``Reply.split_characters``)."""
+
+    #: Every multi-byte UTF-8 character of a stream is cut between two HTTP chunks.
+    BYTES = "bytes"
+    #: The JSON is written ASCII-only (non-ASCII as ``\\uXXXX`` escapes) and text and argument
+    #: pieces are cut between UTF-16 code units, every character outside the BMP (an emoji) in
+    #: the middle: its two surrogate halves arrive in separate events, as a server slicing
+    #: JavaScript strings sends them.
+    UTF16 = "utf16"
 
 
 STATUS_FAULTS = {
@@ -88,13 +102,19 @@ class Reply:
     output_tokens: int = 7
     #: Sent verbatim as a whole (non-stream) answer instead of rendering text and tool calls.
     body: Any = None
+    split_characters: Split | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Reply:
         calls = [FakeToolCall(**call) for call in data.get("tool_calls", [])]
         fault = Fault(data["fault"]) if data.get("fault") else None
-        rest = {k: v for k, v in data.items() if k not in ("tool_calls", "fault")}
-        return cls(tool_calls=calls, fault=fault, **rest)
+        split = Split(data["split_characters"]) if data.get("split_characters") else None
+        rest = {k: v for k, v in data.items() if k not in ("tool_calls", "fault", "split_characters")}
+        return cls(tool_calls=calls, fault=fault, split_characters=split, **rest)
+
+    @property
+    def utf16(self) -> bool:
+        return self.split_characters is Split.UTF16
 
 
 @dataclass(frozen=True)
@@ -115,18 +135,38 @@ class RecordedRequest:
         }
 
 
-def _pieces(text: str, size: int) -> list[str]:
-    return [text[i : i + size] for i in range(0, len(text), size)]
+def _pieces(text: str, size: int, utf16: bool = False) -> list[str]:
+    """``text`` in pieces of ``size`` characters, or (``utf16``) of ``size`` UTF-16 code units
+    with a cut after the first half of every surrogate pair (such pieces hold lone surrogates)."""
+    if not utf16:
+        return [text[i : i + size] for i in range(0, len(text), size)]
+    units = text.encode("utf-16-le", "surrogatepass")
+    pieces: list[str] = []
+    current = bytearray()
+    for at in range(0, len(units), 2):
+        unit = units[at : at + 2]
+        current += unit
+        if len(current) >= 2 * size or 0xD800 <= int.from_bytes(unit, "little") <= 0xDBFF:
+            pieces.append(current.decode("utf-16-le", "surrogatepass"))
+            current.clear()
+    if current:
+        pieces.append(current.decode("utf-16-le", "surrogatepass"))
+    return pieces
 
 
-def _dumps(value: Any) -> bytes:
-    # Raw UTF-8 (no \\u escapes), so chunking can split multi-byte characters.
-    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+def _dumps(value: Any, ascii: bool = False) -> bytes:
+    # Raw UTF-8 (no \\u escapes) unless asked, so chunking can split multi-byte characters.
+    return json.dumps(value, ensure_ascii=ascii).encode("utf-8")
 
 
-def _sse(data: Any, event: str | None = None) -> bytes:
+def _sse(data: Any, event: str | None = None, ascii: bool = False) -> bytes:
     head = f"event: {event}\n".encode() if event else b""
-    return head + b"data: " + _dumps(data) + b"\n\n"
+    return head + b"data: " + _dumps(data, ascii) + b"\n\n"
+
+
+def cut_points_inside_characters(payload: bytes) -> list[int]:
+    """Offsets that cut every multi-byte UTF-8 character of ``payload`` after its first byte."""
+    return [at + 1 for at, byte in enumerate(payload) if byte >= 0xC0]
 
 
 # --- Wire formats -----------------------------------------------------------------------------
@@ -168,6 +208,25 @@ class Renderer:
 
     def key(self, headers: dict[str, str]) -> str | None:
         return None
+
+    def answer(self, reply: Reply, request: Any, seq: int) -> bytes:
+        """The body of a successful answer to ``request`` as sent: a stream's events one after
+        the other, or the whole JSON answer."""
+        model = request.get("model", "fake-model") if isinstance(request, dict) else "fake-model"
+        if self.is_stream(request):
+            return b"".join(self.stream_events(reply, model, seq, request))
+        answer = reply.body if reply.body is not None else self.complete(reply, model, seq)
+        return _dumps(answer, reply.utf16)
+
+    def status_answer(self, fault: Fault, reply: Reply, key: str | None) -> tuple[int, dict[str, str], bytes]:
+        """A status fault's status, headers (the reply's Retry-After) and body."""
+        kind, message = self.status_error(fault, key)
+        headers = {}
+        if reply.retry_after is not None:
+            headers["Retry-After"] = reply.retry_after
+        if reply.retry_after_ms is not None:
+            headers["retry-after-ms"] = reply.retry_after_ms
+        return STATUS_FAULTS[fault], headers, _dumps(self.error_body(kind, message))
 
 
 class OpenAIRenderer(Renderer):
@@ -245,11 +304,11 @@ class OpenAIRenderer(Renderer):
             }
             if include_usage:
                 body["usage"] = usage
-            return b"data: " + _dumps(body) + b"\n\n"
+            return b"data: " + _dumps(body, reply.utf16) + b"\n\n"
 
         include_usage = bool(request.get("stream_options", {}).get("include_usage"))
         events = [chunk({"role": "assistant", "content": "", "refusal": None})]
-        events += [chunk({"content": piece}) for piece in _pieces(reply.text or "", 4)]
+        events += [chunk({"content": piece}) for piece in _pieces(reply.text or "", 4, reply.utf16)]
         for i, call in enumerate(self._calls(reply, seq)):
             head = {"index": i, "id": call["id"], "type": "function"}
             events.append(
@@ -261,7 +320,7 @@ class OpenAIRenderer(Renderer):
                     }
                 )
             )
-            for piece in _pieces(call["function"]["arguments"], 5):
+            for piece in _pieces(call["function"]["arguments"], 5, reply.utf16):
                 events.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
         events.append(chunk({}, "tool_calls" if reply.tool_calls else "stop"))
         if include_usage:
@@ -339,7 +398,7 @@ class AnthropicRenderer(Renderer):
 
     def stream_events(self, reply: Reply, model: str, seq: int, request: Any) -> list[bytes]:
         def event(data: dict[str, Any]) -> bytes:
-            return _sse(data, data["type"])
+            return _sse(data, data["type"], reply.utf16)
 
         start = {**self.complete(reply, model, seq), "content": [], "stop_reason": None}
         start["usage"] = {**start["usage"], "output_tokens": 1}
@@ -355,13 +414,14 @@ class AnthropicRenderer(Renderer):
                         }
                     )
                 )
-                for piece in _pieces(block["text"], 4):
+                for piece in _pieces(block["text"], 4, reply.utf16):
                     delta = {"type": "text_delta", "text": piece}
                     events.append(event({"type": "content_block_delta", "index": index, "delta": delta}))
             else:
                 opened = {**block, "input": {}}
                 events.append(event({"type": "content_block_start", "index": index, "content_block": opened}))
-                for piece in ["", *_pieces(json.dumps(block["input"], ensure_ascii=False), 5)]:
+                arguments = json.dumps(block["input"], ensure_ascii=False)
+                for piece in ["", *_pieces(arguments, 5, reply.utf16)]:
                     delta = {"type": "input_json_delta", "partial_json": piece}
                     events.append(event({"type": "content_block_delta", "index": index, "delta": delta}))
             events.append(event({"type": "content_block_stop", "index": index}))
@@ -437,11 +497,11 @@ class OllamaRenderer(Renderer):
 
     def stream_events(self, reply: Reply, model: str, seq: int, request: Any) -> list[bytes]:
         def line(data: dict[str, Any]) -> bytes:
-            return _dumps(data) + b"\n"
+            return _dumps(data, reply.utf16) + b"\n"
 
         events = [
             line({**self._head(model), "message": {"role": "assistant", "content": piece}, "done": False})
-            for piece in _pieces(reply.text or "", 4)
+            for piece in _pieces(reply.text or "", 4, reply.utf16)
         ]
         if reply.tool_calls:
             message = {"role": "assistant", "content": "", "tool_calls": self._calls(reply)}
@@ -591,16 +651,20 @@ class FakeProvider:
             self._changed.notify_all()
             return reply, self._seq
 
-    def split(self, payload: bytes) -> list[bytes]:
+    def split(self, payload: bytes, *, inside_characters: bool = False) -> list[bytes]:
+        """``payload`` in chunks of random sizes within ``chunk_sizes``; ``inside_characters``
+        also cuts every multi-byte character after its first byte."""
         low, high = self.chunk_sizes
-        pieces: list[bytes] = []
+        cuts: set[int] = set()
         with self._changed:
             at = 0
             while at < len(payload):
-                size = self._rng.randint(low, high)
-                pieces.append(payload[at : at + size])
-                at += size
-        return pieces
+                at += self._rng.randint(low, high)
+                cuts.add(min(at, len(payload)))
+        if inside_characters:
+            cuts.update(cut_points_inside_characters(payload))
+        bounds = [0, *sorted(cuts - {0})]
+        return [payload[start:end] for start, end in pairwise(bounds)]
 
 
 class _Server(ThreadingHTTPServer):
@@ -709,7 +773,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.fake.stopping.wait(self.fake.stall_s)
             self.close_connection = True
         elif stream:
-            self._stream(renderer.stream_events(reply, model, seq, body), fault)
+            events = renderer.stream_events(reply, model, seq, body)
+            self._stream(events, fault, inside_characters=reply.split_characters is Split.BYTES)
         elif fault in STREAM_ONLY_FAULTS:
             self._send_json(409, renderer.error_body("fake_misuse", f"fault {fault} applies to streams only"))
         elif fault is Fault.MALFORMED_BODY:
@@ -719,20 +784,14 @@ class _Handler(BaseHTTPRequestHandler):
                 "application/json",
             )
         else:
-            answer = reply.body if reply.body is not None else renderer.complete(reply, model, seq)
-            payload = _dumps(answer)
+            payload = renderer.answer(reply, body, seq)
             self._send_bytes(200, payload, "application/json", drop=fault is Fault.DROP)
 
     def _status_fault(self, fault: Fault, reply: Reply, key: str | None) -> None:
-        kind, message = self.fake.renderer.status_error(fault, key)
-        headers = {}
-        if reply.retry_after is not None:
-            headers["Retry-After"] = reply.retry_after
-        if reply.retry_after_ms is not None:
-            headers["retry-after-ms"] = reply.retry_after_ms
-        self._send_json(STATUS_FAULTS[fault], self.fake.renderer.error_body(kind, message), headers)
+        status, headers, payload = self.fake.renderer.status_answer(fault, reply, key)
+        self._send_bytes(status, payload, "application/json", headers=headers)
 
-    def _stream(self, events: list[bytes], fault: Fault | None) -> None:
+    def _stream(self, events: list[bytes], fault: Fault | None, *, inside_characters: bool = False) -> None:
         middle = len(events) // 2
         if fault in (Fault.MALFORMED_CHUNK, Fault.MALFORMED_BODY):
             events = [*events[:middle], self.fake.renderer.malformed_event(), *events[middle + 1 :]]
@@ -740,7 +799,7 @@ class _Handler(BaseHTTPRequestHandler):
             events = events[:-1]
         elif fault is Fault.ERROR_EVENT:
             events = [*events[:middle], self.fake.renderer.error_event()]
-        pieces = self.fake.split(b"".join(events))
+        pieces = self.fake.split(b"".join(events), inside_characters=inside_characters)
         cut = max(1, len(pieces) // 2) if fault in (Fault.DROP, Fault.STALL_MID_STREAM) else None
         self.send_response(200)
         self.send_header("Content-Type", self.fake.renderer.stream_type)

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,22 @@ def wait_until(
         time.sleep(interval)
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """PEM files of a TLS-only redis-server (``--port 0 --tls-port PORT``)."""
+
+    cert_file: str
+    key_file: str
+    #: The CA the harness's own client trusts, and the one client certificates must chain to.
+    ca_file: str
+    #: Require a client certificate (mutual TLS); the harness's client then presents this one.
+    auth_clients: bool = False
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+
+
 class RedisServer:
-    def __init__(self, *, appendonly: bool = False) -> None:
+    def __init__(self, *, appendonly: bool = False, tls: ServerTls | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not on PATH (Debian: apt-get install redis-server)")
@@ -54,17 +69,35 @@ class RedisServer:
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="wesichain-redis-")
         self.appendonly = appendonly
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
+
+    def _listen_args(self) -> list[str]:
+        if self.tls is None:
+            return ["--port", str(self.port)]
+        return [
+            "--port",
+            "0",
+            "--tls-port",
+            str(self.port),
+            "--tls-cert-file",
+            self.tls.cert_file,
+            "--tls-key-file",
+            self.tls.key_file,
+            "--tls-ca-cert-file",
+            self.tls.ca_file,
+            "--tls-auth-clients",
+            "yes" if self.tls.auth_clients else "no",
+        ]
 
     def start(self) -> RedisServer:
         args = [
             self.binary,
-            "--port",
-            str(self.port),
+            *self._listen_args(),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -89,6 +122,14 @@ class RedisServer:
         return self
 
     def client(self, **kwargs: Any) -> redis.Redis:
+        if self.tls is not None:
+            kwargs = {
+                "ssl": True,
+                "ssl_ca_certs": self.tls.ca_file,
+                "ssl_certfile": self.tls.client_cert_file,
+                "ssl_keyfile": self.tls.client_key_file,
+                **kwargs,
+            }
         return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, **kwargs)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:

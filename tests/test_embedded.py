@@ -8,9 +8,9 @@ import re
 import pytest
 
 from producer.cli import main
-from worker.embedded import embedded
 from shared.settings import ENV_AGENTS, ENV_PREFIX, ENV_REDIS_URL
 from shared.state import Phase
+from worker.embedded import embedded
 
 DEMO_KINDS = [
     "RunStarted",

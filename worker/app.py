@@ -3,7 +3,8 @@
 Start a worker with ``wesichain worker`` (or ``celery -A worker.app worker``). Settings come from
 the environment (``WESICHAIN_REDIS_URL``, ``WESICHAIN_AGENTS``, ...), read once per process.
 Every worker's main process also runs the sweeper (one sweeps at a time across the pool) unless
-``WESICHAIN_SWEEPER=0``.
+``WESICHAIN_SWEEPER=0``. A worker refuses to start (status 2, before it consumes anything) when it
+cannot import its agents module, or when a ``rediss://`` server fails TLS verification.
 
 A task whose delivery ended the run as FAILED or INTERRUPTED raises :class:`RunEnded` after the
 commit, so a monitor such as Flower shows it as a failed task with the run's error; the message is
@@ -33,6 +34,7 @@ from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Phase, RunHead, TaskSpec
 from shared.store import RunStore
 from shared.tasks import TASK_DECIDE, TASK_OBSERVE, TASK_START, TASK_SWEEP, TASK_THINK, TASK_TOOL
+from shared.tls import RedisTlsError
 from worker.act import run_tool
 from worker.broker_probe import BrokerProbe, RedisQueues, UnknownBroker
 from worker.decide import run_decide
@@ -47,6 +49,10 @@ from worker.sweeper import Sweeper
 from worker.think import run_think
 
 log = logging.getLogger("wesichain.worker")
+
+
+#: The CLI's exit status for a configuration error.
+EXIT_CONFIG = 2
 
 
 class RunEnded(WesichainError):
@@ -245,7 +251,7 @@ def check_agents_module(app: Celery) -> None:
         load_registry(holder.settings.agents_module)
     except ConfigError as exc:
         print(f"wesichain: refusing to start the worker: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        raise SystemExit(EXIT_CONFIG) from None
 
 
 def _default_app() -> Celery:
@@ -254,6 +260,25 @@ def _default_app() -> Celery:
 
 #: The app ``celery -A worker.app`` finds.
 app = _default_app()
+
+
+@celeryd_init.connect  # type: ignore[untyped-decorator]
+def _refuse_unverified_redis(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """Exit before consuming anything if the Redis server fails TLS verification.
+
+    Celery would retry the broker connection forever (broker_connection_retry_on_startup); the
+    store connects with the same TLS parameters, so one PING of the store tells first.
+    """
+    holder: RuntimeHolder | None = getattr(getattr(instance, "app", None), "wesichain_runtime", None)
+    if holder is None:
+        return
+    from shared.redis_client import check_tls
+
+    try:
+        check_tls(holder.settings)
+    except RedisTlsError as exc:
+        print(f"wesichain: refusing to start the worker: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG) from None
 
 
 @celeryd_init.connect  # type: ignore[untyped-decorator]

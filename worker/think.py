@@ -8,8 +8,8 @@ from shared.actions import accept_tool_calls
 from shared.agents import Agent
 from shared.errors import ConfigError, InvalidModelAction, ModelTransport, RunConfigError, RunError
 from shared.llm.base import ModelRequest, ModelResponse
+from shared.llm.resolver import resolve_model
 from shared.messages import Message
-from shared.models import resolve_model
 from shared.policy import on_invalid_action, on_model_error
 from shared.state import Phase, RunHead
 from shared.store import Claim, ClaimRef, PhaseClaim
@@ -36,7 +36,9 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
     try:
         agent = rt.agents.get(head.agent)
         # A model string named by the agent itself is trusted; one a producer set per run is not.
-        adapter = resolve_model(head.model, rt.agents, trusted=head.model == agent.model)
+        adapter = resolve_model(
+            head.model, rt.agents, trusted=head.model == agent.model, settings=rt.settings.llm
+        )
     except ConfigError as exc:
         # This worker cannot build the run's model (unknown provider, missing API key): no
         # redelivery can change that, so the run fails now instead of crashing every attempt.

@@ -14,14 +14,18 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
-from types import TracebackType
 from typing import Any
 
+import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.errors import ConfigError
+from shared.llm.adapter import HttpAdapter, raw_output
 from shared.llm.base import ModelRequest, ModelResponse, RawToolCall, StreamPart, TextDelta, ToolSpec, Usage
-from shared.llm.http import HttpSettings, HttpTransport, SecretHeaderAuth, SseEvent, raw_output
+from shared.llm.framing import SseEvent
+from shared.llm.settings import HttpSettings
+from shared.llm.text import SurrogateJoiner
+from shared.llm.transport import SecretHeaderAuth
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -141,11 +145,13 @@ class _Event(_Wire):
 
 
 class _StreamAssembler:
-    """Folds stream events into one answer; blocks are kept by their index."""
+    """Folds stream events into one answer; blocks are kept by their index, and each block's
+    pieces are joined so that a character cut between two pieces arrives whole."""
 
     def __init__(self) -> None:
         self.blocks: dict[int, _Block] = {}
         self.partial_json: dict[int, list[str]] = {}
+        self._joiners: dict[int, SurrogateJoiner] = {}
         self.input_tokens = 0
         self.output_tokens = 0
         self.stop_reason: str | None = None
@@ -158,6 +164,8 @@ class _StreamAssembler:
             self.blocks[event.index] = event.content_block.model_copy()
         elif event.type == "content_block_delta" and event.delta is not None:
             return self._delta(event.index, event.delta)
+        elif event.type == "content_block_stop":
+            return self._close(event.index)
         elif event.type == "message_delta":
             if event.delta is not None and event.delta.stop_reason:
                 self.stop_reason = event.delta.stop_reason
@@ -175,11 +183,31 @@ class _StreamAssembler:
         block = self.blocks.setdefault(
             index, _Block(type="text" if delta.type == "text_delta" else "tool_use")
         )
+        joiner = self._joiners.setdefault(index, SurrogateJoiner())
         if delta.type == "text_delta" and delta.text:
-            block.text = (block.text or "") + delta.text
-            return delta.text
+            text = joiner.feed(delta.text)
+            block.text = (block.text or "") + text
+            return text
         if delta.type == "input_json_delta" and delta.partial_json is not None:
-            self.partial_json.setdefault(index, []).append(delta.partial_json)
+            self.partial_json.setdefault(index, []).append(joiner.feed(delta.partial_json))
+        return ""
+
+    def finish(self) -> str:
+        """Completes every block still open; returns the text that adds to the answer."""
+        return "".join(self._close(index) for index in sorted(self._joiners))
+
+    def _close(self, index: int) -> str:
+        """Completes block ``index``: a character its last piece left incomplete becomes U+FFFD.
+        Returns the text that adds to the answer ("" if none)."""
+        joiner = self._joiners.pop(index, None)
+        rest = joiner.finish() if joiner is not None else ""
+        if not rest:
+            return ""
+        block = self.blocks[index]
+        if block.type == "text":
+            block.text = (block.text or "") + rest
+            return rest
+        self.partial_json.setdefault(index, []).append(rest)
         return ""
 
     def response(self) -> ModelResponse:
@@ -206,8 +234,10 @@ class _StreamAssembler:
 # --- The adapter ------------------------------------------------------------------------------
 
 
-class AnthropicAdapter:
+class AnthropicAdapter(HttpAdapter):
     """``anthropic:MODEL`` over the Messages API. The adapter is bound to ``model``."""
+
+    provider = "anthropic"
 
     def __init__(
         self,
@@ -218,28 +248,30 @@ class AnthropicAdapter:
         settings: HttpSettings | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         api_version: str = API_VERSION,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if not model:
-            raise ConfigError("anthropic: empty model name")
+        super().__init__(model, settings=settings, transport=transport)
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"anthropic: base URL must start with http:// or https://, got {base_url!r}")
         if max_tokens < 1:
             raise ConfigError(f"anthropic: max_tokens must be positive, got {max_tokens}")
-        self.model = model
         self.base_url = base_url.rstrip("/")
         #: Used when the request sets no ``max_tokens``; the API has no default of its own.
         self.max_tokens = max_tokens
         self._url = f"{self.base_url}/v1/messages"
-        self._http = HttpTransport(
-            "anthropic",
-            settings or HttpSettings(),
+        self._http = self._connect(
             auth=SecretHeaderAuth({"x-api-key": api_key, "anthropic-version": api_version}),
             secrets=[api_key],
         )
 
     @classmethod
     def from_env(
-        cls, model: str, *, settings: HttpSettings | None = None, environ: Mapping[str, str] | None = None
+        cls,
+        model: str,
+        *,
+        settings: HttpSettings | None = None,
+        environ: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> AnthropicAdapter:
         """Reads ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_BASE_URL`` as the official SDK does."""
         env = os.environ if environ is None else environ
@@ -247,21 +279,10 @@ class AnthropicAdapter:
         if not api_key:
             raise ConfigError(f"anthropic:{model} needs an API key: set ANTHROPIC_API_KEY")
         base_url = env.get("ANTHROPIC_BASE_URL", "").strip() or DEFAULT_BASE_URL
-        return cls(model, api_key=api_key, base_url=base_url, settings=settings)
+        return cls(model, api_key=api_key, base_url=base_url, settings=settings, transport=transport)
 
     def __repr__(self) -> str:
         return f"AnthropicAdapter(model={self.model!r}, base_url={self.base_url!r})"
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> AnthropicAdapter:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         system, messages = wire_conversation(request.messages)
@@ -315,6 +336,9 @@ class AnthropicAdapter:
             for sse in events:
                 event = self._event(sse)
                 if event.type == "message_stop":
+                    rest = assembler.finish()
+                    if rest:
+                        yield TextDelta(text=rest)
                     break
                 delta = assembler.add(event)
                 if delta:

@@ -6,6 +6,10 @@ event loop per task). An adapter translates the wire format and its transport fa
 (:class:`shared.errors.ModelTransport`) and nothing more: deciding whether a tool call is valid
 (unknown tool, arguments that are not JSON, arguments failing validation) belongs to the runtime,
 so an adapter passes tool calls through raw.
+
+Text leaving an adapter is always well-formed: every string of a :class:`TextDelta`,
+:class:`ModelResponse` and :class:`RawToolCall` has any lone surrogate (which no event or
+message could be serialised with) replaced by U+FFFD when the object is built.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from shared.llm.text import clean_json_text, clean_text, clean_value
 from shared.messages import Message
 
 
@@ -50,6 +55,17 @@ class RawToolCall(BaseModel):
     name: str
     arguments: str | dict[str, Any] | list[Any] | int | float | bool | None = None
 
+    @field_validator("id", "name")
+    @classmethod
+    def _clean_names(cls, value: str | None) -> str | None:
+        return None if value is None else clean_text(value)
+
+    @field_validator("arguments")
+    @classmethod
+    def _clean_arguments(cls, value: Any) -> Any:
+        # JSON text is decoded later, by the runtime: its escapes of lone surrogates go too.
+        return clean_json_text(value) if isinstance(value, str) else clean_value(value)
+
 
 class ModelRequest(BaseModel):
     model: str
@@ -57,7 +73,9 @@ class ModelRequest(BaseModel):
     tools: list[ToolSpec] = Field(default_factory=list)
     temperature: float | None = None
     max_tokens: int | None = None
-    timeout_s: float = 120.0
+    #: The longest wait for the next byte of the answer; None: the adapter's setting
+    #: (``HttpSettings.read_timeout_s``, which workers take from ``LlmSettings``).
+    timeout_s: float | None = None
 
 
 class ModelResponse(BaseModel):
@@ -68,9 +86,19 @@ class ModelResponse(BaseModel):
     #: The model's raw text (bounded), kept for ``InvalidModelAction.raw`` when parsing fails.
     raw: str | None = None
 
+    @field_validator("text", "finish_reason", "raw")
+    @classmethod
+    def _clean(cls, value: str | None) -> str | None:
+        return None if value is None else clean_text(value)
+
 
 class TextDelta(BaseModel):
     text: str
+
+    @field_validator("text")
+    @classmethod
+    def _clean(cls, value: str) -> str:
+        return clean_text(value)
 
 
 #: A stream yields text deltas as they arrive and ends with exactly one ModelResponse.

@@ -13,15 +13,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
-from types import TracebackType
 from typing import Any
 
+import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.errors import ConfigError
+from shared.llm.adapter import HttpAdapter, raw_output
 from shared.llm.base import ModelRequest, ModelResponse, RawToolCall, StreamPart, TextDelta, Usage
-from shared.llm.http import HttpSettings, HttpTransport, raw_output
 from shared.llm.openai import wire_tools
+from shared.llm.settings import HttpSettings
+from shared.llm.text import SurrogateJoiner
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
@@ -113,11 +115,13 @@ class _Chunk(_Wire):
 
 
 class _Answer:
-    """Accumulates text and calls, numbering calls by position across the whole answer."""
+    """Accumulates text and calls, numbering calls by position across the whole answer. Text
+    pieces are joined so that a character cut between two lines arrives whole."""
 
     def __init__(self) -> None:
         self.text: list[str] = []
         self.calls: list[RawToolCall] = []
+        self._joiner = SurrogateJoiner()
 
     def add(self, message: _Message | None) -> str:
         if message is None:
@@ -126,9 +130,16 @@ class _Answer:
             function = call.function or _Function()
             ident = call.id or f"call_{len(self.calls)}"
             self.calls.append(RawToolCall(id=ident, name=function.name or "", arguments=function.arguments))
-        if message.content:
-            self.text.append(message.content)
-        return message.content or ""
+        return self._text(self._joiner.feed(message.content or ""))
+
+    def finish(self) -> str:
+        """The text a character left incomplete by the last line becomes ("" if none)."""
+        return self._text(self._joiner.finish())
+
+    def _text(self, delta: str) -> str:
+        if delta:
+            self.text.append(delta)
+        return delta
 
     def response(self, last: _Chunk) -> ModelResponse:
         text = "".join(self.text) or None
@@ -141,8 +152,10 @@ class _Answer:
         )
 
 
-class OllamaAdapter:
+class OllamaAdapter(HttpAdapter):
     """``ollama:MODEL`` over ``/api/chat``. The adapter is bound to ``model``."""
+
+    provider = "ollama"
 
     def __init__(
         self,
@@ -151,37 +164,30 @@ class OllamaAdapter:
         host: str = DEFAULT_HOST,
         settings: HttpSettings | None = None,
         keep_alive: str | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if not model:
-            raise ConfigError("ollama: empty model name")
-        self.model = model
+        super().__init__(model, settings=settings, transport=transport)
         self.host = parse_host(host)
         #: How long the server keeps the model loaded after a call (Ollama's own default if None).
         self.keep_alive = keep_alive
         self._url = f"{self.host}/api/chat"
-        self._http = HttpTransport("ollama", settings or HttpSettings())
+        self._http = self._connect()
 
     @classmethod
     def from_env(
-        cls, model: str, *, settings: HttpSettings | None = None, environ: Mapping[str, str] | None = None
+        cls,
+        model: str,
+        *,
+        settings: HttpSettings | None = None,
+        environ: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> OllamaAdapter:
         """Reads ``OLLAMA_HOST`` as the ollama CLI does; no key is needed."""
         env = os.environ if environ is None else environ
-        return cls(model, host=parse_host(env.get("OLLAMA_HOST")), settings=settings)
+        return cls(model, host=parse_host(env.get("OLLAMA_HOST")), settings=settings, transport=transport)
 
     def __repr__(self) -> str:
         return f"OllamaAdapter(model={self.model!r}, host={self.host!r})"
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> OllamaAdapter:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -211,6 +217,7 @@ class OllamaAdapter:
             raise self._http.error("response has no message", body=json.dumps(payload))
         answer = _Answer()
         answer.add(chunk.message)
+        answer.finish()
         return answer.response(chunk)
 
     def stream(self, request: ModelRequest) -> Iterator[StreamPart]:
@@ -221,6 +228,8 @@ class OllamaAdapter:
             for line in lines:
                 chunk = self._parse(line, "stream line")
                 delta = answer.add(chunk.message)
+                if chunk.done:
+                    delta += answer.finish()
                 if delta:
                     yield TextDelta(text=delta)
                 if chunk.done:

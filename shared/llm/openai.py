@@ -12,14 +12,18 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
+import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.errors import ConfigError
+from shared.llm.adapter import HttpAdapter, raw_output
 from shared.llm.base import ModelRequest, ModelResponse, RawToolCall, StreamPart, TextDelta, ToolSpec, Usage
-from shared.llm.http import HttpSettings, HttpTransport, SecretHeaderAuth, SseEvent, raw_output
+from shared.llm.framing import SseEvent
+from shared.llm.settings import HttpSettings
+from shared.llm.text import SurrogateJoiner
+from shared.llm.transport import SecretHeaderAuth
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -111,11 +115,13 @@ class _Completion(_Wire):
 
 @dataclass
 class _PartialCall:
-    """One tool call being streamed: id and name come whole (usually first), arguments in pieces."""
+    """One tool call being streamed: id and name come whole (usually first), arguments in pieces
+    (joined so that a character cut between two pieces arrives whole)."""
 
     id: str | None = None
     name: str | None = None
     arguments: list[str] = field(default_factory=list)
+    _joiner: SurrogateJoiner = field(default_factory=SurrogateJoiner)
 
     def add(self, piece: _ToolCall) -> None:
         # Some compatible servers repeat the id and name in later pieces: the first one wins.
@@ -123,10 +129,11 @@ class _PartialCall:
         if piece.function is not None:
             self.name = self.name or piece.function.name
             if piece.function.arguments:
-                self.arguments.append(piece.function.arguments)
+                self.arguments.append(self._joiner.feed(piece.function.arguments))
 
     def call(self) -> RawToolCall:
-        return RawToolCall(id=self.id, name=self.name or "", arguments="".join(self.arguments))
+        arguments = "".join([*self.arguments, self._joiner.finish()])
+        return RawToolCall(id=self.id, name=self.name or "", arguments=arguments)
 
 
 class _StreamAssembler:
@@ -134,6 +141,7 @@ class _StreamAssembler:
 
     def __init__(self) -> None:
         self.text: list[str] = []
+        self._joiner = SurrogateJoiner()
         self.calls: dict[int, _PartialCall] = {}
         self.finish_reason: str | None = None
         self.usage = Usage()
@@ -149,7 +157,13 @@ class _StreamAssembler:
         for position, piece in enumerate(choice.delta.tool_calls or []):
             index = position if piece.index is None else piece.index
             self.calls.setdefault(index, _PartialCall()).add(piece)
-        delta = (choice.delta.content or "") + (choice.delta.refusal or "")
+        return self._text(self._joiner.feed((choice.delta.content or "") + (choice.delta.refusal or "")))
+
+    def finish(self) -> str:
+        """The text a character left incomplete by the last piece becomes ("" if none)."""
+        return self._text(self._joiner.finish())
+
+    def _text(self, delta: str) -> str:
         if delta:
             self.text.append(delta)
         return delta
@@ -169,9 +183,11 @@ class _StreamAssembler:
 # --- The adapter ------------------------------------------------------------------------------
 
 
-class OpenAIAdapter:
+class OpenAIAdapter(HttpAdapter):
     """``openai:MODEL`` over Chat Completions. The adapter is bound to ``model``;
     ``ModelRequest.model`` names the run's model string and is not sent."""
+
+    provider = "openai"
 
     def __init__(
         self,
@@ -181,26 +197,27 @@ class OpenAIAdapter:
         base_url: str = DEFAULT_BASE_URL,
         settings: HttpSettings | None = None,
         max_tokens_field: str = "max_completion_tokens",
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if not model:
-            raise ConfigError("openai: empty model name")
+        super().__init__(model, settings=settings, transport=transport)
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"openai: base URL must start with http:// or https://, got {base_url!r}")
-        self.model = model
         self.base_url = base_url.rstrip("/")
         #: ``max_tokens`` is deprecated upstream but some compatible servers only know it.
         self.max_tokens_field = max_tokens_field
         self._url = f"{self.base_url}/chat/completions"
-        self._http = HttpTransport(
-            "openai",
-            settings or HttpSettings(),
-            auth=SecretHeaderAuth({"Authorization": f"Bearer {api_key}"}),
-            secrets=[api_key],
+        self._http = self._connect(
+            auth=SecretHeaderAuth({"Authorization": f"Bearer {api_key}"}), secrets=[api_key]
         )
 
     @classmethod
     def from_env(
-        cls, model: str, *, settings: HttpSettings | None = None, environ: Mapping[str, str] | None = None
+        cls,
+        model: str,
+        *,
+        settings: HttpSettings | None = None,
+        environ: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> OpenAIAdapter:
         """Reads ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL`` as the official SDK does."""
         env = os.environ if environ is None else environ
@@ -208,21 +225,10 @@ class OpenAIAdapter:
         if not api_key:
             raise ConfigError(f"openai:{model} needs an API key: set OPENAI_API_KEY")
         base_url = env.get("OPENAI_BASE_URL", "").strip() or DEFAULT_BASE_URL
-        return cls(model, api_key=api_key, base_url=base_url, settings=settings)
+        return cls(model, api_key=api_key, base_url=base_url, settings=settings, transport=transport)
 
     def __repr__(self) -> str:
         return f"OpenAIAdapter(model={self.model!r}, base_url={self.base_url!r})"
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> OpenAIAdapter:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "messages": [wire_message(m) for m in request.messages]}
@@ -269,6 +275,9 @@ class OpenAIAdapter:
         with self._http.stream_sse(self._url, body, timeout_s=request.timeout_s) as events:
             for event in events:
                 if event.data.strip() == DONE:
+                    rest = assembler.finish()
+                    if rest:
+                        yield TextDelta(text=rest)
                     break
                 delta = assembler.add(self._chunk(event))
                 if delta:

@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from shared.errors import ConfigError
 from shared.llm.anthropic import AnthropicAdapter
 from shared.llm.base import LlmAdapter
-from shared.llm.http import HttpSettings
 from shared.llm.ollama import OllamaAdapter
 from shared.llm.openai import OpenAIAdapter
 from shared.llm.react import ReActAdapter
+from shared.llm.settings import HttpSettings
 
 REACT_PREFIX = "react+"
 

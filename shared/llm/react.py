@@ -229,6 +229,12 @@ class ReActAdapter:
         if callable(close):
             close()
 
+    def retire(self) -> None:
+        """Retires the inner adapter (closes its connections once unused), if it can be."""
+        retire = getattr(self.inner, "retire", None) or getattr(self.inner, "close", None)
+        if callable(retire):
+            retire()
+
     def inner_request(self, request: ModelRequest) -> ModelRequest:
         tools = self.tools if self.tools is not None else request.tools
         return request.model_copy(update={"messages": render_messages(request.messages, tools), "tools": []})

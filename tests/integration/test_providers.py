@@ -33,7 +33,7 @@ from shared.state import Phase, RunHead
 from tests.agents_fixture import EFFECTS_KEY
 from tests.agents_providers import PROVIDERS
 from tests.chaos.support import pending_task_ids
-from tests.fakeproviders import FakeProvider, FakeToolCall, Fault, RecordedRequest, Reply
+from tests.fakeproviders import FakeProvider, FakeToolCall, Fault, RecordedRequest, Reply, Split
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.integration
@@ -93,8 +93,8 @@ class Fake(FakeProvider):
         with self._changed:
             return len(self._replies)
 
-    def split(self, payload: bytes) -> list[bytes]:
-        pieces = super().split(payload)
+    def split(self, payload: bytes, *, inside_characters: bool = False) -> list[bytes]:
+        pieces = super().split(payload, inside_characters=inside_characters)
         return _Paced(pieces, self.pace_s) if self.pace_s > 0 else pieces
 
 
@@ -306,6 +306,39 @@ def test_model_the_workers_cannot_build_fails_the_run_at_once(cluster: Cluster) 
     # One claim of the think (at version 2, after the start), and no other.
     assert store.attempts(handle.run_id) == {attempts_field(2, RUNNING): "1", attempts_field(1, RUNNING): "1"}
     assert of(events, "Failed")[0].error == head.error
+
+
+NOTE = "Zürich, 東京 🌍 und 😀"
+UNICODE_ANSWER = "Notiert: Zürich, 東京 🌍 und 😀 — 12°C 🌧."
+
+
+@pytest.mark.parametrize("split", list(Split))
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_characters_cut_on_the_wire_arrive_whole(cluster: Cluster, provider: str, split: Split) -> None:
+    # BYTES: every multi-byte character is cut between HTTP chunks. UTF16: every emoji's two
+    # halves arrive as \u escapes in separate stream events (text and tool call arguments).
+    fake = cluster.fakes[provider]
+    ids = {"openai": "call_note", "anthropic": "toolu_note", "ollama": None}
+    call_id = ids[provider] or "call_0"
+    calls = [FakeToolCall("note", {"text": NOTE}, id=ids[provider])]
+    mark = fake.script(
+        Reply(text="Ich notiere 🌍.", tool_calls=calls, split_characters=split),
+        Reply(text=UNICODE_ANSWER, split_characters=split),
+    )
+    handle, head, events = cluster.run(f"{provider}_notes", "Note this down, please.")
+
+    assert head.phase is Phase.COMPLETED, head.error
+    assert head.answer == UNICODE_ANSWER
+    assert tokens(events) == "Ich notiere 🌍." + UNICODE_ANSWER
+    assert [e.text for e in of(events, "ModelResponded")] == ["Ich notiere 🌍.", UNICODE_ANSWER]
+    (dispatched,) = of(events, "ToolDispatched")
+    assert (dispatched.call_id, dispatched.arguments) == (call_id, {"text": NOTE})
+    (done,) = of(events, "ToolCompleted")
+    assert done.ok and done.output == NOTE
+    messages = cluster.client.store.load_messages(handle.run_id)
+    assert [m.content for m in messages if m.role == "assistant"] == ["Ich notiere 🌍.", UNICODE_ANSWER]
+    assert decisions(events) == []
+    assert len(fake.since(mark)) == 2
 
 
 # --- 2. Live tokens -------------------------------------------------------------------------------

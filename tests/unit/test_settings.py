@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
-import pytest
+import logging
+import shutil
+import ssl
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
+import pytest
+from celery import Celery
+
+from shared import tls
 from shared.errors import ConfigError
 from shared.keys import Keys
+from shared.redis_client import VerifiedSSLConnection, connect
 from shared.settings import (
     ENV_AGENTS,
     ENV_LEASE,
     ENV_MAX_ATTEMPTS,
     ENV_PREFIX,
     ENV_QUEUED_LEASE,
+    ENV_REDIS_CA_FILE,
+    ENV_REDIS_CERT_FILE,
+    ENV_REDIS_KEY_FILE,
+    ENV_REDIS_TLS_INSECURE,
     ENV_REDIS_URL,
     QUEUE_MODEL,
     QUEUE_TOOLS,
@@ -20,7 +36,18 @@ from shared.settings import (
     redact_url,
 )
 
-ALL_ENV = (ENV_REDIS_URL, ENV_AGENTS, ENV_PREFIX, ENV_LEASE, ENV_QUEUED_LEASE, ENV_MAX_ATTEMPTS)
+ALL_ENV = (
+    ENV_REDIS_URL,
+    ENV_AGENTS,
+    ENV_PREFIX,
+    ENV_LEASE,
+    ENV_QUEUED_LEASE,
+    ENV_MAX_ATTEMPTS,
+    ENV_REDIS_CA_FILE,
+    ENV_REDIS_CERT_FILE,
+    ENV_REDIS_KEY_FILE,
+    ENV_REDIS_TLS_INSECURE,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -178,3 +205,215 @@ def test_celery_config_embedded() -> None:
     conf = celery_config(Settings(redis_url="memory://"))
     assert conf["broker_url"] == "memory://localhost/"
     assert "global_keyprefix" not in conf["broker_transport_options"]
+
+
+def test_celery_config_without_tls_leaves_ssl_off() -> None:
+    assert celery_config(Settings(redis_url="redis://h:1/0"))["broker_use_ssl"] is False
+    assert celery_config(Settings(redis_url="memory://"))["broker_use_ssl"] is False
+
+
+# -- TLS ------------------------------------------------------------------------------------------
+
+VERIFY_WITH_SYSTEM_CAS = {
+    "ssl_cert_reqs": ssl.CERT_REQUIRED,
+    "ssl_check_hostname": True,
+    "ssl_ca_certs": None,
+    "ssl_certfile": None,
+    "ssl_keyfile": None,
+}
+
+
+@dataclass(frozen=True)
+class Pem:
+    cert: str  # self-signed: serves as a CA file and as a client certificate
+    key: str
+    other_key: str  # does not match ``cert``
+    encrypted_key: str
+    not_pem: str
+
+
+@pytest.fixture(scope="module")
+def pem(tmp_path_factory: pytest.TempPathFactory) -> Pem:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    d = tmp_path_factory.mktemp("pem")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    openssl("req", "-x509", *ec, "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem"), "-subj", "/CN=t")
+    openssl("req", "-x509", *ec, "-keyout", str(d / "other.pem"), "-out", str(d / "o.pem"), "-subj", "/CN=o")
+    openssl("pkey", "-in", str(d / "key.pem"), "-aes256", "-passout", "pass:pw", "-out", str(d / "enc.pem"))
+    (d / "notes.txt").write_text("not a certificate\n")
+    return Pem(*(str(d / n) for n in ("cert.pem", "key.pem", "other.pem", "enc.pem", "notes.txt")))
+
+
+def _broker_ssl(settings: Settings) -> Any:
+    """The TLS options of the broker connection Celery builds from our config (no network)."""
+    app = Celery("tls-unit", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    with app.connection_for_write() as conn:
+        return conn.ssl
+
+
+def test_rediss_verifies_the_broker_and_the_store_by_default() -> None:
+    s = Settings.from_env(redis_url="rediss://:pw@redis.example:6380/0")
+    conf = celery_config(s)
+    assert conf["broker_url"] == "rediss://:pw@redis.example:6380/0"
+    assert conf["broker_use_ssl"] == VERIFY_WITH_SYSTEM_CAS
+    # Given no options, kombu would connect a bare rediss:// broker URL with CERT_NONE.
+    assert _broker_ssl(s) == VERIFY_WITH_SYSTEM_CAS
+    store = connect(s).connection_pool
+    assert store.connection_class is VerifiedSSLConnection
+    assert {k: store.connection_kwargs[k] for k in VERIFY_WITH_SYSTEM_CAS} == VERIFY_WITH_SYSTEM_CAS
+    assert store.connection_kwargs["display_url"] == "rediss://:***@redis.example:6380/0"
+
+
+def test_tls_files_from_the_environment(monkeypatch: pytest.MonkeyPatch, pem: Pem) -> None:
+    monkeypatch.setenv(ENV_REDIS_URL, "rediss://redis.example/0")
+    monkeypatch.setenv(ENV_REDIS_CA_FILE, pem.cert)
+    monkeypatch.setenv(ENV_REDIS_CERT_FILE, pem.cert)
+    monkeypatch.setenv(ENV_REDIS_KEY_FILE, pem.key)
+    s = Settings.from_env()
+    assert (s.redis_ca_file, s.redis_cert_file, s.redis_key_file, s.redis_tls_insecure) == (
+        pem.cert,
+        pem.cert,
+        pem.key,
+        False,
+    )
+    expected = {
+        **VERIFY_WITH_SYSTEM_CAS,
+        "ssl_ca_certs": pem.cert,
+        "ssl_certfile": pem.cert,
+        "ssl_keyfile": pem.key,
+    }
+    assert celery_config(s)["broker_use_ssl"] == expected
+    assert _broker_ssl(s) == expected
+    kwargs = connect(s).connection_pool.connection_kwargs
+    assert {k: kwargs[k] for k in expected} == expected
+
+
+def test_url_tls_parameters_are_moved_out_of_the_url(pem: Pem) -> None:
+    """kombu and redis-py would let the URL's ssl_* parameters override broker_use_ssl."""
+    url = f"rediss://:pw@redis.example/2?ssl_ca_certs={quote(pem.cert)}&ssl_cert_reqs=required"
+    s = Settings.from_env(redis_url=url)
+    conf = celery_config(s)
+    assert conf["broker_url"] == "rediss://:pw@redis.example/2"
+    assert conf["broker_use_ssl"] == {**VERIFY_WITH_SYSTEM_CAS, "ssl_ca_certs": pem.cert}
+    assert _broker_ssl(s) == conf["broker_use_ssl"]
+    kwargs = connect(s).connection_pool.connection_kwargs
+    assert (kwargs["ssl_cert_reqs"], kwargs["ssl_ca_certs"], kwargs["db"]) == (ssl.CERT_REQUIRED, pem.cert, 2)
+
+
+def test_the_insecure_switch_is_the_only_way_to_cert_none(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = "rediss://:hunter2@insecure.example/0"
+    for weakening in ("ssl_cert_reqs=none", "ssl_cert_reqs=CERT_OPTIONAL", "ssl_check_hostname=false"):
+        with pytest.raises(ConfigError, match=f"unless {ENV_REDIS_TLS_INSECURE}=1"):
+            Settings.from_env(redis_url=f"{url}?{weakening}")
+    assert celery_config(Settings(redis_url=url))["broker_use_ssl"]["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+
+    monkeypatch.setenv(ENV_REDIS_TLS_INSECURE, "1")
+    monkeypatch.setattr(tls, "_warned", set())  # forget warnings given earlier in this process
+    with caplog.at_level(logging.WARNING, logger="wesichain.tls"):
+        s = Settings.from_env(redis_url=url)
+        conf = celery_config(s)
+        connect(s)
+    assert s.redis_tls_insecure
+    insecure = {**VERIFY_WITH_SYSTEM_CAS, "ssl_cert_reqs": ssl.CERT_NONE, "ssl_check_hostname": False}
+    assert conf["broker_use_ssl"] == insecure
+    assert _broker_ssl(s) == insecure
+    warnings = [r for r in caplog.records if r.name == "wesichain.tls"]
+    assert [r.levelno for r in warnings] == [logging.WARNING]  # once per process, not per connection
+    assert (
+        warnings[0]
+        .getMessage()
+        .startswith(
+            "TLS certificate verification for Redis at rediss://:***@insecure.example/0 is OFF"
+            f" ({ENV_REDIS_TLS_INSECURE}=1)"
+        )
+    )
+    assert Settings.from_env(redis_url=f"{url}?ssl_cert_reqs=none").redis_tls_insecure
+    with pytest.raises(ConfigError, match="contradicts"):
+        Settings.from_env(redis_url=f"{url}?ssl_cert_reqs=required")
+
+    monkeypatch.setenv(ENV_REDIS_TLS_INSECURE, "0")
+    assert not Settings.from_env(redis_url=url).redis_tls_insecure
+    monkeypatch.setenv(ENV_REDIS_TLS_INSECURE, "maybe")
+    with pytest.raises(ConfigError, match=f"{ENV_REDIS_TLS_INSECURE}='maybe'"):
+        Settings.from_env(redis_url=url)
+
+
+@pytest.mark.parametrize(
+    ("env", "field_name"),
+    [
+        (ENV_REDIS_CA_FILE, "redis_ca_file"),
+        (ENV_REDIS_CERT_FILE, "redis_cert_file"),
+        (ENV_REDIS_KEY_FILE, "redis_key_file"),
+    ],
+)
+def test_a_missing_tls_file_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pem: Pem, env: str, field_name: str
+) -> None:
+    monkeypatch.setenv(ENV_REDIS_CERT_FILE, pem.cert)
+    monkeypatch.setenv(ENV_REDIS_KEY_FILE, pem.key)
+    missing = str(tmp_path / "nope.pem")
+    monkeypatch.setenv(env, missing)
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env(redis_url="rediss://:hunter2@h/0")
+    assert str(info.value) == f"{env}: {missing!r} does not exist or is not a file"
+    # The same check holds for settings built without from_env, when they are used.
+    s = Settings(redis_url="rediss://h/0", **{field_name: missing})
+    with pytest.raises(ConfigError, match=env):
+        celery_config(s)
+    with pytest.raises(ConfigError, match=env):
+        connect(s)
+
+
+def test_tls_files_that_do_not_load(monkeypatch: pytest.MonkeyPatch, pem: Pem) -> None:
+    url = "rediss://h/0"
+    with pytest.raises(ConfigError, match=f"{ENV_REDIS_CA_FILE}: .* holds no PEM CA certificate"):
+        Settings.from_env(redis_url=url, redis_ca_file=pem.not_pem)
+    with pytest.raises(ConfigError, match=f"ssl_ca_certs in the Redis URL: '{pem.not_pem}' holds no PEM"):
+        Settings.from_env(redis_url=f"{url}?ssl_ca_certs={quote(pem.not_pem)}")
+    with pytest.raises(ConfigError, match=f"{ENV_REDIS_KEY_FILE} is set without a client certificate"):
+        Settings.from_env(redis_url=url, redis_key_file=pem.key)
+    with pytest.raises(ConfigError, match="not a PEM client certificate and its private key"):
+        Settings.from_env(redis_url=url, redis_cert_file=pem.cert, redis_key_file=pem.other_key)
+    with pytest.raises(ConfigError, match=f"{ENV_REDIS_KEY_FILE}: the private key is encrypted"):
+        Settings.from_env(redis_url=url, redis_cert_file=pem.cert, redis_key_file=pem.encrypted_key)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://:hunter2@h/0?ssl_ca_certs=/x", r"TLS parameters \(ssl_ca_certs\) in a redis:// URL"),
+        ("rediss://:hunter2@h/0?ssl_ciphers=ALL", "unsupported TLS parameter ssl_ciphers"),
+        ("rediss://:hunter2@h/0?ssl_cert_reqs=sometimes", "ssl_cert_reqs='sometimes'"),
+        ("rediss://:hunter2@h/0?ssl_check_hostname=maybe", "ssl_check_hostname='maybe'"),
+    ],
+)
+def test_bad_tls_parameters_in_the_url(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        Settings.from_env(redis_url=url)
+    assert "hunter2" not in str(info.value)
+
+
+def test_tls_files_need_a_rediss_url(monkeypatch: pytest.MonkeyPatch, pem: Pem) -> None:
+    monkeypatch.setenv(ENV_REDIS_CA_FILE, pem.cert)
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env(redis_url="redis://:hunter2@h/0")
+    assert str(info.value) == (
+        f"{ENV_REDIS_CA_FILE} is set but the Redis URL redis://:***@h/0 is redis://, which does not use TLS:"
+        " use rediss://"
+    )
+    assert Settings.from_env(redis_url="memory://").embedded  # the embedded mode has no Redis to verify
+
+
+def test_a_file_given_twice_must_agree(pem: Pem) -> None:
+    url = f"rediss://h/0?ssl_ca_certs={quote(pem.cert)}"
+    assert Settings.from_env(redis_url=url, redis_ca_file=pem.cert).redis_ca_file == pem.cert
+    with pytest.raises(ConfigError, match=f"{ENV_REDIS_CA_FILE}=.* and ssl_ca_certs=.* disagree"):
+        Settings.from_env(redis_url=url, redis_ca_file=pem.key)

@@ -1,17 +1,24 @@
-"""Helpers for the provider adapter tests: fake servers, adapters pointed at them, stream checks."""
+"""Helpers for the provider adapter tests: fake servers, adapters pointed at them, stream checks,
+and the same providers over ``httpx.MockTransport`` (no sockets) with bodies cut as a test says."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import httpx
 
 from shared.llm.anthropic import AnthropicAdapter
 from shared.llm.base import ModelRequest, ModelResponse, StreamPart, TextDelta, ToolSpec
-from shared.llm.http import HttpSettings
 from shared.llm.ollama import OllamaAdapter
 from shared.llm.openai import OpenAIAdapter
+from shared.llm.settings import HttpSettings
 from shared.messages import Message, UserMessage
-from tests.fakeproviders import FakeProvider, Reply
+from tests.fakeproviders import RENDERERS, STATUS_FAULTS, FakeProvider, Reply
 
 API_KEY = "sk-test-9f8e7d6c5b4a39281706SECRET"
 
@@ -24,6 +31,7 @@ Adapter = OpenAIAdapter | OllamaAdapter | AnthropicAdapter
 
 
 def adapter_at(provider: str, base_url: str, settings: HttpSettings = FAST, **kwargs: Any) -> Adapter:
+    """An adapter for ``provider`` at ``base_url``; ``kwargs`` go to its constructor (``transport``)."""
     if provider == "openai":
         return OpenAIAdapter("gpt-4o-mini", api_key=API_KEY, base_url=base_url, settings=settings, **kwargs)
     if provider == "anthropic":
@@ -100,3 +108,64 @@ def request(*messages: Message, tools: list[ToolSpec] | None = None, **kwargs: A
         tools=tools or [],
         **kwargs,
     )
+
+
+# --- The providers over httpx.MockTransport ----------------------------------------------------------
+
+
+def every_byte(data: bytes) -> list[bytes]:
+    """A body cut after every byte: every multi-byte character arrives in pieces."""
+    return [data[at : at + 1] for at in range(len(data))]
+
+
+def whole(data: bytes) -> list[bytes]:
+    return [data] if data else []
+
+
+class Chunks(httpx.SyncByteStream):
+    """A response body delivered in exactly these chunks."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self.chunks = list(chunks)
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self.chunks
+
+
+@dataclass(frozen=True)
+class Seen:
+    request: httpx.Request
+    body: Any
+    at: float  # time.monotonic() on arrival
+
+
+class MockProvider:
+    """One provider's API as an ``httpx.MockTransport``: answers each request with the next
+    scripted reply, written by the fake servers' renderers (answers, streams and status faults)
+    and cut into chunks by ``cut``; records every request."""
+
+    def __init__(
+        self, provider: str, *replies: Reply, cut: Callable[[bytes], list[bytes]] = every_byte
+    ) -> None:
+        self.provider = provider
+        self.renderer = RENDERERS[provider]()
+        self.replies = deque(replies)
+        self.cut = cut
+        self.seen: list[Seen] = []
+        self.transport = httpx.MockTransport(self._answer)
+
+    def _answer(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        self.seen.append(Seen(request, body, time.monotonic()))
+        reply = self.replies.popleft()
+        if reply.fault in STATUS_FAULTS:
+            key = self.renderer.key({k.lower(): v for k, v in request.headers.items()})
+            status, headers, payload = self.renderer.status_answer(reply.fault, reply, key)
+            return httpx.Response(status, headers=headers, stream=Chunks(self.cut(payload)))
+        assert reply.fault is None, "MockProvider plays answers and status faults only"
+        content_type = self.renderer.stream_type if self.renderer.is_stream(body) else "application/json"
+        payload = self.renderer.answer(reply, body, len(self.seen))
+        return httpx.Response(200, headers={"content-type": content_type}, stream=Chunks(self.cut(payload)))
+
+    def adapter(self, settings: HttpSettings = FAST, **kwargs: Any) -> Adapter:
+        return adapter_at(self.provider, "http://provider.test", settings, transport=self.transport, **kwargs)

@@ -16,7 +16,7 @@ import pytest
 
 from shared.llm.base import RawToolCall
 from shared.llm.openai import OpenAIAdapter
-from tests.fakeproviders import FakeProvider, Reply
+from tests.fakeproviders import FakeProvider, Reply, Split
 from tests.unit.llm.support import API_KEY, FAST, Harness, drain, request
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -36,6 +36,36 @@ def test_stream_arrives_in_tiny_chunks_that_split_characters(harness: Harness) -
         except UnicodeDecodeError:
             split_inside_a_character += 1
     assert split_inside_a_character > 0
+
+
+def test_split_bytes_cuts_every_multi_byte_character(harness: Harness) -> None:
+    fake = harness.fake("anthropic", Reply(text="ü東🌍" * 5, split_characters=Split.BYTES))
+    with httpx.Client() as client:
+        with client.stream("POST", fake.url + "/v1/messages", json={"stream": True}) as response:
+            chunks = list(response.iter_raw())
+    body = b"".join(chunks)
+    text = body.decode("utf-8")
+    assert (text.count("ü"), text.count("東"), text.count("🌍")) == (5, 5, 5)
+    multi_byte = sum(1 for byte in body if byte >= 0xC0)
+    assert multi_byte == 15
+    # Each character's first byte ends a chunk: no chunk holds a whole multi-byte character.
+    assert sum(1 for chunk in chunks if chunk[-1] >= 0xC0) == multi_byte
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "ollama"])
+def test_split_utf16_sends_the_halves_of_a_character_in_separate_events(
+    harness: Harness, provider: str
+) -> None:
+    fake = harness.fake(provider, Reply(text="ab🌍cd😀", split_characters=Split.UTF16))
+    path = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages", "ollama": "/api/chat"}[provider]
+    with httpx.Client() as client:
+        body = client.post(fake.url + path, json={"stream": True}).content
+    assert body.isascii()  # every non-ASCII character is an escape
+    lines = body.decode().splitlines()
+    for high, low in (("\\ud83c", "\\udf0d"), ("\\ud83d", "\\ude00")):  # 🌍 and 😀
+        (first,) = [number for number, line in enumerate(lines) if high in line]
+        (second,) = [number for number, line in enumerate(lines) if low in line]
+        assert first < second
 
 
 def test_exhausted_script_is_a_loud_409(harness: Harness) -> None:

@@ -3,15 +3,16 @@ not, and that each failure is a ModelTransport saying whether a later attempt co
 
 from __future__ import annotations
 
+import json
 import traceback
 from collections.abc import Callable
 
 import pytest
 
 from shared.errors import ModelTransport
-from shared.llm.base import ModelResponse
-from shared.llm.http import HttpSettings
-from tests.fakeproviders import PROVIDERS, FakeToolCall, Fault, Reply
+from shared.llm.base import ModelResponse, TextDelta
+from shared.llm.settings import HttpSettings
+from tests.fakeproviders import PROVIDERS, FakeToolCall, Fault, Reply, Split
 from tests.unit.llm.support import API_KEY, Adapter, Harness, adapter_at, drain, request
 
 OK = "All good: ünïcode 🌍 intact."
@@ -210,6 +211,33 @@ def test_in_band_stream_error(harness: Harness, provider: str, retryable: bool) 
     assert "provider reported an error" in error.message
     assert error.retryable is retryable  # server-side kinds only
     assert len(fake.requests) == 1
+
+
+# --- characters cut on the wire ------------------------------------------------------------------
+
+UNICODE = "Grüße aus 東京 🌍😀, 12°C 🌧."
+
+
+@providers
+@modes
+@pytest.mark.parametrize("split", list(Split))
+def test_characters_cut_anywhere_arrive_whole(
+    harness: Harness, provider: str, mode: str, split: Split
+) -> None:
+    calls = [FakeToolCall("get_weather", {"city": "Zürich 🌍"})]
+    _, adapter = harness.pair(provider, Reply(text=UNICODE, tool_calls=calls, split_characters=split))
+    if mode == "complete":
+        parts: list[ModelResponse | TextDelta] = [adapter.complete(request())]
+    else:
+        parts = list(adapter.stream(request()))
+    for part in parts:
+        part.model_dump_json()  # every delta can be written as an event
+    deltas, final = drain(parts)
+    assert final.text == UNICODE
+    assert "".join(deltas) == (UNICODE if mode == "stream" else "")
+    (made,) = final.tool_calls
+    arguments = json.loads(made.arguments) if isinstance(made.arguments, str) else made.arguments
+    assert arguments == {"city": "Zürich 🌍"}
 
 
 # --- secrets ----------------------------------------------------------------------------------

@@ -10,19 +10,10 @@ from email.utils import formatdate
 import pytest
 
 from shared.errors import ConfigError, ModelTransport
-from shared.llm.http import (
-    HttpSettings,
-    HttpTransport,
-    LineSplitter,
-    NdjsonParser,
-    Redactor,
-    SecretHeaderAuth,
-    SseEvent,
-    SseParser,
-    backoff_delay,
-    error_detail,
-    parse_retry_after,
-)
+from shared.llm.framing import LineSplitter, NdjsonParser, SseEvent, SseParser
+from shared.llm.retry import Retrier, RetryableStatus, backoff_delay, is_retryable_status, parse_retry_after
+from shared.llm.settings import HttpSettings
+from shared.llm.transport import HttpTransport, Redactor, SecretHeaderAuth, error_detail
 from tests.fakeproviders import Reply
 from tests.unit.llm.support import API_KEY, FAST, Harness
 
@@ -91,9 +82,11 @@ class TestSse:
     def test_blank_lines_without_data_dispatch_nothing(self) -> None:
         assert feed_sse([b"\n\n: keepalive\n\nevent: ping\n\n"]) == []
 
-    def test_invalid_utf8_is_an_error(self) -> None:
-        with pytest.raises(ValueError, match="UTF-8"):
-            feed_sse([b"data: \xff\xfe\n\n"])
+    def test_invalid_utf8_becomes_replacement_characters(self) -> None:
+        # As the SSE spec prescribes (and the providers' SDKs do): bytes that are not UTF-8 cost
+        # characters, not the answer. A UTF-8-encoded surrogate (ED A0 BD) is not UTF-8 either.
+        events = feed_sse([b"data: \xff\xfe ok \xed\xa0\xbd\n\n"])
+        assert events == [SseEvent(data="\ufffd\ufffd ok \ufffd\ufffd\ufffd")]
 
 
 class TestNdjson:
@@ -131,6 +124,14 @@ def test_line_splitter_keeps_partial_line() -> None:
     assert splitter.finish() == ([], "three")
 
 
+def test_line_splitter_decodes_characters_cut_anywhere_and_a_truncated_one_as_replacement() -> None:
+    splitter = LineSplitter()
+    data = "Grüße 🌍\r\n".encode()
+    assert [line for i in range(len(data)) for line in splitter.feed(data[i : i + 1])] == ["Grüße 🌍"]
+    assert splitter.feed("🌍".encode()[:3]) == []  # the stream ends inside a character
+    assert splitter.finish() == ([], "\ufffd")
+
+
 class TestRetryAfter:
     NOW = 1_700_000_000.0
 
@@ -159,6 +160,87 @@ class TestRetryAfter:
     def test_http_date_in_the_past_means_now(self) -> None:
         header = formatdate(self.NOW - 100, usegmt=True)
         assert parse_retry_after({"retry-after": header}, now=self.NOW) == 0.0
+
+
+class TestRetrier:
+    """The retry loop alone: what it sleeps, how often it tries, what it finally raises."""
+
+    SETTINGS = HttpSettings(max_attempts=3, backoff_base_s=0.5, backoff_max_s=8.0, retry_after_cap_s=30.0)
+
+    def run(
+        self, *outcomes: Exception | str, settings: HttpSettings = SETTINGS
+    ) -> tuple[str, list[float], int]:
+        sleeps: list[float] = []
+        pending = list(outcomes)
+        calls = 0
+
+        def attempt() -> str:
+            nonlocal calls
+            calls += 1
+            outcome = pending.pop(0)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        def restate(error: ModelTransport, rewrite: Callable[[str], str]) -> ModelTransport:
+            return ModelTransport(rewrite(error.message), status_code=error.status_code, retryable=True)
+
+        result = Retrier(settings, sleep=sleeps.append, rng=lambda: 1.0).run(attempt, restate)
+        return result, sleeps, calls
+
+    @staticmethod
+    def status(code: int, retry_after_s: float | None = None) -> RetryableStatus:
+        return RetryableStatus(
+            ModelTransport(f"HTTP {code}", status_code=code, retryable=True), retry_after_s
+        )
+
+    def test_retry_after_replaces_the_backoff(self) -> None:
+        assert self.run(self.status(429, 2.5), self.status(503), "ok") == ("ok", [2.5, 1.0], 3)
+
+    def test_backoff_doubles_per_attempt(self) -> None:
+        network = ModelTransport("connection failed", retryable=True)
+        assert self.run(network, network, "ok") == ("ok", [0.5, 1.0], 3)
+
+    def test_not_retryable_is_raised_at_once(self) -> None:
+        with pytest.raises(ModelTransport, match="^HTTP 400$"):
+            self.run(ModelTransport("HTTP 400", status_code=400), "never")
+
+    def test_gives_up_after_the_last_attempt(self) -> None:
+        with pytest.raises(ModelTransport) as info:
+            self.run(self.status(500), self.status(502), self.status(503), "never")
+        assert info.value.message == "gave up after 3 attempts: HTTP 503"
+        assert (info.value.status_code, info.value.retryable) == (503, True)
+
+    def test_a_retry_after_beyond_the_cap_is_not_waited_for(self) -> None:
+        with pytest.raises(ModelTransport) as info:
+            self.run(self.status(429, 31.0), "never")
+        assert (
+            info.value.message
+            == "HTTP 429 (server asked to retry after 31s, more than the 30s this client waits)"
+        )
+
+    def test_one_attempt_raises_the_error_as_it_is(self) -> None:
+        error = ModelTransport("connection failed", retryable=True)
+        with pytest.raises(ModelTransport) as info:
+            self.run(error, settings=HttpSettings(max_attempts=1))
+        assert info.value is error
+
+
+@pytest.mark.parametrize(
+    ("status", "retryable"),
+    [
+        (408, True),
+        (429, True),
+        (500, True),
+        (503, True),
+        (400, False),
+        (401, False),
+        (404, False),
+        (422, False),
+    ],
+)
+def test_retryable_statuses(status: int, retryable: bool) -> None:
+    assert is_retryable_status(status) is retryable
 
 
 def test_backoff_is_full_jitter_and_bounded() -> None:
