@@ -5,15 +5,21 @@ A committed phase that nobody has claimed yet is either waiting behind a backlog
 or its message is gone (a crash between commit and publish, a message lost between the broker
 and a worker): only the broker can tell. For Celery's Redis transport the answer is in its keys:
 the queue lists (one per priority step) and the ``unacked`` hash of delivered, unacknowledged
-messages (ETA tasks held by a worker included). They are scanned in chunks, inside Redis, for the
-ids looked for; the lists are read before the hash, so a message that moves from a list to the
-hash during a scan is still seen.
+messages. They are scanned in chunks, inside Redis, for the ids looked for; the lists are read
+before the hash, so a message that moves from a list to the hash during a scan is still seen.
+
+A message in a queue list waits for a consumer. A message in the ``unacked`` hash was handed to a
+worker: if that worker lives it claims the run within moments (or at its ETA, a few seconds at
+most for a retry's backoff); if it died, the broker gives the message back only after its
+visibility timeout, an hour. So the two are told apart (:class:`Located`): the sweeper waits for
+a queued message as long as it takes, and for a delivered one only once.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis
@@ -25,15 +31,25 @@ _ID = re.compile(r'"id": "([^"]*)"')
 CHUNK = 500
 
 
+@dataclass(frozen=True)
+class Located:
+    """Where the broker holds the messages looked for."""
+
+    #: Waiting in a queue for a consumer.
+    queued: frozenset[str]
+    #: Handed to a worker and not acknowledged yet.
+    delivered: frozenset[str]
+
+
 class BrokerProbe(Protocol):
-    def present(self, task_ids: Collection[str]) -> set[str] | None:
-        """The ids among ``task_ids`` whose messages the broker still holds; None: it cannot tell."""
+    def locate(self, task_ids: Collection[str]) -> Located | None:
+        """Where the broker holds the messages of ``task_ids``; None: it cannot tell."""
 
 
 class UnknownBroker:
     """A broker this probe cannot look into (the in-memory one of the embedded mode): no answer."""
 
-    def present(self, task_ids: Collection[str]) -> set[str] | None:
+    def locate(self, task_ids: Collection[str]) -> Located | None:
         return None
 
 
@@ -56,28 +72,29 @@ class RedisQueues:
         self.unacked = prefix + "unacked"
         self._scan = register_scripts(client)["scan_queue"]
 
-    def present(self, task_ids: Collection[str]) -> set[str] | None:
+    def locate(self, task_ids: Collection[str]) -> Located | None:
         wanted = set(task_ids)
-        found: set[str] = set()
+        queued: set[str] = set()
         for key in self.lists:
             start = 0
-            while wanted - found:
-                read, ids = self._scan(keys=[key], args=[start, CHUNK, *sorted(wanted - found)])
-                found.update(_text(i) for i in ids)
+            while wanted - queued:
+                read, ids = self._scan(keys=[key], args=[start, CHUNK, *sorted(wanted - queued)])
+                queued.update(_text(i) for i in ids)
                 if int(read) < CHUNK:
                     break
                 start += int(read)
+        delivered: set[str] = set()
         cursor: Any = 0
-        while wanted - found:
+        while wanted - queued - delivered:
             reply: Any = self.client.hscan(self.unacked, cursor, count=CHUNK)
             cursor, entries = reply
             for raw in entries.values():
                 match = _ID.search(_text(raw))
                 if match and match.group(1) in wanted:
-                    found.add(match.group(1))
+                    delivered.add(match.group(1))
             if int(cursor) == 0:
                 break
-        return found
+        return Located(frozenset(queued), frozenset(delivered - queued))
 
 
 def _text(value: Any) -> str:

@@ -28,7 +28,7 @@ from shared.errors import PoisonPhase
 from shared.scripts import register_scripts
 from shared.store import Due, HandedOn
 from shared.tasks import with_epoch
-from worker.broker_probe import BrokerProbe
+from worker.broker_probe import BrokerProbe, Located
 from worker.runtime import Runtime
 
 log = logging.getLogger("wesichain.sweeper")
@@ -97,18 +97,19 @@ class Sweeper:
         return handed
 
     def _check_queued(self, waiting: Sequence[Due]) -> int:
-        """Unclaimed tasks past their queued time: waiting in the broker, or lost?"""
+        """Unclaimed tasks past their queued time: waiting in the broker, or lost?
+
+        A message waiting in a queue is waited for as long as the backlog lasts. One the broker
+        handed to a worker that has not claimed the run by the next check is lost with that worker
+        (the broker would give it back only after its visibility timeout).
+        """
         if not waiting:
             return 0
-        present = self.probe.present({self._task_id(seen, key) for seen in waiting for key in seen.unclaimed})
+        located = self.probe.locate({self._task_id(seen, key) for seen in waiting for key in seen.unclaimed})
         handed = 0
         settings = self.rt.settings
         for seen in waiting:
-            if present is None:
-                # The broker cannot be asked: after a generous total wait, assume the worst.
-                missing = seen.unclaimed if seen.queued_checks >= 6 else []
-            else:
-                missing = [key for key in seen.unclaimed if self._task_id(seen, key) not in present]
+            missing = [key for key in seen.unclaimed if not self._waiting(located, seen, key)]
             if missing:
                 handed += self._hand_on(seen, missing, "its message was missing from the broker")
             else:
@@ -117,6 +118,16 @@ class Sweeper:
                 )
                 self.rt.store.wait_in_queue(seen, wait_s)
         return handed
+
+    def _waiting(self, located: Located | None, seen: Due, key: str) -> bool:
+        """Is the unclaimed task ``key`` of ``seen`` on its way to a worker?"""
+        if located is None:
+            # The broker cannot be asked: after a generous total wait, assume the worst.
+            return seen.queued_checks < 6
+        task_id = self._task_id(seen, key)
+        if task_id in located.queued:
+            return True
+        return task_id in located.delivered and seen.queued_checks == 0
 
     @staticmethod
     def _task_id(seen: Due, key: str) -> str:

@@ -21,7 +21,7 @@ from shared.state import Phase, RunHead, TaskSpec
 from shared.store import Claim, PhaseClaim, RunStore, Stale
 from shared.tasks import start_task, task_for
 from tests.harness import RedisServer, wait_until
-from worker.broker_probe import RedisQueues
+from worker.broker_probe import Located, RedisQueues
 from worker.heartbeat import Heartbeat
 from worker.hooks import Hooks
 from worker.runtime import Runtime
@@ -29,15 +29,16 @@ from worker.sweeper import Sweeper
 
 
 class FakeBroker:
-    """Says which task ids it holds: what the sweeper asks a real broker (tested below)."""
+    """Says where it holds task ids: what the sweeper asks a real broker (tested below)."""
 
     def __init__(self) -> None:
         self.held: set[str] = set()
+        self.delivered: set[str] = set()
         self.asked: list[set[str]] = []
 
-    def present(self, task_ids: Collection[str]) -> set[str] | None:
+    def locate(self, task_ids: Collection[str]) -> Located | None:
         self.asked.append(set(task_ids))
-        return set(task_ids) & self.held
+        return Located(frozenset(set(task_ids) & self.held), frozenset(set(task_ids) & self.delivered))
 
 
 @pytest.fixture
@@ -101,6 +102,20 @@ def test_a_phase_waiting_in_the_broker_is_left_alone(rt: Runtime) -> None:
     # Waiting in a queue is not poison: nothing published, no epoch bumped, no attempt counted.
     assert sent(rt) == [] and rt.store.load(head.run_id).epoch == 0  # type: ignore[union-attr]
     assert not any(k.startswith("lost:") for k in rt.store.attempts(head.run_id))
+
+
+def test_a_message_a_dead_worker_holds_is_waited_for_once(rt: Runtime) -> None:
+    """Delivered but never claimed: its worker died with it; the broker would give it back only
+    after its visibility timeout. One wait (a live worker claims within moments), then hand-on."""
+    broker = FakeBroker()
+    head = thinking_run(rt)
+    broker.delivered.add(task_for(head)[0].task_id)
+    sweeper = Sweeper(rt, broker)
+    queued_time_over(rt, head.run_id)
+    assert sweeper.sweep() == 0 and sent(rt) == []
+    queued_time_over(rt, head.run_id)
+    assert sweeper.sweep() == 1
+    assert [s.arguments["epoch"] for s in sent(rt)] == [1]
 
 
 def test_the_wait_doubles_up_to_its_cap(rt: Runtime) -> None:
@@ -242,17 +257,17 @@ def test_the_probe_finds_queued_and_delivered_messages(redis_server: RedisServer
     app.send_task("wesichain.tool", kwargs={"run_id": "x"}, task_id="run-t:v3:tool:c1")
     probe = RedisQueues(client, [QUEUE_MODEL, QUEUE_TOOLS])
     wanted = {ids[0], ids[-1], ids[600], "run-t:v3:tool:c1", "never-sent"}
-    assert probe.present(wanted) == wanted - {"never-sent"}
+    assert probe.locate(wanted) == Located(frozenset(wanted - {"never-sent"}), frozenset())
 
-    # A message a consumer took but has not acknowledged is held in the unacked hash: still there.
+    # A message a consumer took but has not acknowledged is held in the unacked hash: delivered.
     with Connection(url) as conn:
         queue = conn.SimpleQueue(Queue(QUEUE_TOOLS, routing_key=QUEUE_TOOLS), no_ack=False)
         message = queue.get(timeout=5)
         assert message.headers["id"] == "run-t:v3:tool:c1"
         assert client.llen(QUEUE_TOOLS) == 0
-        assert probe.present({"run-t:v3:tool:c1"}) == {"run-t:v3:tool:c1"}
+        assert probe.locate({"run-t:v3:tool:c1"}) == Located(frozenset(), frozenset({"run-t:v3:tool:c1"}))
         message.ack()
-        assert probe.present({"run-t:v3:tool:c1"}) == set()
+        assert probe.locate({"run-t:v3:tool:c1"}) == Located(frozenset(), frozenset())
         queue.close()
     client.flushdb()
     client.close()
