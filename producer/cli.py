@@ -15,6 +15,7 @@ from importlib.metadata import entry_points
 
 from shared.errors import ConfigError, InvalidRequest, WesichainError
 from shared.settings import ENV_AGENTS, ENV_REDIS_URL, redact_url
+from shared.tls import RedisTlsError
 
 EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
@@ -133,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wesichain: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except InvalidRequest as exc:
+        print(f"wesichain: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RedisTlsError as exc:  # it names the URL and what failed
         print(f"wesichain: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except LookupError as exc:  # RunNotFound

@@ -31,10 +31,13 @@ def inprocess_settings(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatc
     # The fixture agents' tools record their effects through WESICHAIN_REDIS_URL (one cached client).
     monkeypatch.setenv("WESICHAIN_REDIS_URL", redis_server.url)
     agents_fixture._redis.cache_clear()
+    prefix = f"wesichain-inprocess-{uuid.uuid4().hex[:8]}"
     yield Settings(
         redis_url=redis_server.url,
         agents_module="tests.agents_fixture",
-        prefix=f"wesichain-inprocess-{uuid.uuid4().hex[:8]}:",
+        prefix=f"{prefix}:",
+        # The broker's keys too: the suite's worker processes consume the default queues.
+        broker_prefix=f"{prefix}-broker:",
     )
     agents_fixture._redis.cache_clear()
 
@@ -57,7 +60,11 @@ def celery_worker_parameters() -> dict[str, Any]:
 
 
 @pytest.fixture
-def client(celery_app: Celery, inprocess_settings: Settings) -> Iterator[Client]:
+def client(celery_app: Celery, celery_worker: Any, inprocess_settings: Settings) -> Iterator[Client]:
+    # The test worker sends no worker_ready: it joins the registry here, as a worker does when ready.
+    holder = celery_app.wesichain_runtime
+    holder.start_registry(celery_worker.consumer)
     c = Client(inprocess_settings, app=celery_app)
     yield c
     c.close()
+    holder.stop_registry()

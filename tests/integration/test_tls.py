@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 TIMEOUT = 60
 PASSWORD = "hunter2-tls"
 #: The Celery queue of the phase tasks in Redis (kombu's list, under the global key prefix).
-MODEL_QUEUE_KEY = "wesichain:celery:wesichain.model"
+MODEL_QUEUE_KEY = "wesichain.model"
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def test_worker_with_another_ca_exits_before_consuming(
     raw = tls_redis.client()
     try:
         raw.delete(MODEL_QUEUE_KEY)
-        handle = good.submit("direct", "waits for a worker that trusts the server")
+        handle = good.submit("direct", "waits for a worker that trusts the server", check_agent=False)
         assert raw.llen(MODEL_QUEUE_KEY) == 1
 
         bad = WorkerProcess("tls-bad", url, env={ENV_REDIS_CA_FILE: pki.other_ca}, log_dir=str(tmp_path))
@@ -241,7 +241,7 @@ def test_submit_command_with_another_ca_prints_one_line(
     monkeypatch.setenv(ENV_REDIS_CA_FILE, pki.other_ca)
     assert cli.main(["submit", "--redis", url, "direct", "hi"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"wesichain: cannot reach Redis at {_redacted(url)}: TLS verification of Redis at")
+    assert err.startswith(f"wesichain: TLS verification of Redis at {_redacted(url)} failed: ")
     assert "certificate verify failed: " in err and err.count("\n") == 1
     assert PASSWORD not in err and "Traceback" not in err
 
