@@ -27,16 +27,30 @@ class RunRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: The agent's registered name.
-    agent: str
-    #: The user's message.
-    input: str
-    #: A conversation thread: runs of one thread see the earlier runs' messages.
-    thread_id: str | None = None
-    #: Free-form JSON stored with the run (bounded).
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    #: ``PROVIDER:MODEL`` to use instead of the agent's own model.
-    model: str | None = None
+    agent: str = Field(description="The agent's registered name.")
+    input: str = Field(description="The user's message.")
+    thread_id: str | None = Field(
+        default=None, description="A conversation thread: runs of one thread see the earlier runs' messages."
+    )
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="Free-form JSON stored with the run (bounded)."
+    )
+    model: str | None = Field(
+        default=None, description="``PROVIDER:MODEL`` to use instead of the agent's own model."
+    )
+
+
+class StartMessage(BaseModel):
+    """The keyword arguments of a ``wesichain.start`` message that creates a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = Field(
+        description="The run's id, chosen by the sender (1..200 letters, digits and . _ : @ / -)."
+    )
+    create: RunRequest = Field(description="What to run.")
+    version: int = Field(default=1, description="Always 1 for a new run.")
+    epoch: int = Field(default=0, description="Always 0 for a new run.")
 
 
 def validate_request(raw: Mapping[str, Any], limits: Limits) -> RunRequest:

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import redis
+from celery.worker import state as worker_state
 
 from shared.events import worker_identity
 from shared.scripts import register_scripts
@@ -32,27 +33,75 @@ log = logging.getLogger("wesichain.registry")
 DEAF_AFTER_S = 10.0
 
 
-def consumer_state(consumer: Any) -> tuple[bool, str]:
-    """Whether Celery's ``consumer`` takes messages, and what it is doing."""
-    connection = getattr(consumer, "connection", None)
-    if connection is None or not getattr(connection, "connected", False):
-        return False, "not connected to the broker (reconnecting)"
-    cycle = getattr(connection.transport, "cycle", None)
-    channels = getattr(cycle, "_channels", None)
-    if channels is None:
-        return True, "consuming"  # a transport without a polling cycle to look at (in-memory)
-    now = time.monotonic()
-    polling = [c for c in channels if getattr(c, "active_queues", None)]
-    if not polling:
-        return False, "not consuming any queue"
-    for channel in polling:
-        if not channel.qos.can_consume():
+class ConsumerWatch:
+    """Tells whether Celery's consumer takes messages, and what it is doing (see the module doc).
+
+    Three ways of being deaf are told apart:
+
+    * the worker's event loop, which both polls the broker and collects the pool's results, has
+      not turned for :data:`DEAF_AFTER_S` (blocked on a dead connection) while no task runs in it;
+    * it could take a message and has not asked the broker for one for as long;
+    * it believes every slot is taken while no task runs at all, for as long.
+    """
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self._stuck_since: float | None = None
+        self._last_tick: float | None = None
+        hub = getattr(consumer, "hub", None)
+        if hub is not None:
+            hub.on_tick.add(self._tick)
+
+    def _tick(self) -> None:
+        self._last_tick = time.monotonic()
+
+    def state(self) -> tuple[bool, str]:
+        now = time.monotonic()
+        if (
+            self._last_tick is not None
+            and now - self._last_tick > DEAF_AFTER_S
+            and not _running_in_loop(self.consumer)
+        ):
+            return False, f"deaf: its event loop has not turned for {now - self._last_tick:.0f}s"
+        connection = getattr(self.consumer, "connection", None)
+        if connection is None or not getattr(connection, "connected", False):
+            self._stuck_since = None
+            return False, "not connected to the broker (reconnecting)"
+        cycle = getattr(connection.transport, "cycle", None)
+        channels = getattr(cycle, "_channels", None)
+        if channels is None:
+            return True, "consuming"  # a transport without a polling cycle to look at (in-memory)
+        polling = [c for c in channels if getattr(c, "active_queues", None)]
+        if not polling:
+            return False, "not consuming any queue"
+        for channel in polling:
+            if not channel.qos.can_consume():
+                return self._full(now)
+            sent = getattr(channel, "_brpop_sent_at", None)
+            timeout = float(getattr(channel, "brpop_timeout", 1) or 1)
+            if sent is not None and now - sent > timeout + DEAF_AFTER_S:
+                return False, f"deaf: it has not asked the broker for a message for {now - sent:.0f}s"
+        self._stuck_since = None
+        return True, "consuming"
+
+    def _full(self, now: float) -> tuple[bool, str]:
+        """Every slot is taken: by running tasks (saturated), or by deliveries nothing runs (deaf)."""
+        running = len(worker_state.active_requests) + len(worker_state.reserved_requests)
+        if running:
+            self._stuck_since = None
             return True, "saturated"
-        sent = getattr(channel, "_brpop_sent_at", None)
-        timeout = float(getattr(channel, "brpop_timeout", 1) or 1)
-        if sent is not None and now - sent > timeout + DEAF_AFTER_S:
-            return False, f"deaf: it has not asked the broker for a message for {now - sent:.0f}s"
-    return True, "consuming"
+        if self._stuck_since is None:
+            self._stuck_since = now
+        stuck = now - self._stuck_since
+        if stuck > DEAF_AFTER_S:
+            return False, f"deaf: its prefetch is full of deliveries while no task has run for {stuck:.0f}s"
+        return True, "saturated"
+
+
+def _running_in_loop(consumer: Any) -> bool:
+    """A solo pool runs its task inside the event loop, which then does not turn until it ends."""
+    pool = getattr(getattr(consumer, "controller", None), "pool", None)
+    return type(pool).__module__.endswith(".solo") and bool(worker_state.active_requests)
 
 
 class RegistryBeat:
@@ -69,9 +118,10 @@ class RegistryBeat:
         controller = getattr(consumer, "controller", None)
         self.worker_id = str(getattr(controller, "hostname", None) or f"{worker_identity()}@{os.getpid()}")
         self._agents = describe_agents(rt.agents)
+        self.watch = ConsumerWatch(consumer)
 
     def record(self) -> WorkerRecord:
-        consuming, state = consumer_state(self.consumer)
+        consuming, state = self.watch.state()
         controller = getattr(self.consumer, "controller", None)
         queues = sorted(
             q.name for q in getattr(getattr(self.consumer, "task_consumer", None), "queues", []) or []

@@ -8,11 +8,13 @@ dropped, and every tool runs exactly once, the non-retry-safe one included.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 import redis
 
+from producer.cli import main
 from producer.client import Client
 from shared.state import Phase
 from tests.chaos.support import (
@@ -29,6 +31,7 @@ from tests.chaos.support import (
     starts,
     wait_tool_started,
 )
+from tests.harness import WorkerProcess, wait_until
 from tests.invariants import ONE_HOP
 
 pytestmark = pytest.mark.chaos
@@ -83,3 +86,34 @@ def test_busy_worker_consumes_again_after_every_connection_is_reset(
         assert starts(r, key) == 1, f"{head.agent}: the tool started {starts(r, key)} times"
         assert effects(r, key) == 1
     assert worker.alive
+    # Its liveness says so too: its record is fresh and it consumes.
+    wait_until(lambda: consuming(client, worker), 30, what="the worker's record to say it consumes")
+
+
+def consuming(client: Client, worker: WorkerProcess) -> bool:
+    records = {w.record.id: w.record for w in client.workers.live()}
+    record = records.get(f"{worker.name}@test")
+    return record is not None and record.consuming
+
+
+def test_a_deaf_worker_does_not_look_healthy(cluster: Cluster, client: Client) -> None:
+    """Configured as before the fix (redis-py's retry_on_timeout on the broker connection), a busy
+    worker goes deaf after the reset: it stays up and never takes a message again. Its liveness
+    must say so, so that a deployment's probe (``wesichain health``) restarts it."""
+    old_options = {"WESICHAIN_BROKER_TRANSPORT_OPTIONS": json.dumps({"retry_on_timeout": True})}
+    (worker,) = cluster.start(1, concurrency=2, env=old_options)
+    r = client.store.redis
+    for handle in [client.submit("slow_step", "go") for _ in range(2)]:
+        wait_tool_started(r, idem(handle.run_id))
+    assert consuming(client, worker)
+    reset_every_connection(r)
+
+    def deaf() -> str | None:
+        records = {w.record.id: w.record for w in client.workers.live()}
+        record = records.get(f"{worker.name}@test")
+        return record.consumer_state if record is not None and not record.consuming else None
+
+    state = wait_until(deaf, 60, interval=0.5, what="the worker's record to say it cannot consume")
+    assert state.startswith("deaf: "), state
+    assert worker.alive, "the worker is up: only its liveness can tell it is deaf"
+    assert main(["health", "--worker", f"{worker.name}@test", "--redis", cluster.server.url]) == 1

@@ -60,7 +60,7 @@ def celery_worker_parameters() -> dict[str, Any]:
 
 
 @pytest.fixture
-def client(celery_app: Celery, celery_worker: Any, inprocess_settings: Settings) -> Iterator[Client]:
+def client(celery_app: Celery, celery_worker: Any, inprocess_settings: Settings) -> Iterator[Client]:  # noqa: F811
     # The test worker sends no worker_ready: it joins the registry here, as a worker does when ready.
     holder = celery_app.wesichain_runtime
     holder.start_registry(celery_worker.consumer)

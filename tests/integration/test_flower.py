@@ -109,3 +109,37 @@ def test_flower_shows_phase_tasks_by_run_id(
         assert handle.run_id in shown
         assert secret_text not in shown
         assert task["state"] == "SUCCESS"
+
+
+def test_flower_shows_a_failed_run_as_a_failed_task(
+    flower: str, workers: list[WorkerProcess], client: Client
+) -> None:
+    """The delivery that ends a run FAILED ends its task in FAILURE, with the run's error; the
+    message is acknowledged (the task is never retried or delivered again)."""
+
+    def tasks_of(run_id: str) -> list[dict[str, object]]:
+        reply = httpx.get(
+            f"{flower}/api/tasks", params={"search": f"kwargs:run_id={run_id}"}, auth=AUTH, timeout=10
+        )
+        reply.raise_for_status()
+        return list(reply.json().values())
+
+    def probe_seen() -> bool:
+        probe = client.submit("direct", "probe")
+        probe.wait(30)
+        return bool(tasks_of(probe.run_id))
+
+    wait_until(probe_seen, 45, interval=0.5, what="flower to receive task events")
+    handle = client.submit("tool_error_fail", "go")  # the tool raises; fail_fast fails the run
+    head = handle.wait(30)
+    assert head.error is not None and head.error.kind == "ToolDispatch"
+
+    def failed() -> list[dict[str, object]]:
+        return [t for t in tasks_of(handle.run_id) if t["state"] == "FAILURE"]
+
+    (task,) = wait_until(failed, 30, interval=0.5, what="flower to show the failed task")
+    assert task["name"] == "wesichain.observe"
+    assert f"run {handle.run_id} failed at step 1: ToolDispatch: RuntimeError: boom" in str(task["exception"])
+    # The other phase tasks of the run succeeded, and none was retried.
+    states = sorted(str(t["state"]) for t in tasks_of(handle.run_id))
+    assert states.count("FAILURE") == 1 and "RETRY" not in states
