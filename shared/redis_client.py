@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
 from shared.errors import ConfigError
@@ -45,7 +45,11 @@ def connect(settings: Settings, **overrides: Any) -> redis.Redis:
         "socket_timeout": 10,
         "socket_connect_timeout": 5,
         "health_check_interval": 25,
-        "retry_on_timeout": True,
+        # A command that fails on a dropped connection is sent again on a new one. Safe for the
+        # run state: every script recognises its own replay (an op id), so a write whose reply
+        # was lost is not applied twice.
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 4),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
     }
     if target.tls is not None:
         options.update(target.tls.options())
@@ -55,6 +59,32 @@ def connect(settings: Settings, **overrides: Any) -> redis.Redis:
         return redis.Redis.from_url(target.url, **options)
     except ValueError as exc:
         raise ConfigError(f"bad Redis URL {redact_url(settings.redis_url)!r}: {exc}") from exc
+
+
+def preflight(settings: Settings) -> None:
+    """Check, before a worker starts, that the Redis URL leads to a Redis that will take us.
+
+    Raises :class:`RedisTlsError` (the certificate does not verify) or :class:`ConfigError`
+    (wrong credentials, or what answers is not Redis). An unreachable Redis passes: that is an
+    outage, which the worker waits out like any other.
+    """
+    if settings.embedded:
+        return
+    check_tls(settings)
+    client = connect(settings, retry=Retry(NoBackoff(), 0), health_check_interval=0, socket_timeout=5)
+    url = redact_url(settings.redis_url)
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        raise ConfigError(f"Redis at {url} refused the credentials: {exc}") from None
+    except (redis.ConnectionError, redis.TimeoutError):
+        return
+    except redis.RedisError as exc:
+        raise ConfigError(
+            f"what answers at {url} does not speak Redis: {type(exc).__name__}: {exc}"
+        ) from None
+    finally:
+        client.close()
 
 
 def check_tls(settings: Settings) -> None:

@@ -256,6 +256,23 @@ class RunStore:
         raw = self.redis.hgetall(self.keys.attempts(run_id))
         return {_s(k): _s(v) for k, v in raw.items()}
 
+    def persistence(self) -> str:
+        """How durably Redis keeps what it acknowledged (see docs/guarantees.md, "Durability").
+
+        ``aof-always`` (each write on disk before the reply), ``aof-everysec``, ``aof-no``, ``none``
+        (no AOF: a restart loses everything since the last snapshot), or ``unknown`` when Redis
+        will not say (CONFIG is often renamed away on managed services).
+        """
+        if self.settings.embedded:
+            return "none"
+        try:
+            config = self.redis.config_get("append*")
+        except redis.ResponseError:
+            return "unknown"
+        if str(config.get("appendonly", "no")) != "yes":
+            return "none"
+        return f"aof-{config.get('appendfsync', 'everysec')}"
+
     def cancel_requested(self, run_id: str) -> bool:
         return _s(self.redis.hget(self.keys.run(run_id), protocol.CANCEL) or b"") == "1"
 

@@ -52,6 +52,8 @@ class WorkerRecord(BaseModel):
     consuming: bool
     #: What the consumer is doing: consuming, saturated (every slot busy), or why it is not consuming.
     consumer_state: str
+    #: How durably the run state's Redis keeps acknowledged writes (``RunStore.persistence``).
+    redis_persistence: str = "unknown"
 
 
 class LiveWorker(BaseModel):

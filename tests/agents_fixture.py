@@ -345,3 +345,11 @@ _add(
 )
 _add("hanging", [reply(None, ("hang_in_c", {"seconds": 600})), reply("went on without the tool")])
 _add("charge_hanging", [reply(None, ("charge_hang_in_c", {"seconds": 600})), reply("unreachable")])
+
+#: A model that takes this long to answer, with and without streaming (cancel tests).
+SLOW_MODEL_S = 30.0
+for _name, _stream in (("slow_answer", False), ("slow_answer_stream", True)):
+    registry.add_model(_name, ScriptedModel([reply("too late")], latency_s=SLOW_MODEL_S))
+    registry.add(
+        Agent(name=_name, model=f"scripted:{_name}", system_prompt="slow", tools=TOOLS, stream=_stream)
+    )

@@ -29,7 +29,7 @@ from celery.worker.request import Request
 from shared.agents import load_registry
 from shared.errors import ConfigError, WesichainError
 from shared.events import configure_worker_identity
-from shared.redis_client import connect
+from shared.redis_client import connect, preflight
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Phase, RunHead, TaskSpec
 from shared.store import RunStore
@@ -263,30 +263,23 @@ app = _default_app()
 
 
 @celeryd_init.connect  # type: ignore[untyped-decorator]
-def _refuse_unverified_redis(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    """Exit before consuming anything if the Redis server fails TLS verification.
+def _before_start(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """Refuse to start (status 2) before consuming anything when the worker cannot work.
 
-    Celery would retry the broker connection forever (broker_connection_retry_on_startup); the
-    store connects with the same TLS parameters, so one PING of the store tells first.
+    Without its agents module it would fail every run it takes; with a Redis certificate that
+    does not verify, wrong credentials, or something that is not Redis at the URL, Celery would
+    retry its broker connection forever. An unreachable Redis is an outage: the worker waits it out.
     """
-    holder: RuntimeHolder | None = getattr(getattr(instance, "app", None), "wesichain_runtime", None)
-    if holder is None:
+    worker_app = getattr(instance, "app", None)
+    holder: RuntimeHolder | None = getattr(worker_app, "wesichain_runtime", None)
+    if worker_app is None or holder is None:
         return
-    from shared.redis_client import check_tls
-
+    check_agents_module(worker_app)
     try:
-        check_tls(holder.settings)
-    except RedisTlsError as exc:
+        preflight(holder.settings)
+    except (RedisTlsError, ConfigError) as exc:
         print(f"wesichain: refusing to start the worker: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG) from None
-
-
-@celeryd_init.connect  # type: ignore[untyped-decorator]
-def _before_start(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    """``celery -A worker.app worker`` too refuses to start without its agents."""
-    worker_app = getattr(instance, "app", None)
-    if worker_app is not None and getattr(worker_app, "wesichain_runtime", None) is not None:
-        check_agents_module(worker_app)
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]

@@ -98,6 +98,23 @@ class ConsumerWatch:
         return True, "saturated"
 
 
+def _persistence(rt: Runtime) -> str:
+    """Redis's persistence, said once at start: anything but fsync-always is worth a warning."""
+    try:
+        persistence = rt.store.persistence()
+    except redis.RedisError as exc:
+        log.warning("cannot tell how durably Redis keeps its writes: %s", exc)
+        return "unknown"
+    if persistence != "aof-always" and not rt.settings.embedded:
+        log.warning(
+            "Redis keeps the run state with persistence %r: a host crash or a Redis restart can lose"
+            " acknowledged commits, and a non-retry-safe tool could then run twice. Run Redis with"
+            " appendonly yes and appendfsync always (docs/guarantees.md, 'Durability of Redis').",
+            persistence,
+        )
+    return persistence
+
+
 def _running_in_loop(consumer: Any) -> bool:
     """A solo pool runs its task inside the event loop, which then does not turn until it ends."""
     pool = getattr(getattr(consumer, "controller", None), "pool", None)
@@ -119,6 +136,7 @@ class RegistryBeat:
         self.worker_id = str(getattr(controller, "hostname", None) or f"{worker_identity()}@{os.getpid()}")
         self._agents = describe_agents(rt.agents)
         self.watch = ConsumerWatch(consumer)
+        self.persistence = _persistence(rt)
 
     def record(self) -> WorkerRecord:
         consuming, state = self.watch.state()
@@ -138,6 +156,7 @@ class RegistryBeat:
             started_at=self.started_at,
             consuming=consuming,
             consumer_state=state,
+            redis_persistence=self.persistence,
         )
 
     def beat(self) -> None:
