@@ -165,6 +165,17 @@ def _terms(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
 
 
+def snippet(text: str, limit: int = 240) -> str:
+    """The start of ``text`` up to ``limit`` chars, ended at a sentence or at least a word boundary."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    sentence = head.rfind(". ")
+    if sentence >= limit // 4:
+        return head[: sentence + 1]
+    return head[: head.rfind(" ")].rstrip(",;:") + "…"
+
+
 @tool
 def search(args: SearchArgs) -> SearchResult:
     """Search the bundled knowledge base about durable agents, Celery and Redis."""
@@ -177,7 +188,7 @@ def search(args: SearchArgs) -> SearchResult:
             scored.append((overlap / (len(query) or 1), doc))
     scored.sort(key=lambda pair: -pair[0])
     hits = [
-        Hit(id=d["id"], title=d["title"], snippet=d["text"][:240], score=round(s, 3))
+        Hit(id=d["id"], title=d["title"], snippet=snippet(d["text"]), score=round(s, 3))
         for s, d in scored[: args.limit]
     ]
     return SearchResult(hits=hits)

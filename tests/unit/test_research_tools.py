@@ -239,11 +239,12 @@ def test_search_without_matches() -> None:
 def test_search_hit_fields() -> None:
     (hit,) = call(search, query="Flower web monitor")["hits"]
     doc = next(d for d in research._corpus() if d["id"] == "flower")
-    assert hit == {"id": "flower", "title": "Flower", "snippet": doc["text"][:240], "score": 1.0}
+    assert hit == {"id": "flower", "title": "Flower", "snippet": research.snippet(doc["text"]), "score": 1.0}
     long_doc = max(research._corpus(), key=lambda d: len(d["text"]))
     assert len(long_doc["text"]) > 240
     (first, *_) = call(search, query=long_doc["title"])["hits"]
-    assert first["id"] == long_doc["id"] and len(first["snippet"]) == 240
+    assert first["id"] == long_doc["id"] and first["snippet"] == research.snippet(long_doc["text"])
+    assert first["snippet"].endswith(".") and len(first["snippet"]) <= 240
 
 
 def test_corpus_is_bundled_and_well_formed() -> None:
@@ -258,3 +259,19 @@ def test_research_agent_is_registered() -> None:
     assert agent.tools.names == ["search", "calculator", "current_time"]
     assert agent.model == "scripted:research-demo"
     assert research.registry.model("research-demo") is not None
+
+
+def test_snippets_end_at_a_sentence_or_a_word() -> None:
+    from shared.examples.research import _corpus, snippet
+
+    for doc in _corpus():
+        text = doc["text"]
+        cut = snippet(text)
+        assert len(cut) <= 241
+        if cut != text:
+            assert cut.endswith((".", "…")), cut
+            assert text.startswith(cut.removesuffix("…"))
+            # The last word is whole: the text goes on with a space or a sentence's end after it.
+            assert text[len(cut.removesuffix("…"))] in " .", cut
+    assert snippet("short") == "short"
+    assert snippet("word " * 100, limit=22) == "word word word word…"
