@@ -17,6 +17,8 @@ from shared.errors import ConfigError, InvalidRequest, WesichainError
 from shared.settings import ENV_AGENTS, ENV_REDIS_URL, redact_url
 from shared.tls import RedisTlsError
 
+__all__ = ["DESCRIPTION", "EXIT_FAILED_RUN", "EXIT_TIMEOUT", "EXIT_USAGE", "Handler", "Register", "main"]
+
 EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 3

@@ -29,6 +29,8 @@ from shared.store import RunStore
 from shared.tasks import decide_task, start_task
 from shared.workers import WorkerDirectory
 
+__all__ = ["Client", "RunHandle", "RunNotFound", "RunTimeout"]
+
 
 class RunTimeout(WesichainError, TimeoutError):
     """``RunHandle.wait`` ran out of time; the run goes on."""

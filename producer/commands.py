@@ -14,6 +14,23 @@ from shared.events import END_EVENTS, Event
 from shared.state import Phase, RunHead
 from shared.workers import AgentInfo
 
+__all__ = [
+    "EXIT_FAILED_RUN",
+    "EXIT_TIMEOUT",
+    "QUIET_S",
+    "agents",
+    "approve",
+    "cancel",
+    "deny",
+    "events",
+    "health",
+    "print_event",
+    "print_head",
+    "status",
+    "submit",
+    "workers",
+]
+
 EXIT_FAILED_RUN = 1
 EXIT_TIMEOUT = 3
 #: How long a submitted run may sit unclaimed before ``--wait`` says why.

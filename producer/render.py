@@ -5,6 +5,8 @@ from __future__ import annotations
 from shared.events import Event
 from shared.state import RunHead
 
+__all__ = ["render_event", "render_head"]
+
 
 def render_event(event: Event) -> str:
     who = f"{event.worker.host}/{event.worker.pid}"

@@ -2,3 +2,5 @@
 
 Nothing here imports Celery, so all of it is pure and unit-testable.
 """
+
+__all__: list[str] = []

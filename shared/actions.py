@@ -13,6 +13,8 @@ from shared.messages import ToolCall
 from shared.settings import Limits
 from shared.tools import ToolSet, validation_summary
 
+__all__ = ["accept_tool_calls"]
+
 
 def accept_tool_calls(response: ModelResponse, tools: ToolSet, step: int, limits: Limits) -> list[ToolCall]:
     """Turn raw tool calls into accepted ones, or raise :class:`InvalidModelAction` saying why."""

@@ -18,6 +18,8 @@ from shared.llm.base import LlmAdapter
 from shared.policy import Policy
 from shared.tools import ToolSet
 
+__all__ = ["Agent", "AgentRegistry", "load_registry"]
+
 
 @dataclass(frozen=True)
 class Agent:

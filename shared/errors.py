@@ -23,6 +23,26 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+__all__ = [
+    "BudgetExceeded",
+    "ConfigError",
+    "ErrorKind",
+    "InternalInvariant",
+    "InvalidModelAction",
+    "InvalidRequest",
+    "MAX_EXCERPT",
+    "ModelTransport",
+    "PoisonPhase",
+    "PolicyConfigInvalid",
+    "RunConfigError",
+    "RunError",
+    "RunErrorInfo",
+    "ToolDispatch",
+    "ToolOutcomeUnknown",
+    "WesichainError",
+    "excerpt",
+]
+
 ErrorKind = Literal[
     "InvalidRequest",
     "ModelTransport",

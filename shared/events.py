@@ -19,6 +19,29 @@ from pydantic import BaseModel, Field, TypeAdapter
 from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 
+__all__ = [
+    "AwaitingApproval",
+    "Completed",
+    "END_EVENTS",
+    "EVENT_ADAPTER",
+    "Event",
+    "Failed",
+    "Interrupted",
+    "ModelResponded",
+    "RunStarted",
+    "StepFailed",
+    "StepStarted",
+    "TokenDelta",
+    "ToolCompleted",
+    "ToolDispatched",
+    "WorkerId",
+    "configure_worker_identity",
+    "dump_event",
+    "load_event",
+    "this_worker",
+    "worker_identity",
+]
+
 
 class WorkerId(BaseModel):
     """The process that produced an event: the worker's name (its host by default) and pid."""

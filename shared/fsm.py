@@ -30,6 +30,23 @@ from shared.llm.base import Usage
 from shared.messages import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
 from shared.state import Approval, Phase, RunHead, ToolResult
 
+__all__ = [
+    "Acting",
+    "AnyPhase",
+    "CompletedRun",
+    "FailedRun",
+    "Idle",
+    "InterruptedRun",
+    "LivePhase",
+    "Observing",
+    "Parked",
+    "PhaseView",
+    "Thinking",
+    "Transition",
+    "view",
+    "view_as",
+]
+
 P = TypeVar("P", bound="PhaseView", covariant=True)
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
+__all__ = ["Keys"]
+
 
 @dataclass(frozen=True)
 class Keys:

@@ -10,6 +10,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+__all__ = [
+    "AssistantMessage",
+    "MESSAGE_ADAPTER",
+    "Message",
+    "SystemMessage",
+    "ToolCall",
+    "ToolMessage",
+    "UserMessage",
+    "dump_message",
+    "load_message",
+]
+
 
 class ToolCall(BaseModel):
     """A tool call the runtime accepted: known tool, arguments that passed validation."""
@@ -47,7 +59,6 @@ class ToolMessage(BaseModel):
 
 Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
 MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
-MESSAGES_ADAPTER: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
 
 
 def dump_message(message: Message) -> str:

@@ -13,6 +13,26 @@ from typing import Literal
 from shared.errors import BudgetExceeded, PolicyConfigInvalid, RunErrorInfo
 from shared.state import ToolResult
 
+__all__ = [
+    "Action",
+    "Fail",
+    "Interrupt",
+    "MAX_ATTEMPTS",
+    "MAX_BACKOFF_S",
+    "Policy",
+    "Reprompt",
+    "Retry",
+    "StepAction",
+    "StepVerdict",
+    "ToolFailureMode",
+    "UnknownOutcomeMode",
+    "Verdict",
+    "VerdictAction",
+    "after_tools",
+    "on_invalid_action",
+    "on_model_error",
+]
+
 MAX_ATTEMPTS = 20
 #: Longest wait between model retries; kept well below the queued lease, so the sweeper never
 #: mistakes a delayed retry for a lost one.

@@ -18,6 +18,31 @@ from dataclasses import dataclass
 
 from shared.state import TERMINAL_PHASES, Phase
 
+__all__ = [
+    "BODY",
+    "CALLS",
+    "CALL_CLAIM_PREFIX",
+    "CANCEL",
+    "ClaimValue",
+    "DECISION",
+    "EPOCH",
+    "OP",
+    "OUTBOX",
+    "OUTBOX_CLAIMED",
+    "PHASE",
+    "QUEUED_CHECKS",
+    "QUEUED_UNTIL",
+    "REQUEST",
+    "RUNNING",
+    "STEP",
+    "VERSION",
+    "attempts_field",
+    "call_claim",
+    "last_error_field",
+    "lost_field",
+    "lua_prelude",
+]
+
 # -- fields of the run hash --------------------------------------------------------------------------
 
 #: The committed version: the fencing token of every commit (compare-and-set).

@@ -18,6 +18,8 @@ from shared.errors import ConfigError
 from shared.settings import Settings, redact_url
 from shared.tls import RedisTlsError, describe, endpoint
 
+__all__ = ["VerifiedSSLConnection", "check_tls", "connect", "embedded_redis", "preflight"]
+
 _embedded_lock = threading.Lock()
 _embedded: redis.Redis | None = None
 

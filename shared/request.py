@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.errors import InvalidRequest
 from shared.settings import Limits
 
+__all__ = ["MAX_NAME_CHARS", "RunRequest", "StartMessage", "check_run_id", "validate_request"]
+
 #: Agent names, thread ids and run ids: short, printable, no separators that mean something to Redis.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$")
 MAX_NAME_CHARS = 200

@@ -10,6 +10,8 @@ import redis
 
 from shared.protocol import lua_prelude
 
+__all__ = ["SCRIPT_NAMES", "register_scripts", "script_source"]
+
 SCRIPT_NAMES = (
     "create",
     "claim_phase",

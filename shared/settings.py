@@ -11,6 +11,34 @@ from urllib.parse import urlsplit
 from shared.errors import ConfigError
 from shared.llm.settings import LlmSettings
 
+__all__ = [
+    "DEFAULT_AGENTS_MODULE",
+    "ENV_AGENTS",
+    "ENV_BROKER_OPTIONS",
+    "ENV_BROKER_PREFIX",
+    "ENV_HOOKS",
+    "ENV_LEASE",
+    "ENV_LOGLEVEL",
+    "ENV_MAX_ATTEMPTS",
+    "ENV_PREFIX",
+    "ENV_QUEUED_LEASE",
+    "ENV_REDIS_CA_FILE",
+    "ENV_REDIS_CERT_FILE",
+    "ENV_REDIS_KEY_FILE",
+    "ENV_REDIS_TLS_INSECURE",
+    "ENV_REDIS_URL",
+    "ENV_SHARDS",
+    "ENV_SWEEPER",
+    "ENV_TASK_EVENTS",
+    "ENV_WORKER_NAME",
+    "Limits",
+    "QUEUE_MODEL",
+    "QUEUE_TOOLS",
+    "Settings",
+    "celery_config",
+    "redact_url",
+]
+
 ENV_REDIS_URL = "WESICHAIN_REDIS_URL"
 ENV_AGENTS = "WESICHAIN_AGENTS"
 ENV_PREFIX = "WESICHAIN_PREFIX"

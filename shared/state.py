@@ -21,6 +21,17 @@ from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import ToolCall
 
+__all__ = [
+    "Approval",
+    "Decision",
+    "Phase",
+    "REQUEST_FIELDS",
+    "RunHead",
+    "TERMINAL_PHASES",
+    "TaskSpec",
+    "ToolResult",
+]
+
 
 class Phase(enum.StrEnum):
     IDLE = "idle"

@@ -39,6 +39,27 @@ from shared.scripts import register_scripts
 from shared.settings import Settings
 from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
 
+__all__ = [
+    "Busy",
+    "CallClaim",
+    "Claim",
+    "ClaimOutcome",
+    "ClaimRef",
+    "CommitStatus",
+    "Committed",
+    "Done",
+    "Due",
+    "HandedOn",
+    "MessageCache",
+    "PhaseClaim",
+    "RecordStatus",
+    "Recorded",
+    "RunStore",
+    "Stale",
+    "TaskState",
+    "new_token",
+]
+
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

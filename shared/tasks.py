@@ -17,6 +17,20 @@ from collections.abc import Mapping
 
 from shared.state import Phase, RunHead, TaskSpec
 
+__all__ = [
+    "PHASE_TASKS",
+    "TASK_DECIDE",
+    "TASK_OBSERVE",
+    "TASK_START",
+    "TASK_SWEEP",
+    "TASK_THINK",
+    "TASK_TOOL",
+    "decide_task",
+    "start_task",
+    "task_for",
+    "with_epoch",
+]
+
 TASK_START = "wesichain.start"
 TASK_THINK = "wesichain.think"
 TASK_TOOL = "wesichain.tool"

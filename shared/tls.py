@@ -30,6 +30,16 @@ from shared.settings import (
     redact_url,
 )
 
+__all__ = [
+    "Endpoint",
+    "FILE_PARAMETERS",
+    "RedisTls",
+    "RedisTlsError",
+    "URL_PARAMETERS",
+    "describe",
+    "endpoint",
+]
+
 log = logging.getLogger("wesichain.tls")
 
 #: URL query parameter (redis-py and kombu spelling) -> (settings field, environment variable).

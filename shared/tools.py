@@ -30,6 +30,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from shared.errors import ConfigError
 from shared.llm.base import ToolSpec
 
+__all__ = ["Tool", "ToolContext", "ToolSet", "tool", "validation_summary"]
+
 
 @dataclass(frozen=True)
 class ToolContext:

@@ -18,6 +18,8 @@ from pydantic import BaseModel, Field
 from shared.agents import AgentRegistry
 from shared.keys import Keys
 
+__all__ = ["AgentInfo", "LiveWorker", "ToolInfo", "WorkerDirectory", "WorkerRecord", "describe_agents"]
+
 
 class ToolInfo(BaseModel):
     name: str

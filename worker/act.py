@@ -28,6 +28,8 @@ from worker.heartbeat import Held
 from worker.runtime import Delivery, Runtime, internal_error, poison_error
 from worker.timeouts import ToolTimeout, call_with_timeout, hard_limit_s
 
+__all__ = ["invoke", "run_tool", "tool_timeout_result"]
+
 log = logging.getLogger("wesichain.worker")
 
 

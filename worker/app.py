@@ -48,6 +48,16 @@ from worker.start import run_start
 from worker.sweeper import Sweeper
 from worker.think import run_think
 
+__all__ = [
+    "Consumer",
+    "EXIT_CONFIG",
+    "PhaseRequest",
+    "RunEnded",
+    "RuntimeHolder",
+    "check_agents_module",
+    "create_app",
+]
+
 log = logging.getLogger("wesichain.worker")
 
 

@@ -26,6 +26,8 @@ import redis
 
 from shared.scripts import register_scripts
 
+__all__ = ["BrokerProbe", "CHUNK", "Located", "RedisQueues", "UnknownBroker"]
+
 _ID = re.compile(r'"id": "([^"]*)"')
 #: Messages read per round trip: one scan call never blocks Redis for long.
 CHUNK = 500

@@ -8,6 +8,8 @@ from typing import Any
 
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS
 
+__all__ = ["Handler", "demo", "register", "sweeper", "worker"]
+
 Handler = Any
 
 

@@ -12,6 +12,8 @@ from worker.heartbeat import Held
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime
 
+__all__ = ["run_decide"]
+
 log = logging.getLogger("wesichain.worker")
 
 

@@ -14,6 +14,8 @@ from typing import Any
 from producer.client import Client
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings
 
+__all__ = ["embedded"]
+
 
 @contextmanager
 def embedded(agents_module: str | None = None, *, concurrency: int = 4, **settings: Any) -> Iterator[Client]:

@@ -22,6 +22,8 @@ import redis
 
 from shared.store import RunStore
 
+__all__ = ["Heartbeat", "Held"]
+
 log = logging.getLogger("wesichain.heartbeat")
 
 

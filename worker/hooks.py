@@ -16,6 +16,8 @@ from shared.errors import ConfigError
 from shared.state import Phase, TaskSpec
 from shared.store import RunStore
 
+__all__ = ["Hooks", "load_hooks"]
+
 
 class Hooks:
     """No-op defaults; override what you need."""

@@ -25,6 +25,8 @@ from shared.tasks import TASK_TOOL, task_for
 from worker.act import tool_timeout_result
 from worker.runtime import Runtime
 
+__all__ = ["on_lost_process"]
+
 log = logging.getLogger("wesichain.worker")
 
 

@@ -23,6 +23,8 @@ from shared.store import RunStore
 from worker.heartbeat import Held
 from worker.runtime import Cancelled
 
+__all__ = ["ClaimLost", "DELTA_FLUSH_S", "ModelCall", "Part"]
+
 #: Streamed text is flushed to the event stream at most this often (one round trip per batch),
 #: and at least this often while text is waiting.
 DELTA_FLUSH_S = 0.05

@@ -10,6 +10,8 @@ from worker.heartbeat import Held
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime
 
+__all__ = ["run_observe"]
+
 
 def run_observe(rt: Runtime, delivery: Delivery, step: int) -> RunHead | None:
     want = PhaseClaim(

@@ -25,6 +25,8 @@ from shared.store import Claim, ClaimRef, PhaseClaim
 from worker.heartbeat import Held
 from worker.runtime import Cancelled, Delivery, Runtime, internal_error, poison_error
 
+__all__ = ["PhaseBody", "run_phase"]
+
 log = logging.getLogger("wesichain.worker")
 
 P = TypeVar("P", fsm.Idle, fsm.Thinking, fsm.Observing, fsm.Parked)

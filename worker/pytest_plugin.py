@@ -46,12 +46,19 @@ if TYPE_CHECKING:
     Script: TypeAlias = Sequence[Reply] | Callable[[Sequence[Message]], Reply]
 
 __all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "INI_AGENTS_MODULE",
     "RunAgent",
     "ScriptedModels",
     "WesichainRun",
     "assert_event_invariants",
     "event_kinds",
+    "pytest_addoption",
     "tool_calls",
+    "wesichain_agents_module",
+    "wesichain_client",
+    "wesichain_run",
+    "wesichain_scripted",
 ]
 
 INI_AGENTS_MODULE = "wesichain_agents_module"

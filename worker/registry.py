@@ -26,6 +26,8 @@ from shared.scripts import register_scripts
 from shared.workers import WorkerRecord, describe_agents
 from worker.runtime import Runtime
 
+__all__ = ["ConsumerWatch", "DEAF_AFTER_S", "RegistryBeat"]
+
 log = logging.getLogger("wesichain.registry")
 
 #: A consumer that has not asked the broker for a message for this long, while it could take one,

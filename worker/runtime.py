@@ -25,6 +25,8 @@ from worker.heartbeat import Heartbeat
 from worker.hooks import Hooks
 from worker.timeouts import hard_limit_s
 
+__all__ = ["Cancelled", "Delivery", "Runtime", "Send", "internal_error", "poison_error"]
+
 log = logging.getLogger("wesichain.worker")
 
 #: Sends one task to the broker.

@@ -23,6 +23,8 @@ from worker.heartbeat import Held
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime
 
+__all__ = ["HISTORY_WINDOW", "run_start"]
+
 log = logging.getLogger("wesichain.worker")
 
 #: Messages of earlier runs in the same thread carried into a new run.

@@ -31,6 +31,8 @@ from shared.tasks import with_epoch
 from worker.broker_probe import BrokerProbe, Located
 from worker.runtime import Runtime
 
+__all__ = ["BATCH", "Sweeper"]
+
 log = logging.getLogger("wesichain.sweeper")
 
 #: Runs looked at per shard and sweep.

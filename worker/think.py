@@ -18,6 +18,8 @@ from worker.model_call import ClaimLost, ModelCall
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime
 
+__all__ = ["run_think"]
+
 
 def run_think(rt: Runtime, delivery: Delivery, step: int) -> RunHead | None:
     want = PhaseClaim(

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TypeVar
 
+__all__ = ["ToolTimeout", "call_with_timeout", "hard_limit_s"]
+
 T = TypeVar("T")
 
 

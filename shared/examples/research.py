@@ -25,6 +25,24 @@ from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import Message, ToolMessage, UserMessage
 from shared.tools import ToolSet, tool
 
+__all__ = [
+    "CalculatorArgs",
+    "CalculatorResult",
+    "DEMO_QUESTION",
+    "Hit",
+    "MAX_EXPONENT",
+    "MAX_MAGNITUDE",
+    "SearchArgs",
+    "SearchResult",
+    "TimeArgs",
+    "TimeResult",
+    "calculator",
+    "current_time",
+    "registry",
+    "search",
+    "snippet",
+]
+
 # -- calculator: arithmetic over a whitelisted AST, never eval ----------------------------------
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {

@@ -15,6 +15,8 @@ from shared.llm.base import ModelRequest, ModelResponse, RawToolCall, StreamPart
 from shared.llm.settings import HttpSettings
 from shared.llm.transport import HttpTransport
 
+__all__ = ["HttpAdapter", "raw_output"]
+
 
 class HttpAdapter(ABC):
     """A provider adapter over HTTP, bound to one model.

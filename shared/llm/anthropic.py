@@ -28,6 +28,16 @@ from shared.llm.text import SurrogateJoiner
 from shared.llm.transport import SecretHeaderAuth
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 
+__all__ = [
+    "API_VERSION",
+    "AnthropicAdapter",
+    "DEFAULT_BASE_URL",
+    "DEFAULT_MAX_TOKENS",
+    "RETRYABLE_ERRORS",
+    "wire_conversation",
+    "wire_tools",
+]
+
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096

@@ -22,6 +22,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from shared.llm.text import clean_json_text, clean_text, clean_value
 from shared.messages import Message
 
+__all__ = [
+    "LlmAdapter",
+    "ModelRequest",
+    "ModelResponse",
+    "RawToolCall",
+    "StreamPart",
+    "TextDelta",
+    "ToolSpec",
+    "Usage",
+]
+
 
 class ToolSpec(BaseModel):
     """What a model is told about one tool; ``parameters`` is a generated JSON schema."""

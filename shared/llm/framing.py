@@ -17,6 +17,16 @@ from typing import Any
 
 from shared.errors import excerpt
 
+__all__ = [
+    "LineSplitter",
+    "NdjsonParser",
+    "SseEvent",
+    "SseParser",
+    "StreamDecodeError",
+    "Utf8Decoder",
+    "decode_utf8",
+]
+
 
 class StreamDecodeError(ValueError):
     """A stream's framing or payload is broken. ``truncated`` says it merely ended mid-item."""

@@ -17,6 +17,8 @@ from shared.llm.openai import OpenAIAdapter
 from shared.llm.react import ReActAdapter
 from shared.llm.settings import HttpSettings
 
+__all__ = ["PROVIDERS", "REACT_PREFIX", "build_adapter", "split_model_string"]
+
 REACT_PREFIX = "react+"
 
 _FACTORIES: dict[str, Callable[..., LlmAdapter]] = {

@@ -29,6 +29,18 @@ from shared.llm.base import (
 )
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 
+__all__ = [
+    "FINAL_ANSWER",
+    "FORMAT_INSTRUCTIONS",
+    "ParsedReply",
+    "ReActAdapter",
+    "parse_reply",
+    "render_messages",
+    "render_tools",
+    "system_prompt",
+    "to_response",
+]
+
 FINAL_ANSWER = "Final Answer:"
 _ACTION = re.compile(r"^[ \t]*Action[ \t]*:[ \t]*(?P<name>.*)$", re.MULTILINE)
 _ACTION_INPUT = re.compile(r"^[ \t]*Action[ \t]*Input[ \t]*:", re.MULTILINE)

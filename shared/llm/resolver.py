@@ -29,6 +29,17 @@ from shared.llm.providers import build_adapter
 from shared.llm.scripted import ScriptedModel, load_script
 from shared.llm.settings import ENV_SCRIPTS_DIR, LlmSettings
 
+__all__ = [
+    "AdapterCache",
+    "CACHE",
+    "CACHE_SIZE",
+    "SCRIPTED",
+    "is_agents_model",
+    "resolve_model",
+    "retire",
+    "script_path",
+]
+
 SCRIPTED = "scripted"
 #: Adapters kept per process. A worker serves a handful of models; 32 leaves room for many more
 #: while bounding what distinct model strings can cost (about 1 MB per adapter and its pool).

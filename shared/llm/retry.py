@@ -21,6 +21,17 @@ import httpx
 from shared.errors import ModelTransport
 from shared.llm.settings import HttpSettings
 
+__all__ = [
+    "RETRYABLE_STATUSES",
+    "Restate",
+    "Retrier",
+    "RetryableStatus",
+    "backoff_delay",
+    "is_retryable_status",
+    "network_failure",
+    "parse_retry_after",
+]
+
 T = TypeVar("T")
 
 #: Statuses worth trying again besides 5xx: the provider is busy or had a transient fault.

@@ -17,6 +17,8 @@ from shared.errors import ConfigError, ModelTransport
 from shared.llm.base import ModelRequest, ModelResponse, RawToolCall, StreamPart, TextDelta, Usage
 from shared.messages import AssistantMessage, Message
 
+__all__ = ["ScriptFn", "ScriptedModel", "load_script", "reply"]
+
 ScriptFn = Callable[[Sequence[Message]], ModelResponse]
 
 

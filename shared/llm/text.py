@@ -21,6 +21,8 @@ import codecs
 import re
 from typing import Any
 
+__all__ = ["REPLACEMENT", "SurrogateJoiner", "clean_json_text", "clean_text", "clean_value"]
+
 REPLACEMENT = "\ufffd"
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -40,6 +40,17 @@ from shared.llm.retry import Retrier, RetryableStatus, is_retryable_status, netw
 from shared.llm.settings import HttpSettings
 from shared.llm.text import clean_text
 
+__all__ = [
+    "ERROR_BODY_LIMIT",
+    "HttpTransport",
+    "Redactor",
+    "SecretHeaderAuth",
+    "error_detail",
+    "make_client",
+    "safe_url",
+    "shared_ssl_context",
+]
+
 #: Error bodies are only read for their message; a few KiB say everything useful.
 ERROR_BODY_LIMIT = 64 * 1024
 
