@@ -41,6 +41,8 @@ class RunNotFound(WesichainError, LookupError):
 
 
 class Client:
+    """Submits runs and follows them, with the Redis URL and agent names only."""
+
     def __init__(
         self, settings: Settings, *, app: Celery | None = None, store: RunStore | None = None
     ) -> None:
@@ -114,6 +116,8 @@ class Client:
 
 
 class RunHandle:
+    """One run: its status, its events, and the cancel and approval verbs."""
+
     def __init__(self, client: Client, run_id: str) -> None:
         self.client = client
         self.run_id = run_id

@@ -23,6 +23,8 @@ __all__ = ["Agent", "AgentRegistry", "load_registry"]
 
 @dataclass(frozen=True)
 class Agent:
+    """A named agent spec: its model, system prompt, tools, policy, step budget and approvals."""
+
     name: str
     #: ``PROVIDER:MODEL``: ``scripted:NAME`` (a model registered beside the agent, or a JSON file path),
     #: ``openai:…``, ``ollama:…``, ``anthropic:…``; prefix ``react+`` for text-only ReAct models.
@@ -50,6 +52,8 @@ class Agent:
 
 
 class AgentRegistry:
+    """The agents (and in-process models) an agents module offers, by name."""
+
     def __init__(self) -> None:
         self._agents: dict[str, Agent] = {}
         self._models: dict[str, LlmAdapter] = {}

@@ -89,6 +89,8 @@ class PolicyConfigInvalid(WesichainError):
 
 
 class RunError(WesichainError):
+    """A reason a run cannot go on; ``info()`` is its persisted form."""
+
     kind: ErrorKind = "InternalInvariant"
 
     def __init__(self, message: str, *, step: int | None = None, **details: Any) -> None:
@@ -164,20 +166,33 @@ class InvalidModelAction(RunError):
 
 
 class ToolDispatch(RunError):
+    """A tool raised, timed out, got bad arguments, or is not registered."""
+
     kind = "ToolDispatch"
 
 
 class ToolOutcomeUnknown(RunError):
+    """A non-retry-safe tool's call may or may not have had its effect.
+
+    Its worker died mid-call, it stalled past its lease, or it ran past its timeout.
+    """
+
     kind = "ToolOutcomeUnknown"
 
 
 class BudgetExceeded(RunError):
+    """The run's step budget was spent before the model gave a final answer."""
+
     kind = "BudgetExceeded"
 
 
 class PoisonPhase(RunError):
+    """A phase was started too often without finishing (it crashes its workers)."""
+
     kind = "PoisonPhase"
 
 
 class InternalInvariant(RunError):
+    """A bug: state that must not exist, or an exception the runtime did not expect."""
+
     kind = "InternalInvariant"

@@ -84,6 +84,8 @@ class _Event(BaseModel):
 
 
 class RunStarted(_Event):
+    """The start phase filled the run in from its agent."""
+
     kind: Literal["RunStarted"] = "RunStarted"
     agent: str
     agent_version: str
@@ -91,15 +93,21 @@ class RunStarted(_Event):
 
 
 class StepStarted(_Event):
+    """A step begins: the model is about to be asked."""
+
     kind: Literal["StepStarted"] = "StepStarted"
 
 
 class TokenDelta(_Event):
+    """Text the model streamed (live, not committed: may repeat after a crash)."""
+
     kind: Literal["TokenDelta"] = "TokenDelta"
     text: str
 
 
 class ModelResponded(_Event):
+    """The model's answer for the step was accepted."""
+
     kind: Literal["ModelResponded"] = "ModelResponded"
     text: str | None = None
     tool_calls: int = 0
@@ -107,6 +115,8 @@ class ModelResponded(_Event):
 
 
 class ToolDispatched(_Event):
+    """A tool call was sent to the tools (exactly one completion follows)."""
+
     kind: Literal["ToolDispatched"] = "ToolDispatched"
     call_id: str
     tool: str
@@ -114,6 +124,8 @@ class ToolDispatched(_Event):
 
 
 class ToolCompleted(_Event):
+    """A tool call's one recorded outcome (``ok=False`` with an error on failure)."""
+
     kind: Literal["ToolCompleted"] = "ToolCompleted"
     call_id: str
     tool: str
@@ -124,6 +136,8 @@ class ToolCompleted(_Event):
 
 
 class StepFailed(_Event):
+    """Something went wrong in a step, and what the policy decided."""
+
     kind: Literal["StepFailed"] = "StepFailed"
     error: RunErrorInfo
     #: What the policy decided: "fail", "retry", "reprompt", "interrupt", "continue".
@@ -131,6 +145,8 @@ class StepFailed(_Event):
 
 
 class AwaitingApproval(_Event):
+    """The run parked: a human must decide on this call."""
+
     kind: Literal["AwaitingApproval"] = "AwaitingApproval"
     call_id: str
     tool: str
@@ -138,17 +154,23 @@ class AwaitingApproval(_Event):
 
 
 class Completed(_Event):
+    """The run ended with an answer."""
+
     kind: Literal["Completed"] = "Completed"
     answer: str
     usage: Usage = Field(default_factory=Usage)
 
 
 class Failed(_Event):
+    """The run ended with an error."""
+
     kind: Literal["Failed"] = "Failed"
     error: RunErrorInfo
 
 
 class Interrupted(_Event):
+    """The run was cancelled, or halted by its policy."""
+
     kind: Literal["Interrupted"] = "Interrupted"
     reason: str
 

@@ -52,6 +52,8 @@ P = TypeVar("P", bound="PhaseView", covariant=True)
 
 @dataclass(frozen=True)
 class Transition(Generic[P]):
+    """One move of the state machine: the new view, the messages to append, the events to emit."""
+
     to: P
     messages: tuple[Message, ...] = ()
     events: tuple[ev.Event, ...] = ()
@@ -63,6 +65,8 @@ class Transition(Generic[P]):
 
 @dataclass(frozen=True)
 class PhaseView:
+    """A run's head seen in one phase; subclasses expose only that phase's legal moves."""
+
     head: RunHead
     phase: Phase = field(init=False, default=Phase.IDLE)
 
@@ -96,6 +100,8 @@ class _Live(PhaseView):
 
 @dataclass(frozen=True)
 class Idle(_Live):
+    """Created, waiting for its start phase."""
+
     phase: Phase = field(init=False, default=Phase.IDLE)
 
     def start(
@@ -128,6 +134,8 @@ class Idle(_Live):
 
 @dataclass(frozen=True)
 class Thinking(_Live):
+    """Waiting for (or asking) the model."""
+
     phase: Phase = field(init=False, default=Phase.THINKING)
 
     def complete(self, answer: str, usage: Usage) -> Transition[CompletedRun]:
@@ -232,6 +240,8 @@ class Thinking(_Live):
 
 @dataclass(frozen=True)
 class Acting(_Live):
+    """The step's tool calls are out; the last result moves the run on."""
+
     phase: Phase = field(init=False, default=Phase.ACTING)
 
     def observe(self) -> Transition[Observing]:
@@ -242,6 +252,8 @@ class Acting(_Live):
 
 @dataclass(frozen=True)
 class Observing(_Live):
+    """All results are in; the next move is decided from them."""
+
     phase: Phase = field(init=False, default=Phase.OBSERVING)
 
     def next_step(self, results: Sequence[ToolResult]) -> Transition[Thinking]:
@@ -338,16 +350,22 @@ def _tool_messages(head: RunHead, results: Sequence[ToolResult]) -> tuple[Messag
 
 @dataclass(frozen=True)
 class CompletedRun(PhaseView):
+    """Ended with an answer: no moves left."""
+
     phase: Phase = field(init=False, default=Phase.COMPLETED)
 
 
 @dataclass(frozen=True)
 class FailedRun(PhaseView):
+    """Ended with an error: no moves left."""
+
     phase: Phase = field(init=False, default=Phase.FAILED)
 
 
 @dataclass(frozen=True)
 class InterruptedRun(PhaseView):
+    """Cancelled or halted by policy: no moves left."""
+
     phase: Phase = field(init=False, default=Phase.INTERRUPTED)
 
 

@@ -19,6 +19,8 @@ __all__ = ["Keys"]
 
 @dataclass(frozen=True)
 class Keys:
+    """The key names of one deployment (its prefix and number of shards)."""
+
     prefix: str = "wesichain:"
     shards: int = 16
 

@@ -34,22 +34,30 @@ class ToolCall(BaseModel):
 
 
 class SystemMessage(BaseModel):
+    """The agent's instructions, first in every conversation."""
+
     role: Literal["system"] = "system"
     content: str
 
 
 class UserMessage(BaseModel):
+    """The user's input (or a correction the runtime adds after a malformed reply)."""
+
     role: Literal["user"] = "user"
     content: str
 
 
 class AssistantMessage(BaseModel):
+    """What the model answered: text and accepted tool calls."""
+
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ToolMessage(BaseModel):
+    """A tool call's result as the model sees it."""
+
     role: Literal["tool"] = "tool"
     tool_call_id: str
     name: str

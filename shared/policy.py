@@ -111,6 +111,8 @@ UnknownOutcomeMode = Literal["fail", "await_approval"]
 @dataclass(frozen=True)
 class Policy:
     #: Malformed model action: unknown tool, arguments not JSON, arguments failing validation.
+    """What an agent does about malformed model actions, provider errors, tool errors and unknown outcomes."""
+
     on_invalid_action: Fail | Reprompt | Interrupt = Fail()
     #: The provider failed (network, 5xx, malformed body).
     on_model_error: Fail | Retry | Interrupt = Retry(n=2)

@@ -103,6 +103,8 @@ def lost_field(version: int) -> str:
 
 @dataclass(frozen=True)
 class ClaimValue:
+    """A claim as stored: the holder's token, its deadline (Redis time, ms) and the holding process."""
+
     token: str
     deadline_ms: int
     holder: str

@@ -84,6 +84,8 @@ class Settings:
     #: redis-py/kombu query parameters ``ssl_ca_certs``, ``ssl_certfile`` and ``ssl_keyfile``
     #: instead of the three file settings below (and ``ssl_cert_reqs=required``,
     #: ``ssl_check_hostname=true``, which change nothing).
+    """Everything a process of the runtime is configured with, resolved once (``from_env``)."""
+
     redis_url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "wesichain:"
     agents_module: str = DEFAULT_AGENTS_MODULE

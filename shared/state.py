@@ -34,6 +34,8 @@ __all__ = [
 
 
 class Phase(enum.StrEnum):
+    """Where a run is in its life; the terminal ones are COMPLETED, FAILED and INTERRUPTED."""
+
     IDLE = "idle"
     THINKING = "thinking"
     ACTING = "acting"

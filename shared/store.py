@@ -159,6 +159,8 @@ RecordStatus = Literal["stale", "duplicate", "recorded", "complete"]
 
 @dataclass(frozen=True)
 class Committed:
+    """What a commit did."""
+
     status: CommitStatus
     #: The run's epoch after a successful commit (tasks are published under it).
     epoch: int = 0
@@ -166,6 +168,8 @@ class Committed:
 
 @dataclass(frozen=True)
 class Recorded:
+    """What recording a tool result did."""
+
     status: RecordStatus
     #: The run's epoch when the fan-in completed (observe is published under it).
     epoch: int = 0
@@ -217,6 +221,8 @@ class Due:
 
 @dataclass(frozen=True)
 class HandedOn:
+    """A phase the sweeper handed on under a new epoch."""
+
     epoch: int
     #: Hand-ons of this version's tasks because their messages had vanished from the broker.
     lost: int

@@ -89,6 +89,8 @@ class RedisTls:
 
 class Endpoint(NamedTuple):
     #: The URL to connect to, without its ``ssl_*`` query parameters (they are in ``tls``).
+    """A Redis URL stripped of its TLS parameters, with the TLS options built from them and the settings."""
+
     url: str
     #: None for ``redis://`` and ``memory://``.
     tls: RedisTls | None

@@ -61,6 +61,8 @@ class ToolContext:
 
 @dataclass(frozen=True)
 class Tool:
+    """A typed tool: its name, description, argument model, result type, retry safety and timeout."""
+
     name: str
     description: str
     args_model: type[BaseModel]

@@ -22,6 +22,8 @@ __all__ = ["AgentInfo", "LiveWorker", "ToolInfo", "WorkerDirectory", "WorkerReco
 
 
 class ToolInfo(BaseModel):
+    """A tool as a worker describes it in the registry."""
+
     name: str
     description: str
     #: The JSON schema of the tool's arguments.
@@ -31,6 +33,8 @@ class ToolInfo(BaseModel):
 
 
 class AgentInfo(BaseModel):
+    """An agent as a worker describes it in the registry."""
+
     name: str
     version: str
     model: str
@@ -59,6 +63,8 @@ class WorkerRecord(BaseModel):
 
 
 class LiveWorker(BaseModel):
+    """A worker's record and how long ago it was written."""
+
     record: WorkerRecord
     #: Seconds since its last heartbeat, by Redis's clock.
     age_s: float

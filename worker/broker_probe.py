@@ -44,6 +44,8 @@ class Located:
 
 
 class BrokerProbe(Protocol):
+    """Where the broker holds given task messages."""
+
     def locate(self, task_ids: Collection[str]) -> Located | None:
         """Where the broker holds the messages of ``task_ids``; None: it cannot tell."""
 

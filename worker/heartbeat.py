@@ -42,6 +42,8 @@ class Held:
 
 
 class Heartbeat:
+    """Renews the claims this process holds, and passes cancels to them."""
+
     def __init__(self, store: RunStore, interval_s: float) -> None:
         self.store = store
         self.interval_s = interval_s

@@ -53,6 +53,8 @@ class Delivery:
 
 @dataclass
 class Runtime:
+    """A worker process's store, agents, publisher, settings, heartbeat and hooks."""
+
     store: RunStore
     agents: AgentRegistry
     send: Send

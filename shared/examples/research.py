@@ -62,10 +62,14 @@ MAX_MAGNITUDE = 1e300
 
 
 class CalculatorArgs(BaseModel):
+    """An arithmetic expression."""
+
     expression: str = Field(max_length=200, description="Arithmetic, e.g. '3.5 * 24 * 3600' or 'sqrt(2)'")
 
 
 class CalculatorResult(BaseModel):
+    """The expression and its value."""
+
     expression: str
     value: float
 
@@ -132,10 +136,14 @@ def calculator(args: CalculatorArgs) -> CalculatorResult:
 
 
 class TimeArgs(BaseModel):
+    """An IANA time zone."""
+
     timezone: str = Field(default="UTC", max_length=64, description="IANA time zone, e.g. 'Europe/Paris'")
 
 
 class TimeResult(BaseModel):
+    """The time zone and the current time there."""
+
     timezone: str
     iso: str
 
@@ -154,11 +162,15 @@ def current_time(args: TimeArgs) -> TimeResult:
 
 
 class SearchArgs(BaseModel):
+    """A search of the bundled knowledge base."""
+
     query: str = Field(min_length=1, max_length=500)
     limit: int = Field(default=3, ge=1, le=10)
 
 
 class Hit(BaseModel):
+    """One matching document."""
+
     id: str
     title: str
     snippet: str
@@ -166,6 +178,8 @@ class Hit(BaseModel):
 
 
 class SearchResult(BaseModel):
+    """The best matches, best first."""
+
     hits: list[Hit]
 
 

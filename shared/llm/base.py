@@ -45,6 +45,8 @@ class ToolSpec(BaseModel):
 
 
 class Usage(BaseModel):
+    """Tokens a model call (or a whole run) consumed."""
+
     input_tokens: int = 0
     output_tokens: int = 0
 
@@ -79,6 +81,8 @@ class RawToolCall(BaseModel):
 
 
 class ModelRequest(BaseModel):
+    """What a think phase asks a model: the conversation and the tools on offer."""
+
     model: str
     messages: list[Message]
     tools: list[ToolSpec] = Field(default_factory=list)
@@ -90,6 +94,8 @@ class ModelRequest(BaseModel):
 
 
 class ModelResponse(BaseModel):
+    """A model's answer: text and/or raw tool calls, untrusted until the runtime validates them."""
+
     text: str | None = None
     tool_calls: list[RawToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
@@ -104,6 +110,8 @@ class ModelResponse(BaseModel):
 
 
 class TextDelta(BaseModel):
+    """A piece of streamed answer text."""
+
     text: str
 
     @field_validator("text")

@@ -109,6 +109,8 @@ class LineSplitter:
 
 @dataclass(frozen=True)
 class SseEvent:
+    """One Server-Sent Event: its event name and data."""
+
     event: str = "message"
     data: str = ""
     id: str | None = None

@@ -42,10 +42,15 @@ def test_a_worker_without_its_agents_module_exits_before_consuming(
         raw.delete(QUEUE_MODEL)
         handle = client.submit("direct", "waits for a worker with its agents", check_agent=False)
         assert raw.llen(QUEUE_MODEL) == 1
-        bad = WorkerProcess("no-agents", redis_server.url, agents="no_such_agents_module", log_dir=str(tmp_path))
+        bad = WorkerProcess(
+            "no-agents", redis_server.url, agents="no_such_agents_module", log_dir=str(tmp_path)
+        )
         assert _worker_exit(bad) == 2
         log = bad.log()
-        assert "wesichain: refusing to start the worker: cannot import agents module 'no_such_agents_module'" in log
+        assert (
+            "wesichain: refusing to start the worker: cannot import agents module 'no_such_agents_module'"
+            in log
+        )
         assert "Traceback" not in log and "ready." not in log
         # Nothing was consumed.
         assert raw.llen(QUEUE_MODEL) == 1
