@@ -70,6 +70,10 @@ class AgentRegistry:
             raise ConfigError(f"model {name!r} is registered twice")
         self._models[name] = adapter
 
+    def remove_model(self, name: str) -> None:
+        """Forget an in-process model (a test's scripted model, after the test)."""
+        self._models.pop(name, None)
+
     def get(self, name: str) -> Agent:
         try:
             return self._agents[name]

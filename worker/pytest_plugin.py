@@ -306,7 +306,7 @@ class ScriptedModels:
     def remove_all(self) -> None:
         # The registry offers no public way to forget a model; these names are unique to this test.
         for name in self._names:
-            self._registry._models.pop(name, None)
+            self._registry.remove_model(name)
         self._names.clear()
         self._by_agent.clear()
 
