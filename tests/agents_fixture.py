@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Sequence
 from functools import cache
+from typing import Any
 
 import redis
 from pydantic import BaseModel, Field
@@ -170,15 +171,16 @@ TOOLS = ToolSet(
 registry = AgentRegistry()
 
 
-def _add(name: str, script: Sequence[ModelResponse], **kwargs: object) -> None:
+def _add(name: str, script: Sequence[ModelResponse], **kwargs: Any) -> None:
     registry.add_model(name, ScriptedModel(script))
     registry.add(
         Agent(name=name, model=f"scripted:{name}", system_prompt=f"test agent {name}", tools=TOOLS, **kwargs)
-    )  # type: ignore[arg-type]
+    )
 
 
 def _raw(name: str, arguments: object) -> ModelResponse:
-    return ModelResponse(tool_calls=[RawToolCall(id="c1", name=name, arguments=arguments)], usage=Usage())  # type: ignore[arg-type]
+    raw: Any = arguments  # deliberately malformed model output
+    return ModelResponse(tool_calls=[RawToolCall(id="c1", name=name, arguments=raw)], usage=Usage())
 
 
 _add("direct", [reply("The answer is 42.")])

@@ -51,10 +51,8 @@ def test_a_backlog_on_one_tool_slot_finishes_without_failures_or_duplicates(
 
     wait_until(all_done, timeout=max(240, RUNS // 5), interval=0.5, what="every run of the backlog to end")
     waited = time.monotonic() - started
-    outcomes = Counter(
-        h.status().phase.value + (f":{h.status().error.kind}" if h.status().error else "")  # type: ignore[union-attr]
-        for h in handles
-    )
+    heads = [h.status() for h in handles]
+    outcomes = Counter(h.phase.value + (f":{h.error.kind}" if h.error is not None else "") for h in heads)
     assert outcomes == Counter({Phase.COMPLETED.value: RUNS}), outcomes
     assert deepest >= 20, f"the tool queue never backed up (deepest {deepest})"
     assert waited > 3 * 2, "the backlog did not outlast the queued lease"

@@ -118,7 +118,7 @@ def test_a_worker_with_a_skewed_clock_takes_nothing_over(
         assert head.phase is Phase.COMPLETED, f"{handle.run_id}: {head.phase} {head.error}"
         assert head.epoch == 0, f"{handle.run_id} was taken over while it was alive"
         assert_terminal_matches_events(head, events_of(handle))
-    calls = {k: int(v) for k, v in r.hgetall(MODEL_CALLS_KEY).items() if k.startswith(tag)}
+    calls = {str(k): int(v) for k, v in r.hgetall(MODEL_CALLS_KEY).items() if str(k).startswith(tag)}
     assert calls == {f"{text}:{turn}": 1 for text in inputs for turn in (0, 1)}, "a model call ran twice"
     assert all(w.alive for w in cluster.workers)
 

@@ -670,7 +670,7 @@ class RedisWatch:
 
     def _monitor(self) -> None:
         r = redis.Redis(host="127.0.0.1", port=self.server.port)
-        with r.monitor() as monitor:  # type: ignore[no-untyped-call]
+        with r.monitor() as monitor:
             self._monitor_ready.set()
             while True:
                 line = monitor.connection.read_response()

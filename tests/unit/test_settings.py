@@ -365,7 +365,7 @@ def test_a_missing_tls_file_names_its_variable(
         Settings.from_env(redis_url="rediss://:hunter2@h/0")
     assert str(info.value) == f"{env}: {missing!r} does not exist or is not a file"
     # The same check holds for settings built without from_env, when they are used.
-    s = Settings(redis_url="rediss://h/0", **{field_name: missing})
+    s = Settings(redis_url="rediss://h/0").with_(**{field_name: missing})
     with pytest.raises(ConfigError, match=env):
         celery_config(s)
     with pytest.raises(ConfigError, match=env):

@@ -253,7 +253,7 @@ def test_checkpoint_size_does_not_grow_with_the_input(store: RunStore) -> None:
             current = nxt.to
         raw = store.redis.lrange(store.keys.checkpoints(head.run_id), 0, -1)
         assert len(raw) == 6
-        return sum(len(c.encode()) for c in raw)
+        return sum(len(str(c).encode()) for c in raw)
 
     small, large = checkpoint_bytes(10), checkpoint_bytes(1_000_000)
     assert large - small < 100, f"six checkpoints cost {large - small} more bytes with a 1 MB input"

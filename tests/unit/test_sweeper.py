@@ -9,7 +9,8 @@ from collections.abc import Collection, Iterator
 import pytest
 import redis
 from celery import Celery
-from kombu import Connection, Queue
+from kombu.connection import Connection
+from kombu.entity import Queue
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 

@@ -14,6 +14,7 @@ import pytest
 import shared.llm.resolver as resolver
 from shared.agents import Agent, AgentRegistry
 from shared.errors import ConfigError, ModelTransport
+from shared.llm import scripted
 from shared.llm.base import LlmAdapter
 from shared.llm.openai import OpenAIAdapter
 from shared.llm.react import ReActAdapter
@@ -200,7 +201,7 @@ def script(tmp_path: Path) -> Path:
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every scripted model file the resolver reads."""
     seen: list[str] = []
-    real = resolver.load_script
+    real = scripted.load_script  # what the resolver calls (it imports it), patched there below
 
     def recording(path: str) -> list[object]:
         seen.append(path)
