@@ -9,6 +9,7 @@ still happens once.
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -128,3 +129,42 @@ def _crash_lines(w: WorkerProcess) -> str:
         return f"{w.name}: exited with {w.proc.returncode if w.proc else '?'}"
     tail = lines[keep[0] :][-12:]
     return f"{w.name}: " + "\n".join([lines[keep[0]], *tail])
+
+
+def test_redis_killed_mid_workload_loses_nothing_acknowledged(
+    aof_cluster: Cluster, aof_server: RedisServer, aof_client: Client
+) -> None:
+    """SIGKILL, not a clean stop: Redis has no chance to flush anything. With appendfsync always
+    every write it acknowledged is already on disk, so after the restart every run goes on from
+    its last commit, and a non-retry-safe call that was in flight is never run a second time."""
+    workers = aof_cluster.start(2, concurrency=2)
+    r = aof_client.store.redis
+    paying = [aof_client.submit("charge_once", "go") for _ in range(2)]
+    others = [aof_client.submit(agent, "go") for agent in ("slow_step", "chain", "parallel", "one_hop")]
+    for handle in paying:
+        wait_tool_started(r, idem(handle.run_id))
+    offsets = {w.name: len(w.log()) for w in workers}
+    aof_server.stop(signal.SIGKILL)
+    wait_until(
+        lambda: all(LOST in w.log()[offsets[w.name] :] or not w.alive for w in workers),
+        30,
+        what="every worker to notice Redis is gone",
+    )
+    aof_server.start()
+    aof_cluster.revive(wait=True)
+    for handle in paying:
+        head = handle.wait(RUN_TIMEOUT_S)
+        events = events_of(handle)
+        assert_event_invariants(events)
+        assert_terminal_matches_events(head, events)
+        key = idem(handle.run_id)
+        # Never twice: it completed once, or its outcome is unknown and it never ran again.
+        assert starts(r, key) == 1, f"{handle.run_id}: the charge started {starts(r, key)} times"
+        if head.phase is Phase.COMPLETED:
+            assert effects(r, key) == 1
+        else:
+            assert head.error is not None and head.error.kind == "ToolOutcomeUnknown", head.error
+    for handle in others:
+        head = handle.wait(RUN_TIMEOUT_S)
+        assert head.phase is Phase.COMPLETED, f"{head.agent}: {head.phase} {head.error}"
+        assert_event_invariants(events_of(handle))
