@@ -306,3 +306,56 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main([])
     assert info.value.code == 2
+
+
+def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: wesichain")
+    assert "``" not in out and ":class:" not in out
+    for command in ("demo", "worker", "sweeper", "submit", "events", "agents", "workers", "health"):
+        assert command in out
+
+
+@pytest.mark.integration
+def test_events_resume_after_a_stream_id(
+    workers: list[WorkerProcess],
+    redis_server: RedisServer,
+    client: Client,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    handle = client.submit("one_hop", "go")
+    handle.wait(30)
+    assert cli(redis_server.url, "events", handle.run_id, "--json") == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    ids = [r["stream_id"] for r in records]
+    assert all(ids) and ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+    # Resume after the third event: exactly the rest, in order, nothing repeated.
+    assert cli(redis_server.url, "events", handle.run_id, "--json", "--after", ids[2]) == 0
+    rest = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["stream_id"] for r in rest] == ids[3:]
+    # The Python client gives the same ids, so a follower can resume where it stopped.
+    assert [e.stream_id for e in handle.events(follow=False, after=ids[2])] == ids[3:]
+
+
+@pytest.mark.integration
+def test_wait_says_when_no_worker_consumes_the_queue(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from producer import commands
+
+    monkeypatch.setattr(commands, "QUIET_S", 0.5)
+    server = RedisServer().start()  # its own: no worker of the suite consumes from it
+    try:
+        assert cli(server.url, "submit", "direct", "hi", "--wait", "--timeout", "3", "--no-check") == 3
+    finally:
+        server.cleanup()
+    err = capsys.readouterr().err.splitlines()
+    run_id = err[0].removeprefix("run ")
+    assert err[1:] == [
+        f"wesichain: run {run_id} is idle, and no live worker consumes queue wesichain.model:"
+        " it waits until one does",
+        f"wesichain: run {run_id} still idle after 3s",
+    ]
