@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from shared.errors import ConfigError, InvalidRequest, WesichainError
-from shared.settings import ENV_AGENTS, ENV_REDIS_URL, redact_url
+from shared.settings import ENV_AGENTS, ENV_REDIS_URL, Settings, redact_url
 from shared.tls import RedisTlsError
 
 __all__ = ["DESCRIPTION", "EXIT_FAILED_RUN", "EXIT_TIMEOUT", "EXIT_USAGE", "Handler", "Register", "main"]
@@ -151,16 +151,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wesichain: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except redis.ConnectionError as exc:
-        url = redact_url(os.environ.get(ENV_REDIS_URL, "redis://127.0.0.1:6379/0"))
-        print(f"wesichain: cannot reach Redis at {url}: {exc}", file=sys.stderr)
+        print(f"wesichain: cannot reach Redis at {_redis_url()}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except redis.RedisError as exc:
         # E.g. something that is not Redis listens on that port.
-        url = redact_url(os.environ.get(ENV_REDIS_URL, "redis://127.0.0.1:6379/0"))
-        print(f"wesichain: Redis at {url} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"wesichain: Redis at {_redis_url()} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+
+
+def _redis_url() -> str:
+    """The Redis URL the command used, safe to print."""
+    return redact_url(Settings.from_env().redis_url)
 
 
 if __name__ == "__main__":  # pragma: no cover
