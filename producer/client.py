@@ -53,6 +53,8 @@ class Client:
         self.app = app
         self.store = store or RunStore(connect(settings), settings)
         self.workers = WorkerDirectory(self.store.redis, self.store.keys, settings.registry_interval_s)
+        self._served: set[str] = set()
+        self._served_at = -1e9
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Client:
@@ -100,7 +102,13 @@ class Client:
         return RunHandle(self, run_id)
 
     def _check_agent(self, agent: str) -> None:
-        served = self.workers.agents()
+        # The registry changes slowly: a bulk submitter asks it at most once per registry interval,
+        # and again at once when an agent is missing (it may have just appeared).
+        now = time.monotonic()
+        if now - self._served_at > self.settings.registry_interval_s or agent not in self._served:
+            self._served = set(self.workers.agents())
+            self._served_at = now
+        served = self._served
         if agent not in served:
             known = ", ".join(sorted(served)) or "none: no worker is live"
             raise InvalidRequest(
