@@ -86,6 +86,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         for case, seconds in RECOVERIES:
             terminalreporter.write_line(f"{seconds:7.2f} s  {case}")
     for report in SOAK_REPORT:
-        terminalreporter.section("crash soak")
+        terminalreporter.section("backlog" if "backlog_runs" in report else "crash soak")
         for key, value in report.items():
             terminalreporter.write_line(f"{key}: {value}")

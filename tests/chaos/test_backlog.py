@@ -21,7 +21,7 @@ import pytest
 
 from producer.client import Client
 from shared.state import TERMINAL_PHASES, Phase
-from tests.chaos.support import Cluster, pending_task_ids, queue_key
+from tests.chaos.support import SOAK_REPORT, Cluster, pending_task_ids, queue_key
 from tests.delivery_probe import DELIVERIES_KEY
 from tests.harness import wait_until
 
@@ -89,3 +89,12 @@ def run_backlog(cluster: Cluster, client: Client, runs: int) -> None:
     assert len(deliveries) == 5 * runs
     for h in handles:
         assert h.status().epoch == 0
+    SOAK_REPORT.append(
+        {
+            "backlog_runs": runs,
+            "peak_tool_queue": deepest,
+            "wall_s": round(waited, 1),
+            "failed": 0,
+            "duplicates": 0,
+        }
+    )
