@@ -71,13 +71,58 @@ class Keys:
     def runs_index_of(self, run_id: str) -> str:
         return self.runs_index(self.shard(run_id))
 
+    def index(self, shard: int, tenant: str | None, dimension: str = "all", value: str = "") -> str:
+        """Sorted set: run ids of one tenant in the shard, by creation time (ms), for listing.
+
+        ``dimension`` narrows it: ``all``, or ``agent``, ``status``, ``thread`` with ``value``.
+        The commit scripts keep them (a run's status index moves with the run).
+        """
+        return f"{self._tag(shard)}idx:{tenant or '-'}:{dimension}:{value}"
+
+    def index_of(self, run_id: str, tenant: str | None, dimension: str = "all", value: str = "") -> str:
+        return self.index(self.shard(run_id), tenant, dimension, value)
+
+    def indexes(self, shard: int) -> str:
+        """Set: every index key of the shard (the sweeper trims them past the retention)."""
+        return self._tag(shard) + "indexes"
+
+    def indexes_of(self, run_id: str) -> str:
+        return self.indexes(self.shard(run_id))
+
+    def inflight(self, shard: int) -> str:
+        """Hash: tenant -> runs of the shard not ended yet (summed over the shards for limits)."""
+        return self._tag(shard) + "inflight"
+
+    def inflight_of(self, run_id: str) -> str:
+        return self.inflight(self.shard(run_id))
+
+    def tenant(self, name: str) -> str:
+        """Hash: a tenant's settings (webhook secret, default callback, limits)."""
+        return f"{self.prefix}tenant:{name}"
+
+    def tenants(self) -> str:
+        """Set: every tenant's name."""
+        return f"{self.prefix}tenants"
+
+    def api_key(self, digest: str) -> str:
+        """String: an API key's record (tenant, name, when), under the SHA-256 of the key."""
+        return f"{self.prefix}apikey:{digest}"
+
+    def api_keys(self, tenant: str) -> str:
+        """Set: the digests of a tenant's API keys."""
+        return f"{self.prefix}tenant:{tenant}:keys"
+
+    def rate(self, tenant: str) -> str:
+        """Hash: a tenant's submit rate bucket (tokens, last refill)."""
+        return f"{self.prefix}tenant:{tenant}:rate"
+
     def sweeper_lock(self) -> str:
         """String: the token of the sweeper currently allowed to sweep (expires with it)."""
         return f"{self.prefix}sweeper:lock"
 
-    def thread(self, thread_id: str) -> str:
-        """List: run ids of one conversation thread, oldest first."""
-        return f"{self.prefix}thread:{thread_id}"
+    def thread(self, tenant: str | None, thread_id: str) -> str:
+        """List: run ids of one conversation thread of one tenant, oldest first."""
+        return f"{self.prefix}thread:{tenant or '-'}:{thread_id}"
 
     def workers(self) -> str:
         """Sorted set: worker ids scored by their last heartbeat (Redis time, ms)."""

@@ -20,9 +20,12 @@ from shared.state import TERMINAL_PHASES, Phase
 
 __all__ = [
     "BODY",
+    "CALLBACK",
+    "CALLBACK_STATE",
     "CALLS",
     "CALL_CLAIM_PREFIX",
     "CANCEL",
+    "CREATED",
     "ClaimValue",
     "DECISION",
     "EPOCH",
@@ -69,8 +72,14 @@ CANCEL = "cancel"
 DECISION = "decision"
 #: Id of the last write that succeeded, so a script replayed after a lost reply knows it ran.
 OP = "op"
-#: The phase claim of think, observe, start and decide.
+#: The phase claim of think, observe, start and decide (and of a callback's delivery, once ended).
 RUNNING = "running"
+#: When the run was created (Redis time, ms): its score in every index.
+CREATED = "created"
+#: A callback still to deliver ("pending"), or how it ended ("delivered", "gave_up").
+CALLBACK = "callback"
+#: JSON of the callback's delivery: attempts, last error, when it was delivered.
+CALLBACK_STATE = "callback_state"
 
 #: Prefix of a tool call's claim field: ``call:<step>:<call_id>``.
 CALL_CLAIM_PREFIX = "call:"
@@ -136,6 +145,9 @@ _FIELDS = {
     "F_DECISION": DECISION,
     "F_OP": OP,
     "F_RUNNING": RUNNING,
+    "F_CREATED": CREATED,
+    "F_CALLBACK": CALLBACK,
+    "F_CALLBACK_STATE": CALLBACK_STATE,
     "CALL_CLAIM_PREFIX": CALL_CLAIM_PREFIX,
 }
 

@@ -12,12 +12,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import InvalidRequest
 from shared.settings import Limits
+from shared.state import Callback
 
-__all__ = ["MAX_NAME_CHARS", "RunRequest", "StartMessage", "check_run_id", "validate_request"]
+__all__ = ["MAX_NAME_CHARS", "RunRequest", "StartMessage", "check_name", "check_run_id", "validate_request"]
 
 #: Agent names, thread ids and run ids: short, printable, no separators that mean something to Redis.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$")
@@ -39,6 +40,12 @@ class RunRequest(BaseModel):
     )
     model: str | None = Field(
         default=None, description="``PROVIDER:MODEL`` to use instead of the agent's own model."
+    )
+    tenant: str | None = Field(
+        default=None, description="Whose run it is (the service API sets it from the caller's key)."
+    )
+    callback: Callback | None = Field(
+        default=None, description="How to tell a service the run ended: a webhook url, or a Celery task."
     )
 
 
@@ -67,17 +74,38 @@ def validate_request(raw: Mapping[str, Any], limits: Limits) -> RunRequest:
     if "input" not in raw:
         raise InvalidRequest("the request has no input ('input' is required)")
     agent, text = raw["agent"], raw["input"]
-    _check_name("agent", agent)
+    check_name("agent", agent)
     _check_input(text, limits)
     thread_id = raw.get("thread_id")
     if thread_id is not None:
-        _check_name("thread_id", thread_id)
+        check_name("thread_id", thread_id)
     metadata = raw.get("metadata") or {}
     _check_metadata(metadata, limits)
     model = raw.get("model")
     if model is not None and (not isinstance(model, str) or ":" not in model or len(model) > MAX_NAME_CHARS):
         raise InvalidRequest(f"model must look like PROVIDER:MODEL, got {str(model)[:80]!r}")
-    return RunRequest(agent=agent, input=text, thread_id=thread_id, metadata=metadata, model=model)
+    tenant = raw.get("tenant")
+    if tenant is not None:
+        check_name("tenant", tenant)
+    return RunRequest(
+        agent=agent,
+        input=text,
+        thread_id=thread_id,
+        metadata=metadata,
+        model=model,
+        tenant=tenant,
+        callback=_callback(raw.get("callback")),
+    )
+
+
+def _callback(raw: Any) -> Callback | None:
+    if raw is None or isinstance(raw, Callback):
+        return raw
+    try:
+        return Callback.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise InvalidRequest(f"callback: {problems}") from None
 
 
 def _check_input(text: Any, limits: Limits) -> None:
@@ -100,7 +128,8 @@ def _check_metadata(metadata: Any, limits: Limits) -> None:
         raise InvalidRequest(f"metadata is {size} chars of JSON; the limit is {limits.max_metadata_chars}")
 
 
-def _check_name(field: str, value: Any) -> None:
+def check_name(field: str, value: Any) -> None:
+    """Refuse a name (agent, tenant, thread, run id) that is not short, printable text."""
     if not isinstance(value, str):
         raise InvalidRequest(f"{field} must be text, got {type(value).__name__}")
     if not value or len(value) > MAX_NAME_CHARS or not _NAME.match(value):
@@ -111,5 +140,5 @@ def _check_name(field: str, value: Any) -> None:
 
 def check_run_id(run_id: Any) -> str:
     """A run id a producer chose; raises :class:`InvalidRequest` when it cannot name a run."""
-    _check_name("run_id", run_id)
+    check_name("run_id", run_id)
     return str(run_id)

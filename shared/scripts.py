@@ -29,6 +29,7 @@ SCRIPT_NAMES = (
     "lock",
     "scan_queue",
     "worker_beat",
+    "finish_callback",
 )
 
 

@@ -30,8 +30,11 @@ __all__ = [
     "ENV_SHARDS",
     "ENV_SWEEPER",
     "ENV_TASK_EVENTS",
+    "ENV_WEBHOOK_ALLOW_PRIVATE",
+    "ENV_WEBHOOK_SECRET",
     "ENV_WORKER_NAME",
     "Limits",
+    "QUEUE_CALLBACKS",
     "QUEUE_MODEL",
     "QUEUE_TOOLS",
     "Settings",
@@ -53,6 +56,8 @@ ENV_WORKER_NAME = "WESICHAIN_WORKER_NAME"
 ENV_LOGLEVEL = "WESICHAIN_LOGLEVEL"
 ENV_BROKER_PREFIX = "WESICHAIN_BROKER_PREFIX"
 ENV_BROKER_OPTIONS = "WESICHAIN_BROKER_TRANSPORT_OPTIONS"
+ENV_WEBHOOK_SECRET = "WESICHAIN_WEBHOOK_SECRET"
+ENV_WEBHOOK_ALLOW_PRIVATE = "WESICHAIN_WEBHOOK_ALLOW_PRIVATE"
 ENV_REDIS_CA_FILE = "WESICHAIN_REDIS_CA_FILE"
 ENV_REDIS_CERT_FILE = "WESICHAIN_REDIS_CERT_FILE"
 ENV_REDIS_KEY_FILE = "WESICHAIN_REDIS_KEY_FILE"
@@ -62,6 +67,8 @@ DEFAULT_AGENTS_MODULE = "shared.examples.research"
 
 QUEUE_MODEL = "wesichain.model"
 QUEUE_TOOLS = "wesichain.tools"
+#: Completion callbacks (webhooks, Celery tasks): I/O bound, like model calls.
+QUEUE_CALLBACKS = "wesichain.callbacks"
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,14 @@ class Settings:
     #: ``WESICHAIN_REDIS_TLS_INSECURE=1``: encrypt but do NOT verify the server's certificate or
     #: host name (anyone on the path can impersonate Redis). Never the default; logged as a warning.
     redis_tls_insecure: bool = False
+    #: Signs the webhooks of runs without a tenant (``whsec_...``; tenants have their own).
+    webhook_secret: str = field(default="", repr=False)
+    #: Deliver webhooks to loopback, private and link-local addresses too (tests, private networks).
+    webhook_allow_private: bool = False
+    #: Seconds before each further delivery attempt of a callback; its length bounds the attempts.
+    webhook_retry_s: tuple[float, ...] = (1.0, 5.0, 30.0, 120.0, 600.0, 1800.0)
+    #: How long one webhook delivery may take.
+    webhook_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
     #: How workers call model providers (timeouts, retries, scripted model files).
     llm: LlmSettings = field(default_factory=LlmSettings)
@@ -230,6 +245,8 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_BROKER_PREFIX, "broker_prefix", _text),
     (ENV_BROKER_OPTIONS, "broker_options", _json_object),
     (ENV_SWEEPER, "sweeper", _parse_switch),
+    (ENV_WEBHOOK_SECRET, "webhook_secret", _text),
+    (ENV_WEBHOOK_ALLOW_PRIVATE, "webhook_allow_private", _parse_switch),
     (ENV_LEASE, "lease_s", _number(float)),
     (ENV_QUEUED_LEASE, "queued_lease_s", _number(float)),
     (ENV_MAX_ATTEMPTS, "max_phase_attempts", _number(int)),
@@ -302,6 +319,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_on_failure": True,
         "task_routes": {
             "wesichain.tool": {"queue": QUEUE_TOOLS},
+            "wesichain.callback": {"queue": QUEUE_CALLBACKS},
             "wesichain.*": {"queue": QUEUE_MODEL},
         },
         "task_default_queue": QUEUE_MODEL,

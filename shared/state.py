@@ -14,8 +14,9 @@ from __future__ import annotations
 import enum
 import time
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
@@ -23,13 +24,17 @@ from shared.messages import ToolCall
 
 __all__ = [
     "Approval",
+    "Callback",
     "Decision",
     "Phase",
     "REQUEST_FIELDS",
+    "RUN_STATUSES",
     "RunHead",
+    "RunStatus",
     "TERMINAL_PHASES",
     "TaskSpec",
     "ToolResult",
+    "status_of",
 ]
 
 
@@ -52,6 +57,49 @@ class Phase(enum.StrEnum):
 
 TERMINAL_PHASES = frozenset({Phase.COMPLETED, Phase.FAILED, Phase.INTERRUPTED})
 
+RunStatus = Literal["queued", "running", "awaiting_approval", "completed", "failed", "interrupted"]
+RUN_STATUSES: tuple[RunStatus, ...] = (
+    "queued",
+    "running",
+    "awaiting_approval",
+    "completed",
+    "failed",
+    "interrupted",
+)
+
+
+def status_of(phase: Phase) -> RunStatus:
+    """A run's status as listings and the API show it: its phase, with the working ones as one."""
+    if phase is Phase.IDLE:
+        return "queued"
+    if phase in (Phase.THINKING, Phase.ACTING, Phase.OBSERVING):
+        return "running"
+    return phase.value  # type: ignore[return-value]
+
+
+class Callback(BaseModel):
+    """How a service learns that a run ended: a webhook, or a Celery task sent by name.
+
+    Exactly one of ``url`` (an HTTP(S) endpoint that gets a signed POST) and ``task`` (a task name,
+    sent with the outcome as its only argument, on ``queue``) is set.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str | None = Field(default=None, max_length=2000, description="A webhook URL (http or https).")
+    task: str | None = Field(default=None, max_length=200, description="A Celery task name to send.")
+    queue: str | None = Field(default=None, max_length=200, description="The queue to send the task on.")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Callback:
+        if (self.url is None) == (self.task is None):
+            raise ValueError("a callback names exactly one of url and task")
+        if self.url is not None and urlsplit(self.url).scheme not in ("http", "https"):
+            raise ValueError(f"a callback url must be http or https, got {self.url[:80]!r}")
+        if self.queue is not None and self.task is None:
+            raise ValueError("a callback queue goes with a task")
+        return self
+
 
 class TaskSpec(BaseModel):
     """One entry of a commit's outbox: a task to publish once the commit is durable."""
@@ -63,6 +111,10 @@ class TaskSpec(BaseModel):
     countdown: float = 0.0
     #: Hard time limit of the task (a tool's timeout plus grace): its process is killed past it.
     time_limit_s: float | None = None
+    #: Positional arguments (a Celery callback's outcome); phase tasks use ``arguments`` only.
+    args: list[Any] = Field(default_factory=list)
+    #: The queue to send it on, when not the one the routes give its name.
+    queue: str | None = None
 
 
 class ToolResult(BaseModel):
@@ -95,7 +147,7 @@ class Decision(BaseModel):
 
 #: The fields of a head that a producer sets when it creates the run and that never change: they
 #: are stored once (the run's ``request``), not copied into every commit and checkpoint.
-REQUEST_FIELDS = frozenset({"agent", "input", "thread_id", "metadata", "created_at"})
+REQUEST_FIELDS = frozenset({"agent", "input", "thread_id", "metadata", "created_at", "tenant", "callback"})
 
 
 class RunHead(BaseModel):
@@ -120,6 +172,11 @@ class RunHead(BaseModel):
     input: str
     thread_id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    #: Whose run it is (set by the service API from the caller's key); None for runs started
+    #: directly on Redis or the broker, which only operators can do.
+    tenant: str | None = None
+    #: How to tell a service the run ended (None: nobody is told).
+    callback: Callback | None = None
     message_count: int = 0
     #: The accepted tool calls of the current step (ACTING / OBSERVING).
     pending_calls: list[ToolCall] = Field(default_factory=list)
@@ -163,6 +220,8 @@ class RunHead(BaseModel):
         thread_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         model: str | None = None,
+        tenant: str | None = None,
+        callback: Callback | None = None,
     ) -> RunHead:
         """A run as a producer creates it: version 1, IDLE, waiting for the start phase."""
         now = time.time()
@@ -175,6 +234,12 @@ class RunHead(BaseModel):
             input=input,
             thread_id=thread_id,
             metadata=metadata or {},
+            tenant=tenant,
+            callback=callback,
             created_at=now,
             updated_at=now,
         )
+
+    @property
+    def status(self) -> RunStatus:
+        return status_of(self.phase)

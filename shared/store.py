@@ -31,7 +31,7 @@ from typing import Any, Literal
 import redis
 
 from shared import protocol
-from shared.errors import InternalInvariant
+from shared.errors import InternalInvariant, InvalidRequest
 from shared.events import Event, dump_event, load_event
 from shared.keys import Keys
 from shared.messages import MESSAGE_ADAPTER, Message, dump_message
@@ -54,6 +54,7 @@ __all__ = [
     "PhaseClaim",
     "RecordStatus",
     "Recorded",
+    "RunPage",
     "RunStore",
     "Stale",
     "TaskState",
@@ -230,6 +231,18 @@ class HandedOn:
     tasks: list[str]
 
 
+@dataclass(frozen=True)
+class RunPage:
+    """One page of a listing, newest first; ``next_cursor`` continues it (None: nothing older)."""
+
+    runs: list[RunHead]
+    next_cursor: str | None
+
+
+#: Index entries read per shard and round of a listing.
+_LIST_BATCH = 64
+
+
 class RunStore:
     """Reads and atomic writes of run state in one Redis (or Redis Cluster, key layout permitting)."""
 
@@ -303,28 +316,143 @@ class RunStore:
     def cancel_requested(self, run_id: str) -> bool:
         return _s(self.redis.hget(self.keys.run(run_id), protocol.CANCEL) or b"") == "1"
 
+    # -- listing ---------------------------------------------------------------------------
+
+    def list_runs(
+        self,
+        tenant: str | None,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        thread_id: str | None = None,
+        since: float | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+        max_scan: int = 2000,
+    ) -> RunPage:
+        """A tenant's runs, newest first, from the indexes the scripts keep (never a key scan).
+
+        One index is read (the thread's, else the agent's, else the status's, else all of the
+        tenant's), merged across the shards by creation time; other filters are applied to the
+        runs read. At most ``max_scan`` index entries are read per page, so a page may hold fewer
+        than ``limit`` runs and still have a ``next_cursor``.
+        """
+        k = self.keys
+        if thread_id is not None:
+            dimension, value = "thread", thread_id
+        elif agent is not None:
+            dimension, value = "agent", agent
+        elif status is not None:
+            dimension, value = "status", status
+        else:
+            dimension, value = "all", ""
+        keys = [k.index(shard, tenant, dimension, value) for shard in range(k.shards)]
+        floor = int(since * 1000) if since is not None else None
+        position = _parse_cursor(cursor)
+        found: list[RunHead] = []
+        scanned = 0
+        while len(found) < limit and scanned < max_scan:
+            entries, exhausted = self._index_round(keys, position, floor)
+            if not entries:
+                return RunPage(found, None)
+            for score, run_id in entries:
+                scanned += 1
+                position = (score, run_id)
+                head = self.load(run_id)
+                if head is None:
+                    self.redis.zrem(k.index_of(run_id, tenant, dimension, value), run_id)  # expired
+                    continue
+                if (
+                    (agent is None or head.agent == agent)
+                    and (status is None or head.status == status)
+                    and (thread_id is None or head.thread_id == thread_id)
+                ):
+                    found.append(head)
+                    if len(found) == limit:
+                        break
+            if exhausted and position == entries[-1]:
+                if len(found) < limit:
+                    return RunPage(found, None)
+        return RunPage(found, f"{position[0]}.{position[1]}" if position is not None else None)
+
+    def _index_round(
+        self, keys: list[str], position: tuple[int, str] | None, floor: int | None
+    ) -> tuple[list[tuple[int, str]], bool]:
+        """The next index entries after ``position``, merged newest first, that every shard agrees on.
+
+        A shard that returned a full batch may hold more entries older than its last one; only the
+        entries no older than the newest such last one are certain to be in order. Returns them and
+        whether every shard is exhausted.
+        """
+        top = "+inf" if position is None else str(position[0])
+        bottom = "-inf" if floor is None else str(floor)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.zrevrangebyscore(key, top, bottom, start=0, num=_LIST_BATCH, withscores=True)
+            replies = pipe.execute()
+        entries: list[tuple[int, str]] = []
+        boundary: int | None = None
+        for reply in replies:
+            batch = [(int(score), _s(member)) for member, score in reply]
+            if position is not None:
+                # Entries at the cursor's own millisecond come after it only if their id sorts lower.
+                batch = [e for e in batch if e[0] < position[0] or e[1] < position[1]]
+            if len(reply) == _LIST_BATCH and batch:
+                last = batch[-1][0]
+                boundary = last if boundary is None else max(boundary, last)
+            entries.extend(batch)
+        entries.sort(key=lambda e: (e[0], e[1]), reverse=True)
+        if boundary is not None:
+            entries = [e for e in entries if e[0] >= boundary]
+        return entries, boundary is None
+
+    def trim_indexes(self, shard: int, cutoff_ms: float) -> int:
+        """Drop index entries of runs created before ``cutoff_ms`` (past the retention); returns how many."""
+        registry = self.keys.indexes(shard)
+        removed = 0
+        for key in self.redis.sscan_iter(registry, count=200):
+            removed += int(self.redis.zremrangebyscore(key, "-inf", f"({cutoff_ms}"))
+            if self.redis.zcard(key) == 0:
+                self.redis.srem(registry, key)
+        return removed
+
+    def inflight(self, tenant: str | None) -> int:
+        """Runs of ``tenant`` not ended yet, over every shard."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for shard in range(self.keys.shards):
+                pipe.hget(self.keys.inflight(shard), tenant or "-")
+            return sum(int(v or 0) for v in pipe.execute())
+
     # -- creating --------------------------------------------------------------------------
 
     def create(self, head: RunHead, outbox: Sequence[TaskSpec]) -> bool:
         """Create an IDLE run at version 1; False if a run with this id already exists."""
         if head.version != 1 or head.phase is not Phase.IDLE:
             raise InternalInvariant(f"a run is created IDLE at version 1, not {head.phase} v{head.version}")
-        k = self.keys
+        k, run_id, tenant = self.keys, head.run_id, head.tenant
+        indexes = [k.index_of(run_id, tenant), k.index_of(run_id, tenant, "agent", head.agent)]
+        indexes.append(k.index_of(run_id, tenant, "status", head.status))
+        if head.thread_id is not None:
+            indexes.append(k.index_of(run_id, tenant, "thread", head.thread_id))
         reply = self._run(
             "create",
             [
-                k.run(head.run_id),
-                k.checkpoints(head.run_id),
-                k.leases_of(head.run_id),
-                k.runs_index_of(head.run_id),
+                k.run(run_id),
+                k.checkpoints(run_id),
+                k.leases_of(run_id),
+                k.runs_index_of(run_id),
+                k.indexes_of(run_id),
+                k.inflight_of(run_id),
+                *indexes,
             ],
             [
-                head.run_id,
+                run_id,
                 uuid.uuid4().hex,
                 head.dump_request(),
                 head.dump_body(),
                 _dump_outbox(outbox),
                 self._queued_ms,
+                tenant or "-",
             ],
         )
         return _s(reply) == "created"
@@ -465,22 +593,24 @@ class RunStore:
 
     def commit(
         self,
-        expected_version: int,
+        current: RunHead,
         head: RunHead,
         claim: ClaimRef | None,
         messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
         outbox: Sequence[TaskSpec] = (),
     ) -> Committed:
-        """Compare-and-set ``head`` over ``expected_version`` as the holder of ``claim``.
+        """Compare-and-set ``head`` over ``current`` (its version) as the holder of ``claim``.
 
         ``claim`` None commits without a claim (the sweeper failing a poisoned run): allowed only
-        while no delivery holds a live claim on the phase.
+        while no delivery holds a live claim on the phase. The run's status index follows it from
+        ``current``'s status to ``head``'s.
         """
+        expected_version = current.version
         if head.version != expected_version + 1:
             raise InternalInvariant(f"commit of version {head.version} over {expected_version}")
         limits = self.settings.limits
-        k, run_id = self.keys, head.run_id
+        k, run_id, tenant = self.keys, head.run_id, head.tenant
         kind = (
             "terminal" if head.terminal else ("parked" if head.phase is Phase.AWAITING_APPROVAL else "live")
         )
@@ -503,6 +633,8 @@ class RunStore:
             limits.events_maxlen,
             len(messages),
             len(events),
+            tenant or "-",
+            "1" if kind == "terminal" and head.callback is not None else "0",
             *(dump_message(m) for m in messages),
             *(dump_event(e) for e in events),
         ]
@@ -512,6 +644,7 @@ class RunStore:
             if kind == "terminal"
             else []
         )
+        status_keys = [k.index_of(run_id, tenant, "status", s.status) for s in (current, head)]
         reply = self._run(
             "commit",
             [
@@ -520,6 +653,9 @@ class RunStore:
                 k.checkpoints(run_id),
                 k.events(run_id),
                 k.leases_of(run_id),
+                k.indexes_of(run_id),
+                k.inflight_of(run_id),
+                *status_keys,
                 *extra,
             ],
             args,
@@ -578,10 +714,25 @@ class RunStore:
         raw = self.redis.hget(self.keys.run(run_id), protocol.DECISION)
         return Decision.model_validate_json(raw) if raw else None
 
-    def join_thread(self, thread_id: str, run_id: str) -> list[str]:
-        """Add ``run_id`` to its thread (once, atomically); the thread's run ids, oldest first."""
-        reply = self._run("join_thread", [self.keys.thread(thread_id)], [run_id, self.settings.retention_s])
+    def join_thread(self, tenant: str | None, thread_id: str, run_id: str) -> list[str]:
+        """Add ``run_id`` to its tenant's thread (once, atomically); the thread's run ids, oldest first."""
+        key = self.keys.thread(tenant, thread_id)
+        reply = self._run("join_thread", [key], [run_id, self.settings.retention_s])
         return [_s(r) for r in reply]
+
+    def finish_callback(self, run_id: str, token: str, outcome: str, state: str, wait_s: float = 0) -> bool:
+        """End one callback delivery attempt as the claim's holder (see ``finish_callback.lua``)."""
+        reply = self._run(
+            "finish_callback",
+            [self.keys.run(run_id), self.keys.leases_of(run_id)],
+            [run_id, token, outcome, state, int(wait_s * 1000), self._queued_ms],
+        )
+        return int(reply) == 1
+
+    def callback_state(self, run_id: str) -> str | None:
+        """The JSON of a run's callback delivery (attempts, last error), if it has a callback."""
+        raw = self.redis.hget(self.keys.run(run_id), protocol.CALLBACK_STATE)
+        return _s(raw) if raw is not None else None
 
     def request_cancel(self, run_id: str) -> Phase | None:
         phase = _s(self._run("cancel", [self.keys.run(run_id)], []))
@@ -712,6 +863,15 @@ class MessageCache:
             self._runs.move_to_end(run_id)
             while len(self._runs) > self.max_runs:
                 self._runs.popitem(last=False)
+
+
+def _parse_cursor(cursor: str | None) -> tuple[int, str] | None:
+    if not cursor:
+        return None
+    score, _, run_id = cursor.partition(".")
+    if not score.isdigit() or not run_id:
+        raise InvalidRequest(f"bad listing cursor {cursor[:80]!r}")
+    return int(score), run_id
 
 
 def _entries(raw: Any) -> list[tuple[str, Event]]:

@@ -19,6 +19,7 @@ from shared.state import Phase, RunHead, TaskSpec
 
 __all__ = [
     "PHASE_TASKS",
+    "TASK_CALLBACK",
     "TASK_DECIDE",
     "TASK_OBSERVE",
     "TASK_START",
@@ -37,6 +38,7 @@ TASK_TOOL = "wesichain.tool"
 TASK_OBSERVE = "wesichain.observe"
 TASK_DECIDE = "wesichain.decide"
 TASK_SWEEP = "wesichain.sweep"
+TASK_CALLBACK = "wesichain.callback"
 
 #: Every phase task, by name (the sweep is not a phase).
 PHASE_TASKS = (TASK_START, TASK_THINK, TASK_TOOL, TASK_OBSERVE, TASK_DECIDE)
@@ -72,7 +74,17 @@ def task_for(head: RunHead, time_limits: Mapping[str, float] | None = None) -> l
         return [
             TaskSpec(name=TASK_OBSERVE, task_id=_task_id(run_id, version, "observe", epoch), arguments=base)
         ]
-    return []  # parked (the decide task is sent when a human decides) or terminal
+    if head.terminal and head.callback is not None:
+        # Ended, with a service to tell: delivering the callback is the run's last task.
+        what = "callback"
+        return [
+            TaskSpec(
+                name=TASK_CALLBACK,
+                task_id=_task_id(run_id, version, what, epoch),
+                arguments={**base, "phase": head.phase.value},
+            )
+        ]
+    return []  # parked (the decide task is sent when a human decides) or ended
 
 
 def start_task(run_id: str, version: int = 1, epoch: int = 0) -> TaskSpec:

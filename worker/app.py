@@ -30,13 +30,22 @@ from shared.agents import load_registry
 from shared.errors import ConfigError, WesichainError
 from shared.events import configure_worker_identity
 from shared.redis_client import connect, preflight
-from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
+from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Phase, RunHead, TaskSpec
 from shared.store import RunStore
-from shared.tasks import TASK_DECIDE, TASK_OBSERVE, TASK_START, TASK_SWEEP, TASK_THINK, TASK_TOOL
+from shared.tasks import (
+    TASK_CALLBACK,
+    TASK_DECIDE,
+    TASK_OBSERVE,
+    TASK_START,
+    TASK_SWEEP,
+    TASK_THINK,
+    TASK_TOOL,
+)
 from shared.tls import RedisTlsError
 from worker.act import run_tool
 from worker.broker_probe import BrokerProbe, RedisQueues, UnknownBroker
+from worker.callback import run_callback
 from worker.decide import run_decide
 from worker.heartbeat import Heartbeat
 from worker.hooks import load_hooks
@@ -98,10 +107,12 @@ class RuntimeHolder:
         def send(spec: TaskSpec) -> None:
             app.send_task(
                 spec.name,
-                kwargs=spec.arguments,
+                args=spec.args or None,
+                kwargs=spec.arguments or None,
                 task_id=spec.task_id,
                 countdown=spec.countdown or None,
                 time_limit=spec.time_limit_s,
+                queue=spec.queue,
             )
 
         return Runtime(
@@ -121,7 +132,7 @@ class RuntimeHolder:
         options = conf["broker_transport_options"]
         return RedisQueues(
             self.get().store.redis,
-            [QUEUE_MODEL, QUEUE_TOOLS],
+            [QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS],
             prefix=options.get("global_keyprefix", ""),
         )
 
@@ -246,6 +257,10 @@ def create_app(settings: Settings) -> Celery:
     @app.task(name=TASK_DECIDE, **options)  # type: ignore[untyped-decorator]
     def decide(self: Task, run_id: str, version: int, epoch: int = 0, step: int | None = None) -> None:
         _finish(run_decide(holder.get(), _delivery(self, run_id, version, epoch), step))
+
+    @app.task(name=TASK_CALLBACK, **options)  # type: ignore[untyped-decorator]
+    def callback(self: Task, run_id: str, step: int, version: int, phase: str, epoch: int = 0) -> None:
+        run_callback(holder.get(), _delivery(self, run_id, version, epoch), step, phase)
 
     @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep() -> int:

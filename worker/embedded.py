@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from producer.client import Client
-from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings
+from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings
 
 __all__ = ["embedded"]
 
@@ -37,7 +37,7 @@ def embedded(agents_module: str | None = None, *, concurrency: int = 4, **settin
         perform_ping_check=False,
         loglevel=base.loglevel,
         shutdown_timeout=10.0,
-        queues=[QUEUE_MODEL, QUEUE_TOOLS],
+        queues=[QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS],
     ) as worker:
         # The test worker sends no worker_ready: join the registry here, so producers see its agents.
         holder.start_registry(worker.consumer)
@@ -57,5 +57,5 @@ def _wake_for_shutdown(app: Any) -> None:
     from celery.worker import state
 
     state.should_terminate = 0
-    for queue in (QUEUE_MODEL, QUEUE_TOOLS):
+    for queue in (QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS):
         app.send_task("celery.ping", queue=queue)

@@ -129,7 +129,7 @@ class Runtime:
         if countdown:
             outbox = [s.model_copy(update={"countdown": countdown}) for s in outbox]
         result = self.store.commit(
-            current.head.version,
+            current.head,
             head,
             claim,
             transition.messages,
@@ -149,7 +149,7 @@ class Runtime:
         self, current: fsm.LivePhase, claim: ClaimRef | None, reason: str, error: RunErrorInfo | None = None
     ) -> RunHead | None:
         transition = current.interrupt(reason, error)
-        result = self.store.commit(current.head.version, transition.head, claim, (), transition.events)
+        result = self.store.commit(current.head, transition.head, claim, (), transition.events)
         return transition.head if result.status == "committed" else None
 
     def fail(

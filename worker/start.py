@@ -86,7 +86,7 @@ def _create(rt: Runtime, run_id: str, create: dict[str, Any]) -> InvalidRequest 
 def _thread_history(rt: Runtime, head: RunHead) -> list[Message]:
     if head.thread_id is None:
         return []
-    ids = rt.store.join_thread(head.thread_id, head.run_id)
+    ids = rt.store.join_thread(head.tenant, head.thread_id, head.run_id)
     earlier = [r for r in ids if r != head.run_id]
     if not earlier:
         return []

@@ -31,12 +31,14 @@ from shared.tasks import with_epoch
 from worker.broker_probe import BrokerProbe, Located
 from worker.runtime import Runtime
 
-__all__ = ["BATCH", "Sweeper"]
+__all__ = ["BATCH", "Sweeper", "TRIM_EVERY"]
 
 log = logging.getLogger("wesichain.sweeper")
 
 #: Runs looked at per shard and sweep.
 BATCH = 200
+#: Sweeps between two trims of the listing indexes (they only lose entries past the retention).
+TRIM_EVERY = 60
 
 
 class Sweeper:
@@ -50,6 +52,7 @@ class Sweeper:
         self._lock = register_scripts(rt.store.redis)["lock"]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._sweeps = 0
 
     # -- the lock ------------------------------------------------------------------------------
 
@@ -81,9 +84,13 @@ class Sweeper:
         store = self.rt.store
         cutoff_ms = (time.time() - self.rt.settings.retention_s) * 1000
         handed = 0
+        trim = self._sweeps % TRIM_EVERY == 0
+        self._sweeps += 1
         for shard in range(store.keys.shards):
-            # The run index outlives no run: trim entries older than the retention.
+            # The run indexes outlive no run: trim entries older than the retention.
             store.redis.zremrangebyscore(store.keys.runs_index(shard), "-inf", cutoff_ms)
+            if trim:
+                store.trim_indexes(shard, cutoff_ms)
             waiting: list[Due] = []
             for run_id in store.due(shard, BATCH):
                 seen = store.inspect(run_id)

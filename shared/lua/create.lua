@@ -1,9 +1,11 @@
--- Create a run, once: IDLE at version 1, its request stored, its start task in the outbox.
--- KEYS: run hash, checkpoints list, leases zset (of the shard), runs index zset (of the shard)
+-- Create a run, once: IDLE at version 1, its request stored, its start task in the outbox, and the
+-- run entered in its tenant's indexes (all, by agent, by status, by thread) and in-flight count.
+-- KEYS: run hash, checkpoints list, leases zset, runs index zset, index registry set, in-flight
+--       hash (all of the run's shard), then the index keys to enter it in
 -- Returns 'created', or 'exists' when a run with this id is already there (a replay of this very
 -- create, known by its op id, answers 'created' again).
-local run_id, op, request, body, outbox, queued_lease_ms = unpack(ARGV, 1, 6)
-local run, checkpoints, leases, index = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local run_id, op, request, body, outbox, queued_lease_ms, tenant = unpack(ARGV, 1, 7)
+local run, checkpoints, leases, runs_index, registry, inflight = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
 if redis.call('EXISTS', run) == 1 then
   if redis.call('HGET', run, F_OP) == op then return 'created' end
@@ -13,8 +15,13 @@ local now = now_ms()
 local queued_until = now + tonumber(queued_lease_ms)
 redis.call('HSET', run, F_VERSION, '1', F_PHASE, P_IDLE, F_STEP, '0', F_EPOCH, '0', F_REQUEST, request,
   F_BODY, body, F_OUTBOX, outbox, F_OUTBOX_CLAIMED, '0', F_CALLS, '', F_QUEUED_UNTIL, queued_until,
-  F_QUEUED_CHECKS, '0', F_OP, op)
+  F_QUEUED_CHECKS, '0', F_OP, op, F_CREATED, now)
 redis.call('RPUSH', checkpoints, body)
-redis.call('ZADD', index, now, run_id)
+redis.call('ZADD', runs_index, now, run_id)
 redis.call('ZADD', leases, queued_until, run_id)
+for i = 7, #KEYS do
+  redis.call('ZADD', KEYS[i], now, run_id)
+  redis.call('SADD', registry, KEYS[i])
+end
+redis.call('HINCRBY', inflight, tenant, 1)
 return 'created'

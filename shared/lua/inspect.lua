@@ -19,7 +19,8 @@ if not head[1] then
   return {'gone'}
 end
 local phase = head[2]
-if TERMINAL[phase] or phase == P_AWAITING_APPROVAL then
+-- An ended run is watched only while its callback is to be delivered (that is its task then).
+if phase == P_AWAITING_APPROVAL or (TERMINAL[phase] and redis.call('HGET', run, F_CALLBACK) ~= 'pending') then
   redis.call('ZREM', leases, run_id)
   return {'settled'}
 end

@@ -68,9 +68,9 @@ def claim(store: RunStore, head: RunHead, **read: bool) -> Claim:
 
 def commit(store: RunStore, current: fsm.PhaseView, t: fsm.Transition[Any]) -> None:
     held = claim(store, current.head)
-    assert store.commit(
-        current.head.version, t.head, held.ref, t.messages, t.events, task_for(t.head)
-    ).status == ("committed")
+    assert store.commit(current.head, t.head, held.ref, t.messages, t.events, task_for(t.head)).status == (
+        "committed"
+    )
 
 
 def started(store: RunStore) -> fsm.Thinking:
@@ -158,9 +158,10 @@ def test_commit_over_a_wrong_version_is_fenced_and_changes_nothing(store: RunSto
     t = thinking.complete("answer", Usage())
     for wrong in (1, 3, 99):
         forged = t.head.model_copy(update={"version": wrong + 1})
-        assert store.commit(wrong, forged, held.ref, t.messages, t.events).status == "fenced"
+        at = thinking.head.model_copy(update={"version": wrong})
+        assert store.commit(at, forged, held.ref, t.messages, t.events).status == "fenced"
     assert snapshot(store, run_id) == before
-    assert store.commit(thinking.head.version, t.head, held.ref, t.messages, t.events).status == "committed"
+    assert store.commit(thinking.head, t.head, held.ref, t.messages, t.events).status == "committed"
     loaded = store.load(run_id)
     assert loaded is not None and loaded.phase is Phase.COMPLETED and loaded.version == 3
 
@@ -171,9 +172,9 @@ def test_only_the_claim_holder_commits(store: RunStore) -> None:
     t = thinking.complete("answer", Usage())
     before = snapshot(store, thinking.head.run_id)
     for ref in (ClaimRef(protocol.RUNNING, "not-the-token"), None):
-        assert store.commit(2, t.head, ref, t.messages, t.events).status == "fenced"
+        assert store.commit(thinking.head, t.head, ref, t.messages, t.events).status == "fenced"
     assert snapshot(store, thinking.head.run_id) == before
-    assert store.commit(2, t.head, held.ref, t.messages, t.events).status == "committed"
+    assert store.commit(thinking.head, t.head, held.ref, t.messages, t.events).status == "committed"
 
 
 def test_a_replayed_commit_is_recognised(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,14 +191,14 @@ def test_a_replayed_commit_is_recognised(store: RunStore, monkeypatch: pytest.Mo
         return script(keys=keys, args=args)
 
     monkeypatch.setitem(store._scripts, "commit", twice)
-    assert store.commit(2, t.head, held.ref, t.messages, t.events).status == "committed"
+    assert store.commit(thinking.head, t.head, held.ref, t.messages, t.events).status == "committed"
     assert len(store.load_messages(t.head.run_id)) == 3, "the replay appended again"
     assert store.redis.llen(store.keys.checkpoints(t.head.run_id)) == 3
 
 
 def test_commit_on_a_missing_run_is_fenced(store: RunStore) -> None:
     head = RunHead.new_idle("ghost", "agent", "q").model_copy(update={"version": 5})
-    assert store.commit(4, head, None).status == "fenced"
+    assert store.commit(head.model_copy(update={"version": 4}), head, None).status == "fenced"
     assert store.load("ghost") is None
     assert store.redis.exists(store.keys.run("ghost")) == 0
 
@@ -205,7 +206,7 @@ def test_commit_on_a_missing_run_is_fenced(store: RunStore) -> None:
 def test_commit_refuses_a_version_that_does_not_follow(store: RunStore) -> None:
     thinking = started(store)
     with pytest.raises(InternalInvariant, match="commit of version 5 over 2"):
-        store.commit(2, thinking.head.model_copy(update={"version": 5}), None)
+        store.commit(thinking.head, thinking.head.model_copy(update={"version": 5}), None)
 
 
 def test_an_unclaimed_commit_waits_for_a_live_claim_to_go(rds: redis.Redis) -> None:
@@ -213,9 +214,9 @@ def test_an_unclaimed_commit_waits_for_a_live_claim_to_go(rds: redis.Redis) -> N
     thinking = started(store)
     claim(store, thinking.head)
     t = thinking.fail(RunErrorInfo(kind="PoisonPhase", message="x"))
-    assert store.commit(2, t.head, None, (), t.events).status == "fenced"
+    assert store.commit(thinking.head, t.head, None, (), t.events).status == "fenced"
     wait_until(
-        lambda: store.commit(2, t.head, None, (), t.events).status == "committed",
+        lambda: store.commit(thinking.head, t.head, None, (), t.events).status == "committed",
         5,
         what="the claim to expire",
     )
@@ -550,10 +551,10 @@ def test_a_cancel_wins_over_every_commit_but_the_interruption(store: RunStore) -
     done = thinking.complete("an answer", Usage())
     failed = thinking.fail(RunErrorInfo(kind="ModelTransport", message="x"))
     for t in (act, done, failed):
-        assert store.commit(2, t.head, held.ref, t.messages, t.events).status == "cancel_pending"
+        assert store.commit(h, t.head, held.ref, t.messages, t.events).status == "cancel_pending"
     assert snapshot(store, h.run_id) == before
     end = thinking.interrupt("cancelled")
-    assert store.commit(2, end.head, held.ref, end.messages, end.events).status == "committed"
+    assert store.commit(h, end.head, held.ref, end.messages, end.events).status == "committed"
     assert must_load(store, h.run_id).phase is Phase.INTERRUPTED
     assert store.request_cancel(h.run_id) is Phase.INTERRUPTED
 
@@ -626,7 +627,7 @@ def test_inspect_and_hand_on_an_expired_claim(rds: redis.Redis) -> None:
     )
     # The old delivery can no longer commit; the old epoch's messages are stale.
     t = thinking.complete("late", Usage())
-    assert store.commit(2, t.head, held.ref, t.messages, t.events).status == "fenced"
+    assert store.commit(thinking.head, t.head, held.ref, t.messages, t.events).status == "fenced"
     assert isinstance(store.claim_phase(PhaseClaim(run_id, 2, Phase.THINKING, 0, 1), HOLDER), Stale)
     assert isinstance(store.claim_phase(PhaseClaim(run_id, 2, Phase.THINKING, 1, 1), HOLDER), Claim)
 
@@ -740,16 +741,16 @@ def test_join_thread_once(store: RunStore) -> None:
 
     def join() -> None:
         barrier.wait()
-        ids.append(store.join_thread("t1", "run-b"))
+        ids.append(store.join_thread(None, "t1", "run-b"))
 
-    store.join_thread("t1", "run-a")
+    store.join_thread(None, "t1", "run-a")
     threads = [threading.Thread(target=join) for _ in range(5)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert all(i == ["run-a", "run-b"] for i in ids)
-    assert 0 < store.redis.ttl(store.keys.thread("t1")) <= 3600
+    assert 0 < store.redis.ttl(store.keys.thread(None, "t1")) <= 3600
 
 
 # -- events ------------------------------------------------------------------------------------------
@@ -764,10 +765,12 @@ def test_event_stream_holds_exactly_the_committed_events_in_order(store: RunStor
     t2 = t1.to.act("go", CALLS, Usage())
     held = claim(store, t1.head)
     assert (
-        store.commit(1, t2.head.model_copy(update={"version": 2}), held.ref, t2.messages, t2.events).status
+        store.commit(
+            idle.head, t2.head.model_copy(update={"version": 2}), held.ref, t2.messages, t2.events
+        ).status
         == "fenced"
     )
-    assert store.commit(2, t2.head, held.ref, t2.messages, t2.events).status == "committed"
+    assert store.commit(t1.head, t2.head, held.ref, t2.messages, t2.events).status == "committed"
     entries = store.read_events(run_id)
     assert dumps(e for _, e in entries) == dumps([*t1.events, *t2.events])
     ids = [i for i, _ in entries]

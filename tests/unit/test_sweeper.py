@@ -76,7 +76,7 @@ def thinking_run(rt: Runtime) -> RunHead:
     )
     held = rt.store.claim_phase(PhaseClaim(idle.run_id, 1, Phase.IDLE, 0, 0), "h:1")
     assert isinstance(held, Claim)
-    result = rt.store.commit(1, start.head, held.ref, start.messages, start.events, task_for(start.head))
+    result = rt.store.commit(idle, start.head, held.ref, start.messages, start.events, task_for(start.head))
     assert result.status == "committed"
     return start.head
 
@@ -202,9 +202,7 @@ def test_parked_and_finished_runs_leave_the_watch_list(rt: Runtime) -> None:
     held = rt.store.claim_phase(PhaseClaim(head.run_id, head.version, Phase.THINKING, 0, 1), "h:1")
     assert isinstance(held, Claim)
     done = fsm.Thinking(head).complete("ok", head.usage)
-    assert (
-        rt.store.commit(head.version, done.head, held.ref, done.messages, done.events).status == "committed"
-    )
+    assert rt.store.commit(head, done.head, held.ref, done.messages, done.events).status == "committed"
     rt.store.redis.zadd(rt.store.keys.leases_of(head.run_id), {head.run_id: 0})
     assert Sweeper(rt, FakeBroker()).sweep() == 0
     assert rt.store.redis.zscore(rt.store.keys.leases_of(head.run_id), head.run_id) is None

@@ -1,0 +1,125 @@
+"""Tenants and their API keys, in Redis.
+
+A tenant owns the runs started with its keys: it sees, follows, lists, cancels and approves only
+those. Keys are shown once, when created, and stored only as their SHA-256 digest; a key's public
+id is the start of that digest. Each tenant has a webhook signing secret (created on first use) and
+its limits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+
+import redis
+from pydantic import BaseModel, Field
+
+from shared.keys import Keys
+from shared.request import check_name
+from shared.webhooks import new_secret
+
+__all__ = ["KEY_PREFIX", "KeyRecord", "TenantLimits", "Tenants", "digest"]
+
+KEY_PREFIX = "wsk_"
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class KeyRecord(BaseModel):
+    """An API key as stored (never the key itself)."""
+
+    #: The key's public id: the first 12 hex digits of its digest.
+    id: str
+    tenant: str
+    name: str = ""
+    created_at: float
+    revoked_at: float | None = None
+
+
+class TenantLimits(BaseModel):
+    """What one tenant may do at once (answered with 429 past it)."""
+
+    max_inflight: int = Field(default=1000, ge=1, description="Runs not ended yet.")
+    submits_per_minute: int = Field(default=600, ge=1, description="New runs per minute.")
+
+
+class Tenants:
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+
+    def create_key(self, tenant: str, name: str = "") -> tuple[str, KeyRecord]:
+        """A new key for ``tenant`` (the tenant is created with it): the key, shown once, and its record."""
+        check_name("tenant", tenant)
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        hashed = digest(key)
+        record = KeyRecord(id=hashed[:12], tenant=tenant, name=name[:200], created_at=time.time())
+        with self.redis.pipeline() as pipe:
+            pipe.set(self.keys.api_key(hashed), record.model_dump_json())
+            pipe.sadd(self.keys.api_keys(tenant), hashed)
+            pipe.sadd(self.keys.tenants(), tenant)
+            pipe.execute()
+        return key, record
+
+    def authenticate(self, key: str) -> KeyRecord | None:
+        """The record of a live key, or None (unknown or revoked)."""
+        if not key.startswith(KEY_PREFIX) or len(key) > 200:
+            return None
+        raw = self.redis.get(self.keys.api_key(digest(key)))
+        if raw is None:
+            return None
+        record = KeyRecord.model_validate_json(raw)
+        return record if record.revoked_at is None else None
+
+    def keys_of(self, tenant: str) -> list[KeyRecord]:
+        digests = sorted(str(d) for d in self.redis.smembers(self.keys.api_keys(tenant)))
+        raw = self.redis.mget([self.keys.api_key(d) for d in digests]) if digests else []
+        records = [KeyRecord.model_validate_json(r) for r in raw if r is not None]
+        return sorted(records, key=lambda r: r.created_at)
+
+    def revoke(self, tenant: str, key_id: str) -> bool:
+        """Revoke the tenant's key whose id is ``key_id``; False if it has none."""
+        for hashed in self.redis.smembers(self.keys.api_keys(tenant)):
+            hashed = str(hashed)
+            if hashed.startswith(key_id) and len(key_id) >= 8:
+                raw = self.redis.get(self.keys.api_key(hashed))
+                if raw is None:
+                    continue
+                record = KeyRecord.model_validate_json(raw)
+                if record.revoked_at is None:
+                    record = record.model_copy(update={"revoked_at": time.time()})
+                    self.redis.set(self.keys.api_key(hashed), record.model_dump_json())
+                return True
+        return False
+
+    def names(self) -> list[str]:
+        return sorted(str(t) for t in self.redis.smembers(self.keys.tenants()))
+
+    def webhook_secret(self, tenant: str) -> str:
+        """The tenant's webhook signing secret, made on first use."""
+        key = self.keys.tenant(tenant)
+        self.redis.hsetnx(key, "webhook_secret", new_secret())
+        return str(self.redis.hget(key, "webhook_secret"))
+
+    def limits(self, tenant: str) -> TenantLimits:
+        raw = self.redis.hget(self.keys.tenant(tenant), "limits")
+        return TenantLimits.model_validate_json(raw) if raw else TenantLimits()
+
+    def set_limits(self, tenant: str, limits: TenantLimits) -> None:
+        check_name("tenant", tenant)
+        self.redis.hset(self.keys.tenant(tenant), "limits", limits.model_dump_json())
+        self.redis.sadd(self.keys.tenants(), tenant)
+
+    def default_callback(self, tenant: str) -> str | None:
+        """The webhook URL of runs of this tenant that name no callback of their own."""
+        raw = self.redis.hget(self.keys.tenant(tenant), "callback_url")
+        return str(raw) if raw else None
+
+    def set_default_callback(self, tenant: str, url: str | None) -> None:
+        if url is None:
+            self.redis.hdel(self.keys.tenant(tenant), "callback_url")
+        else:
+            self.redis.hset(self.keys.tenant(tenant), "callback_url", url)

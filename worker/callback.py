@@ -1,0 +1,155 @@
+"""Telling a service that a run ended: the ended run's last task.
+
+The terminal commit puts a ``wesichain.callback`` task in the run's outbox and keeps the run under
+the sweeper's watch until the callback is delivered or given up, so a worker that dies between the
+commit and the delivery costs nothing: the task is published again. A delivery claims the run (its
+phase claim, at the terminal version) like any phase, so two deliveries never run at once, and
+records each attempt on the run (``RunHandle.callback()``).
+
+* A webhook gets a POST of the run's outcome, signed per Standard Webhooks under the tenant's
+  secret, with the run id as ``webhook-id`` on every attempt: delivery is at least once, and the
+  receiver de-duplicates on it. Any 2xx answer is delivered; anything else is tried again after
+  ``Settings.webhook_retry_s`` (at most that many times), then given up.
+* A Celery callback is sent by name with the outcome as its one argument and the task id
+  ``<run_id>:callback`` (at least once; a receiver de-duplicates on the id).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import httpx
+from pydantic import BaseModel
+
+from shared import protocol
+from shared.errors import InvalidRequest
+from shared.state import Callback, Phase, RunHead, TaskSpec
+from shared.store import Claim, PhaseClaim
+from shared.tasks import task_for
+from shared.tenants import Tenants
+from shared.webhooks import check_url, outcome, outcome_bytes, signed_headers
+from worker.runtime import Delivery, Runtime
+
+__all__ = ["CallbackState", "run_callback"]
+
+log = logging.getLogger("wesichain.callback")
+
+_client_lock = threading.Lock()
+_clients: dict[int, httpx.Client] = {}
+
+
+class CallbackState(BaseModel):
+    """How a run's callback delivery went, attempt by attempt (kept on the run)."""
+
+    status: str = "pending"
+    attempts: int = 0
+    last_error: str | None = None
+    last_status_code: int | None = None
+    delivered_at: float | None = None
+    next_attempt_at: float | None = None
+
+
+def run_callback(rt: Runtime, delivery: Delivery, step: int, phase: str) -> None:
+    want = PhaseClaim(delivery.run_id, delivery.version, Phase(phase), delivery.epoch, step)
+    claim = rt.store.claim_phase(want, rt.holder())
+    if not isinstance(claim, Claim):
+        rt.on_unclaimed(claim, delivery)
+        return
+    head = claim.head
+    store = rt.store
+    if store.redis.hget(store.keys.run(head.run_id), protocol.CALLBACK) != "pending" or head.callback is None:
+        store.release(head.run_id, claim.field, claim.token)  # delivered (or given up) already
+        return
+    state = _state(rt, head.run_id)
+    attempt = state.attempts + 1
+    schedule = rt.settings.webhook_retry_s
+    error, code = _deliver(rt, head, head.callback)
+    state = state.model_copy(update={"attempts": attempt, "last_error": error, "last_status_code": code})
+    if error is None:
+        state = state.model_copy(
+            update={"status": "delivered", "delivered_at": time.time(), "next_attempt_at": None}
+        )
+        _finish(rt, head, claim, "delivered", state)
+        return
+    if attempt > len(schedule) or claim.attempts > len(schedule) + rt.settings.max_phase_attempts:
+        log.warning("run %s: callback given up after %d attempt(s): %s", head.run_id, attempt, error)
+        _finish(
+            rt,
+            head,
+            claim,
+            "gave_up",
+            state.model_copy(update={"status": "gave_up", "next_attempt_at": None}),
+        )
+        return
+    wait_s = schedule[attempt - 1]
+    log.info("run %s: callback attempt %d failed (%s); next in %gs", head.run_id, attempt, error, wait_s)
+    state = state.model_copy(update={"next_attempt_at": time.time() + wait_s})
+    if _finish(rt, head, claim, "retry", state, wait_s):
+        (task,) = task_for(head)
+        rt.publish([task.model_copy(update={"countdown": wait_s})], head.epoch)
+
+
+def _state(rt: Runtime, run_id: str) -> CallbackState:
+    raw = rt.store.redis.hget(rt.store.keys.run(run_id), protocol.CALLBACK_STATE)
+    return CallbackState.model_validate_json(raw) if raw else CallbackState()
+
+
+def _finish(
+    rt: Runtime, head: RunHead, claim: Claim, outcome_: str, state: CallbackState, wait_s: float = 0
+) -> bool:
+    return rt.store.finish_callback(head.run_id, claim.token, outcome_, state.model_dump_json(), wait_s)
+
+
+def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None, int | None]:
+    """One attempt; returns (the error, the HTTP status) — (None, status) when delivered."""
+    if callback.task is not None:
+        spec = TaskSpec(
+            name=callback.task,
+            task_id=f"{head.run_id}:callback",
+            arguments={},
+            args=[outcome(head)],
+            queue=callback.queue,
+        )
+        try:
+            rt.send(spec)
+        except Exception as exc:  # the broker refused it: try again later
+            return f"{type(exc).__name__}: {exc}"[:500], None
+        return None, None
+    url = callback.url or ""
+    try:
+        check_url(url, allow_private=rt.settings.webhook_allow_private)
+        secret = _secret(rt, head)
+    except InvalidRequest as exc:
+        return exc.message, None
+    body = outcome_bytes(head)
+    try:
+        response = _client(rt).post(url, content=body, headers=signed_headers(secret, head.run_id, body))
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"[:500], None
+    if 200 <= response.status_code < 300:
+        return None, response.status_code
+    return f"the receiver answered HTTP {response.status_code}", response.status_code
+
+
+def _secret(rt: Runtime, head: RunHead) -> str:
+    if head.tenant is not None:
+        return Tenants(rt.store.redis, rt.store.keys).webhook_secret(head.tenant)
+    if not rt.settings.webhook_secret:
+        raise InvalidRequest(
+            "a webhook of a run without a tenant needs WESICHAIN_WEBHOOK_SECRET (whsec_...) on the workers"
+        )
+    return rt.settings.webhook_secret
+
+
+def _client(rt: Runtime) -> httpx.Client:
+    """One pooled HTTP client per process (prefork children get their own)."""
+    pid = os.getpid()
+    with _client_lock:
+        client = _clients.get(pid)
+        if client is None:
+            client = httpx.Client(timeout=rt.settings.webhook_timeout_s, follow_redirects=False)
+            _clients[pid] = client
+        return client
