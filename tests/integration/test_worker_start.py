@@ -33,9 +33,8 @@ def _worker_exit(proc: WorkerProcess) -> int:
         proc.stop()
 
 
-def test_a_worker_without_its_agents_module_exits_before_consuming(
-    redis_server: RedisServer, tmp_path: Path
-) -> None:
+def test_a_worker_without_its_agents_module_exits_before_consuming(tmp_path: Path) -> None:
+    redis_server = RedisServer().start()  # its own: the suite's workers would take the message
     client = Client(Settings(redis_url=redis_server.url, agents_module="tests.agents_fixture"))
     raw = redis_server.client()
     try:
@@ -58,13 +57,15 @@ def test_a_worker_without_its_agents_module_exits_before_consuming(
     finally:
         raw.close()
         client.close()
+        redis_server.cleanup()
 
 
-def test_celery_s_own_worker_command_refuses_too(redis_server: RedisServer, tmp_path: Path) -> None:
+def test_celery_s_own_worker_command_refuses_too(tmp_path: Path) -> None:
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "WESICHAIN_REDIS_URL": redis_server.url,
+        # Nothing is reached: it refuses before it connects to anything.
+        "WESICHAIN_REDIS_URL": "redis://127.0.0.1:1/0",
         "WESICHAIN_AGENTS": "no_such_agents_module",
     }
     proc = subprocess.run(
