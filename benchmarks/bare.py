@@ -1,8 +1,11 @@
 """The Celery floor: a bare app with the runtime's exact Celery configuration.
 
-``celery_config(Settings(redis_url=...))`` gives the same broker, serializer, late acks, prefetch,
-routing, task events and pool settings the runtime's workers use; only the key prefix differs
-(``bare:``), so both can share one redis-server without sharing queues.
+``celery_config(Settings(redis_url=...))`` gives the same broker options, serializer, late acks,
+prefetch, routing, task events and pool settings the runtime's workers use, with no broker key
+prefix, as the runtime has by default. The floor must not share queues with the runtime's workers
+when both run on one redis-server, so it keeps its broker and its own keys in another Redis
+*database* of the same server (:data:`DB`, the runtime uses database 0): only the database number
+of the URL differs, every Celery setting is the runtime's.
 
 Two tasks, each of which only publishes the next one of its chain (as every runtime phase does):
 
@@ -13,7 +16,7 @@ Two tasks, each of which only publishes the next one of its chain (as every runt
 The first hop of a chain records when it started and the last when it finished (one Redis write
 each); the hops in between touch nothing but the broker. Start a worker with::
 
-    BENCH_REDIS_URL=redis://127.0.0.1:6379/0 celery -A benchmarks.bare worker -P prefork -c 1
+    BENCH_REDIS_URL=redis://127.0.0.1:6379/1 celery -A benchmarks.bare worker -P prefork -c 1
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import os
 import time
 from functools import cache
+from urllib.parse import urlsplit
 
 import redis
 from celery import Celery
@@ -29,16 +33,26 @@ from pydantic import BaseModel
 from shared.settings import Settings, celery_config
 
 ENV_URL = "BENCH_REDIS_URL"
+#: The Redis database of the floor's broker and keys (the runtime's workers use database 0).
+DB = 1
 PREFIX = "bare:"
 TASK_HOP = "bench.hop"
 TASK_STATE_HOP = "bench.state_hop"
 
 
+def floor_url(url: str) -> str:
+    """The same server as ``url``, database :data:`DB`."""
+    parts = urlsplit(url)
+    return parts._replace(path=f"/{DB}").geturl()
+
+
 def settings(url: str | None = None) -> Settings:
-    return Settings(redis_url=url or os.environ.get(ENV_URL, "redis://127.0.0.1:6379/0"), prefix=PREFIX)
+    """The floor's settings: the runtime's defaults, on its own database (``url`` is the floor's)."""
+    return Settings(redis_url=url or os.environ.get(ENV_URL, f"redis://127.0.0.1:6379/{DB}"))
 
 
 def make_app(url: str | None = None) -> Celery:
+    """The floor's app on ``url`` (the floor's database, see :func:`floor_url`)."""
     app = Celery("bench-bare", set_as_current=False)
     app.conf.update(celery_config(settings(url)))
     return app

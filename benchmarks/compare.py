@@ -34,7 +34,7 @@ GATES: dict[str, tuple[float, str]] = {
 
 
 def _load(path: str) -> dict[str, Any]:
-    data = json.loads(Path(path).read_text())
+    data: dict[str, Any] = json.loads(Path(path).read_text())
     if "scenarios" not in data:
         raise ValueError(f"{path}: not a benchmark result (no 'scenarios')")
     return data

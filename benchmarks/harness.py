@@ -2,7 +2,11 @@
 
 Everything runs for real: one ``redis-server`` on a free loopback port (``tests.harness.RedisServer``),
 ``wesichain worker`` processes and bare ``celery worker`` processes, each in its own process group.
-Each scenario gets its own key prefix, so its workers never see another scenario's queues.
+The runtime's workers keep their run state and their broker in Redis database 0, with no broker
+key prefix (the product's default); the bare Celery floor has the same configuration in database 1
+(``benchmarks/bare.py``), so the two never share a queue. Each scenario gets its own run-state key
+prefix, and the runner empties the server between scenarios (:meth:`Cluster.reset`), so no message
+a scenario left in the broker reaches the next one's workers.
 """
 
 from __future__ import annotations
@@ -22,11 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
+from redis import Redis
 
 from benchmarks import bare
 from producer.client import Client
+from shared import protocol
+from shared.keys import Keys
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings
 from shared.state import Phase, RunHead
+from shared.workers import WorkerDirectory
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
 AGENTS = "benchmarks.agents"
@@ -90,19 +98,42 @@ def check(value: float, target: float, op: str) -> dict[str, Any]:
 
 @dataclass
 class Cluster:
-    """One redis-server for the whole benchmark; workers come and go per scenario."""
+    """One redis-server (by default for the whole benchmark); workers come and go per scenario."""
 
     redis: RedisServer
     log_dir: str
     workers: list[WorkerProcess] = field(default_factory=list)
+    #: Worker id -> run-state prefix of the wesichain workers started, whose registry records
+    #: :meth:`up` waits for.
+    registered: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def start(cls) -> Cluster:
-        return cls(redis=RedisServer().start(), log_dir=tempfile.mkdtemp(prefix="wesichain-bench-"))
+    def start(cls, server: RedisServer | None = None) -> Cluster:
+        """A cluster on ``server`` (started here if not running), or on a new plain redis-server."""
+        server = server or RedisServer()
+        if server.proc is None:
+            server.start()
+        return cls(redis=server, log_dir=tempfile.mkdtemp(prefix="wesichain-bench-"))
 
     @property
     def url(self) -> str:
         return self.redis.url
+
+    @property
+    def floor_url(self) -> str:
+        """The bare Celery floor's broker and keys: the same server, its own database."""
+        return bare.floor_url(self.url)
+
+    def floor_redis(self) -> Redis:
+        return Redis.from_url(self.floor_url, decode_responses=True)
+
+    def reset(self) -> None:
+        """Empty every database of the server (call it with no worker running)."""
+        client = self.redis.client()
+        try:
+            client.flushall()
+        finally:
+            client.close()
 
     def settings(self, prefix: str) -> Settings:
         return Settings(redis_url=self.url, agents_module=AGENTS, prefix=prefix)
@@ -111,17 +142,29 @@ class Cluster:
         return Client(self.settings(prefix))
 
     def wesichain_worker(
-        self, name: str, prefix: str, *, pool: str = "prefork", concurrency: int = 1
+        self,
+        name: str,
+        prefix: str,
+        *,
+        pool: str = "prefork",
+        concurrency: int = 1,
+        queues: str | None = None,
+        env: dict[str, str] | None = None,
+        include: tuple[str, ...] = (),
     ) -> WorkerProcess:
-        return WorkerProcess(
+        w = WorkerProcess(
             name,
             self.url,
             agents=AGENTS,
             pool=pool,
             concurrency=concurrency,
-            env={"WESICHAIN_PREFIX": prefix},
+            queues=queues,
+            env={"WESICHAIN_PREFIX": prefix, **(env or {})},
             log_dir=self.log_dir,
+            include=include,
         )
+        self.registered[f"{name}@test"] = prefix
+        return w
 
     def bare_worker(self, name: str, *, pool: str = "prefork", concurrency: int = 1) -> WorkerProcess:
         """A bare Celery worker, started with the same options ``wesichain worker`` passes to Celery."""
@@ -154,19 +197,55 @@ class Cluster:
             "--without-gossip",
             "--without-heartbeat",
         ]
-        w.env.update({bare.ENV_URL: self.url, "WESICHAIN_REDIS_URL": self.url, "WESICHAIN_AGENTS": AGENTS})
+        w.env.update(
+            {bare.ENV_URL: self.floor_url, "WESICHAIN_REDIS_URL": self.url, "WESICHAIN_AGENTS": AGENTS}
+        )
         w.env.update(env or {})
         return w
 
     def up(self, *workers: WorkerProcess) -> list[WorkerProcess]:
-        """Start workers in parallel and wait until every one is ready."""
+        """Start workers in parallel and wait until every one is ready (see :meth:`ready`)."""
+        self.launch(*workers)
+        return self.ready(*workers)
+
+    def launch(self, *workers: WorkerProcess) -> None:
+        """Start workers without waiting for them."""
         for w in workers:
             w.start(wait=False)
             _live.append(w)
             self.workers.append(w)
+
+    def ready(self, *workers: WorkerProcess) -> list[WorkerProcess]:
+        """Wait until every one of ``workers`` (launched) is ready.
+
+        A wesichain worker is ready once it is also listed, consuming, in its prefix's worker
+        registry: only then does ``Client.submit`` (which checks that a live worker serves the
+        agent) accept runs for it.
+        """
         for w in workers:
             w.wait_ready(timeout=60)
+        for w in workers:
+            worker_id = f"{w.name}@test"
+            if worker_id in self.registered:
+                self.wait_registered(worker_id, self.registered[worker_id])
         return list(workers)
+
+    def wait_registered(self, worker_id: str, prefix: str, timeout: float = 30.0) -> None:
+        """Wait until the registry under ``prefix`` lists ``worker_id`` as live and consuming."""
+        settings = self.settings(prefix)
+        client = self.redis.client()
+        directory = WorkerDirectory(client, Keys(prefix, settings.shards), settings.registry_interval_s)
+
+        def listed() -> bool:
+            return any(
+                w.record.id == worker_id and (w.record.consuming or w.record.consumer_state == "saturated")
+                for w in directory.live()
+            )
+
+        try:
+            wait_until(listed, timeout=timeout, interval=0.05, what=f"{worker_id} in the worker registry")
+        finally:
+            client.close()
 
     def down(self, *workers: WorkerProcess) -> None:
         for w in workers:
@@ -175,6 +254,7 @@ class Cluster:
                 _live.remove(w)
             if w in self.workers:
                 self.workers.remove(w)
+            self.registered.pop(f"{w.name}@test", None)
 
     def close(self, keep_logs: bool = False) -> None:
         """Stop every worker and the server; worker logs are kept only when asked (after a failure)."""
@@ -184,6 +264,68 @@ class Cluster:
             print(f"worker logs kept in {self.log_dir}", file=sys.stderr)
         else:
             shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+class PersistentRedisServer(RedisServer):
+    """The harness's redis-server with a chosen persistence: no AOF, or AOF with an fsync policy.
+
+    ``appendfsync`` None starts it as the harness does (``--appendonly no``); "everysec" or
+    "always" start it with ``appendonly=True`` (the harness's own AOF setup: the file in the
+    server's temporary directory, ``--appendfsync always``), then set the fsync policy with
+    ``CONFIG SET appendfsync``. RDB snapshots stay off (``--save ""``) in every case.
+    """
+
+    def __init__(self, appendfsync: str | None = None) -> None:
+        if appendfsync not in (None, "everysec", "always"):
+            raise ValueError(f"appendfsync must be None, 'everysec' or 'always', not {appendfsync!r}")
+        super().__init__(appendonly=appendfsync is not None)
+        self.appendfsync = appendfsync
+
+    def start(self) -> PersistentRedisServer:
+        super().start()
+        client = self.client()
+        try:
+            if self.appendfsync is not None:
+                client.config_set("appendfsync", self.appendfsync)
+            conf = self._config(client)
+            wanted = {"appendonly": "yes" if self.appendfsync else "no"}
+            if self.appendfsync:
+                wanted["appendfsync"] = self.appendfsync
+            if any(conf.get(k) != v for k, v in wanted.items()):
+                raise RuntimeError(f"redis-server persistence is {conf}, wanted {wanted}")
+        finally:
+            client.close()
+        return self
+
+    @staticmethod
+    def _config(client: Redis) -> dict[str, str]:
+        return {k: str(client.config_get(k).get(k)) for k in ("appendonly", "appendfsync")}
+
+    def persistence(self) -> dict[str, Any]:
+        """The server's persistence settings and AOF counters, and the file system the AOF is on."""
+        client = self.client()
+        try:
+            conf = self._config(client)
+            info = client.info("persistence")
+        finally:
+            client.close()
+        keep = ("aof_enabled", "aof_current_size", "aof_delayed_fsync", "aof_last_write_status")
+        return {**conf, **{k: info[k] for k in keep if k in info}, "dir": self.dir, **file_system(self.dir)}
+
+
+def file_system(path: str) -> dict[str, str]:
+    """The device, mount point and type of the file system holding ``path``."""
+    real = os.path.realpath(path)
+    best: Any = None
+    for part in psutil.disk_partitions(all=True):
+        mount = part.mountpoint
+        if (real == mount or real.startswith(mount.rstrip("/") + "/")) and (
+            best is None or len(mount) > len(best.mountpoint)
+        ):
+            best = part
+    if best is None:
+        return {}
+    return {"device": best.device, "mountpoint": best.mountpoint, "fstype": best.fstype}
 
 
 def new_prefix(name: str) -> str:
@@ -295,7 +437,7 @@ def wait_all_terminal(client: Client, run_ids: Sequence[str], timeout: float) ->
         nonlocal pending
         pipe = client.store.redis.pipeline(transaction=False)
         for k in pending:
-            pipe.hget(k, "phase")
+            pipe.hget(k, protocol.PHASE)
         phases = pipe.execute()
         pending = [k for k, p in zip(pending, phases, strict=True) if p not in terminal]
         return not pending
@@ -303,21 +445,30 @@ def wait_all_terminal(client: Client, run_ids: Sequence[str], timeout: float) ->
     wait_until(done, timeout=timeout, interval=0.02, what=f"{len(run_ids)} runs to finish")
 
 
-def run_and_wait(client: Client, agent: str, text: str, *, model: str | None = None) -> tuple[RunHead, float]:
-    """Submit one run and follow it to its end; returns the final head and client latency in ms."""
+def run_and_wait(
+    client: Client, agent: str, text: str, *, model: str | None = None, check_agent: bool = True
+) -> tuple[RunHead, float]:
+    """Submit one run and follow it to its end; returns the final head and client latency in ms.
+
+    The latency includes ``Client.submit``'s check that a live worker serves the agent (one read
+    of the worker registry) unless ``check_agent`` is False.
+    """
     started = time.perf_counter()
-    handle = client.submit(agent, text, model=model)
+    handle = client.submit(agent, text, model=model, check_agent=check_agent)
     head = wait_terminal(client, handle.run_id)
     return head, (time.perf_counter() - started) * 1000
 
 
-def bare_chain(client: Client, app: Any, task: str, hops: int, timeout: float = 60.0) -> float:
-    """Run one bare hop chain; returns milliseconds per hop (first hop start to last hop end)."""
+def bare_chain(r: Redis, app: Any, task: str, hops: int, timeout: float = 60.0) -> float:
+    """Run one bare hop chain; returns milliseconds per hop (first hop start to last hop end).
+
+    ``r`` is a client of the floor's database (:meth:`Cluster.floor_redis`), ``app`` the floor's
+    app (``bare.make_app(cluster.floor_url)``).
+    """
     chain = uuid.uuid4().hex
     app.send_task(task, kwargs={"chain": chain, "hop": 0, "total": hops}, task_id=f"{chain}:h0")
-    r = client.store.redis
     wait_until(lambda: r.exists(bare.end_key(chain)), timeout=timeout, interval=0.005, what="bare chain")
-    start, end = float(r.get(bare.start_key(chain))), float(r.get(bare.end_key(chain)))
+    start, end = float(str(r.get(bare.start_key(chain)))), float(str(r.get(bare.end_key(chain))))
     return (end - start) * 1000 / (hops - 1)
 
 
@@ -394,6 +545,6 @@ def process_cpu_s(worker: WorkerProcess) -> dict[str, float]:
 def pid_cpu_s(pid: int) -> float:
     try:
         t = psutil.Process(pid).cpu_times()
-        return t.user + t.system
+        return float(t.user + t.system)
     except psutil.NoSuchProcess:
         return 0.0

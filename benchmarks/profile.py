@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -22,13 +21,14 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks import bare
 from benchmarks.harness import Cluster, bare_chain, new_prefix, pid_cpu_s, process_cpu_s, run_and_wait
 from shared.state import Phase
-from tests.harness import ROOT, WorkerProcess
+from tests.harness import WorkerProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -43,11 +43,10 @@ KEY_FRAMES = [
     ("prefork pipe to/from the child (billiard)", ("billiard/connection.py",)),
     ("logging", ("logging/__init__.py",)),
     ("task execution (trace_task)", ("trace_task",)),
-    ("RunStore.begin (claim + head + messages)", ("RunStore.begin",)),
+    ("RunStore.claim_phase (claim + head + new messages or results)", ("RunStore.claim_phase",)),
+    ("RunStore.claim_call (tool claim)", ("RunStore.claim_call",)),
     ("RunStore.commit", ("RunStore.commit",)),
-    ("RunStore.record_result", ("RunStore.record_result",)),
-    ("RunStore.has_result", ("RunStore.has_result",)),
-    ("RunStore.load_results", ("RunStore.load_results",)),
+    ("RunStore.record_result (result + fan-in)", ("RunStore.record_result",)),
     ("RunStore.emit (token deltas)", ("RunStore.emit",)),
     ("Heartbeat.hold", ("Heartbeat.hold",)),
     ("model call (ScriptedModel)", ("ScriptedModel.",)),
@@ -148,17 +147,25 @@ def _strip_line(frame: str) -> str:
 
 
 PHASES = ("run_start", "run_think", "run_tool", "run_observe")
+#: Frames between a phase task function and its work that say nothing: the one phase skeleton
+#: (``worker/phase.py``), the bodies it calls (``run_think.<locals>.body``) and think's own body.
+PASS_THROUGH = frozenset({"run_phase", "_think"})
+
+
+def _passes_through(name: str) -> bool:
+    return name in PASS_THROUGH or name.endswith(".<locals>.body")
 
 
 def phase_breakdown(stacks: list[tuple[list[str], int]], top: int = 8) -> dict[str, list[tuple[str, int]]]:
-    """For each phase task function, samples by the frame directly beneath it."""
+    """For each phase task function, samples by the first frame beneath it that does real work."""
     out: dict[str, Counter[str]] = {}
     for raw_frames, n in stacks:
         frames = [_strip_line(f) for f in raw_frames]
         for i, f in enumerate(frames):
             name = f.split(" (", 1)[0]
             if name in PHASES:
-                below = frames[i + 1].split(" (", 1)[0] if i + 1 < len(frames) else "(self)"
+                beneath = [b.split(" (", 1)[0] for b in frames[i + 1 :]]
+                below = next((b for b in beneath if not _passes_through(b)), "(self)")
                 out.setdefault(name, Counter())[below] += n
                 out[name]["(total)"] += n
                 break
@@ -198,24 +205,21 @@ def _render(title: str, a: dict[str, Any], cpu_ms: float, phases: dict[str, Any]
     return lines + [""]
 
 
-#: A target is a base system plus modifiers joined by "+": "wesichain", "bare+no-events",
-#: "wesichain+no-events+hiredis+threads", ...
+#: A target is a base system plus modifiers joined by "+": "wesichain", "bare+events",
+#: "wesichain+events+threads", ... Task events are off and hiredis is installed by default (both
+#: results of this profile), so the what-ifs now turn events back on.
 BASES = ("wesichain", "bare")
 MODIFIERS = {
-    "no-events": "worker_send_task_events and task_send_sent_event off (benchmarks/whatif.py)",
-    "hiredis": "redis-py with the hiredis C parser (needs hiredis importable, see --hiredis-path)",
+    "events": "Celery task events on, as Flower would have them (wesichain: WESICHAIN_TASK_EVENTS=1;"
+    " bare: benchmarks/whatif.py)",
     "threads": "threads pool (concurrency 1) instead of prefork",
 }
 DEFAULT_TARGETS = ["wesichain", "bare"]
 ALL_TARGETS = [
     "wesichain",
     "bare",
-    "wesichain+no-events",
-    "bare+no-events",
-    "wesichain+hiredis",
-    "bare+hiredis",
-    "wesichain+no-events+hiredis",
-    "bare+no-events+hiredis",
+    "wesichain+events",
+    "bare+events",
     "wesichain+threads",
     "bare+threads",
 ]
@@ -228,30 +232,26 @@ def parse_target(target: str) -> tuple[str, set[str]]:
     return base, set(mods)
 
 
-def _worker(cluster: Cluster, target: str, prefix: str, hiredis_path: str | None) -> WorkerProcess:
+def _worker(cluster: Cluster, target: str, prefix: str) -> WorkerProcess:
     base, mods = parse_target(target)
     pool = "threads" if "threads" in mods else "prefork"
     name = "prof-" + target.replace("+", "-")
-    env: dict[str, str] = {"WESICHAIN_PREFIX": prefix}
-    if "hiredis" in mods:
-        if hiredis_path:
-            env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{hiredis_path}"
-    elif hiredis_available(None):
-        raise SystemExit("hiredis is importable here, so targets without +hiredis would use it too")
-    if "no-events" in mods:
-        env.update({"BENCH_WHATIF": "no-events", "BENCH_WHATIF_TARGET": base})
-        return cluster.celery_worker(name, "benchmarks.whatif", pool=pool, env=env)
-    if base == "bare":
-        return cluster.celery_worker(name, "benchmarks.bare", pool=pool, env=env)
-    w = cluster.wesichain_worker(name, prefix, pool=pool)
-    w.env.update(env)
-    return w
+    if base == "wesichain":
+        # Task events are a product setting: the runtime's own switch turns them on.
+        env = {"WESICHAIN_TASK_EVENTS": "1"} if "events" in mods else {}
+        return cluster.wesichain_worker(name, prefix, pool=pool, env=env)
+    if "events" in mods:
+        whatif = {"BENCH_WHATIF": "events", "BENCH_WHATIF_TARGET": base}
+        return cluster.celery_worker(name, "benchmarks.whatif", pool=pool, env=whatif)
+    return cluster.celery_worker(name, "benchmarks.bare", pool=pool)
 
 
-def hiredis_available(path: str | None) -> bool:
-    code = "import redis.utils as u, sys; sys.exit(0 if u.HIREDIS_AVAILABLE else 1)"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)}
-    return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT).returncode == 0
+@dataclass
+class Load:
+    """What the load thread got through: transitions (or bare hops) and per-run medians."""
+
+    transitions: int = 0
+    per_transition_ms: list[float] = field(default_factory=list)
 
 
 def profile(
@@ -260,46 +260,46 @@ def profile(
     seconds: int,
     out: Path,
     sample: bool = True,
-    hiredis_path: str | None = None,
     keep_raw: bool = False,
 ) -> tuple[list[str], dict[str, Any]]:
     prefix = new_prefix("profile-" + target.replace("+", "-"))
-    worker = _worker(cluster, target, prefix, hiredis_path)
+    worker = _worker(cluster, target, prefix)
     base, mods = parse_target(target)
     cluster.up(worker)
     client = cluster.client(prefix)
-    app = bare.make_app(cluster.url)
-    if "no-events" in mods:
-        app.conf.update(task_send_sent_event=False)
+    floor = cluster.floor_redis()
+    app = bare.make_app(cluster.floor_url)
+    if "events" in mods:
+        app.conf.update(task_send_sent_event=True)  # the first hop's publish, as the workers do
     ours = base == "wesichain"
     stop = threading.Event()
-    counted = {"transitions": 0, "per_transition_ms": []}
+    counted = Load()
 
     def load() -> None:
         while not stop.is_set():
             if ours:
                 head, _ = run_and_wait(client, "long", "steps=50")
-                counted["transitions"] += head.version - 1
+                counted.transitions += head.version - 1
                 cps = client.store.checkpoints(head.run_id)
                 first = next(cp for cp in cps if cp.phase is Phase.THINKING)
-                counted["per_transition_ms"].append(
+                counted.per_transition_ms.append(
                     1000 * (head.updated_at - first.updated_at) / (head.version - first.version)
                 )
             else:
-                counted["per_transition_ms"].append(bare_chain(client, app, bare.TASK_HOP, 150))
-                counted["transitions"] += 150
+                counted.per_transition_ms.append(bare_chain(floor, app, bare.TASK_HOP, 150))
+                counted.transitions += 150
 
     raw = out / f"profile-{target.replace('+', '-')}.raw"
     try:
         if ours:
             run_and_wait(client, "long", "steps=10")
         else:
-            bare_chain(client, app, bare.TASK_HOP, 50)
+            bare_chain(floor, app, bare.TASK_HOP, 50)
         redis_pid = cluster.redis.proc.pid if cluster.redis.proc else 0
         thread = threading.Thread(target=load, daemon=True)
         thread.start()
         time.sleep(0.5)
-        before, n_before = counted["transitions"], len(counted["per_transition_ms"])
+        before, n_before = counted.transitions, len(counted.per_transition_ms)
         cpu0, redis0 = process_cpu_s(worker), pid_cpu_s(redis_pid)
         started = time.monotonic()
         if sample:
@@ -308,13 +308,14 @@ def profile(
             time.sleep(seconds)
         elapsed = time.monotonic() - started
         cpu1, redis1 = process_cpu_s(worker), pid_cpu_s(redis_pid)
-        transitions = counted["transitions"] - before
-        wall = statistics.median(counted["per_transition_ms"][n_before:] or [float("nan")])
+        transitions = counted.transitions - before
+        wall = statistics.median(counted.per_transition_ms[n_before:] or [float("nan")])
         stop.set()
         thread.join(timeout=60)
     finally:
         cluster.down(worker)
         client.close()
+        floor.close()
     n = max(1, transitions)
     per = {
         "main": 1000 * (cpu1["main"] - cpu0["main"]) / n,
@@ -362,7 +363,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seconds", type=int, default=20)
     p.add_argument("--no-sample", action="store_true", help="only measure CPU and wall time (no py-spy)")
-    p.add_argument("--hiredis-path", help="a directory holding hiredis (pip install --target DIR hiredis)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default="profile", help="base name of the report files")
     p.add_argument("--keep-raw", action="store_true", help="keep py-spy's collapsed stacks (*.raw) in --out")
@@ -376,9 +376,6 @@ def main(argv: list[str] | None = None) -> int:
     targets = ALL_TARGETS if "all" in args.target else (args.target or DEFAULT_TARGETS)
     for t in targets:
         parse_target(t)
-    if any("hiredis" in t for t in targets) and not hiredis_available(args.hiredis_path):
-        print("hiredis is not importable: skipping the +hiredis targets", file=sys.stderr)
-        targets = [t for t in targets if "hiredis" not in t]
     args.out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster.start()
     title = "CPU samples with py-spy" if not args.no_sample else "CPU and wall time, no sampling"
@@ -403,7 +400,6 @@ def main(argv: list[str] | None = None) -> int:
                     args.seconds,
                     args.out,
                     sample=not args.no_sample and rnd == 0,
-                    hiredis_path=args.hiredis_path,
                 )
                 figures[target].append(fig)
                 print(more[0], more[2], sep="\n", flush=True)

@@ -4,11 +4,13 @@ Two failures, each on real worker processes and a real redis-server:
 
 * ``whole``: the worker's whole process group is SIGKILLed while it is inside a think phase; the
   run's lease expires and the sweeper in the surviving worker re-publishes it;
-* ``child``: only the prefork child running the phase is SIGKILLed; Celery's
-  ``retry_on_worker_lost`` redelivers and the new delivery takes the claim over.
+* ``child``: only the prefork child running the phase is SIGKILLed; the worker's main process sees
+  its child die and expires the dead process's claim at once, and Celery's
+  ``retry_on_worker_lost`` redelivers the task, whose new delivery takes the phase over.
 
-The phase is held open with the test-only ``pause:thinking`` fault point. Default settings are
-used unless overridden (``--lease``), and reported with the results.
+The phase is held open with the chaos suite's ``pause:thinking`` fault, installed as the workers'
+hooks (``WESICHAIN_HOOKS=tests.chaos.faults:ChaosHooks``). Default settings are used unless
+overridden (``--lease``), and reported with the results.
 
     python -m benchmarks.recovery --trials 3 --out benchmarks/results/recovery.json
 """
@@ -28,16 +30,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from producer.client import Client  # noqa: E402
-from shared.keys import Keys  # noqa: E402
 from shared.settings import Settings  # noqa: E402
+from shared.state import Phase  # noqa: E402
+from tests.chaos.faults import pid_key  # noqa: E402
 from tests.harness import RedisServer, WorkerProcess, wait_until  # noqa: E402
+
+#: The chaos suite's fault hooks, pausing every run once in its think phase.
+HOOKS = "tests.chaos.faults:ChaosHooks"
 
 
 def one_trial(kind: str, redis: RedisServer, workers: list[WorkerProcess], client: Client) -> float:
     handle = client.submit("direct", "recover me")
-    keys = Keys(client.settings.prefix)
     r = redis.client()
-    pid = int(wait_until(lambda: r.get(keys.fault_pid("thinking", handle.run_id)), 30, what="think to pause"))
+    pid = int(wait_until(lambda: r.get(pid_key(Phase.THINKING, handle.run_id)), 30, what="think to pause"))
     victim = next(w for w in workers if pid in w.pids())
     killed_at = time.time()
     if kind == "whole":
@@ -66,6 +71,7 @@ def main() -> int:
     settings = Settings()
     lease = args.lease or settings.lease_s
     env = {
+        "WESICHAIN_HOOKS": HOOKS,
         "WESICHAIN_FAULT": "pause:thinking",
         "WESICHAIN_FAULT_PAUSE_S": "120",
         "WESICHAIN_LEASE_S": str(lease),

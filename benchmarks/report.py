@@ -16,6 +16,9 @@ TARGET_LABELS = {
     "rss_over_bare": "Worker RSS / bare Celery worker RSS (prefork, 1 child)",
     "growth_mib": "Worker RSS growth over the soak (MiB)",
     "transition_over_langgraph_sqlite_node": "Per-transition time / LangGraph per-node time (SQLite)",
+    "failed_runs": "Backlog: runs that did not complete",
+    "duplicate_deliveries": "Backlog: tasks delivered more than once",
+    "republished_tasks": "Backlog: tasks re-published by the sweeper (epoch suffix)",
 }
 
 
@@ -173,6 +176,49 @@ def peers_table(sc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def durability_table(sc: dict[str, Any]) -> list[str]:
+    m = sc["metrics"]
+    lines = [
+        "| Run-state Redis | Transition p50 ms | Ratio to no AOF (median of rounds) | Bare hop p50 ms"
+        " | Bare hop ratio | fsync cost ms per transition | AOF bytes per transition |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, label in sc["settings"]["modes"].items():
+        lines.append(
+            f"| {label} | {m['transition_ms'][mode]['p50']} | {m['transition_ratio'][mode]['p50']}"
+            f" | {m['bare_hop_ms'][mode]['p50']} | {m['bare_hop_ratio'][mode]['p50']}"
+            f" | {m['fsync_cost_ms_per_transition'][mode]} | {m['aof_bytes_per_transition'][mode]} |"
+        )
+    fs: dict[str, Any] = next(iter(m["persistence"].values()), {})
+    lines += [
+        "",
+        f"Per-round ratios are each mode's figure over the no-AOF server's in the same round"
+        f" ({sc['settings']['rounds']} rounds, server order rotating). The AOF files were on"
+        f" {fs.get('device', '?')} ({fs.get('fstype', '?')}, mounted on {fs.get('mountpoint', '?')}).",
+    ]
+    return lines
+
+
+def backlog_table(sc: dict[str, Any]) -> list[str]:
+    m = sc["metrics"]
+    lat = m["run_latency_ms"]
+    return [
+        "| Measure | Value |",
+        "|---|---:|",
+        f"| Runs (one tool call each, one tool slot) | {sc['settings']['runs']} |",
+        f"| Runs that did not complete | {m['failed_runs']} |",
+        f"| Tasks delivered more than once | {m['delivered_more_than_once']} |",
+        f"| Task ids re-published by the sweeper (`:e<n>`) | {m['republished_task_ids']} |",
+        f"| Runs whose epoch moved | {m['runs_with_epoch_above_0']} |",
+        f"| Tasks delivered / expected | {m['tasks_delivered']} / {m['tasks_expected']} |",
+        f"| Peak tool-queue depth | {m['peak_tool_queue_depth']} |",
+        f"| Wall time, first submit to last commit | {m['wall_s']} s ({m['runs_per_s']} runs/s) |",
+        f"| Run latency p50 / p95 / max | {lat['p50']} / {lat['p95']} / {lat['max']} ms |",
+        "",
+        f"Queued lease {sc['settings']['queued_lease_s']} s; outcomes: {m['outcomes']}.",
+    ]
+
+
 RENDERERS = {
     "latency": latency_table,
     "transition": transition_table,
@@ -181,6 +227,8 @@ RENDERERS = {
     "throughput": throughput_table,
     "memory": memory_table,
     "peers": peers_table,
+    "durability": durability_table,
+    "backlog": backlog_table,
 }
 
 

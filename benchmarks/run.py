@@ -1,10 +1,12 @@
 """Run the benchmarks: ``python -m benchmarks.run [--quick] [--only NAME[,NAME]] [--out DIR]``.
 
-Starts one redis-server on a free loopback port, then per scenario the worker processes it needs,
-and writes ``results/latest.json`` and ``results/latest.md`` (see README.md for what each scenario
-measures). Every scenario is bounded in time; one that fails or overruns is recorded as an error
-and the others still run. Exit status: 0 when every scenario ran (targets missed or not), 1 when
-one failed, 2 on bad arguments.
+Starts one redis-server on a free loopback port, then per scenario the worker processes it needs
+(the durability scenario starts its own servers), emptying the server between scenarios, and
+writes ``results/latest.json`` and ``results/latest.md`` (see README.md for what each scenario
+measures). Without ``--only`` every scenario runs but ``backlog``, which is run by name. Every
+scenario is bounded in time; one that fails or overruns is recorded as an error and the others
+still run. Exit status: 0 when every scenario ran (targets missed or not), 1 when one failed, 2 on
+bad arguments.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks import bare
 from benchmarks.harness import Cluster, environment
 from benchmarks.report import render
-from benchmarks.scenarios import FULL, QUICK, SCENARIO_FUNCS, Context
+from benchmarks.scenarios import DEFAULT_SCENARIOS, FULL, QUICK, SCENARIO_FUNCS, Context, Sizes
 from shared.settings import Settings, celery_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -40,12 +43,17 @@ def _alarm(signum: int, frame: Any) -> None:
 
 
 def _celery_settings() -> dict[str, Any]:
+    """The Celery configuration of the runtime's workers and of the bare floor (one and the same)."""
     conf = celery_config(Settings(redis_url="redis://127.0.0.1:6379/0"))
     conf.pop("broker_url")
-    conf["broker_transport_options"] = {
-        k: v for k, v in conf["broker_transport_options"].items() if k != "global_keyprefix"
-    }
     return conf
+
+
+def _limit_s(name: str, mode: str, sizes: Sizes) -> int:
+    """The wall-clock bound of one scenario: the backlog's grows with its number of runs."""
+    if name == "backlog":
+        return max(SCENARIO_LIMIT_S[mode], 180 + sizes.backlog_runs // 2)
+    return SCENARIO_LIMIT_S[mode]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -56,8 +64,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="NAME",
-        help=f"run only these scenarios (repeatable or comma-separated): {', '.join(SCENARIO_FUNCS)}",
+        help=f"run only these scenarios (repeatable or comma-separated): {', '.join(SCENARIO_FUNCS)};"
+        f" default: all but {', '.join(n for n in SCENARIO_FUNCS if n not in DEFAULT_SCENARIOS)}",
     )
+    p.add_argument("--backlog-runs", type=int, help="runs of the backlog scenario (quick 120, full 600)")
     p.add_argument("--out", type=Path, default=RESULTS, help="directory for latest.json and latest.md")
     p.add_argument("--name", default="latest", help="base name of the result files (default: latest)")
     args = p.parse_args(argv)
@@ -65,13 +75,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     unknown = [n for n in only if n not in SCENARIO_FUNCS]
     if unknown:
         p.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIO_FUNCS)}")
-    args.only = only or list(SCENARIO_FUNCS)
+    args.only = only or list(DEFAULT_SCENARIOS)
+    if args.backlog_runs is not None and args.backlog_runs < 1:
+        p.error("--backlog-runs must be at least 1")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     sizes = QUICK if args.quick else FULL
+    if args.backlog_runs is not None:
+        sizes = replace(sizes, backlog_runs=args.backlog_runs)
     mode = "quick" if args.quick else "full"
     started = time.monotonic()
     results: dict[str, Any] = {
@@ -82,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             "sizes": asdict(sizes),
             "celery": _celery_settings(),
+            "bare_floor": f"the same Celery configuration, its broker in Redis database {bare.DB}"
+            " of the same server (the runtime's workers use database 0)",
             "wesichain": {k: v for k, v in asdict(Settings()).items() if k != "redis_url"},
         },
         "scenarios": {},
@@ -94,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             title, fn = SCENARIO_FUNCS[name]
             print(f"[{time.monotonic() - started:6.1f}s] {name}: {title}", flush=True)
             ctx_started = time.monotonic()
-            signal.alarm(SCENARIO_LIMIT_S[mode])
+            signal.alarm(_limit_s(name, mode, sizes))
             try:
+                cluster.reset()  # no worker runs between scenarios: nothing left from the last one
                 ctx = _context(cluster, sizes, args.quick, results)
                 outcome = fn(ctx)
             except Exception as exc:  # record and go on with the other scenarios

@@ -18,6 +18,7 @@ import re
 import statistics
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from benchmarks.agents import SLOW_LATENCY_S, SLOW_SUFFIX
 from benchmarks.harness import (
     Cluster,
     PeakRss,
+    PersistentRedisServer,
     bare_chain,
     check,
     new_prefix,
@@ -40,11 +42,22 @@ from benchmarks.harness import (
     worker_rss,
 )
 from producer.client import Client
+from shared import protocol
+from shared.settings import QUEUE_MODEL, QUEUE_TOOLS
 from shared.state import Phase, RunHead
 from tests.harness import wait_until
 
 #: Tasks per step of a one-tool step: think, tool, observe.
 TASKS_PER_TOOL_STEP = 3
+#: Celery's task_received probe loaded into the backlog's workers (``--include``), and the hash
+#: it counts deliveries in. The benchmark process itself does not import it: it would connect the
+#: signal receiver here too.
+DELIVERY_PROBE = "tests.delivery_probe"
+DELIVERIES_KEY = "test:deliveries"
+#: The backlog scenario: queued lease of its workers, its tool's duration, tasks per run.
+BACKLOG_QUEUED_LEASE_S = 2
+BACKLOG_TOOL_S = 0.05
+TASKS_PER_BACKLOG_RUN = 5
 
 
 @dataclass
@@ -60,6 +73,8 @@ class Sizes:
     throughput_rounds: int
     memory_runs: int
     peer_reps: int
+    durability_rounds: int
+    backlog_runs: int
 
 
 QUICK = Sizes(
@@ -74,6 +89,8 @@ QUICK = Sizes(
     throughput_rounds=2,
     memory_runs=1_000,
     peer_reps=5,
+    durability_rounds=2,
+    backlog_runs=120,
 )
 FULL = Sizes(
     scenario_runs=40,
@@ -87,6 +104,8 @@ FULL = Sizes(
     throughput_rounds=6,
     memory_runs=10_000,
     peer_reps=20,
+    durability_rounds=6,
+    backlog_runs=600,
 )
 
 
@@ -121,8 +140,8 @@ def _gate(
     return g
 
 
-def _bare_reference(ctx: Context, client: Client, app: Any, n: int, hops: int) -> list[float]:
-    return [bare_chain(client, app, bare.TASK_HOP, hops) for _ in range(n)]
+def _bare_reference(floor: Any, app: Any, n: int, hops: int) -> list[float]:
+    return [bare_chain(floor, app, bare.TASK_HOP, hops) for _ in range(n)]
 
 
 def _checkpoints(client: Client, run_id: str) -> list[RunHead]:
@@ -157,9 +176,10 @@ def scenario_latency(ctx: Context) -> dict[str, Any]:
     b = cl.bare_worker("lat-b")
     cl.up(w, b)
     client = cl.client(prefix)
-    bare_app = bare.make_app(cl.url)
+    bare_app = bare.make_app(cl.floor_url)
+    floor = cl.floor_redis()
     try:
-        hops_ref = _bare_reference(ctx, client, bare_app, 3, 100)
+        hops_ref = _bare_reference(floor, bare_app, 3, 100)
         for agent, (text, _) in SCENARIOS.items():  # warm-up: imports, connections, scripts
             run_and_wait(client, agent, text)
         results: dict[str, Any] = {}
@@ -180,7 +200,7 @@ def scenario_latency(ctx: Context) -> dict[str, Any]:
                         latencies.append(ms)
                         server.append(_ms(head.updated_at - head.created_at))
                         heads.append(head)
-                hops_ref.extend(_bare_reference(ctx, client, bare_app, 1, 100))
+                hops_ref.extend(_bare_reference(floor, bare_app, 1, 100))
                 model_ms = calls * _ms(SLOW_LATENCY_S) if suffix else 0.0
                 lat = summary(latencies)
                 key = f"{agent}@{variant}"
@@ -244,6 +264,7 @@ def scenario_latency(ctx: Context) -> dict[str, Any]:
     finally:
         cl.down(w, b)
         client.close()
+        floor.close()
 
 
 # -- 2 and 3. per-transition overhead and flat cost in run length
@@ -252,19 +273,21 @@ def scenario_latency(ctx: Context) -> dict[str, Any]:
 def _long_runs(ctx: Context) -> dict[str, Any]:
     """Interleaved rounds of: a bare hop chain, a long run, a bare state-hop chain (cached)."""
     if "long_runs" in ctx.cache:
-        return ctx.cache["long_runs"]
+        cached: dict[str, Any] = ctx.cache["long_runs"]
+        return cached
     cl, sz = ctx.cluster, ctx.sizes
     prefix = new_prefix("transition")
     w = cl.wesichain_worker("tr-w", prefix)
     b = cl.bare_worker("tr-b")
     cl.up(w, b)
     client = cl.client(prefix)
-    bare_app = bare.make_app(cl.url)
+    bare_app = bare.make_app(cl.floor_url)
+    floor = cl.floor_redis()
     text = f"steps={sz.long_steps}"
     try:
         run_and_wait(client, "long", "steps=5")  # warm-up
-        bare_chain(client, bare_app, bare.TASK_HOP, 50)
-        bare_chain(client, bare_app, bare.TASK_STATE_HOP, 50)
+        bare_chain(floor, bare_app, bare.TASK_HOP, 50)
+        bare_chain(floor, bare_app, bare.TASK_STATE_HOP, 50)
         hop, state_hop, per_transition, run_medians = [], [], [], []
         per_step: dict[int, list[float]] = {}
         whole_run: list[float] = []
@@ -294,7 +317,7 @@ def _long_runs(ctx: Context) -> dict[str, Any]:
                     if what == "hop":
                         got["hop"] = cpu_of(
                             b,
-                            lambda: bare_chain(client, bare_app, bare.TASK_HOP, sz.bare_hops),
+                            lambda: bare_chain(floor, bare_app, bare.TASK_HOP, sz.bare_hops),
                             lambda _: sz.bare_hops,
                             "hop",
                         )
@@ -303,7 +326,7 @@ def _long_runs(ctx: Context) -> dict[str, Any]:
                         state_hop.append(
                             cpu_of(
                                 b,
-                                lambda: bare_chain(client, bare_app, bare.TASK_STATE_HOP, sz.bare_hops),
+                                lambda: bare_chain(floor, bare_app, bare.TASK_STATE_HOP, sz.bare_hops),
                                 lambda _: sz.bare_hops,
                                 "state",
                             )
@@ -353,6 +376,7 @@ def _long_runs(ctx: Context) -> dict[str, Any]:
     finally:
         cl.down(w, b)
         client.close()
+        floor.close()
 
 
 def scenario_transition(ctx: Context) -> dict[str, Any]:
@@ -449,7 +473,8 @@ def scenario_fanout(ctx: Context) -> dict[str, Any]:
     seconds = 0.5
     try:
         run_and_wait(client, "fanout", "calls=8 seconds=0.05")  # every child imports and connects
-        eight, one = [], []
+        eight: list[float] = []
+        one: list[float] = []
         with PeakRss([w]) as peak:
             for r in range(sz.fanout_rounds):
                 for calls, into in ((8, eight), (1, one)) if r % 2 == 0 else ((1, one), (8, eight)):
@@ -516,9 +541,9 @@ def scenario_throughput(ctx: Context) -> dict[str, Any]:
     bs = [cl.bare_worker(f"tp-b{i}") for i in (1, 2)]
     cl.up(*ws, *bs)
     client = cl.client(prefix)
-    bare_app = bare.make_app(cl.url)
+    bare_app = bare.make_app(cl.floor_url)
+    floor = cl.floor_redis()
     text = f"steps={sz.throughput_steps}"
-    r = client.store.redis
     redis_pid = cl.redis.proc.pid if cl.redis.proc else 0
     hops = 2 + TASKS_PER_TOOL_STEP * sz.throughput_steps  # as many tasks as one run has transitions
 
@@ -527,7 +552,8 @@ def scenario_throughput(ctx: Context) -> dict[str, Any]:
 
     def ours_round() -> tuple[float, float, int]:
         cpu0, t0 = cpu(ws), time.time()
-        ids = [client.submit("long", text).run_id for _ in range(sz.throughput_runs)]
+        # Workers are known to be up (the registry was waited for): no per-submit check in the window.
+        ids = [client.submit("long", text, check_agent=False).run_id for _ in range(sz.throughput_runs)]
         wait_all_terminal(client, ids, timeout=300)
         heads = [client.store.load(i) for i in ids]
         assert all(h is not None and h.phase is Phase.COMPLETED for h in heads)
@@ -541,13 +567,13 @@ def scenario_throughput(ctx: Context) -> dict[str, Any]:
         for c in chains:
             bare_app.send_task(bare.TASK_HOP, kwargs={"chain": c, "hop": 0, "total": hops}, task_id=f"{c}:h0")
         keys = [bare.end_key(c) for c in chains]
-        wait_until(lambda: r.exists(*keys) == len(keys), timeout=300, interval=0.02, what="bare chains")
-        end = max(float(v) for v in r.mget(keys))
+        wait_until(lambda: floor.exists(*keys) == len(keys), timeout=300, interval=0.02, what="bare chains")
+        end = max(float(v or 0) for v in floor.mget(keys))
         return hops * len(chains) / (end - t0), 1000 * (cpu(bs) - cpu0) / (hops * len(chains))
 
     try:
         run_and_wait(client, "long", "steps=2")
-        bare_chain(client, bare_app, bare.TASK_HOP, 20)
+        bare_chain(floor, bare_app, bare.TASK_HOP, 20)
         ours, theirs, paired, cpu_ours, cpu_bare = [], [], [], [], []
         transitions = 0
         for rnd in range(sz.throughput_rounds):
@@ -592,6 +618,7 @@ def scenario_throughput(ctx: Context) -> dict[str, Any]:
     finally:
         cl.down(*ws, *bs)
         client.close()
+        floor.close()
 
 
 # -- 6. memory
@@ -606,12 +633,12 @@ def _run_many(client: Client, agent: str, text: str, n: int, window: int = 48) -
     deadline = time.monotonic() + 900
     while submitted < n or in_flight:
         while submitted < n and len(in_flight) < window:
-            in_flight.append(client.submit(agent, text).run_id)
+            in_flight.append(client.submit(agent, text, check_agent=False).run_id)
             submitted += 1
         time.sleep(0.02)
         pipe = r.pipeline(transaction=False)
         for run_id in in_flight:
-            pipe.hget(client.store.keys.run(run_id), "phase")
+            pipe.hget(client.store.keys.run(run_id), protocol.PHASE)
         phases = pipe.execute()
         failed = [p for p in phases if p in terminal and p != Phase.COMPLETED.value]
         if failed:
@@ -624,10 +651,11 @@ def _run_many(client: Client, agent: str, text: str, n: int, window: int = 48) -
 def _run_bytes(client: Client, run_id: str) -> dict[str, int]:
     """MEMORY USAGE of every key of one run, grouped by kind (per-step keys summed)."""
     r = client.store.redis
-    pattern = client.store.keys.run(run_id).replace("{", "\\{").replace("}", "\\}") + "*"
+    run_key = client.store.keys.run(run_id)
+    pattern = run_key.replace("{", "\\{").replace("}", "\\}") + "*"
     sizes: dict[str, int] = {}
     for key in r.scan_iter(match=pattern):
-        kind = re.sub(r"step:\d+:", "step:*:", key.split("}", 1)[1].lstrip(":")) or "head"
+        kind = re.sub(r"step:\d+:", "step:*:", key[len(run_key) :].lstrip(":")) or "head"
         sizes[kind] = sizes.get(kind, 0) + int(r.memory_usage(key, samples=0) or 0)
     sizes = dict(sorted(sizes.items()))
     sizes["total"] = sum(sizes.values())
@@ -642,7 +670,8 @@ def scenario_memory(ctx: Context) -> dict[str, Any]:
     b = cl.bare_worker("mem-b")
     cl.up(w, b)
     client = cl.client(prefix)
-    bare_app = bare.make_app(cl.url)
+    bare_app = bare.make_app(cl.floor_url)
+    floor = cl.floor_redis()
     r = client.store.redis
     try:
         per_run: dict[str, dict[str, int]] = {}
@@ -652,8 +681,8 @@ def scenario_memory(ctx: Context) -> dict[str, Any]:
         head, _ = run_and_wait(client, "long", "steps=50")
         per_run["long50"] = _run_bytes(client, head.run_id)
         # 800 tasks: a warm child, well short of worker_max_tasks_per_child (1000).
-        bare_chain(client, bare_app, bare.TASK_HOP, 400)
-        bare_chain(client, bare_app, bare.TASK_STATE_HOP, 400)
+        bare_chain(floor, bare_app, bare.TASK_HOP, 400)
+        bare_chain(floor, bare_app, bare.TASK_STATE_HOP, 400)
         warm_runs = max(100, sz.memory_runs // 10)
         _run_many(client, "direct", "hi", warm_runs)
         rss_w_warm, rss_b = settled_rss(w), settled_rss(b)
@@ -675,7 +704,7 @@ def scenario_memory(ctx: Context) -> dict[str, Any]:
                     f" (main {samples[-1]['main_mib']})"
                 )
         used_after = int(r.info("memory")["used_memory"])
-        bare_chain(client, bare_app, bare.TASK_HOP, 100)
+        bare_chain(floor, bare_app, bare.TASK_HOP, 100)
         rss_b_end = settled_rss(b)
         end = samples[-1]
         growth = end["total_mib"] - rss_w_warm["total_mib"]
@@ -732,6 +761,7 @@ def scenario_memory(ctx: Context) -> dict[str, Any]:
     finally:
         cl.down(w, b)
         client.close()
+        floor.close()
 
 
 # -- 7. peers
@@ -760,7 +790,10 @@ def scenario_peers(ctx: Context) -> dict[str, Any]:
             asyncio_run(agent, text)
             for p in lg.values():
                 p.run(agent, text)
-            ours_tr, ours_step, aio_step, lg_node = [], [], [], {k: [] for k in lg}
+            ours_tr: list[float] = []
+            ours_step: list[float] = []
+            aio_step: list[float] = []
+            lg_node: dict[str, list[float]] = {k: [] for k in lg}
             lg_step: dict[str, list[float]] = {k: [] for k in lg}
             for _ in range(reps[case]):  # interleaved, so load drifts hit every system alike
                 head, _ = run_and_wait(client, agent, text)
@@ -829,6 +862,232 @@ def scenario_peers(ctx: Context) -> dict[str, Any]:
     return result
 
 
+# -- 8. durability: the run-state Redis with and without an fsync'd append-only file
+
+#: mode -> the redis-server's appendfsync (None: no AOF, the harness's default).
+DURABILITY_MODES: dict[str, str | None] = {
+    "no-aof": None,
+    "aof-everysec": "everysec",
+    "aof-always": "always",
+}
+
+
+def _transition_ms(client: Client, text: str) -> tuple[float, RunHead]:
+    """One long run: the median of its per-step transition times (THINKING k -> k+1, / 3)."""
+    head, _ = run_and_wait(client, "long", text)
+    if head.phase is not Phase.COMPLETED:
+        raise RuntimeError(f"long run ended {head.phase}: {head.error}")
+    steps = step_intervals_ms(_checkpoints(client, head.run_id))
+    return statistics.median(v / TASKS_PER_TOOL_STEP for v in steps.values()), head
+
+
+def scenario_durability(ctx: Context) -> dict[str, Any]:
+    """Per-transition time with the run-state Redis at appendonly no / everysec / always.
+
+    Three redis-servers side by side, one per persistence mode, each with one wesichain worker
+    (run state and broker on that server, as a deployment has them) and one bare Celery worker
+    (its own database on the same server: what the fsync costs Celery's own broker traffic). Each
+    round runs one long run and one bare hop chain on every server, the order of the servers
+    rotating from round to round; every figure is reported as the ratio to the no-AOF server's
+    figure of the same round.
+    """
+    sz = ctx.sizes
+    prefix = new_prefix("durability")
+    modes = list(DURABILITY_MODES)
+    servers: dict[str, PersistentRedisServer] = {}
+    clusters: dict[str, Cluster] = {}
+    workers: dict[str, list[Any]] = {}
+    clients: dict[str, Client] = {}
+    floors: dict[str, Any] = {}
+    apps: dict[str, Any] = {}
+    text = f"steps={sz.long_steps}"
+    try:
+        for mode, fsync in DURABILITY_MODES.items():
+            servers[mode] = PersistentRedisServer(fsync)
+            clusters[mode] = Cluster.start(servers[mode])
+            workers[mode] = [
+                clusters[mode].wesichain_worker(f"dur-{mode}-w", prefix),
+                clusters[mode].bare_worker(f"dur-{mode}-b"),
+            ]
+            clusters[mode].launch(*workers[mode])
+        for mode, cl in clusters.items():
+            cl.ready(*workers[mode])
+            clients[mode] = cl.client(prefix)
+            floors[mode] = cl.floor_redis()
+            apps[mode] = bare.make_app(cl.floor_url)
+            run_and_wait(clients[mode], "long", "steps=5")  # warm-up
+            bare_chain(floors[mode], apps[mode], bare.TASK_HOP, 50)
+        transition: dict[str, list[float]] = {m: [] for m in modes}
+        hop: dict[str, list[float]] = {m: [] for m in modes}
+        tr_ratio: dict[str, list[float]] = {m: [] for m in modes}
+        hop_ratio: dict[str, list[float]] = {m: [] for m in modes}
+        aof_bytes: dict[str, list[float]] = {m: [] for m in modes}
+        for rnd in range(sz.durability_rounds):
+            order = modes[rnd % len(modes) :] + modes[: rnd % len(modes)]
+            for mode in order:
+                server = servers[mode]
+                size0 = int(server.persistence().get("aof_current_size", 0))
+                ms, head = _transition_ms(clients[mode], text)
+                size1 = int(server.persistence().get("aof_current_size", 0))
+                transition[mode].append(ms)
+                aof_bytes[mode].append((size1 - size0) / (head.version - 1))
+                hop[mode].append(bare_chain(floors[mode], apps[mode], bare.TASK_HOP, sz.bare_hops))
+            for mode in modes:
+                tr_ratio[mode].append(transition[mode][-1] / transition["no-aof"][-1])
+                hop_ratio[mode].append(hop[mode][-1] / hop["no-aof"][-1])
+            ctx.log(
+                f"  round {rnd + 1}: "
+                + ", ".join(
+                    f"{m} {transition[m][-1]:.2f} ms ({tr_ratio[m][-1]:.2f}x; bare hop {hop[m][-1]:.2f} ms)"
+                    for m in modes
+                )
+            )
+        persistence = {mode: server.persistence() for mode, server in servers.items()}
+    finally:
+        for mode, cl in clusters.items():
+            if mode in clients:
+                clients[mode].close()
+            if mode in floors:
+                floors[mode].close()
+            cl.close()
+        for mode, server in servers.items():
+            if mode not in clusters:  # it failed to start
+                server.cleanup()
+    med = {m: statistics.median(transition[m]) for m in modes}
+    ratios = {m: round(statistics.median(tr_ratio[m]), 3) for m in modes}
+    return {
+        "settings": {
+            "servers": "one redis-server per mode, side by side; run state and broker on the same server",
+            "modes": {
+                m: f"appendonly {'yes, appendfsync ' + f if f else 'no'}" for m, f in DURABILITY_MODES.items()
+            },
+            "aof_dir": "the server's temporary directory (same disk as the other benchmarks' servers)",
+            "workers": "per server: 1 x wesichain worker and 1 x bare worker, prefork, concurrency 1",
+            "rounds": sz.durability_rounds,
+            "long_run_steps": sz.long_steps,
+            "bare_chain_hops": sz.bare_hops,
+            "verdict": "median over rounds of (mode's run median / no-AOF run median, same round)",
+        },
+        "metrics": {
+            "transition_ms": {m: summary(transition[m]) for m in modes},
+            "bare_hop_ms": {m: summary(hop[m]) for m in modes},
+            "transition_ratio": {m: summary(tr_ratio[m]) for m in modes},
+            "bare_hop_ratio": {m: summary(hop_ratio[m]) for m in modes},
+            "fsync_cost_ms_per_transition": {m: round(med[m] - med["no-aof"], 3) for m in modes},
+            "aof_bytes_per_transition": {m: round(statistics.median(aof_bytes[m])) for m in modes},
+            "persistence": persistence,
+        },
+        "ratios": {f"transition_{m}_over_no_aof": ratios[m] for m in modes if m != "no-aof"},
+        "targets": {},
+        "gated": [],
+    }
+
+
+# -- 9. backlog: many runs queued on one tool slot, with a short queued lease
+
+
+def _broker_empty(r: Any) -> bool:
+    """No message waiting in the runtime's queues or delivered and unacknowledged (no key prefix)."""
+    return int(r.llen(QUEUE_MODEL)) + int(r.llen(QUEUE_TOOLS)) + int(r.hlen("unacked")) == 0
+
+
+def scenario_backlog(ctx: Context) -> dict[str, Any]:
+    """N one-tool runs on a single tool slot, the queued lease at 2 s: a backlog is not a crash.
+
+    One worker serves the model queue (threads pool, 8 slots) and one the tool queue (solo pool:
+    one slot), both with ``WESICHAIN_QUEUED_LEASE_S=2`` and Celery's ``task_received`` probe
+    (``tests/delivery_probe.py``), which counts every delivery per task id. Each run is start,
+    think, one 50 ms tool call, observe, think: five tasks. The tool calls wait in the queue many
+    times the queued lease; the sweeper must see that their messages are still in the broker and
+    leave them there. Goal: no run fails, no task is delivered twice, no task is re-published
+    (a re-published task's id ends in ``:e<epoch>``).
+    """
+    cl, sz = ctx.cluster, ctx.sizes
+    n = sz.backlog_runs
+    prefix = new_prefix("backlog")
+    env = {"WESICHAIN_QUEUED_LEASE_S": str(BACKLOG_QUEUED_LEASE_S)}
+    probe = (DELIVERY_PROBE,)
+    model_w = cl.wesichain_worker(
+        "bl-model", prefix, pool="threads", concurrency=8, queues=QUEUE_MODEL, env=env, include=probe
+    )
+    tool_w = cl.wesichain_worker("bl-tool", prefix, pool="solo", queues=QUEUE_TOOLS, env=env, include=probe)
+    cl.up(model_w, tool_w)
+    client = cl.client(prefix)
+    r = client.store.redis
+    text = f"calls=1 seconds={BACKLOG_TOOL_S}"
+    terminal = {p.value for p in Phase if p.terminal}
+    try:
+        r.delete(DELIVERIES_KEY)
+        t0 = time.time()
+        ids = [client.submit("fanout", text, check_agent=False).run_id for _ in range(n)]
+        submitted_s = time.time() - t0
+        deepest, pending = 0, list(ids)
+        deadline = time.monotonic() + max(240, n // 2)
+        while pending:
+            deepest = max(deepest, int(r.llen(QUEUE_TOOLS)))
+            pipe = r.pipeline(transaction=False)
+            for run_id in pending:
+                pipe.hget(client.store.keys.run(run_id), protocol.PHASE)
+            pending = [i for i, p in zip(pending, pipe.execute(), strict=True) if p not in terminal]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(pending)} of {n} backlog runs unfinished")
+            time.sleep(0.1)
+        heads = [h for h in (client.store.load(i) for i in ids) if h is not None]
+        wall = max(h.updated_at for h in heads) - t0
+        # Every delivery counted: wait until the broker holds nothing more for these workers.
+        wait_until(lambda: _broker_empty(r), timeout=60, interval=0.1, what="the broker to drain")
+        time.sleep(1.0)
+        deliveries = {str(k): int(v) for k, v in r.hgetall(DELIVERIES_KEY).items()}
+        if not deliveries:
+            raise RuntimeError(f"{DELIVERY_PROBE} counted no delivery in {DELIVERIES_KEY!r}")
+        hand_ons = sum(w.log().count("again under epoch") for w in (model_w, tool_w))
+    finally:
+        cl.down(model_w, tool_w)
+        client.close()
+    outcomes = Counter(h.phase.value + (f":{h.error.kind}" if h.error else "") for h in heads)
+    failed = len(ids) - outcomes.get(Phase.COMPLETED.value, 0)
+    twice = sorted(t for t, c in deliveries.items() if c > 1)
+    republished = sorted(t for t in deliveries if re.search(r":e\d+$", t))
+    latency = [_ms(h.updated_at - h.created_at) for h in heads]
+    ctx.log(
+        f"  {n} runs in {wall:.1f} s: {failed} failed, {len(twice)} delivered twice,"
+        f" {len(republished)} re-published; deepest tool queue {deepest}"
+    )
+    return {
+        "settings": {
+            "runs": n,
+            "agent": f"fanout, input {text!r}: start, think, 1 tool call, observe, think (5 tasks)",
+            "workers": "model queue: 1 x wesichain worker, threads pool, 8 slots; tool queue: 1 x"
+            " wesichain worker, solo pool (one tool slot)",
+            "queued_lease_s": BACKLOG_QUEUED_LEASE_S,
+            "delivery_count": "task_received signal in each worker (tests/delivery_probe.py)",
+        },
+        "metrics": {
+            "failed_runs": failed,
+            "outcomes": dict(outcomes),
+            "tasks_delivered": len(deliveries),
+            "tasks_expected": TASKS_PER_BACKLOG_RUN * n,
+            "deliveries": sum(deliveries.values()),
+            "delivered_more_than_once": len(twice),
+            "republished_task_ids": len(republished),
+            "runs_with_epoch_above_0": sum(1 for h in heads if h.epoch > 0),
+            "sweeper_hand_ons_logged": hand_ons,
+            "peak_tool_queue_depth": deepest,
+            "wall_s": round(wall, 2),
+            "submit_s": round(submitted_s, 2),
+            "runs_per_s": round(n / wall, 2),
+            "run_latency_ms": summary(latency, 1),
+            "examples": {"delivered_twice": twice[:5], "republished": republished[:5]},
+        },
+        "targets": {
+            "failed_runs": check(failed, 0, "<="),
+            "duplicate_deliveries": check(len(twice), 0, "<="),
+            "republished_tasks": check(len(republished), 0, "<="),
+        },
+        "gated": [],
+    }
+
+
 SCENARIO_FUNCS: dict[str, tuple[str, Callable[[Context], dict[str, Any]]]] = {
     "latency": ("Four scenarios: latency, memory, steps (0 ms and 200 ms model)", scenario_latency),
     "transition": ("Per-transition overhead vs a bare Celery hop", scenario_transition),
@@ -837,4 +1096,11 @@ SCENARIO_FUNCS: dict[str, tuple[str, Callable[[Context], dict[str, Any]]]] = {
     "throughput": ("Throughput on 2 workers vs bare hop chains", scenario_throughput),
     "memory": ("Worker memory, growth, Redis bytes per run", scenario_memory),
     "peers": ("Peers: asyncio loop and LangGraph", scenario_peers),
+    "durability": (
+        "Durability: per-transition time with AOF everysec and always vs no AOF",
+        scenario_durability,
+    ),
+    "backlog": ("Backlog: runs queued on one tool slot with a 2 s queued lease", scenario_backlog),
 }
+#: What ``python -m benchmarks.run`` runs without ``--only`` (the backlog is run by name).
+DEFAULT_SCENARIOS = [name for name in SCENARIO_FUNCS if name != "backlog"]

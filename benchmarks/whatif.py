@@ -1,11 +1,15 @@
-"""What-if worker apps for the profile: the runtime's app and the bare app with one setting changed.
+"""What-if worker apps for the profile: the bare app with one Celery setting changed.
 
-Not a product configuration: ``python -m benchmarks.profile --whatif no-events`` starts workers
-from these modules to measure what a proposed change to ``shared.settings.celery_config`` would
-save, without editing it. ``BENCH_WHATIF`` selects the change (default ``no-events``):
+Not a product configuration: ``python -m benchmarks.profile --target bare+events`` starts a worker
+from this module to measure what a setting would cost the floor, without editing
+``shared.settings.celery_config``. (The runtime's own workers get the same change through their
+settings: ``WESICHAIN_TASK_EVENTS=1``.) ``BENCH_WHATIF`` selects the change (default ``events``):
 
-* ``no-events``: ``worker_send_task_events`` and ``task_send_sent_event`` off (no monitoring
-  events published to the ``celeryev`` fanout exchange for every task).
+* ``events``: ``worker_send_task_events`` and ``task_send_sent_event`` on (a monitoring event
+  published to the ``celeryev`` fanout exchange for every task, as with Flower watching), the
+  runtime's default before the profile turned them off.
+
+``BENCH_WHATIF_TARGET=wesichain`` applies the change to the runtime's app instead.
 """
 
 from __future__ import annotations
@@ -14,12 +18,12 @@ import os
 from typing import Any
 
 WHATIF: dict[str, dict[str, Any]] = {
-    "no-events": {"worker_send_task_events": False, "task_send_sent_event": False},
+    "events": {"worker_send_task_events": True, "task_send_sent_event": True},
 }
 
-CHANGES = WHATIF[os.environ.get("BENCH_WHATIF", "no-events")]
+CHANGES = WHATIF[os.environ.get("BENCH_WHATIF", "events")]
 
-if os.environ.get("BENCH_WHATIF_TARGET", "wesichain") == "bare":
+if os.environ.get("BENCH_WHATIF_TARGET", "bare") == "bare":
     from benchmarks.bare import app
 else:
     from worker.app import app
