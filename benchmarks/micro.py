@@ -81,7 +81,7 @@ def _claim(store: RunStore, head: RunHead, **read: bool) -> Claim:
 
 
 def _commit(store: RunStore, current: fsm.PhaseView, t: fsm.Transition[Any], ref: ClaimRef) -> None:
-    result = store.commit(current.head.version, t.head, ref, t.messages, t.events, task_for(t.head))
+    result = store.commit(current.head, t.head, ref, t.messages, t.events, task_for(t.head))
     assert result.status == "committed", result
 
 
