@@ -12,6 +12,7 @@ worker package, so a producer needs only the agent's name and the Redis URL.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,12 +25,23 @@ from shared.events import END_EVENTS, Event
 from shared.redis_client import connect
 from shared.request import check_run_id, validate_request
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
-from shared.state import Decision, Phase, RunHead
-from shared.store import RunStore
+from shared.state import Callback, CallbackState, Decision, Phase, RunHead
+from shared.store import RunPage, RunStore
 from shared.tasks import decide_task, start_task
 from shared.workers import WorkerDirectory
 
-__all__ = ["Client", "RunHandle", "RunNotFound", "RunTimeout"]
+__all__ = ["Client", "RequestConflict", "RunHandle", "RunNotFound", "RunTimeout", "idempotent_run_id"]
+
+
+class RequestConflict(WesichainError):
+    """An idempotency key was reused for a different request."""
+
+
+def idempotent_run_id(tenant: str | None, key: str) -> str:
+    """The run id an idempotency key stands for: the same key (per tenant) is the same run."""
+    if not key or len(key) > 255:
+        raise InvalidRequest("an idempotency key is 1..255 characters")
+    return "idem-" + hashlib.sha256(f"{tenant or '-'}\x00{key}".encode()).hexdigest()[:40]
 
 
 class RunTimeout(WesichainError, TimeoutError):
@@ -70,20 +82,31 @@ class Client:
         model: str | None = None,
         run_id: str | None = None,
         check_agent: bool = True,
+        tenant: str | None = None,
+        callback: Callback | dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> RunHandle:
         """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request.
 
         With ``check_agent`` (the default) a run for an agent no live worker serves is refused,
         naming the agents on offer; without it the run is queued until a worker serves it.
+        With ``idempotency_key``, submitting the same request again (a retry after a lost answer)
+        returns the same run instead of starting a second one; the same key with another request
+        raises :class:`RequestConflict`. Keys are per tenant and last as long as the run.
         """
         fields: dict[str, Any] = {"agent": agent, "input": input}
-        if thread_id is not None:
-            fields["thread_id"] = thread_id
-        if metadata is not None:
-            fields["metadata"] = metadata
-        if model is not None:
-            fields["model"] = model
+        for name, value in (
+            ("thread_id", thread_id),
+            ("metadata", metadata),
+            ("model", model),
+            ("tenant", tenant),
+            ("callback", callback),
+        ):
+            if value is not None:
+                fields[name] = value
         request = validate_request(fields, self.settings.limits)
+        if idempotency_key is not None:
+            run_id = idempotent_run_id(request.tenant, idempotency_key)
         run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         if check_agent:
             self._check_agent(request.agent)
@@ -94,12 +117,41 @@ class Client:
             thread_id=request.thread_id,
             metadata=request.metadata,
             model=request.model,
+            tenant=request.tenant,
+            callback=request.callback,
         )
         start = start_task(run_id)
         if not self.store.create(head, [start]):
-            raise InvalidRequest(f"run id {run_id!r} already exists")
+            if idempotency_key is None:
+                raise InvalidRequest(f"run id {run_id!r} already exists")
+            existing = self.store.load(run_id)
+            if existing is None or existing.dump_request(exclude_time=True) != head.dump_request(
+                exclude_time=True
+            ):
+                raise RequestConflict(f"idempotency key {idempotency_key!r} was used for another request")
+            if existing.phase is not Phase.IDLE:
+                return RunHandle(self, run_id)
+            # Still waiting for its start: the first submit may have died before sending it.
         self.app.send_task(start.name, kwargs=start.arguments, task_id=start.task_id)
         return RunHandle(self, run_id)
+
+    def list_runs(
+        self,
+        *,
+        tenant: str | None = None,
+        agent: str | None = None,
+        status: str | None = None,
+        thread_id: str | None = None,
+        since: float | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> RunPage:
+        """A tenant's runs (``None``: runs without a tenant), newest first, a page at a time."""
+        if not 1 <= limit <= 500:
+            raise InvalidRequest(f"limit must be in 1..500, got {limit}")
+        return self.store.list_runs(
+            tenant, agent=agent, status=status, thread_id=thread_id, since=since, cursor=cursor, limit=limit
+        )
 
     def _check_agent(self, agent: str) -> None:
         # The registry changes slowly: a bulk submitter asks it at most once per registry interval,
@@ -185,6 +237,11 @@ class RunHandle:
                 raise RunTimeout(f"run {self.run_id} still {head.phase.value} after {timeout}s")
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.1)
+
+    def callback(self) -> CallbackState | None:
+        """How the run's completion callback went so far (None: it has none, or it has not ended)."""
+        raw = self.client.store.callback_state(self.run_id)
+        return CallbackState.model_validate_json(raw) if raw is not None else None
 
     def why_waiting(self) -> str | None:
         """Why the run is not moving, when something can be said: no worker consumes its queue."""

@@ -58,6 +58,7 @@ ENV_BROKER_PREFIX = "WESICHAIN_BROKER_PREFIX"
 ENV_BROKER_OPTIONS = "WESICHAIN_BROKER_TRANSPORT_OPTIONS"
 ENV_WEBHOOK_SECRET = "WESICHAIN_WEBHOOK_SECRET"
 ENV_WEBHOOK_ALLOW_PRIVATE = "WESICHAIN_WEBHOOK_ALLOW_PRIVATE"
+ENV_WEBHOOK_RETRY = "WESICHAIN_WEBHOOK_RETRY_S"
 ENV_REDIS_CA_FILE = "WESICHAIN_REDIS_CA_FILE"
 ENV_REDIS_CERT_FILE = "WESICHAIN_REDIS_CERT_FILE"
 ENV_REDIS_KEY_FILE = "WESICHAIN_REDIS_KEY_FILE"
@@ -210,6 +211,16 @@ def _number(kind: type[int] | type[float]) -> Any:
     return parse
 
 
+def _seconds_list(env: str, raw: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in raw.split(","))
+    except ValueError:
+        raise ConfigError(f"{env}={raw!r} is not a comma-separated list of seconds") from None
+    if not values or any(v < 0 or v > 3000 for v in values):
+        raise ConfigError(f"{env}: each wait must be in 0..3000 s (below the broker's visibility timeout)")
+    return values
+
+
 def _json_object(env: str, raw: str) -> dict[str, Any]:
     try:
         value = json.loads(raw)
@@ -247,6 +258,7 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_SWEEPER, "sweeper", _parse_switch),
     (ENV_WEBHOOK_SECRET, "webhook_secret", _text),
     (ENV_WEBHOOK_ALLOW_PRIVATE, "webhook_allow_private", _parse_switch),
+    (ENV_WEBHOOK_RETRY, "webhook_retry_s", _seconds_list),
     (ENV_LEASE, "lease_s", _number(float)),
     (ENV_QUEUED_LEASE, "queued_lease_s", _number(float)),
     (ENV_MAX_ATTEMPTS, "max_phase_attempts", _number(int)),

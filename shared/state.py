@@ -25,6 +25,7 @@ from shared.messages import ToolCall
 __all__ = [
     "Approval",
     "Callback",
+    "CallbackState",
     "Decision",
     "Phase",
     "REQUEST_FIELDS",
@@ -117,6 +118,18 @@ class TaskSpec(BaseModel):
     queue: str | None = None
 
 
+class CallbackState(BaseModel):
+    """How a run's completion callback went, attempt by attempt (kept on the run)."""
+
+    #: ``pending``, ``delivered`` or ``gave_up``.
+    status: str = "pending"
+    attempts: int = 0
+    last_error: str | None = None
+    last_status_code: int | None = None
+    delivered_at: float | None = None
+    next_attempt_at: float | None = None
+
+
 class ToolResult(BaseModel):
     """The recorded outcome of one tool call, written once per (run, step, call_id)."""
 
@@ -197,9 +210,11 @@ class RunHead(BaseModel):
     def terminal(self) -> bool:
         return self.phase.terminal
 
-    def dump_request(self) -> str:
-        """The part of the head stored once, when the run is created."""
-        return self.model_dump_json(include=set(REQUEST_FIELDS))
+    def dump_request(self, *, exclude_time: bool = False) -> str:
+        """The part of the head stored once, when the run is created (``exclude_time``: but
+        ``created_at``, to compare two requests)."""
+        fields = REQUEST_FIELDS - {"created_at"} if exclude_time else REQUEST_FIELDS
+        return self.model_dump_json(include=set(fields))
 
     def dump_body(self) -> str:
         """The part of the head each commit writes (and its checkpoint keeps)."""

@@ -22,34 +22,22 @@ import threading
 import time
 
 import httpx
-from pydantic import BaseModel
 
 from shared import protocol
 from shared.errors import InvalidRequest
-from shared.state import Callback, Phase, RunHead, TaskSpec
+from shared.state import Callback, CallbackState, Phase, RunHead, TaskSpec
 from shared.store import Claim, PhaseClaim
 from shared.tasks import task_for
 from shared.tenants import Tenants
 from shared.webhooks import check_url, outcome, outcome_bytes, signed_headers
 from worker.runtime import Delivery, Runtime
 
-__all__ = ["CallbackState", "run_callback"]
+__all__ = ["run_callback"]
 
 log = logging.getLogger("wesichain.callback")
 
 _client_lock = threading.Lock()
 _clients: dict[int, httpx.Client] = {}
-
-
-class CallbackState(BaseModel):
-    """How a run's callback delivery went, attempt by attempt (kept on the run)."""
-
-    status: str = "pending"
-    attempts: int = 0
-    last_error: str | None = None
-    last_status_code: int | None = None
-    delivered_at: float | None = None
-    next_attempt_at: float | None = None
 
 
 def run_callback(rt: Runtime, delivery: Delivery, step: int, phase: str) -> None:

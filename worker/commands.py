@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shared.settings import QUEUE_MODEL, QUEUE_TOOLS
+from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
 
 __all__ = ["Handler", "demo", "register", "sweeper", "worker"]
 
@@ -25,7 +25,9 @@ def register(
 
     w = sub.add_parser("worker", parents=[common], help="run a Celery worker for the phase tasks")
     w.add_argument(
-        "--queues", default=f"{QUEUE_MODEL},{QUEUE_TOOLS}", help="comma-separated queues to consume"
+        "--queues",
+        default=f"{QUEUE_MODEL},{QUEUE_TOOLS},{QUEUE_CALLBACKS}",
+        help="comma-separated queues to consume",
     )
     w.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
     w.add_argument("--concurrency", "-c", type=int, default=None)
