@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         server.cleanup()
 
 
+def _delivered(handle: Any) -> Any:
+    state = handle.callback()
+    return state if state is not None and state.status == "delivered" else None
+
+
 def test_a_webhook_is_signed_retried_and_accepted_once(setup: Setup) -> None:
     handles = [
         setup.client.submit(agent, "go", tenant="acme", callback={"url": setup.url})
@@ -114,11 +120,7 @@ def test_a_webhook_is_signed_retried_and_accepted_once(setup: Setup) -> None:
     ]
     for handle in handles:
         head = handle.wait(TIMEOUT)
-        state = wait_until(
-            lambda h=handle: (s := h.callback()) is not None and s.status == "delivered" and s,
-            TIMEOUT,
-            what="the webhook to be delivered",
-        )
+        state = wait_until(partial(_delivered, handle), TIMEOUT, what="the webhook to be delivered")
         deliveries = setup.receiver.of(handle.run_id)
         # Two refused, then one accepted, all with the same id and a valid signature.
         assert [d.status for d in deliveries] == [500, 500, 200]
