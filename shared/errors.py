@@ -137,10 +137,20 @@ class ModelTransport(RunError):
         retryable: bool = False,
         body: str | None = None,
         step: int | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
-        super().__init__(message, step=step, status_code=status_code, retryable=retryable, body=excerpt(body))
+        super().__init__(
+            message,
+            step=step,
+            status_code=status_code,
+            retryable=retryable,
+            body=excerpt(body),
+            retry_after_s=retry_after_s,
+        )
         self.status_code = status_code
         self.retryable = retryable
+        #: How long the provider asked to wait (its ``Retry-After``), when it said.
+        self.retry_after_s = retry_after_s
 
 
 class InvalidModelAction(RunError):

@@ -45,6 +45,9 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     if call is None:  # the claim script checked the call id against the step: state that cannot be
         raise RuntimeError(f"run {head.run_id} v{head.version} has no pending call {call_id!r}")
     what = f"tool call {call.name}:{call_id} of step {step}"
+    if outcome.attempts == 1 and outcome.prior == "none":
+        rt.metrics.waited(delivery.task, time.time() - head.updated_at)
+    started = time.perf_counter()
     try:
         result = _outcome(rt, outcome, call, what)
     except redis.RedisError:
@@ -52,6 +55,11 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     except Exception as exc:
         log.exception("run %s: %s failed with an unexpected error", head.run_id, what)
         result = _error_result(call, internal_error(exc, what, Phase.ACTING, step))
+    elapsed = time.perf_counter() - started
+    rt.metrics.phase_done(Phase.ACTING, elapsed)
+    rt.metrics.tool_call(
+        call.name, elapsed, result.error.kind if result.error else None, known=_known(rt, head, call.name)
+    )
     completed = ev.ToolCompleted(
         run_id=head.run_id,
         step=step,
@@ -67,6 +75,14 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     recorded = rt.store.record_result(head, outcome.ref, result, completed, observing, observe)
     if recorded.status == "complete":
         rt.publish([observe], recorded.epoch)
+
+
+def _known(rt: Runtime, head: RunHead, name: str) -> bool:
+    """Whether the run's agent has this tool (a name the model made up is not a metric label)."""
+    try:
+        return rt.agents.get(head.agent).tools.get(name) is not None
+    except ConfigError:
+        return False
 
 
 def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str) -> ToolResult:

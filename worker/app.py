@@ -50,12 +50,15 @@ from worker.decide import run_decide
 from worker.heartbeat import Heartbeat
 from worker.hooks import load_hooks
 from worker.lost import on_lost_process
+from worker.metrics import cleanup_multiprocess
+from worker.metrics import serve as serve_metrics
 from worker.observe import run_observe
 from worker.registry import RegistryBeat
 from worker.runtime import Delivery, Runtime
 from worker.start import run_start
 from worker.sweeper import Sweeper
 from worker.think import run_think
+from worker.throttle import model_gate
 
 __all__ = [
     "Consumer",
@@ -115,13 +118,16 @@ class RuntimeHolder:
                 queue=spec.queue,
             )
 
+        agents = load_registry(settings.agents_module)
+        renew_s = min(settings.lease_s / 3, 1.0)
         return Runtime(
             store=store,
-            agents=load_registry(settings.agents_module),
+            agents=agents,
             send=send,
             settings=settings,
-            heartbeat=Heartbeat(store, interval_s=min(settings.lease_s / 3, 1.0)),
+            heartbeat=Heartbeat(store, interval_s=renew_s),
             hooks=load_hooks(settings.hooks),
+            gate=model_gate(store, agents, settings, renew_s),
         )
 
     def probe(self) -> BrokerProbe:
@@ -305,6 +311,15 @@ def _before_start(sender: Any = None, instance: Any = None, **_: Any) -> None:
     except (RedisTlsError, ConfigError) as exc:
         print(f"wesichain: refusing to start the worker: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG) from None
+    port = holder.settings.metrics_port
+    if port:
+        # Here, before the pool starts: a port that cannot be served stops the worker at once.
+        try:
+            serve_metrics(port)
+        except OSError as exc:
+            print(f"wesichain: refusing to start the worker: metrics port {port}: {exc}", file=sys.stderr)
+            raise SystemExit(EXIT_CONFIG) from None
+        log.info("serving Prometheus metrics on port %d", port)
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]
@@ -324,3 +339,5 @@ def _on_shutdown(sender: Any = None, **_: Any) -> None:
     if holder is not None:
         holder.stop_sweeper()
         holder.stop_registry()
+        if holder.settings.metrics_port:
+            cleanup_multiprocess()

@@ -8,7 +8,7 @@ from typing import Any
 
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
 
-__all__ = ["Handler", "demo", "register", "sweeper", "worker"]
+__all__ = ["Handler", "demo", "metrics", "register", "sweeper", "worker"]
 
 Handler = Any
 
@@ -33,14 +33,39 @@ def register(
     w.add_argument("--concurrency", "-c", type=int, default=None)
     w.add_argument("--name", "-n", default=None, help="worker node name, e.g. w1@%%h")
     w.add_argument("--loglevel", "-l", default="INFO")
+    w.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics of this worker (all its pool processes) on this port"
+        " (default $WESICHAIN_METRICS_PORT; 0: none)",
+    )
     w.add_argument("celery_args", nargs=argparse.REMAINDER, help="after --, passed to `celery worker` as is")
 
     sw = sub.add_parser("sweeper", parents=[common], help="run the recovery sweeper standalone")
     sw.add_argument("--once", action="store_true", help="sweep once and exit")
-    return {"demo": demo, "worker": worker, "sweeper": sweeper}
+    m = sub.add_parser(
+        "metrics",
+        parents=[common],
+        help="serve the pool's state for Prometheus: queue depths, runs in flight and parked, leases",
+    )
+    m.add_argument("--port", type=int, default=9808, help="port to serve /metrics on (default 9808)")
+    m.add_argument("--address", default="0.0.0.0", help="address to bind (default all)")
+    return {"demo": demo, "worker": worker, "sweeper": sweeper, "metrics": metrics}
 
 
 def worker(args: argparse.Namespace) -> int:
+    import os
+
+    from shared.settings import ENV_METRICS_PORT, Settings
+
+    if args.metrics_port is not None:
+        os.environ[ENV_METRICS_PORT] = str(args.metrics_port)
+    if Settings.from_env().metrics_port:
+        from worker.metrics import prepare_multiprocess
+
+        # Before the app (and prometheus-client) is imported: the pool children fork from here.
+        prepare_multiprocess()
     from worker.app import app, check_agents_module
 
     check_agents_module(app)  # before consuming anything: a worker that cannot import them must not start
@@ -90,3 +115,19 @@ def demo(args: argparse.Namespace) -> int:
             print()
         print_head(head, args.json)
         return 0 if head.phase is Phase.COMPLETED else 1
+
+
+def metrics(args: argparse.Namespace) -> int:
+    import threading
+
+    from shared.redis_client import connect
+    from shared.settings import Settings
+    from shared.store import RunStore
+    from worker.exporter import serve_pool
+
+    settings = Settings.from_env()
+    store = RunStore(connect(settings), settings)
+    serve_pool(store, settings, args.port, args.address)
+    print(f"serving the pool's metrics on http://{args.address}:{args.port}/metrics", flush=True)
+    threading.Event().wait()  # until the process is stopped
+    return 0

@@ -14,6 +14,7 @@ trouble (and the process dying) leaves the phase to its lease, to be handed on b
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -51,6 +52,8 @@ def run_phase(
         return None
     current = fsm.view_as(outcome.head, view)
     claim = ClaimRef(outcome.field, outcome.token)
+    if outcome.attempts == 1 and outcome.prior == "none":
+        rt.metrics.waited(delivery.task, time.time() - outcome.head.updated_at)
     limit = rt.settings.max_phase_attempts
     if outcome.attempts > limit:
         error = poison_error(what, want.phase, want.step, outcome.attempts, limit, outcome.last_error)
@@ -58,6 +61,7 @@ def run_phase(
         return rt.fail(current, claim, error)
     if outcome.cancel_requested:
         return rt.interrupt(current, claim, "cancelled")
+    started = time.perf_counter()
     with rt.heartbeat.hold(want.run_id, outcome.field, outcome.token) as held:
         rt.hooks.on_claimed(want.phase, want.run_id, rt.store)
         try:
@@ -69,3 +73,5 @@ def run_phase(
         except Exception as exc:
             log.exception("run %s: %s failed with an unexpected error", want.run_id, what)
             return rt.fail(current, claim, internal_error(exc, what, want.phase, want.step))
+        finally:
+            rt.metrics.phase_done(want.phase, time.perf_counter() - started)
