@@ -25,6 +25,7 @@ from shared.store import CallClaim, Claim
 from shared.tasks import task_for
 from shared.tools import Tool, ToolContext, validation_summary
 from worker.heartbeat import Held
+from worker.logs import annotate
 from worker.runtime import Delivery, Runtime, internal_error, poison_error
 from worker.timeouts import ToolTimeout, call_with_timeout, hard_limit_s
 
@@ -47,14 +48,17 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     what = f"tool call {call.name}:{call_id} of step {step}"
     if outcome.attempts == 1 and outcome.prior == "none":
         rt.metrics.waited(delivery.task, time.time() - head.updated_at)
+    annotate(tenant=head.tenant, step=step, phase=Phase.ACTING.value)
     started = time.perf_counter()
-    try:
-        result = _outcome(rt, outcome, call, what)
-    except redis.RedisError:
-        raise  # Redis trouble: the lease hands the call on
-    except Exception as exc:
-        log.exception("run %s: %s failed with an unexpected error", head.run_id, what)
-        result = _error_result(call, internal_error(exc, what, Phase.ACTING, step))
+    attributes = {"wesichain.step": step, "wesichain.phase": "acting", "wesichain.call_id": call_id}
+    with rt.tracing.span("wesichain.acting", head.run_id, **attributes):
+        try:
+            result = _outcome(rt, outcome, call, what)
+        except redis.RedisError:
+            raise  # Redis trouble: the lease hands the call on
+        except Exception as exc:
+            log.exception("run %s: %s failed with an unexpected error", head.run_id, what)
+            result = _error_result(call, internal_error(exc, what, Phase.ACTING, step))
     elapsed = time.perf_counter() - started
     rt.metrics.phase_done(Phase.ACTING, elapsed)
     rt.metrics.tool_call(
@@ -140,7 +144,10 @@ def invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) -
         message = f"bad arguments for {call.name!r}: {validation_summary(exc)}"
         return _error_result(call, ToolDispatch(message, step=head.step, tool=call.name).info())
     try:
-        output = call_with_timeout(lambda: tool.invoke(args, ctx), tool.timeout_s)
+        with rt.tracing.span("wesichain.tool", head.run_id, **{"wesichain.tool": call.name}) as span:
+            output = call_with_timeout(lambda: tool.invoke(args, ctx), tool.timeout_s)
+            if span is not None:
+                span.set_attribute("wesichain.output_chars", len(output))
     except ToolTimeout as exc:
         if not tool.retry_safe:
             # It may have had its effect before the limit stopped it.

@@ -22,13 +22,21 @@ from typing import Any
 from billiard.einfo import ExceptionWithTraceback
 from celery import Celery, Task
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
-from celery.signals import celeryd_init, worker_ready, worker_shutdown
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    celeryd_init,
+    task_postrun,
+    task_prerun,
+    worker_ready,
+    worker_shutdown,
+)
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
 from shared.agents import load_registry
 from shared.errors import ConfigError, WesichainError
-from shared.events import configure_worker_identity
+from shared.events import configure_worker_identity, worker_identity
 from shared.redis_client import connect, preflight
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Phase, RunHead, TaskSpec
@@ -49,6 +57,8 @@ from worker.callback import run_callback
 from worker.decide import run_decide
 from worker.heartbeat import Heartbeat
 from worker.hooks import load_hooks
+from worker.logs import begin_phase, end_phase
+from worker.logs import configure as configure_logs
 from worker.lost import on_lost_process
 from worker.metrics import cleanup_multiprocess
 from worker.metrics import serve as serve_metrics
@@ -59,10 +69,12 @@ from worker.start import run_start
 from worker.sweeper import Sweeper
 from worker.think import run_think
 from worker.throttle import model_gate
+from worker.tracing import Tracing
 
 __all__ = [
     "Consumer",
     "EXIT_CONFIG",
+    "PHASE_OF_TASK",
     "PhaseRequest",
     "RunEnded",
     "RuntimeHolder",
@@ -75,6 +87,17 @@ log = logging.getLogger("wesichain.worker")
 
 #: The CLI's exit status for a configuration error.
 EXIT_CONFIG = 2
+
+
+#: The phase each task does (a log line's ``phase`` before the run is claimed).
+PHASE_OF_TASK = {
+    TASK_START: Phase.IDLE.value,
+    TASK_THINK: Phase.THINKING.value,
+    TASK_TOOL: Phase.ACTING.value,
+    TASK_OBSERVE: Phase.OBSERVING.value,
+    TASK_DECIDE: Phase.AWAITING_APPROVAL.value,
+    TASK_CALLBACK: "callback",
+}
 
 
 class RunEnded(WesichainError):
@@ -128,6 +151,7 @@ class RuntimeHolder:
             heartbeat=Heartbeat(store, interval_s=renew_s),
             hooks=load_hooks(settings.hooks),
             gate=model_gate(store, agents, settings, renew_s),
+            tracing=Tracing(settings.otel),
         )
 
     def probe(self) -> BrokerProbe:
@@ -341,3 +365,32 @@ def _on_shutdown(sender: Any = None, **_: Any) -> None:
         holder.stop_registry()
         if holder.settings.metrics_port:
             cleanup_multiprocess()
+
+
+@after_setup_logger.connect  # type: ignore[untyped-decorator]
+@after_setup_task_logger.connect  # type: ignore[untyped-decorator]
+def _log_format(logger: Any = None, **_: Any) -> None:
+    """JSON lines when ``WESICHAIN_LOG_FORMAT=json`` (read from the environment, as everything)."""
+    configure_logs(Settings.from_env().log_format)
+
+
+@task_prerun.connect  # type: ignore[untyped-decorator]
+def _begin_phase(task_id: str = "", task: Any = None, kwargs: dict[str, Any] | None = None, **_: Any) -> None:
+    """Name the phase this thread now runs, for every line it logs (see ``worker/logs.py``)."""
+    kwargs = kwargs or {}
+    name = getattr(task, "name", "")
+    holder: RuntimeHolder | None = getattr(getattr(task, "app", None), "wesichain_runtime", None)
+    if holder is not None:
+        holder.get()  # built once per process: names the worker (its identity) before the first line
+    begin_phase(
+        run_id=kwargs.get("run_id"),
+        step=kwargs.get("step"),
+        phase=PHASE_OF_TASK.get(name, name),
+        task_id=task_id,
+        worker=worker_identity(),
+    )
+
+
+@task_postrun.connect  # type: ignore[untyped-decorator]
+def _end_phase(**_: Any) -> None:
+    end_phase()

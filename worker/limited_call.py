@@ -20,7 +20,7 @@ from shared.state import RunHead
 from shared.store import ClaimRef
 from shared.tasks import task_for
 from worker.heartbeat import Held
-from worker.metrics import model_error_kind
+from worker.metrics import model_error_kind, split_model
 from worker.model_call import ModelCall
 from worker.runtime import Runtime
 from worker.throttle import DEFAULT_BACK_OFF_S, LimitedAdapter, Throttled
@@ -50,9 +50,15 @@ def call_model(
         stream=agent.stream,
         max_delta_chars=rt.settings.limits.max_event_payload_chars,
     )
+    provider, model = split_model(head.model)
+    span_attributes = {"wesichain.step": head.step, "gen_ai.system": provider, "gen_ai.request.model": model}
     started = time.perf_counter()
     try:
-        response = call.run(adapter, request)
+        with rt.tracing.span("wesichain.model_call", head.run_id, **span_attributes) as span:
+            response = call.run(adapter, request)
+            if span is not None:
+                span.set_attribute("gen_ai.usage.input_tokens", response.usage.input_tokens)
+                span.set_attribute("gen_ai.usage.output_tokens", response.usage.output_tokens)
     except ModelTransport as exc:
         rt.metrics.model_call(
             head.model, time.perf_counter() - started, error=model_error_kind(exc.status_code, exc.retryable)

@@ -24,6 +24,7 @@ from shared import fsm
 from shared.state import RunHead
 from shared.store import Claim, ClaimRef, PhaseClaim
 from worker.heartbeat import Held
+from worker.logs import annotate
 from worker.runtime import Cancelled, Delivery, Runtime, internal_error, poison_error
 
 __all__ = ["PhaseBody", "run_phase"]
@@ -35,6 +36,18 @@ P = TypeVar("P", fsm.Idle, fsm.Thinking, fsm.Observing, fsm.Parked)
 #: A phase's work: given the claimed view, the claim and its heartbeat, it commits and returns the
 #: head it committed (None if it committed nothing).
 PhaseBody = Callable[[P, Claim, Held], RunHead | None]
+
+
+def _span_attributes(claim: Claim, want: PhaseClaim) -> dict[str, object]:
+    head = claim.head
+    return {
+        "wesichain.step": want.step,
+        "wesichain.phase": want.phase.value,
+        "wesichain.agent": head.agent,
+        "wesichain.tenant": head.tenant,
+        "wesichain.attempt": claim.attempts,
+        "wesichain.version": want.version,
+    }
 
 
 def run_phase(
@@ -61,8 +74,12 @@ def run_phase(
         return rt.fail(current, claim, error)
     if outcome.cancel_requested:
         return rt.interrupt(current, claim, "cancelled")
+    annotate(tenant=outcome.head.tenant, step=want.step, phase=want.phase.value)
     started = time.perf_counter()
-    with rt.heartbeat.hold(want.run_id, outcome.field, outcome.token) as held:
+    with (
+        rt.heartbeat.hold(want.run_id, outcome.field, outcome.token) as held,
+        rt.tracing.span(f"wesichain.{want.phase.value}", want.run_id, **_span_attributes(outcome, want)),
+    ):
         rt.hooks.on_claimed(want.phase, want.run_id, rt.store)
         try:
             return body(current, outcome, held)

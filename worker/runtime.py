@@ -26,6 +26,7 @@ from worker.hooks import Hooks
 from worker.metrics import Metrics, metrics
 from worker.throttle import ModelGate
 from worker.timeouts import hard_limit_s
+from worker.tracing import Tracing
 
 __all__ = ["Cancelled", "Delivery", "Runtime", "Send", "internal_error", "poison_error"]
 
@@ -67,6 +68,8 @@ class Runtime:
     metrics: Metrics = field(default_factory=metrics)
     #: The provider limits shared by the pool (None: no limit is configured anywhere).
     gate: ModelGate | None = None
+    #: OpenTelemetry spans (no-ops unless ``WESICHAIN_OTEL=1``).
+    tracing: Tracing = field(default_factory=Tracing)
 
     def holder(self) -> str:
         """This process, as claims name their holder (read per call: prefork children fork)."""
