@@ -6,6 +6,7 @@ Every way a run can fail is one of these, and a failed run carries it in its sta
     WesichainError
      ├── PolicyConfigInvalid      a policy that could loop forever or is malformed (developer)
      ├── ConfigError              bad settings: URL, agent module, model string (operator)
+     ├── StoreFull                Redis is nearly at its maxmemory: new runs are refused (operator)
      └── RunError                 a run cannot go on
           ├── InvalidRequest        what a producer asked for breaks a limit or is malformed
           ├── ModelTransport        the provider could not be reached or answered badly
@@ -37,6 +38,7 @@ __all__ = [
     "RunConfigError",
     "RunError",
     "RunErrorInfo",
+    "StoreFull",
     "ToolDispatch",
     "ToolOutcomeUnknown",
     "WesichainError",
@@ -82,6 +84,11 @@ class WesichainError(Exception):
 
 class ConfigError(WesichainError):
     """Settings that cannot work: a bad URL, a missing agent module, an unknown provider."""
+
+
+class StoreFull(WesichainError):
+    """Redis holds nearly as much as its ``maxmemory`` allows: a new run is refused (it is not
+    created), so the runs already going can finish in the memory left."""
 
 
 class PolicyConfigInvalid(WesichainError):

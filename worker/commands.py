@@ -8,7 +8,7 @@ from typing import Any
 
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
 
-__all__ = ["Handler", "demo", "metrics", "register", "sweeper", "worker"]
+__all__ = ["Handler", "demo", "gc", "metrics", "register", "sweeper", "worker"]
 
 Handler = Any
 
@@ -51,7 +51,12 @@ def register(
     )
     m.add_argument("--port", type=int, default=9808, help="port to serve /metrics on (default 9808)")
     m.add_argument("--address", default="0.0.0.0", help="address to bind (default all)")
-    return {"demo": demo, "worker": worker, "sweeper": sweeper, "metrics": metrics}
+    g = sub.add_parser(
+        "gc", parents=[common], help="report and remove what outlived the retention (indexes included)"
+    )
+    g.add_argument("--dry-run", action="store_true", help="only report what would be removed")
+    g.add_argument("--json", action="store_true")
+    return {"demo": demo, "worker": worker, "sweeper": sweeper, "metrics": metrics, "gc": gc}
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -130,4 +135,29 @@ def metrics(args: argparse.Namespace) -> int:
     serve_pool(store, settings, args.port, args.address)
     print(f"serving the pool's metrics on http://{args.address}:{args.port}/metrics", flush=True)
     threading.Event().wait()  # until the process is stopped
+    return 0
+
+
+def gc(args: argparse.Namespace) -> int:
+    from shared.redis_client import connect
+    from shared.retention import GarbageCollector
+    from shared.settings import Settings
+
+    settings = Settings.from_env()
+    report = GarbageCollector(connect(settings), settings).collect(dry_run=args.dry_run)
+    if args.json:
+        print(report.to_json())
+        return 0
+    verb = "would remove" if report.dry_run else "removed"
+    print(f"scanned {report.keys_scanned} run keys in {report.seconds:.1f}s")
+    print(f"{verb}: {report.index_entries_of_gone_runs} index entries of runs that are gone,")
+    print(f"  {report.index_entries_past_retention} index entries older than the retention,")
+    print(f"  {report.orphan_keys} orphaned run keys, {report.expired_runs} ended runs past their retention")
+    print(
+        f"  ({report.bytes_freed / 2**20:.2f} MiB); {report.runs_given_ttl} ended runs given their retention"
+    )
+    print(f"kept: {report.live_runs} live runs, {report.runs_expiring} ended runs expiring on time")
+    used, maximum = report.memory.get("used_bytes", 0), report.memory.get("maxmemory_bytes", 0)
+    limit = f"of {maximum / 2**20:.1f} MiB" if maximum else "(no maxmemory set)"
+    print(f"Redis uses {used / 2**20:.1f} MiB {limit}")
     return 0
