@@ -31,6 +31,7 @@ __all__ = [
     "ENV_SWEEPER",
     "ENV_TASK_EVENTS",
     "ENV_WEBHOOK_ALLOW_PRIVATE",
+    "ENV_WEBHOOK_RETRY",
     "ENV_WEBHOOK_SECRET",
     "ENV_WORKER_NAME",
     "Limits",
