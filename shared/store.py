@@ -26,7 +26,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import redis
 
@@ -399,8 +399,8 @@ class RunStore:
             while full and not batch:
                 # Every entry read sits at the cursor's own millisecond: read further into it.
                 num *= 4
-                reply = self.redis.zrevrangebyscore(key, top, bottom, start=0, num=num, withscores=True)
-                batch, full = self._after(position, reply, num)
+                more = self.redis.zrevrangebyscore(key, top, bottom, start=0, num=num, withscores=True)
+                batch, full = self._after(position, cast(list[tuple[Any, float]], more), num)
             if full:
                 boundary = batch[-1] if boundary is None else max(boundary, batch[-1])
             entries.extend(batch)
