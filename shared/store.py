@@ -26,7 +26,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import redis
 
@@ -380,9 +380,10 @@ class RunStore:
     ) -> tuple[list[tuple[int, str]], bool]:
         """The next index entries after ``position``, merged newest first, that every shard agrees on.
 
-        A shard that returned a full batch may hold more entries older than its last one; only the
-        entries no older than the newest such last one are certain to be in order. Returns them and
-        whether every shard is exhausted.
+        Entries are ordered by (creation ms, run id), both descending. A shard that returned a full
+        batch may hold more entries below its last one; only the entries at or above the highest
+        such last entry are certain to be complete across shards. Returns them and whether every
+        shard is exhausted.
         """
         top = "+inf" if position is None else str(position[0])
         bottom = "-inf" if floor is None else str(floor)
@@ -391,20 +392,32 @@ class RunStore:
                 pipe.zrevrangebyscore(key, top, bottom, start=0, num=_LIST_BATCH, withscores=True)
             replies = pipe.execute()
         entries: list[tuple[int, str]] = []
-        boundary: int | None = None
-        for reply in replies:
-            batch = [(int(score), _s(member)) for member, score in reply]
-            if position is not None:
-                # Entries at the cursor's own millisecond come after it only if their id sorts lower.
-                batch = [e for e in batch if e[0] < position[0] or e[1] < position[1]]
-            if len(reply) == _LIST_BATCH and batch:
-                last = batch[-1][0]
-                boundary = last if boundary is None else max(boundary, last)
+        boundary: tuple[int, str] | None = None
+        for key, reply in zip(keys, replies, strict=True):
+            batch, full = self._after(position, reply, _LIST_BATCH)
+            num = _LIST_BATCH
+            while full and not batch:
+                # Every entry read sits at the cursor's own millisecond: read further into it.
+                num *= 4
+                more = self.redis.zrevrangebyscore(key, top, bottom, start=0, num=num, withscores=True)
+                batch, full = self._after(position, cast(list[tuple[Any, float]], more), num)
+            if full:
+                boundary = batch[-1] if boundary is None else max(boundary, batch[-1])
             entries.extend(batch)
-        entries.sort(key=lambda e: (e[0], e[1]), reverse=True)
+        entries.sort(reverse=True)
         if boundary is not None:
-            entries = [e for e in entries if e[0] >= boundary]
+            entries = [e for e in entries if e >= boundary]
         return entries, boundary is None
+
+    @staticmethod
+    def _after(
+        position: tuple[int, str] | None, reply: list[tuple[Any, float]], num: int
+    ) -> tuple[list[tuple[int, str]], bool]:
+        """The entries of one shard's reply that come after ``position``, and whether it was full."""
+        batch = [(int(score), _s(member)) for member, score in reply]
+        if position is not None:
+            batch = [e for e in batch if e < position]
+        return batch, len(reply) == num
 
     def trim_indexes(self, shard: int, cutoff_ms: float) -> int:
         """Drop index entries of runs created before ``cutoff_ms`` (past the retention); returns how many."""

@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+SUMMARY = re.compile(r"\b\d+ (?:passed|failed|errors?)\b.* in [\d.]+s")
 
 
 @contextmanager
@@ -54,7 +55,8 @@ def run_pytest(args: list[str]) -> dict[str, object]:
     proc = subprocess.run([*PYTEST, *args], cwd=ROOT, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", out, flags=re.MULTILINE)))
-    summary = next((line for line in reversed(out.splitlines()) if " in " in line and "==" in line), "")
+    # The last line pytest -q prints: "793 passed, 2 skipped in 254.12s (0:04:14)".
+    summary = next((line for line in reversed(out.splitlines()) if SUMMARY.search(line)), "")
     return {
         "ok": proc.returncode == 0,
         "returncode": proc.returncode,

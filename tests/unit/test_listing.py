@@ -140,3 +140,22 @@ def test_paging_merges_shards_with_more_entries_than_one_round_reads(redis_serve
             assert scores == sorted(scores, reverse=True), limit
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("per_ms", [3, 100])
+def test_paging_is_exact_when_many_runs_share_a_millisecond(redis_server: RedisServer, per_ms: int) -> None:
+    """Runs created in the same millisecond on every shard (a burst, or more than one read batch of
+    them): each is listed once, ordered by (time, id), whatever the page size."""
+    client = redis_server.client()
+    store = RunStore(client, Settings(prefix=f"ls3-{uuid.uuid4().hex[:8]}:", shards=3))
+    try:
+        made = [create(store, "a", "acme").run_id for _ in range(300)]
+        # Give groups of ``per_ms`` runs one shared creation millisecond, as a burst would.
+        for i, run_id in enumerate(made):
+            client.zadd(store.keys.index_of(run_id, "acme"), {run_id: 1_000_000 + i // per_ms}, xx=True)
+        expected = sorted(((1_000_000 + i // per_ms, r) for i, r in enumerate(made)), reverse=True)
+        for limit in (1, 7, 64, 200, 500):
+            listed = [r for page in all_pages(store, "acme", limit) for r in page]
+            assert listed == [r for _, r in expected], limit
+    finally:
+        client.close()
