@@ -6,5 +6,8 @@ COPY shared shared
 COPY worker worker
 COPY producer producer
 RUN pip install --no-cache-dir .
+# Your agents' own dependencies, e.g. --build-arg PIP_EXTRA="mylib>=2 otherlib" (docker-compose.yml).
+ARG PIP_EXTRA=""
+RUN if [ -n "$PIP_EXTRA" ]; then pip install --no-cache-dir $PIP_EXTRA; fi
 USER wesichain
 ENTRYPOINT ["wesichain"]

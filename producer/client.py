@@ -18,12 +18,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import redis
 from celery import Celery
 
-from shared.errors import InvalidRequest, WesichainError
+from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, Event
 from shared.redis_client import connect
 from shared.request import check_run_id, validate_request
+from shared.retention import MemoryGuard, full_message
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Callback, CallbackState, Decision, Phase, RunHead
 from shared.store import RunPage, RunStore
@@ -65,6 +67,8 @@ class Client:
         self.app = app
         self.store = store or RunStore(connect(settings), settings)
         self.workers = WorkerDirectory(self.store.redis, self.store.keys, settings.registry_interval_s)
+        #: Refuses new runs while Redis is nearly at its maxmemory (see ``shared/retention.py``).
+        self.memory = MemoryGuard(self.store.redis, settings)
         self._served: set[str] = set()
         self._served_at = -1e9
 
@@ -121,7 +125,13 @@ class Client:
             callback=request.callback,
         )
         start = start_task(run_id)
-        if not self.store.create(head, [start]):
+        if not self.settings.embedded:
+            self.memory.check()
+        try:
+            created = self.store.create(head, [start])
+        except redis.exceptions.OutOfMemoryError:
+            raise StoreFull(full_message(self.memory.state(), self.settings.submit_max_memory)) from None
+        if not created:
             if idempotency_key is None:
                 raise InvalidRequest(f"run id {run_id!r} already exists")
             existing = self.store.load(run_id)

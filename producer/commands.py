@@ -93,8 +93,17 @@ def _follow(handle: RunHandle, timeout: float, as_json: bool) -> None:
 
 
 def status(args: argparse.Namespace) -> int:
-    head = Client.from_env().handle(args.run_id).status()
+    client = Client.from_env()
+    head = client.handle(args.run_id).status()
     print(head.model_dump_json() if args.json else render_head(head))
+    throttled = client.store.throttled(head.run_id)
+    if not args.json and throttled is not None and not head.terminal:
+        info, count = throttled
+        if info.get("version") == head.version:
+            print(
+                f"throttled: {info.get('reason')} on {info.get('limit')}, waiting for provider capacity"
+                f" ({count} time(s) so far)"
+            )
     return 0
 
 

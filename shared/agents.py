@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from shared.errors import ConfigError
+from shared.limits import ProviderLimit
 from shared.llm.base import LlmAdapter
 from shared.policy import Policy
 from shared.tools import ToolSet
@@ -38,6 +39,9 @@ class Agent:
     stream: bool = True
     #: Tools whose calls a human must approve first (the run parks in AWAITING_APPROVAL).
     approval_required: frozenset[str] = frozenset()
+    #: The provider limit of this agent's model, shared by the pool, when the workers' settings
+    #: (``WESICHAIN_PROVIDER_LIMITS``) name none for it (see ``shared/limits.py``).
+    limits: ProviderLimit | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():

@@ -6,6 +6,7 @@ Every way a run can fail is one of these, and a failed run carries it in its sta
     WesichainError
      ├── PolicyConfigInvalid      a policy that could loop forever or is malformed (developer)
      ├── ConfigError              bad settings: URL, agent module, model string (operator)
+     ├── StoreFull                Redis is nearly at its maxmemory: new runs are refused (operator)
      └── RunError                 a run cannot go on
           ├── InvalidRequest        what a producer asked for breaks a limit or is malformed
           ├── ModelTransport        the provider could not be reached or answered badly
@@ -37,6 +38,7 @@ __all__ = [
     "RunConfigError",
     "RunError",
     "RunErrorInfo",
+    "StoreFull",
     "ToolDispatch",
     "ToolOutcomeUnknown",
     "WesichainError",
@@ -82,6 +84,11 @@ class WesichainError(Exception):
 
 class ConfigError(WesichainError):
     """Settings that cannot work: a bad URL, a missing agent module, an unknown provider."""
+
+
+class StoreFull(WesichainError):
+    """Redis holds nearly as much as its ``maxmemory`` allows: a new run is refused (it is not
+    created), so the runs already going can finish in the memory left."""
 
 
 class PolicyConfigInvalid(WesichainError):
@@ -137,10 +144,20 @@ class ModelTransport(RunError):
         retryable: bool = False,
         body: str | None = None,
         step: int | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
-        super().__init__(message, step=step, status_code=status_code, retryable=retryable, body=excerpt(body))
+        super().__init__(
+            message,
+            step=step,
+            status_code=status_code,
+            retryable=retryable,
+            body=excerpt(body),
+            retry_after_s=retry_after_s,
+        )
         self.status_code = status_code
         self.retryable = retryable
+        #: How long the provider asked to wait (its ``Retry-After``), when it said.
+        self.retry_after_s = retry_after_s
 
 
 class InvalidModelAction(RunError):

@@ -120,6 +120,18 @@ class Keys:
         """String: the token of the sweeper currently allowed to sweep (expires with it)."""
         return f"{self.prefix}sweeper:lock"
 
+    def limit(self, scope: str) -> str:
+        """Hash: one provider limit's buckets and back-off (``scope``: provider:model[@tenant]).
+
+        Expires two minutes after its last use (the buckets are full again by then). The scope is
+        the hash tag, so a limit's two keys share a Redis Cluster slot.
+        """
+        return f"{self.prefix}{{limit:{scope}}}:state"
+
+    def limit_slots(self, scope: str) -> str:
+        """Sorted set: holders of a provider limit's concurrent calls, by lease deadline (Redis ms)."""
+        return f"{self.prefix}{{limit:{scope}}}:slots"
+
     def thread(self, tenant: str | None, thread_id: str) -> str:
         """List: run ids of one conversation thread of one tenant, oldest first."""
         return f"{self.prefix}thread:{tenant or '-'}:{thread_id}"

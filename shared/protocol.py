@@ -38,6 +38,9 @@ __all__ = [
     "REQUEST",
     "RUNNING",
     "STEP",
+    "THROTTLED",
+    "THROTTLES",
+    "THROTTLE_OP",
     "VERSION",
     "attempts_field",
     "call_claim",
@@ -80,6 +83,14 @@ CREATED = "created"
 CALLBACK = "callback"
 #: JSON of the callback's delivery: attempts, last error, when it was delivered.
 CALLBACK_STATE = "callback_state"
+
+#: JSON: why the run's think waits for provider capacity (limit, reason, version, ``until`` in Redis
+#: ms); informative, left in place until the next throttle (compare its version with the run's).
+THROTTLED = "throttled"
+#: How many times the run's thinks were re-queued for provider capacity.
+THROTTLES = "throttles"
+#: Token of the claim whose throttle was written last (a replayed throttle script recognises it).
+THROTTLE_OP = "throttle_op"
 
 #: Prefix of a tool call's claim field: ``call:<step>:<call_id>``.
 CALL_CLAIM_PREFIX = "call:"
@@ -148,6 +159,9 @@ _FIELDS = {
     "F_CREATED": CREATED,
     "F_CALLBACK": CALLBACK,
     "F_CALLBACK_STATE": CALLBACK_STATE,
+    "F_THROTTLED": THROTTLED,
+    "F_THROTTLES": THROTTLES,
+    "F_THROTTLE_OP": THROTTLE_OP,
     "CALL_CLAIM_PREFIX": CALL_CLAIM_PREFIX,
 }
 

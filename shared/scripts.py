@@ -30,6 +30,10 @@ SCRIPT_NAMES = (
     "scan_queue",
     "worker_beat",
     "finish_callback",
+    "throttle",
+    "limit_acquire",
+    "limit_release",
+    "limit_renew",
 )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from shared.errors import ConfigError
+from shared.limits import ProviderLimit, parse_limits
 from shared.llm.settings import LlmSettings
 
 __all__ = [
@@ -19,7 +20,12 @@ __all__ = [
     "ENV_HOOKS",
     "ENV_LEASE",
     "ENV_LOGLEVEL",
+    "ENV_LOG_FORMAT",
     "ENV_MAX_ATTEMPTS",
+    "ENV_METRICS_PORT",
+    "ENV_OTEL",
+    "ENV_PROVIDER_LIMITS",
+    "ENV_SUBMIT_MEMORY",
     "ENV_PREFIX",
     "ENV_QUEUED_LEASE",
     "ENV_REDIS_CA_FILE",
@@ -64,6 +70,11 @@ ENV_REDIS_CA_FILE = "WESICHAIN_REDIS_CA_FILE"
 ENV_REDIS_CERT_FILE = "WESICHAIN_REDIS_CERT_FILE"
 ENV_REDIS_KEY_FILE = "WESICHAIN_REDIS_KEY_FILE"
 ENV_REDIS_TLS_INSECURE = "WESICHAIN_REDIS_TLS_INSECURE"
+ENV_PROVIDER_LIMITS = "WESICHAIN_PROVIDER_LIMITS"
+ENV_METRICS_PORT = "WESICHAIN_METRICS_PORT"
+ENV_LOG_FORMAT = "WESICHAIN_LOG_FORMAT"
+ENV_OTEL = "WESICHAIN_OTEL"
+ENV_SUBMIT_MEMORY = "WESICHAIN_SUBMIT_MAX_MEMORY"
 
 DEFAULT_AGENTS_MODULE = "shared.examples.research"
 
@@ -155,6 +166,20 @@ class Settings:
     webhook_retry_s: tuple[float, ...] = (1.0, 5.0, 30.0, 120.0, 600.0, 1800.0)
     #: How long one webhook delivery may take.
     webhook_timeout_s: float = 10.0
+    #: Provider rate limits shared by the pool, by model pattern (``provider:model``,
+    #: ``provider:*``, ``*``); JSON in ``WESICHAIN_PROVIDER_LIMITS`` (see ``shared/limits.py``).
+    provider_limits: dict[str, ProviderLimit] = field(default_factory=dict)
+    #: ``WESICHAIN_METRICS_PORT``: a worker serves Prometheus metrics on this port (0: none).
+    metrics_port: int = 0
+    #: ``WESICHAIN_LOG_FORMAT``: ``text`` (the default) or ``json`` (one object per line, with the
+    #: run, step, phase, task, worker and tenant of the phase that logged it).
+    log_format: str = "text"
+    #: ``WESICHAIN_OTEL=1``: OpenTelemetry spans per phase, model call and tool call (needs the
+    #: ``otel`` extra; exported as the OpenTelemetry SDK's own environment variables say).
+    otel: bool = False
+    #: ``WESICHAIN_SUBMIT_MAX_MEMORY``: refuse new runs once Redis uses this fraction of its
+    #: ``maxmemory``, keeping the rest for the runs already going (0 < x <= 1).
+    submit_max_memory: float = 0.9
     limits: Limits = field(default_factory=Limits)
     #: How workers call model providers (timeouts, retries, scripted model files).
     llm: LlmSettings = field(default_factory=LlmSettings)
@@ -187,6 +212,12 @@ class Settings:
             raise ConfigError(f"Redis URL has no host: {redact_url(self.redis_url)!r}")
         if self.lease_s <= 0 or self.queued_lease_s <= 0 or self.max_phase_attempts < 1:
             raise ConfigError("lease_s and queued_lease_s must be > 0 and max_phase_attempts >= 1")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"{ENV_LOG_FORMAT}={self.log_format!r}: use text or json")
+        if not 0 < self.submit_max_memory <= 1:
+            raise ConfigError(f"{ENV_SUBMIT_MEMORY}={self.submit_max_memory}: must be in (0, 1]")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"{ENV_METRICS_PORT}={self.metrics_port}: not a port")
         if not 1 <= self.shards <= 1024:
             raise ConfigError(f"{ENV_SHARDS}={self.shards}: shards must be in 1..1024")
         from shared.tls import endpoint  # shared.tls builds on this module
@@ -232,6 +263,10 @@ def _json_object(env: str, raw: str) -> dict[str, Any]:
     return value
 
 
+def _provider_limits(env: str, raw: str) -> dict[str, ProviderLimit]:
+    return parse_limits(_json_object(env, raw), env)
+
+
 def _parse_switch(env: str, raw: str) -> bool:
     value = raw.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -264,6 +299,11 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_QUEUED_LEASE, "queued_lease_s", _number(float)),
     (ENV_MAX_ATTEMPTS, "max_phase_attempts", _number(int)),
     (ENV_SHARDS, "shards", _number(int)),
+    (ENV_PROVIDER_LIMITS, "provider_limits", _provider_limits),
+    (ENV_METRICS_PORT, "metrics_port", _number(int)),
+    (ENV_LOG_FORMAT, "log_format", _text),
+    (ENV_OTEL, "otel", _parse_switch),
+    (ENV_SUBMIT_MEMORY, "submit_max_memory", _number(float)),
 )
 
 

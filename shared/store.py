@@ -747,6 +747,24 @@ class RunStore:
         raw = self.redis.hget(self.keys.run(run_id), protocol.CALLBACK_STATE)
         return _s(raw) if raw is not None else None
 
+    def throttle(self, run_id: str, version: int, token: str, wait_s: float, why: str) -> int:
+        """Give a think claimed by ``token`` back for ``wait_s``: no provider capacity (see
+        ``throttle.lua``). Returns the run's throttle count, 0 if the claim is no longer held."""
+        k = self.keys
+        reply = self._run(
+            "throttle",
+            [k.run(run_id), k.attempts(run_id), k.leases_of(run_id)],
+            [run_id, version, token, int(wait_s * 1000), self._queued_ms, why],
+        )
+        return int(reply)
+
+    def throttled(self, run_id: str) -> tuple[dict[str, Any], int] | None:
+        """Why the run's think last waited for provider capacity, and how often it did (None: never)."""
+        raw, count = self.redis.hmget(self.keys.run(run_id), protocol.THROTTLED, protocol.THROTTLES)
+        if raw is None:
+            return None
+        return json.loads(_s(raw)), int(count or 0)
+
     def request_cancel(self, run_id: str) -> Phase | None:
         phase = _s(self._run("cancel", [self.keys.run(run_id)], []))
         return Phase(phase) if phase else None

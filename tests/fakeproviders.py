@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -565,6 +565,56 @@ class FakeProvider:
         self.stopping = threading.Event()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        #: Chooses the reply from the request's JSON body instead of the script (None: the script).
+        self.responder: Callable[[Any], Reply] | None = None
+        #: Seconds each chat request is held (counted in flight) before it is answered.
+        self.latency_s = 0.0
+        #: A provider's own limits: a request above them gets a 429 (None: no such limit).
+        self.max_concurrent: int | None = None
+        self.requests_per_minute: int | None = None
+        #: Requests the rate bucket holds beyond one minute's worth (absorbs arrival jitter).
+        self.rate_slack = 0.0
+        #: Chat requests being answered now, the most ever at once, and the 429s sent, by reason.
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.rejected: dict[str, int] = {"concurrency": 0, "rate": 0}
+        #: The Retry-After of those 429s, and when each arrived (``time.monotonic()``).
+        self.retry_after = "1"
+        self.rejected_at: list[float] = []
+        self._bucket = 0.0
+        self._bucket_at = 0.0
+
+    # -- a provider's own limits --
+
+    def enter(self) -> str | None:
+        """A chat request arrives: counted in flight; the limit it breaks, if any (then answered 429)."""
+        with self._changed:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            if self.max_concurrent is not None and self.in_flight > self.max_concurrent:
+                self.rejected["concurrency"] += 1
+                self.rejected_at.append(time.monotonic())
+                return "concurrency"
+            rpm = self.requests_per_minute
+            if rpm is not None:
+                # A token bucket of one minute's worth, refilled continuously, as providers document.
+                now = time.monotonic()
+                capacity = rpm + self.rate_slack
+                if self._bucket_at == 0.0:
+                    self._bucket = capacity
+                else:
+                    self._bucket = min(capacity, self._bucket + (now - self._bucket_at) * rpm / 60.0)
+                self._bucket_at = now
+                if self._bucket < 1.0:
+                    self.rejected["rate"] += 1
+                    self.rejected_at.append(now)
+                    return "rate"
+                self._bucket -= 1.0
+            return None
+
+    def leave(self) -> None:
+        with self._changed:
+            self.in_flight -= 1
 
     # -- lifecycle --
 
@@ -647,7 +697,10 @@ class FakeProvider:
         with self._changed:
             self._requests.append(request)
             self._seq += 1
-            reply = self._replies.popleft() if self._replies else self.default
+            if self.responder is not None:
+                reply: Reply | None = self.responder(request.body)
+            else:
+                reply = self._replies.popleft() if self._replies else self.default
             self._changed.notify_all()
             return reply, self._seq
 
@@ -747,6 +800,25 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, {"ok": True})
             return
         headers = {name.lower(): value for name, value in self.headers.items()}
+        renderer = self.fake.renderer
+        if self.path.endswith(renderer.route):
+            broken = self.fake.enter()
+            try:
+                if self.fake.latency_s:
+                    self.fake.stopping.wait(self.fake.latency_s)
+                if broken is not None:
+                    self.fake.record(RecordedRequest("POST", self.path, headers, body, time.monotonic()))
+                    self._status_fault(
+                        Fault.RATE_LIMIT, Reply(retry_after=self.fake.retry_after), renderer.key(headers)
+                    )
+                    return
+                self._answer(headers, body)
+            finally:
+                self.fake.leave()
+            return
+        self._answer(headers, body)
+
+    def _answer(self, headers: dict[str, str], body: Any) -> None:
         reply, seq = self.fake.record(RecordedRequest("POST", self.path, headers, body, time.monotonic()))
         renderer = self.fake.renderer
         if not self.path.endswith(renderer.route):

@@ -25,6 +25,7 @@ from shared.store import CallClaim, Claim
 from shared.tasks import task_for
 from shared.tools import Tool, ToolContext, validation_summary
 from worker.heartbeat import Held
+from worker.logs import annotate
 from worker.runtime import Delivery, Runtime, internal_error, poison_error
 from worker.timeouts import ToolTimeout, call_with_timeout, hard_limit_s
 
@@ -45,13 +46,24 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     if call is None:  # the claim script checked the call id against the step: state that cannot be
         raise RuntimeError(f"run {head.run_id} v{head.version} has no pending call {call_id!r}")
     what = f"tool call {call.name}:{call_id} of step {step}"
-    try:
-        result = _outcome(rt, outcome, call, what)
-    except redis.RedisError:
-        raise  # Redis trouble: the lease hands the call on
-    except Exception as exc:
-        log.exception("run %s: %s failed with an unexpected error", head.run_id, what)
-        result = _error_result(call, internal_error(exc, what, Phase.ACTING, step))
+    if outcome.attempts == 1 and outcome.prior == "none":
+        rt.metrics.waited(delivery.task, time.time() - head.updated_at)
+    annotate(tenant=head.tenant, step=step, phase=Phase.ACTING.value)
+    started = time.perf_counter()
+    attributes = {"wesichain.step": step, "wesichain.phase": "acting", "wesichain.call_id": call_id}
+    with rt.tracing.span("wesichain.acting", head.run_id, **attributes):
+        try:
+            result = _outcome(rt, outcome, call, what)
+        except redis.RedisError:
+            raise  # Redis trouble: the lease hands the call on
+        except Exception as exc:
+            log.exception("run %s: %s failed with an unexpected error", head.run_id, what)
+            result = _error_result(call, internal_error(exc, what, Phase.ACTING, step))
+    elapsed = time.perf_counter() - started
+    rt.metrics.phase_done(Phase.ACTING, elapsed)
+    rt.metrics.tool_call(
+        call.name, elapsed, result.error.kind if result.error else None, known=_known(rt, head, call.name)
+    )
     completed = ev.ToolCompleted(
         run_id=head.run_id,
         step=step,
@@ -67,6 +79,14 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     recorded = rt.store.record_result(head, outcome.ref, result, completed, observing, observe)
     if recorded.status == "complete":
         rt.publish([observe], recorded.epoch)
+
+
+def _known(rt: Runtime, head: RunHead, name: str) -> bool:
+    """Whether the run's agent has this tool (a name the model made up is not a metric label)."""
+    try:
+        return rt.agents.get(head.agent).tools.get(name) is not None
+    except ConfigError:
+        return False
 
 
 def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str) -> ToolResult:
@@ -124,7 +144,10 @@ def invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) -
         message = f"bad arguments for {call.name!r}: {validation_summary(exc)}"
         return _error_result(call, ToolDispatch(message, step=head.step, tool=call.name).info())
     try:
-        output = call_with_timeout(lambda: tool.invoke(args, ctx), tool.timeout_s)
+        with rt.tracing.span("wesichain.tool", head.run_id, **{"wesichain.tool": call.name}) as span:
+            output = call_with_timeout(lambda: tool.invoke(args, ctx), tool.timeout_s)
+            if span is not None:
+                span.set_attribute("wesichain.output_chars", len(output))
     except ToolTimeout as exc:
         if not tool.retry_safe:
             # It may have had its effect before the limit stopped it.

@@ -22,13 +22,21 @@ from typing import Any
 from billiard.einfo import ExceptionWithTraceback
 from celery import Celery, Task
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
-from celery.signals import celeryd_init, worker_ready, worker_shutdown
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    celeryd_init,
+    task_postrun,
+    task_prerun,
+    worker_ready,
+    worker_shutdown,
+)
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
 from shared.agents import load_registry
 from shared.errors import ConfigError, WesichainError
-from shared.events import configure_worker_identity
+from shared.events import configure_worker_identity, worker_identity
 from shared.redis_client import connect, preflight
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Phase, RunHead, TaskSpec
@@ -49,17 +57,24 @@ from worker.callback import run_callback
 from worker.decide import run_decide
 from worker.heartbeat import Heartbeat
 from worker.hooks import load_hooks
+from worker.logs import begin_phase, end_phase
+from worker.logs import configure as configure_logs
 from worker.lost import on_lost_process
+from worker.metrics import cleanup_multiprocess
+from worker.metrics import serve as serve_metrics
 from worker.observe import run_observe
 from worker.registry import RegistryBeat
 from worker.runtime import Delivery, Runtime
 from worker.start import run_start
 from worker.sweeper import Sweeper
 from worker.think import run_think
+from worker.throttle import model_gate
+from worker.tracing import Tracing
 
 __all__ = [
     "Consumer",
     "EXIT_CONFIG",
+    "PHASE_OF_TASK",
     "PhaseRequest",
     "RunEnded",
     "RuntimeHolder",
@@ -72,6 +87,17 @@ log = logging.getLogger("wesichain.worker")
 
 #: The CLI's exit status for a configuration error.
 EXIT_CONFIG = 2
+
+
+#: The phase each task does (a log line's ``phase`` before the run is claimed).
+PHASE_OF_TASK = {
+    TASK_START: Phase.IDLE.value,
+    TASK_THINK: Phase.THINKING.value,
+    TASK_TOOL: Phase.ACTING.value,
+    TASK_OBSERVE: Phase.OBSERVING.value,
+    TASK_DECIDE: Phase.AWAITING_APPROVAL.value,
+    TASK_CALLBACK: "callback",
+}
 
 
 class RunEnded(WesichainError):
@@ -115,13 +141,17 @@ class RuntimeHolder:
                 queue=spec.queue,
             )
 
+        agents = load_registry(settings.agents_module)
+        renew_s = min(settings.lease_s / 3, 1.0)
         return Runtime(
             store=store,
-            agents=load_registry(settings.agents_module),
+            agents=agents,
             send=send,
             settings=settings,
-            heartbeat=Heartbeat(store, interval_s=min(settings.lease_s / 3, 1.0)),
+            heartbeat=Heartbeat(store, interval_s=renew_s),
             hooks=load_hooks(settings.hooks),
+            gate=model_gate(store, agents, settings, renew_s),
+            tracing=Tracing(settings.otel),
         )
 
     def probe(self) -> BrokerProbe:
@@ -305,6 +335,15 @@ def _before_start(sender: Any = None, instance: Any = None, **_: Any) -> None:
     except (RedisTlsError, ConfigError) as exc:
         print(f"wesichain: refusing to start the worker: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG) from None
+    port = holder.settings.metrics_port
+    if port:
+        # Here, before the pool starts: a port that cannot be served stops the worker at once.
+        try:
+            serve_metrics(port)
+        except OSError as exc:
+            print(f"wesichain: refusing to start the worker: metrics port {port}: {exc}", file=sys.stderr)
+            raise SystemExit(EXIT_CONFIG) from None
+        log.info("serving Prometheus metrics on port %d", port)
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]
@@ -324,3 +363,34 @@ def _on_shutdown(sender: Any = None, **_: Any) -> None:
     if holder is not None:
         holder.stop_sweeper()
         holder.stop_registry()
+        if holder.settings.metrics_port:
+            cleanup_multiprocess()
+
+
+@after_setup_logger.connect  # type: ignore[untyped-decorator]
+@after_setup_task_logger.connect  # type: ignore[untyped-decorator]
+def _log_format(logger: Any = None, **_: Any) -> None:
+    """JSON lines when ``WESICHAIN_LOG_FORMAT=json`` (read from the environment, as everything)."""
+    configure_logs(Settings.from_env().log_format)
+
+
+@task_prerun.connect  # type: ignore[untyped-decorator]
+def _begin_phase(task_id: str = "", task: Any = None, kwargs: dict[str, Any] | None = None, **_: Any) -> None:
+    """Name the phase this thread now runs, for every line it logs (see ``worker/logs.py``)."""
+    kwargs = kwargs or {}
+    name = getattr(task, "name", "")
+    holder: RuntimeHolder | None = getattr(getattr(task, "app", None), "wesichain_runtime", None)
+    if holder is not None:
+        holder.get()  # built once per process: names the worker (its identity) before the first line
+    begin_phase(
+        run_id=kwargs.get("run_id"),
+        step=kwargs.get("step"),
+        phase=PHASE_OF_TASK.get(name, name),
+        task_id=task_id,
+        worker=worker_identity(),
+    )
+
+
+@task_postrun.connect  # type: ignore[untyped-decorator]
+def _end_phase(**_: Any) -> None:
+    end_phase()

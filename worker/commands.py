@@ -8,7 +8,7 @@ from typing import Any
 
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
 
-__all__ = ["Handler", "demo", "register", "sweeper", "worker"]
+__all__ = ["Handler", "demo", "gc", "metrics", "register", "sweeper", "worker"]
 
 Handler = Any
 
@@ -33,14 +33,44 @@ def register(
     w.add_argument("--concurrency", "-c", type=int, default=None)
     w.add_argument("--name", "-n", default=None, help="worker node name, e.g. w1@%%h")
     w.add_argument("--loglevel", "-l", default="INFO")
+    w.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics of this worker (all its pool processes) on this port"
+        " (default $WESICHAIN_METRICS_PORT; 0: none)",
+    )
     w.add_argument("celery_args", nargs=argparse.REMAINDER, help="after --, passed to `celery worker` as is")
 
     sw = sub.add_parser("sweeper", parents=[common], help="run the recovery sweeper standalone")
     sw.add_argument("--once", action="store_true", help="sweep once and exit")
-    return {"demo": demo, "worker": worker, "sweeper": sweeper}
+    m = sub.add_parser(
+        "metrics",
+        parents=[common],
+        help="serve the pool's state for Prometheus: queue depths, runs in flight and parked, leases",
+    )
+    m.add_argument("--port", type=int, default=9808, help="port to serve /metrics on (default 9808)")
+    m.add_argument("--address", default="0.0.0.0", help="address to bind (default all)")
+    g = sub.add_parser(
+        "gc", parents=[common], help="report and remove what outlived the retention (indexes included)"
+    )
+    g.add_argument("--dry-run", action="store_true", help="only report what would be removed")
+    g.add_argument("--json", action="store_true")
+    return {"demo": demo, "worker": worker, "sweeper": sweeper, "metrics": metrics, "gc": gc}
 
 
 def worker(args: argparse.Namespace) -> int:
+    import os
+
+    from shared.settings import ENV_METRICS_PORT, Settings
+
+    if args.metrics_port is not None:
+        os.environ[ENV_METRICS_PORT] = str(args.metrics_port)
+    if Settings.from_env().metrics_port:
+        from worker.metrics import prepare_multiprocess
+
+        # Before the app (and prometheus-client) is imported: the pool children fork from here.
+        prepare_multiprocess()
     from worker.app import app, check_agents_module
 
     check_agents_module(app)  # before consuming anything: a worker that cannot import them must not start
@@ -90,3 +120,44 @@ def demo(args: argparse.Namespace) -> int:
             print()
         print_head(head, args.json)
         return 0 if head.phase is Phase.COMPLETED else 1
+
+
+def metrics(args: argparse.Namespace) -> int:
+    import threading
+
+    from shared.redis_client import connect
+    from shared.settings import Settings
+    from shared.store import RunStore
+    from worker.exporter import serve_pool
+
+    settings = Settings.from_env()
+    store = RunStore(connect(settings), settings)
+    serve_pool(store, settings, args.port, args.address)
+    print(f"serving the pool's metrics on http://{args.address}:{args.port}/metrics", flush=True)
+    threading.Event().wait()  # until the process is stopped
+    return 0
+
+
+def gc(args: argparse.Namespace) -> int:
+    from shared.redis_client import connect
+    from shared.retention import GarbageCollector
+    from shared.settings import Settings
+
+    settings = Settings.from_env()
+    report = GarbageCollector(connect(settings), settings).collect(dry_run=args.dry_run)
+    if args.json:
+        print(report.to_json())
+        return 0
+    verb = "would remove" if report.dry_run else "removed"
+    print(f"scanned {report.keys_scanned} run keys in {report.seconds:.1f}s")
+    print(f"{verb}: {report.index_entries_of_gone_runs} index entries of runs that are gone,")
+    print(f"  {report.index_entries_past_retention} index entries older than the retention,")
+    print(f"  {report.orphan_keys} orphaned run keys, {report.expired_runs} ended runs past their retention")
+    print(
+        f"  ({report.bytes_freed / 2**20:.2f} MiB); {report.runs_given_ttl} ended runs given their retention"
+    )
+    print(f"kept: {report.live_runs} live runs, {report.runs_expiring} ended runs expiring on time")
+    used, maximum = report.memory.get("used_bytes", 0), report.memory.get("maxmemory_bytes", 0)
+    limit = f"of {maximum / 2**20:.1f} MiB" if maximum else "(no maxmemory set)"
+    print(f"Redis uses {used / 2**20:.1f} MiB {limit}")
+    return 0

@@ -12,6 +12,7 @@ The think task waits on the call's parts with a short timeout, so it can:
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import threading
 import time
@@ -59,8 +60,13 @@ class ModelCall:
         self._last_flush = time.monotonic()
 
     def run(self, adapter: LlmAdapter, request: ModelRequest) -> ModelResponse:
+        # In a copy of this thread's context: its log lines are about this phase too.
+        context = contextvars.copy_context()
         threading.Thread(
-            target=self._produce, args=(adapter, request), name="wesichain-model-call", daemon=True
+            target=context.run,
+            args=(self._produce, adapter, request),
+            name="wesichain-model-call",
+            daemon=True,
         ).start()
         final: ModelResponse | None = None
         while not isinstance(item := self._next(), _End):

@@ -14,6 +14,7 @@ trouble (and the process dying) leaves the phase to its lease, to be handed on b
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -23,6 +24,7 @@ from shared import fsm
 from shared.state import RunHead
 from shared.store import Claim, ClaimRef, PhaseClaim
 from worker.heartbeat import Held
+from worker.logs import annotate
 from worker.runtime import Cancelled, Delivery, Runtime, internal_error, poison_error
 
 __all__ = ["PhaseBody", "run_phase"]
@@ -34,6 +36,18 @@ P = TypeVar("P", fsm.Idle, fsm.Thinking, fsm.Observing, fsm.Parked)
 #: A phase's work: given the claimed view, the claim and its heartbeat, it commits and returns the
 #: head it committed (None if it committed nothing).
 PhaseBody = Callable[[P, Claim, Held], RunHead | None]
+
+
+def _span_attributes(claim: Claim, want: PhaseClaim) -> dict[str, object]:
+    head = claim.head
+    return {
+        "wesichain.step": want.step,
+        "wesichain.phase": want.phase.value,
+        "wesichain.agent": head.agent,
+        "wesichain.tenant": head.tenant,
+        "wesichain.attempt": claim.attempts,
+        "wesichain.version": want.version,
+    }
 
 
 def run_phase(
@@ -51,6 +65,8 @@ def run_phase(
         return None
     current = fsm.view_as(outcome.head, view)
     claim = ClaimRef(outcome.field, outcome.token)
+    if outcome.attempts == 1 and outcome.prior == "none":
+        rt.metrics.waited(delivery.task, time.time() - outcome.head.updated_at)
     limit = rt.settings.max_phase_attempts
     if outcome.attempts > limit:
         error = poison_error(what, want.phase, want.step, outcome.attempts, limit, outcome.last_error)
@@ -58,7 +74,12 @@ def run_phase(
         return rt.fail(current, claim, error)
     if outcome.cancel_requested:
         return rt.interrupt(current, claim, "cancelled")
-    with rt.heartbeat.hold(want.run_id, outcome.field, outcome.token) as held:
+    annotate(tenant=outcome.head.tenant, step=want.step, phase=want.phase.value)
+    started = time.perf_counter()
+    with (
+        rt.heartbeat.hold(want.run_id, outcome.field, outcome.token) as held,
+        rt.tracing.span(f"wesichain.{want.phase.value}", want.run_id, **_span_attributes(outcome, want)),
+    ):
         rt.hooks.on_claimed(want.phase, want.run_id, rt.store)
         try:
             return body(current, outcome, held)
@@ -69,3 +90,5 @@ def run_phase(
         except Exception as exc:
             log.exception("run %s: %s failed with an unexpected error", want.run_id, what)
             return rt.fail(current, claim, internal_error(exc, what, want.phase, want.step))
+        finally:
+            rt.metrics.phase_done(want.phase, time.perf_counter() - started)

@@ -10,7 +10,7 @@ import logging
 import os
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared import fsm
 from shared.agents import AgentRegistry
@@ -23,7 +23,10 @@ from shared.store import Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
 from shared.tasks import task_for, with_epoch
 from worker.heartbeat import Heartbeat
 from worker.hooks import Hooks
+from worker.metrics import Metrics, metrics
+from worker.throttle import ModelGate
 from worker.timeouts import hard_limit_s
+from worker.tracing import Tracing
 
 __all__ = ["Cancelled", "Delivery", "Runtime", "Send", "internal_error", "poison_error"]
 
@@ -61,6 +64,12 @@ class Runtime:
     settings: Settings
     heartbeat: Heartbeat
     hooks: Hooks
+    #: What this process did, for Prometheus (``worker/metrics.py``).
+    metrics: Metrics = field(default_factory=metrics)
+    #: The provider limits shared by the pool (None: no limit is configured anywhere).
+    gate: ModelGate | None = None
+    #: OpenTelemetry spans (no-ops unless ``WESICHAIN_OTEL=1``).
+    tracing: Tracing = field(default_factory=Tracing)
 
     def holder(self) -> str:
         """This process, as claims name their holder (read per call: prefork children fork)."""
@@ -75,6 +84,7 @@ class Runtime:
     # -- deliveries that claim nothing -------------------------------------------------------
 
     def on_unclaimed(self, outcome: ClaimOutcome, delivery: Delivery) -> None:
+        self.metrics.duplicate(delivery.task, _dropped_because(outcome))
         if outcome is None:
             log.warning("%s for unknown run %s dropped", delivery.task, delivery.run_id)
         elif isinstance(outcome, Busy):
@@ -137,11 +147,13 @@ class Runtime:
             outbox,
         )
         if result.status == "committed":
+            self.metrics.committed(current.head, head)
             self.hooks.after_commit(current.phase, head.run_id, self.store)
             self.publish(outbox, result.epoch)
             return head
         if result.status == "cancel_pending":
             return self.interrupt(current, claim, "cancelled", head.error)
+        self.metrics.fenced_off(current.phase)
         log.info("run %s: commit of v%d fenced off (another delivery won)", head.run_id, head.version)
         return None
 
@@ -150,7 +162,11 @@ class Runtime:
     ) -> RunHead | None:
         transition = current.interrupt(reason, error)
         result = self.store.commit(current.head, transition.head, claim, (), transition.events)
-        return transition.head if result.status == "committed" else None
+        if result.status != "committed":
+            self.metrics.fenced_off(current.phase)
+            return None
+        self.metrics.committed(current.head, transition.head)
+        return transition.head
 
     def fail(
         self, current: fsm.LivePhase, claim: ClaimRef | None, error: RunErrorInfo, extra: Sequence[Event] = ()
@@ -166,6 +182,14 @@ class Runtime:
         except ConfigError:
             return {}
         return {c.name: hard_limit_s(t.timeout_s) for c in head.pending_calls if (t := tools.get(c.name))}
+
+
+def _dropped_because(outcome: ClaimOutcome) -> str:
+    if outcome is None:
+        return "unknown_run"
+    if isinstance(outcome, Busy):
+        return "busy"
+    return "done" if isinstance(outcome, Done) else "stale"
 
 
 def poison_error(

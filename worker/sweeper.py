@@ -148,6 +148,7 @@ class Sweeper:
         result = rt.store.hand_on(seen, missing, reason)
         if result is None:
             return 0  # the run moved since it was inspected: nothing to do
+        rt.metrics.takeover("message_lost" if missing else "lease_expired")
         if result.lost > rt.settings.max_phase_attempts:
             self._fail_as_poison(seen, result)
             return 1

@@ -14,9 +14,11 @@ from shared.policy import on_invalid_action, on_model_error
 from shared.state import Phase, RunHead
 from shared.store import Claim, ClaimRef, PhaseClaim
 from worker.heartbeat import Held
-from worker.model_call import ClaimLost, ModelCall
+from worker.limited_call import call_model, requeue_throttled
+from worker.model_call import ClaimLost
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime
+from worker.throttle import Throttled
 
 __all__ = ["run_think"]
 
@@ -49,14 +51,10 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
         model=head.model.partition(":")[2], messages=claim.messages, tools=agent.tools.specs()
     )
     try:
-        response = ModelCall(
-            rt.store,
-            run_id=head.run_id,
-            step=head.step,
-            held=held,
-            stream=agent.stream,
-            max_delta_chars=rt.settings.limits.max_event_payload_chars,
-        ).run(adapter, request)
+        response = call_model(rt, head, agent, adapter, request, held)
+    except Throttled as throttled:
+        requeue_throttled(rt, head, ref, throttled)  # no capacity: again after a countdown
+        return None
     except ClaimLost:
         return None  # taken over: whatever this delivery commits now would be fenced off
     except ModelTransport as exc:

@@ -13,6 +13,7 @@ import email.utils
 import random
 import time
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from datetime import UTC
 from typing import TypeVar
 
@@ -22,6 +23,7 @@ from shared.errors import ModelTransport
 from shared.llm.settings import HttpSettings
 
 __all__ = [
+    "RAISE_RATE_LIMITED",
     "RETRYABLE_STATUSES",
     "Restate",
     "Retrier",
@@ -36,6 +38,12 @@ T = TypeVar("T")
 
 #: Statuses worth trying again besides 5xx: the provider is busy or had a transient fault.
 RETRYABLE_STATUSES = frozenset({408, 429})
+
+
+#: Set while a limit shared by the worker pool governs the call (``shared/limits.py``): a 429 is
+#: then raised at once, with its Retry-After, instead of being waited out in this thread, so the
+#: shared limiter makes the whole pool back off and the think is re-queued without a sleeping thread.
+RAISE_RATE_LIMITED: ContextVar[bool] = ContextVar("wesichain_raise_rate_limited", default=False)
 
 
 def is_retryable_status(status: int) -> bool:
@@ -147,6 +155,9 @@ class Retrier:
                 return attempt()
             except RetryableStatus as failure:
                 error, wait = failure.error, failure.retry_after_s
+                if error.status_code == 429 and RAISE_RATE_LIMITED.get():
+                    error.retry_after_s = wait
+                    raise error from None
             except ModelTransport as exc:
                 if not exc.retryable:
                     raise

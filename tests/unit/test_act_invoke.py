@@ -15,6 +15,7 @@ from shared.state import Phase, RunHead, ToolResult
 from shared.tools import Tool, ToolContext, tool
 from worker.act import invoke as act_invoke
 from worker.heartbeat import Held
+from worker.tracing import Tracing
 
 HEAD = RunHead.new_idle("run9", "agent", "q").model_copy(update={"phase": Phase.ACTING, "step": 4})
 
@@ -26,7 +27,7 @@ class Args(BaseModel):
 def invoke(
     t: Tool, arguments: dict[str, Any], *, held: Held | None = None, limit: int = 32_000
 ) -> ToolResult:
-    rt = SimpleNamespace(settings=Settings(limits=Limits(max_tool_output_chars=limit)))
+    rt = SimpleNamespace(settings=Settings(limits=Limits(max_tool_output_chars=limit)), tracing=Tracing())
     call = ToolCall(id="c7", name=t.name, arguments=arguments)
     return act_invoke(rt, t, call, HEAD, held or Held("run9", "call:4:c7", "tok"))  # type: ignore[arg-type]
 

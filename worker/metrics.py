@@ -1,0 +1,271 @@
+"""Prometheus metrics of the workers: what the phase tasks, the sweeper and the model calls did.
+
+Counters and histograms live in each process that does the work. A prefork worker's tasks run in
+its pool children, so a worker serving ``/metrics`` runs prometheus-client in *multiprocess mode*:
+every process of the worker (main and children, each new child included) writes its values to
+files in one private directory, and the main process's endpoint adds them up
+(:func:`prepare_multiprocess`, :func:`serve`). One endpoint per worker process group: nothing is
+shared between hosts, and Prometheus sums over the workers it scrapes. Facts of the whole pool
+(queue depths, runs in flight, parked runs, leases) are not counted here but read from Redis and
+the broker by ``wesichain metrics`` (``worker/exporter.py``), so no worker counts them twice.
+
+Label values that come from outside (model strings a producer may set per run, tool names a model
+may invent) are bounded (:class:`BoundedLabel`): past a fixed number of distinct values, new ones
+are counted as ``other``, so a client cannot grow the series without limit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from typing import Any
+
+from shared.settings import QUEUE_MODEL, QUEUE_TOOLS
+from shared.state import Phase, RunHead
+
+__all__ = [
+    "BoundedLabel",
+    "ENV_MULTIPROC_DIR",
+    "LATENCY_BUCKETS",
+    "Metrics",
+    "cleanup_multiprocess",
+    "metrics",
+    "model_error_kind",
+    "prepare_multiprocess",
+    "queue_of",
+    "serve",
+    "split_model",
+]
+
+#: prometheus-client's variable naming the multiprocess directory (read when it is imported).
+ENV_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+#: Seconds: from a few milliseconds (a commit) to minutes (a long model call or tool).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def prepare_multiprocess(directory: str | None = None) -> str:
+    """Make this process (and every process it forks) write metrics to one directory.
+
+    Must run before prometheus-client is first imported (it chooses its value class then); the
+    ``wesichain worker`` command calls it before it imports the Celery app. An operator-given
+    directory is emptied first: values left by an earlier worker would be added to this one's.
+    """
+    chosen = directory or os.environ.get(ENV_MULTIPROC_DIR) or tempfile.mkdtemp(prefix="wesichain-metrics-")
+    os.makedirs(chosen, exist_ok=True)
+    for name in os.listdir(chosen):
+        if name.endswith(".db"):
+            os.remove(os.path.join(chosen, name))
+    os.environ[ENV_MULTIPROC_DIR] = chosen
+    return chosen
+
+
+def serve(port: int, address: str = "0.0.0.0") -> Any:
+    """Serve ``/metrics`` on ``port`` from this process: the sum over every process of the worker
+    in multiprocess mode, else this process's own registry. Returns the server."""
+    from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+
+    registry = REGISTRY
+    if os.environ.get(ENV_MULTIPROC_DIR):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    server, _thread = start_http_server(port, addr=address, registry=registry)
+    return server
+
+
+def cleanup_multiprocess() -> None:
+    """Remove the multiprocess directory this worker made (at shutdown)."""
+    directory = os.environ.get(ENV_MULTIPROC_DIR)
+    if directory and os.path.basename(directory).startswith("wesichain-metrics-"):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def queue_of(task: str) -> str:
+    """The queue a phase task travels on (as the Celery routes say)."""
+    return QUEUE_TOOLS if task == "wesichain.tool" else QUEUE_MODEL
+
+
+def model_error_kind(status_code: int | None, retryable: bool) -> str:
+    """A failed model call's kind, for labels: ``http_429``, ``http_5xx``, ``http_4xx``,
+    ``transport`` (network trouble, timeouts: retryable without a status) or ``malformed``."""
+    if status_code == 429:
+        return "http_429"
+    if status_code is not None:
+        return "http_5xx" if status_code >= 500 else "http_4xx"
+    return "transport" if retryable else "malformed"
+
+
+def split_model(model: str) -> tuple[str, str]:
+    """``react+openai:gpt-4o`` -> ("openai", "gpt-4o"); the provider and model label of a call."""
+    provider, _, name = model.removeprefix("react+").partition(":")
+    return (provider or "unknown"), (name or "unknown")
+
+
+class BoundedLabel:
+    """At most ``limit`` distinct values of one label; later new values become ``other``."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        value = value[:120]
+        with self._lock:
+            if value in self._seen:
+                return value
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+        return "other"
+
+
+class Metrics:
+    """Every metric a worker process exports, with one method per thing that happened.
+
+    Methods are cheap (in-memory or mmap writes) and never raise into the phase.
+    """
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Histogram
+
+        self._models = BoundedLabel()
+        self._tools = BoundedLabel()
+        self._agents = BoundedLabel()
+        self.runs_started = Counter("wesichain_runs_started", "Runs that began thinking", ["agent"])
+        self.runs_ended = Counter(
+            "wesichain_runs_ended",
+            "Runs that ended, by status (completed, failed, interrupted) and error kind",
+            ["agent", "status", "error_kind"],
+        )
+        self.phase_seconds = Histogram(
+            "wesichain_phase_duration_seconds",
+            "Time a claimed phase (or tool call, phase acting) took, from claim to commit",
+            ["phase"],
+            buckets=LATENCY_BUCKETS,
+        )
+        self.queue_wait = Histogram(
+            "wesichain_queue_wait_seconds",
+            "Time from the commit that published a task to its first claim (includes countdowns)",
+            ["queue"],
+            buckets=LATENCY_BUCKETS,
+        )
+        self.takeovers = Counter(
+            "wesichain_sweeper_takeovers",
+            "Phases the sweeper handed on, by reason (lease_expired, message_lost)",
+            ["reason"],
+        )
+        self.poison = Counter("wesichain_poison_failures", "Runs failed as PoisonPhase", ["phase"])
+        self.fenced = Counter(
+            "wesichain_commits_fenced", "Commits refused because another delivery won", ["phase"]
+        )
+        self.duplicates = Counter(
+            "wesichain_duplicate_deliveries_dropped",
+            "Deliveries that found the run elsewhere or the work held (stale, busy, done)",
+            ["task", "reason"],
+        )
+        self.model_calls = Counter(
+            "wesichain_model_calls",
+            "Model calls, by outcome (ok, or the error kind)",
+            ["provider", "model", "outcome"],
+        )
+        self.model_seconds = Histogram(
+            "wesichain_model_call_duration_seconds",
+            "Model call latency (retries inside the call included)",
+            ["provider", "model"],
+            buckets=LATENCY_BUCKETS,
+        )
+        self.model_errors = Counter(
+            "wesichain_model_call_errors",
+            "Failed model calls by kind (http_429, http_5xx, http_4xx, network, malformed, ...)",
+            ["provider", "model", "kind"],
+        )
+        self.tokens = Counter(
+            "wesichain_model_tokens", "Tokens in and out", ["provider", "model", "direction"]
+        )
+        self.throttled = Counter(
+            "wesichain_model_calls_throttled",
+            "Thinks re-queued because a provider limit had no capacity (rpm, tpm, concurrency, retry_after)",
+            ["provider", "model", "reason"],
+        )
+        self.tool_calls = Counter("wesichain_tool_calls", "Tool calls by outcome", ["tool", "outcome"])
+        self.tool_seconds = Histogram(
+            "wesichain_tool_call_duration_seconds", "Tool call latency", ["tool"], buckets=LATENCY_BUCKETS
+        )
+        self.tool_errors = Counter(
+            "wesichain_tool_call_errors", "Failed tool calls by kind", ["tool", "kind"]
+        )
+
+    # -- runs --------------------------------------------------------------------------------------
+
+    def committed(self, before: RunHead, after: RunHead) -> None:
+        """A transition was committed by this process: count starts and ends of runs."""
+        agent = self._agents(after.agent)
+        if before.phase is Phase.IDLE and after.phase is Phase.THINKING:
+            self.runs_started.labels(agent).inc()
+        if after.terminal and not before.terminal:
+            kind = after.error.kind if after.error is not None else "none"
+            self.runs_ended.labels(agent, after.status, kind).inc()
+            if kind == "PoisonPhase" and after.error is not None:
+                self.poison.labels(str(after.error.details.get("phase", before.phase.value))).inc()
+
+    def phase_done(self, phase: Phase, seconds: float) -> None:
+        self.phase_seconds.labels(phase.value).observe(max(0.0, seconds))
+
+    def waited(self, task: str, seconds: float) -> None:
+        self.queue_wait.labels(queue_of(task)).observe(max(0.0, seconds))
+
+    def duplicate(self, task: str, reason: str) -> None:
+        self.duplicates.labels(task, reason).inc()
+
+    def fenced_off(self, phase: Phase) -> None:
+        self.fenced.labels(phase.value).inc()
+
+    def takeover(self, reason: str) -> None:
+        self.takeovers.labels(reason).inc()
+
+    # -- model and tool calls ------------------------------------------------------------------------
+
+    def model_call(
+        self, model: str, seconds: float, *, error: str | None, tokens_in: int = 0, tokens_out: int = 0
+    ) -> None:
+        provider, name = split_model(model)
+        name = self._models(f"{provider}:{name}").partition(":")[2] or "other"
+        self.model_calls.labels(provider, name, error or "ok").inc()
+        self.model_seconds.labels(provider, name).observe(max(0.0, seconds))
+        if error is not None:
+            self.model_errors.labels(provider, name, error).inc()
+        if tokens_in:
+            self.tokens.labels(provider, name, "in").inc(tokens_in)
+        if tokens_out:
+            self.tokens.labels(provider, name, "out").inc(tokens_out)
+
+    def model_throttled(self, model: str, reason: str) -> None:
+        provider, name = split_model(model)
+        name = self._models(f"{provider}:{name}").partition(":")[2] or "other"
+        self.throttled.labels(provider, name, reason).inc()
+
+    def tool_call(self, tool: str, seconds: float, error_kind: str | None, *, known: bool = True) -> None:
+        label = self._tools(tool) if known else "unknown"
+        self.tool_calls.labels(label, "ok" if error_kind is None else "error").inc()
+        self.tool_seconds.labels(label).observe(max(0.0, seconds))
+        if error_kind is not None:
+            self.tool_errors.labels(label, error_kind).inc()
+
+
+_lock = threading.Lock()
+_metrics: Metrics | None = None
+
+
+def metrics() -> Metrics:
+    """This process's metrics (created once: prometheus-client registers each name once)."""
+    global _metrics
+    if _metrics is None:
+        with _lock:
+            if _metrics is None:
+                _metrics = Metrics()
+    return _metrics
