@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_AGENTS_MODULE",
     "ENV_AGENTS",
     "ENV_BROKER_OPTIONS",
+    "ENV_COMMIT_PUBLISH",
     "ENV_BROKER_PREFIX",
     "ENV_HOOKS",
     "ENV_LEASE",
@@ -75,6 +76,7 @@ ENV_METRICS_PORT = "WESICHAIN_METRICS_PORT"
 ENV_LOG_FORMAT = "WESICHAIN_LOG_FORMAT"
 ENV_OTEL = "WESICHAIN_OTEL"
 ENV_SUBMIT_MEMORY = "WESICHAIN_SUBMIT_MAX_MEMORY"
+ENV_COMMIT_PUBLISH = "WESICHAIN_COMMIT_PUBLISH"
 
 DEFAULT_AGENTS_MODULE = "shared.examples.research"
 
@@ -180,6 +182,10 @@ class Settings:
     #: ``WESICHAIN_SUBMIT_MAX_MEMORY``: refuse new runs once Redis uses this fraction of its
     #: ``maxmemory``, keeping the rest for the runs already going (0 < x <= 1).
     submit_max_memory: float = 0.9
+    #: ``WESICHAIN_COMMIT_PUBLISH``: with a Redis broker on the store's server, the commit script
+    #: pushes the next phase's Celery message itself (one round trip, no commit/publish gap). ``0``
+    #: commits, then publishes, leaving the gap to the outbox and the sweeper.
+    commit_publish: bool = True
     limits: Limits = field(default_factory=Limits)
     #: How workers call model providers (timeouts, retries, scripted model files).
     llm: LlmSettings = field(default_factory=LlmSettings)
@@ -304,6 +310,7 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_LOG_FORMAT, "log_format", _text),
     (ENV_OTEL, "otel", _parse_switch),
     (ENV_SUBMIT_MEMORY, "submit_max_memory", _number(float)),
+    (ENV_COMMIT_PUBLISH, "commit_publish", _parse_switch),
 )
 
 
