@@ -57,7 +57,7 @@ def server() -> Iterator[RedisServer]:
 
 
 def _queue_keys(r: redis.Redis) -> list[str]:
-    return sorted(k for k in r.keys("wesichain.*"))
+    return sorted(str(k) for k in r.keys("wesichain.*"))
 
 
 def _comparable(raw: str) -> dict[str, Any]:
