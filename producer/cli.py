@@ -112,6 +112,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         register: Register = entry.load()
         handlers.update(register(sub, common))
     handlers.update(_producer_commands(sub, common))
+    from producer.evals.cli import register as register_evals
+
+    handlers.update(register_evals(sub, common))
     return p, handlers
 
 
