@@ -23,6 +23,7 @@ from celery import Celery
 
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, Event
+from shared.prompts import missing_variables
 from shared.redis_client import connect
 from shared.request import check_run_id, validate_request
 from shared.retention import MemoryGuard, full_message
@@ -31,7 +32,7 @@ from shared.state import Callback, CallbackState, Decision, Phase, RunHead
 from shared.store import RunPage, RunStore
 from shared.tasks import decide_task, start_task
 from shared.timeline import Timeline, build_timeline
-from shared.workers import WorkerDirectory
+from shared.workers import AgentInfo, WorkerDirectory
 
 __all__ = ["Client", "RequestConflict", "RunHandle", "RunNotFound", "RunTimeout", "idempotent_run_id"]
 
@@ -74,7 +75,7 @@ class Client:
         self.workers = WorkerDirectory(self.store.redis, self.store.keys, settings.registry_interval_s)
         #: Refuses new runs while Redis is nearly at its maxmemory (see ``shared/retention.py``).
         self.memory = MemoryGuard(self.store.redis, settings)
-        self._served: set[str] = set()
+        self._served: dict[str, AgentInfo] = {}
         self._served_at = -1e9
 
     @classmethod
@@ -118,7 +119,7 @@ class Client:
             run_id = idempotent_run_id(request.tenant, idempotency_key)
         run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         if check_agent:
-            self._check_agent(request.agent)
+            self._check_agent(request.agent, request.metadata)
         head = RunHead.new_idle(
             run_id,
             request.agent,
@@ -168,12 +169,12 @@ class Client:
             tenant, agent=agent, status=status, thread_id=thread_id, since=since, cursor=cursor, limit=limit
         )
 
-    def _check_agent(self, agent: str) -> None:
+    def _check_agent(self, agent: str, metadata: dict[str, Any]) -> None:
         # The registry changes slowly: a bulk submitter asks it at most once per registry interval,
         # and again at once when an agent is missing (it may have just appeared).
         now = time.monotonic()
         if now - self._served_at > self.settings.registry_interval_s or agent not in self._served:
-            self._served = set(self.workers.agents())
+            self._served = self.workers.agents()
             self._served_at = now
         served = self._served
         if agent not in served:
@@ -181,6 +182,12 @@ class Client:
             raise InvalidRequest(
                 f"no live worker serves agent {agent!r} (agents served now: {known}); submit with"
                 " check_agent=False (--no-check) to queue the run anyway"
+            )
+        missing = missing_variables(served[agent].variables, metadata)
+        if missing:
+            raise InvalidRequest(
+                f"agent {agent!r} fills its prompt from metadata {', '.join(map(repr, missing))}:"
+                " the request has none"
             )
 
     def handle(self, run_id: str) -> RunHandle:

@@ -138,11 +138,13 @@ class Thinking(_Live):
 
     phase: Phase = field(init=False, default=Phase.THINKING)
 
-    def complete(self, answer: str, usage: Usage) -> Transition[CompletedRun]:
+    def complete(self, answer: str, usage: Usage, output: Any = None) -> Transition[CompletedRun]:
+        """The model's final answer (and its structured ``output``, validated) ends the run."""
         total = self.head.usage + usage
         head = self._next(
             Phase.COMPLETED,
             answer=answer,
+            output=output,
             usage=total,
             message_count=self.head.message_count + 1,
             model_retries=0,
@@ -152,7 +154,7 @@ class Thinking(_Live):
             messages=(AssistantMessage(content=answer),),
             events=(
                 ev.ModelResponded(run_id=head.run_id, step=head.step, text=answer, usage=usage),
-                ev.Completed(run_id=head.run_id, step=head.step, answer=answer, usage=total),
+                ev.Completed(run_id=head.run_id, step=head.step, answer=answer, usage=total, output=output),
             ),
         )
 

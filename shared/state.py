@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import ToolCall
+
+M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
     "Approval",
@@ -218,6 +220,8 @@ class RunHead(BaseModel):
     #: Model-call retries of the current step (reset when the step advances).
     model_retries: int = 0
     answer: str | None = None
+    #: The final answer validated against the agent's ``output_type``, as JSON (None without one).
+    output: Any = None
     error: RunErrorInfo | None = None
     usage: Usage = Field(default_factory=Usage)
     #: The phase delivery that committed this version (None: committed by no claimed phase, such
@@ -229,6 +233,10 @@ class RunHead(BaseModel):
     @property
     def terminal(self) -> bool:
         return self.phase.terminal
+
+    def output_as(self, output_type: type[M]) -> M | None:
+        """The run's structured output as ``output_type`` (None while it has none)."""
+        return None if self.output is None else output_type.model_validate(self.output)
 
     def dump_request(self, *, exclude_time: bool = False) -> str:
         """The part of the head stored once, when the run is created (``exclude_time``: but
