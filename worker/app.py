@@ -35,13 +35,15 @@ from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
 from shared.agents import load_registry
-from shared.errors import ConfigError, WesichainError
+from shared.archiver import Archiver
+from shared.errors import ArchiveUnavailable, ConfigError, WesichainError
 from shared.events import configure_worker_identity, worker_identity
 from shared.redis_client import connect, preflight
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Phase, RunHead, TaskSpec
 from shared.store import RunStore
 from shared.tasks import (
+    TASK_ARCHIVE,
     TASK_CALLBACK,
     TASK_DECIDE,
     TASK_OBSERVE,
@@ -72,6 +74,7 @@ from worker.throttle import model_gate
 from worker.tracing import Tracing
 
 __all__ = [
+    "ARCHIVE_PASS_BATCHES",
     "Consumer",
     "EXIT_CONFIG",
     "PHASE_OF_TASK",
@@ -87,6 +90,9 @@ log = logging.getLogger("wesichain.worker")
 
 #: The CLI's exit status for a configuration error.
 EXIT_CONFIG = 2
+
+#: Batches one archiving task moves at most (a long backlog takes several beats, none of them long).
+ARCHIVE_PASS_BATCHES = 20
 
 
 #: The phase each task does (a log line's ``phase`` before the run is claimed).
@@ -256,6 +262,11 @@ def create_app(settings: Settings) -> Celery:
     app.conf.beat_schedule = {
         "wesichain-sweep": {"task": TASK_SWEEP, "schedule": settings.sweep_interval_s},
     }
+    if settings.archive_url:
+        app.conf.beat_schedule["wesichain-archive"] = {
+            "task": TASK_ARCHIVE,
+            "schedule": settings.archive_interval_s,
+        }
     holder = RuntimeHolder(app, settings)
     app.wesichain_runtime = holder  # the embedded mode and tests reach the runtime through the app
     options: dict[str, Any] = {
@@ -295,6 +306,14 @@ def create_app(settings: Settings) -> Celery:
     @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep() -> int:
         return Sweeper(holder.get(), holder.probe()).sweep_once_and_release()
+
+    @app.task(name=TASK_ARCHIVE, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def archive() -> int:
+        """One bounded pass of the archiver (the next beat continues where it stopped)."""
+        report = Archiver(holder.get().store).run_once(max_runs=ARCHIVE_PASS_BATCHES * settings.archive_batch)
+        if report.error:
+            raise ArchiveUnavailable(report.error)
+        return report.archived + report.already_archived
 
     return app
 
