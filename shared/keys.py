@@ -82,6 +82,17 @@ class Keys:
     def index_of(self, run_id: str, tenant: str | None, dimension: str = "all", value: str = "") -> str:
         return self.index(self.shard(run_id), tenant, dimension, value)
 
+    def ended(self, shard: int) -> str:
+        """Sorted set: ended runs of the shard still in Redis, scored by when they ended (Redis ms).
+
+        The commit script enters a run when it ends; the archiver takes runs from it oldest first
+        and removes them with their keys (gc drops entries of runs that expired instead).
+        """
+        return self._tag(shard) + "ended"
+
+    def ended_of(self, run_id: str) -> str:
+        return self.ended(self.shard(run_id))
+
     def indexes(self, shard: int) -> str:
         """Set: every index key of the shard (the sweeper trims them past the retention)."""
         return self._tag(shard) + "indexes"
@@ -115,6 +126,10 @@ class Keys:
     def rate(self, tenant: str) -> str:
         """Hash: a tenant's submit rate bucket (tokens, last refill)."""
         return f"{self.prefix}tenant:{tenant}:rate"
+
+    def archiver_lock(self, shard: int) -> str:
+        """String: the token of the archiver currently moving the shard's ended runs (expires with it)."""
+        return self._tag(shard) + "archiver:lock"
 
     def sweeper_lock(self) -> str:
         """String: the token of the sweeper currently allowed to sweep (expires with it)."""

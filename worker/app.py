@@ -36,7 +36,8 @@ from celery.worker.request import Request
 
 from producer.client import Client
 from shared.agents import load_registry
-from shared.errors import ConfigError, WesichainError
+from shared.archiver import Archiver
+from shared.errors import ArchiveUnavailable, ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
 from shared.events import configure_worker_identity, worker_identity
 from shared.redis_client import connect, preflight
@@ -44,6 +45,7 @@ from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings,
 from shared.state import Phase, RunHead, TaskSpec
 from shared.store import RunStore
 from shared.tasks import (
+    TASK_ARCHIVE,
     TASK_CALLBACK,
     TASK_DECIDE,
     TASK_OBSERVE,
@@ -75,6 +77,7 @@ from worker.throttle import model_gate
 from worker.tracing import Tracing
 
 __all__ = [
+    "ARCHIVE_PASS_BATCHES",
     "Consumer",
     "EXIT_CONFIG",
     "PHASE_OF_TASK",
@@ -90,6 +93,9 @@ log = logging.getLogger("wesichain.worker")
 
 #: The CLI's exit status for a configuration error.
 EXIT_CONFIG = 2
+
+#: Batches one archiving task moves at most (a long backlog takes several beats, none of them long).
+ARCHIVE_PASS_BATCHES = 20
 
 
 #: The phase each task does (a log line's ``phase`` before the run is claimed).
@@ -270,6 +276,11 @@ def create_app(settings: Settings) -> Celery:
     app.conf.beat_schedule = {
         "wesichain-sweep": {"task": TASK_SWEEP, "schedule": settings.sweep_interval_s},
     }
+    if settings.archive_url:
+        app.conf.beat_schedule["wesichain-archive"] = {
+            "task": TASK_ARCHIVE,
+            "schedule": settings.archive_interval_s,
+        }
     holder = RuntimeHolder(app, settings)
     app.wesichain_runtime = holder  # the embedded mode and tests reach the runtime through the app
     options: dict[str, Any] = {
@@ -319,6 +330,14 @@ def create_app(settings: Settings) -> Celery:
     @app.task(name=TASK_EVAL_SCORE, **eval_options)  # type: ignore[untyped-decorator]
     def eval_score(ended: dict[str, Any]) -> None:
         holder.evals().score(ended)
+
+    @app.task(name=TASK_ARCHIVE, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def archive() -> int:
+        """One bounded pass of the archiver (the next beat continues where it stopped)."""
+        report = Archiver(holder.get().store).run_once(max_runs=ARCHIVE_PASS_BATCHES * settings.archive_batch)
+        if report.error:
+            raise ArchiveUnavailable(report.error)
+        return report.archived + report.already_archived
 
     return app
 
