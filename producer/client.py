@@ -31,6 +31,7 @@ from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Callback, CallbackState, Decision, Phase, RunHead
 from shared.store import RunPage, RunStore
 from shared.tasks import decide_task, start_task
+from shared.timeline import Timeline, build_timeline
 from shared.workers import AgentInfo, WorkerDirectory
 
 __all__ = ["Client", "RequestConflict", "RunHandle", "RunNotFound", "RunTimeout", "idempotent_run_id"]
@@ -45,6 +46,10 @@ def idempotent_run_id(tenant: str | None, key: str) -> str:
     if not key or len(key) > 255:
         raise InvalidRequest("an idempotency key is 1..255 characters")
     return "idem-" + hashlib.sha256(f"{tenant or '-'}\x00{key}".encode()).hexdigest()[:40]
+
+
+#: Events read per round trip when following a run.
+_EVENTS_PAGE = 500
 
 
 class RunTimeout(WesichainError, TimeoutError):
@@ -126,6 +131,11 @@ class Client:
             callback=request.callback,
         )
         start = start_task(run_id)
+        if idempotency_key is not None and (archive := self.store.archive) is not None:
+            archived = archive.load(run_id)  # the key's run ended and left Redis: still the same run
+            if archived is not None:
+                self._check_same_request(archived, head, idempotency_key)
+                return RunHandle(self, run_id)
         if not self.settings.embedded:
             self.memory.check()
         try:
@@ -136,15 +146,19 @@ class Client:
             if idempotency_key is None:
                 raise InvalidRequest(f"run id {run_id!r} already exists")
             existing = self.store.load(run_id)
-            if existing is None or existing.dump_request(exclude_time=True) != head.dump_request(
-                exclude_time=True
-            ):
+            if existing is None:
                 raise RequestConflict(f"idempotency key {idempotency_key!r} was used for another request")
+            self._check_same_request(existing, head, idempotency_key)
             if existing.phase is not Phase.IDLE:
                 return RunHandle(self, run_id)
             # Still waiting for its start: the first submit may have died before sending it.
         self.app.send_task(start.name, kwargs=start.arguments, task_id=start.task_id)
         return RunHandle(self, run_id)
+
+    @staticmethod
+    def _check_same_request(existing: RunHead, head: RunHead, idempotency_key: str) -> None:
+        if existing.dump_request(exclude_time=True) != head.dump_request(exclude_time=True):
+            raise RequestConflict(f"idempotency key {idempotency_key!r} was used for another request")
 
     def list_runs(
         self,
@@ -220,7 +234,7 @@ class RunHandle:
         cursor = after
         idle_since = time.monotonic()
         while True:
-            batch = store.read_events(self.run_id, after=cursor, count=500)
+            batch = store.read_events(self.run_id, after=cursor, count=_EVENTS_PAGE)
             if not batch and follow:
                 batch = store.wait_events(self.run_id, after=cursor, timeout_s=0.5)
             for event_id, event in batch:
@@ -229,7 +243,9 @@ class RunHandle:
                 if event.kind in END_EVENTS:
                     return
             if not follow:
-                return
+                if len(batch) < _EVENTS_PAGE:
+                    return
+                continue  # a full page: there may be more
             if batch:
                 idle_since = time.monotonic()
                 continue
@@ -241,6 +257,12 @@ class RunHandle:
                 return
             if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
                 return
+
+    def timeline(self) -> Timeline:
+        """Where the run's time went: each phase and tool call on its worker, queue waits, takeovers."""
+        head = self.status()
+        events = list(self.events(follow=False))
+        return build_timeline(head, self.client.store.checkpoints(self.run_id), events)
 
     def wait(self, timeout: float = 60.0) -> RunHead:
         """Block until the run is terminal; raise :class:`RunTimeout` after ``timeout`` seconds."""

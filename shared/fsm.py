@@ -73,9 +73,9 @@ class PhaseView:
 
     def _next(self, phase: Phase, **changes: Any) -> RunHead:
         now = time.time()
-        return self.head.model_copy(
-            update={"phase": phase, "version": self.head.version + 1, "updated_at": now, **changes}
-        )
+        # ``ran`` names the delivery that commits a version: the committing worker stamps it.
+        update = {"phase": phase, "version": self.head.version + 1, "updated_at": now, "ran": None}
+        return self.head.model_copy(update={**update, **changes})
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ __all__ = [
     "CallbackState",
     "Decision",
     "Phase",
+    "PhaseRun",
     "REQUEST_FIELDS",
     "RUN_STATUSES",
     "RunHead",
@@ -167,6 +168,22 @@ class Decision(BaseModel):
 REQUEST_FIELDS = frozenset({"agent", "input", "thread_id", "metadata", "created_at", "tenant", "callback"})
 
 
+class PhaseRun(BaseModel):
+    """Which delivery of a phase committed a version: who ran it and when it claimed the phase.
+
+    With the head's ``updated_at`` (the commit) it is one bar of the run's timeline, and the gap
+    from the previous version's commit to ``claimed_at`` is the time the phase waited in its queue.
+    Times are the worker's clock (the same clock as ``updated_at``).
+    """
+
+    phase: Phase
+    host: str
+    pid: int
+    claimed_at: float
+    #: Claims of this phase at this version, this one included (above 1: an earlier delivery died).
+    attempt: int = 1
+
+
 class RunHead(BaseModel):
     """The state of a run a transition reads and rewrites (the conversation is stored apart).
 
@@ -211,6 +228,9 @@ class RunHead(BaseModel):
     output: Any = None
     error: RunErrorInfo | None = None
     usage: Usage = Field(default_factory=Usage)
+    #: The phase delivery that committed this version (None: committed by no claimed phase, such
+    #: as the producer's create, the sweeper's poison verdict or the fan-in of tool results).
+    ran: PhaseRun | None = None
     created_at: float
     updated_at: float
 

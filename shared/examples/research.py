@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, Field
 
 from shared.agents import Agent, AgentRegistry
+from shared.examples.research_eval import guess_script, plan_script
 from shared.llm.base import ModelResponse
 from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import Message, ToolMessage, UserMessage
@@ -289,6 +290,9 @@ def _brief_script(messages: Sequence[Message]) -> ModelResponse:
 registry = AgentRegistry()
 registry.add_model("research-demo", ScriptedModel(_demo_script, chunk=6))
 registry.add_model("research-brief", ScriptedModel(_brief_script, chunk=6))
+# The bundled eval's models (``wesichain eval run examples/research-eval.toml``).
+registry.add_model("research-eval", ScriptedModel(plan_script, chunk=64))
+registry.add_model("research-eval-guess", ScriptedModel(guess_script, chunk=64))
 registry.add(
     Agent(
         name="research",
