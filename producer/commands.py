@@ -28,6 +28,7 @@ __all__ = [
     "print_head",
     "status",
     "submit",
+    "timeline",
     "workers",
 ]
 
@@ -115,6 +116,20 @@ def events(args: argparse.Namespace) -> int:
     return 0
 
 
+def timeline(args: argparse.Namespace) -> int:
+    client = Client.from_env()
+    picture = client.handle(args.run_id).timeline()
+    if args.json:
+        print(picture.model_dump_json())
+        return 0
+    from rich.console import Console
+
+    from producer.timeline_view import render_timeline
+
+    Console(highlight=False).print(render_timeline(picture, width=max(20, args.width)))
+    return 0
+
+
 def cancel(args: argparse.Namespace) -> int:
     phase = Client.from_env().handle(args.run_id).cancel()
     if phase is None:
@@ -125,8 +140,8 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def approve(args: argparse.Namespace) -> int:
-    Client.from_env().handle(args.run_id).approve(args.note)
-    print(f"approved; run {args.run_id} resumes")
+    Client.from_env().handle(args.run_id).approve(args.note, always=args.always)
+    print(f"approved{' for the rest of the run' if args.always else ''}; run {args.run_id} resumes")
     return 0
 
 
