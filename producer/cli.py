@@ -82,6 +82,13 @@ def _producer_commands(
         a.add_argument("run_id")
         a.add_argument("--note", default="", help="a note the model (and the run's history) will see")
 
+    tl = sub.add_parser(
+        "timeline", parents=[common], help="show where a run's time went, per worker (phases, tools, waits)"
+    )
+    tl.add_argument("run_id")
+    tl.add_argument("--json", action="store_true", help="the timeline as JSON")
+    tl.add_argument("--width", type=int, default=72, help="columns of the picture (default 72)")
+
     ag = sub.add_parser("agents", parents=[common], help="list the agents live workers serve")
     ag.add_argument("--json", action="store_true")
     wk = sub.add_parser("workers", parents=[common], help="list live workers and whether they consume")
@@ -97,6 +104,7 @@ def _producer_commands(
         "cancel": commands.cancel,
         "approve": commands.approve,
         "deny": commands.deny,
+        "timeline": commands.timeline,
         "agents": commands.agents,
         "workers": commands.workers,
         "health": commands.health,

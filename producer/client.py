@@ -23,6 +23,7 @@ from celery import Celery
 
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, Event
+from shared.prompts import missing_variables
 from shared.redis_client import connect
 from shared.request import check_run_id, validate_request
 from shared.retention import MemoryGuard, full_message
@@ -30,7 +31,8 @@ from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Callback, CallbackState, Decision, Phase, RunHead
 from shared.store import RunPage, RunStore
 from shared.tasks import decide_task, start_task
-from shared.workers import WorkerDirectory
+from shared.timeline import Timeline, build_timeline
+from shared.workers import AgentInfo, WorkerDirectory
 
 __all__ = [
     "Client",
@@ -58,6 +60,10 @@ def idempotent_run_id(tenant: str | None, key: str) -> str:
     return "idem-" + hashlib.sha256(f"{tenant or '-'}\x00{key}".encode()).hexdigest()[:40]
 
 
+#: Events read per round trip when following a run.
+_EVENTS_PAGE = 500
+
+
 class RunTimeout(WesichainError, TimeoutError):
     """``RunHandle.wait`` ran out of time; the run goes on."""
 
@@ -81,7 +87,7 @@ class Client:
         self.workers = WorkerDirectory(self.store.redis, self.store.keys, settings.registry_interval_s)
         #: Refuses new runs while Redis is nearly at its maxmemory (see ``shared/retention.py``).
         self.memory = MemoryGuard(self.store.redis, settings)
-        self._served: set[str] = set()
+        self._served: dict[str, AgentInfo] = {}
         self._served_at = -1e9
 
     @classmethod
@@ -125,7 +131,7 @@ class Client:
             run_id = idempotent_run_id(request.tenant, idempotency_key)
         run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         if check_agent:
-            self._check_agent(request.agent)
+            self._check_agent(request.agent, request.metadata)
         head = RunHead.new_idle(
             run_id,
             request.agent,
@@ -175,12 +181,12 @@ class Client:
             tenant, agent=agent, status=status, thread_id=thread_id, since=since, cursor=cursor, limit=limit
         )
 
-    def _check_agent(self, agent: str) -> None:
+    def _check_agent(self, agent: str, metadata: dict[str, Any]) -> None:
         # The registry changes slowly: a bulk submitter asks it at most once per registry interval,
         # and again at once when an agent is missing (it may have just appeared).
         now = time.monotonic()
         if now - self._served_at > self.settings.registry_interval_s or agent not in self._served:
-            self._served = set(self.workers.agents())
+            self._served = self.workers.agents()
             self._served_at = now
         served = self._served
         if agent not in served:
@@ -188,6 +194,12 @@ class Client:
             raise UnknownAgent(
                 f"no live worker serves agent {agent!r} (agents served now: {known}); submit with"
                 " check_agent=False (--no-check) to queue the run anyway"
+            )
+        missing = missing_variables(served[agent].variables, metadata)
+        if missing:
+            raise InvalidRequest(
+                f"agent {agent!r} fills its prompt from metadata {', '.join(map(repr, missing))}:"
+                " the request has none"
             )
 
     def handle(self, run_id: str) -> RunHandle:
@@ -225,7 +237,7 @@ class RunHandle:
         cursor = after
         idle_since = time.monotonic()
         while True:
-            batch = store.read_events(self.run_id, after=cursor, count=500)
+            batch = store.read_events(self.run_id, after=cursor, count=_EVENTS_PAGE)
             if not batch and follow:
                 batch = store.wait_events(self.run_id, after=cursor, timeout_s=0.5)
             for event_id, event in batch:
@@ -234,7 +246,9 @@ class RunHandle:
                 if event.kind in END_EVENTS:
                     return
             if not follow:
-                return
+                if len(batch) < _EVENTS_PAGE:
+                    return
+                continue  # a full page: there may be more
             if batch:
                 idle_since = time.monotonic()
                 continue
@@ -246,6 +260,12 @@ class RunHandle:
                 return
             if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
                 return
+
+    def timeline(self) -> Timeline:
+        """Where the run's time went: each phase and tool call on its worker, queue waits, takeovers."""
+        head = self.status()
+        events = list(self.events(follow=False))
+        return build_timeline(head, self.client.store.checkpoints(self.run_id), events)
 
     def wait(self, timeout: float = 60.0) -> RunHead:
         """Block until the run is terminal; raise :class:`RunTimeout` after ``timeout`` seconds."""

@@ -28,6 +28,7 @@ __all__ = [
     "print_head",
     "status",
     "submit",
+    "timeline",
     "workers",
 ]
 
@@ -112,6 +113,20 @@ def events(args: argparse.Namespace) -> int:
     handle.status()  # raises RunNotFound for a bad id instead of waiting forever
     for event in handle.events(follow=args.follow, after=args.after):
         print_event(event, args.json)
+    return 0
+
+
+def timeline(args: argparse.Namespace) -> int:
+    client = Client.from_env()
+    picture = client.handle(args.run_id).timeline()
+    if args.json:
+        print(picture.model_dump_json())
+        return 0
+    from rich.console import Console
+
+    from producer.timeline_view import render_timeline
+
+    Console(highlight=False).print(render_timeline(picture, width=max(20, args.width)))
     return 0
 
 

@@ -13,10 +13,14 @@ import importlib
 from dataclasses import dataclass, field
 from functools import cache
 
+from pydantic import BaseModel
+
 from shared.errors import ConfigError
 from shared.limits import ProviderLimit
-from shared.llm.base import LlmAdapter
+from shared.llm.base import LlmAdapter, OutputFormat
+from shared.output import MAX_SCHEMA_CHARS, output_format
 from shared.policy import Policy
+from shared.prompts import INPUT_VARIABLE, Prompt
 from shared.tools import ToolSet
 
 __all__ = ["Agent", "AgentRegistry", "load_registry"]
@@ -30,7 +34,8 @@ class Agent:
     #: ``PROVIDER:MODEL``: ``scripted:NAME`` (a model registered beside the agent, or a JSON file path),
     #: ``openai:…``, ``ollama:…``, ``anthropic:…``; prefix ``react+`` for text-only ReAct models.
     model: str
-    system_prompt: str
+    #: Plain text, or a :class:`Prompt` template filled from the run's input and metadata.
+    system_prompt: str | Prompt
     tools: ToolSet = field(default_factory=ToolSet)
     policy: Policy = field(default_factory=Policy)
     max_steps: int = 10
@@ -42,6 +47,12 @@ class Agent:
     #: The provider limit of this agent's model, shared by the pool, when the workers' settings
     #: (``WESICHAIN_PROVIDER_LIMITS``) name none for it (see ``shared/limits.py``).
     limits: ProviderLimit | None = None
+    #: The shape of the final answer (``shared/output.py``): validated, stored on the run as
+    #: ``output``; None: a free-text answer.
+    output_type: type[BaseModel] | None = None
+    #: How the run's input becomes the user message (``{input}`` and metadata variables); None:
+    #: the input as it is.
+    input_template: Prompt | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
@@ -53,6 +64,34 @@ class Agent:
             raise ConfigError(f"agent {self.name!r}: approval_required names unknown tools {sorted(unknown)}")
         if ":" not in self.model:
             raise ConfigError(f"agent {self.name!r}: model {self.model!r} must look like PROVIDER:MODEL")
+        self._check_output_type()
+
+    def _check_output_type(self) -> None:
+        if self.output_type is None:
+            return
+        if not (isinstance(self.output_type, type) and issubclass(self.output_type, BaseModel)):
+            raise ConfigError(f"agent {self.name!r}: output_type must be a pydantic BaseModel class")
+        fmt = output_format(self.output_type)
+        if len(fmt.schema_text()) > MAX_SCHEMA_CHARS:
+            raise ConfigError(
+                f"agent {self.name!r}: output_type's JSON schema is over {MAX_SCHEMA_CHARS} characters"
+            )
+        if fmt.schema_.get("type") != "object":
+            raise ConfigError(f"agent {self.name!r}: output_type's JSON schema must be an object")
+
+    @property
+    def output(self) -> OutputFormat | None:
+        """The final answer's format, or None for free text."""
+        return output_format(self.output_type) if self.output_type is not None else None
+
+    @property
+    def variables(self) -> frozenset[str]:
+        """The metadata keys the agent's templates need (``input`` is the run's input, always there)."""
+        names: set[str] = set()
+        for template in (self.system_prompt, self.input_template):
+            if isinstance(template, Prompt):
+                names |= template.variables
+        return frozenset(names - {INPUT_VARIABLE})
 
 
 class AgentRegistry:

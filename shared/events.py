@@ -159,6 +159,8 @@ class Completed(_Event):
     kind: Literal["Completed"] = "Completed"
     answer: str
     usage: Usage = Field(default_factory=Usage)
+    #: The structured output (an agent with an ``output_type``), as JSON.
+    output: Any = None
 
 
 class Failed(_Event):

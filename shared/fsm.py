@@ -72,9 +72,9 @@ class PhaseView:
 
     def _next(self, phase: Phase, **changes: Any) -> RunHead:
         now = time.time()
-        return self.head.model_copy(
-            update={"phase": phase, "version": self.head.version + 1, "updated_at": now, **changes}
-        )
+        # ``ran`` names the delivery that commits a version: the committing worker stamps it.
+        update = {"phase": phase, "version": self.head.version + 1, "updated_at": now, "ran": None}
+        return self.head.model_copy(update={**update, **changes})
 
 
 @dataclass(frozen=True)
@@ -138,11 +138,13 @@ class Thinking(_Live):
 
     phase: Phase = field(init=False, default=Phase.THINKING)
 
-    def complete(self, answer: str, usage: Usage) -> Transition[CompletedRun]:
+    def complete(self, answer: str, usage: Usage, output: Any = None) -> Transition[CompletedRun]:
+        """The model's final answer (and its structured ``output``, validated) ends the run."""
         total = self.head.usage + usage
         head = self._next(
             Phase.COMPLETED,
             answer=answer,
+            output=output,
             usage=total,
             message_count=self.head.message_count + 1,
             model_retries=0,
@@ -152,7 +154,7 @@ class Thinking(_Live):
             messages=(AssistantMessage(content=answer),),
             events=(
                 ev.ModelResponded(run_id=head.run_id, step=head.step, text=answer, usage=usage),
-                ev.Completed(run_id=head.run_id, step=head.step, answer=answer, usage=total),
+                ev.Completed(run_id=head.run_id, step=head.step, answer=answer, usage=total, output=output),
             ),
         )
 

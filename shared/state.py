@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,12 +22,15 @@ from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import ToolCall
 
+M = TypeVar("M", bound=BaseModel)
+
 __all__ = [
     "Approval",
     "Callback",
     "CallbackState",
     "Decision",
     "Phase",
+    "PhaseRun",
     "REQUEST_FIELDS",
     "RUN_STATUSES",
     "RunHead",
@@ -163,6 +166,22 @@ class Decision(BaseModel):
 REQUEST_FIELDS = frozenset({"agent", "input", "thread_id", "metadata", "created_at", "tenant", "callback"})
 
 
+class PhaseRun(BaseModel):
+    """Which delivery of a phase committed a version: who ran it and when it claimed the phase.
+
+    With the head's ``updated_at`` (the commit) it is one bar of the run's timeline, and the gap
+    from the previous version's commit to ``claimed_at`` is the time the phase waited in its queue.
+    Times are the worker's clock (the same clock as ``updated_at``).
+    """
+
+    phase: Phase
+    host: str
+    pid: int
+    claimed_at: float
+    #: Claims of this phase at this version, this one included (above 1: an earlier delivery died).
+    attempt: int = 1
+
+
 class RunHead(BaseModel):
     """The state of a run a transition reads and rewrites (the conversation is stored apart).
 
@@ -201,14 +220,23 @@ class RunHead(BaseModel):
     #: Model-call retries of the current step (reset when the step advances).
     model_retries: int = 0
     answer: str | None = None
+    #: The final answer validated against the agent's ``output_type``, as JSON (None without one).
+    output: Any = None
     error: RunErrorInfo | None = None
     usage: Usage = Field(default_factory=Usage)
+    #: The phase delivery that committed this version (None: committed by no claimed phase, such
+    #: as the producer's create, the sweeper's poison verdict or the fan-in of tool results).
+    ran: PhaseRun | None = None
     created_at: float
     updated_at: float
 
     @property
     def terminal(self) -> bool:
         return self.phase.terminal
+
+    def output_as(self, output_type: type[M]) -> M | None:
+        """The run's structured output as ``output_type`` (None while it has none)."""
+        return None if self.output is None else output_type.model_validate(self.output)
 
     def dump_request(self, *, exclude_time: bool = False) -> str:
         """The part of the head stored once, when the run is created (``exclude_time``: but

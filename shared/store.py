@@ -117,10 +117,12 @@ class Claim:
     results: list[ToolResult]
     #: The last thing known to have gone wrong with this work ("" if nothing).
     last_error: str
+    #: When this delivery got the claim (this worker's clock): the start of its timeline bar.
+    claimed_at: float = 0.0
 
     @property
     def ref(self) -> ClaimRef:
-        return ClaimRef(self.field, self.token)
+        return ClaimRef(self.field, self.token, self.claimed_at, self.attempts)
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,9 @@ class ClaimRef:
 
     field: str
     token: str
+    #: When the claim was taken and how many claims of the work it is (0: not known).
+    claimed_at: float = 0.0
+    attempt: int = 0
 
 
 # -- what the sweeper sees -------------------------------------------------------------------------
@@ -520,6 +525,7 @@ class RunStore:
             prior=_s(reply[4]),
             results=[ToolResult.model_validate_json(r) for r in reply[5]],
             last_error=_s(reply[6]),
+            claimed_at=time.time(),
         )
 
     def claim_call(self, want: CallClaim, holder: str) -> ClaimOutcome:
@@ -544,6 +550,7 @@ class RunStore:
             prior=_s(reply[3]),
             results=[],
             last_error=_s(reply[4]),
+            claimed_at=time.time(),
         )
 
     @staticmethod

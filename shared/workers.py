@@ -40,6 +40,10 @@ class AgentInfo(BaseModel):
     model: str
     tools: list[ToolInfo] = Field(default_factory=list)
     approval_required: list[str] = Field(default_factory=list)
+    #: The metadata keys its prompt templates need: a submit without one is refused.
+    variables: list[str] = Field(default_factory=list)
+    #: The JSON schema of its final answer (``output_type``), None for free text.
+    output_schema: dict[str, Any] | None = None
 
 
 class WorkerRecord(BaseModel):
@@ -91,6 +95,8 @@ def describe_agents(registry: AgentRegistry) -> list[AgentInfo]:
                 model=agent.model,
                 tools=tools,
                 approval_required=sorted(agent.approval_required),
+                variables=sorted(agent.variables),
+                output_schema=agent.output.schema_ if agent.output is not None else None,
             )
         )
     return agents

@@ -33,6 +33,13 @@ def note(args: NoteArgs) -> str:
     return args.text
 
 
+class Forecast(BaseModel):
+    """The structured answer of the ``*_structured`` agents."""
+
+    city: str
+    celsius: float
+
+
 TOOLS = ToolSet([add])
 registry = AgentRegistry()
 
@@ -51,6 +58,14 @@ for _provider, _model in MODELS.items():
     _agent(f"{_provider}_retry_once", _model, stream=True, policy=Policy(on_model_error=Retry(n=1)))
     # A tool taking text, for answers and arguments whose characters arrive cut.
     _agent(f"{_provider}_notes", _model, stream=True, tools=ToolSet([note]))
+    # A final answer in the shape of Forecast: native JSON schema where the provider has one.
+    _agent(
+        f"{_provider}_structured",
+        _model,
+        stream=True,
+        output_type=Forecast,
+        policy=Policy(on_invalid_action=Reprompt(n=1)),
+    )
 
 _agent("openai_reprompt", MODELS["openai"], stream=False, policy=Policy(on_invalid_action=Reprompt(n=1)))
 _agent("react", "react+openai:fake-model", stream=True)

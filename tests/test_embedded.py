@@ -8,6 +8,7 @@ import re
 import pytest
 
 from producer.cli import main
+from shared.examples.research import Brief
 from shared.settings import ENV_AGENTS, ENV_PREFIX, ENV_REDIS_URL
 from shared.state import Phase
 from worker.embedded import embedded
@@ -93,3 +94,13 @@ def test_two_concurrent_runs_in_one_embedded_worker() -> None:
                 "tool",
                 "assistant",
             ]
+
+
+def test_research_brief_answers_in_its_output_type() -> None:
+    with embedded() as client:
+        head = client.submit("research-brief", "What is a lease?").wait(timeout=60)
+    assert head.phase is Phase.COMPLETED, head.error
+    brief = head.output_as(Brief)
+    assert brief is not None and brief.summary.startswith("Leases: ")
+    assert brief.seconds == 302_400.0
+    assert brief.sources and all(isinstance(s, str) for s in brief.sources)

@@ -22,7 +22,7 @@ import redis
 
 from shared import fsm
 from shared.state import RunHead
-from shared.store import Claim, ClaimRef, PhaseClaim
+from shared.store import Claim, PhaseClaim
 from worker.heartbeat import Held
 from worker.logs import annotate
 from worker.runtime import Cancelled, Delivery, Runtime, internal_error, poison_error
@@ -64,7 +64,7 @@ def run_phase(
         rt.on_unclaimed(outcome, delivery)
         return None
     current = fsm.view_as(outcome.head, view)
-    claim = ClaimRef(outcome.field, outcome.token)
+    claim = outcome.ref
     if outcome.attempts == 1 and outcome.prior == "none":
         rt.metrics.waited(delivery.task, time.time() - outcome.head.updated_at)
     limit = rt.settings.max_phase_attempts

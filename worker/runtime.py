@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from shared import fsm
 from shared.agents import AgentRegistry
 from shared.errors import ConfigError, InternalInvariant, PoisonPhase, RunErrorInfo
-from shared.events import Event, worker_identity
+from shared.events import Event, this_worker, worker_identity
 from shared.fsm import Transition
 from shared.settings import Settings
-from shared.state import Phase, RunHead, TaskSpec
+from shared.state import Phase, PhaseRun, RunHead, TaskSpec
 from shared.store import Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
 from shared.tasks import task_for, with_epoch
 from worker.heartbeat import Heartbeat
@@ -134,7 +134,7 @@ class Runtime:
         Returns the head this delivery committed (the interruption, if a cancel won), or None when
         the commit was fenced off (another delivery won, or this one lost its claim).
         """
-        head = transition.head
+        head = _stamped(transition.head, current.phase, claim)
         outbox = task_for(head, self.tool_time_limits(head))
         if countdown:
             outbox = [s.model_copy(update={"countdown": countdown}) for s in outbox]
@@ -161,12 +161,13 @@ class Runtime:
         self, current: fsm.LivePhase, claim: ClaimRef | None, reason: str, error: RunErrorInfo | None = None
     ) -> RunHead | None:
         transition = current.interrupt(reason, error)
-        result = self.store.commit(current.head, transition.head, claim, (), transition.events)
+        head = _stamped(transition.head, current.phase, claim)
+        result = self.store.commit(current.head, head, claim, (), transition.events)
         if result.status != "committed":
             self.metrics.fenced_off(current.phase)
             return None
-        self.metrics.committed(current.head, transition.head)
-        return transition.head
+        self.metrics.committed(current.head, head)
+        return head
 
     def fail(
         self, current: fsm.LivePhase, claim: ClaimRef | None, error: RunErrorInfo, extra: Sequence[Event] = ()
@@ -182,6 +183,17 @@ class Runtime:
         except ConfigError:
             return {}
         return {c.name: hard_limit_s(t.timeout_s) for c in head.pending_calls if (t := tools.get(c.name))}
+
+
+def _stamped(head: RunHead, phase: Phase, claim: ClaimRef | None) -> RunHead:
+    """``head`` naming the delivery that commits it (a head copies its predecessor's otherwise)."""
+    ran = None
+    if claim is not None and claim.claimed_at:
+        me = this_worker()
+        ran = PhaseRun(
+            phase=phase, host=me.host, pid=me.pid, claimed_at=claim.claimed_at, attempt=claim.attempt
+        )
+    return head.model_copy(update={"ran": ran})
 
 
 def _dropped_because(outcome: ClaimOutcome) -> str:

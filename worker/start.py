@@ -13,8 +13,10 @@ import logging
 from typing import Any
 
 from shared import fsm
+from shared.agents import Agent
 from shared.errors import ConfigError, InvalidRequest, RunConfigError, excerpt
 from shared.messages import Message, SystemMessage, UserMessage
+from shared.prompts import Prompt
 from shared.request import check_run_id, validate_request
 from shared.state import Phase, RunHead
 from shared.store import Claim, PhaseClaim
@@ -23,7 +25,7 @@ from worker.heartbeat import Held
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime
 
-__all__ = ["HISTORY_WINDOW", "run_start"]
+__all__ = ["HISTORY_WINDOW", "render_prompts", "run_start"]
 
 log = logging.getLogger("wesichain.worker")
 
@@ -42,8 +44,13 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
             agent = rt.agents.get(head.agent)
         except ConfigError as exc:
             return rt.fail(current, claim.ref, RunConfigError(str(exc), step=0).info())
+        try:
+            system, user = render_prompts(agent, head)
+        except InvalidRequest as exc:
+            # Sent without the client's check (a bare start message, or check_agent=False).
+            return rt.fail(current, claim.ref, InvalidRequest(exc.message, step=0).info())
         history = _thread_history(rt, head) if head.thread_id else []
-        messages = [SystemMessage(content=agent.system_prompt), *history, UserMessage(content=head.input)]
+        messages = [SystemMessage(content=system), *history, UserMessage(content=user)]
         transition = current.start(
             messages, agent_version=agent.version, model=head.model or agent.model, max_steps=agent.max_steps
         )
@@ -51,6 +58,17 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
 
     want = PhaseClaim(delivery.run_id, delivery.version, Phase.IDLE, delivery.epoch, 0)
     return run_phase(rt, delivery, want, "start", fsm.Idle, body)
+
+
+def render_prompts(agent: Agent, head: RunHead) -> tuple[str, str]:
+    """The system prompt and the user message of a run, its templates filled from input and metadata."""
+    system = agent.system_prompt
+    if isinstance(system, Prompt):
+        system = system.render(head.input, head.metadata)
+    user = head.input
+    if agent.input_template is not None:
+        user = agent.input_template.render(head.input, head.metadata)
+    return system, user
 
 
 def _create(rt: Runtime, run_id: str, create: dict[str, Any]) -> InvalidRequest | None:

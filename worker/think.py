@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 from shared import events as ev
 from shared import fsm
 from shared.actions import accept_tool_calls
 from shared.agents import Agent
 from shared.errors import ConfigError, InvalidModelAction, ModelTransport, RunConfigError, RunError
-from shared.llm.base import ModelRequest, ModelResponse
+from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse
 from shared.llm.resolver import resolve_model
-from shared.messages import Message
+from shared.messages import Message, SystemMessage
+from shared.output import instructions, parse_output
 from shared.policy import on_invalid_action, on_model_error
 from shared.state import Phase, RunHead
 from shared.store import Claim, ClaimRef, PhaseClaim
@@ -20,7 +23,7 @@ from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime
 from worker.throttle import Throttled
 
-__all__ = ["run_think"]
+__all__ = ["build_request", "correction_for", "run_think"]
 
 
 def run_think(rt: Runtime, delivery: Delivery, step: int) -> RunHead | None:
@@ -47,9 +50,7 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
         # This worker cannot build the run's model (unknown provider, missing API key): no
         # redelivery can change that, so the run fails now instead of crashing every attempt.
         return rt.fail(current, ref, RunConfigError(str(exc), step=head.step).info())
-    request = ModelRequest(
-        model=head.model.partition(":")[2], messages=claim.messages, tools=agent.tools.specs()
-    )
+    request = build_request(agent, adapter, head.model, claim.messages)
     try:
         response = call_model(rt, head, agent, adapter, request, held)
     except Throttled as throttled:
@@ -63,6 +64,11 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
         return rt.fail(current, ref, exc.info())
     try:
         calls = accept_tool_calls(response, agent.tools, head.step, rt.settings.limits)
+        output = (
+            parse_output(response.text, agent.output_type, head.step)
+            if agent.output_type is not None and not calls
+            else None
+        )
     except InvalidModelAction as exc:
         return _on_invalid(rt, current, ref, agent, exc, response, claim.messages)
     needs_approval = sorted({c.name for c in calls} & agent.approval_required)
@@ -71,7 +77,29 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
     if calls:
         return rt.commit(current, current.act(response.text, calls, response.usage), ref)
     answer = (response.text or "")[: rt.settings.limits.max_message_chars]
-    return rt.commit(current, current.complete(answer, response.usage), ref)
+    return rt.commit(current, current.complete(answer, response.usage, output), ref)
+
+
+def build_request(agent: Agent, adapter: LlmAdapter, model: str, messages: list[Message]) -> ModelRequest:
+    """The model request of a think: the conversation, the tools, and the answer's format.
+
+    A provider that takes a JSON schema natively gets it on the request; any other is told the
+    schema in the system prompt of this request (not stored: every think says it again).
+    """
+    fmt = agent.output
+    native = bool(getattr(adapter, "native_output", False))
+    if fmt is not None and not native:
+        told = instructions(fmt)
+        if messages and isinstance(messages[0], SystemMessage):
+            messages = [SystemMessage(content=f"{messages[0].content}\n\n{told}"), *messages[1:]]
+        else:
+            messages = [SystemMessage(content=told), *messages]
+    return ModelRequest(
+        model=model.partition(":")[2],
+        messages=messages,
+        tools=agent.tools.specs(),
+        output=fmt if native else None,
+    )
 
 
 def _on_model_error(
@@ -104,11 +132,7 @@ def _on_invalid(
     verdict = on_invalid_action(agent.policy, head.reprompts, current.budget_left)
     error = exc.info()
     if verdict.action == "reprompt":
-        correction = (
-            f"Your previous reply could not be used: {exc.message}. "
-            f"Available tools: {', '.join(agent.tools.names) or 'none'}. "
-            "Reply again with valid tool calls (arguments as a JSON object) or with a final answer."
-        )
+        correction = correction_for(agent, exc)
         raw = response.raw or response.text or _describe_calls(response)
         return rt.commit(
             current, current.reprompt(error, raw, correction, response.usage, verdict.consume_budget), ref
@@ -117,6 +141,22 @@ def _on_invalid(
         return rt.interrupt(current, ref, "invalid model action (halted by policy)", error)
     failed = ev.StepFailed(run_id=head.run_id, step=head.step, error=error, decision="fail")
     return rt.fail(current, ref, error, (failed,))
+
+
+def correction_for(agent: Agent, exc: InvalidModelAction) -> str:
+    """What the model is told after a malformed reply: what was wrong, and the schema to follow."""
+    told = f"Your previous reply could not be used: {exc.message}. "
+    tool = agent.tools.get(exc.tool) if exc.tool else None
+    if tool is not None:
+        schema = json.dumps(tool.args_model.model_json_schema(), sort_keys=True)
+        told += f"The arguments of {tool.name!r} must match this JSON schema: {schema}. "
+    told += f"Available tools: {', '.join(agent.tools.names) or 'none'}. "
+    if agent.output is not None:
+        return told + (
+            "Reply again with valid tool calls (arguments as a JSON object) or with a final answer "
+            f"that is one JSON object matching this JSON schema: {agent.output.schema_text()}"
+        )
+    return told + "Reply again with valid tool calls (arguments as a JSON object) or with a final answer."
 
 
 def _describe_calls(response: ModelResponse) -> str:

@@ -26,6 +26,7 @@ from shared.messages import Message, ToolMessage, UserMessage
 from shared.tools import ToolSet, tool
 
 __all__ = [
+    "Brief",
     "CalculatorArgs",
     "CalculatorResult",
     "DEMO_QUESTION",
@@ -256,8 +257,37 @@ def _demo_script(messages: Sequence[Message]) -> ModelResponse:
     return reply(" ".join(parts) or "I could not find an answer.")
 
 
+# -- the structured-output variant: the same research, answered as a Brief ------------------------
+
+
+class Brief(BaseModel):
+    """What ``research-brief`` answers: a summary, the figure it computed, and its sources."""
+
+    summary: str = Field(max_length=2000)
+    seconds: float | None = Field(default=None, description="The computed figure, when one was asked for")
+    sources: list[str] = Field(default_factory=list, description="Ids of the documents the summary uses")
+
+
+def _brief_script(messages: Sequence[Message]) -> ModelResponse:
+    """The demo's plan, then its findings as one JSON object in the shape of :class:`Brief`."""
+    tool_results = [m for m in messages if isinstance(m, ToolMessage)]
+    if not tool_results:
+        return _demo_script(messages)
+    by_name = {m.name: m for m in tool_results}
+    brief: dict[str, Any] = {"summary": "I could not find an answer.", "sources": []}
+    if (found := by_name.get("search")) and not found.is_error:
+        hits = json.loads(found.content)["hits"]
+        if hits:
+            brief["summary"] = f"{hits[0]['title']}: {hits[0]['snippet']}"
+            brief["sources"] = [h["id"] for h in hits]
+    if (calc := by_name.get("calculator")) and not calc.is_error:
+        brief["seconds"] = json.loads(calc.content)["value"]
+    return reply(json.dumps(brief))
+
+
 registry = AgentRegistry()
 registry.add_model("research-demo", ScriptedModel(_demo_script, chunk=6))
+registry.add_model("research-brief", ScriptedModel(_brief_script, chunk=6))
 registry.add(
     Agent(
         name="research",
@@ -268,5 +298,18 @@ registry.add(
         ),
         tools=ToolSet([search, calculator, current_time]),
         max_steps=6,
+    )
+)
+registry.add(
+    Agent(
+        name="research-brief",
+        model="scripted:research-brief",
+        system_prompt=(
+            "You are a careful research assistant. Use `search` for facts from the knowledge base and "
+            "`calculator` for any arithmetic; answer with a brief that names the documents you used."
+        ),
+        tools=ToolSet([search, calculator, current_time]),
+        max_steps=6,
+        output_type=Brief,
     )
 )

@@ -28,6 +28,9 @@ class HttpAdapter(ABC):
 
     #: The provider's name in model strings and error messages.
     provider: ClassVar[str]
+    #: Whether the provider takes a final answer's JSON schema (``ModelRequest.output``) natively;
+    #: without it the think phase puts the schema in the prompt.
+    native_output: ClassVar[bool] = False
     #: Set by each subclass's ``__init__`` with :meth:`_connect`.
     _http: HttpTransport
 

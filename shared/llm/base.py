@@ -14,6 +14,7 @@ message could be serialised with) replaced by U+FFFD when the object is built.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
@@ -26,6 +27,7 @@ __all__ = [
     "LlmAdapter",
     "ModelRequest",
     "ModelResponse",
+    "OutputFormat",
     "RawToolCall",
     "StreamPart",
     "TextDelta",
@@ -80,6 +82,18 @@ class RawToolCall(BaseModel):
         return clean_json_text(value) if isinstance(value, str) else clean_value(value)
 
 
+class OutputFormat(BaseModel):
+    """The shape a final answer must have: a name and a JSON schema (sent to providers that take one)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    schema_: dict[str, Any]
+
+    def schema_text(self) -> str:
+        return json.dumps(self.schema_, sort_keys=True)
+
+
 class ModelRequest(BaseModel):
     """What a think phase asks a model: the conversation and the tools on offer."""
 
@@ -91,6 +105,9 @@ class ModelRequest(BaseModel):
     #: The longest wait for the next byte of the answer; None: the adapter's setting
     #: (``HttpSettings.read_timeout_s``, which workers take from ``LlmSettings``).
     timeout_s: float | None = None
+    #: The shape the final answer must have (``shared/output.py``): an adapter whose provider has
+    #: a native JSON-schema mode sends it; the others ignore it (the prompt carries instructions).
+    output: OutputFormat | None = None
 
 
 class ModelResponse(BaseModel):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -158,6 +158,8 @@ class OllamaAdapter(HttpAdapter):
     """``ollama:MODEL`` over ``/api/chat``. The adapter is bound to ``model``."""
 
     provider = "ollama"
+    #: Takes the final answer's JSON schema natively (``format``).
+    native_output: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -199,6 +201,8 @@ class OllamaAdapter(HttpAdapter):
         }
         if request.tools:
             body["tools"] = wire_tools(request.tools)
+        if request.output is not None:
+            body["format"] = request.output.schema_  # structured outputs: the schema itself
         options: dict[str, Any] = {}
         if request.temperature is not None:
             options["temperature"] = request.temperature

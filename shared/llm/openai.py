@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -190,6 +190,8 @@ class OpenAIAdapter(HttpAdapter):
     ``ModelRequest.model`` names the run's model string and is not sent."""
 
     provider = "openai"
+    #: Takes the final answer's JSON schema natively (``response_format``).
+    native_output: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -240,6 +242,10 @@ class OpenAIAdapter(HttpAdapter):
             body["temperature"] = request.temperature
         if request.max_tokens is not None:
             body[self.max_tokens_field] = request.max_tokens
+        if request.output is not None:
+            # Structured outputs; not strict: a strict schema needs every property required.
+            schema = {"name": request.output.name, "schema": request.output.schema_, "strict": False}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}

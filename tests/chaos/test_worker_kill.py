@@ -15,6 +15,7 @@ import pytest
 
 from producer.client import Client
 from shared.state import Phase
+from shared.timeline import TASK_OF_PHASE, Timeline
 from tests.chaos.support import (
     RECOVERY_BOUND_S,
     RUN_TIMEOUT_S,
@@ -73,6 +74,16 @@ def test_whole_worker_killed_mid_phase(cluster: Cluster, client: Client, phase: 
     assert recovered.worker.host != victim.name, "the killed worker cannot have committed after its death"
     seconds = note_recovery(f"whole worker killed in {phase.value}", recovered.ts - killed_at)
     assert seconds < RECOVERY_BOUND_S
+    if phase is not Phase.ACTING:  # a tool call's takeover shows as its claim, not a phase bar
+        _assert_timeline_shows_takeover(handle.timeline(), TASK_OF_PHASE[phase], victim.name)
+
+
+def _assert_timeline_shows_takeover(timeline: Timeline, task: str, victim: str) -> None:
+    """The phase that was killed is drawn once, as its second claim, on a surviving worker."""
+    (bar,) = [b for b in timeline.bars if b.kind == "phase" and b.name == task and b.step <= 1]
+    assert bar.attempt == 2 and not bar.lane.startswith(f"{victim}:")
+    (marker,) = [m for m in timeline.markers if m.kind == "takeover"]
+    assert marker.lane == bar.lane and marker.at == bar.start
 
 
 def test_whole_worker_killed_inside_retry_safe_tool(cluster: Cluster, client: Client) -> None:

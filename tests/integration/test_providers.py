@@ -31,7 +31,7 @@ from shared.protocol import RUNNING, attempts_field
 from shared.settings import Settings
 from shared.state import Phase, RunHead
 from tests.agents_fixture import EFFECTS_KEY
-from tests.agents_providers import PROVIDERS
+from tests.agents_providers import PROVIDERS, Forecast
 from tests.chaos.support import pending_task_ids
 from tests.fakeproviders import FakeProvider, FakeToolCall, Fault, RecordedRequest, Reply, Split
 from tests.harness import RedisServer, WorkerProcess, wait_until
@@ -280,6 +280,32 @@ def test_tool_round_trip_through_workers(cluster: Cluster, provider: str, stream
     # Every phase ran in a worker process, not here.
     worker_pids = set().union(*(w.pids() for w in cluster.workers))
     assert {e.worker.pid for e in events} <= worker_pids
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_structured_output_uses_the_providers_schema_mode(cluster: Cluster, provider: str) -> None:
+    """OpenAI gets ``response_format``, Ollama ``format``; Anthropic, which has no such mode, is told
+    the schema in its system prompt. A first answer that does not fit is reprompted."""
+    fake = cluster.fakes[provider]
+    mark = fake.script(Reply(text='{"city": "Lyon"}'), Reply(text='{"city": "Lyon", "celsius": 21.5}'))
+    _, head, events = cluster.run(f"{provider}_structured", "weather in Lyon?")
+    assert head.phase is Phase.COMPLETED, head.error
+    assert head.output == {"city": "Lyon", "celsius": 21.5}
+    assert decisions(events) == [("reprompt", "InvalidModelAction")]
+    first, second = fake.since(mark)
+    schema = Forecast.model_json_schema()
+    if provider == "openai":
+        assert first.body["response_format"] == {
+            "type": "json_schema",
+            "json_schema": {"name": "Forecast", "schema": schema, "strict": False},
+        }
+    elif provider == "ollama":
+        assert first.body["format"] == schema
+    else:
+        assert "response_format" not in first.body and "format" not in first.body
+        assert json.dumps(schema, sort_keys=True) in first.body["system"]
+    correction = second.body["messages"][-1]["content"]
+    assert "celsius: Field required" in str(correction)
 
 
 def test_run_model_override_picks_the_provider(cluster: Cluster) -> None:
