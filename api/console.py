@@ -11,8 +11,10 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.staticfiles import StaticFiles
 
+from api.auth import Caller
 from api.runs import ERRORS, Svc, Who, owned_run
 from api.services import Services
+from shared.events import Event
 from shared.timeline import Timeline, build_timeline
 
 __all__ = ["STATIC", "Identity", "router", "static_files"]
@@ -56,10 +58,11 @@ async def timeline(run_id: str, services: Svc, who: Who) -> Timeline:
     return await run_in_threadpool(_timeline, services, who, run_id)
 
 
-def _timeline(services: Services, who: Who, run_id: str) -> Timeline:
+def _timeline(services: Services, who: Caller, run_id: str) -> Timeline:
     head = owned_run(services, who, run_id)
     store = services.store
-    events, cursor = [], "0-0"
+    events: list[Event] = []
+    cursor = "0-0"
     while batch := store.read_events(run_id, cursor, 1000):
         events.extend(event for _, event in batch)
         cursor = batch[-1][0]
