@@ -340,8 +340,11 @@ function drawTimeline(box, t, ended) {
   }
   lanes.forEach((lane) => root.append(svg("text", { x: 6, y: y(lane) + 16, class: "lane-label" }, lane)));
   for (const w of t.waits) {
-    const line = svg("rect", { x: x(w.start), y: y("(queued)") + 11, width: Math.max(1, x(w.end) - x(w.start)), height: 4, fill: "#c3c8d4", class: "wait" });
-    line.append(svg("title", {}, `${w.name} (step ${w.step}) queued ${seconds(w.end - w.start)}`));
+    // A wait a delivery died in is queue time plus that delivery's lost work, until its lease ran out.
+    const line = svg("rect", { x: x(w.start), y: y("(queued)") + 11, width: Math.max(1, x(w.end) - x(w.start)), height: 4,
+      fill: w.lost ? "url(#lost)" : "#c3c8d4", class: w.lost ? "wait lost" : "wait" });
+    const died = w.lost ? `, ${w.lost} delivery(ies) died meanwhile` : "";
+    line.append(svg("title", {}, `${w.name} (step ${w.step}) waited ${seconds(w.end - w.start)}${died}`));
     root.append(line);
   }
   for (const b of t.bars) {
