@@ -17,7 +17,7 @@ from api.services import Services
 from shared.events import Event
 from shared.timeline import Timeline, build_timeline
 
-__all__ = ["STATIC", "Identity", "router", "static_files"]
+__all__ = ["STATIC", "Identity", "index", "router", "static_files", "timeline", "whoami"]
 
 STATIC = Path(__file__).parent / "console"
 
