@@ -10,7 +10,7 @@ from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import ToolCall
 from shared.request import RunRequest
-from shared.state import Approval, Callback, CallbackState, RunHead, RunStatus
+from shared.state import Approval, Callback, CallbackState, PhaseRun, RunHead, RunStatus
 from shared.workers import AgentInfo
 
 __all__ = [
@@ -81,8 +81,15 @@ class RunView(BaseModel):
     max_steps: int
     steps_used: int
     answer: str | None
+    output: Any = Field(
+        default=None, description="The answer as JSON, for agents with a structured output type."
+    )
     error: RunErrorInfo | None
     usage: Usage
+    ran: PhaseRun | None = Field(
+        default=None,
+        description="The phase delivery that committed this version (worker, claim time, attempt).",
+    )
     created_at: float
     updated_at: float
     callback_delivery: CallbackState | None = Field(
@@ -109,8 +116,10 @@ def run_view(head: RunHead, callback_delivery: CallbackState | None = None) -> R
         max_steps=head.max_steps,
         steps_used=head.steps_used,
         answer=head.answer,
+        output=head.output,
         error=head.error,
         usage=head.usage,
+        ran=head.ran,
         created_at=head.created_at,
         updated_at=head.updated_at,
         callback_delivery=callback_delivery,

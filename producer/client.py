@@ -143,6 +143,11 @@ class Client:
             callback=request.callback,
         )
         start = start_task(run_id)
+        if idempotency_key is not None and (archive := self.store.archive) is not None:
+            archived = archive.load(run_id)  # the key's run ended and left Redis: still the same run
+            if archived is not None:
+                self._check_same_request(archived, head, idempotency_key)
+                return RunHandle(self, run_id)
         if not self.settings.embedded:
             self.memory.check()
         try:
@@ -153,15 +158,19 @@ class Client:
             if idempotency_key is None:
                 raise InvalidRequest(f"run id {run_id!r} already exists")
             existing = self.store.load(run_id)
-            if existing is None or existing.dump_request(exclude_time=True) != head.dump_request(
-                exclude_time=True
-            ):
+            if existing is None:
                 raise RequestConflict(f"idempotency key {idempotency_key!r} was used for another request")
+            self._check_same_request(existing, head, idempotency_key)
             if existing.phase is not Phase.IDLE:
                 return RunHandle(self, run_id)
             # Still waiting for its start: the first submit may have died before sending it.
         self.app.send_task(start.name, kwargs=start.arguments, task_id=start.task_id)
         return RunHandle(self, run_id)
+
+    @staticmethod
+    def _check_same_request(existing: RunHead, head: RunHead, idempotency_key: str) -> None:
+        if existing.dump_request(exclude_time=True) != head.dump_request(exclude_time=True):
+            raise RequestConflict(f"idempotency key {idempotency_key!r} was used for another request")
 
     def list_runs(
         self,
@@ -305,9 +314,12 @@ class RunHandle:
             self._send_decide(self.status())
         return phase
 
-    def approve(self, note: str = "") -> None:
-        """Approve the tool calls a parked run waits on (or accept an unknown tool outcome)."""
-        self.decide(Decision(approve=True, note=note))
+    def approve(self, note: str = "", *, always: bool = False) -> None:
+        """Approve the tool calls a parked run waits on (or accept an unknown tool outcome).
+
+        ``always``: the tools of these calls need no approval again for the rest of the run.
+        """
+        self.decide(Decision(approve=True, note=note, always=always))
 
     def deny(self, note: str = "") -> None:
         """Deny them: the model is told and thinks again (an unknown outcome: the run fails)."""

@@ -7,6 +7,7 @@ Every way a run can fail is one of these, and a failed run carries it in its sta
      ├── PolicyConfigInvalid      a policy that could loop forever or is malformed (developer)
      ├── ConfigError              bad settings: URL, agent module, model string (operator)
      ├── StoreFull                Redis is nearly at its maxmemory: new runs are refused (operator)
+     ├── ArchiveUnavailable       the run archive's database cannot be reached or used (operator)
      └── RunError                 a run cannot go on
           ├── InvalidRequest        what a producer asked for breaks a limit or is malformed
           ├── ModelTransport        the provider could not be reached or answered badly
@@ -25,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 __all__ = [
+    "ArchiveUnavailable",
     "BudgetExceeded",
     "ConfigError",
     "ErrorKind",
@@ -89,6 +91,10 @@ class ConfigError(WesichainError):
 class StoreFull(WesichainError):
     """Redis holds nearly as much as its ``maxmemory`` allows: a new run is refused (it is not
     created), so the runs already going can finish in the memory left."""
+
+
+class ArchiveUnavailable(WesichainError):
+    """The run archive's database cannot be reached or refused the work (runs stay in Redis)."""
 
 
 class PolicyConfigInvalid(WesichainError):

@@ -9,7 +9,10 @@ what :class:`GarbageCollector` finds and removes:
 * index entries of runs created before the retention (the sweeper's trim, done now);
 * keys of a run whose head is gone and that would never expire (no TTL): orphans;
 * ended runs without a TTL (written before retention existed, or by hand): removed when they ended
-  longer than the retention ago, else given the TTL they should have.
+  longer than the retention ago, else given the TTL they should have. With an archive configured
+  nothing ended is removed: such a run is handed to the archiver instead (entered in its shard's
+  ended set), which moves it out of Redis once the archive holds it;
+* entries of the ended set (what the archiver works through) naming runs that are gone.
 
 It walks the key space with ``SCAN`` (in batches, never blocking Redis) and reads or deletes in
 pipelines; ``dry_run`` only reports.
@@ -64,6 +67,8 @@ class GcReport:
     runs_given_ttl: int = 0
     #: Ended runs waiting for their TTL, as they should (not touched).
     runs_expiring: int = 0
+    #: Ended runs without a TTL past the retention, left for the archiver (an archive is configured).
+    runs_awaiting_archive: int = 0
     #: Runs not ended (not touched).
     live_runs: int = 0
     #: ``MEMORY USAGE`` of the keys removed (or that would be).
@@ -106,7 +111,7 @@ class GarbageCollector:
         k = self.keys
         registry = k.indexes(shard)
         listing = [_text(key) for key in self.redis.sscan_iter(registry, count=_BATCH)]
-        for key in [*listing, k.runs_index(shard), k.leases(shard)]:
+        for key in [*listing, k.runs_index(shard), k.leases(shard), k.ended(shard)]:
             floor = float("-inf")
             if key in listing or key == k.runs_index(shard):  # scored by creation time
                 floor = cutoff_ms
@@ -163,6 +168,14 @@ class GarbageCollector:
             return
         ended_ms = int(float(json.loads(body).get("updated_at", 0)) * 1000)
         left_s = self.settings.retention_s - (now_ms - ended_ms) // 1000
+        if left_s <= 0 and self.settings.archive_url:
+            # Archiving is configured: the run is history to keep, not garbage. The archiver
+            # takes it from its shard's ended set (and deletes its keys once archived).
+            report.runs_awaiting_archive += 1
+            if not report.dry_run:
+                run_id = key[key.rindex(":run:") + len(":run:") :]
+                self.redis.zadd(self.keys.ended_of(run_id), {run_id: ended_ms}, nx=True)
+            return
         parts = [key, *self._parts_of(key)]
         if left_s > 0:
             report.runs_given_ttl += 1

@@ -34,6 +34,7 @@ SCRIPT_NAMES = (
     "limit_acquire",
     "limit_release",
     "limit_renew",
+    "archive_drop",
 )
 
 

@@ -15,6 +15,10 @@ from shared.llm.settings import LlmSettings
 __all__ = [
     "DEFAULT_AGENTS_MODULE",
     "ENV_AGENTS",
+    "ENV_ARCHIVE_AFTER",
+    "ENV_ARCHIVE_BATCH",
+    "ENV_ARCHIVE_INTERVAL",
+    "ENV_ARCHIVE_URL",
     "ENV_BROKER_OPTIONS",
     "ENV_BROKER_PREFIX",
     "ENV_HOOKS",
@@ -75,6 +79,10 @@ ENV_METRICS_PORT = "WESICHAIN_METRICS_PORT"
 ENV_LOG_FORMAT = "WESICHAIN_LOG_FORMAT"
 ENV_OTEL = "WESICHAIN_OTEL"
 ENV_SUBMIT_MEMORY = "WESICHAIN_SUBMIT_MAX_MEMORY"
+ENV_ARCHIVE_URL = "WESICHAIN_ARCHIVE_URL"
+ENV_ARCHIVE_AFTER = "WESICHAIN_ARCHIVE_AFTER_S"
+ENV_ARCHIVE_BATCH = "WESICHAIN_ARCHIVE_BATCH"
+ENV_ARCHIVE_INTERVAL = "WESICHAIN_ARCHIVE_INTERVAL_S"
 
 DEFAULT_AGENTS_MODULE = "shared.examples.research"
 
@@ -180,6 +188,15 @@ class Settings:
     #: ``WESICHAIN_SUBMIT_MAX_MEMORY``: refuse new runs once Redis uses this fraction of its
     #: ``maxmemory``, keeping the rest for the runs already going (0 < x <= 1).
     submit_max_memory: float = 0.9
+    #: ``WESICHAIN_ARCHIVE_URL``: where finished runs are moved out of Redis (``postgresql://...``
+    #: or ``sqlite:///path``); empty: no archive, ended runs live in Redis for ``retention_s``.
+    archive_url: str = field(default="", repr=False)
+    #: ``WESICHAIN_ARCHIVE_AFTER_S``: a run is archived once it ended this long ago.
+    archive_after_s: float = 300.0
+    #: ``WESICHAIN_ARCHIVE_BATCH``: runs written to the archive per transaction.
+    archive_batch: int = 500
+    #: ``WESICHAIN_ARCHIVE_INTERVAL_S``: how often the beat schedule sends the archiving task.
+    archive_interval_s: float = 30.0
     limits: Limits = field(default_factory=Limits)
     #: How workers call model providers (timeouts, retries, scripted model files).
     llm: LlmSettings = field(default_factory=LlmSettings)
@@ -218,6 +235,16 @@ class Settings:
             raise ConfigError(f"{ENV_SUBMIT_MEMORY}={self.submit_max_memory}: must be in (0, 1]")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"{ENV_METRICS_PORT}={self.metrics_port}: not a port")
+        if self.archive_url and urlsplit(self.archive_url).scheme not in _ARCHIVE_SCHEMES:
+            raise ConfigError(
+                f"{ENV_ARCHIVE_URL} must start with postgresql:// or sqlite:///,"
+                f" got {redact_url(self.archive_url)!r}"
+            )
+        if self.archive_after_s < 0 or self.archive_interval_s <= 0 or not 1 <= self.archive_batch <= 10_000:
+            raise ConfigError(
+                f"{ENV_ARCHIVE_AFTER} must be >= 0, {ENV_ARCHIVE_INTERVAL} > 0 and {ENV_ARCHIVE_BATCH}"
+                " in 1..10000"
+            )
         if not 1 <= self.shards <= 1024:
             raise ConfigError(f"{ENV_SHARDS}={self.shards}: shards must be in 1..1024")
         from shared.tls import endpoint  # shared.tls builds on this module
@@ -227,6 +254,9 @@ class Settings:
     @property
     def embedded(self) -> bool:
         return self.redis_url.startswith("memory://")
+
+
+_ARCHIVE_SCHEMES = ("postgresql", "postgres", "sqlite")
 
 
 def _text(env: str, raw: str) -> str:
@@ -304,6 +334,10 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_LOG_FORMAT, "log_format", _text),
     (ENV_OTEL, "otel", _parse_switch),
     (ENV_SUBMIT_MEMORY, "submit_max_memory", _number(float)),
+    (ENV_ARCHIVE_URL, "archive_url", _text),
+    (ENV_ARCHIVE_AFTER, "archive_after_s", _number(float)),
+    (ENV_ARCHIVE_BATCH, "archive_batch", _number(int)),
+    (ENV_ARCHIVE_INTERVAL, "archive_interval_s", _number(float)),
 )
 
 

@@ -31,6 +31,7 @@ from typing import Any, Literal, cast
 import redis
 
 from shared import protocol
+from shared.archive import Archive, ListingFilter, open_archive
 from shared.errors import InternalInvariant, InvalidRequest
 from shared.events import Event, dump_event, load_event
 from shared.keys import Keys
@@ -249,14 +250,40 @@ _LIST_BATCH = 64
 
 
 class RunStore:
-    """Reads and atomic writes of run state in one Redis (or Redis Cluster, key layout permitting)."""
+    """Reads and atomic writes of run state in one Redis (or Redis Cluster, key layout permitting).
 
-    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+    With an archive (``Settings.archive_url``), every read of a run that is no longer in Redis is
+    answered from the archive, in the same types: status, conversation, checkpoints, events, tool
+    results, callback state, threads and listings span both.
+    """
+
+    def __init__(self, client: redis.Redis, settings: Settings, archive: Archive | None = None) -> None:
         self.redis = client
         self.settings = settings
         self.keys = Keys(settings.prefix, settings.shards)
         self._scripts = register_scripts(client)
         self._messages = MessageCache()
+        self._archive = archive
+        self._archive_lock = threading.Lock()
+
+    @property
+    def archive(self) -> Archive | None:
+        """The archive finished runs move to (opened on first use, once per process), if any."""
+        if self._archive is None and self.settings.archive_url:
+            with self._archive_lock:
+                if self._archive is None:
+                    self._archive = open_archive(self.settings.archive_url)
+        return self._archive
+
+    def _in_redis(self, run_id: str) -> bool:
+        return bool(self.redis.exists(self.keys.run(run_id)))
+
+    def _archived(self, run_id: str) -> Archive | None:
+        """The archive, when it is the place to read ``run_id`` from (the run is gone from Redis)."""
+        archive = self.archive
+        if archive is None or self._in_redis(run_id):
+            return None
+        return archive
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return self._scripts[name](keys=list(keys), args=[str(a) for a in args])
@@ -272,6 +299,12 @@ class RunStore:
     # -- reading ---------------------------------------------------------------------------
 
     def load(self, run_id: str) -> RunHead | None:
+        head = self._load_redis(run_id)
+        if head is None and (archive := self.archive) is not None:
+            return archive.load(run_id)
+        return head
+
+    def _load_redis(self, run_id: str) -> RunHead | None:
         raw = self.redis.hmget(self.keys.run(run_id), protocol.BODY, protocol.REQUEST, protocol.EPOCH)
         if raw[0] is None:
             return None
@@ -283,17 +316,22 @@ class RunStore:
 
     def load_messages(self, run_id: str, start: int = 0, end: int = -1) -> list[Message]:
         raw = self.redis.lrange(self.keys.messages(run_id), start, end)
+        if not raw and (archive := self._archived(run_id)) is not None:
+            return archive.messages(run_id, start, end)
         return [MESSAGE_ADAPTER.validate_json(m) for m in raw]
 
     def load_results(self, run_id: str, step: int) -> list[ToolResult]:
         raw = self.redis.hvals(self.keys.results(run_id, step))
+        if not raw and (archive := self._archived(run_id)) is not None:
+            return archive.results(run_id, step)
         return [ToolResult.model_validate_json(r) for r in raw]
 
     def checkpoints(self, run_id: str) -> list[RunHead]:
         """Every committed head, in version order (epochs are not part of a checkpoint: 0)."""
         request = self.redis.hget(self.keys.run(run_id), protocol.REQUEST)
         if request is None:
-            return []
+            archive = self.archive
+            return archive.checkpoints(run_id) if archive is not None else []
         bodies = self.redis.lrange(self.keys.checkpoints(run_id), 0, -1)
         return [RunHead.compose(_s(b), _s(request), 0) for b in bodies]
 
@@ -340,8 +378,41 @@ class RunStore:
         One index is read (the thread's, else the agent's, else the status's, else all of the
         tenant's), merged across the shards by creation time; other filters are applied to the
         runs read. At most ``max_scan`` index entries are read per page, so a page may hold fewer
-        than ``limit`` runs and still have a ``next_cursor``.
+        than ``limit`` runs and still have a ``next_cursor``. With an archive, its runs are merged
+        in by the same order (creation ms, run id), so one cursor pages through both.
         """
+        position = _parse_cursor(cursor)
+        floor = int(since * 1000) if since is not None else None
+        live, stop = self._list_redis(tenant, agent, status, thread_id, floor, position, limit, max_scan)
+        archive = self.archive
+        if archive is None:
+            return _page(live, limit, stop)
+        where = ListingFilter(tenant, agent=agent, status=status, thread_id=thread_id, since_ms=floor)
+        archived = archive.list_runs(where, position, limit)
+        if len(archived) == limit:  # the archive may hold more below its last one
+            last = (archived[-1][0], archived[-1][1].run_id)
+            stop = last if stop is None else max(stop, last)
+        in_redis = {head.run_id for _, head in live}
+        merged = live + [(ms, head) for ms, head in archived if head.run_id not in in_redis]
+        merged.sort(key=lambda entry: (entry[0], entry[1].run_id), reverse=True)
+        if stop is not None:
+            # Below where one source stopped reading, the other's runs wait for the next page.
+            merged = [(ms, head) for ms, head in merged if (ms, head.run_id) >= stop]
+        return _page(merged, limit, stop)
+
+    def _list_redis(
+        self,
+        tenant: str | None,
+        agent: str | None,
+        status: str | None,
+        thread_id: str | None,
+        floor: int | None,
+        position: tuple[int, str] | None,
+        limit: int,
+        max_scan: int,
+    ) -> tuple[list[tuple[int, RunHead]], tuple[int, str] | None]:
+        """Up to ``limit`` runs in Redis below ``position`` (with their creation ms), and where the
+        reading stopped when there may be more (None: nothing older is left)."""
         k = self.keys
         if thread_id is not None:
             dimension, value = "thread", thread_id
@@ -352,18 +423,16 @@ class RunStore:
         else:
             dimension, value = "all", ""
         keys = [k.index(shard, tenant, dimension, value) for shard in range(k.shards)]
-        floor = int(since * 1000) if since is not None else None
-        position = _parse_cursor(cursor)
-        found: list[RunHead] = []
+        found: list[tuple[int, RunHead]] = []
         scanned = 0
         while len(found) < limit and scanned < max_scan:
             entries, exhausted = self._index_round(keys, position, floor)
             if not entries:
-                return RunPage(found, None)
+                return found, None
             for score, run_id in entries:
                 scanned += 1
                 position = (score, run_id)
-                head = self.load(run_id)
+                head = self._load_redis(run_id)
                 if head is None:
                     self.redis.zrem(k.index_of(run_id, tenant, dimension, value), run_id)  # expired
                     continue
@@ -372,13 +441,13 @@ class RunStore:
                     and (status is None or head.status == status)
                     and (thread_id is None or head.thread_id == thread_id)
                 ):
-                    found.append(head)
+                    found.append((score, head))
                     if len(found) == limit:
                         break
             if exhausted and position == entries[-1]:
                 if len(found) < limit:
-                    return RunPage(found, None)
-        return RunPage(found, f"{position[0]}.{position[1]}" if position is not None else None)
+                    return found, None
+        return found, position
 
     def _index_round(
         self, keys: list[str], position: tuple[int, str] | None, floor: int | None
@@ -428,6 +497,10 @@ class RunStore:
         """Drop index entries of runs created before ``cutoff_ms`` (past the retention); returns how many."""
         registry = self.keys.indexes(shard)
         removed = 0
+        if not self.settings.archive_url:
+            # Without an archive nothing takes ended runs out: entries past the retention name
+            # runs whose keys expired (with an archive, the archiver removes them).
+            removed += int(self.redis.zremrangebyscore(self.keys.ended(shard), "-inf", f"({cutoff_ms}"))
         for key in self.redis.sscan_iter(registry, count=200):
             removed += int(self.redis.zremrangebyscore(key, "-inf", f"({cutoff_ms}"))
             if self.redis.zcard(key) == 0:
@@ -676,6 +749,7 @@ class RunStore:
                 k.indexes_of(run_id),
                 k.inflight_of(run_id),
                 *status_keys,
+                k.ended_of(run_id),
                 *extra,
             ],
             args,
@@ -738,7 +812,11 @@ class RunStore:
         """Add ``run_id`` to its tenant's thread (once, atomically); the thread's run ids, oldest first."""
         key = self.keys.thread(tenant, thread_id)
         reply = self._run("join_thread", [key], [run_id, self.settings.retention_s])
-        return [_s(r) for r in reply]
+        ids = [_s(r) for r in reply]
+        if ids == [run_id] and (archive := self.archive) is not None:
+            # The thread's list expired with the retention; its earlier runs are in the archive.
+            ids = [*(r for r in archive.thread_runs(tenant, thread_id) if r != run_id), run_id]
+        return ids
 
     def finish_callback(self, run_id: str, token: str, outcome: str, state: str, wait_s: float = 0) -> bool:
         """End one callback delivery attempt as the claim's holder (see ``finish_callback.lua``)."""
@@ -752,6 +830,8 @@ class RunStore:
     def callback_state(self, run_id: str) -> str | None:
         """The JSON of a run's callback delivery (attempts, last error), if it has a callback."""
         raw = self.redis.hget(self.keys.run(run_id), protocol.CALLBACK_STATE)
+        if raw is None and (archive := self._archived(run_id)) is not None:
+            return archive.callback_state(run_id)
         return _s(raw) if raw is not None else None
 
     def throttle(self, run_id: str, version: int, token: str, wait_s: float, why: str) -> int:
@@ -774,6 +854,9 @@ class RunStore:
 
     def request_cancel(self, run_id: str) -> Phase | None:
         phase = _s(self._run("cancel", [self.keys.run(run_id)], []))
+        if not phase and (archive := self.archive) is not None:
+            archived = archive.load(run_id)  # ended long ago: nothing to cancel
+            return archived.phase if archived is not None else None
         return Phase(phase) if phase else None
 
     # -- the sweeper's side ----------------------------------------------------------------
@@ -860,6 +943,8 @@ class RunStore:
         raw = self.redis.xrange(
             self.keys.events(run_id), min=f"({after}" if after != "0-0" else "-", count=count
         )
+        if not raw and (archive := self._archived(run_id)) is not None:
+            return archive.events(run_id, after, count)
         return _entries(raw)
 
     def wait_events(self, run_id: str, after: str, timeout_s: float) -> list[tuple[str, Event]]:
@@ -901,6 +986,18 @@ class MessageCache:
             self._runs.move_to_end(run_id)
             while len(self._runs) > self.max_runs:
                 self._runs.popitem(last=False)
+
+
+def _page(entries: list[tuple[int, RunHead]], limit: int, stop: tuple[int, str] | None) -> RunPage:
+    """The first ``limit`` of ``entries`` (newest first) as a page; ``stop`` is where the sources
+    stopped reading when they may hold more (None: they are exhausted)."""
+    runs = entries[:limit]
+    if len(entries) > limit or (len(runs) == limit and stop is not None):
+        last = runs[-1]
+        return RunPage([h for _, h in runs], f"{last[0]}.{last[1].run_id}")
+    if stop is not None:
+        return RunPage([h for _, h in runs], f"{stop[0]}.{stop[1]}")
+    return RunPage([h for _, h in runs], None)
 
 
 def _parse_cursor(cursor: str | None) -> tuple[int, str] | None:

@@ -19,6 +19,7 @@ from shared.state import Phase, RunHead, TaskSpec
 
 __all__ = [
     "PHASE_TASKS",
+    "TASK_ARCHIVE",
     "TASK_CALLBACK",
     "TASK_DECIDE",
     "TASK_OBSERVE",
@@ -38,6 +39,8 @@ TASK_TOOL = "wesichain.tool"
 TASK_OBSERVE = "wesichain.observe"
 TASK_DECIDE = "wesichain.decide"
 TASK_SWEEP = "wesichain.sweep"
+#: One pass of the archiver (beat-scheduled when an archive is configured).
+TASK_ARCHIVE = "wesichain.archive"
 TASK_CALLBACK = "wesichain.callback"
 
 #: Every phase task, by name (the sweep is not a phase).

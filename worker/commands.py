@@ -4,11 +4,12 @@ the ``wesichain.commands`` entry point group."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
 
-__all__ = ["Handler", "demo", "gc", "metrics", "register", "sweeper", "worker"]
+__all__ = ["Handler", "archive", "demo", "gc", "metrics", "register", "sweeper", "worker"]
 
 Handler = Any
 
@@ -56,7 +57,29 @@ def register(
     )
     g.add_argument("--dry-run", action="store_true", help="only report what would be removed")
     g.add_argument("--json", action="store_true")
-    return {"demo": demo, "worker": worker, "sweeper": sweeper, "metrics": metrics, "gc": gc}
+    a = sub.add_parser(
+        "archive",
+        parents=[common],
+        help="move ended runs from Redis to the archive ($WESICHAIN_ARCHIVE_URL), then exit",
+    )
+    a.add_argument(
+        "--after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="archive runs that ended at least S seconds ago (default $WESICHAIN_ARCHIVE_AFTER_S)",
+    )
+    a.add_argument("--max", type=int, default=None, metavar="N", help="move at most N runs")
+    a.add_argument("--loop", action="store_true", help="keep archiving every $WESICHAIN_ARCHIVE_INTERVAL_S")
+    a.add_argument("--json", action="store_true")
+    return {
+        "demo": demo,
+        "worker": worker,
+        "sweeper": sweeper,
+        "metrics": metrics,
+        "gc": gc,
+        "archive": archive,
+    }
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -89,7 +112,7 @@ def sweeper(args: argparse.Namespace) -> int:
     from worker.sweeper import Sweeper
 
     holder = app.wesichain_runtime
-    sweeper = Sweeper(holder.get(), holder.probe())
+    sweeper = Sweeper(holder.get(), holder.probe(), holder.evals())
     if args.once:
         print(f"handed on {sweeper.sweep_once_and_release()} run(s)")
         return 0
@@ -161,3 +184,31 @@ def gc(args: argparse.Namespace) -> int:
     limit = f"of {maximum / 2**20:.1f} MiB" if maximum else "(no maxmemory set)"
     print(f"Redis uses {used / 2**20:.1f} MiB {limit}")
     return 0
+
+
+def archive(args: argparse.Namespace) -> int:
+    import time
+
+    from shared.archiver import Archiver
+    from shared.redis_client import connect
+    from shared.settings import Settings
+    from shared.store import RunStore
+
+    settings = Settings.from_env()
+    archiver = Archiver(RunStore(connect(settings), settings))
+    while True:
+        report = archiver.run_once(after_s=args.after, max_runs=args.max)
+        if args.json:
+            print(report.to_json(), flush=True)
+        else:
+            print(
+                f"archived {report.archived} run(s) in {report.seconds:.1f}s"
+                f" ({report.already_archived} already in the archive, {report.deferred} deferred,"
+                f" {report.gone} expired before archiving, {report.mismatched} kept after a mismatch)",
+                flush=True,
+            )
+            if report.error:
+                print(f"wesichain: archiving stopped: {report.error}", file=sys.stderr, flush=True)
+        if not args.loop:
+            return 1 if report.error or report.mismatched else 0
+        time.sleep(settings.archive_interval_s)

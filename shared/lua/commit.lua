@@ -1,8 +1,8 @@
 -- Commit one transition atomically: fenced head + appended messages + events + checkpoint + outbox.
 -- KEYS: run hash, messages list, checkpoints list, events stream, leases zset, index registry
 --       set, in-flight hash, the run's status index before and after this commit (the same key
---       when the status does not change), then (terminal commits only) every other key of the
---       run, to expire with it
+--       when the status does not change), the shard's ended-runs zset, then (terminal commits
+--       only) every other key of the run, to expire with it
 -- The commit is fenced twice: the run must be at expected_version (compare-and-set), and the
 -- committing delivery must still hold its claim (a delivery whose claim expired and was taken over
 -- cannot commit). An unclaimed commit (claim_field '') is only allowed while no claim is live.
@@ -12,7 +12,7 @@ local run_id, op, expected_version, claim_field, claim_token, new_version, phase
   calls, kind, queued_lease_ms, retention_s, events_maxlen, n_messages, n_events, tenant, callback =
   unpack(ARGV, 1, 19)
 local run, messages_key, checkpoints, events_key, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local registry, inflight, status_from, status_to = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local registry, inflight, status_from, status_to, ended = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 
 local current = redis.call('HGET', run, F_VERSION)
 if current ~= expected_version then
@@ -60,9 +60,10 @@ else
 end
 if kind == 'terminal' then
   redis.call('HINCRBY', inflight, tenant, -1)
+  redis.call('ZADD', ended, now, run_id)  -- where the archiver finds it
   if callback == '1' then redis.call('HSET', run, F_CALLBACK, 'pending') end
   local ttl = tonumber(retention_s)
   for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
-  for i = 10, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
+  for i = 11, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
 end
 return {'committed', redis.call('HGET', run, F_EPOCH)}

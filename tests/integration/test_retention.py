@@ -71,13 +71,14 @@ def test_gc_removes_what_outlived_the_retention_and_nothing_else(rds: redis.Redi
     rds.sadd(k.indexes_of("ancient"), ancient)
 
     def entries(run_id: str) -> int:
-        """Index entries naming ``run_id``: the listing indexes and the run index."""
+        """Index entries naming ``run_id``: the listing indexes, the run index and the ended set."""
         keys = [key for shard in range(k.shards) for key in rds.smembers(k.indexes(shard))]
         keys += [k.runs_index(shard) for shard in range(k.shards)]
+        keys += [k.ended(shard) for shard in range(k.shards)]
         return sum(1 for key in keys if rds.zscore(key, run_id) is not None)
 
     gone_entries, orphan_entries, old_entries = entries(gone), entries(orphan), entries(old)
-    assert gone_entries == 4  # all runs, by agent, by status; the run index
+    assert gone_entries == 5  # all runs, by agent, by status; the run index; the ended set
 
     collector = GarbageCollector(rds, store.settings)
     dry = collector.collect(dry_run=True)

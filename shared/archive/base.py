@@ -1,0 +1,97 @@
+"""The archive's interface: finished runs kept in a database, read as the run store reads Redis.
+
+Two implementations share it (:mod:`shared.archive.sql`): PostgreSQL for deployments and SQLite
+for the embedded mode. Every read answers with the same types the store answers from Redis, so a
+caller cannot tell where a run was read from.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from shared.archive.record import RunRecord, RunSummary
+from shared.events import Event
+from shared.messages import Message
+from shared.state import RunHead, ToolResult
+
+__all__ = ["Archive", "ListingFilter"]
+
+
+class ListingFilter:
+    """Which of a tenant's runs a listing asks for (all given filters apply)."""
+
+    __slots__ = ("agent", "since_ms", "status", "tenant", "thread_id")
+
+    def __init__(
+        self,
+        tenant: str | None,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        thread_id: str | None = None,
+        since_ms: int | None = None,
+    ) -> None:
+        self.tenant = tenant
+        self.agent = agent
+        self.status = status
+        self.thread_id = thread_id
+        self.since_ms = since_ms
+
+
+class Archive(ABC):
+    """Finished runs in a database: written in batches by the archiver, read by the store."""
+
+    #: ``postgresql`` or ``sqlite``.
+    kind: str
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def put(self, records: Sequence[RunRecord]) -> int:
+        """Write runs in one transaction, skipping those already archived; how many were new."""
+
+    @abstractmethod
+    def summaries(self, run_ids: Sequence[str]) -> dict[str, RunSummary]:
+        """What the archive holds of each of these runs (absent: not archived)."""
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def load(self, run_id: str) -> RunHead | None: ...
+
+    @abstractmethod
+    def messages(self, run_id: str, start: int = 0, end: int = -1) -> list[Message]:
+        """The conversation, sliced as Redis's LRANGE slices (``end`` inclusive, negatives from the end)."""
+
+    @abstractmethod
+    def checkpoints(self, run_id: str) -> list[RunHead]: ...
+
+    @abstractmethod
+    def events(self, run_id: str, after: str = "0-0", count: int = 1000) -> list[tuple[str, Event]]:
+        """Events after the stream id ``after``, in order, at most ``count``."""
+
+    @abstractmethod
+    def results(self, run_id: str, step: int) -> list[ToolResult]: ...
+
+    @abstractmethod
+    def callback_state(self, run_id: str) -> str | None: ...
+
+    @abstractmethod
+    def record(self, run_id: str) -> RunRecord | None:
+        """Everything kept of one run (an export, a comparison)."""
+
+    @abstractmethod
+    def list_runs(
+        self, where: ListingFilter, before: tuple[int, str] | None, limit: int
+    ) -> list[tuple[int, RunHead]]:
+        """Runs newest first by (creation ms, run id), strictly below ``before``; with their ms."""
+
+    @abstractmethod
+    def thread_runs(self, tenant: str | None, thread_id: str) -> list[str]:
+        """The run ids of a conversation thread, oldest first."""
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    @abstractmethod
+    def close(self) -> None: ...

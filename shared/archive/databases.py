@@ -1,0 +1,209 @@
+"""The two databases the archive runs on, behind what differs between them.
+
+* :class:`Postgres`: psycopg 3 with a connection pool (``psycopg_pool``), for deployments; bulk
+  rows go in with ``COPY``. A connection is checked before use, so a restarted server costs one
+  failed batch at most.
+* :class:`Sqlite`: the standard library's ``sqlite3`` on one file (WAL, so readers do not wait for
+  the writer), for the embedded mode and single-host use; one connection per process, serialised.
+
+Both raise :class:`~shared.errors.ArchiveUnavailable` when the database cannot be used.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from shared.errors import ArchiveUnavailable, ConfigError
+from shared.settings import redact_url
+
+__all__ = ["Cursor", "Database", "Postgres", "Sqlite", "open_database", "sqlite_path"]
+
+#: Any number, the same for every process: PostgreSQL's advisory lock id of schema migrations.
+_MIGRATION_LOCK = 0x57E51C4A
+
+
+class Cursor(Protocol):
+    """The DB-API cursor both drivers give (only what the archive uses)."""
+
+    def execute(self, query: Any, params: Any = ..., /) -> Any: ...
+
+    def executemany(self, query: Any, params_seq: Any, /) -> Any: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Database(ABC):
+    """Connections, placeholders and column types of one database."""
+
+    kind: str
+    json_type: str
+    float_type: str
+
+    @abstractmethod
+    @contextmanager
+    def transaction(self, exclusive: bool = False) -> Iterator[Cursor]:
+        """A cursor in a transaction, committed when the block ends, rolled back if it raises.
+
+        ``exclusive`` serialises the transaction against every other exclusive one (migrations).
+        """
+
+    @abstractmethod
+    def sql(self, query: str) -> str:
+        """``query`` written with ``?`` placeholders, in this driver's placeholders."""
+
+    @abstractmethod
+    def any_of(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
+        """A condition that ``column`` is one of ``values``, and its parameters."""
+
+    def json_text(self, column: str) -> str:
+        """``column`` (a JSON column) selected as text."""
+        return column
+
+    @abstractmethod
+    def insert_many(self, cur: Cursor, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
+        """Insert ``rows`` into ``table`` (``name (columns)``) in bulk."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Sqlite(Database):
+    kind = "sqlite"
+    json_type = "TEXT"
+    float_type = "REAL"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        if path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.Error as exc:
+            raise ArchiveUnavailable(f"cannot open the SQLite archive {path}: {exc}") from None
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def transaction(self, exclusive: bool = False) -> Iterator[Cursor]:
+        with self._lock:
+            cur = self._conn.cursor()
+            try:
+                cur.execute("BEGIN IMMEDIATE" if exclusive else "BEGIN")
+                yield cur
+                cur.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise ArchiveUnavailable(f"the SQLite archive {self.path} failed: {exc}") from exc
+            except BaseException:
+                self._rollback()
+                raise
+            finally:
+                cur.close()
+
+    def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+    def sql(self, query: str) -> str:
+        return query
+
+    def any_of(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
+        return f"{column} IN ({', '.join('?' * len(values))})", list(values)
+
+    def insert_many(self, cur: Cursor, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
+        cur.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * width)})", rows)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+class Postgres(Database):
+    kind = "postgresql"
+    json_type = "JSON"
+    float_type = "DOUBLE PRECISION"
+
+    def __init__(self, url: str, *, max_connections: int = 4, timeout_s: float = 5.0) -> None:
+        try:
+            import psycopg
+            from psycopg_pool import ConnectionPool
+        except ImportError:
+            raise ConfigError(
+                "a PostgreSQL archive needs psycopg 3 and psycopg_pool: pip install 'wesichain[postgres]'"
+            ) from None
+        self._errors: tuple[type[BaseException], ...] = (psycopg.Error, _pool_errors())
+        self.url = redact_url(url)
+        self.timeout_s = timeout_s
+        self._pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max_connections,
+            timeout=timeout_s,
+            open=True,
+            check=ConnectionPool.check_connection,
+            kwargs={"connect_timeout": max(1, int(timeout_s))},
+            name="wesichain-archive",
+        )
+
+    @contextmanager
+    def transaction(self, exclusive: bool = False) -> Iterator[Cursor]:
+        try:
+            with self._pool.connection() as conn, conn.cursor() as cur:
+                if exclusive:
+                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                yield cur
+        except self._errors as exc:
+            raise ArchiveUnavailable(
+                f"the PostgreSQL archive at {self.url} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def sql(self, query: str) -> str:
+        return query.replace("?", "%s")
+
+    def any_of(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
+        return f"{column} = ANY(%s)", [list(values)]
+
+    def json_text(self, column: str) -> str:
+        return f"{column}::text"
+
+    def insert_many(self, cur: Cursor, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
+        with cur.copy(f"COPY {table} FROM STDIN") as copy:  # type: ignore[attr-defined]
+            for row in rows:
+                copy.write_row(row)
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _pool_errors() -> type[BaseException]:
+    from psycopg_pool import PoolTimeout
+
+    return PoolTimeout
+
+
+def sqlite_path(url: str) -> str:
+    """The file of a ``sqlite:///relative`` or ``sqlite:////absolute`` URL (``sqlite:///:memory:``)."""
+    rest = url[len("sqlite://") :]
+    if not rest.startswith("/") or len(rest) < 2:
+        raise ConfigError(f"a SQLite archive URL is sqlite:///PATH, got {url!r}")
+    return rest[1:]
+
+
+def open_database(url: str) -> Database:
+    """The database of an archive URL (``postgresql://...`` or ``sqlite:///PATH``)."""
+    scheme = urlsplit(url).scheme
+    if scheme in ("postgresql", "postgres"):
+        return Postgres(url)
+    if scheme == "sqlite":
+        return Sqlite(sqlite_path(url))
+    raise ConfigError(f"an archive URL starts with postgresql:// or sqlite:///, got {redact_url(url)!r}")

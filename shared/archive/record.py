@@ -1,0 +1,53 @@
+"""What the archive keeps of one finished run: everything its reads answer, as typed values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.events import Event
+from shared.messages import Message
+from shared.state import RunHead, ToolResult
+
+__all__ = ["RunRecord", "RunSummary"]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A finished run, whole: its head, conversation, checkpoints, events and tool results."""
+
+    head: RunHead
+    #: When the run was created, in Redis milliseconds: its place in every listing.
+    created_ms: int
+    messages: list[Message]
+    #: Every committed head in version order (epochs are not part of a checkpoint: 0).
+    checkpoints: list[RunHead]
+    #: ``(stream id, event)`` in stream order; the ids are the ones Redis gave them.
+    events: list[tuple[str, Event]]
+    #: ``(step, result)`` of every tool call.
+    results: list[tuple[int, ToolResult]]
+    #: The JSON of its completion callback's delivery (None: it had no callback).
+    callback_state: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.head.run_id
+
+    def summary(self) -> RunSummary:
+        return RunSummary(
+            version=self.head.version,
+            messages=len(self.messages),
+            checkpoints=len(self.checkpoints),
+            events=len(self.events),
+            results=len(self.results),
+        )
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """How much of a run there is: what the archiver compares after writing, before deleting."""
+
+    version: int
+    messages: int
+    checkpoints: int
+    events: int
+    results: int

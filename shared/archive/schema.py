@@ -1,0 +1,83 @@
+"""The archive's schema, created and migrated by the project: numbered steps and a version table.
+
+Each migration is applied once, in order, in its own transaction, and recorded in
+``wesichain_schema``; opening an archive applies the ones it lacks. A database at a newer version
+than this code knows is refused (an older release must not write to a newer schema).
+
+JSON columns hold pydantic models' JSON (``jsonb`` in PostgreSQL, text in SQLite); every value
+is validated by its model on the way in and on the way out. Evaluation results get their own table
+in a later migration appended here, keyed by run id like the others.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MIGRATIONS", "SCHEMA_TABLE", "TABLES", "migration"]
+
+SCHEMA_TABLE = "wesichain_schema"
+
+#: The run tables, children first (the order a run's rows are deleted in).
+TABLES = (
+    "wesichain_messages",
+    "wesichain_events",
+    "wesichain_checkpoints",
+    "wesichain_tool_results",
+    "wesichain_runs",
+)
+
+# ``{json}`` is the JSON column type, ``{float}`` a double. Listing reads (tenant, filter,
+# created_ms, run_id) newest first; each filter of the listing has its index.
+_V1 = """
+CREATE TABLE wesichain_runs (
+    run_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    status TEXT NOT NULL,
+    thread_id TEXT,
+    created_ms BIGINT NOT NULL,
+    ended_at {float} NOT NULL,
+    archived_at {float} NOT NULL,
+    version INTEGER NOT NULL,
+    head {json} NOT NULL,
+    callback_state {json}
+);
+CREATE INDEX wesichain_runs_by_tenant ON wesichain_runs (tenant, created_ms, run_id);
+CREATE INDEX wesichain_runs_by_agent ON wesichain_runs (tenant, agent, created_ms, run_id);
+CREATE INDEX wesichain_runs_by_status ON wesichain_runs (tenant, status, created_ms, run_id);
+CREATE INDEX wesichain_runs_by_thread ON wesichain_runs (tenant, thread_id, created_ms, run_id);
+CREATE INDEX wesichain_runs_by_end ON wesichain_runs (ended_at);
+CREATE TABLE wesichain_messages (
+    run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    body {json} NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE wesichain_events (
+    run_id TEXT NOT NULL,
+    stream_ms BIGINT NOT NULL,
+    stream_seq BIGINT NOT NULL,
+    body {json} NOT NULL,
+    PRIMARY KEY (run_id, stream_ms, stream_seq)
+);
+CREATE TABLE wesichain_checkpoints (
+    run_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    body {json} NOT NULL,
+    PRIMARY KEY (run_id, version)
+);
+CREATE TABLE wesichain_tool_results (
+    run_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    call_id TEXT NOT NULL,
+    body {json} NOT NULL,
+    PRIMARY KEY (run_id, step, call_id)
+)
+"""
+
+#: Migration n (1-based) is ``MIGRATIONS[n - 1]``: statements separated by ``;``.
+MIGRATIONS: tuple[str, ...] = (_V1,)
+
+
+def migration(number: int, json_type: str, float_type: str) -> list[str]:
+    """The statements of one migration in a dialect's column types."""
+    text = MIGRATIONS[number - 1].format(json=json_type, float=float_type)
+    return [statement.strip() for statement in text.split(";") if statement.strip()]

@@ -1,0 +1,295 @@
+"""The archive in SQL: one implementation of :class:`~shared.archive.base.Archive` over two databases.
+
+:class:`~shared.archive.databases.Database` hides what differs between PostgreSQL and SQLite
+(connections, placeholders, column types); the queries here are written once, with ``?``
+placeholders. Every JSON value is validated by its pydantic model when it is read back, as the
+store validates what it reads from Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from shared.archive.base import Archive, ListingFilter
+from shared.archive.databases import Cursor, Database
+from shared.archive.record import RunRecord, RunSummary
+from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, migration
+from shared.errors import ArchiveUnavailable
+from shared.events import Event, dump_event, load_event
+from shared.messages import MESSAGE_ADAPTER, Message, dump_message
+from shared.state import CallbackState, RunHead, ToolResult
+
+__all__ = ["SqlArchive", "parse_stream_id"]
+
+
+def parse_stream_id(stream_id: str) -> tuple[int, int]:
+    """A Redis stream id ``ms-seq`` as numbers (they order the archived events)."""
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class SqlArchive(Archive):
+    """Finished runs in PostgreSQL or SQLite, in the tables of :mod:`shared.archive.schema`."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.kind = db.kind
+        self.migrate()
+
+    # -- schema -----------------------------------------------------------------------------------
+
+    def migrate(self) -> int:
+        """Apply the migrations the database lacks (one transaction each); its version after."""
+        db = self.db
+        with db.transaction(exclusive=True) as cur:
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} "
+                f"(version INTEGER PRIMARY KEY, applied_at {db.float_type} NOT NULL)"
+            )
+        while True:
+            with db.transaction(exclusive=True) as cur:
+                cur.execute(f"SELECT MAX(version) FROM {SCHEMA_TABLE}")
+                current = int(cur.fetchone()[0] or 0)
+                if current > len(MIGRATIONS):
+                    raise ArchiveUnavailable(
+                        f"the archive's schema is at version {current}, newer than this release knows"
+                        f" ({len(MIGRATIONS)}): upgrade wesichain"
+                    )
+                if current == len(MIGRATIONS):
+                    return current
+                for statement in migration(current + 1, db.json_type, db.float_type):
+                    cur.execute(statement)
+                cur.execute(
+                    db.sql(f"INSERT INTO {SCHEMA_TABLE} (version, applied_at) VALUES (?, ?)"),
+                    (current + 1, time.time()),
+                )
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def put(self, records: Sequence[RunRecord]) -> int:
+        if not records:
+            return 0
+        db = self.db
+        with db.transaction() as cur:
+            present = self._present(cur, [r.run_id for r in records])
+            new = [r for r in records if r.run_id not in present]
+            if not new:
+                return 0
+            now = time.time()
+            cur.executemany(
+                db.sql(
+                    "INSERT INTO wesichain_runs (run_id, tenant, agent, status, thread_id, created_ms,"
+                    " ended_at, archived_at, version, head, callback_state)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                ),
+                [_run_row(r, now) for r in new],
+            )
+            self._insert(
+                cur,
+                "wesichain_messages (run_id, seq, body)",
+                3,
+                ((r.run_id, i, dump_message(m)) for r in new for i, m in enumerate(r.messages)),
+            )
+            self._insert(
+                cur,
+                "wesichain_events (run_id, stream_ms, stream_seq, body)",
+                4,
+                ((r.run_id, *parse_stream_id(sid), dump_event(e)) for r in new for sid, e in r.events),
+            )
+            self._insert(
+                cur,
+                "wesichain_checkpoints (run_id, version, body)",
+                3,
+                ((r.run_id, c.version, c.dump_body()) for r in new for c in r.checkpoints),
+            )
+            self._insert(
+                cur,
+                "wesichain_tool_results (run_id, step, call_id, body)",
+                4,
+                ((r.run_id, step, t.call_id, t.model_dump_json()) for r in new for step, t in r.results),
+            )
+            return len(new)
+
+    def _insert(self, cur: Cursor, table: str, width: int, rows: Iterable[tuple[Any, ...]]) -> None:
+        batch = list(rows)
+        if batch:
+            self.db.insert_many(cur, table, width, batch)
+
+    def _present(self, cur: Cursor, run_ids: Sequence[str]) -> set[str]:
+        where, params = self.db.any_of("run_id", run_ids)
+        cur.execute(f"SELECT run_id FROM wesichain_runs WHERE {where}", params)
+        return {row[0] for row in cur.fetchall()}
+
+    def summaries(self, run_ids: Sequence[str]) -> dict[str, RunSummary]:
+        if not run_ids:
+            return {}
+        where, params = self.db.any_of("r.run_id", run_ids)
+        counts = ", ".join(
+            f"(SELECT COUNT(*) FROM {table} t WHERE t.run_id = r.run_id)"
+            for table in ("wesichain_messages", "wesichain_checkpoints", "wesichain_events")
+        )
+        with self.db.transaction() as cur:
+            cur.execute(
+                f"SELECT r.run_id, r.version, {counts},"
+                " (SELECT COUNT(*) FROM wesichain_tool_results t WHERE t.run_id = r.run_id)"
+                f" FROM wesichain_runs r WHERE {where}",
+                params,
+            )
+            rows = cur.fetchall()
+        return {
+            row[0]: RunSummary(
+                version=int(row[1]),
+                messages=int(row[2]),
+                checkpoints=int(row[3]),
+                events=int(row[4]),
+                results=int(row[5]),
+            )
+            for row in rows
+        }
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def _rows(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        with self.db.transaction() as cur:
+            cur.execute(self.db.sql(query), tuple(params))
+            return list(cur.fetchall())
+
+    def load(self, run_id: str) -> RunHead | None:
+        j = self.db.json_text
+        rows = self._rows(f"SELECT {j('head')} FROM wesichain_runs WHERE run_id = ?", (run_id,))
+        return RunHead.model_validate_json(rows[0][0]) if rows else None
+
+    def messages(self, run_id: str, start: int = 0, end: int = -1) -> list[Message]:
+        j = self.db.json_text
+        rows = self._rows(
+            f"SELECT {j('body')} FROM wesichain_messages WHERE run_id = ? ORDER BY seq", (run_id,)
+        )
+        return [MESSAGE_ADAPTER.validate_json(row[0]) for row in _lrange(rows, start, end)]
+
+    def checkpoints(self, run_id: str) -> list[RunHead]:
+        head = self.load(run_id)
+        if head is None:
+            return []
+        j = self.db.json_text
+        rows = self._rows(
+            f"SELECT {j('body')} FROM wesichain_checkpoints WHERE run_id = ? ORDER BY version", (run_id,)
+        )
+        request = head.dump_request()
+        return [RunHead.compose(row[0], request, 0) for row in rows]
+
+    def events(self, run_id: str, after: str = "0-0", count: int = 1000) -> list[tuple[str, Event]]:
+        ms, seq = parse_stream_id(after)
+        j = self.db.json_text
+        rows = self._rows(
+            f"SELECT stream_ms, stream_seq, {j('body')} FROM wesichain_events WHERE run_id = ?"
+            " AND (stream_ms > ? OR (stream_ms = ? AND stream_seq > ?))"
+            " ORDER BY stream_ms, stream_seq LIMIT ?",
+            (run_id, ms, ms, seq, count),
+        )
+        entries = []
+        for stream_ms, stream_seq, body in rows:
+            event = load_event(body)
+            event.stream_id = f"{stream_ms}-{stream_seq}"
+            entries.append((event.stream_id, event))
+        return entries
+
+    def results(self, run_id: str, step: int) -> list[ToolResult]:
+        j = self.db.json_text
+        rows = self._rows(
+            f"SELECT {j('body')} FROM wesichain_tool_results WHERE run_id = ? AND step = ? ORDER BY call_id",
+            (run_id, step),
+        )
+        return [ToolResult.model_validate_json(row[0]) for row in rows]
+
+    def _all_results(self, run_id: str) -> list[tuple[int, ToolResult]]:
+        j = self.db.json_text
+        rows = self._rows(
+            f"SELECT step, {j('body')} FROM wesichain_tool_results WHERE run_id = ? ORDER BY step, call_id",
+            (run_id,),
+        )
+        return [(int(step), ToolResult.model_validate_json(body)) for step, body in rows]
+
+    def callback_state(self, run_id: str) -> str | None:
+        j = self.db.json_text
+        rows = self._rows(f"SELECT {j('callback_state')} FROM wesichain_runs WHERE run_id = ?", (run_id,))
+        return rows[0][0] if rows and rows[0][0] is not None else None
+
+    def record(self, run_id: str) -> RunRecord | None:
+        rows = self._rows("SELECT created_ms FROM wesichain_runs WHERE run_id = ?", (run_id,))
+        head = self.load(run_id)
+        if not rows or head is None:
+            return None
+        return RunRecord(
+            head=head,
+            created_ms=int(rows[0][0]),
+            messages=self.messages(run_id),
+            checkpoints=self.checkpoints(run_id),
+            events=self.events(run_id, count=1_000_000),
+            results=self._all_results(run_id),
+            callback_state=self.callback_state(run_id),
+        )
+
+    def list_runs(
+        self, where: ListingFilter, before: tuple[int, str] | None, limit: int
+    ) -> list[tuple[int, RunHead]]:
+        clauses: list[str] = ["tenant = ?"]
+        params: list[Any] = [where.tenant or "-"]
+        filters = (("agent", where.agent), ("status", where.status), ("thread_id", where.thread_id))
+        for column, value in filters:
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if where.since_ms is not None:
+            clauses.append("created_ms >= ?")
+            params.append(where.since_ms)
+        if before is not None:
+            clauses.append("(created_ms < ? OR (created_ms = ? AND run_id < ?))")
+            params += [before[0], before[0], before[1]]
+        j = self.db.json_text
+        rows = self._rows(
+            f"SELECT created_ms, {j('head')} FROM wesichain_runs WHERE {' AND '.join(clauses)}"
+            " ORDER BY created_ms DESC, run_id DESC LIMIT ?",
+            (*params, limit),
+        )
+        return [(int(ms), RunHead.model_validate_json(head)) for ms, head in rows]
+
+    def thread_runs(self, tenant: str | None, thread_id: str) -> list[str]:
+        rows = self._rows(
+            "SELECT run_id FROM wesichain_runs WHERE tenant = ? AND thread_id = ?"
+            " ORDER BY created_ms, run_id",
+            (tenant or "-", thread_id),
+        )
+        return [row[0] for row in rows]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _run_row(record: RunRecord, now: float) -> tuple[Any, ...]:
+    head = record.head
+    callback = record.callback_state
+    if callback is not None:
+        callback = CallbackState.model_validate_json(callback).model_dump_json()
+    return (
+        head.run_id,
+        head.tenant or "-",
+        head.agent,
+        head.status,
+        head.thread_id,
+        record.created_ms,
+        head.updated_at,
+        now,
+        head.version,
+        head.model_dump_json(),
+        callback,
+    )
+
+
+def _lrange(rows: list[tuple[Any, ...]], start: int, end: int) -> list[tuple[Any, ...]]:
+    """Rows sliced as Redis's LRANGE slices a list (``end`` inclusive; negatives count from the end)."""
+    n = len(rows)
+    first = max(start + n if start < 0 else start, 0)
+    last = min(end + n if end < 0 else end, n - 1)
+    return rows[first : last + 1] if first <= last else []

@@ -1,0 +1,277 @@
+"""Moving finished runs from Redis to the archive: write and commit, verify, then delete.
+
+The commit script enters every run that ends in its shard's *ended* set, scored by when it ended.
+A pass of the archiver takes, shard by shard, the runs that ended more than
+``Settings.archive_after_s`` ago, in batches of ``Settings.archive_batch``:
+
+1. read each run whole from Redis (head, conversation, checkpoints, events, tool results);
+2. write the batch to the database in one transaction and commit it (runs already there are
+   skipped: a pass that died after its commit left them);
+3. read back what the database holds of each run and compare it with what was read;
+4. only then delete the run's keys and index entries from Redis, in one script per run that
+   deletes nothing unless the run is still ended at the version archived.
+
+A crash anywhere leaves each run in Redis, in the archive, or in both until the next pass (reads
+prefer Redis and listings show it once): never lost, never archived twice. A database outage
+stops the pass with every run still in Redis. One archiver works a shard at a time (a lock per
+shard), so archivers on several hosts share the work.
+
+A run whose completion callback is still being delivered waits (its entry is moved to the back);
+everything else that ended is archived, so Redis keeps live and recently ended runs only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from shared import protocol
+from shared.archive import Archive, RunRecord
+from shared.errors import ArchiveUnavailable
+from shared.events import load_event
+from shared.messages import MESSAGE_ADAPTER
+from shared.scripts import register_scripts
+from shared.state import TERMINAL_PHASES, RunHead, ToolResult
+from shared.store import RunStore
+
+__all__ = ["ArchiveReport", "Archiver"]
+
+log = logging.getLogger("wesichain.archiver")
+
+
+@dataclass
+class ArchiveReport:
+    """What one pass did."""
+
+    #: Runs written to the archive and removed from Redis.
+    archived: int = 0
+    #: Runs the archive already held (a pass died after its commit): removed from Redis now.
+    already_archived: int = 0
+    #: Ended runs left for later: a callback still being delivered, or the run changed meanwhile.
+    deferred: int = 0
+    #: Entries of runs whose keys had expired before they were archived (nothing to archive).
+    gone: int = 0
+    #: Runs whose archived copy did not match Redis's: kept in Redis (an error is logged).
+    mismatched: int = 0
+    #: Shards another archiver was working on.
+    shards_busy: int = 0
+    #: Why the pass stopped early (the database failed), else "".
+    error: str = ""
+    seconds: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+class Archiver:
+    """Moves ended runs of one deployment from its Redis to its archive."""
+
+    def __init__(self, store: RunStore, archive: Archive | None = None) -> None:
+        archive = archive or store.archive
+        if archive is None:
+            raise ArchiveUnavailable("no archive is configured (WESICHAIN_ARCHIVE_URL)")
+        self.store = store
+        self.archive = archive
+        self.settings = store.settings
+        self.keys = store.keys
+        self.redis = store.redis
+        scripts = register_scripts(store.redis)
+        self._lock = scripts["lock"]
+        self._drop = scripts["archive_drop"]
+        self.token = uuid.uuid4().hex
+
+    def run_once(self, *, after_s: float | None = None, max_runs: int | None = None) -> ArchiveReport:
+        """One pass over every shard: archive the runs that ended ``after_s`` ago or earlier."""
+        started = time.monotonic()
+        report = ArchiveReport()
+        wait_s = self.settings.archive_after_s if after_s is None else after_s
+        cutoff_ms = self._now_ms() - int(wait_s * 1000)
+        try:
+            for shard in range(self.keys.shards):
+                if max_runs is not None and report.archived + report.already_archived >= max_runs:
+                    break
+                if not self._hold(shard):
+                    report.shards_busy += 1
+                    continue
+                try:
+                    self._shard(shard, cutoff_ms, report, max_runs)
+                finally:
+                    self._release(shard)
+        except ArchiveUnavailable as exc:
+            report.error = str(exc)
+            log.warning("archiving stopped, the runs stay in Redis: %s", exc)
+        report.seconds = round(time.monotonic() - started, 3)
+        return report
+
+    def _shard(self, shard: int, cutoff_ms: int, report: ArchiveReport, max_runs: int | None) -> None:
+        ended = self.keys.ended(shard)
+        batch_size = self.settings.archive_batch
+        while True:
+            if max_runs is not None:
+                batch_size = min(batch_size, max_runs - report.archived - report.already_archived)
+                if batch_size <= 0:
+                    return
+            ids = [_s(r) for r in self.redis.zrangebyscore(ended, "-inf", cutoff_ms, start=0, num=batch_size)]
+            if not ids:
+                return
+            self._hold(shard)  # extend the lock for this batch
+            self._batch(shard, ids, report)
+
+    def _batch(self, shard: int, ids: list[str], report: ArchiveReport) -> None:
+        records, later, gone = self._read(ids)
+        if later:
+            # Its callback is still being delivered: look again once it has waited as long again.
+            self.redis.zadd(self.keys.ended(shard), dict.fromkeys(later, self._now_ms()), xx=True)
+            report.deferred += len(later)
+        if gone:
+            self._drop_many([(run_id, None) for run_id in gone])
+            report.gone += len(gone)
+        if not records:
+            return
+        before = self.archive.summaries([r.run_id for r in records])
+        self.archive.put([r for r in records if r.run_id not in before])
+        after = self.archive.summaries([r.run_id for r in records])
+        verified = []
+        for record in records:
+            held = after.get(record.run_id)
+            if held != record.summary():
+                report.mismatched += 1
+                log.error(
+                    "run %s: the archive holds %s, Redis %s: kept in Redis",
+                    record.run_id,
+                    held,
+                    record.summary(),
+                )
+                continue
+            verified.append(record)
+        outcomes = self._drop_many([(r.run_id, r.head) for r in verified])
+        for record, outcome in zip(verified, outcomes, strict=True):
+            if outcome == "changed":
+                report.deferred += 1
+            elif record.run_id in before:
+                report.already_archived += 1
+            else:
+                report.archived += 1
+
+    # -- Redis -----------------------------------------------------------------------------------
+
+    def _read(self, ids: list[str]) -> tuple[list[RunRecord], list[str], list[str]]:
+        """The runs of ``ids`` read whole; the ones to look at later; the ones whose keys are gone."""
+        k = self.keys
+        with self.redis.pipeline(transaction=False) as pipe:
+            for run_id in ids:
+                pipe.hgetall(k.run(run_id))
+            hashes = [{_s(f): _s(v) for f, v in h.items()} for h in pipe.execute()]
+        ready: list[tuple[str, dict[str, str]]] = []
+        later: list[str] = []
+        gone: list[str] = []
+        for run_id, fields in zip(ids, hashes, strict=True):
+            if protocol.BODY not in fields:
+                gone.append(run_id)
+            elif fields.get(protocol.CALLBACK) == "pending" or fields.get(protocol.PHASE) not in _TERMINAL:
+                later.append(run_id)
+            else:
+                ready.append((run_id, fields))
+        with self.redis.pipeline(transaction=False) as pipe:
+            for run_id, fields in ready:
+                pipe.lrange(k.messages(run_id), 0, -1)
+                pipe.lrange(k.checkpoints(run_id), 0, -1)
+                pipe.xrange(k.events(run_id))
+                for step in range(1, int(fields.get(protocol.STEP, "0")) + 1):
+                    pipe.hgetall(k.results(run_id, step))
+            replies = iter(pipe.execute())
+        records = []
+        for _, fields in ready:
+            request = fields[protocol.REQUEST]
+            head = RunHead.compose(fields[protocol.BODY], request, int(fields[protocol.EPOCH]))
+            messages, checkpoints, events = next(replies), next(replies), next(replies)
+            results = [
+                (step, ToolResult.model_validate_json(raw))
+                for step in range(1, head.step + 1)
+                for raw in sorted(next(replies).values())
+            ]
+            records.append(
+                RunRecord(
+                    head=head,
+                    created_ms=int(fields.get(protocol.CREATED, "0")),
+                    messages=[MESSAGE_ADAPTER.validate_json(m) for m in messages],
+                    checkpoints=[RunHead.compose(_s(b), request, 0) for b in checkpoints],
+                    events=[_event(eid, entry) for eid, entry in events],
+                    results=results,
+                    callback_state=fields.get(protocol.CALLBACK_STATE),
+                )
+            )
+        return records, later, gone
+
+    def _parts(self, head: RunHead) -> list[str]:
+        """Every key of the run but its hash."""
+        k, run_id = self.keys, head.run_id
+        return [
+            k.messages(run_id),
+            k.checkpoints(run_id),
+            k.events(run_id),
+            k.attempts(run_id),
+            *(k.results(run_id, step) for step in range(1, head.step + 1)),
+        ]
+
+    def _indexes(self, head: RunHead) -> list[str]:
+        """The listing indexes the run is in (its status index is its final status's)."""
+        k, run_id, tenant = self.keys, head.run_id, head.tenant
+        keys = [
+            k.index_of(run_id, tenant),
+            k.index_of(run_id, tenant, "agent", head.agent),
+            k.index_of(run_id, tenant, "status", head.status),
+        ]
+        if head.thread_id is not None:
+            keys.append(k.index_of(run_id, tenant, "thread", head.thread_id))
+        return keys
+
+    def _drop_many(self, runs: list[tuple[str, RunHead | None]]) -> list[str]:
+        """Delete runs from Redis, each with the head archived (None: its keys are gone already)."""
+        if not runs:
+            return []
+        k = self.keys
+        with self.redis.pipeline(transaction=False) as pipe:
+            for run_id, head in runs:
+                parts = self._parts(head) if head is not None else []
+                self._drop(
+                    keys=[
+                        k.run(run_id),
+                        k.leases_of(run_id),
+                        k.runs_index_of(run_id),
+                        k.ended_of(run_id),
+                        *parts,
+                        *(self._indexes(head) if head is not None else []),
+                    ],
+                    args=[run_id, head.version if head is not None else 0, len(parts)],
+                    client=pipe,
+                )
+            return [_s(r) for r in pipe.execute()]
+
+    def _hold(self, shard: int) -> bool:
+        ttl_ms = 60_000
+        return int(self._lock(keys=[self.keys.archiver_lock(shard)], args=[self.token, ttl_ms, "hold"])) == 1
+
+    def _release(self, shard: int) -> None:
+        self._lock(keys=[self.keys.archiver_lock(shard)], args=[self.token, 0, "release"])
+
+    def _now_ms(self) -> int:
+        seconds, micros = self.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+
+_TERMINAL = frozenset(phase.value for phase in TERMINAL_PHASES)
+
+
+def _event(event_id: Any, entry: dict[Any, Any]) -> tuple[str, Any]:
+    event = load_event(entry[b"e"] if b"e" in entry else entry["e"])
+    event.stream_id = _s(event_id)
+    return event.stream_id, event
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

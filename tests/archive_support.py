@@ -1,0 +1,113 @@
+"""Archives for tests: a PostgreSQL database of their own (created and dropped) or a SQLite file,
+and a run read whole through the client, to compare before and after archiving."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from producer.client import Client
+from shared.events import Event
+from shared.messages import Message
+from shared.state import CallbackState, RunHead, ToolResult
+
+#: The PostgreSQL server of these machines (trust auth); tests create and drop their own database.
+POSTGRES = "postgresql://postgres@127.0.0.1:5432"
+BACKENDS = ("sqlite", "postgresql")
+
+
+def _admin() -> Any:
+    import psycopg
+
+    return psycopg.connect(f"{POSTGRES}/postgres", autocommit=True, connect_timeout=5)
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A new, empty database; its URL. Dropped afterwards (its connections are ended first)."""
+    name = f"wesichain_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = _admin()
+    except Exception as exc:  # no server: skip locally, fail under CI, as the Redis tests do
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"PostgreSQL is not reachable at {POSTGRES}: {exc}")
+        pytest.skip(f"PostgreSQL is not reachable at {POSTGRES}: {exc}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{POSTGRES}/{name}"
+    finally:
+        with _admin() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def archive_url(backend: str, directory: Path) -> Iterator[str]:
+    if backend == "postgresql":
+        with postgres_database() as url:
+            yield url
+    else:
+        yield f"sqlite:///{directory / 'archive.db'}"
+
+
+def set_connections(url: str, allowed: bool) -> None:
+    """Let a test database accept connections, or refuse them and end the ones it has (an outage)."""
+    name = url.rsplit("/", 1)[1]
+    with _admin() as admin:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+        if not allowed:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+            )
+
+
+@dataclass
+class FullRead:
+    """Everything a client can read of one run."""
+
+    status: RunHead
+    events: list[tuple[str | None, Event]]
+    checkpoints: list[RunHead]
+    messages: list[Message]
+    results: dict[int, list[ToolResult]]
+    callback: CallbackState | None
+    listed: RunHead | None
+    listed_by_status: RunHead | None
+
+
+def full_read(client: Client, run_id: str) -> FullRead:
+    handle = client.handle(run_id)
+    status = handle.status()
+    results = {
+        step: sorted(client.store.load_results(run_id, step), key=lambda r: r.call_id)
+        for step in range(1, status.step + 1)
+    }
+
+    def listed(**filters: Any) -> RunHead | None:
+        cursor = None
+        while True:
+            page = client.list_runs(tenant=status.tenant, limit=100, cursor=cursor, **filters)
+            for head in page.runs:
+                if head.run_id == run_id:
+                    return head
+            if page.next_cursor is None:
+                return None
+            cursor = page.next_cursor
+
+    return FullRead(
+        status=status,
+        events=[(e.stream_id, e) for e in handle.events(follow=False)],
+        checkpoints=client.store.checkpoints(run_id),
+        messages=client.store.load_messages(run_id),
+        results=results,
+        callback=handle.callback(),
+        listed=listed(agent=status.agent),
+        listed_by_status=listed(status=status.status),
+    )

@@ -1,0 +1,248 @@
+"""Archiving finished runs from Redis to PostgreSQL and SQLite, and reading them back unchanged.
+
+Real parts: a redis-server and a `wesichain worker` of this module's own (archiving takes every
+ended run of a Redis), a PostgreSQL database created and dropped per test, a SQLite file.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+
+import pytest
+
+from producer.cli import main
+from producer.client import Client, RequestConflict, RunHandle, RunNotFound
+from shared.archive import open_archive
+from shared.archiver import Archiver
+from shared.retention import GarbageCollector
+from shared.settings import Settings
+from shared.state import CallbackState, Phase
+from shared.tasks import TASK_ARCHIVE
+from tests.archive_support import BACKENDS, FullRead, archive_url, full_read
+from tests.harness import RedisServer, WorkerProcess, wait_until
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 60
+
+
+@dataclass(frozen=True)
+class Pool:
+    server: RedisServer
+    #: The archive the worker and the test's client share (as every process of a deployment must).
+    url: str
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def pool(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    """A redis-server, an archive and one worker archiving to it when its task is sent."""
+    directory = tmp_path_factory.mktemp("archive")
+    with archive_url(request.param, directory) as url:
+        server = RedisServer().start()
+        worker = WorkerProcess(
+            "archive",
+            server.url,
+            concurrency=2,
+            log_dir=str(directory),
+            env={"WESICHAIN_ARCHIVE_URL": url, "WESICHAIN_ARCHIVE_AFTER_S": "0"},
+        )
+        worker.start()
+        yield Pool(server, url)
+        worker.stop()
+        server.cleanup()
+
+
+@pytest.fixture
+def client(pool: Pool) -> Iterator[Client]:
+    c = Client(
+        Settings(redis_url=pool.server.url, agents_module="tests.agents_fixture", archive_url=pool.url)
+    )
+    # Runs an earlier test left in this Redis go first, so a test counts only its own.
+    Archiver(c.store).run_once(after_s=0)
+    yield c
+    if c.store.archive is not None:
+        c.store.archive.close()
+    c.close()
+
+
+def _keys_naming(client: Client, run_id: str) -> list[str]:
+    """Redis keys whose name holds the run id, and index entries naming it."""
+    r = client.store.redis
+    keys = [k for k in r.scan_iter(match=f"*{run_id}*", count=1000)]
+    for key in r.scan_iter(match="*", count=1000, _type="zset"):
+        if r.zscore(key, run_id) is not None:
+            keys.append(f"{key} (entry)")
+    return keys
+
+
+def _runs_of_every_kind(client: Client) -> list[str]:
+    """A run of each terminal kind: completed (with and without tools, with a delivered callback,
+    in a thread), failed, interrupted."""
+    handles = [
+        client.submit("direct", "hi", tenant="acme"),
+        client.submit("one_hop", "add", tenant="acme", metadata={"ticket": "T-1"}),
+        client.submit("chain", "three hops", tenant="acme", thread_id="th-1"),
+        client.submit("bad_json", "fail", tenant="acme"),
+        client.submit(
+            "direct", "call me", tenant="acme", callback={"task": "billing.done", "queue": "billing"}
+        ),
+    ]
+    long = client.submit("long_tool", "stop me", tenant="acme")
+    wait_until(lambda: long.status().phase is Phase.ACTING, TIMEOUT, what="the long tool to start")
+    long.cancel()
+    handles.append(long)
+    for handle in handles:
+        handle.wait(TIMEOUT)
+    callback = handles[4]
+    wait_until(
+        lambda: (state := callback.callback()) is not None and state.status == "delivered",
+        TIMEOUT,
+        what="the Celery callback to be sent",
+    )
+    phases = [h.status().phase for h in handles]
+    assert phases == [Phase.COMPLETED] * 3 + [Phase.FAILED, Phase.COMPLETED, Phase.INTERRUPTED]
+    return [h.run_id for h in handles]
+
+
+def _assert_same(before: FullRead, after: FullRead) -> None:
+    for field in fields(FullRead):
+        assert getattr(after, field.name) == getattr(before, field.name), field.name
+
+
+def test_every_terminal_kind_reads_the_same_after_archiving(client: Client) -> None:
+    run_ids = _runs_of_every_kind(client)
+    before = {run_id: full_read(client, run_id) for run_id in run_ids}
+    assert before[run_ids[1]].results[1][0].output == "3.0"
+    assert before[run_ids[1]].listed is not None and before[run_ids[3]].listed_by_status is not None
+
+    report = Archiver(client.store).run_once(after_s=0)
+
+    assert (report.archived, report.already_archived, report.mismatched, report.error) == (6, 0, 0, "")
+    for run_id in run_ids:
+        assert _keys_naming(client, run_id) == [], run_id
+        _assert_same(before[run_id], full_read(client, run_id))
+    assert client.handle(run_ids[0]).cancel() is Phase.COMPLETED  # nothing to cancel: it ended
+    assert client.handle(run_ids[4]).callback() == CallbackState.model_validate_json(
+        client.store.callback_state(run_ids[4]) or "{}"
+    )
+    with pytest.raises(RunNotFound):
+        client.handle("never-was").status()
+    again_run = client.submit("direct", "hi", tenant="acme", idempotency_key="archived-key")
+    again_run.wait(TIMEOUT)
+    assert Archiver(client.store).run_once(after_s=0).archived == 1
+    # The key's run is archived: submitting again is still the same run, not a second one.
+    assert client.submit("direct", "hi", tenant="acme", idempotency_key="archived-key").run_id == (
+        again_run.run_id
+    )
+    assert client.store.redis.exists(client.store.keys.run(again_run.run_id)) == 0
+    with pytest.raises(RequestConflict):
+        client.submit("direct", "another", tenant="acme", idempotency_key="archived-key")
+    again = Archiver(client.store).run_once(after_s=0)  # nothing left to move
+    assert (again.archived, again.already_archived) == (0, 0)
+
+
+def test_listing_pages_through_redis_and_the_archive_alike(client: Client) -> None:
+    tenant = f"pages-{uuid.uuid4().hex[:8]}"
+    old = [client.submit("direct", f"old {i}", tenant=tenant) for i in range(5)]
+    created: dict[str, int] = {}
+
+    def finish(handle: RunHandle) -> None:
+        handle.wait(TIMEOUT)
+        created[handle.run_id] = int(
+            client.store.redis.hget(client.store.keys.run(handle.run_id), "created") or 0
+        )
+
+    for handle in old:
+        finish(handle)
+    assert Archiver(client.store).run_once(after_s=0).archived == 5
+    new = [client.submit("direct", f"new {i}", tenant=tenant) for i in range(4)]
+    for handle in new:
+        finish(handle)
+    # Newest first by creation (Redis ms), then run id: runs created in one millisecond included.
+    expected = sorted(created, key=lambda run_id: (created[run_id], run_id), reverse=True)
+
+    for limit in (1, 2, 3, 4, 100):
+        seen, cursor = [], None
+        while True:
+            page = client.list_runs(tenant=tenant, cursor=cursor, limit=limit)
+            assert len(page.runs) <= limit
+            seen += [h.run_id for h in page.runs]
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert seen == expected, limit
+    completed = client.list_runs(tenant=tenant, status="completed", limit=100)
+    assert [h.run_id for h in completed.runs] == expected
+    assert client.list_runs(tenant="someone-else", limit=100).runs == []
+
+
+def test_a_thread_continues_from_archived_history(client: Client) -> None:
+    thread = f"continued-{uuid.uuid4().hex[:8]}"
+    first = client.submit("one_hop", "add", tenant="acme", thread_id=thread)
+    first.wait(TIMEOUT)
+    assert Archiver(client.store).run_once(after_s=0).archived == 1
+    assert client.store.redis.exists(client.store.keys.run(first.run_id)) == 0
+
+    second = client.submit("echo", "and now?", tenant="acme", thread_id=thread)
+    head = second.wait(TIMEOUT)
+    # The archived run's exchange (user, assistant with the call, tool, answer) came along.
+    assert head.answer == "seen 1 tool results in 6 messages"
+
+    # Past the Redis retention the thread's list is gone; the archive still knows the thread.
+    assert Archiver(client.store).run_once(after_s=0).archived == 1
+    client.store.redis.delete(client.store.keys.thread("acme", thread))
+    assert client.store.join_thread("acme", thread, "a-later-run") == [
+        first.run_id,
+        second.run_id,
+        "a-later-run",
+    ]
+
+
+def test_the_archiving_task_and_the_cli_move_ended_runs(
+    pool: Pool, client: Client, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    handle = client.submit("direct", "by the task")
+    handle.wait(TIMEOUT)
+    client.app.send_task(TASK_ARCHIVE)  # as celery beat sends it every archive_interval_s
+    gone = client.store.keys.run(handle.run_id)
+    wait_until(lambda: client.store.redis.exists(gone) == 0, TIMEOUT, what="the task to archive the run")
+    assert handle.status().answer == "The answer is 42."
+
+    by_cli = client.submit("direct", "by the operator")
+    by_cli.wait(TIMEOUT)
+    monkeypatch.setenv("WESICHAIN_ARCHIVE_URL", pool.url)
+    assert main(["archive", "--redis", pool.server.url, "--after", "0", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["archived"] == 1 and report["error"] == ""
+    assert client.store.redis.exists(client.store.keys.run(by_cli.run_id)) == 0
+    archive = open_archive(pool.url)
+    assert set(archive.summaries([by_cli.run_id, handle.run_id])) == {by_cli.run_id, handle.run_id}
+    archive.close()
+
+
+def test_gc_leaves_what_waits_for_the_archive(client: Client) -> None:
+    store = client.store
+    handle = client.submit("direct", "kept forever?")
+    handle.wait(TIMEOUT)
+    run_id = handle.run_id
+    # An ended run without a TTL, ended long ago, that fell out of the ended set (written by hand).
+    for key in [store.keys.run(run_id), *store.redis.scan_iter(match=f"*{run_id}:*")]:
+        store.redis.persist(key)
+    body = json.loads(store.redis.hget(store.keys.run(run_id), "body") or "{}")
+    body["updated_at"] -= 30 * 86400
+    store.redis.hset(store.keys.run(run_id), "body", json.dumps(body))
+    store.redis.zrem(store.keys.ended_of(run_id), run_id)
+
+    report = GarbageCollector(store.redis, store.settings).collect()
+
+    assert (report.expired_runs, report.runs_awaiting_archive) == (0, 1)
+    assert store.redis.exists(store.keys.run(run_id)) == 1
+    assert Archiver(store).run_once(after_s=0).archived >= 1
+    assert store.redis.exists(store.keys.run(run_id)) == 0
+    assert handle.status().phase is Phase.COMPLETED
+    # gc then finds nothing of it left to clean: the archiver removed its index entries too.
+    again = GarbageCollector(store.redis, store.settings).collect(dry_run=True)
+    assert again.index_entries_of_gone_runs == 0

@@ -1,0 +1,185 @@
+"""The archive's SQL store on SQLite (PostgreSQL runs the same queries in the integration tests):
+schema migrations, idempotent batches, and reads shaped as the Redis reads are."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from shared.archive import ListingFilter, RunRecord, RunSummary, open_archive
+from shared.archive.databases import sqlite_path
+from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE
+from shared.archive.sql import SqlArchive
+from shared.errors import ArchiveUnavailable, ConfigError, RunErrorInfo
+from shared.events import Completed, Event, Failed, RunStarted, StepStarted
+from shared.llm.base import Usage
+from shared.messages import AssistantMessage, SystemMessage, UserMessage
+from shared.settings import Settings
+from shared.state import CallbackState, Phase, RunHead, ToolResult
+
+
+def _ev(stream_id: str, event: Event) -> tuple[str, Event]:
+    event.stream_id = stream_id
+    return stream_id, event
+
+
+def _record(
+    run_id: str,
+    created_ms: int,
+    *,
+    tenant: str | None = "acme",
+    agent: str = "a",
+    thread_id: str | None = None,
+    **head: object,
+) -> RunRecord:
+    start = RunHead.new_idle(run_id, agent, "question", tenant=tenant, thread_id=thread_id)
+    done = start.model_copy(
+        update={"phase": Phase.COMPLETED, "version": 3, "step": 1, "answer": "42", **head}
+    )
+    return RunRecord(
+        head=done,
+        created_ms=created_ms,
+        messages=[
+            SystemMessage(content="sys"),
+            UserMessage(content="question"),
+            AssistantMessage(content="42"),
+        ],
+        checkpoints=[start, start.model_copy(update={"version": 2}), done.model_copy(update={"epoch": 0})],
+        events=[
+            _ev(
+                f"{created_ms}-0",
+                RunStarted(run_id=run_id, step=0, agent=agent, agent_version="1", model="m"),
+            ),
+            _ev(f"{created_ms}-1", StepStarted(run_id=run_id, step=1)),
+            _ev(f"{created_ms + 5}-0", Completed(run_id=run_id, step=1, answer="42", usage=Usage())),
+        ],
+        results=[
+            (1, ToolResult(call_id="b", name="add", ok=True, output="3")),
+            (
+                1,
+                ToolResult(
+                    call_id="a",
+                    name="add",
+                    ok=False,
+                    output="",
+                    error=RunErrorInfo(kind="ToolDispatch", message="no"),
+                ),
+            ),
+        ],
+        callback_state=CallbackState(status="delivered", attempts=2).model_dump_json(),
+    )
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> SqlArchive:
+    opened = open_archive(f"sqlite:///{tmp_path / 'a.db'}")
+    assert isinstance(opened, SqlArchive)
+    return opened
+
+
+def test_a_run_reads_back_as_it_was_written(archive: SqlArchive) -> None:
+    record = _record("r1", 1000)
+    assert archive.put([record]) == 1
+    assert archive.load("r1") == record.head
+    assert archive.messages("r1") == record.messages
+    assert archive.messages("r1", 1) == record.messages[1:]
+    assert archive.messages("r1", -2, -1) == record.messages[-2:]
+    assert archive.messages("r1", 0, 0) == record.messages[:1]
+    assert archive.messages("r1", 5) == []
+    assert archive.checkpoints("r1") == record.checkpoints
+    assert archive.events("r1") == record.events
+    assert [e.stream_id for _, e in archive.events("r1")] == ["1000-0", "1000-1", "1005-0"]
+    assert archive.events("r1", after="1000-0") == record.events[1:]
+    assert archive.events("r1", after="1000-1", count=1) == record.events[2:]
+    assert sorted(archive.results("r1", 1), key=lambda r: r.call_id) == sorted(
+        (r for _, r in record.results), key=lambda r: r.call_id
+    )
+    assert archive.results("r1", 2) == []
+    assert CallbackState.model_validate_json(archive.callback_state("r1") or "") == CallbackState(
+        status="delivered", attempts=2
+    )
+    whole = archive.record("r1")
+    assert whole is not None and whole.summary() == record.summary() == RunSummary(3, 3, 3, 3, 2)
+    assert (
+        archive.load("nope") is None and archive.record("nope") is None and archive.checkpoints("nope") == []
+    )
+
+
+def test_batches_are_idempotent(archive: SqlArchive) -> None:
+    assert archive.put([_record("r1", 1000), _record("r2", 1001)]) == 2
+    assert archive.put([_record("r1", 1000), _record("r3", 1002)]) == 1  # r1 was there already
+    assert archive.put([]) == 0
+    assert set(archive.summaries(["r1", "r2", "r3", "r4"])) == {"r1", "r2", "r3"}
+    assert archive.summaries([]) == {}
+    assert archive.summaries(["r1"])["r1"].events == 3
+
+
+def test_listing_is_newest_first_by_time_then_id(archive: SqlArchive) -> None:
+    archive.put(
+        [
+            _record("a", 1000),
+            _record("b", 2000, agent="other"),
+            _record("c", 2000, thread_id="t"),
+            _record("d", 3000, phase=Phase.FAILED, error=RunErrorInfo(kind="BudgetExceeded", message="x")),
+            _record("e", 4000, tenant=None),
+        ]
+    )
+
+    def ids(where: ListingFilter, before: tuple[int, str] | None = None, limit: int = 10) -> list[str]:
+        return [head.run_id for _, head in archive.list_runs(where, before, limit)]
+
+    assert ids(ListingFilter("acme")) == ["d", "c", "b", "a"]
+    assert ids(ListingFilter("acme"), limit=2) == ["d", "c"]
+    assert ids(ListingFilter("acme"), before=(2000, "c")) == ["b", "a"]
+    assert ids(ListingFilter("acme"), before=(2000, "b")) == ["a"]
+    assert ids(ListingFilter("acme", agent="other")) == ["b"]
+    assert ids(ListingFilter("acme", status="failed")) == ["d"]
+    assert ids(ListingFilter("acme", thread_id="t")) == ["c"]
+    assert ids(ListingFilter("acme", since_ms=2000)) == ["d", "c", "b"]
+    assert ids(ListingFilter(None)) == ["e"]
+    assert archive.list_runs(ListingFilter("acme"), None, 1)[0][0] == 3000
+    assert archive.thread_runs("acme", "t") == ["c"] and archive.thread_runs("other", "t") == []
+
+
+def test_the_schema_is_migrated_once_and_a_newer_one_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    first = open_archive(url)
+    assert isinstance(first, SqlArchive)
+    assert first.migrate() == len(MIGRATIONS)
+    first.put([_record("r1", 1)])
+    first.close()
+    again = open_archive(url)  # opening again applies nothing and keeps the data
+    assert again.load("r1") is not None
+    assert isinstance(again, SqlArchive)
+    with again.db.transaction() as cur:
+        cur.execute(f"INSERT INTO {SCHEMA_TABLE} (version, applied_at) VALUES (?, ?)", (99, time.time()))
+    again.close()
+    with pytest.raises(ArchiveUnavailable, match="newer than this release"):
+        open_archive(url)
+
+
+def test_archive_urls_are_checked() -> None:
+    assert sqlite_path("sqlite:///relative/a.db") == "relative/a.db"
+    assert sqlite_path("sqlite:////abs/a.db") == "/abs/a.db"
+    assert sqlite_path("sqlite:///:memory:") == ":memory:"
+    with pytest.raises(ConfigError):
+        sqlite_path("sqlite://")
+    with pytest.raises(ConfigError, match="WESICHAIN_ARCHIVE_URL"):
+        Settings(archive_url="mysql://x/y").validate()
+    with pytest.raises(ConfigError):
+        Settings(archive_batch=0).validate()
+    Settings(archive_url="postgresql://u:secret@h/db").validate()
+    assert "secret" not in repr(Settings(archive_url="postgresql://u:secret@h/db"))
+
+
+def test_a_failed_run_keeps_its_error(archive: SqlArchive) -> None:
+    error = RunErrorInfo(kind="ToolDispatch", message="boom")
+    record = _record("f", 10, phase=Phase.FAILED, error=error)
+    failed = Failed(run_id="f", step=1, error=error)
+    record.events.append(_ev("20-0", failed))
+    archive.put([record])
+    head = archive.load("f")
+    assert head is not None and head.error == error and head.status == "failed"
+    assert archive.events("f")[-1][1] == failed
