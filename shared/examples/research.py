@@ -24,6 +24,7 @@ from shared.examples.research_eval import guess_script, plan_script
 from shared.llm.base import ModelResponse
 from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import Message, ToolMessage, UserMessage
+from shared.middleware import ArgumentRule, AuditLog, BlockArguments, RedactPII
 from shared.tools import ToolSet, tool
 
 __all__ = [
@@ -315,5 +316,26 @@ registry.add(
         tools=ToolSet([search, calculator, current_time]),
         max_steps=6,
         output_type=Brief,
+    )
+)
+#: The same assistant behind middleware: personal data redacted from what its tools return, no
+#: search for secrets, and an audit line (logger ``wesichain.audit``) for every model and tool call.
+registry.add(
+    Agent(
+        name="research-guarded",
+        model="scripted:research-demo",
+        system_prompt=(
+            "You are a careful research assistant. Use `search` for facts from the knowledge base, "
+            "`calculator` for any arithmetic and `current_time` for dates. Cite what you found."
+        ),
+        tools=ToolSet([search, calculator, current_time]),
+        max_steps=6,
+        middleware=(
+            AuditLog(),
+            RedactPII(),
+            BlockArguments(
+                [ArgumentRule("search", "query", r"(?i)password|api[ _-]?key", "no searching for secrets")]
+            ),
+        ),
     )
 )
