@@ -81,6 +81,10 @@ def _producer_commands(
         a = sub.add_parser(verb, parents=[common], help=text)
         a.add_argument("run_id")
         a.add_argument("--note", default="", help="a note the model (and the run's history) will see")
+        if verb == "approve":
+            a.add_argument(
+                "--always", action="store_true", help="the same tools need no approval again in this run"
+            )
 
     tl = sub.add_parser(
         "timeline", parents=[common], help="show where a run's time went, per worker (phases, tools, waits)"
@@ -120,6 +124,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         register: Register = entry.load()
         handlers.update(register(sub, common))
     handlers.update(_producer_commands(sub, common))
+    from producer.evals.cli import register as register_evals
+
+    handlers.update(register_evals(sub, common))
     return p, handlers
 
 

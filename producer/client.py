@@ -302,9 +302,12 @@ class RunHandle:
             self._send_decide(self.status())
         return phase
 
-    def approve(self, note: str = "") -> None:
-        """Approve the tool calls a parked run waits on (or accept an unknown tool outcome)."""
-        self.decide(Decision(approve=True, note=note))
+    def approve(self, note: str = "", *, always: bool = False) -> None:
+        """Approve the tool calls a parked run waits on (or accept an unknown tool outcome).
+
+        ``always``: the tools of these calls need no approval again for the rest of the run.
+        """
+        self.decide(Decision(approve=True, note=note, always=always))
 
     def deny(self, note: str = "") -> None:
         """Deny them: the model is told and thinks again (an unknown outcome: the run fails)."""

@@ -140,8 +140,8 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def approve(args: argparse.Namespace) -> int:
-    Client.from_env().handle(args.run_id).approve(args.note)
-    print(f"approved; run {args.run_id} resumes")
+    Client.from_env().handle(args.run_id).approve(args.note, always=args.always)
+    print(f"approved{' for the rest of the run' if args.always else ''}; run {args.run_id} resumes")
     return 0
 
 

@@ -18,10 +18,12 @@ from pydantic import BaseModel
 from shared.errors import ConfigError
 from shared.limits import ProviderLimit
 from shared.llm.base import LlmAdapter, OutputFormat
+from shared.messages import ToolCall
+from shared.middleware import Middleware
 from shared.output import MAX_SCHEMA_CHARS, output_format
 from shared.policy import Policy
 from shared.prompts import INPUT_VARIABLE, Prompt
-from shared.tools import ToolSet
+from shared.tools import RISKS, Risk, ToolSet
 
 __all__ = ["Agent", "AgentRegistry", "load_registry"]
 
@@ -53,6 +55,10 @@ class Agent:
     #: How the run's input becomes the user message (``{input}`` and metadata variables); None:
     #: the input as it is.
     input_template: Prompt | None = None
+    #: Hooks around the input, the model calls and the tool calls, in order (``shared/middleware.py``).
+    middleware: tuple[Middleware, ...] = ()
+    #: Calls of tools at or above this risk need a human's approval (None: risk alone never does).
+    approval_risk: Risk | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
@@ -65,6 +71,24 @@ class Agent:
         if ":" not in self.model:
             raise ConfigError(f"agent {self.name!r}: model {self.model!r} must look like PROVIDER:MODEL")
         self._check_output_type()
+        if not isinstance(self.middleware, tuple) or not all(
+            isinstance(m, Middleware) for m in self.middleware
+        ):
+            raise ConfigError(f"agent {self.name!r}: middleware must be a tuple of Middleware instances")
+        if self.approval_risk is not None and self.approval_risk not in RISKS:
+            raise ConfigError(f"agent {self.name!r}: approval_risk must be one of {', '.join(RISKS)}")
+
+    def needs_approval(self, call: ToolCall) -> bool:
+        """Whether a human must approve ``call`` (validated) before it runs: the tool is listed in
+        ``approval_required``, is at or above ``approval_risk``, or its own predicate says so."""
+        if call.name in self.approval_required:
+            return True
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return False
+        if self.approval_risk is not None and RISKS.index(tool.risk) >= RISKS.index(self.approval_risk):
+            return True
+        return tool.approval is not None and bool(tool.approval(tool.validate(call.arguments)))
 
     def _check_output_type(self) -> None:
         if self.output_type is None:

@@ -2,6 +2,7 @@
 
     IDLE ─start→ THINKING ─complete→ COMPLETED
                     │ └─act→ ACTING ─observe→ OBSERVING ─next_step→ THINKING …
+                    │                                   └─finish→ COMPLETED (a tool ended the run)
                     ├─reprompt / retry→ THINKING
                     └─park→ AWAITING_APPROVAL ─approve→ ACTING, ─deny→ THINKING
     OBSERVING ─park_unknown→ AWAITING_APPROVAL ─resume→ THINKING
@@ -272,6 +273,23 @@ class Observing(_Live):
             Thinking(head), messages=messages, events=(ev.StepStarted(run_id=head.run_id, step=step),)
         )
 
+    def finish(
+        self, results: Sequence[ToolResult], answer: str, output: Any = None
+    ) -> Transition[CompletedRun]:
+        """A call of a tool that ends the run succeeded: its result is the run's answer."""
+        messages = _tool_messages(self.head, results)
+        head = self._next(
+            Phase.COMPLETED,
+            answer=answer,
+            output=output,
+            pending_calls=[],
+            message_count=self.head.message_count + len(messages),
+        )
+        completed = ev.Completed(
+            run_id=head.run_id, step=head.step, answer=answer, usage=head.usage, output=output
+        )
+        return Transition(CompletedRun(head), messages=messages, events=(completed,))
+
     def park_unknown(self, results: Sequence[ToolResult]) -> Transition[Parked]:
         """A non-retry-safe call's outcome is unknown and the policy asks a human."""
         unknown = [r for r in results if r.error is not None and r.error.kind == "ToolOutcomeUnknown"]
@@ -295,9 +313,12 @@ class Parked(_Live):
 
     phase: Phase = field(init=False, default=Phase.AWAITING_APPROVAL)
 
-    def approve(self) -> Transition[Acting]:
-        """Approved tool calls: dispatch them all."""
-        head = self._next(Phase.ACTING, approval=None)
+    def approve(self, always: bool = False) -> Transition[Acting]:
+        """Approved tool calls: dispatch them all (``always``: their tools need no approval again)."""
+        approved = self.head.approved_tools
+        if always:
+            approved = sorted({*approved, *(c.name for c in self.head.pending_calls)})
+        head = self._next(Phase.ACTING, approval=None, approved_tools=approved)
         return Transition(Acting(head), events=_dispatched(head))
 
     def deny(self, note: str) -> Transition[Thinking]:

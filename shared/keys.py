@@ -158,3 +158,45 @@ class Keys:
     def worker(self, worker_id: str) -> str:
         """String: one worker's JSON record (what it serves, whether it consumes); expires with it."""
         return f"{self.prefix}worker:{worker_id}"
+
+    # -- evals: every key of one eval shares its hash tag, so each eval script touches one slot --
+
+    def _eval(self, eval_id: str) -> str:
+        return f"{self.prefix}{{eval:{eval_id}}}"
+
+    def eval_meta(self, eval_id: str) -> str:
+        """Hash: the eval's spec, status, item count and times (no TTL until it ends)."""
+        return self._eval(eval_id) + ":meta"
+
+    def eval_cases(self, eval_id: str) -> str:
+        """Hash: case index -> the case as JSON."""
+        return self._eval(eval_id) + ":cases"
+
+    def eval_pending(self, eval_id: str) -> str:
+        """List: work items (``variant:case:repeat`` indexes) not started yet, next first."""
+        return self._eval(eval_id) + ":pending"
+
+    def eval_slots(self, eval_id: str) -> str:
+        """Sorted set: items holding a slot of the eval's cap, by lease deadline (Redis ms; inf once
+        the case run exists, released when its result is recorded)."""
+        return self._eval(eval_id) + ":slots"
+
+    def eval_scoring(self, eval_id: str) -> str:
+        """Sorted set: items being scored, by the deadline of the scorer's claim (Redis ms)."""
+        return self._eval(eval_id) + ":scoring"
+
+    def eval_results(self, eval_id: str) -> str:
+        """Hash: item -> its result row as JSON; HSETNX makes each result once."""
+        return self._eval(eval_id) + ":results"
+
+    def eval_counts(self, eval_id: str) -> str:
+        """Hash: running totals per variant (``v<n>:done``, ``passed``, ``failed``, tokens, cost)."""
+        return self._eval(eval_id) + ":counts"
+
+    def evals_active(self) -> str:
+        """Set: ids of evals not finished (the sweeper looks after them)."""
+        return f"{self.prefix}evals:active"
+
+    def evals_index(self) -> str:
+        """Sorted set: every eval id by creation time (ms)."""
+        return f"{self.prefix}evals:index"

@@ -159,6 +159,8 @@ class Decision(BaseModel):
 
     approve: bool
     note: str = Field(default="", max_length=2000)
+    #: With ``approve``: the tools of these calls need no approval again for the rest of the run.
+    always: bool = False
 
 
 #: The fields of a head that a producer sets when it creates the run and that never change: they
@@ -213,6 +215,8 @@ class RunHead(BaseModel):
     #: The accepted tool calls of the current step (ACTING / OBSERVING).
     pending_calls: list[ToolCall] = Field(default_factory=list)
     approval: Approval | None = None
+    #: Tools a reviewer approved "always for this run": their calls no longer park it.
+    approved_tools: list[str] = Field(default_factory=list)
     max_steps: int = 0
     #: Steps charged against ``max_steps`` (thinks, plus reprompts/retries that consume budget).
     steps_used: int = 0

@@ -23,14 +23,30 @@ import inspect
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints, overload
+from typing import Any, Literal, get_type_hints, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from shared.errors import ConfigError
 from shared.llm.base import ToolSpec
+from shared.policy import Retry
 
-__all__ = ["Tool", "ToolContext", "ToolSet", "tool", "validation_summary"]
+__all__ = [
+    "RISKS",
+    "ApprovalPredicate",
+    "Risk",
+    "Tool",
+    "ToolContext",
+    "ToolSet",
+    "tool",
+    "validation_summary",
+]
+
+#: How risky a tool's calls are; an agent can ask a human to approve every call at or above a level.
+Risk = Literal["low", "medium", "high"]
+RISKS: tuple[Risk, ...] = ("low", "medium", "high")
+#: Given a call's validated arguments: whether a human must approve this call first.
+ApprovalPredicate = Callable[[Any], bool]
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,22 @@ class Tool:
     #: Whether re-running the call after an unknown outcome (its worker died mid-call) is safe.
     retry_safe: bool = True
     timeout_s: float = 60.0
+    #: Run the call again when it raises or times out, at most ``retry.n`` more times, waiting
+    #: ``retry.delay_s(k)`` before retry k (retry-safe tools only).
+    retry: Retry | None = None
+    #: A successful call ends the run, its result the run's answer (and output).
+    ends_run: bool = False
+    risk: Risk = "low"
+    #: Whether a call needs a human's approval, from its arguments (besides the agent's rules).
+    approval: ApprovalPredicate | None = None
+
+    @property
+    def attempt_limit_s(self) -> float:
+        """The longest a call can take, all its retries and their waits included."""
+        if self.retry is None:
+            return self.timeout_s
+        waits = sum(self.retry.delay_s(k) for k in range(self.retry.n))
+        return self.timeout_s * (self.retry.n + 1) + waits
 
     def spec(self) -> ToolSpec:
         return ToolSpec(
@@ -104,7 +136,14 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 
 @overload
 def tool(
-    *, name: str | None = None, retry_safe: bool = True, timeout_s: float = 60.0
+    *,
+    name: str | None = None,
+    retry_safe: bool = True,
+    timeout_s: float = 60.0,
+    retry: Retry | None = None,
+    ends_run: bool = False,
+    risk: Risk = "low",
+    approval: ApprovalPredicate | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -115,8 +154,20 @@ def tool(
     name: str | None = None,
     retry_safe: bool = True,
     timeout_s: float = 60.0,
+    retry: Retry | None = None,
+    ends_run: bool = False,
+    risk: Risk = "low",
+    approval: ApprovalPredicate | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a :class:`Tool` from a typed function (usable bare or with options)."""
+    if retry is not None and not retry_safe:
+        raise ConfigError("a tool that is not retry-safe cannot be retried (retry=...)")
+    if retry is not None and not isinstance(retry, Retry):
+        raise ConfigError(f"retry must be shared.policy.Retry, got {retry!r}")
+    if risk not in RISKS:
+        raise ConfigError(f"risk must be one of {', '.join(RISKS)}, got {risk!r}")
+    if approval is not None and not callable(approval):
+        raise ConfigError("approval must be a function of the call's arguments")
 
     def build(f: Callable[..., Any]) -> Tool:
         hints = get_type_hints(f)
@@ -150,6 +201,10 @@ def tool(
             takes_context=len(params) == 2,
             retry_safe=retry_safe,
             timeout_s=timeout_s,
+            retry=retry,
+            ends_run=ends_run,
+            risk=risk,
+            approval=approval,
         )
 
     return build(fn) if fn is not None else build

@@ -20,9 +20,20 @@ from shared.agents import Agent, AgentRegistry
 from shared.llm.base import ModelResponse
 from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
-from shared.policy import Policy, Reprompt
+from shared.middleware import (
+    ArgumentRule,
+    AuditLog,
+    BlockArguments,
+    Middleware,
+    MiddlewareContext,
+    RedactPII,
+    Refuse,
+    Veto,
+)
+from shared.policy import Policy, Reprompt, Retry
 from shared.prompts import Prompt
-from tests.agents_fixture import TOOLS
+from shared.tools import ToolContext, ToolSet, tool
+from tests.agents_fixture import EFFECTS_KEY, TOOLS
 
 #: input -> pid of the process that last called a model of this module.
 MODEL_PIDS_KEY = "test:model_pids"
@@ -123,3 +134,180 @@ registry.add(
         tools=TOOLS,
     )
 )
+
+
+# -- middleware -------------------------------------------------------------------------------------
+
+#: Every audit entry, as JSON, in order.
+AUDIT_KEY = "test:audit"
+CUSTOMER_RECORD = "Customer 7: jane.doe@example.com, +33 6 12 34 56 78, card 4111 1111 1111 1111"
+
+
+class CustomerArgs(BaseModel):
+    id: int
+
+
+@tool
+def lookup_customer(args: CustomerArgs) -> str:
+    """A customer record, full of personal data."""
+    return CUSTOMER_RECORD.replace("7", str(args.id), 1)
+
+
+class FetchArgs(BaseModel):
+    url: str
+
+
+@tool
+def fetch(args: FetchArgs, ctx: ToolContext) -> str:
+    """Fetch a URL (records one effect per call)."""
+    _redis().hincrby(EFFECTS_KEY, ctx.idempotency_key, 1)
+    return f"fetched {args.url}"
+
+
+class NoShouting(Middleware):
+    """Vetoes an answer written in capitals; refuses inputs that look like SQL injection."""
+
+    def on_user_message(self, ctx: MiddlewareContext, text: str) -> str | Refuse:
+        if "drop table" in text.lower():
+            return Refuse("the input looks like SQL")
+        return text.strip()
+
+    def after_model(self, ctx: MiddlewareContext, response: ModelResponse) -> ModelResponse | Veto:
+        if response.text and not response.tool_calls and response.text.isupper():
+            return Veto("do not shout; answer in sentence case")
+        return response
+
+
+def _audit(entry: dict[str, object]) -> None:
+    _redis().rpush(AUDIT_KEY, json.dumps(entry, sort_keys=True))
+
+
+def _guarded(messages: Sequence[Message]) -> ModelResponse:
+    """Three calls (a record, an internal and a public fetch); then a shouted answer; then a calm one."""
+    _observe_call(messages)
+    turn = sum(1 for m in messages if isinstance(m, AssistantMessage))
+    if turn == 0:
+        return reply(
+            None,
+            ("lookup_customer", {"id": 7}),
+            ("fetch", {"url": "http://internal.example/admin"}),
+            ("fetch", {"url": "https://example.org/"}),
+        )
+    if turn == 1:
+        return reply("HERE IS EVERYTHING")
+    results = [m for m in messages if isinstance(m, ToolMessage)]
+    return reply(" | ".join(m.content for m in results))
+
+
+GUARD = BlockArguments(
+    [
+        ArgumentRule(
+            "fetch", "url", r"^https?://(localhost|127\.|internal\.)", "internal addresses are off limits"
+        )
+    ]
+)
+registry.add_model("guarded", ScriptedModel(_guarded))
+registry.add(
+    Agent(
+        name="guarded",
+        model="scripted:guarded",
+        system_prompt="You look customers up.",
+        tools=ToolSet([lookup_customer, fetch]),
+        middleware=(AuditLog(sink=_audit), NoShouting(), RedactPII(), GUARD),
+        policy=Policy(on_invalid_action=Reprompt(n=1)),
+    )
+)
+
+
+# -- richer tools -----------------------------------------------------------------------------------
+
+
+class FlakyArgs(BaseModel):
+    failures: int = Field(ge=0, le=20)
+
+
+@tool(retry=Retry(n=3, backoff_s=0.05))
+def flaky(args: FlakyArgs, ctx: ToolContext) -> str:
+    """Fails its first ``failures`` attempts, then succeeds."""
+    attempt = int(_redis().hincrby("test:flaky", ctx.idempotency_key, 1))
+    if attempt <= args.failures:
+        raise ConnectionError(f"attempt {attempt} failed")
+    return f"succeeded on attempt {attempt}"
+
+
+class AnswerArgs(BaseModel):
+    title: str
+    score: int
+
+
+@tool(ends_run=True)
+def submit_verdict(args: AnswerArgs) -> Verdict:
+    """Hand in the final verdict: the run ends with it."""
+    return Verdict(title=args.title, score=args.score, tags=["by tool"])
+
+
+class TransferArgs(BaseModel):
+    cents: int = Field(ge=1)
+
+
+@tool(retry_safe=False, approval=lambda args: args.cents > 10_000)
+def transfer(args: TransferArgs, ctx: ToolContext) -> str:
+    """Move money; a human approves large amounts."""
+    _redis().hincrby(EFFECTS_KEY, ctx.idempotency_key, 1)
+    return f"moved {args.cents}"
+
+
+@tool(risk="high")
+def wipe(args: FlakyArgs) -> str:
+    """Something a human must always approve (high risk)."""
+    return "wiped"
+
+
+RICH_TOOLS = ToolSet([flaky, submit_verdict, transfer, wipe])
+
+
+def _retrying(messages: Sequence[Message]) -> ModelResponse:
+    results = [m for m in messages if isinstance(m, ToolMessage)]
+    if not results:
+        failures = int(_user(messages).split()[-1])
+        return reply(None, ("flaky", {"failures": failures}))
+    return reply(f"tool said: {results[-1].content}")
+
+
+def _ending(messages: Sequence[Message]) -> ModelResponse:
+    _observe_call(messages)
+    if any(isinstance(m, ToolMessage) for m in messages):
+        return reply("the model was asked again after the ending tool")
+    return reply(None, ("submit_verdict", {"title": "done", "score": 9}))
+
+
+def _transfers(messages: Sequence[Message]) -> ModelResponse:
+    """Small transfer, large one (approved always), larger one (no second approval), then wipe."""
+    turn = sum(1 for m in messages if isinstance(m, AssistantMessage))
+    plan = [
+        ("transfer", {"cents": 500}),
+        ("transfer", {"cents": 50_000}),
+        ("transfer", {"cents": 60_000}),
+        ("wipe", {"failures": 0}),
+    ]
+    if turn < len(plan):
+        return reply(None, plan[turn])
+    results = [m.content for m in messages if isinstance(m, ToolMessage)]
+    return reply(", ".join(results))
+
+
+for _name, _script, _extra in (
+    ("retrying", _retrying, {}),
+    ("ending", _ending, {"output_type": Verdict}),
+    ("transfers", _transfers, {"approval_risk": "high"}),
+):
+    registry.add_model(_name, ScriptedModel(_script))
+    registry.add(
+        Agent(
+            name=_name,
+            model=f"scripted:{_name}",
+            system_prompt=_name,
+            tools=RICH_TOOLS,
+            **_extra,
+        )
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
@@ -104,3 +105,22 @@ def test_research_brief_answers_in_its_output_type() -> None:
     assert brief is not None and brief.summary.startswith("Leases: ")
     assert brief.seconds == 302_400.0
     assert brief.sources and all(isinstance(s, str) for s in brief.sources)
+
+
+def test_research_guarded_audits_and_blocks(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="wesichain.audit")
+    with embedded() as client:
+        head = client.submit("research-guarded", "What is a lease?").wait(timeout=60)
+        blocked = client.submit("research-guarded", "Where is the admin password?").wait(timeout=60)
+    assert head.phase is Phase.COMPLETED and "302,400 seconds" in (head.answer or "")
+    entries = [json.loads(r.getMessage()) for r in caplog.records if r.name == "wesichain.audit"]
+    mine = [e for e in entries if e["run_id"] == head.run_id]
+    assert sorted(e["tool"] for e in mine if e["kind"] == "tool_call") == [
+        "calculator",
+        "current_time",
+        "search",
+    ]
+    assert [e["step"] for e in mine if e["kind"] == "model_call"] == [1, 2]
+    searched = [e for e in entries if e["run_id"] == blocked.run_id and e.get("tool") == "search"]
+    assert len(searched) == 1 and searched[0]["ok"] is False
+    assert blocked.phase is Phase.COMPLETED

@@ -14,19 +14,20 @@ import logging
 import time
 
 import redis
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from shared import events as ev
 from shared import fsm
 from shared.errors import ConfigError, RunErrorInfo, ToolDispatch, ToolOutcomeUnknown
 from shared.messages import ToolCall
+from shared.middleware import Middleware, Refuse, after_tool, before_tool
 from shared.state import Phase, RunHead, ToolResult
 from shared.store import CallClaim, Claim
 from shared.tasks import task_for
 from shared.tools import Tool, ToolContext, validation_summary
 from worker.heartbeat import Held
 from worker.logs import annotate
-from worker.runtime import Delivery, Runtime, internal_error, poison_error
+from worker.runtime import Delivery, Runtime, internal_error, middleware_context, poison_error
 from worker.timeouts import ToolTimeout, call_with_timeout, hard_limit_s
 
 __all__ = ["invoke", "run_tool", "tool_timeout_result"]
@@ -54,6 +55,7 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     with rt.tracing.span("wesichain.acting", head.run_id, **attributes):
         try:
             result = _outcome(rt, outcome, call, what)
+            result = after_tool(_middleware(rt, head), middleware_context(head), call, result)
         except redis.RedisError:
             raise  # Redis trouble: the lease hands the call on
         except Exception as exc:
@@ -79,6 +81,13 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     recorded = rt.store.record_result(head, outcome.ref, result, completed, observing, observe)
     if recorded.status == "complete":
         rt.publish([observe], recorded.epoch)
+
+
+def _middleware(rt: Runtime, head: RunHead) -> tuple[Middleware, ...]:
+    try:
+        return rt.agents.get(head.agent).middleware
+    except ConfigError:
+        return ()
 
 
 def _known(rt: Runtime, head: RunHead, name: str) -> bool:
@@ -122,14 +131,48 @@ def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str) -> ToolResult
             last_error=claim.last_error or None,
         )
         return _error_result(call, error.info())
-    renew_until = time.monotonic() + hard_limit_s(tool.timeout_s)
+    checked = before_tool(_middleware(rt, head), middleware_context(head), call)
+    if isinstance(checked, Refuse):
+        message = f"the call was refused by {checked.reason}"
+        return _error_result(call, ToolDispatch(message, step=step, tool=call.name).info())
+    renew_until = time.monotonic() + hard_limit_s(tool.attempt_limit_s)
     with rt.heartbeat.hold(head.run_id, claim.field, claim.token, renew_until) as held:
         rt.hooks.on_claimed(Phase.ACTING, head.run_id, rt.store)
-        return invoke(rt, tool, call, head, held)
+        return invoke(rt, tool, checked, head, held)
 
 
 def invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) -> ToolResult:
-    """Validate the arguments and run the tool within its timeout; its failures become data."""
+    """Validate the arguments and run the tool, retrying it as its ``retry`` says; its failures
+    become data.
+
+    A retry's wait is spent in this task, under the call's claim (bounded: ``Retry`` caps each wait
+    at ``MAX_BACKOFF_S``); a cancel seen meanwhile ends the waiting with the last failure.
+    """
+    started = time.perf_counter()
+    try:
+        args = tool.validate(call.arguments)
+    except ValidationError as exc:
+        message = f"bad arguments for {call.name!r}: {validation_summary(exc)}"
+        return _error_result(call, ToolDispatch(message, step=head.step, tool=call.name).info())
+    retries = tool.retry.n if tool.retry is not None else 0
+    attempt = 0
+    while True:
+        result = _attempt(rt, tool, call, head, held, args, started)
+        retryable = result.error is not None and result.error.kind == "ToolDispatch"
+        if result.ok or not retryable or attempt >= retries or tool.retry is None:
+            if attempt and result.error is not None:
+                result.error.details["attempts"] = attempt + 1
+            return result
+        log.info("run %s: tool %s failed (attempt %d); retrying", head.run_id, call.name, attempt + 1)
+        if held.cancelled.wait(tool.retry.delay_s(attempt)):
+            return result
+        attempt += 1
+
+
+def _attempt(
+    rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held, args: BaseModel, started: float
+) -> ToolResult:
+    """One run of the tool within its timeout."""
     ctx = ToolContext(
         run_id=head.run_id,
         step=head.step,
@@ -137,12 +180,6 @@ def invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) -
         deadline=time.time() + tool.timeout_s,
         _cancel_check=held.cancelled.is_set,
     )
-    started = time.perf_counter()
-    try:
-        args = tool.validate(call.arguments)
-    except ValidationError as exc:
-        message = f"bad arguments for {call.name!r}: {validation_summary(exc)}"
-        return _error_result(call, ToolDispatch(message, step=head.step, tool=call.name).info())
     try:
         with rt.tracing.span("wesichain.tool", head.run_id, **{"wesichain.tool": call.name}) as span:
             output = call_with_timeout(lambda: tool.invoke(args, ctx), tool.timeout_s)

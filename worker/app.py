@@ -34,9 +34,11 @@ from celery.signals import (
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
+from producer.client import Client
 from shared.agents import load_registry
 from shared.archiver import Archiver
 from shared.errors import ArchiveUnavailable, ConfigError, WesichainError
+from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
 from shared.events import configure_worker_identity, worker_identity
 from shared.redis_client import connect, preflight
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
@@ -57,6 +59,7 @@ from worker.act import run_tool
 from worker.broker_probe import BrokerProbe, RedisQueues, UnknownBroker
 from worker.callback import run_callback
 from worker.decide import run_decide
+from worker.evals import EvalPool
 from worker.heartbeat import Heartbeat
 from worker.hooks import load_hooks
 from worker.logs import begin_phase, end_phase
@@ -121,6 +124,8 @@ class RuntimeHolder:
         self._runtime: Runtime | None = None
         self.sweeper: Sweeper | None = None
         self.registry: RegistryBeat | None = None
+        self._evals: EvalPool | None = None
+        self._evals_pid = -1
 
     def get(self) -> Runtime:
         if self._runtime is None or self._pid != os.getpid():
@@ -160,6 +165,15 @@ class RuntimeHolder:
             tracing=Tracing(settings.otel),
         )
 
+    def evals(self) -> EvalPool:
+        """What the pool does for evals, once per process (its client creates the case runs)."""
+        if self._evals is None or self._evals_pid != os.getpid():
+            runtime = self.get()
+            client = Client(self.settings, app=self.app, store=runtime.store)
+            self._evals = EvalPool(client, runtime.send)
+            self._evals_pid = os.getpid()
+        return self._evals
+
     def probe(self) -> BrokerProbe:
         """How the sweeper asks the broker about queued messages."""
         if self.settings.embedded:
@@ -174,7 +188,7 @@ class RuntimeHolder:
 
     def start_sweeper(self) -> None:
         if self.sweeper is None:
-            self.sweeper = Sweeper(self.get(), self.probe())
+            self.sweeper = Sweeper(self.get(), self.probe(), self.evals())
             self.sweeper.start()
 
     def stop_sweeper(self) -> None:
@@ -305,7 +319,17 @@ def create_app(settings: Settings) -> Celery:
 
     @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep() -> int:
-        return Sweeper(holder.get(), holder.probe()).sweep_once_and_release()
+        return Sweeper(holder.get(), holder.probe(), holder.evals()).sweep_once_and_release()
+
+    eval_options = {"ignore_result": True, "shared": False}
+
+    @app.task(name=TASK_EVAL_PUMP, **eval_options)  # type: ignore[untyped-decorator]
+    def eval_pump(eval_id: str) -> int:
+        return holder.evals().pump(eval_id)
+
+    @app.task(name=TASK_EVAL_SCORE, **eval_options)  # type: ignore[untyped-decorator]
+    def eval_score(ended: dict[str, Any]) -> None:
+        holder.evals().score(ended)
 
     @app.task(name=TASK_ARCHIVE, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def archive() -> int:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from shared import fsm
+from shared.agents import Agent
+from shared.errors import InvalidModelAction, ToolDispatch
+from shared.messages import ToolCall
+from shared.output import parse_output
 from shared.policy import after_tools
-from shared.state import Phase, RunHead
+from shared.state import Phase, RunHead, ToolResult
 from shared.store import Claim, PhaseClaim
 from worker.heartbeat import Held
 from worker.phase import run_phase
@@ -20,10 +26,19 @@ def run_observe(rt: Runtime, delivery: Delivery, step: int) -> RunHead | None:
 
     def body(current: fsm.Observing, claim: Claim, held: Held) -> RunHead | None:
         head = current.head
-        policy = rt.agents.get(head.agent).policy
+        agent = rt.agents.get(head.agent)
         verdict = after_tools(
-            policy, claim.results, budget_left=current.budget_left, max_steps=head.max_steps, step=head.step
+            agent.policy,
+            claim.results,
+            budget_left=current.budget_left,
+            max_steps=head.max_steps,
+            step=head.step,
         )
+        spent = verdict.error is not None and verdict.error.kind == "BudgetExceeded"
+        if verdict.action == "next_step" or spent:
+            ending = _ending_result(agent, head.pending_calls, claim.results)
+            if ending is not None:
+                return _finish(rt, current, claim, agent, ending)
         if verdict.action == "fail" and verdict.error is not None:
             return rt.fail(current, claim.ref, verdict.error)
         if verdict.action == "park_unknown":
@@ -31,3 +46,32 @@ def run_observe(rt: Runtime, delivery: Delivery, step: int) -> RunHead | None:
         return rt.commit(current, current.next_step(claim.results), claim.ref)
 
     return run_phase(rt, delivery, want, f"observe of step {step}", fsm.Observing, body)
+
+
+def _ending_result(
+    agent: Agent, calls: Sequence[ToolCall], results: Sequence[ToolResult]
+) -> ToolResult | None:
+    """The first successful result (in call order) of a tool that ends the run, if any."""
+    by_id = {r.call_id: r for r in results}
+    for call in calls:
+        tool = agent.tools.get(call.name)
+        result = by_id.get(call.id)
+        if tool is not None and tool.ends_run and result is not None and result.ok:
+            return result
+    return None
+
+
+def _finish(
+    rt: Runtime, current: fsm.Observing, claim: Claim, agent: Agent, ending: ToolResult
+) -> RunHead | None:
+    """Complete the run with the ending tool's result (validated against the output type, if any)."""
+    output = None
+    if agent.output_type is not None:
+        try:
+            output = parse_output(ending.output, agent.output_type, current.head.step)
+        except InvalidModelAction as exc:
+            message = f"tool {ending.name!r} ended the run with a result that does not fit: {exc.message}"
+            error = ToolDispatch(message, step=current.head.step, tool=ending.name)
+            return rt.fail(current, claim.ref, error.info())
+    answer = ending.output[: rt.settings.limits.max_message_chars]
+    return rt.commit(current, current.finish(claim.results, answer, output), claim.ref)

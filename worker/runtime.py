@@ -17,6 +17,7 @@ from shared.agents import AgentRegistry
 from shared.errors import ConfigError, InternalInvariant, PoisonPhase, RunErrorInfo
 from shared.events import Event, this_worker, worker_identity
 from shared.fsm import Transition
+from shared.middleware import MiddlewareContext
 from shared.settings import Settings
 from shared.state import Phase, PhaseRun, RunHead, TaskSpec
 from shared.store import Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
@@ -28,7 +29,15 @@ from worker.throttle import ModelGate
 from worker.timeouts import hard_limit_s
 from worker.tracing import Tracing
 
-__all__ = ["Cancelled", "Delivery", "Runtime", "Send", "internal_error", "poison_error"]
+__all__ = [
+    "Cancelled",
+    "Delivery",
+    "Runtime",
+    "Send",
+    "internal_error",
+    "middleware_context",
+    "poison_error",
+]
 
 log = logging.getLogger("wesichain.worker")
 
@@ -182,7 +191,16 @@ class Runtime:
             tools = self.agents.get(head.agent).tools
         except ConfigError:
             return {}
-        return {c.name: hard_limit_s(t.timeout_s) for c in head.pending_calls if (t := tools.get(c.name))}
+        return {
+            c.name: hard_limit_s(t.attempt_limit_s) for c in head.pending_calls if (t := tools.get(c.name))
+        }
+
+
+def middleware_context(head: RunHead) -> MiddlewareContext:
+    """What the agent's middleware is told about the run of ``head``."""
+    return MiddlewareContext(
+        run_id=head.run_id, agent=head.agent, step=head.step, tenant=head.tenant, metadata=head.metadata
+    )
 
 
 def _stamped(head: RunHead, phase: Phase, claim: ClaimRef | None) -> RunHead:

@@ -16,6 +16,7 @@ from shared import fsm
 from shared.agents import Agent
 from shared.errors import ConfigError, InvalidRequest, RunConfigError, excerpt
 from shared.messages import Message, SystemMessage, UserMessage
+from shared.middleware import Refuse, on_user_message
 from shared.prompts import Prompt
 from shared.request import check_run_id, validate_request
 from shared.state import Phase, RunHead
@@ -23,7 +24,7 @@ from shared.store import Claim, PhaseClaim
 from shared.tasks import start_task
 from worker.heartbeat import Held
 from worker.phase import run_phase
-from worker.runtime import Delivery, Runtime
+from worker.runtime import Delivery, Runtime, middleware_context
 
 __all__ = ["HISTORY_WINDOW", "render_prompts", "run_start"]
 
@@ -49,6 +50,11 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
         except InvalidRequest as exc:
             # Sent without the client's check (a bare start message, or check_agent=False).
             return rt.fail(current, claim.ref, InvalidRequest(exc.message, step=0).info())
+        checked = on_user_message(agent.middleware, middleware_context(head), user)
+        if isinstance(checked, Refuse):
+            refused = InvalidRequest(f"the input was refused by {checked.reason}", step=0)
+            return rt.fail(current, claim.ref, refused.info())
+        user = checked
         history = _thread_history(rt, head) if head.thread_id else []
         messages = [SystemMessage(content=system), *history, UserMessage(content=user)]
         transition = current.start(

@@ -29,6 +29,7 @@ from shared.scripts import register_scripts
 from shared.store import Due, HandedOn
 from shared.tasks import with_epoch
 from worker.broker_probe import BrokerProbe, Located
+from worker.evals import EvalPool
 from worker.runtime import Runtime
 
 __all__ = ["BATCH", "Sweeper", "TRIM_EVERY"]
@@ -44,9 +45,11 @@ TRIM_EVERY = 60
 class Sweeper:
     """Sweeps while it holds the cluster-wide sweeper lock (see :meth:`sweep`)."""
 
-    def __init__(self, rt: Runtime, probe: BrokerProbe) -> None:
+    def __init__(self, rt: Runtime, probe: BrokerProbe, evals: EvalPool | None = None) -> None:
         self.rt = rt
         self.probe = probe
+        #: Evals whose case runs or scoring a dead process left behind are repaired each sweep.
+        self.evals = evals
         self.interval_s = rt.settings.sweep_interval_s
         self.token = uuid.uuid4().hex
         self._lock = register_scripts(rt.store.redis)["lock"]
@@ -103,6 +106,8 @@ class Sweeper:
                 else:
                     waiting.append(seen)
             handed += self._check_queued(waiting)
+        if self.evals is not None:
+            self.evals.tick()
         return handed
 
     def _check_queued(self, waiting: Sequence[Due]) -> int:

@@ -12,6 +12,7 @@ from shared.errors import ConfigError, InvalidModelAction, ModelTransport, RunCo
 from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse
 from shared.llm.resolver import resolve_model
 from shared.messages import Message, SystemMessage
+from shared.middleware import Veto, after_model, before_model
 from shared.output import instructions, parse_output
 from shared.policy import on_invalid_action, on_model_error
 from shared.state import Phase, RunHead
@@ -20,7 +21,7 @@ from worker.heartbeat import Held
 from worker.limited_call import call_model, requeue_throttled
 from worker.model_call import ClaimLost
 from worker.phase import run_phase
-from worker.runtime import Delivery, Runtime
+from worker.runtime import Delivery, Runtime, middleware_context
 from worker.throttle import Throttled
 
 __all__ = ["build_request", "correction_for", "run_think"]
@@ -50,7 +51,8 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
         # This worker cannot build the run's model (unknown provider, missing API key): no
         # redelivery can change that, so the run fails now instead of crashing every attempt.
         return rt.fail(current, ref, RunConfigError(str(exc), step=head.step).info())
-    request = build_request(agent, adapter, head.model, claim.messages)
+    ctx = middleware_context(head)
+    request = before_model(agent.middleware, ctx, build_request(agent, adapter, head.model, claim.messages))
     try:
         response = call_model(rt, head, agent, adapter, request, held)
     except Throttled as throttled:
@@ -62,7 +64,23 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
         return _on_model_error(rt, current, ref, agent, exc)
     except RunError as exc:
         return rt.fail(current, ref, exc.info())
+    return _next_move(rt, current, ref, agent, after_model(agent.middleware, ctx, response), response)
+
+
+def _next_move(
+    rt: Runtime,
+    current: fsm.Thinking,
+    ref: ClaimRef,
+    agent: Agent,
+    checked: ModelResponse | Veto,
+    original: ModelResponse,
+) -> RunHead | None:
+    """Commit what the model's (checked) response asks for: tool calls, approval, or the answer."""
+    head = current.head
     try:
+        if isinstance(checked, Veto):
+            raise InvalidModelAction(f"the reply was vetoed by {checked.reason}", step=head.step)
+        response = checked
         calls = accept_tool_calls(response, agent.tools, head.step, rt.settings.limits)
         output = (
             parse_output(response.text, agent.output_type, head.step)
@@ -70,8 +88,9 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
             else None
         )
     except InvalidModelAction as exc:
-        return _on_invalid(rt, current, ref, agent, exc, response, claim.messages)
-    needs_approval = sorted({c.name for c in calls} & agent.approval_required)
+        return _on_invalid(rt, current, ref, agent, exc, original if isinstance(checked, Veto) else checked)
+    approved = set(head.approved_tools)
+    needs_approval = sorted({c.name for c in calls if c.name not in approved and agent.needs_approval(c)})
     if needs_approval:
         return rt.commit(current, current.park(response.text, calls, response.usage, needs_approval), ref)
     if calls:
@@ -126,7 +145,6 @@ def _on_invalid(
     agent: Agent,
     exc: InvalidModelAction,
     response: ModelResponse,
-    history: list[Message],
 ) -> RunHead | None:
     head = current.head
     verdict = on_invalid_action(agent.policy, head.reprompts, current.budget_left)

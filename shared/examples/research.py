@@ -20,9 +20,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, Field
 
 from shared.agents import Agent, AgentRegistry
+from shared.examples.research_eval import guess_script, plan_script
 from shared.llm.base import ModelResponse
 from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import Message, ToolMessage, UserMessage
+from shared.middleware import ArgumentRule, AuditLog, BlockArguments, RedactPII
 from shared.tools import ToolSet, tool
 
 __all__ = [
@@ -288,6 +290,9 @@ def _brief_script(messages: Sequence[Message]) -> ModelResponse:
 registry = AgentRegistry()
 registry.add_model("research-demo", ScriptedModel(_demo_script, chunk=6))
 registry.add_model("research-brief", ScriptedModel(_brief_script, chunk=6))
+# The bundled eval's models (``wesichain eval run examples/research-eval.toml``).
+registry.add_model("research-eval", ScriptedModel(plan_script, chunk=64))
+registry.add_model("research-eval-guess", ScriptedModel(guess_script, chunk=64))
 registry.add(
     Agent(
         name="research",
@@ -311,5 +316,26 @@ registry.add(
         tools=ToolSet([search, calculator, current_time]),
         max_steps=6,
         output_type=Brief,
+    )
+)
+#: The same assistant behind middleware: personal data redacted from what its tools return, no
+#: search for secrets, and an audit line (logger ``wesichain.audit``) for every model and tool call.
+registry.add(
+    Agent(
+        name="research-guarded",
+        model="scripted:research-demo",
+        system_prompt=(
+            "You are a careful research assistant. Use `search` for facts from the knowledge base, "
+            "`calculator` for any arithmetic and `current_time` for dates. Cite what you found."
+        ),
+        tools=ToolSet([search, calculator, current_time]),
+        max_steps=6,
+        middleware=(
+            AuditLog(),
+            RedactPII(),
+            BlockArguments(
+                [ArgumentRule("search", "query", r"(?i)password|api[ _-]?key", "no searching for secrets")]
+            ),
+        ),
     )
 )

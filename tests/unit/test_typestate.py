@@ -101,6 +101,7 @@ TERMINAL_CALLS = {
     "next_step": "next_step([])",
     "park": "park(None, [CALL], Usage(), [])",
     "park_unknown": "park_unknown([])",
+    "finish": 'finish([], "x")',
     "approve": "approve()",
     "deny": 'deny("no")',
     "resume": "resume([])",

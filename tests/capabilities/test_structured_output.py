@@ -1,59 +1,25 @@
 """Structured output and prompt templates, end to end on a real redis-server and real workers.
 
-The worker pool here has short leases, so the kill test sees the think handed on within seconds.
+The worker pool has short leases, so the kill test sees the think handed on within seconds.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 
 import psutil
 import pytest
 
 from producer.client import Client
 from shared.errors import InvalidRequest
-from shared.settings import Settings
 from shared.state import Phase
 from tests.agents_capabilities import HANG_FIRST, MODEL_CALLS_KEY, MODEL_PIDS_KEY, Verdict
-from tests.harness import RedisServer, WorkerProcess, wait_until
+from tests.harness import WorkerProcess, wait_until
 
 pytestmark = pytest.mark.integration
 
-AGENTS = "tests.agents_capabilities"
 TIMEOUT = 60
-SHORT_LEASES = {"WESICHAIN_LEASE_S": "2", "WESICHAIN_QUEUED_LEASE_S": "4"}
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = RedisServer().start()
-    yield s
-    s.cleanup()
-
-
-@pytest.fixture(scope="module")
-def pool(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerProcess]]:
-    log_dir = str(tmp_path_factory.mktemp("capability-workers"))
-    workers = [
-        WorkerProcess(f"cap{i}", server.url, agents=AGENTS, concurrency=2, env=SHORT_LEASES, log_dir=log_dir)
-        for i in (1, 2)
-    ]
-    for w in workers:
-        w.start(wait=False)
-    for w in workers:
-        w.wait_ready()
-    yield workers
-    for w in workers:
-        w.stop()
-
-
-@pytest.fixture
-def client(server: RedisServer, pool: list[WorkerProcess]) -> Iterator[Client]:
-    c = Client(Settings(redis_url=server.url, agents_module=AGENTS))
-    yield c
-    c.close()
 
 
 def test_answer_is_validated_reprompted_and_stored_typed(client: Client) -> None:

@@ -1,0 +1,246 @@
+"""``wesichain eval run|status|cancel|resume|results|report|list``.
+
+``eval run`` with a Redis URL (``--redis`` or ``$WESICHAIN_REDIS_URL``) creates the eval for the
+pool and returns its id at once (``--wait`` follows it); with neither (or ``--embedded``) it runs
+the eval in this process, as ``wesichain demo`` does, waits and writes the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from contextlib import AbstractContextManager, nullcontext
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from producer.client import Client
+from producer.evals.client import EvalClient, EvalTimeout, Progress
+from producer.evals.export import FORMATS, export
+from producer.evals.report import render_report
+from shared.settings import ENV_REDIS_URL
+
+__all__ = [
+    "EXIT_BELOW_THRESHOLD",
+    "EXIT_TIMEOUT",
+    "cancel",
+    "dispatch",
+    "list_evals",
+    "register",
+    "render_progress",
+    "report",
+    "results",
+    "resume",
+    "run",
+    "status",
+]
+
+#: ``eval run --wait`` / ``eval status --gate``: a variant's pass rate is below the threshold.
+EXIT_BELOW_THRESHOLD = 1
+EXIT_TIMEOUT = 3
+
+
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> dict[str, Any]:
+    e = sub.add_parser("eval", help="batch-evaluate agents on the worker pool (run, status, results, report)")
+    verbs = e.add_subparsers(dest="eval_command", required=True)
+    r = verbs.add_parser("run", parents=[common], help="create an eval from a spec (TOML) and start it")
+    r.add_argument("spec", help="the eval spec, e.g. examples/research-eval.toml")
+    r.add_argument(
+        "--wait", action="store_true", help="follow it until it completes (CI: exit 1 below threshold)"
+    )
+    r.add_argument("--timeout", type=float, default=24 * 3600.0)
+    r.add_argument(
+        "--id", dest="eval_id", help="the eval's id (default: the spec's name and a content digest)"
+    )
+    r.add_argument("--model", help="run every variant on this model (PROVIDER:MODEL)")
+    r.add_argument("--embedded", action="store_true", help="run in this process (no server)")
+    r.add_argument("--report", "-o", metavar="HTML", help="write the report here when it completes")
+    r.add_argument("--no-check", action="store_true", help="create it even if no live worker serves an agent")
+    for verb, text in (
+        ("status", "show an eval's progress per variant"),
+        ("cancel", "start no more case runs (those in flight finish)"),
+        ("resume", "start case runs again after a cancel"),
+    ):
+        v = verbs.add_parser(verb, parents=[common], help=text)
+        v.add_argument("eval_id")
+        if verb == "status":
+            v.add_argument("--json", action="store_true")
+            v.add_argument("--gate", action="store_true", help="exit 1 if a variant is below the threshold")
+    res = verbs.add_parser("results", parents=[common], help="one row per case run")
+    res.add_argument("eval_id")
+    res.add_argument("--format", choices=FORMATS, default="jsonl")
+    res.add_argument("--output", "-o", help="write to this file (default stdout)")
+    rep = verbs.add_parser("report", parents=[common], help="write the self-contained HTML report")
+    rep.add_argument("eval_id")
+    rep.add_argument("--output", "-o", required=True)
+    ls = verbs.add_parser("list", parents=[common], help="the newest evals")
+    ls.add_argument("--limit", type=int, default=20)
+    return {"eval": dispatch}
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    handler = {
+        "run": run,
+        "status": status,
+        "cancel": cancel,
+        "resume": resume,
+        "results": results,
+        "report": report,
+        "list": list_evals,
+    }[args.eval_command]
+    return handler(args)
+
+
+def _spec_path(raw: str) -> Path:
+    """The spec file; ``examples/NAME.toml`` falls back to the bundled example of that name."""
+    path = Path(raw)
+    if path.exists() or path.parent.name != "examples":
+        return path
+    bundled = resources.files("shared.examples").joinpath(path.name)
+    return Path(str(bundled)) if bundled.is_file() else path
+
+
+def run(args: argparse.Namespace) -> int:
+    embedded = args.embedded or not os.environ.get(ENV_REDIS_URL)
+    context: AbstractContextManager[Client]
+    if embedded:
+        # One process: the in-memory broker, the Redis stand-in and a worker (as ``wesichain demo``).
+        from worker.embedded import embedded as embedded_pool
+
+        context = embedded_pool(os.environ.get("WESICHAIN_AGENTS"), concurrency=8)
+    else:
+        context = nullcontext(Client.from_env())
+    with context as client:
+        evals = EvalClient(client)
+        eval_id, created = evals.submit_file(
+            _spec_path(args.spec), eval_id=args.eval_id, model=args.model, check_agents=not args.no_check
+        )
+        word = "created" if created else "exists already; following it"
+        print(f"eval {eval_id} {word}" + (" (embedded: no server)" if embedded else ""), file=sys.stderr)
+        if not (args.wait or embedded):
+            print(eval_id)
+            return 0
+        try:
+            progress = _follow(evals, eval_id, args.timeout)
+        except EvalTimeout as exc:
+            print(f"wesichain: {exc}", file=sys.stderr)
+            return EXIT_TIMEOUT
+        print(render_progress(progress))
+        target = args.report or (f"{eval_id}-report.html" if embedded else None)
+        if target:
+            _write_report(evals, eval_id, target)
+            print(f"report: {target}")
+        return _gate(progress)
+
+
+def _follow(evals: EvalClient, eval_id: str, timeout: float) -> Progress:
+    """Wait for the eval, saying on stderr how far it got every few seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return evals.wait(eval_id, min(5.0, max(0.0, deadline - time.monotonic())))
+        except EvalTimeout:
+            if time.monotonic() >= deadline:
+                raise
+            print(render_progress(evals.progress(eval_id)).splitlines()[0], file=sys.stderr, flush=True)
+
+
+def _gate(progress: Progress) -> int:
+    threshold = progress.meta.spec.pass_threshold
+    below = [
+        v.name
+        for v, c in zip(progress.meta.spec.variants, progress.counts, strict=True)
+        if (c.passed / c.done if c.done else 0.0) < threshold
+    ]
+    if below:
+        print(f"below the pass threshold {threshold:.0%}: {', '.join(below)}", file=sys.stderr)
+        return EXIT_BELOW_THRESHOLD
+    return 0
+
+
+def render_progress(p: Progress) -> str:
+    spec = p.meta.spec
+    total_per_variant = p.meta.cases * spec.repeats
+    lines = [
+        f"eval {p.meta.eval_id}: {p.meta.status}, {p.recorded}/{p.meta.items} case runs recorded,"
+        f" {p.in_flight} in flight, {p.pending} not started"
+    ]
+    for variant, c in zip(spec.variants, p.counts, strict=True):
+        rate = f"{c.passed / c.done:.1%}" if c.done else "-"
+        lines.append(
+            f"  {variant.name}: {c.done}/{total_per_variant} done, {c.failed} failed, pass {rate},"
+            f" {c.tokens} tokens, ${c.cost_usd:.4f}"
+        )
+    return "\n".join(lines)
+
+
+def status(args: argparse.Namespace) -> int:
+    p = EvalClient(Client.from_env()).progress(args.eval_id)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "eval_id": p.meta.eval_id,
+                    "status": p.meta.status,
+                    "items": p.meta.items,
+                    "recorded": p.recorded,
+                    "in_flight": p.in_flight,
+                    "pending": p.pending,
+                    "variants": [
+                        {"name": v.name, **c.__dict__}
+                        for v, c in zip(p.meta.spec.variants, p.counts, strict=True)
+                    ],
+                }
+            )
+        )
+    else:
+        print(render_progress(p))
+    return _gate(p) if args.gate else 0
+
+
+def cancel(args: argparse.Namespace) -> int:
+    was = EvalClient(Client.from_env()).cancel(args.eval_id)
+    print(
+        f"eval {args.eval_id}: " + ("cancelled; runs in flight finish" if was == "running" else f"was {was}")
+    )
+    return 0
+
+
+def resume(args: argparse.Namespace) -> int:
+    was = EvalClient(Client.from_env()).resume(args.eval_id)
+    print(f"eval {args.eval_id}: " + ("resumed" if was != "completed" else "completed already"))
+    return 0
+
+
+def results(args: argparse.Namespace) -> int:
+    rows = EvalClient(Client.from_env()).results(args.eval_id)
+    text = export(rows, args.format, args.eval_id)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _write_report(evals: EvalClient, eval_id: str, target: str) -> None:
+    meta = evals.store.meta(eval_id)
+    page = render_report(meta, evals.store.cases(eval_id), evals.results(eval_id))
+    Path(target).write_text(page, encoding="utf-8")
+
+
+def report(args: argparse.Namespace) -> int:
+    _write_report(EvalClient(Client.from_env()), args.eval_id, args.output)
+    print(f"report: {args.output}")
+    return 0
+
+
+def list_evals(args: argparse.Namespace) -> int:
+    evals = EvalClient(Client.from_env())
+    for eval_id in evals.store.list_evals(args.limit):
+        print(render_progress(evals.progress(eval_id)).splitlines()[0])
+    return 0

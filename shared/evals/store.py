@@ -1,0 +1,297 @@
+"""The eval's state in Redis: its spec and cases, the work not started, the cap's slots, the results.
+
+Work items are ``variant:case:repeat`` index triples; the case run of an item has a deterministic
+id (:func:`run_id_of`), so a run is never created twice for one item, whoever tries. An item moves
+``pending`` -> ``slots`` (leased while its run is created, then held until its result is recorded)
+-> ``results``, each move one script, so the cap (the slots) holds across the whole pool and a
+result is recorded once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from shared.evals.dataset import Case
+from shared.evals.errors import EvalNotFound
+from shared.evals.outcome import CaseResult
+from shared.evals.spec import EvalSpec, spec_json
+from shared.keys import Keys
+from shared.scripts import script_source
+
+__all__ = [
+    "MAX_ITEMS",
+    "STOPPED",
+    "Acquired",
+    "EvalMeta",
+    "EvalStore",
+    "Item",
+    "VariantCounts",
+    "run_id_of",
+]
+
+#: Case runs (cases x variants x repeats) one eval may have.
+MAX_ITEMS = 200_000
+#: Statuses of an eval that starts no new case runs (``resume`` restarts it).
+STOPPED = ("cancelled", "budget_exhausted")
+_SCRIPTS = ("eval_create", "eval_acquire", "eval_claim", "eval_record", "eval_status")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One case run of an eval: variant, case and repeat indexes."""
+
+    variant: int
+    case: int
+    repeat: int
+
+    def __str__(self) -> str:
+        return f"{self.variant}:{self.case}:{self.repeat}"
+
+    @classmethod
+    def parse(cls, raw: str) -> Item:
+        v, c, r = (int(p) for p in raw.split(":"))
+        return cls(v, c, r)
+
+
+def run_id_of(eval_id: str, item: Item) -> str:
+    """The case run's id: the same (eval, variant, case, repeat), the same run."""
+    return f"{eval_id}:v{item.variant}:c{item.case}:r{item.repeat}"
+
+
+@dataclass(frozen=True)
+class EvalMeta:
+    """An eval's spec and where it stands."""
+
+    eval_id: str
+    spec: EvalSpec
+    status: str
+    items: int
+    cases: int
+    created_at: float
+    finished_at: float | None
+    dataset: str
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "completed"
+
+
+@dataclass(frozen=True)
+class VariantCounts:
+    """Running totals of one variant."""
+
+    done: int = 0
+    passed: int = 0
+    failed: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """What :meth:`EvalStore.acquire` got: ``ok`` with items, or why none."""
+
+    status: str
+    items: list[Item]
+
+
+class EvalStore:
+    """Reads and writes evals in Redis (the same client and keys as the run store)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+        self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
+
+    # -- creating --------------------------------------------------------------------------------
+
+    def create(self, eval_id: str, spec: EvalSpec, cases: list[Case], dataset: str) -> bool:
+        """Store a new eval (running); False if an eval with this id exists already."""
+        items = [
+            str(Item(v, c, r))
+            for r in range(spec.repeats)
+            for c in range(len(cases))
+            for v in range(len(spec.variants))
+        ]
+        if len(items) > MAX_ITEMS:
+            raise ValueError(
+                f"{len(cases)} cases x {len(spec.variants)} variants x {spec.repeats} repeats ="
+                f" {len(items)} case runs, more than {MAX_ITEMS}"
+            )
+        now = time.time()
+        meta = {
+            "spec": spec_json(spec),
+            "status": "running",
+            "items": str(len(items)),
+            "cases": str(len(cases)),
+            "created_at": repr(now),
+            "dataset": dataset,
+        }
+        k = self.keys
+        reply = self._scripts["eval_create"](
+            keys=[k.eval_meta(eval_id), k.eval_cases(eval_id), k.eval_pending(eval_id)]
+            + [k.evals_active(), k.evals_index()],
+            args=[
+                eval_id,
+                int(now * 1000),
+                len(cases),
+                len(items),
+                *[part for pair in meta.items() for part in pair],
+                *[c.model_dump_json() for c in cases],
+                *items,
+            ],
+        )
+        return _text(reply) == "created"
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def meta(self, eval_id: str) -> EvalMeta:
+        raw = self.redis.hgetall(self.keys.eval_meta(eval_id))
+        if not raw:
+            raise EvalNotFound(f"no eval {eval_id!r}")
+        fields = {_text(k): _text(v) for k, v in raw.items()}
+        return EvalMeta(
+            eval_id=eval_id,
+            spec=EvalSpec.model_validate_json(fields["spec"]),
+            status=fields["status"],
+            items=int(fields["items"]),
+            cases=int(fields["cases"]),
+            created_at=float(fields["created_at"]),
+            finished_at=float(fields["finished_at"]) / 1000 if fields.get("finished_at") else None,
+            dataset=fields.get("dataset", ""),
+        )
+
+    def case(self, eval_id: str, index: int) -> Case:
+        raw = self.redis.hget(self.keys.eval_cases(eval_id), str(index))
+        if raw is None:
+            raise EvalNotFound(f"eval {eval_id!r} has no case {index}")
+        return Case.model_validate_json(raw)
+
+    def cases(self, eval_id: str) -> dict[int, Case]:
+        raw = self.redis.hgetall(self.keys.eval_cases(eval_id))
+        return {int(_text(k)): Case.model_validate_json(v) for k, v in raw.items()}
+
+    def counts(self, eval_id: str, variants: int) -> list[VariantCounts]:
+        raw = {_text(k): int(v) for k, v in self.redis.hgetall(self.keys.eval_counts(eval_id)).items()}
+        return [
+            VariantCounts(
+                done=raw.get(f"v{i}:done", 0),
+                passed=raw.get(f"v{i}:passed", 0),
+                failed=raw.get(f"v{i}:failed", 0),
+                tokens=raw.get(f"v{i}:tokens", 0),
+                cost_usd=raw.get(f"v{i}:cost_micro", 0) / 1e6,
+            )
+            for i in range(variants)
+        ]
+
+    def pending(self, eval_id: str) -> int:
+        return int(self.redis.llen(self.keys.eval_pending(eval_id)))
+
+    def slots(self, eval_id: str) -> list[tuple[Item, float]]:
+        """Items holding a slot, with their lease deadline (Redis ms; inf once their run exists)."""
+        raw: Any = self.redis.zrange(self.keys.eval_slots(eval_id), 0, -1, withscores=True)
+        return [(Item.parse(_text(member)), float(score)) for member, score in raw]
+
+    def in_flight(self, eval_id: str) -> int:
+        return int(self.redis.zcard(self.keys.eval_slots(eval_id)))
+
+    def result(self, eval_id: str, item: Item) -> CaseResult | None:
+        raw = self.redis.hget(self.keys.eval_results(eval_id), str(item))
+        return CaseResult.model_validate_json(raw) if raw is not None else None
+
+    def results(self, eval_id: str) -> Iterator[CaseResult]:
+        for _, raw in self.redis.hscan_iter(self.keys.eval_results(eval_id), count=500):
+            yield CaseResult.model_validate_json(raw)
+
+    def recorded(self, eval_id: str) -> int:
+        return int(self.redis.hlen(self.keys.eval_results(eval_id)))
+
+    def active(self) -> list[str]:
+        return sorted(_text(m) for m in self.redis.smembers(self.keys.evals_active()))
+
+    def list_evals(self, limit: int = 50) -> list[str]:
+        return [_text(m) for m in self.redis.zrevrange(self.keys.evals_index(), 0, limit - 1)]
+
+    # -- the pool's moves ------------------------------------------------------------------------
+
+    def acquire(self, eval_id: str, spec: EvalSpec, want: int, lease_s: float) -> Acquired:
+        """Up to ``want`` items to start, within the cap and the budget."""
+        k = self.keys
+        budget = spec.budget
+        max_tokens = budget.tokens or 0 if budget is not None else 0
+        max_cost = int((budget.cost_usd or 0) * 1e6) if budget is not None else 0
+        reply = self._scripts["eval_acquire"](
+            keys=[
+                k.eval_meta(eval_id),
+                k.eval_pending(eval_id),
+                k.eval_slots(eval_id),
+                k.eval_counts(eval_id),
+            ],
+            args=[spec.concurrency, int(lease_s * 1000), want, max_tokens, max_cost],
+        )
+        status = _text(reply[0])
+        return Acquired(status, [Item.parse(_text(r)) for r in reply[1:]])
+
+    def bind(self, eval_id: str, item: Item) -> None:
+        """The item's run exists: its slot is held until its result is recorded."""
+        self.redis.zadd(self.keys.eval_slots(eval_id), {str(item): float("inf")}, xx=True)
+
+    def claim_scoring(self, eval_id: str, item: Item, lease_s: float) -> str:
+        k = self.keys
+        reply = self._scripts["eval_claim"](
+            keys=[k.eval_results(eval_id), k.eval_scoring(eval_id)], args=[str(item), int(lease_s * 1000)]
+        )
+        return _text(reply)
+
+    def record(self, eval_id: str, item: Item, result: CaseResult) -> bool:
+        """Record the item's result once and give its slot back; False if it was recorded already."""
+        k = self.keys
+        tokens = result.input_tokens + result.output_tokens
+        reply = self._scripts["eval_record"](
+            keys=[
+                k.eval_results(eval_id),
+                k.eval_slots(eval_id),
+                k.eval_scoring(eval_id),
+                k.eval_counts(eval_id),
+                k.eval_meta(eval_id),
+                k.eval_pending(eval_id),
+                k.evals_active(),
+            ],
+            args=[
+                str(item),
+                result.model_dump_json(),
+                item.variant,
+                int(result.passed),
+                int(result.failed),
+                tokens,
+                round(result.cost_usd * 1e6),
+                eval_id,
+                int(time.time() * 1000),
+            ],
+        )
+        return int(reply) == 1
+
+    def set_status(self, eval_id: str, status: str, allowed: tuple[str, ...]) -> str:
+        """Move the eval to ``status`` if it is in one of ``allowed``; returns the status it was in."""
+        k = self.keys
+        reply = self._scripts["eval_status"](
+            keys=[k.eval_meta(eval_id), k.evals_active(), k.eval_slots(eval_id)],
+            args=[eval_id, status, *allowed],
+        )
+        was = _text(reply)
+        if not was:
+            raise EvalNotFound(f"no eval {eval_id!r}")
+        return was
+
+    def now_ms(self) -> float:
+        seconds, micros = self.redis.time()
+        return float(seconds) * 1000 + float(micros) / 1000
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

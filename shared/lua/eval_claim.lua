@@ -1,0 +1,10 @@
+-- Claim the scoring of one item. KEYS: results, scoring. ARGV: item, lease_ms.
+-- 'done': its result is recorded; 'busy': another scorer holds a live claim; 'ok': claimed.
+local item, lease_ms = ARGV[1], tonumber(ARGV[2])
+if redis.call('HEXISTS', KEYS[1], item) == 1 then return 'done' end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local held = redis.call('ZSCORE', KEYS[2], item)
+if held and tonumber(held) > now then return 'busy' end
+redis.call('ZADD', KEYS[2], now + lease_ms, item)
+return 'ok'

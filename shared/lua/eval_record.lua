@@ -1,0 +1,26 @@
+-- Record one item's result once, give its slot back, and finish the eval when nothing is left.
+-- KEYS: results, slots, scoring, counts, meta, pending, active.
+-- ARGV: item, result JSON, variant index, passed (0/1), failed (0/1), tokens, cost_micro,
+-- eval_id, finished_ms. Returns 1 if recorded, 0 if it already was.
+local item, variant = ARGV[1], ARGV[3]
+if redis.call('HSETNX', KEYS[1], item, ARGV[2]) == 0 then return 0 end
+redis.call('ZREM', KEYS[2], item)
+redis.call('ZREM', KEYS[3], item)
+local prefix = 'v' .. variant .. ':'
+redis.call('HINCRBY', KEYS[4], prefix .. 'done', 1)
+redis.call('HINCRBY', KEYS[4], prefix .. 'passed', tonumber(ARGV[4]))
+redis.call('HINCRBY', KEYS[4], prefix .. 'failed', tonumber(ARGV[5]))
+redis.call('HINCRBY', KEYS[4], prefix .. 'tokens', tonumber(ARGV[6]))
+redis.call('HINCRBY', KEYS[4], prefix .. 'cost_micro', tonumber(ARGV[7]))
+redis.call('HINCRBY', KEYS[4], 'tokens', tonumber(ARGV[6]))
+redis.call('HINCRBY', KEYS[4], 'cost_micro', tonumber(ARGV[7]))
+if redis.call('ZCARD', KEYS[2]) == 0 then
+  if redis.call('LLEN', KEYS[6]) == 0 then
+    redis.call('HSET', KEYS[5], 'status', 'completed', 'finished_at', ARGV[9])
+    redis.call('SREM', KEYS[7], ARGV[8])
+  elseif redis.call('HGET', KEYS[5], 'status') ~= 'running' then
+    -- Stopped (cancelled, or out of budget) and drained: nothing more happens until a resume.
+    redis.call('SREM', KEYS[7], ARGV[8])
+  end
+end
+return 1

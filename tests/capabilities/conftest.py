@@ -1,0 +1,50 @@
+"""The agent capability tests: a redis-server and two workers serving ``tests.agents_capabilities``
+per test module.
+
+The leases are short, so a phase whose worker is killed is handed on within seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from producer.client import Client
+from shared.settings import Settings
+from tests.conftest import _need_redis
+from tests.harness import RedisServer, WorkerProcess
+
+AGENTS = "tests.agents_capabilities"
+SHORT_LEASES = {"WESICHAIN_LEASE_S": "2", "WESICHAIN_QUEUED_LEASE_S": "4"}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    _need_redis()
+    s = RedisServer().start()
+    yield s
+    s.cleanup()
+
+
+@pytest.fixture(scope="module")
+def pool(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerProcess]]:
+    log_dir = str(tmp_path_factory.mktemp("capability-workers"))
+    workers = [
+        WorkerProcess(f"cap{i}", server.url, agents=AGENTS, concurrency=2, env=SHORT_LEASES, log_dir=log_dir)
+        for i in (1, 2)
+    ]
+    for w in workers:
+        w.start(wait=False)
+    for w in workers:
+        w.wait_ready()
+    yield workers
+    for w in workers:
+        w.stop()
+
+
+@pytest.fixture
+def client(server: RedisServer, pool: list[WorkerProcess]) -> Iterator[Client]:
+    c = Client(Settings(redis_url=server.url, agents_module=AGENTS))
+    yield c
+    c.close()

@@ -1,0 +1,217 @@
+"""Evals on a real redis-server and real prefork workers: counts, scores, the cap, cancel and resume.
+
+The agents (``tests/agents_evals.py``) count every model call per (model, input) in Redis, so a test
+can tell each case run asked its model exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from producer.client import Client
+from producer.evals.client import EvalClient
+from shared.evals.errors import EvalSpecError
+from shared.evals.store import Item, run_id_of
+from shared.settings import Settings
+from tests.agents_evals import CALLS_KEY
+from tests.harness import RedisServer, WorkerProcess, wait_until
+
+pytestmark = pytest.mark.integration
+
+AGENTS = "tests.agents_evals"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    s = RedisServer().start()
+    yield s
+    s.cleanup()
+
+
+@pytest.fixture(scope="module")
+def pool(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerProcess]]:
+    log_dir = str(tmp_path_factory.mktemp("eval-workers"))
+    env = {"EVAL_SLOW_S": "0.2"}
+    workers = [
+        WorkerProcess(f"e{i}", server.url, agents=AGENTS, concurrency=3, log_dir=log_dir, env=env)
+        for i in (1, 2)
+    ]
+    for w in workers:
+        w.start(wait=False)
+    for w in workers:
+        w.wait_ready()
+    yield workers
+    for w in workers:
+        w.stop()
+
+
+@pytest.fixture
+def evals(server: RedisServer, pool: list[WorkerProcess]) -> Iterator[EvalClient]:
+    client = Client(Settings(redis_url=server.url, agents_module=AGENTS))
+    yield EvalClient(client)
+    client.close()
+
+
+def write_eval(tmp: Path, cases: list[dict[str, Any]], **spec: Any) -> Path:
+    (tmp / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
+    lines = [f'name = "{spec.pop("name", "t")}"', 'dataset = "cases.jsonl"']
+    for key, value in spec.pop("top", {}).items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    for variant in spec.pop("variants", [{"name": "a", "agent": "doubler"}]):
+        lines.append("[[variants]]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in variant.items()]
+    for scorer in spec.pop("scorers", [{"kind": "exact"}]):
+        lines.append("[[scorers]]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in scorer.items()]
+    path = tmp / "eval.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class CapSampler:
+    """Samples, from Redis, the eval runs not ended (every run on this server is an eval's)."""
+
+    def __init__(self, evals: EvalClient, eval_id: str) -> None:
+        self.evals, self.eval_id = evals, eval_id
+        self.samples: list[tuple[int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            runs = self.evals.client.store.inflight(None)
+            self.samples.append((runs, self.evals.store.in_flight(self.eval_id)))
+
+    def __enter__(self) -> CapSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def calls(server: RedisServer) -> dict[str, int]:
+    r: redis.Redis = server.client()
+    return {str(k): int(v) for k, v in r.hgetall(CALLS_KEY).items()}
+
+
+def test_200_cases_x_2_variants_x_2_repeats(evals: EvalClient, server: RedisServer, tmp_path: Path) -> None:
+    cases = [{"id": f"c{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 201)]
+    spec = write_eval(
+        tmp_path,
+        cases,
+        name="big",
+        top={"repeats": 2, "concurrency": 12, "pass_threshold": 0.9},
+        variants=[
+            {"name": "a", "agent": "doubler"},
+            {"name": "b", "agent": "doubler", "model": "scripted:evals-b"},
+        ],
+        scorers=[
+            {"kind": "exact"},
+            {"kind": "custom", "name": "even", "function": "tests.eval_scorers:even_answer"},
+            {"kind": "custom", "name": "flaky", "function": "tests.eval_scorers:raises_on_seven"},
+        ],
+    )
+    eval_id, created = evals.submit_file(spec)
+    assert created
+    with CapSampler(evals, eval_id) as sampler:
+        progress = evals.wait(eval_id, timeout=240)
+    assert progress.meta.status == "completed" and progress.recorded == 800
+    a, b = progress.counts
+    wrong_b = sum(1 for m in range(1, 201) if m % 3 == 0)  # evals-b answers these wrong
+    # c7's "flaky" scorer raises: that case fails on both variants, both repeats, and nothing else.
+    assert (a.done, a.failed, a.passed) == (400, 0, 398)
+    assert (b.done, b.failed, b.passed) == (400, 0, 400 - 2 * wrong_b - 2)
+    results = evals.results(eval_id)
+    assert len(results) == 800 and len({r.run_id for r in results}) == 800
+    assert {r.run_id for r in results} == {
+        run_id_of(eval_id, Item(v, c, r)) for v in range(2) for c in range(200) for r in range(2)
+    }
+    c7 = [r for r in results if r.case_id == "c7"]
+    assert {r.error_kind for r in c7} == {"ScorerError"} and all(not r.passed for r in c7)
+    c9b = next(r for r in results if r.case_id == "c9" and r.variant == "b")
+    assert c9b.answer == "19" and [s.value for s in c9b.scores] == [0.0, 0.0, 1.0]
+    assert c9b.scores[1].explanation == "19 is odd"
+    # Every case run asked its model exactly once: twice per (model, case) with two repeats.
+    counted = calls(server)
+    assert counted == {f"{model}|double {m}": 2 for model in ("evals-a", "evals-b") for m in range(1, 201)}
+    # The cap held across the pool: sampled eval runs in flight, and slots held.
+    assert sampler.samples and max(runs for runs, _ in sampler.samples) <= 12
+    assert max(slots for _, slots in sampler.samples) <= 12
+    assert max(runs for runs, _ in sampler.samples) >= 6  # and it was used
+    # Submitting the same eval again attaches to it: nothing runs twice.
+    again, created = evals.submit_file(spec)
+    assert (again, created) == (eval_id, False)
+    assert evals.progress(eval_id).recorded == 800 and calls(server) == counted
+
+
+def test_cancel_stops_new_case_runs_and_resume_finishes_them_once(
+    evals: EvalClient, server: RedisServer, tmp_path: Path
+) -> None:
+    cases = [{"id": f"s{m}", "input": f"slow double {m}", "expected": str(2 * m)} for m in range(1, 41)]
+    spec = write_eval(tmp_path, cases, name="slow", top={"concurrency": 3})
+    eval_id, _ = evals.submit_file(spec)
+    wait_until(lambda: evals.progress(eval_id).recorded >= 3, timeout=60, what="some results")
+    assert evals.cancel(eval_id) == "running"
+    stopped = evals.wait(eval_id, timeout=60)
+    assert stopped.meta.status == "cancelled" and stopped.in_flight == 0
+    assert 3 <= stopped.recorded < 40 and stopped.pending == 40 - stopped.recorded
+    # Nothing starts while it is cancelled.
+    started = sum(calls(server).get(f"evals-a|slow double {m}", 0) for m in range(1, 41))
+    assert started == stopped.recorded
+    assert evals.resume(eval_id) == "cancelled"
+    done = evals.wait(eval_id, timeout=120)
+    assert done.meta.status == "completed" and done.recorded == 40 and done.counts[0].passed == 40
+    assert all(calls(server)[f"evals-a|slow double {m}"] == 1 for m in range(1, 41))
+
+
+def test_a_case_run_that_fails_is_recorded_with_its_error(evals: EvalClient, tmp_path: Path) -> None:
+    cases = [{"id": f"f{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 4)]
+    spec = write_eval(
+        tmp_path,
+        cases,
+        name="fails",
+        variants=[{"name": "x", "agent": "doubler", "model": "scripted:missing"}],
+    )
+    eval_id, _ = evals.submit_file(spec)
+    done = evals.wait(eval_id, timeout=60)
+    assert done.meta.status == "completed" and (done.counts[0].done, done.counts[0].failed) == (3, 3)
+    for r in evals.results(eval_id):
+        assert r.status == "failed" and not r.passed and r.scores == []
+        assert r.error is not None and "missing" in r.error["message"]
+
+
+@pytest.mark.parametrize(
+    ("dataset", "scorers", "message"),
+    [
+        (
+            '{"id": "a", "input": "double 1"}\n{"id": "b", "input": \n',
+            [{"kind": "exact"}],
+            "cases.jsonl:2: not valid JSON",
+        ),
+        ('{"id": "a", "input": "double 1"}\n', [{"kind": "bleu"}], "does not match any of the expected tags"),
+        (
+            '{"id": "a", "input": "double 1"}\n',
+            [{"kind": "custom", "function": "tests.eval_scorers:gone"}],
+            "scorer 'custom': module 'tests.eval_scorers' has no 'gone'",
+        ),
+    ],
+)
+def test_bad_input_is_refused_at_submit_and_creates_nothing(
+    evals: EvalClient, tmp_path: Path, dataset: str, scorers: list[dict[str, Any]], message: str
+) -> None:
+    before = evals.store.list_evals(1000)
+    spec = write_eval(tmp_path, [], name="bad", scorers=scorers)
+    (tmp_path / "cases.jsonl").write_text(dataset)
+    with pytest.raises(EvalSpecError) as info:
+        evals.submit_file(spec)
+    assert message in str(info.value)
+    assert evals.store.list_evals(1000) == before

@@ -1,0 +1,187 @@
+"""The pool drives evals: start case runs within the cap, score each run that ended, recover.
+
+* ``wesichain.eval.pump`` starts case runs while the eval's cap has room (each its own run, with a
+  deterministic id and a Celery completion callback);
+* ``wesichain.eval.score`` is that callback: it scores the ended run, records the result once,
+  gives the slot back and starts the next case runs;
+* the sweeper's :meth:`EvalPool.tick` repairs what a dead process left: a slot whose run was never
+  created (its creator died), a run that ended but was never scored (the scoring task was lost
+  with its worker), an eval with room and nothing pumping.
+
+Nothing here depends on the process that submitted the eval.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from producer.client import Client
+from shared.errors import InvalidRequest, StoreFull
+from shared.evals.errors import EvalNotFound
+from shared.evals.outcome import CaseResult, RunOutcome, trajectory
+from shared.evals.scoring import EVAL_ID, EVAL_ITEM, result_of, run_outcome
+from shared.evals.store import EvalMeta, EvalStore, Item, run_id_of
+from shared.evals.tasks import TASK_EVAL_SCORE, pump_task
+from shared.state import Callback, RunHead, TaskSpec
+from shared.webhooks import outcome
+
+__all__ = ["PUMP_BATCH", "EvalPool"]
+
+log = logging.getLogger("wesichain.evals")
+
+#: Case runs one pump takes at a time (it loops until the cap or the work runs out).
+PUMP_BATCH = 50
+
+
+class EvalPool:
+    """What the pool does for evals, on the run store's Redis; ``client`` creates the case runs."""
+
+    def __init__(self, client: Client, send: Callable[[TaskSpec], None]) -> None:
+        self.client = client
+        self.send = send
+        self.runs = client.store
+        self.evals = EvalStore(client.store.redis, client.store.keys)
+        settings = client.settings
+        #: How long a pump may take to create a run after taking its slot, and a scorer to score.
+        self.lease_s = max(30.0, settings.lease_s * 3)
+        #: How long an ended run may wait for its scoring callback before the sweeper scores it.
+        self.grace_s = max(10.0, settings.lease_s * 2)
+
+    # -- starting case runs ----------------------------------------------------------------------
+
+    def pump(self, eval_id: str) -> int:
+        """Start case runs until the cap, the budget or the work runs out; returns how many."""
+        try:
+            meta = self.evals.meta(eval_id)
+        except EvalNotFound:
+            return 0
+        started = 0
+        while True:
+            got = self.evals.acquire(eval_id, meta.spec, PUMP_BATCH, self.lease_s)
+            if got.status != "ok":
+                return started
+            for item in got.items:
+                started += self.start(meta, item)
+
+    def start(self, meta: EvalMeta, item: Item) -> int:
+        """Create the item's case run unless it exists, then hold its slot; 1 if it was created."""
+        eval_id, spec = meta.eval_id, meta.spec
+        variant = spec.variants[item.variant]
+        run_id = run_id_of(eval_id, item)
+        case = self.evals.case(eval_id, item.case)
+        created = 0
+        try:
+            self.client.submit(
+                variant.agent,
+                case.input,
+                run_id=run_id,
+                model=variant.model,
+                thread_id=f"{run_id}:{case.thread}" if case.thread else None,
+                metadata={**variant.metadata, **case.metadata, EVAL_ID: eval_id, EVAL_ITEM: str(item)},
+                callback=Callback(task=TASK_EVAL_SCORE, queue=spec.queue),
+                check_agent=False,
+            )
+            created = 1
+        except StoreFull as exc:
+            # Leave the slot leased: the sweeper tries again once its lease ran out.
+            log.warning("eval %s: case run %s not created yet: %s", eval_id, run_id, exc)
+            return 0
+        except InvalidRequest as exc:
+            if self.runs.load(run_id) is None:
+                # The case itself cannot run (e.g. its input is too long): record why, once.
+                self._record_unrunnable(meta, item, run_id, exc)
+                return 0
+        self.evals.bind(eval_id, item)
+        return created
+
+    def _record_unrunnable(self, meta: EvalMeta, item: Item, run_id: str, exc: InvalidRequest) -> None:
+        ended = RunOutcome(run_id=run_id, status="failed", error=exc.info().model_dump(mode="json"))
+        case = self.evals.case(meta.eval_id, item.case)
+        self.evals.record(meta.eval_id, item, result_of(meta.spec, item, case, ended, ""))
+
+    # -- scoring ended runs ----------------------------------------------------------------------
+
+    def score(self, ended: dict[str, Any]) -> CaseResult | None:
+        """Score one ended case run (its completion callback); None if another scorer has it."""
+        metadata = ended.get("metadata") or {}
+        eval_id, raw_item = metadata.get(EVAL_ID), metadata.get(EVAL_ITEM)
+        if not isinstance(eval_id, str) or not isinstance(raw_item, str):
+            log.warning("run %s ended with no eval to score it for", ended.get("run_id"))
+            return None
+        item = Item.parse(raw_item)
+        if self.evals.claim_scoring(eval_id, item, self.lease_s) != "ok":
+            return None  # scored already, or being scored
+        try:
+            meta = self.evals.meta(eval_id)
+        except EvalNotFound:
+            return None
+        run_id = str(ended["run_id"])
+        head = self.runs.load(run_id)
+        steps = trajectory(self.runs.load_messages(run_id)) if head is not None else []
+        case = self.evals.case(eval_id, item.case)
+        result = result_of(meta.spec, item, case, run_outcome(ended, steps), head.model if head else "")
+        if self.evals.record(eval_id, item, result):
+            self.pump(eval_id)
+        return result
+
+    # -- the sweeper's repairs -------------------------------------------------------------------
+
+    def tick(self) -> int:
+        """Repair every active eval once; returns the repairs made."""
+        repaired = 0
+        for eval_id in self.evals.active():
+            try:
+                repaired += self._repair(self.evals.meta(eval_id))
+            except EvalNotFound:
+                continue
+        return repaired
+
+    def _repair(self, meta: EvalMeta) -> int:
+        eval_id = meta.eval_id
+        now_ms = self.evals.now_ms()
+        repaired = 0
+        for item, deadline in self.evals.slots(eval_id):
+            if math.isinf(deadline):
+                repaired += self._check_run(meta, item, now_ms)
+            elif deadline < now_ms:
+                log.warning("eval %s: the creator of case run %s died; creating it", eval_id, item)
+                self.start(meta, item)
+                repaired += 1
+        if (
+            meta.status == "running"
+            and self.evals.in_flight(eval_id) < meta.spec.concurrency
+            and self.evals.pending(eval_id) > 0
+        ):
+            self.send(pump_task(eval_id, meta.spec.queue))
+            repaired += 1
+        return repaired
+
+    def _check_run(self, meta: EvalMeta, item: Item, now_ms: float) -> int:
+        """A held slot: is its run still going, or did it end without being scored?"""
+        run_id = run_id_of(meta.eval_id, item)
+        head: RunHead | None = self.runs.load(run_id)
+        if head is None:
+            ended = RunOutcome(
+                run_id=run_id,
+                status="failed",
+                error={"kind": "RunLost", "message": "the case run expired before it was scored"},
+            )
+            case = self.evals.case(meta.eval_id, item.case)
+            return int(self.evals.record(meta.eval_id, item, result_of(meta.spec, item, case, ended, "")))
+        if not head.terminal or now_ms / 1000 - head.updated_at < self.grace_s:
+            return 0
+        log.warning("eval %s: case run %s ended unscored; scoring it", meta.eval_id, run_id)
+        self.send(
+            TaskSpec(
+                name=TASK_EVAL_SCORE,
+                task_id=f"{run_id}:score:{uuid.uuid4().hex[:8]}",
+                arguments={},
+                args=[outcome(head)],
+                queue=meta.spec.queue,
+            )
+        )
+        return 1
