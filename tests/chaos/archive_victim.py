@@ -22,7 +22,6 @@ from shared.redis_client import connect
 from shared.settings import Settings
 from shared.store import RunStore
 
-
 #: How long the shard stays locked by the killed archiver (the next pass waits it out).
 LOCK_S = 2.0
 
