@@ -1,10 +1,13 @@
 """Session fixtures: a real redis-server on a free loopback port and real worker processes.
 
 A missing ``redis-server`` skips the integration tests locally and fails them under CI.
+``--broker rabbitmq`` runs them with RabbitMQ as the broker, in a virtual host of the session's own
+(see ``tests/broker.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -12,10 +15,38 @@ from collections.abc import Iterator
 import pytest
 
 from producer.client import Client
-from shared.settings import Settings
+from shared.settings import ENV_BROKER_URL
+from tests.broker import Settings, rabbitmq_available, vhost
 from tests.harness import RedisServer, WorkerProcess
 
 CI = os.environ.get("CI") == "true"
+
+_SESSION_VHOST: list[contextlib.AbstractContextManager[str]] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--broker",
+        choices=("redis", "rabbitmq"),
+        default="redis",
+        help="the broker of the integration and chaos suites (rabbitmq: 127.0.0.1:5672, own vhost)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--broker", "redis") != "rabbitmq":
+        return
+    if not rabbitmq_available():
+        raise pytest.UsageError("--broker rabbitmq: rabbitmqctl cannot reach a RabbitMQ server")
+    context = vhost()
+    os.environ[ENV_BROKER_URL] = context.__enter__()
+    _SESSION_VHOST.append(context)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _SESSION_VHOST:
+        _SESSION_VHOST.pop().__exit__(None, None, None)
+        os.environ.pop(ENV_BROKER_URL, None)
 
 
 def _need_redis() -> None:

@@ -183,7 +183,9 @@ class RuntimeHolder:
 
     def probe(self) -> BrokerProbe:
         """How the sweeper asks the broker about queued messages."""
-        if self.settings.embedded:
+        if self.settings.embedded or self.settings.broker_url:
+            # The in-memory broker, or RabbitMQ: nothing to look into (the sweeper then waits a
+            # generous total time before it publishes an unclaimed task again).
             return UnknownBroker()
         conf = celery_config(self.settings)
         options = conf["broker_transport_options"]

@@ -26,9 +26,9 @@ from shared.archive import Archive
 from shared.archiver import Archiver
 from shared.errors import ArchiveUnavailable, RunErrorInfo
 from shared.llm.base import Usage
-from shared.settings import Settings
 from shared.store import RunStore
 from tests.archive_support import BACKENDS, FullRead, archive_url, full_read, set_connections
+from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, wait_until
 from tests.unit.test_store import commit, started
 

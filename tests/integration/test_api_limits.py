@@ -17,9 +17,9 @@ import pytest
 
 from producer.client import Client
 from shared.keys import Keys
-from shared.settings import Settings
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
+from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.integration

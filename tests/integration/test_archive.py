@@ -18,10 +18,10 @@ from producer.client import Client, RequestConflict, RunHandle, RunNotFound
 from shared.archive import open_archive
 from shared.archiver import Archiver
 from shared.retention import GarbageCollector
-from shared.settings import Settings
 from shared.state import CallbackState, Phase
 from shared.tasks import TASK_ARCHIVE
 from tests.archive_support import BACKENDS, FullRead, archive_url, full_read
+from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.integration

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from producer.client import Client, RequestConflict
-from shared.settings import Settings
 from shared.state import Phase
 from shared.tenants import Tenants
 from shared.webhooks import verify
+from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess, free_port, wait_until
 
 pytestmark = pytest.mark.integration

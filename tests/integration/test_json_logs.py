@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from producer.client import Client
-from shared.settings import Settings
 from shared.state import Phase
+from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import pytest
 
 from producer.client import Client
-from shared.settings import Settings
 from shared.tasks import TASK_THINK
+from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, WorkerProcess, free_port, wait_until
 from tests.scrape import scrape, total, value
 

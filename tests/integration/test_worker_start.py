@@ -15,8 +15,9 @@ import pytest
 
 from producer.cli import main
 from producer.client import Client
-from shared.settings import QUEUE_MODEL, Settings
+from shared.settings import QUEUE_MODEL
 from shared.state import Phase
+from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, WorkerProcess, free_port, wait_until
 
 pytestmark = pytest.mark.integration
