@@ -7,7 +7,6 @@ A missing ``redis-server`` skips the integration tests locally and fails them un
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -15,13 +14,10 @@ from collections.abc import Iterator
 import pytest
 
 from producer.client import Client
-from shared.settings import ENV_BROKER_URL
-from tests.broker import Settings, rabbitmq_available, vhost
+from tests.broker import ENV_TEST_BROKER, Settings, drop_all, rabbitmq_available
 from tests.harness import RedisServer, WorkerProcess
 
 CI = os.environ.get("CI") == "true"
-
-_SESSION_VHOST: list[contextlib.AbstractContextManager[str]] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -29,7 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--broker",
         choices=("redis", "rabbitmq"),
         default="redis",
-        help="the broker of the integration and chaos suites (rabbitmq: 127.0.0.1:5672, own vhost)",
+        help="the broker of the integration and chaos suites (rabbitmq: 127.0.0.1:5672, see tests/broker.py)",
     )
 
 
@@ -38,15 +34,20 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if not rabbitmq_available():
         raise pytest.UsageError("--broker rabbitmq: rabbitmqctl cannot reach a RabbitMQ server")
-    context = vhost()
-    os.environ[ENV_BROKER_URL] = context.__enter__()
-    _SESSION_VHOST.append(context)
+    os.environ[ENV_TEST_BROKER] = "rabbitmq"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--broker", "redis") != "rabbitmq":
+        return
+    skip = pytest.mark.skip(reason="about the Redis broker itself (--broker rabbitmq)")
+    for item in items:
+        if item.get_closest_marker("redis_broker") is not None:
+            item.add_marker(skip)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    while _SESSION_VHOST:
-        _SESSION_VHOST.pop().__exit__(None, None, None)
-        os.environ.pop(ENV_BROKER_URL, None)
+    drop_all()
 
 
 def _need_redis() -> None:

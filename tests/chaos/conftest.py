@@ -13,23 +13,10 @@ from typing import Any
 import pytest
 
 from producer.client import Client
-from shared.settings import ENV_BROKER_URL
-from tests.broker import Settings, session_broker_url, vhost
+from tests.broker import Settings
 from tests.chaos.support import RECOVERIES, SOAK_REPORT, Cluster
 from tests.conftest import _need_redis
 from tests.harness import RedisServer
-
-
-@pytest.fixture(autouse=True)
-def own_vhost(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """On RabbitMQ, a virtual host per test, as a redis-server per test: nothing a test leaves
-    queued reaches the next one's workers."""
-    if not session_broker_url():
-        yield
-        return
-    with vhost() as url:
-        monkeypatch.setenv(ENV_BROKER_URL, url)
-        yield
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from shared.settings import QUEUE_MODEL
+from tests.broker import broker_env
 from tests.harness import ROOT, RedisServer, wait_until
 
 pytestmark = pytest.mark.integration
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.integration
 def test_beat_schedules_the_sweep_task(tmp_path: Path) -> None:
     # A server of its own: the session's workers would consume the sweep messages before we look.
     server = RedisServer().start()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_REDIS_URL": server.url}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_REDIS_URL": server.url, **broker_env(server.url)}
     beat = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "worker.app", "beat", "-s", str(tmp_path / "schedule")],
         env=env,

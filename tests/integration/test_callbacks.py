@@ -177,6 +177,7 @@ app.worker_main(
 """
 
 
+@pytest.mark.redis_broker  # the plain app's broker is the run state's Redis
 def test_a_celery_callback_reaches_a_plain_celery_app(setup: Setup, tmp_path: Path) -> None:
     out = tmp_path / "outcomes.jsonl"
     log = open(tmp_path / "consumer.log", "wb")  # closed below

@@ -30,11 +30,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def broker() -> Iterator[str]:
     if not rabbitmq_available():
         pytest.skip("no RabbitMQ reachable with rabbitmqctl")
     with vhost() as url:
-        monkeypatch.setenv(ENV_BROKER_URL, url)
         yield url
 
 
@@ -75,7 +74,7 @@ def _queues(url: str) -> dict[str, tuple[str, int]]:
 
 
 def test_runs_end_on_quorum_queues(cluster: Cluster, client: Client, broker: str) -> None:
-    cluster.start(2, concurrency=2)
+    cluster.start(2, concurrency=2, env={ENV_BROKER_URL: broker})
     handles = [client.submit("one_hop", "go"), client.submit("direct", "hi")]
     heads = [h.wait(30) for h in handles]
     assert [(h.phase, h.answer) for h in heads] == [
@@ -90,11 +89,11 @@ def test_runs_end_on_quorum_queues(cluster: Cluster, client: Client, broker: str
     assert not r.exists(QUEUE_MODEL) and not r.exists(QUEUE_TOOLS) and not r.exists("unacked")
 
 
-def test_a_countdown_travels_through_delayed_delivery(cluster: Cluster, client: Client) -> None:
+def test_a_countdown_travels_through_delayed_delivery(cluster: Cluster, client: Client, broker: str) -> None:
     # The model fails with a transport error and the policy retries twice, after 1 s and 2 s: the
     # think is published again with a countdown each time, which RabbitMQ holds in its delayed
     # delivery queues (quorum queues cannot let a worker hold a message until its ETA).
-    cluster.start(1)
+    cluster.start(1, env={ENV_BROKER_URL: broker})
     handle = client.submit("model_retry_fail", "go")
     head = handle.wait(60)
     assert head.phase is Phase.FAILED and head.error is not None and head.error.kind == "ModelTransport"
@@ -103,12 +102,11 @@ def test_a_countdown_travels_through_delayed_delivery(cluster: Cluster, client: 
     assert failed[1].ts - failed[0].ts >= 0.9 and failed[2].ts - failed[1].ts >= 1.9
 
 
-def test_a_worker_killed_between_commit_and_publish_loses_nothing(cluster: Cluster, client: Client) -> None:
-    workers = cluster.start(
-        2,
-        pool="solo",
-        env={**CHAOS_ENV, "WESICHAIN_FAULT": "crash_after_commit:thinking", "WESICHAIN_QUEUED_LEASE_S": "60"},
-    )
+def test_a_worker_killed_between_commit_and_publish_loses_nothing(
+    cluster: Cluster, client: Client, broker: str
+) -> None:
+    fault = {"WESICHAIN_FAULT": "crash_after_commit:thinking", "WESICHAIN_QUEUED_LEASE_S": "60"}
+    workers = cluster.start(2, pool="solo", env={**CHAOS_ENV, **fault, ENV_BROKER_URL: broker})
     handle = client.submit("one_hop", "go")
     head = handle.wait(30)
     assert head.phase is Phase.COMPLETED and head.answer == "1 + 2 = 3"

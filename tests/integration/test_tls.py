@@ -30,7 +30,7 @@ from shared.tls import RedisTlsError
 from tests.broker import Settings
 from tests.harness import RedisServer, ServerTls, WorkerProcess, free_port, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.redis_broker]
 
 TIMEOUT = 60
 PASSWORD = "hunter2-tls"
