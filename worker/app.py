@@ -148,12 +148,17 @@ class RuntimeHolder:
                 # Celery's message, pushed on the store's client: no Redis client per publish.
                 run_commands(store.redis, builder.build([spec]))
                 return
+            countdown = spec.countdown or None
+            if countdown and settings.broker_url:
+                # RabbitMQ's delayed delivery counts whole seconds, and Celery 5.7 raises on a
+                # countdown that truncates to 0 ("countdown must be a positive number").
+                countdown = max(1.0, countdown)
             app.send_task(
                 spec.name,
                 args=spec.args or None,
                 kwargs=spec.arguments or None,
                 task_id=spec.task_id,
-                countdown=spec.countdown or None,
+                countdown=countdown,
                 time_limit=spec.time_limit_s,
                 queue=spec.queue,
             )

@@ -12,16 +12,15 @@ from pathlib import Path
 import pytest
 
 from shared.settings import QUEUE_MODEL
-from tests.broker import broker_env
 from tests.harness import ROOT, RedisServer, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.redis_broker]  # reads the Redis queue list
 
 
 def test_beat_schedules_the_sweep_task(tmp_path: Path) -> None:
     # A server of its own: the session's workers would consume the sweep messages before we look.
     server = RedisServer().start()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_REDIS_URL": server.url, **broker_env(server.url)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_REDIS_URL": server.url}
     beat = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "worker.app", "beat", "-s", str(tmp_path / "schedule")],
         env=env,
