@@ -748,6 +748,7 @@ def _assert_redacted_401(head: RunHead, events: list[Event], provider: str) -> N
     assert head.error.message.startswith(f"{provider}: ")
 
 
+@pytest.mark.redis_broker  # watches the task messages on their way through the Redis broker
 def test_api_keys_never_leave_the_worker(cluster: Cluster) -> None:
     openai, anthropic = cluster.fakes["openai"], cluster.fakes["anthropic"]
     with RedisWatch(cluster.server) as watch:
