@@ -52,6 +52,8 @@ class ApiProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ApiProcess:
+        if getattr(self, "_log", None) is not None:
+            self._log.close()  # of the previous incarnation
         self._log = open(self.log_path, "ab")  # closed in stop()
         self.proc = subprocess.Popen(
             self.args,
@@ -73,6 +75,12 @@ class ApiProcess:
         except httpx.HTTPError:
             return False
 
+    def kill(self) -> None:
+        """SIGKILL the server (its port is free again for :meth:`start`)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -86,6 +94,7 @@ class ApiProcess:
                 self.proc.wait(timeout=10)
         if getattr(self, "_log", None) is not None:
             self._log.close()
+            self._log = None  # type: ignore[assignment]
 
 
 def wait_status(http: httpx.Client, run_id: str, statuses: set[str], timeout: float = 60) -> dict[str, Any]:
