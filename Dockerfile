@@ -5,6 +5,7 @@ COPY pyproject.toml README.md ./
 COPY shared shared
 COPY worker worker
 COPY producer producer
+COPY api api
 RUN pip install --no-cache-dir .
 # Your agents' own dependencies, e.g. --build-arg PIP_EXTRA="mylib>=2 otherlib" (docker-compose.yml).
 ARG PIP_EXTRA=""

@@ -35,11 +35,23 @@ from shared.timeline import Timeline, build_timeline
 from shared.timetravel import Checkpoint, checkpoint_of
 from shared.workers import AgentInfo, WorkerDirectory
 
-__all__ = ["Client", "RequestConflict", "RunHandle", "RunNotFound", "RunTimeout", "idempotent_run_id"]
+__all__ = [
+    "Client",
+    "RequestConflict",
+    "RunHandle",
+    "RunNotFound",
+    "RunTimeout",
+    "UnknownAgent",
+    "idempotent_run_id",
+]
 
 
 class RequestConflict(WesichainError):
     """An idempotency key was reused for a different request."""
+
+
+class UnknownAgent(InvalidRequest):
+    """No live worker serves the agent a run names."""
 
 
 def idempotent_run_id(tenant: str | None, key: str) -> str:
@@ -248,7 +260,7 @@ class Client:
         served = self._served
         if agent not in served:
             known = ", ".join(sorted(served)) or "none: no worker is live"
-            raise InvalidRequest(
+            raise UnknownAgent(
                 f"no live worker serves agent {agent!r} (agents served now: {known}); submit with"
                 " check_agent=False (--no-check) to queue the run anyway"
             )

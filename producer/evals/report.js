@@ -1,8 +1,9 @@
 (function(){
 'use strict';
 var data=JSON.parse(document.getElementById('eval-data').textContent);
-var V=data.variants, body=document.getElementById('case-rows'), count=document.getElementById('case-count');
+var V=data.variants,T=data.strings, body=document.getElementById('case-rows'), count=document.getElementById('case-count');
 var search=document.getElementById('case-filter'), which=document.getElementById('case-which');
+function S(i){return i===null||i===undefined?'':T[i];}
 var sortKey='i', sortDir=1, open={};
 function el(tag,attrs,text){var e=document.createElement(tag);if(attrs){for(var k in attrs){e.setAttribute(k,attrs[k]);}}
  if(text!==undefined&&text!==null){e.textContent=String(text);}return e;}
@@ -26,13 +27,13 @@ function drill(c){var td=el('td',{colspan:String(V.length+3)});
   var box=el('div',{'class':'run'});box.appendChild(el('h4',null,V[r.v]+(r.r?' #'+r.r:'')+' \u2014 '+(r.ok?'pass':'fail')+' ('+r.st+')'));
   box.appendChild(el('div',{'class':'k'},'answer'));box.appendChild(el('pre',null,r.a===null?'(none)':r.a));
   if(r.e){box.appendChild(el('div',{'class':'k'},'error ('+r.ek+')'));box.appendChild(el('pre',null,r.e));}
-  var ul=el('ul');r.sc.forEach(function(s){ul.appendChild(el('li',null,s[0]+': '+s[1]+(s[2]?' \u2713 ':' \u2717 ')+(s[3]||'')));});
-  box.appendChild(ul);box.appendChild(el('div',{'class':'k'},'trajectory ('+r.steps+' steps, '+r.tok+' tokens, '+r.lat.toFixed(2)+'s, run '+r.id+')'));
-  var ol=el('ol',{'class':'traj'});r.tr.forEach(function(t){var text=t[0]==='call'?('call '+t[1]+'('+(t[3]||'')+')'):
-   (t[0]==='result'?('result of '+t[1]+': '+(t[2]||'')):('thought: '+(t[2]||'')));ol.appendChild(el('li',null,text));});
+  var ul=el('ul');r.sc.forEach(function(s){ul.appendChild(el('li',null,S(s[0])+': '+s[1]+(s[2]?' \u2713 ':' \u2717 ')+S(s[3])));});
+  box.appendChild(ul);box.appendChild(el('div',{'class':'k'},'trajectory ('+r.steps+' steps, '+r.tok+' tokens, '+r.lat.toFixed(2)+'s, run '+data.eval+':v'+r.v+':c'+c.i+':r'+r.r+')'));
+  var ol=el('ol',{'class':'traj'});r.tr.forEach(function(t){var text=t[0]==='c'?('call '+S(t[1])+'('+S(t[3])+')'):
+   (t[0]==='r'?('result of '+S(t[1])+': '+S(t[2])):('thought: '+S(t[2])));ol.appendChild(el('li',null,text));});
   box.appendChild(ol);side.appendChild(box);});
  td.appendChild(side);var tr=el('tr',{'class':'drill'});tr.appendChild(td);return tr;}
-function render(){var rows=data.cases.filter(visible).sort(function(a,b){var x=key(a),y=key(b);return (x<y?-1:x>y?1:0)*sortDir;});
+function renderRows(){var rows=data.cases.filter(visible).sort(function(a,b){var x=key(a),y=key(b);return (x<y?-1:x>y?1:0)*sortDir;});
  body.textContent='';rows.forEach(function(c){var st=status(c);var tr=el('tr',{'class':'case','data-case':c.id});
   tr.appendChild(el('td',null,c.id));tr.appendChild(el('td',null,c.input.length>90?c.input.slice(0,90)+'\u2026':c.input));
   V.forEach(function(_,v){var p=passes(c,v);tr.appendChild(el('td',{'class':p[0]===p[1]?'pass':'fail'},p[0]+'/'+p[1]));});
@@ -45,5 +46,19 @@ var head=document.getElementById('case-head');
  var th=el('th',{'class':h[0]==='input'?'':'sortable','data-key':h[0]},h[1]);
  if(h[0]!=='input'){th.addEventListener('click',function(){sortDir=sortKey===h[0]?-sortDir:1;sortKey=h[0];render();});}
  head.appendChild(th);});
-search.addEventListener('input',render);which.addEventListener('change',render);render();
+// The filter, the selection and the open cases live in the URL's hash: a link shares the view.
+function readHash(){var h=location.hash.replace(/^#/,'');h.split('&').forEach(function(part){
+ var kv=part.split('=');if(kv.length!==2){return;}var k=kv[0],v=decodeURIComponent(kv[1]);
+ if(k==='q'){search.value=v;}else if(k==='show'){which.value=v;}
+ else if(k==='open'){v.split(',').forEach(function(id){if(id){open[id]=true;}});}
+ else if(k==='sort'){var m=/^(-?)(.+)$/.exec(v);sortDir=m[1]?-1:1;sortKey=m[2];}});}
+function writeHash(){var parts=[];if(search.value){parts.push('q='+encodeURIComponent(search.value));}
+ if(which.value!=='all'){parts.push('show='+encodeURIComponent(which.value));}
+ var ids=Object.keys(open).filter(function(id){return open[id];});
+ if(ids.length){parts.push('open='+encodeURIComponent(ids.join(',')));}
+ if(sortKey!=='i'){parts.push('sort='+(sortDir<0?'-':'')+sortKey);}
+ if(history.replaceState){history.replaceState(null,'',parts.length?'#'+parts.join('&'):location.pathname);}}
+function render(){renderRows();writeHash();}
+search.addEventListener('input',function(){render();});which.addEventListener('change',function(){render();});
+readHash();render();document.body.setAttribute('data-ready','1');
 })();

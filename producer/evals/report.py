@@ -24,7 +24,7 @@ from shared.evals.summary import VariantSummary, percentile, summarise
 __all__ = ["MAX_REPORT_TEXT", "render_report"]
 
 #: Characters kept per text in the report's data (answers, trajectory entries).
-MAX_REPORT_TEXT = 600
+MAX_REPORT_TEXT = 400
 
 
 def _cut(text: str | None, limit: int = MAX_REPORT_TEXT) -> str | None:
@@ -113,8 +113,9 @@ def _failures(summaries: Sequence[VariantSummary], results: Sequence[CaseResult]
     for r in results:
         if (kind := r.error_kind) is not None:
             by_kind[kind].append(r)
+    checks = _failed_checks(summaries, results)
     if not by_kind:
-        return "<p>No run failed and no scorer raised.</p>"
+        return "<p>No run failed and no scorer raised.</p>" + checks
     items = []
     for kind, rows in sorted(by_kind.items(), key=lambda kv: -len(kv[1])):
         examples = ", ".join(_e(f"{r.case_id} ({r.variant})") for r in rows[:8])
@@ -126,12 +127,52 @@ def _failures(summaries: Sequence[VariantSummary], results: Sequence[CaseResult]
             f"<li><b>{_e(kind)}</b> x{len(rows)}: <q>{_e(_cut(str(message), 200))}</q>"
             f" <small>e.g. {examples}</small></li>"
         )
-    return f'<ul class="failures">{"".join(items)}</ul>'
+    return f'<ul class="failures">{"".join(items)}</ul>' + checks
+
+
+def _failed_checks(summaries: Sequence[VariantSummary], results: Sequence[CaseResult]) -> str:
+    """How often each scorer failed a completed run, per variant."""
+    failed: dict[tuple[str, str], int] = defaultdict(int)
+    for r in results:
+        for s in r.scores:
+            if not s.passed:
+                failed[(r.variant, s.name)] += 1
+    if not failed:
+        return ""
+    scorers = sorted({name for _, name in failed})
+    head = "".join(f"<th>{_e(n)}</th>" for n in scorers)
+    rows = "".join(
+        f"<tr><th>{_e(s.name)}</th>"
+        + "".join(f"<td>{failed.get((s.name, n), 0)}</td>" for n in scorers)
+        + "</tr>"
+        for s in summaries
+    )
+    table = f'<table class="checks"><thead><tr><th>failed checks</th>{head}</tr></thead>'
+    return f"{table}<tbody>{rows}</tbody></table>"
+
+
+class _Strings:
+    """A table of the texts that repeat across runs (scorer names, explanations, thoughts, tool
+    calls): each is written once and referred to by its index, which keeps large reports small."""
+
+    def __init__(self) -> None:
+        self.table: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def __call__(self, text: str | None, limit: int = 160) -> int | None:
+        if text is None:
+            return None
+        text = _cut(text, limit) or ""
+        if (at := self._index.get(text)) is None:
+            at = self._index[text] = len(self.table)
+            self.table.append(text)
+        return at
 
 
 def _data(meta: EvalMeta, cases: dict[int, Case], results: Sequence[CaseResult]) -> dict[str, Any]:
     variants = [v.name for v in meta.spec.variants]
     rows: dict[int, dict[str, Any]] = {}
+    s = _Strings()
     for r in results:
         index = Item.parse(r.item).case
         case = cases.get(index)
@@ -157,20 +198,19 @@ def _data(meta: EvalMeta, cases: dict[int, Case], results: Sequence[CaseResult])
                 "lat": r.latency_s,
                 "tok": r.input_tokens + r.output_tokens,
                 "steps": r.steps,
-                "id": r.run_id,
-                "sc": [[s.name, round(s.value, 4), s.passed, _cut(s.explanation, 300)] for s in r.scores],
+                "sc": [[s(x.name), round(x.value, 4), x.passed, s(x.explanation)] for x in r.scores],
                 "tr": [
-                    [
-                        t.kind,
-                        t.tool,
-                        _cut(t.text, 300),
-                        json.dumps(t.arguments)[:300] if t.arguments else None,
-                    ]
+                    [t.kind[0], s(t.tool), s(t.text), s(json.dumps(t.arguments)) if t.arguments else None]
                     for t in r.trajectory
                 ],
             }
         )
-    return {"variants": variants, "cases": [rows[i] for i in sorted(rows)]}
+    return {
+        "eval": meta.eval_id,
+        "variants": variants,
+        "strings": s.table,
+        "cases": [rows[i] for i in sorted(rows)],
+    }
 
 
 @cache

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-PACKAGES = ("shared", "worker", "producer")
+PACKAGES = ("shared", "worker", "producer", "api")
 NOT_EXPORTED = {"log", "app"}
 
 

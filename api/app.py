@@ -1,0 +1,67 @@
+"""The FastAPI application of ``wesichain api``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from api import events, meta, runs
+from api.body_limit import BodyLimit
+from api.config import ApiConfig
+from api.errors import install_error_handlers
+from api.services import Services
+
+__all__ = ["API_VERSION", "create_app", "openapi_document"]
+
+API_VERSION = "1.0.0"
+
+_DESCRIPTION = (
+    "Start, follow and steer Wesichain agent runs from any service. Authenticate with an API key"
+    " (`Authorization: Bearer wsk_...`); a key's tenant sees only its own runs. Every error is"
+    ' `{"error": {"kind", "message", "details"}}`.'
+)
+
+
+def create_app(config: ApiConfig | None = None) -> FastAPI:
+    """The app; without ``config``, configured from the environment (``wesichain api`` does that)."""
+    config = config or ApiConfig.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = Services(config)
+        app.state.services = services
+        try:
+            yield
+        finally:
+            await services.close()
+
+    app = FastAPI(
+        title="Wesichain",
+        version=API_VERSION,
+        description=_DESCRIPTION,
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(runs.router)
+    app.include_router(events.router)
+    app.include_router(meta.router)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    return app
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document the app serves (docs/openapi.json holds a copy)."""
+    app = create_app(ApiConfig(settings=_placeholder_settings()))
+    document: dict[str, Any] = json.loads(json.dumps(app.openapi()))
+    return document
+
+
+def _placeholder_settings() -> Any:
+    # The document does not depend on where Redis is; nothing connects while it is built.
+    from shared.settings import Settings
+
+    return Settings()

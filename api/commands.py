@@ -1,0 +1,116 @@
+"""``wesichain api`` (the HTTP server) and ``wesichain keys`` (tenants' API keys), added to
+``wesichain`` through the ``wesichain.commands`` entry point group."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+__all__ = ["Handler", "api", "keys", "register"]
+
+Handler = Any
+
+
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> dict[str, Handler]:
+    a = sub.add_parser("api", parents=[common], help="serve the HTTP API (FastAPI on uvicorn)")
+    a.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    a.add_argument("--port", type=int, default=8000)
+    a.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (default 1)")
+    a.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve without API keys (development only: refused unless --host is a loopback address)",
+    )
+    a.add_argument("--openapi", action="store_true", help="print the OpenAPI document and exit")
+    a.add_argument("--log-level", default="info")
+
+    k = sub.add_parser("keys", help="create, list and revoke tenants' API keys")
+    ksub = k.add_subparsers(dest="keys_command", required=True)
+    c = ksub.add_parser(
+        "create", parents=[common], help="create a key (printed once: it is stored only hashed)"
+    )
+    c.add_argument("--tenant", required=True)
+    c.add_argument("--name", default="", help="what the key is for")
+    c.add_argument("--json", action="store_true")
+    ls = ksub.add_parser("list", parents=[common], help="a tenant's keys (ids, never the keys)")
+    ls.add_argument("--tenant", required=True)
+    ls.add_argument("--json", action="store_true")
+    r = ksub.add_parser(
+        "revoke", parents=[common], help="revoke a key by its id (or a prefix of 8+ characters)"
+    )
+    r.add_argument("--tenant", required=True)
+    r.add_argument("key_id")
+    s = ksub.add_parser(
+        "secret", parents=[common], help="print the tenant's webhook signing secret (made on first use)"
+    )
+    s.add_argument("--tenant", required=True)
+    return {"api": api, "keys": keys}
+
+
+def api(args: argparse.Namespace) -> int:
+    from api.config import ENV_API_AUTH, ENV_API_HOST, ApiConfig
+
+    if args.openapi:
+        from api.app import openapi_document
+
+        print(json.dumps(openapi_document(), indent=2, sort_keys=True))
+        return 0
+    # Settings travel by environment, so every uvicorn worker process builds the same app.
+    os.environ[ENV_API_HOST] = args.host
+    if args.no_auth:
+        os.environ[ENV_API_AUTH] = "off"
+    ApiConfig.from_env()  # refuse bad settings (auth off on a public address) before binding
+    import uvicorn
+
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+def keys(args: argparse.Namespace) -> int:
+    from shared.redis_client import connect
+    from shared.settings import Settings
+    from shared.store import RunStore
+    from shared.tenants import Tenants
+
+    settings = Settings.from_env()
+    store = RunStore(connect(settings), settings)
+    tenants = Tenants(store.redis, store.keys)
+    if args.keys_command == "create":
+        key, record = tenants.create_key(args.tenant, args.name)
+        if args.json:
+            print(json.dumps({"key": key, **record.model_dump(mode="json")}))
+        else:
+            print(key)
+            print(
+                f"key id {record.id} for tenant {record.tenant}; the key is not shown again", file=sys.stderr
+            )
+        return 0
+    if args.keys_command == "list":
+        records = tenants.keys_of(args.tenant)
+        if args.json:
+            print(json.dumps([r.model_dump(mode="json") for r in records]))
+        for r in records if not args.json else ():
+            state = "revoked" if r.revoked_at is not None else "live"
+            print(f"{r.id}  {state}  {r.name}")
+        return 0
+    if args.keys_command == "secret":
+        print(tenants.webhook_secret(args.tenant))
+        return 0
+    if len(args.key_id) < 8 or not tenants.revoke(args.tenant, args.key_id):
+        print(f"wesichain: tenant {args.tenant!r} has no key {args.key_id!r}", file=sys.stderr)
+        return 1
+    print(f"revoked {args.key_id}")
+    return 0

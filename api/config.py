@@ -1,0 +1,78 @@
+"""How one API process is configured: the run store's settings plus the API's own (environment)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+
+from shared.errors import ConfigError
+from shared.settings import Settings
+
+__all__ = [
+    "ApiConfig",
+    "ENV_API_AUTH",
+    "ENV_API_HOST",
+    "ENV_API_KEEPALIVE",
+    "ENV_API_MAX_BODY",
+    "ENV_API_MAX_STREAMS",
+    "is_loopback",
+]
+
+#: ``off`` turns authentication off; refused unless the server is bound to a loopback address.
+ENV_API_AUTH = "WESICHAIN_API_AUTH"
+#: The address the server is bound to (set by ``wesichain api``; checked when auth is off).
+ENV_API_HOST = "WESICHAIN_API_HOST"
+ENV_API_KEEPALIVE = "WESICHAIN_API_KEEPALIVE_S"
+ENV_API_MAX_STREAMS = "WESICHAIN_API_MAX_STREAMS"
+ENV_API_MAX_BODY = "WESICHAIN_API_MAX_BODY_BYTES"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    settings: Settings = field(default_factory=Settings.from_env)
+    #: False only for a development server bound to loopback: every caller is then the operator
+    #: (no tenant) and sees the runs started without a tenant.
+    auth: bool = True
+    host: str = "127.0.0.1"
+    #: The largest request body taken (a full input in UTF-8 plus metadata fits).
+    max_body_bytes: int = 256 * 1024
+    #: Seconds between keep-alive comments on an idle event stream.
+    keepalive_s: float = 15.0
+    #: Event streams one process serves at once (each holds one Redis connection while it waits).
+    max_streams: int = 1000
+
+    def __post_init__(self) -> None:
+        if not self.auth and not is_loopback(self.host):
+            raise ConfigError(
+                f"authentication can be turned off only on a loopback address, not {self.host!r}"
+            )
+        if self.max_streams < 1 or self.keepalive_s <= 0 or self.max_body_bytes < 1024:
+            raise ConfigError("max_streams >= 1, keepalive_s > 0 and max_body_bytes >= 1024 are required")
+
+    @classmethod
+    def from_env(cls) -> ApiConfig:
+        env = os.environ
+        auth = env.get(ENV_API_AUTH, "on").strip().lower()
+        if auth not in ("on", "off"):
+            raise ConfigError(f"{ENV_API_AUTH} is 'on' or 'off', not {auth!r}")
+        try:
+            return cls(
+                settings=Settings.from_env(),
+                auth=auth == "on",
+                host=env.get(ENV_API_HOST, "127.0.0.1"),
+                keepalive_s=float(env.get(ENV_API_KEEPALIVE, "15")),
+                max_streams=int(env.get(ENV_API_MAX_STREAMS, "1000")),
+                max_body_bytes=int(env.get(ENV_API_MAX_BODY, str(256 * 1024))),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"bad API setting: {exc}") from None

@@ -1,0 +1,106 @@
+"""The API's one error shape, ``{"error": {"kind", "message", "details"}}``, and its status codes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+__all__ = ["ApiError", "ErrorBody", "ErrorInfo", "error_response", "install_error_handlers"]
+
+
+class ErrorInfo(BaseModel):
+    kind: str = Field(
+        description="What went wrong: bad_json, invalid_request, unauthorized, not_found, unknown_agent,"
+        " wrong_state, conflict, body_too_large, rate_limited, store_full, unavailable, internal."
+    )
+    message: str = Field(description="A sentence for a human.")
+    details: dict[str, Any] = Field(default_factory=dict, description="Machine-readable specifics.")
+
+
+class ErrorBody(BaseModel):
+    """Every error answer of the API."""
+
+    error: ErrorInfo
+
+
+class ApiError(Exception):
+    """An answer other than success: its status, kind, message, details and extra headers."""
+
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        *,
+        details: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+        self.details = details or {}
+        self.headers = headers or {}
+
+
+def error_response(
+    status: int,
+    kind: str,
+    message: str,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = ErrorBody(error=ErrorInfo(kind=kind, message=message, details=details or {}))
+    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
+
+
+_KIND_OF_STATUS = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.kind, exc.message, exc.details, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            {"where": ".".join(str(p) for p in e.get("loc", ())), "problem": str(e.get("msg", ""))[:300]}
+            for e in exc.errors()[:20]
+        ]
+        if any(e.get("type") == "json_invalid" for e in exc.errors()):
+            return error_response(
+                400, "bad_json", "the request body is not valid JSON", {"problems": problems}
+            )
+        summary = "; ".join(f"{p['where']}: {p['problem']}" for p in problems[:5])
+        return error_response(422, "invalid_request", summary, {"problems": problems})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = _KIND_OF_STATUS.get(exc.status_code, "http_error")
+        return error_response(
+            exc.status_code, kind, str(exc.detail), headers=dict(exc.headers) if exc.headers else None
+        )
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        # The message of an unexpected exception may hold anything: it is logged, not returned.
+        import logging
+
+        logging.getLogger("wesichain.api").exception(
+            "unexpected error on %s %s", request.method, request.url.path
+        )
+        return error_response(500, "internal", f"unexpected {type(exc).__name__}; see the API's log")

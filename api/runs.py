@@ -1,0 +1,228 @@
+"""``/v1/runs``: submit, read, list, cancel and decide on a tenant's runs.
+
+Every handler answers 404 for a run of another tenant, exactly as for a run that does not exist:
+a tenant cannot even learn that another tenant's run id is taken.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+
+from api.auth import Caller, caller
+from api.errors import ApiError, ErrorBody
+from api.models import CheckpointList, DecisionBody, RunList, RunView, SubmitBody, run_view
+from api.services import Services
+from producer.client import RequestConflict, RunHandle, UnknownAgent
+from shared.errors import InvalidRequest, StoreFull
+from shared.request import check_name
+from shared.state import CallbackState, Decision, RunHead, RunStatus
+from shared.webhooks import check_url
+
+__all__ = [
+    "ERRORS",
+    "Svc",
+    "Who",
+    "approve",
+    "cancel",
+    "checkpoints",
+    "deny",
+    "get_run",
+    "list_runs",
+    "owned_run",
+    "router",
+    "services_of",
+    "submit",
+]
+
+#: The error answers every route documents (one shape: :class:`ErrorBody`).
+ERRORS: dict[int | str, dict[str, object]] = {
+    "4XX": {"model": ErrorBody, "description": "The request cannot be served as sent."},
+    "5XX": {"model": ErrorBody, "description": "The service cannot serve it now."},
+}
+
+router = APIRouter(prefix="/v1", responses=ERRORS)
+
+#: How long a client is told to wait before resubmitting to a Redis that is nearly full.
+_FULL_RETRY_S = 30
+
+
+def services_of(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+Svc = Annotated[Services, Depends(services_of)]
+Who = Annotated[Caller, Depends(caller)]
+
+
+def owned_run(services: Services, who: Caller, run_id: str) -> RunHead:
+    """The caller's run ``run_id``; 404 if there is none (or it is another tenant's)."""
+    try:
+        check_name("run_id", run_id)
+    except InvalidRequest:
+        raise ApiError(404, "not_found", f"no run {run_id[:80]!r}") from None
+    head = services.store.load(run_id)
+    if head is None or head.tenant != who.tenant:
+        raise ApiError(404, "not_found", f"no run {run_id!r}")
+    return head
+
+
+def _view(services: Services, head: RunHead) -> RunView:
+    raw = services.store.callback_state(head.run_id) if head.callback is not None else None
+    return run_view(head, CallbackState.model_validate_json(raw) if raw is not None else None)
+
+
+@router.post(
+    "/runs",
+    status_code=202,
+    response_model=RunView,
+    summary="Start a run",
+    description="Creates the run (queued) and hands it to the workers. With an ``Idempotency-Key``,"
+    " the same request sent again returns the same run instead of starting another; the same key"
+    " with a different request is a 409.",
+)
+def submit(
+    body: SubmitBody,
+    services: Svc,
+    who: Who,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
+) -> RunView:
+    if body.callback is not None and body.callback.url is not None:
+        _check_callback_url(services, body.callback.url)
+    try:
+        handle = services.client.submit(
+            body.agent,
+            body.input,
+            thread_id=body.thread_id,
+            metadata=body.metadata,
+            model=body.model,
+            tenant=who.tenant,
+            callback=body.callback,
+            idempotency_key=idempotency_key,
+        )
+    except UnknownAgent as exc:
+        raise ApiError(422, "unknown_agent", exc.message, details={"agent": body.agent}) from None
+    except RequestConflict as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    except InvalidRequest as exc:
+        raise ApiError(422, "invalid_request", exc.message) from None
+    except StoreFull as exc:
+        raise ApiError(503, "store_full", str(exc), headers={"Retry-After": str(_FULL_RETRY_S)}) from None
+    head = handle.status()
+    return _view(services, head)
+
+
+def _check_callback_url(services: Services, url: str) -> None:
+    try:
+        check_url(url, allow_private=services.config.settings.webhook_allow_private)
+    except InvalidRequest as exc:
+        raise ApiError(422, "invalid_request", f"callback: {exc.message}") from None
+
+
+@router.get("/runs/{run_id}", response_model=RunView, summary="A run's current state")
+def get_run(run_id: str, services: Svc, who: Who) -> RunView:
+    return _view(services, owned_run(services, who, run_id))
+
+
+@router.get(
+    "/runs",
+    response_model=RunList,
+    summary="List runs, newest first",
+    description="Filters combine; pages follow ``next_cursor``. A page may hold fewer than ``limit``"
+    " runs and still have a ``next_cursor`` (each page reads a bounded part of the index).",
+)
+def list_runs(
+    services: Svc,
+    who: Who,
+    agent: Annotated[str | None, Query(max_length=200)] = None,
+    status: RunStatus | None = None,
+    thread_id: Annotated[str | None, Query(max_length=200)] = None,
+    since: Annotated[
+        float | None, Query(ge=0, description="Only runs created at or after (Unix seconds).")
+    ] = None,
+    cursor: Annotated[str | None, Query(max_length=300)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> RunList:
+    try:
+        page = services.client.list_runs(
+            tenant=who.tenant,
+            agent=agent,
+            status=status,
+            thread_id=thread_id,
+            since=since,
+            cursor=cursor,
+            limit=limit,
+        )
+    except InvalidRequest as exc:
+        raise ApiError(422, "invalid_request", exc.message) from None
+    return RunList(runs=[run_view(h) for h in page.runs], next_cursor=page.next_cursor)
+
+
+@router.get(
+    "/runs/{run_id}/checkpoints",
+    response_model=CheckpointList,
+    summary="Every committed state of a run, in version order",
+)
+def checkpoints(run_id: str, services: Svc, who: Who) -> CheckpointList:
+    owned_run(services, who, run_id)
+    return CheckpointList(checkpoints=[run_view(h) for h in services.store.checkpoints(run_id)])
+
+
+@router.post(
+    "/runs/{run_id}/cancel",
+    status_code=202,
+    response_model=RunView,
+    summary="Ask a run to stop",
+    description="The run ends interrupted at its next phase boundary. 409 if it has already ended.",
+)
+def cancel(run_id: str, services: Svc, who: Who) -> RunView:
+    head = owned_run(services, who, run_id)
+    if head.terminal:
+        raise ApiError(
+            409,
+            "wrong_state",
+            f"run {run_id} has already ended ({head.status})",
+            details={"status": head.status},
+        )
+    RunHandle(services.client, run_id).cancel()
+    return _view(services, services.store.load(run_id) or head)
+
+
+def _decide(services: Services, who: Caller, run_id: str, decision: Decision) -> RunView:
+    head = owned_run(services, who, run_id)
+    if head.status != "awaiting_approval":
+        raise ApiError(
+            409,
+            "wrong_state",
+            f"run {run_id} is {head.status}, not awaiting approval",
+            details={"status": head.status},
+        )
+    try:
+        RunHandle(services.client, run_id).decide(decision)
+    except ValueError as exc:
+        raise ApiError(409, "wrong_state", str(exc)) from None
+    return _view(services, services.store.load(run_id) or head)
+
+
+@router.post(
+    "/runs/{run_id}/approve",
+    status_code=202,
+    response_model=RunView,
+    summary="Approve what a parked run waits on",
+    description="409 unless the run is awaiting approval.",
+)
+def approve(run_id: str, services: Svc, who: Who, body: DecisionBody | None = None) -> RunView:
+    return _decide(services, who, run_id, Decision(approve=True, note=body.note if body else ""))
+
+
+@router.post(
+    "/runs/{run_id}/deny",
+    status_code=202,
+    response_model=RunView,
+    summary="Deny what a parked run waits on (the model is told)",
+    description="409 unless the run is awaiting approval.",
+)
+def deny(run_id: str, services: Svc, who: Who, body: DecisionBody | None = None) -> RunView:
+    return _decide(services, who, run_id, Decision(approve=False, note=body.note if body else ""))

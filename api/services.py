@@ -1,0 +1,48 @@
+"""What one API process holds for its requests: the Redis clients, the run client, the tenants."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from api.config import ApiConfig
+from producer.client import Client
+from shared.keys import Keys
+from shared.tenants import Tenants
+from shared.tls import endpoint
+
+__all__ = ["Services"]
+
+
+class Services:
+    def __init__(self, config: ApiConfig) -> None:
+        self.config = config
+        settings = config.settings
+        self.client = Client(settings)
+        self.store = self.client.store
+        self.keys: Keys = self.store.keys
+        self.tenants = Tenants(self.store.redis, self.keys)
+        # Event streams wait in XREAD BLOCK, each on its own connection: the pool is as large as
+        # the number of streams allowed, and a stream over that number is refused, not queued.
+        target = endpoint(settings)
+        # A read waits at most one keep-alive interval in XREAD BLOCK, and a little more for the reply.
+        options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": config.keepalive_s + 10}
+        if target.tls is not None:
+            options.update(target.tls.options())
+        self.aredis: aioredis.Redis = aioredis.Redis(
+            connection_pool=aioredis.BlockingConnectionPool.from_url(
+                target.url,
+                decode_responses=True,
+                max_connections=config.max_streams + 8,
+                timeout=5,
+                **options,
+            )
+        )
+        self.streams = asyncio.Semaphore(config.max_streams)
+        self.open_streams = 0
+
+    async def close(self) -> None:
+        await self.aredis.aclose()
+        self.client.close()

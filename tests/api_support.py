@@ -1,0 +1,103 @@
+"""A real ``wesichain api`` (uvicorn) process for the API's tests, and helpers to call it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.harness import ROOT, free_port, wait_until
+
+__all__ = ["ApiProcess", "bearer", "wait_status"]
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+class ApiProcess:
+    """``wesichain api`` on a free loopback port, in its own process group, logging to a file."""
+
+    def __init__(
+        self, redis_url: str, *, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> None:
+        self.port = free_port()
+        self.log_path = Path(tempfile.mkdtemp(prefix="wesichain-api-")) / "api.log"
+        self.args = [
+            sys.executable,
+            "-m",
+            "producer.cli",
+            "api",
+            "--redis",
+            redis_url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            *args,
+        ]
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ApiProcess:
+        self._log = open(self.log_path, "ab")  # closed in stop()
+        self.proc = subprocess.Popen(
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        wait_until(self._up, timeout=60, interval=0.1, what="the API to answer /healthz")
+        return self
+
+    def _up(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the API exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+        try:
+            return httpx.get(self.url + "/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+
+
+def wait_status(http: httpx.Client, run_id: str, statuses: set[str], timeout: float = 60) -> dict[str, Any]:
+    """Poll ``GET /v1/runs/{id}`` until the run's status is one of ``statuses``; its view."""
+
+    def reached() -> dict[str, Any] | None:
+        response = http.get(f"/v1/runs/{run_id}")
+        assert response.status_code == 200, response.text
+        run: dict[str, Any] = response.json()
+        return run if run["status"] in statuses else None
+
+    run: dict[str, Any] = wait_until(
+        reached, timeout=timeout, interval=0.05, what=f"run {run_id} to be {statuses}"
+    )
+    return run

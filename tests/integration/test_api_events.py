@@ -1,0 +1,209 @@
+"""Following runs over HTTP: Server-Sent Events live, dropped and resumed, keep-alives, JSON pages,
+and the OpenAPI document exercised against what the real server answers."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from jsonschema import Draft202012Validator
+
+from shared.keys import Keys
+from shared.tenants import Tenants
+from tests.api_support import ApiProcess, bearer, wait_status
+from tests.harness import ROOT, RedisServer, WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 60
+END = {"Completed", "Failed", "Interrupted"}
+SSE = {"accept": "text/event-stream"}
+
+
+@dataclass
+class Frame:
+    id: str | None = None
+    data: str = ""
+    comments: list[str] = field(default_factory=list)
+
+    @property
+    def event(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.data)
+        return value
+
+
+def frames(response: httpx.Response) -> Iterator[Frame]:
+    """The SSE messages of a response (comments and retry hints as frames without data)."""
+    frame = Frame()
+    for line in response.iter_lines():
+        if line == "":
+            yield frame
+            frame = Frame()
+        elif line.startswith(":"):
+            frame.comments.append(line[1:].strip())
+        else:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "id":
+                frame.id = value
+            elif name == "data":
+                frame.data += value
+
+
+@pytest.fixture(scope="module")
+def api(redis_server: RedisServer, workers: list[WorkerProcess]) -> Iterator[ApiProcess]:
+    process = ApiProcess(redis_server.url, env={"WESICHAIN_API_KEEPALIVE_S": "0.3"}).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def http(api: ApiProcess, redis_server: RedisServer) -> Iterator[httpx.Client]:
+    key, _ = Tenants(redis_server.client(), Keys()).create_key(f"ev-{uuid.uuid4().hex[:8]}")
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as client:
+        yield client
+
+
+def all_events(http: httpx.Client, run_id: str, limit: int) -> list[dict[str, Any]]:
+    """Every event of the run through the JSON pages, ``limit`` at a time."""
+    events: list[dict[str, Any]] = []
+    after = "0-0"
+    for _ in range(1000):
+        page = http.get(f"/v1/runs/{run_id}/events", params={"after": after, "limit": limit}).json()
+        events.extend(page["events"])
+        after = page["next_after"]
+        if page["ended"]:
+            return events
+    raise AssertionError("the pages did not end")
+
+
+def test_stream_dropped_mid_run_and_resumed_loses_and_repeats_nothing(http: httpx.Client) -> None:
+    run_id = http.post("/v1/runs", json={"agent": "chain", "input": "three hops"}).json()["run_id"]
+    first: list[Frame] = []
+    with http.stream("GET", f"/v1/runs/{run_id}/events", headers=SSE) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith(
+            "text/event-stream"
+        )
+        for frame in frames(response):
+            if frame.data:
+                first.append(frame)
+                # Drop the connection mid-run: after the first tool result.
+                if frame.event["kind"] == "ToolCompleted":
+                    break
+    assert first and first[-1].event["kind"] == "ToolCompleted"
+    rest: list[Frame] = []
+    with http.stream(
+        "GET", f"/v1/runs/{run_id}/events", headers={**SSE, "Last-Event-ID": str(first[-1].id)}
+    ) as response:
+        assert response.status_code == 200
+        rest.extend(f for f in frames(response) if f.data)
+    # The server closed the stream after the end event.
+    assert rest[-1].event["kind"] == "Completed"
+    streamed = [str(f.id) for f in first + rest]
+    assert all(f.id == f.event["id"] for f in first + rest)
+    paged = all_events(http, run_id, limit=3)
+    assert streamed == [e["id"] for e in paged] and len(set(streamed)) == len(streamed)
+    assert [f.event["kind"] for f in first + rest] == [e["kind"] for e in paged]
+    assert sum(1 for e in paged if e["kind"] == "ToolCompleted") == 3
+    # Resuming after the end: 204, which tells a browser's EventSource to stop reconnecting.
+    after_end = http.get(f"/v1/runs/{run_id}/events", headers={**SSE, "Last-Event-ID": streamed[-1]})
+    assert after_end.status_code == 204
+    page = http.get(f"/v1/runs/{run_id}/events", params={"after": streamed[-1]}).json()
+    assert page == {"events": [], "next_after": streamed[-1], "ended": True}
+
+
+def test_idle_stream_keeps_alive_then_follows_the_decision_to_the_end(http: httpx.Client) -> None:
+    run_id = http.post("/v1/runs", json={"agent": "needs_approval", "input": "refund"}).json()["run_id"]
+    wait_status(http, run_id, {"awaiting_approval"}, TIMEOUT)
+    kinds: list[str] = []
+    keepalives = 0
+    with http.stream("GET", f"/v1/runs/{run_id}/events", headers=SSE) as response:
+        for frame in frames(response):
+            if frame.data:
+                kinds.append(frame.event["kind"])
+            keepalives += frame.comments.count("keep-alive")
+            if keepalives == 2 and "AwaitingApproval" in kinds:
+                assert http.post(f"/v1/runs/{run_id}/approve").status_code == 202
+                keepalives += 1
+    assert kinds[0] == "RunStarted" and kinds[-1] == "Completed" and "AwaitingApproval" in kinds
+    assert kinds.index("AwaitingApproval") < kinds.index("ToolDispatched")
+
+
+def test_bad_event_ids_are_refused(http: httpx.Client) -> None:
+    run_id = http.post("/v1/runs", json={"agent": "direct", "input": "x"}).json()["run_id"]
+    bad = http.get(f"/v1/runs/{run_id}/events", headers={**SSE, "Last-Event-ID": "yesterday"})
+    assert bad.status_code == 422 and bad.json()["error"]["kind"] == "invalid_request"
+    assert http.get(f"/v1/runs/{run_id}/events", params={"after": "1-x"}).status_code == 422
+    assert http.get(f"/v1/runs/{run_id}/events", params={"limit": 501}).status_code == 422
+
+
+def test_streams_per_process_are_bounded(redis_server: RedisServer, workers: list[WorkerProcess]) -> None:
+    small = ApiProcess(redis_server.url, env={"WESICHAIN_API_MAX_STREAMS": "2"}).start()
+    try:
+        key, _ = Tenants(redis_server.client(), Keys()).create_key(f"cap-{uuid.uuid4().hex[:8]}")
+        with httpx.Client(base_url=small.url, headers=bearer(key), timeout=30) as http:
+            run_id = http.post("/v1/runs", json={"agent": "needs_approval", "input": "x"}).json()["run_id"]
+            wait_status(http, run_id, {"awaiting_approval"}, TIMEOUT)
+            path = f"/v1/runs/{run_id}/events"
+            with http.stream("GET", path, headers=SSE) as one, http.stream("GET", path, headers=SSE) as two:
+                # Both are being served: each sent its first event. (The readers are kept: closing
+                # one closes its response.)
+                readers = [frames(one), frames(two)]
+                for reader in readers:
+                    assert next(f for f in reader if f.data).event["kind"] == "RunStarted"
+                refused = http.get(path, headers=SSE)
+                assert refused.status_code == 503 and refused.json()["error"]["kind"] == "unavailable"
+                assert refused.headers["retry-after"] == "5"
+            # Closed streams give their places back.
+            wait_status(http, run_id, {"awaiting_approval"}, TIMEOUT)
+
+            def served() -> bool:
+                with http.stream("GET", path, headers=SSE) as again:
+                    return again.status_code == 200
+
+            from tests.harness import wait_until
+
+            wait_until(served, timeout=TIMEOUT, what="a stream slot to be given back")
+    finally:
+        small.stop()
+
+
+# -- the OpenAPI document, exercised against the real server -----------------------------------
+
+
+def check(document: dict[str, Any], method: str, path: str, response: httpx.Response) -> None:
+    """The response's body validates against what the document declares for it."""
+    answers = document["paths"][path][method]["responses"]
+    declared = answers.get(str(response.status_code)) or answers[f"{str(response.status_code)[0]}XX"]
+    schema = declared["content"]["application/json"]["schema"]
+    Draft202012Validator({**schema, "components": document["components"]}).validate(response.json())
+
+
+def test_openapi_document_is_served_and_describes_every_answer(api: ApiProcess, http: httpx.Client) -> None:
+    document = json.loads((ROOT / "docs" / "openapi.json").read_text())
+    assert http.get("/openapi.json").json() == document
+    assert Path(ROOT / "docs" / "openapi.json").exists()
+    submitted = http.post("/v1/runs", json={"agent": "one_hop", "input": "1+2", "thread_id": "oa"})
+    check(document, "post", "/v1/runs", submitted)
+    run_id = submitted.json()["run_id"]
+    wait_status(http, run_id, {"completed"}, TIMEOUT)
+    item = "/v1/runs/{run_id}"
+    check(document, "get", item, http.get(f"/v1/runs/{run_id}"))
+    check(document, "get", "/v1/runs", http.get("/v1/runs", params={"thread_id": "oa", "limit": 1}))
+    check(document, "get", item + "/checkpoints", http.get(f"/v1/runs/{run_id}/checkpoints"))
+    check(document, "get", item + "/events", http.get(f"/v1/runs/{run_id}/events"))
+    check(document, "get", "/v1/agents", http.get("/v1/agents"))
+    check(document, "get", "/healthz", http.get("/healthz"))
+    check(document, "get", "/readyz", http.get("/readyz"))
+    # Errors, too, are what the document says.
+    check(document, "post", item + "/approve", http.post(f"/v1/runs/{run_id}/approve"))
+    check(document, "post", item + "/cancel", http.post(f"/v1/runs/{run_id}/cancel"))
+    check(document, "post", item + "/deny", http.post("/v1/runs/nope/deny"))
+    check(document, "post", "/v1/runs", http.post("/v1/runs", json={"agent": 3}))
+    check(document, "get", "/v1/runs", httpx.get(api.url + "/v1/runs"))
