@@ -70,7 +70,7 @@ class ArchiveReport:
 class Archiver:
     """Moves ended runs of one deployment from its Redis to its archive."""
 
-    def __init__(self, store: RunStore, archive: Archive | None = None) -> None:
+    def __init__(self, store: RunStore, archive: Archive | None = None, *, lock_s: float = 30.0) -> None:
         archive = archive or store.archive
         if archive is None:
             raise ArchiveUnavailable("no archive is configured (WESICHAIN_ARCHIVE_URL)")
@@ -83,6 +83,9 @@ class Archiver:
         self._lock = scripts["lock"]
         self._drop = scripts["archive_drop"]
         self.token = uuid.uuid4().hex
+        #: How long a shard stays locked to this archiver without a new batch (renewed per batch).
+        #: A batch that outlasts it is still safe: the database refuses a run written twice.
+        self.lock_s = lock_s
 
     def run_once(self, *, after_s: float | None = None, max_runs: int | None = None) -> ArchiveReport:
         """One pass over every shard: archive the runs that ended ``after_s`` ago or earlier."""
@@ -253,7 +256,7 @@ class Archiver:
             return [_s(r) for r in pipe.execute()]
 
     def _hold(self, shard: int) -> bool:
-        ttl_ms = 60_000
+        ttl_ms = int(self.lock_s * 1000)
         return int(self._lock(keys=[self.keys.archiver_lock(shard)], args=[self.token, ttl_ms, "hold"])) == 1
 
     def _release(self, shard: int) -> None:

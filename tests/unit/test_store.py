@@ -143,6 +143,8 @@ def test_every_key_of_a_run_is_in_its_shard_slot(store: RunStore) -> None:
             k.attempts(run_id),
             k.leases_of(run_id),
             k.runs_index_of(run_id),
+            k.ended_of(run_id),
+            k.archiver_lock(k.shard(run_id)),
         ]
         assert all(key.count("{") == 1 and tag in key for key in keys), keys
 
