@@ -8,7 +8,7 @@ import socket
 import sys
 import time
 
-from producer.client import Client, RunHandle
+from producer.client import Client, RunHandle, RunNotFound
 from producer.render import render_event, render_head
 from shared.events import END_EVENTS, Event
 from shared.state import Phase, RunHead
@@ -23,6 +23,7 @@ __all__ = [
     "cancel",
     "deny",
     "events",
+    "export",
     "health",
     "print_event",
     "print_head",
@@ -127,6 +128,23 @@ def timeline(args: argparse.Namespace) -> int:
     from producer.timeline_view import render_timeline
 
     Console(highlight=False).print(render_timeline(picture, width=max(20, args.width)))
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    """The run whole as one JSON document (Redis or the archive), to a file or stdout."""
+    from shared.export import export_run
+
+    exported = export_run(Client.from_env().store, args.run_id)
+    if exported is None:
+        raise RunNotFound(f"no run {args.run_id!r}")
+    document = exported.model_dump_json(indent=2 if args.indent else None)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(document + "\n")
+        print(f"run {args.run_id} exported to {args.output}", file=sys.stderr)
+    else:
+        print(document)
     return 0
 
 
