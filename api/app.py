@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from api import events, meta, runs
+from api import console, events, meta, runs
 from api.body_limit import BodyLimit
 from api.config import ApiConfig
 from api.errors import install_error_handlers
@@ -49,6 +49,8 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     app.include_router(runs.router)
     app.include_router(events.router)
     app.include_router(meta.router)
+    app.include_router(console.router)
+    app.mount("/console", console.static_files(), name="console")
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     return app
 

@@ -49,6 +49,10 @@ def register(
         "secret", parents=[common], help="print the tenant's webhook signing secret (made on first use)"
     )
     s.add_argument("--tenant", required=True)
+    lim = ksub.add_parser("limits", parents=[common], help="show or set a tenant's limits")
+    lim.add_argument("--tenant", required=True)
+    lim.add_argument("--max-inflight", type=int, help="runs not ended yet")
+    lim.add_argument("--submits-per-minute", type=int, help="new runs per minute")
     return {"api": api, "keys": keys}
 
 
@@ -83,7 +87,7 @@ def keys(args: argparse.Namespace) -> int:
     from shared.redis_client import connect
     from shared.settings import Settings
     from shared.store import RunStore
-    from shared.tenants import Tenants
+    from shared.tenants import TenantLimits, Tenants
 
     settings = Settings.from_env()
     store = RunStore(connect(settings), settings)
@@ -105,6 +109,21 @@ def keys(args: argparse.Namespace) -> int:
         for r in records if not args.json else ():
             state = "revoked" if r.revoked_at is not None else "live"
             print(f"{r.id}  {state}  {r.name}")
+        return 0
+    if args.keys_command == "limits":
+        limits = tenants.limits(args.tenant)
+        changes = {
+            name: value
+            for name, value in (
+                ("max_inflight", args.max_inflight),
+                ("submits_per_minute", args.submits_per_minute),
+            )
+            if value is not None
+        }
+        if changes:
+            limits = TenantLimits.model_validate({**limits.model_dump(), **changes})
+            tenants.set_limits(args.tenant, limits)
+        print(limits.model_dump_json())
         return 0
     if args.keys_command == "secret":
         print(tenants.webhook_secret(args.tenant))

@@ -14,9 +14,9 @@ from api.auth import Caller, caller
 from api.errors import ApiError, ErrorBody
 from api.models import CheckpointList, DecisionBody, RunList, RunView, SubmitBody, run_view
 from api.services import Services
-from producer.client import RequestConflict, RunHandle, UnknownAgent
+from producer.client import RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from shared.errors import InvalidRequest, StoreFull
-from shared.request import check_name
+from shared.request import check_name, validate_request
 from shared.state import CallbackState, Decision, RunHead, RunStatus
 from shared.webhooks import check_url
 
@@ -89,8 +89,21 @@ def submit(
     who: Who,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
 ) -> RunView:
+    fields = body.model_dump(exclude_none=True)
+    try:
+        validate_request(
+            {**fields, "tenant": who.tenant} if who.tenant else fields, services.config.settings.limits
+        )
+        replay = idempotency_key is not None and bool(
+            services.store.redis.exists(services.keys.run(idempotent_run_id(who.tenant, idempotency_key)))
+        )
+    except InvalidRequest as exc:
+        raise ApiError(422, "invalid_request", exc.message) from None
     if body.callback is not None and body.callback.url is not None:
         _check_callback_url(services, body.callback.url)
+    if who.tenant is not None and not replay:
+        # A retried submit whose run exists is answered whatever the limits: it starts nothing.
+        services.gate.admit(who.tenant)
     try:
         handle = services.client.submit(
             body.agent,

@@ -8,6 +8,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from api.config import ApiConfig
+from api.limits import SubmitGate
 from producer.client import Client
 from shared.keys import Keys
 from shared.tenants import Tenants
@@ -24,6 +25,7 @@ class Services:
         self.store = self.client.store
         self.keys: Keys = self.store.keys
         self.tenants = Tenants(self.store.redis, self.keys)
+        self.gate = SubmitGate(self.store, self.tenants)
         # Event streams wait in XREAD BLOCK, each on its own connection: the pool is as large as
         # the number of streams allowed, and a stream over that number is refused, not queued.
         target = endpoint(settings)

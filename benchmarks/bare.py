@@ -7,6 +7,10 @@ when both run on one redis-server, so it keeps its broker and its own keys in an
 *database* of the same server (:data:`DB`, the runtime uses database 0): only the database number
 of the URL differs, every Celery setting is the runtime's.
 
+With ``BENCH_FLOOR=defaults`` the app has Celery's defaults instead, with only late acks and
+prefetch 1 (the two settings at-least-once delivery needs), on database :data:`DEFAULTS_DB` and
+Celery's default queue: the best a Celery hop can do here, whatever the runtime's broker settings.
+
 Two tasks, each of which only publishes the next one of its chain (as every runtime phase does):
 
 * ``bench.hop``: nothing else, the cost of one Celery hop;
@@ -33,17 +37,23 @@ from pydantic import BaseModel
 from shared.settings import Settings, celery_config
 
 ENV_URL = "BENCH_REDIS_URL"
+#: ``runtime`` (the runtime's Celery configuration, the default) or ``defaults``.
+ENV_FLOOR = "BENCH_FLOOR"
 #: The Redis database of the floor's broker and keys (the runtime's workers use database 0).
 DB = 1
+#: The database of the floor under Celery's defaults.
+DEFAULTS_DB = 2
+#: The queue of the floor under Celery's defaults (Celery's default queue).
+DEFAULTS_QUEUE = "celery"
 PREFIX = "bare:"
 TASK_HOP = "bench.hop"
 TASK_STATE_HOP = "bench.state_hop"
 
 
-def floor_url(url: str) -> str:
-    """The same server as ``url``, database :data:`DB`."""
+def floor_url(url: str, db: int = DB) -> str:
+    """The same server as ``url``, database ``db``."""
     parts = urlsplit(url)
-    return parts._replace(path=f"/{DB}").geturl()
+    return parts._replace(path=f"/{db}").geturl()
 
 
 def settings(url: str | None = None) -> Settings:
@@ -51,10 +61,14 @@ def settings(url: str | None = None) -> Settings:
     return Settings(redis_url=url or os.environ.get(ENV_URL, f"redis://127.0.0.1:6379/{DB}"))
 
 
-def make_app(url: str | None = None) -> Celery:
+def make_app(url: str | None = None, floor: str | None = None) -> Celery:
     """The floor's app on ``url`` (the floor's database, see :func:`floor_url`)."""
     app = Celery("bench-bare", set_as_current=False)
-    app.conf.update(celery_config(settings(url)))
+    if (floor or os.environ.get(ENV_FLOOR, "runtime")) == "defaults":
+        broker = url or os.environ.get(ENV_URL, f"redis://127.0.0.1:6379/{DEFAULTS_DB}")
+        app.conf.update(broker_url=broker, task_acks_late=True, worker_prefetch_multiplier=1)
+    else:
+        app.conf.update(celery_config(settings(url)))
     return app
 
 
@@ -63,7 +77,7 @@ app = make_app()
 
 @cache
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings().redis_url, decode_responses=True)
+    return redis.Redis.from_url(str(app.conf.broker_url), decode_responses=True)
 
 
 def start_key(chain: str) -> str:

@@ -106,6 +106,8 @@ class Cluster:
     #: Worker id -> run-state prefix of the wesichain workers started, whose registry records
     #: :meth:`up` waits for.
     registered: dict[str, str] = field(default_factory=dict)
+    #: Worker id -> database of the wesichain workers started on another database than 0.
+    databases: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def start(cls, server: RedisServer | None = None) -> Cluster:
@@ -127,6 +129,15 @@ class Cluster:
     def floor_redis(self) -> Redis:
         return Redis.from_url(self.floor_url, decode_responses=True)
 
+    @property
+    def defaults_url(self) -> str:
+        """The floor under Celery's defaults: the same server, another database of its own."""
+        return bare.floor_url(self.url, bare.DEFAULTS_DB)
+
+    def db_url(self, db: int) -> str:
+        """The same server, database ``db``."""
+        return bare.floor_url(self.url, db)
+
     def reset(self) -> None:
         """Empty every database of the server (call it with no worker running)."""
         client = self.redis.client()
@@ -135,11 +146,11 @@ class Cluster:
         finally:
             client.close()
 
-    def settings(self, prefix: str) -> Settings:
-        return Settings(redis_url=self.url, agents_module=AGENTS, prefix=prefix)
+    def settings(self, prefix: str, db: int = 0) -> Settings:
+        return Settings(redis_url=self.db_url(db) if db else self.url, agents_module=AGENTS, prefix=prefix)
 
-    def client(self, prefix: str) -> Client:
-        return Client(self.settings(prefix))
+    def client(self, prefix: str, db: int = 0) -> Client:
+        return Client(self.settings(prefix, db))
 
     def wesichain_worker(
         self,
@@ -151,10 +162,13 @@ class Cluster:
         queues: str | None = None,
         env: dict[str, str] | None = None,
         include: tuple[str, ...] = (),
+        db: int = 0,
     ) -> WorkerProcess:
+        """A ``wesichain worker``; ``db`` other than 0 gives it a database (run state and broker)
+        of its own on the same server, for a variant that must not share queues with the others."""
         w = WorkerProcess(
             name,
-            self.url,
+            self.db_url(db) if db else self.url,
             agents=AGENTS,
             pool=pool,
             concurrency=concurrency,
@@ -164,10 +178,26 @@ class Cluster:
             include=include,
         )
         self.registered[f"{name}@test"] = prefix
+        self.databases[f"{name}@test"] = db
         return w
 
-    def bare_worker(self, name: str, *, pool: str = "prefork", concurrency: int = 1) -> WorkerProcess:
-        """A bare Celery worker, started with the same options ``wesichain worker`` passes to Celery."""
+    def bare_worker(
+        self, name: str, *, pool: str = "prefork", concurrency: int = 1, floor: str = "runtime"
+    ) -> WorkerProcess:
+        """A bare Celery worker, started with the same options ``wesichain worker`` passes to Celery.
+
+        ``floor="defaults"``: the app under Celery's defaults (late acks and prefetch 1 only), on
+        its own database and Celery's default queue.
+        """
+        if floor == "defaults":
+            return self.celery_worker(
+                name,
+                "benchmarks.bare",
+                pool=pool,
+                concurrency=concurrency,
+                env={bare.ENV_FLOOR: "defaults", bare.ENV_URL: self.defaults_url},
+                queues=bare.DEFAULTS_QUEUE,
+            )
         return self.celery_worker(name, "benchmarks.bare", pool=pool, concurrency=concurrency)
 
     def celery_worker(
@@ -178,6 +208,7 @@ class Cluster:
         pool: str = "prefork",
         concurrency: int = 1,
         env: dict[str, str] | None = None,
+        queues: str = f"{QUEUE_MODEL},{QUEUE_TOOLS}",
     ) -> WorkerProcess:
         """``celery -A app_module worker`` with the options ``wesichain worker`` uses."""
         w = WorkerProcess(name, self.url, pool=pool, concurrency=concurrency, log_dir=self.log_dir)
@@ -188,7 +219,7 @@ class Cluster:
             "-A",
             app_module,
             "worker",
-            f"--queues={QUEUE_MODEL},{QUEUE_TOOLS}",
+            f"--queues={queues}",
             f"--pool={pool}",
             "--loglevel=INFO",
             f"--concurrency={concurrency}",
@@ -227,13 +258,13 @@ class Cluster:
         for w in workers:
             worker_id = f"{w.name}@test"
             if worker_id in self.registered:
-                self.wait_registered(worker_id, self.registered[worker_id])
+                self.wait_registered(worker_id, self.registered[worker_id], self.databases.get(worker_id, 0))
         return list(workers)
 
-    def wait_registered(self, worker_id: str, prefix: str, timeout: float = 30.0) -> None:
+    def wait_registered(self, worker_id: str, prefix: str, db: int = 0, timeout: float = 30.0) -> None:
         """Wait until the registry under ``prefix`` lists ``worker_id`` as live and consuming."""
-        settings = self.settings(prefix)
-        client = self.redis.client()
+        settings = self.settings(prefix, db)
+        client = self.redis.client(db=db)
         directory = WorkerDirectory(client, Keys(prefix, settings.shards), settings.registry_interval_s)
 
         def listed() -> bool:
@@ -255,6 +286,7 @@ class Cluster:
             if w in self.workers:
                 self.workers.remove(w)
             self.registered.pop(f"{w.name}@test", None)
+            self.databases.pop(f"{w.name}@test", None)
 
     def close(self, keep_logs: bool = False) -> None:
         """Stop every worker and the server; worker logs are kept only when asked (after a failure)."""

@@ -111,6 +111,10 @@ class Keys:
         """Hash: a tenant's settings (webhook secret, default callback, limits)."""
         return f"{self.prefix}tenant:{name}"
 
+    def submits(self, tenant: str) -> str:
+        """Sorted set: the tenant's submits of the last minute (its submits-per-minute limit)."""
+        return f"{self.prefix}tenant:{tenant}:submits"
+
     def tenants(self) -> str:
         """Set: every tenant's name."""
         return f"{self.prefix}tenants"

@@ -166,6 +166,23 @@ _FIELDS = {
 }
 
 _HELPERS = """
+-- Run the broker commands of a publish (ARGV from index 'at': the epoch they were built for, their
+-- count, then name, argument count and arguments of each) if the run is still at that epoch.
+-- Returns '1' if it ran them, '0' if the caller must publish (nothing is run then).
+local PUSH_COMMANDS = {lpush = 'LPUSH', publish = 'PUBLISH', pexpire = 'PEXPIRE'}
+local function push_broker(run, at)
+  local n = tonumber(ARGV[at + 1])
+  if n == 0 or (redis.call('HGET', run, F_EPOCH) or '0') ~= ARGV[at] then return '0' end
+  local commands, i = {}, at + 2
+  for _ = 1, n do
+    local command, argc = PUSH_COMMANDS[ARGV[i]], tonumber(ARGV[i + 1])
+    if not command or argc ~= 2 then return '0' end
+    commands[#commands + 1] = {command, ARGV[i + 2], ARGV[i + 3]}
+    i = i + 2 + argc
+  end
+  for _, c in ipairs(commands) do redis.call(c[1], c[2], c[3]) end
+  return '1'
+end
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

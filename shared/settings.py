@@ -21,6 +21,7 @@ __all__ = [
     "ENV_ARCHIVE_RETENTION",
     "ENV_ARCHIVE_URL",
     "ENV_BROKER_OPTIONS",
+    "ENV_COMMIT_PUBLISH",
     "ENV_BROKER_PREFIX",
     "ENV_HOOKS",
     "ENV_LEASE",
@@ -80,6 +81,7 @@ ENV_METRICS_PORT = "WESICHAIN_METRICS_PORT"
 ENV_LOG_FORMAT = "WESICHAIN_LOG_FORMAT"
 ENV_OTEL = "WESICHAIN_OTEL"
 ENV_SUBMIT_MEMORY = "WESICHAIN_SUBMIT_MAX_MEMORY"
+ENV_COMMIT_PUBLISH = "WESICHAIN_COMMIT_PUBLISH"
 ENV_ARCHIVE_URL = "WESICHAIN_ARCHIVE_URL"
 ENV_ARCHIVE_AFTER = "WESICHAIN_ARCHIVE_AFTER_S"
 ENV_ARCHIVE_BATCH = "WESICHAIN_ARCHIVE_BATCH"
@@ -190,6 +192,10 @@ class Settings:
     #: ``WESICHAIN_SUBMIT_MAX_MEMORY``: refuse new runs once Redis uses this fraction of its
     #: ``maxmemory``, keeping the rest for the runs already going (0 < x <= 1).
     submit_max_memory: float = 0.9
+    #: ``WESICHAIN_COMMIT_PUBLISH``: with a Redis broker on the store's server, the commit script
+    #: pushes the next phase's Celery message itself (one round trip, no commit/publish gap). ``0``
+    #: commits, then publishes, leaving the gap to the outbox and the sweeper.
+    commit_publish: bool = True
     #: ``WESICHAIN_ARCHIVE_URL``: where finished runs are moved out of Redis (``postgresql://...``
     #: or ``sqlite:///path``); empty: no archive, ended runs live in Redis for ``retention_s``.
     archive_url: str = field(default="", repr=False)
@@ -341,6 +347,7 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_LOG_FORMAT, "log_format", _text),
     (ENV_OTEL, "otel", _parse_switch),
     (ENV_SUBMIT_MEMORY, "submit_max_memory", _number(float)),
+    (ENV_COMMIT_PUBLISH, "commit_publish", _parse_switch),
     (ENV_ARCHIVE_URL, "archive_url", _text),
     (ENV_ARCHIVE_AFTER, "archive_after_s", _number(float)),
     (ENV_ARCHIVE_BATCH, "archive_batch", _number(int)),

@@ -41,6 +41,8 @@ from shared.settings import Settings
 from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
 
 __all__ = [
+    "PUBLISH_COMMANDS",
+    "BrokerCommand",
     "Busy",
     "CallClaim",
     "Claim",
@@ -168,6 +170,8 @@ class Committed:
     status: CommitStatus
     #: The run's epoch after a successful commit (tasks are published under it).
     epoch: int = 0
+    #: The script pushed the commit's broker commands itself: nothing is left to publish.
+    pushed: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,8 @@ class Recorded:
     status: RecordStatus
     #: The run's epoch when the fan-in completed (observe is published under it).
     epoch: int = 0
+    #: The script pushed observe's broker commands itself: nothing is left to publish.
+    pushed: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,25 @@ class ClaimRef:
     #: When the claim was taken and how many claims of the work it is (0: not known).
     claimed_at: float = 0.0
     attempt: int = 0
+
+
+#: One Redis command of a task's publish to a Redis broker, as kombu would run it: its name and
+#: arguments (see ``worker/inline_publish.py``).
+BrokerCommand = tuple[str, tuple[str, ...]]
+
+#: The commands a commit script runs for a publish (it refuses any other).
+PUBLISH_COMMANDS = frozenset({"lpush", "publish", "pexpire"})
+
+
+def _push_args(epoch: int, push: Sequence[BrokerCommand]) -> list[str]:
+    """Broker commands as script arguments: the epoch they were built for, their count, then name,
+    argument count and arguments of each."""
+    flat = [str(epoch), str(len(push))]
+    for name, args in push:
+        if name not in PUBLISH_COMMANDS:
+            raise InternalInvariant(f"publish command {name!r} is not one a commit may run")
+        flat += [name, str(len(args)), *args]
+    return flat
 
 
 # -- what the sweeper sees -------------------------------------------------------------------------
@@ -692,12 +717,17 @@ class RunStore:
         messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
         outbox: Sequence[TaskSpec] = (),
+        push: Sequence[BrokerCommand] = (),
     ) -> Committed:
         """Compare-and-set ``head`` over ``current`` (its version) as the holder of ``claim``.
 
         ``claim`` None commits without a claim (the sweeper failing a poisoned run): allowed only
         while no delivery holds a live claim on the phase. The run's status index follows it from
         ``current``'s status to ``head``'s.
+
+        ``push``: the broker commands that publish ``outbox`` under ``current``'s epoch (Redis
+        broker on this server only). The script runs them with the commit when the run is still at
+        that epoch, and says so (``Committed.pushed``); otherwise the caller publishes.
         """
         expected_version = current.version
         if head.version != expected_version + 1:
@@ -730,6 +760,7 @@ class RunStore:
             "1" if kind == "terminal" and head.callback is not None else "0",
             *(dump_message(m) for m in messages),
             *(dump_event(e) for e in events),
+            *_push_args(current.epoch, push),
         ]
         # A finished run's per-step keys expire with it (bounded: steps <= max_steps).
         extra = (
@@ -755,7 +786,9 @@ class RunStore:
             args,
         )
         status = _s(reply[0])
-        return Committed(status, int(reply[1]) if status == "committed" else 0)  # type: ignore[arg-type]
+        if status != "committed":
+            return Committed(status)  # type: ignore[arg-type]
+        return Committed("committed", int(reply[1]), len(reply) > 2 and _s(reply[2]) == "1")
 
     def record_result(
         self,
@@ -765,8 +798,13 @@ class RunStore:
         event: Event,
         observing: RunHead,
         observe: TaskSpec,
+        push: Sequence[BrokerCommand] = (),
     ) -> Recorded:
-        """Record a call's result once; the last result of the step commits ``observing``."""
+        """Record a call's result once; the last result of the step commits ``observing``.
+
+        ``push``: the broker commands that publish ``observe`` under ``head``'s epoch, run by the
+        script with the fan-in as :meth:`commit` runs its own.
+        """
         k, run_id = self.keys, head.run_id
         reply = self._run(
             "record_result",
@@ -792,10 +830,13 @@ class RunStore:
                 _dump_outbox([observe]),
                 self._queued_ms,
                 self.settings.limits.events_maxlen,
+                *_push_args(head.epoch, push),
             ],
         )
         status = _s(reply[0])
-        return Recorded(status, int(reply[1]) if status == "complete" else 0)  # type: ignore[arg-type]
+        if status != "complete":
+            return Recorded(status)  # type: ignore[arg-type]
+        return Recorded("complete", int(reply[1]), len(reply) > 2 and _s(reply[2]) == "1")
 
     # -- human decisions and cancels -------------------------------------------------------
 

@@ -61,6 +61,8 @@ class Wait(BaseModel):
     step: int
     start: float
     end: float
+    #: Deliveries of this work that died during the wait (claimed, then never committed).
+    lost: int = 0
 
 
 class Marker(BaseModel):
@@ -104,7 +106,8 @@ def build_timeline(head: RunHead, checkpoints: Sequence[RunHead], events: Sequen
             lane = f"{ran.host}:{ran.pid}"
             name, step = TASK_OF_PHASE.get(ran.phase, ran.phase.value), _step_of_phase(version, ran.phase)
             if ran.claimed_at >= previous_commit:
-                waits.append(Wait(name=name, step=step, start=previous_commit, end=ran.claimed_at))
+                lost = ran.attempt - 1
+                waits.append(Wait(name=name, step=step, start=previous_commit, end=ran.claimed_at, lost=lost))
             bars.append(
                 Bar(
                     lane=lane,

@@ -78,8 +78,9 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     )
     observing = current.observe().head
     (observe,) = task_for(observing)
-    recorded = rt.store.record_result(head, outcome.ref, result, completed, observing, observe)
-    if recorded.status == "complete":
+    push = rt.push_for([observe], head.epoch)
+    recorded = rt.store.record_result(head, outcome.ref, result, completed, observing, observe, push)
+    if recorded.status == "complete" and not recorded.pushed:
         rt.publish([observe], recorded.epoch)
 
 

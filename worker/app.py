@@ -62,6 +62,7 @@ from worker.decide import run_decide
 from worker.evals import EvalPool
 from worker.heartbeat import Heartbeat
 from worker.hooks import load_hooks
+from worker.inline_publish import MessageBuilder, broker_is_store, run_commands
 from worker.logs import begin_phase, end_phase
 from worker.logs import configure as configure_logs
 from worker.lost import on_lost_process
@@ -136,8 +137,13 @@ class RuntimeHolder:
         configure_worker_identity(settings.worker_name)
         store = RunStore(connect(settings), settings)
         app = self.app
+        builder = MessageBuilder(app) if broker_is_store(settings) else None
 
         def send(spec: TaskSpec) -> None:
+            if builder is not None:
+                # Celery's message, pushed on the store's client: no Redis client per publish.
+                run_commands(store.redis, builder.build([spec]))
+                return
             app.send_task(
                 spec.name,
                 args=spec.args or None,
@@ -159,6 +165,7 @@ class RuntimeHolder:
             hooks=load_hooks(settings.hooks),
             gate=model_gate(store, agents, settings, renew_s),
             tracing=Tracing(settings.otel),
+            prepare=builder.build if builder is not None and settings.commit_publish else None,
         )
 
     def evals(self) -> EvalPool:

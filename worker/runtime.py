@@ -20,7 +20,7 @@ from shared.fsm import Transition
 from shared.middleware import MiddlewareContext
 from shared.settings import Settings
 from shared.state import Phase, PhaseRun, RunHead, TaskSpec
-from shared.store import Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
+from shared.store import BrokerCommand, Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
 from shared.tasks import task_for, with_epoch
 from worker.heartbeat import Heartbeat
 from worker.hooks import Hooks
@@ -32,6 +32,7 @@ from worker.tracing import Tracing
 __all__ = [
     "Cancelled",
     "Delivery",
+    "Prepare",
     "Runtime",
     "Send",
     "internal_error",
@@ -43,6 +44,10 @@ log = logging.getLogger("wesichain.worker")
 
 #: Sends one task to the broker.
 Send = Callable[[TaskSpec], None]
+
+#: The broker commands that publish tasks, for a commit script to run (Redis broker on the store's
+#: server only; see ``worker/inline_publish.py``).
+Prepare = Callable[[Sequence[TaskSpec]], list[BrokerCommand]]
 
 
 class Cancelled(Exception):
@@ -79,16 +84,28 @@ class Runtime:
     gate: ModelGate | None = None
     #: OpenTelemetry spans (no-ops unless ``WESICHAIN_OTEL=1``).
     tracing: Tracing = field(default_factory=Tracing)
+    #: Commit and publish in one script (None: commit, then send).
+    prepare: Prepare | None = None
 
     def holder(self) -> str:
         """This process, as claims name their holder (read per call: prefork children fork)."""
         return f"{worker_identity()}:{os.getpid()}"
 
+    def outgoing(self, outbox: Sequence[TaskSpec], epoch: int) -> list[TaskSpec]:
+        """The tasks that publish ``outbox`` under the run's ``epoch`` (as the hooks want them)."""
+        return [task for spec in outbox for task in self.hooks.outgoing(with_epoch(spec, epoch))]
+
     def publish(self, outbox: Sequence[TaskSpec], epoch: int) -> None:
         """Send ``outbox`` under the run's current ``epoch``."""
-        for spec in outbox:
-            for task in self.hooks.outgoing(with_epoch(spec, epoch)):
-                self.send(task)
+        for task in self.outgoing(outbox, epoch):
+            self.send(task)
+
+    def push_for(self, outbox: Sequence[TaskSpec], epoch: int) -> list[BrokerCommand]:
+        """The broker commands a commit script runs to publish ``outbox`` under ``epoch`` (none
+        when this worker cannot commit and publish in one step)."""
+        if self.prepare is None or not outbox:
+            return []
+        return self.prepare(self.outgoing(outbox, epoch))
 
     # -- deliveries that claim nothing -------------------------------------------------------
 
@@ -154,11 +171,13 @@ class Runtime:
             transition.messages,
             (*extra_events, *transition.events),
             outbox,
+            self.push_for(outbox, current.head.epoch),
         )
         if result.status == "committed":
             self.metrics.committed(current.head, head)
             self.hooks.after_commit(current.phase, head.run_id, self.store)
-            self.publish(outbox, result.epoch)
+            if not result.pushed:
+                self.publish(outbox, result.epoch)
             return head
         if result.status == "cancel_pending":
             return self.interrupt(current, claim, "cancelled", head.error)

@@ -7,7 +7,10 @@
 -- committing delivery must still hold its claim (a delivery whose claim expired and was taken over
 -- cannot commit). An unclaimed commit (claim_field '') is only allowed while no claim is live.
 -- A pending cancel wins over every transition but the interruption itself.
--- Returns {'committed', epoch}, {'fenced', current_version} or {'cancel_pending', version}.
+-- ARGV after the messages and events: the broker commands that publish the outbox (see
+-- push_broker), run with the commit when the run is still at the epoch they were built for.
+-- Returns {'committed', epoch, pushed}, {'fenced', current_version} or {'cancel_pending', version}
+-- (pushed: '1' if the outbox was published here; a replayed commit says '0').
 local run_id, op, expected_version, claim_field, claim_token, new_version, phase, step, body, outbox,
   calls, kind, queued_lease_ms, retention_s, events_maxlen, n_messages, n_events, tenant, callback =
   unpack(ARGV, 1, 19)
@@ -17,7 +20,7 @@ local registry, inflight, status_from, status_to, ended = KEYS[6], KEYS[7], KEYS
 local current = redis.call('HGET', run, F_VERSION)
 if current ~= expected_version then
   if current == new_version and redis.call('HGET', run, F_OP) == op then
-    return {'committed', redis.call('HGET', run, F_EPOCH)}  -- this very commit, replayed
+    return {'committed', redis.call('HGET', run, F_EPOCH), '0'}  -- this very commit, replayed
   end
   return {'fenced', current or ''}
 end
@@ -45,6 +48,7 @@ base = base + tonumber(n_messages)
 for i = 1, tonumber(n_events) do
   redis.call('XADD', events_key, 'MAXLEN', '~', events_maxlen, '*', 'e', ARGV[base + i])
 end
+local pushed = push_broker(run, base + tonumber(n_events) + 1)
 redis.call('RPUSH', checkpoints, body)
 if status_from ~= status_to then
   local created = redis.call('HGET', run, F_CREATED) or '0'
@@ -66,4 +70,4 @@ if kind == 'terminal' then
   for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
   for i = 11, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
 end
-return {'committed', redis.call('HGET', run, F_EPOCH)}
+return {'committed', redis.call('HGET', run, F_EPOCH), pushed}

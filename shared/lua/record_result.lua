@@ -2,7 +2,9 @@
 -- the OBSERVING head the worker computed with the state machine (with its checkpoint and outbox).
 -- KEYS: run hash, results hash of the step, events stream, leases zset, checkpoints list
 -- Returns {'stale'} (the run moved on), {'duplicate'} (the call already has another result),
--- {'recorded'}, or {'complete', epoch} (this result was the last: the run is now OBSERVING).
+-- {'recorded'}, or {'complete', epoch, pushed} (this result was the last: the run is now OBSERVING;
+-- pushed '1' if the script also ran the broker commands that publish observe, ARGV from 15 on,
+-- see push_broker; a replayed fan-in says '0').
 -- A replay of this very call (same result, same op) answers as the first time did.
 local run_id, op, version, step, call_id, claim_token, result, event, n_calls, observe_version,
   observe_body, observe_outbox, queued_lease_ms, events_maxlen = unpack(ARGV, 1, 14)
@@ -11,7 +13,7 @@ local run, results_key, events_key, leases, checkpoints = KEYS[1], KEYS[2], KEYS
 local state = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP)
 if state[1] ~= version or state[2] ~= P_ACTING or state[3] ~= step then
   if state[1] == observe_version and redis.call('HGET', run, F_OP) == op then
-    return {'complete', redis.call('HGET', run, F_EPOCH)}  -- this very fan-in, replayed
+    return {'complete', redis.call('HGET', run, F_EPOCH), '0'}  -- this very fan-in, replayed
   end
   return {'stale'}
 end
@@ -33,4 +35,4 @@ redis.call('HSET', run, F_VERSION, observe_version, F_PHASE, P_OBSERVING, F_BODY
   F_OP, op)
 redis.call('RPUSH', checkpoints, observe_body)
 redis.call('ZADD', leases, queued_until, run_id)
-return {'complete', redis.call('HGET', run, F_EPOCH)}
+return {'complete', redis.call('HGET', run, F_EPOCH), push_broker(run, 15)}

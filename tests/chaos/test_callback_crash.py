@@ -1,5 +1,6 @@
-"""The worker that commits a run's end is SIGKILLed before it sends the completion callback: the
-callback is delivered anyway, once."""
+"""The worker that commits a run's end is SIGKILLed right after the commit: the completion callback
+is delivered anyway, once. Either the commit script queued the callback task itself (Redis broker,
+the default), or the worker died before sending it and the sweeper hands it on."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from tests.harness import free_port, wait_until
 pytestmark = pytest.mark.chaos
 
 
+@pytest.mark.parametrize("commit_publish", ["1", "0"], ids=["commit+publish", "commit-then-publish"])
 def test_the_callback_survives_a_crash_between_the_end_and_its_delivery(
-    cluster: Cluster, client: Client
+    cluster: Cluster, client: Client, commit_publish: str
 ) -> None:
     secret = Tenants(client.store.redis, client.store.keys).webhook_secret("acme")
     received: list[tuple[str, bool, dict[str, Any]]] = []
@@ -41,7 +43,11 @@ def test_the_callback_survives_a_crash_between_the_end_and_its_delivery(
     http = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
     threading.Thread(target=http.serve_forever, daemon=True).start()
     try:
-        env = {"WESICHAIN_FAULT": "crash_after_commit:thinking", "WESICHAIN_WEBHOOK_ALLOW_PRIVATE": "1"}
+        env = {
+            "WESICHAIN_FAULT": "crash_after_commit:thinking",
+            "WESICHAIN_WEBHOOK_ALLOW_PRIVATE": "1",
+            "WESICHAIN_COMMIT_PUBLISH": commit_publish,
+        }
         workers = cluster.start(2, pool="solo", env=env)
         url = f"http://127.0.0.1:{http.server_address[1]}/done"
         handle = client.submit("direct", "hi", tenant="acme", callback={"url": url})
@@ -59,7 +65,10 @@ def test_the_callback_survives_a_crash_between_the_end_and_its_delivery(
         assert state.attempts == 1
         assert [(run_id, signed) for run_id, signed, _ in received] == [(handle.run_id, True)]
         assert received[0][2]["answer"] == "The answer is 42."
-        assert handle.status().epoch >= 1, "the sweeper handed the undelivered callback on"
+        if commit_publish == "1":
+            assert handle.status().epoch == 0, "the terminal commit queued the callback task itself"
+        else:
+            assert handle.status().epoch >= 1, "the sweeper handed the undelivered callback on"
     finally:
         http.shutdown()
         http.server_close()

@@ -1,9 +1,15 @@
-"""SIGKILL between a commit and the publish of its outbox: the next phase is committed but never sent.
+"""SIGKILL right after a commit, before the worker's own publish of the outbox.
 
-Two ways back, both tested: a prefork child dies, Celery redelivers its task, the redelivery finds
-the run moved on with its outbox unsent and publishes it; or the whole worker dies (solo pool: the
-task runs in the main process), nothing is redelivered, and the sweeper re-publishes the outbox once
-the queued lease of the committed phase expires.
+With a Redis broker on the store's server the commit script already pushed the next phase's message
+(``WESICHAIN_COMMIT_PUBLISH``, the default): the crash loses nothing, no hand-on is needed, and the
+next phase runs at once on another worker.
+
+Committing, then publishing (``WESICHAIN_COMMIT_PUBLISH=0``, and any broker the script cannot push
+to) leaves the next phase committed but never sent. Two ways back, both tested: a prefork child
+dies, Celery redelivers its task, the redelivery finds the run moved on with its outbox unsent and
+publishes it; or the whole worker dies (solo pool: the task runs in the main process), nothing is
+redelivered, and the sweeper re-publishes the outbox once the queued lease of the committed phase
+expires.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from tests.chaos.support import (
     kinds,
     note_recovery,
 )
+from tests.harness import wait_until
 from tests.invariants import ONE_HOP
 
 pytestmark = pytest.mark.chaos
@@ -39,6 +46,8 @@ CRASHED_COMMIT = {
     Phase.THINKING: (3, "ToolCompleted"),  # ModelResponded, ToolDispatched | the tool
     Phase.OBSERVING: (5, "ModelResponded"),  # StepStarted(2) | think of step 2
 }
+#: Commit, then publish: the gap the outbox and the sweeper cover.
+TWO_STEPS = {"WESICHAIN_COMMIT_PUBLISH": "0"}
 
 
 def _check(client: Client, run_id: str, phase: Phase, case: str) -> tuple[int, int]:
@@ -65,7 +74,12 @@ def _check(client: Client, run_id: str, phase: Phase, case: str) -> tuple[int, i
 def test_child_killed_between_commit_and_publish(cluster: Cluster, client: Client, phase: Phase) -> None:
     # A queued lease far beyond the test: only the redelivery can bring the run back in time.
     (worker,) = cluster.start(
-        1, env={"WESICHAIN_FAULT": f"crash_after_commit:{phase.value}", "WESICHAIN_QUEUED_LEASE_S": "30"}
+        1,
+        env={
+            "WESICHAIN_FAULT": f"crash_after_commit:{phase.value}",
+            "WESICHAIN_QUEUED_LEASE_S": "30",
+            **TWO_STEPS,
+        },
     )
     handle = client.submit("one_hop", "go")
     epoch, crashed = _check(
@@ -81,7 +95,9 @@ def test_child_killed_between_commit_and_publish(cluster: Cluster, client: Clien
 def test_whole_worker_killed_between_commit_and_publish(
     cluster: Cluster, client: Client, phase: Phase
 ) -> None:
-    workers = cluster.start(2, pool="solo", env={"WESICHAIN_FAULT": f"crash_after_commit:{phase.value}"})
+    workers = cluster.start(
+        2, pool="solo", env={"WESICHAIN_FAULT": f"crash_after_commit:{phase.value}", **TWO_STEPS}
+    )
     handle = client.submit("one_hop", "go")
     epoch, crashed = _check(
         client, handle.run_id, phase, f"whole worker killed after the {phase.value} commit"
@@ -94,3 +110,29 @@ def test_whole_worker_killed_between_commit_and_publish(
     last, _ = CRASHED_COMMIT[phase]
     events = committed(events_of(handle))
     assert events[last + 1].ts - events[last].ts >= QUEUED_LEASE_S - 0.5
+
+
+@pytest.mark.parametrize("phase", PHASES, ids=str)
+def test_whole_worker_killed_after_a_commit_that_published(
+    cluster: Cluster, client: Client, phase: Phase
+) -> None:
+    # A queued lease far beyond the test: the sweeper cannot be what brings the run back.
+    workers = cluster.start(
+        2,
+        pool="solo",
+        env={"WESICHAIN_FAULT": f"crash_after_commit:{phase.value}", "WESICHAIN_QUEUED_LEASE_S": "60"},
+    )
+    handle = client.submit("one_hop", "go")
+    epoch, crashed = _check(
+        client, handle.run_id, phase, f"worker killed after the {phase.value} commit+publish"
+    )
+    assert epoch == 0, "the commit itself queued the next phase: nothing is handed on"
+    # It kills itself right after the commit: the run may end on the other worker before that.
+    wait_until(lambda: sum(not w.alive for w in workers) == 1, 30, what="the committing worker to die")
+    (dead,) = [w for w in workers if not w.alive]
+    assert crashed == dead.pid
+    # Every piece of work was claimed once: the crash came after the commit, and the next phase's
+    # message, pushed by that commit, was taken by the other worker.
+    attempts = client.store.attempts(handle.run_id)
+    claims = {k: v for k, v in attempts.items() if k.startswith("v")}
+    assert claims and set(claims.values()) == {"1"}, attempts

@@ -39,9 +39,9 @@ def test_a_taken_over_think_shows_the_lost_stream_and_the_second_claim() -> None
         ("lost", "think", "a:1", T0 + 0.5, T0 + 0.9, 1),
         ("phase", "think", "b:2", T0 + 8.0, T0 + 9.0, 2),
     ]
-    assert [(w.name, w.start, w.end) for w in timeline.waits] == [
-        ("start", T0, T0 + 0.1),
-        ("think", T0 + 0.2, T0 + 8.0),
+    assert [(w.name, w.start, w.end, w.lost) for w in timeline.waits] == [
+        ("start", T0, T0 + 0.1, 0),
+        ("think", T0 + 0.2, T0 + 8.0, 1),
     ]
     assert [(m.kind, m.lane) for m in timeline.markers] == [("takeover", "b:2"), ("end", None)]
     assert timeline.lanes == ["a:1", "b:2"] and timeline.status == "completed"

@@ -1,0 +1,69 @@
+"""The run console: static files served at ``/`` (no build step, no CDN: shipped in the package)
+and the two reads only it needs, a run's timeline and who the caller is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.staticfiles import StaticFiles
+
+from api.auth import Caller
+from api.runs import ERRORS, Svc, Who, owned_run
+from api.services import Services
+from shared.events import Event
+from shared.timeline import Timeline, build_timeline
+
+__all__ = ["STATIC", "Identity", "index", "router", "static_files", "timeline", "whoami"]
+
+STATIC = Path(__file__).parent / "console"
+
+router = APIRouter()
+
+
+class Identity(BaseModel):
+    """Who the caller's key says it is."""
+
+    tenant: str | None = Field(description="The caller's tenant; null when authentication is off.")
+    key_id: str | None = Field(description="The public id of the caller's key.")
+
+
+def static_files() -> StaticFiles:
+    return StaticFiles(directory=STATIC)
+
+
+@router.get("/", include_in_schema=False)
+def index() -> FileResponse:
+    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/v1/whoami", response_model=Identity, responses=ERRORS, summary="The caller's tenant")
+def whoami(who: Who) -> Identity:
+    return Identity(tenant=who.tenant, key_id=who.key_id)
+
+
+@router.get(
+    "/v1/runs/{run_id}/timeline",
+    response_model=Timeline,
+    responses=ERRORS,
+    summary="Where a run's time went",
+    description="One lane per worker process: each phase delivery from its claim to its commit, tool"
+    " calls on the workers that ran them, queue waits, text streamed by a delivery that died, and"
+    " takeovers. Times are the workers' clocks (Unix seconds).",
+)
+async def timeline(run_id: str, services: Svc, who: Who) -> Timeline:
+    return await run_in_threadpool(_timeline, services, who, run_id)
+
+
+def _timeline(services: Services, who: Caller, run_id: str) -> Timeline:
+    head = owned_run(services, who, run_id)
+    store = services.store
+    events: list[Event] = []
+    cursor = "0-0"
+    while batch := store.read_events(run_id, cursor, 1000):
+        events.extend(event for _, event in batch)
+        cursor = batch[-1][0]
+    return build_timeline(head, store.checkpoints(run_id), events)

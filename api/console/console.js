@@ -1,0 +1,396 @@
+// The run console: a runs list and a run page with its live timeline, over the service API.
+// No build step and no dependencies: the API key stays in this tab (sessionStorage) and goes in
+// an Authorization header; events are read with fetch() as Server-Sent Events, so the header
+// can be sent (EventSource cannot send one).
+"use strict";
+
+const KEY_STORE = "wesichain.key";
+const STATUSES = ["queued", "running", "awaiting_approval", "completed", "failed", "interrupted"];
+const TERMINAL = new Set(["completed", "failed", "interrupted"]);
+const END_EVENTS = new Set(["Completed", "Failed", "Interrupted"]);
+const PHASE_COLOURS = { start: "#4466cc", think: "#2a9fd6", observe: "#2fa860", decide: "#a04cc8", act: "#6b7385" };
+
+const $ = (sel) => document.querySelector(sel);
+let view = null; // the page being shown: {stop()} so leaving it ends its timers and streams
+
+class Unauthorised extends Error {}
+
+class ApiError extends Error {
+  constructor(status, body) {
+    const err = (body && body.error) || {};
+    super(err.message || `HTTP ${status}`);
+    this.status = status;
+    this.kind = err.kind || "http_error";
+  }
+}
+
+async function api(path, options = {}) {
+  const headers = { Accept: "application/json", ...(options.headers || {}) };
+  const key = sessionStorage.getItem(KEY_STORE);
+  if (key) headers.Authorization = `Bearer ${key}`;
+  if (options.body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, { ...options, headers, body: options.body === undefined ? undefined : JSON.stringify(options.body) });
+  if (response.status === 401) throw new Unauthorised();
+  const text = await response.text();
+  const body = text ? JSON.parse(text) : null;
+  if (!response.ok) throw new ApiError(response.status, body);
+  return body;
+}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (name === "class") node.className = value;
+    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else node.setAttribute(name, value);
+  }
+  for (const child of children) node.append(child instanceof Node ? child : document.createTextNode(String(child ?? "")));
+  return node;
+}
+
+const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "");
+const seconds = (s) => (s < 1 ? `${(s * 1000).toFixed(0)} ms` : s < 120 ? `${s.toFixed(2)} s` : `${(s / 60).toFixed(1)} min`);
+const short = (text, n = 140) => (text && text.length > n ? `${text.slice(0, n)}…` : text || "");
+
+function show(section) {
+  for (const id of ["login", "list-view", "run-view"]) $(`#${id}`).hidden = id !== section;
+}
+
+function needKey(message) {
+  if (view) view.stop();
+  view = null;
+  show("login");
+  $("#login-error").textContent = message || "";
+  $("#login-key").focus();
+}
+
+function handleError(err, where) {
+  if (err instanceof Unauthorised) return needKey(sessionStorage.getItem(KEY_STORE) ? "That key was refused." : "");
+  $(where).textContent = err.message;
+}
+
+// -- runs list ------------------------------------------------------------------------------
+
+function listView() {
+  show("list-view");
+  let cursor = null;
+  let stopped = false;
+  const form = $("#filters");
+  const params = () => {
+    const q = new URLSearchParams();
+    for (const name of ["agent", "status", "thread_id"]) if (form.elements[name].value) q.set(name, form.elements[name].value);
+    if (form.elements.since.value) q.set("since", String(Date.now() / 1000 - Number(form.elements.since.value)));
+    return q;
+  };
+  const row = (run) =>
+    el("tr", { "data-run": run.run_id },
+      el("td", { class: "mono" }, el("a", { href: `#/runs/${run.run_id}` }, run.run_id.slice(0, 12))),
+      el("td", {}, run.agent),
+      el("td", {}, el("span", { class: `badge ${run.status}` }, run.status)),
+      el("td", {}, `${run.step}`),
+      el("td", {}, when(run.created_at)),
+      el("td", {}, seconds(run.updated_at - run.created_at)),
+      el("td", { class: "clip" }, run.error ? `${run.error.kind}: ${run.error.message}` : short(run.answer)));
+
+  async function load(append) {
+    const q = params();
+    q.set("limit", "50");
+    if (append && cursor) q.set("cursor", cursor);
+    const page = await api(`/v1/runs?${q}`);
+    const body = $("#runs tbody");
+    if (!append) body.replaceChildren();
+    for (const run of page.runs) body.append(row(run));
+    cursor = page.next_cursor;
+    $("#more").hidden = !cursor;
+    $("#list-error").textContent = "";
+  }
+
+  async function counts() {
+    const box = $("#counts");
+    const boxes = await Promise.all(STATUSES.map(async (status) => {
+      const q = params();
+      q.set("status", status);
+      q.set("limit", "200");
+      const page = await api(`/v1/runs?${q}`);
+      const n = `${page.runs.length}${page.next_cursor ? "+" : ""}`;
+      return el("span", { class: "count", "data-status": status, onclick: () => { form.elements.status.value = status; refresh(); } },
+        el("b", {}, n), status.replace("_", " "));
+    }));
+    box.replaceChildren(...boxes);
+  }
+
+  async function refresh() {
+    try {
+      await Promise.all([load(false), counts()]);
+    } catch (err) {
+      handleError(err, "#list-error");
+    }
+  }
+
+  form.onsubmit = (e) => { e.preventDefault(); refresh(); };
+  $("#more").onclick = () => load(true).catch((err) => handleError(err, "#list-error"));
+  refresh();
+  // Live: the first page and the counts follow the runs (a later page stays as it was loaded).
+  const timer = setInterval(() => { if (!stopped && !cursorPaged()) refresh(); }, 2000);
+  const cursorPaged = () => $("#runs tbody").children.length > 50;
+  return { stop() { stopped = true; clearInterval(timer); } };
+}
+
+// -- run page --------------------------------------------------------------------------------
+
+function runView(runId) {
+  show("run-view");
+  let stopped = false;
+  let run = null;
+  let refreshTimer = null;
+  const controller = new AbortController();
+  $("#run-title").textContent = `Run ${runId}`;
+  $("#stream").textContent = "";
+  $("#conversation").replaceChildren();
+  $("#checkpoints tbody").replaceChildren();
+  $("#timeline").replaceChildren();
+  $("#run-error").textContent = "";
+
+  async function refresh() {
+    refreshTimer = null;
+    try {
+      const [head, timeline, checkpoints] = await Promise.all([
+        api(`/v1/runs/${runId}`),
+        api(`/v1/runs/${runId}/timeline`),
+        api(`/v1/runs/${runId}/checkpoints`),
+      ]);
+      if (stopped) return;
+      run = head;
+      renderHead(head);
+      drawTimeline($("#timeline"), timeline, TERMINAL.has(head.status));
+      renderCheckpoints(checkpoints.checkpoints, timeline);
+    } catch (err) {
+      handleError(err, "#run-error");
+    }
+  }
+  const soon = () => { if (!refreshTimer && !stopped) refreshTimer = setTimeout(refresh, 150); };
+
+  async function act(verb) {
+    const body = verb === "cancel" ? undefined : { note: $("#note").value };
+    try {
+      await api(`/v1/runs/${runId}/${verb}`, { method: "POST", body });
+      $("#note").value = "";
+      soon();
+    } catch (err) {
+      handleError(err, "#run-error");
+    }
+  }
+  $("#approve").onclick = () => act("approve");
+  $("#deny").onclick = () => act("deny");
+  $("#cancel").onclick = () => act("cancel");
+
+  refresh().then(() => follow(runId, controller.signal, onEvent).catch((err) => {
+    if (!stopped && err.name !== "AbortError") handleError(err, "#run-error");
+  }).finally(() => { $("#run-live").hidden = true; soon(); }));
+
+  function onEvent(event) {
+    $("#run-live").hidden = false;
+    if (event.kind === "TokenDelta") {
+      $("#stream").textContent += event.text;
+      $("#stream").scrollTop = $("#stream").scrollHeight;
+      return;
+    }
+    if (event.kind === "StepStarted") $("#stream").textContent = "";
+    addToConversation(event);
+    soon();
+  }
+  // While the run is live, the timeline's open end moves with the clock.
+  const ticker = setInterval(() => { if (run && !TERMINAL.has(run.status)) soon(); }, 2000);
+  return { stop() { stopped = true; controller.abort(); clearInterval(ticker); clearTimeout(refreshTimer); } };
+}
+
+function renderHead(run) {
+  const status = $("#run-status");
+  status.className = `badge ${run.status}`;
+  status.textContent = run.status;
+  const parked = run.status === "awaiting_approval";
+  $("#approve").hidden = !parked;
+  $("#deny").hidden = !parked;
+  $("#note").hidden = !parked;
+  $("#cancel").hidden = TERMINAL.has(run.status);
+  const facts = [
+    ["Agent", `${run.agent} v${run.agent_version}`], ["Model", run.model], ["Step", `${run.step} (${run.steps_used} of ${run.max_steps} used)`],
+    ["Created", when(run.created_at)], ["Updated", when(run.updated_at)], ["Input", run.input],
+    ["Tokens", `${run.usage.input_tokens ?? 0} in / ${run.usage.output_tokens ?? 0} out`],
+  ];
+  if (run.thread_id) facts.push(["Thread", run.thread_id]);
+  if (run.approval) facts.push(["Waiting on", `${run.approval.kind}: ${run.approval.reason}`]);
+  if (run.answer) facts.push(["Answer", run.answer]);
+  if (run.error) facts.push(["Error", `${run.error.kind}: ${run.error.message}`]);
+  $("#run-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+}
+
+function addToConversation(event) {
+  let kind = event.kind;
+  let body = "";
+  let cls = "";
+  switch (event.kind) {
+    case "RunStarted": body = `agent ${event.agent} v${event.agent_version}, model ${event.model}`; break;
+    case "StepStarted": body = `step ${event.step}`; break;
+    case "ModelResponded": body = event.text || `${event.tool_calls} tool call(s)`; kind = "assistant"; break;
+    case "ToolDispatched": body = `${event.tool}(${JSON.stringify(event.arguments)})`; kind = `tool call ${event.call_id}`; break;
+    case "ToolCompleted":
+      body = event.ok ? event.output : `${event.error ? event.error.kind + ": " + event.error.message : event.output}`;
+      kind = `tool result ${event.call_id} (${seconds(event.duration_s)})`; cls = event.ok ? "" : "bad"; break;
+    case "StepFailed": body = `${event.error.kind}: ${event.error.message} → ${event.decision}`; cls = "bad"; break;
+    case "AwaitingApproval": body = `${event.tool} ${event.call_id}: ${event.reason}`; cls = "parked"; break;
+    case "Completed": body = event.answer; break;
+    case "Failed": body = `${event.error.kind}: ${event.error.message}`; cls = "bad"; break;
+    case "Interrupted": body = event.reason; cls = "bad"; break;
+    default: body = JSON.stringify(event);
+  }
+  const worker = event.worker ? `${event.worker.host}:${event.worker.pid}` : "";
+  $("#conversation").append(el("li", { class: cls, "data-kind": event.kind },
+    el("div", { class: "kind" }, `${kind} · step ${event.step} · ${worker}`), el("div", { class: "body" }, body)));
+}
+
+function renderCheckpoints(checkpoints, timeline) {
+  const by = new Map(timeline.bars.filter((b) => b.kind === "phase").map((b) => [b.ref, b]));
+  $("#checkpoints tbody").replaceChildren(...checkpoints.map((c) => {
+    const bar = by.get(`v${c.version}`);
+    return el("tr", {}, el("td", {}, `v${c.version}`), el("td", {}, c.phase), el("td", {}, `${c.step}`),
+      el("td", {}, when(c.updated_at)), el("td", { class: "mono" }, bar ? `${bar.name} on ${bar.lane}${bar.attempt > 1 ? ` (attempt ${bar.attempt})` : ""}` : ""));
+  }));
+}
+
+// Server-Sent Events over fetch: resumes from the last id after a drop, ends after the end event.
+async function follow(runId, signal, onEvent) {
+  let lastId = null;
+  for (let attempt = 0; attempt < 50 && !signal.aborted; attempt++) {
+    const headers = { Accept: "text/event-stream" };
+    const key = sessionStorage.getItem(KEY_STORE);
+    if (key) headers.Authorization = `Bearer ${key}`;
+    if (lastId) headers["Last-Event-ID"] = lastId;
+    let response;
+    try {
+      response = await fetch(`/v1/runs/${runId}/events`, { headers, signal });
+    } catch (err) {
+      if (signal.aborted) return;
+      await new Promise((r) => setTimeout(r, 1000));
+      continue;
+    }
+    if (response.status === 401) throw new Unauthorised();
+    if (response.status === 204) return;
+    if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      let chunk;
+      try {
+        chunk = await reader.read();
+      } catch (err) {
+        if (signal.aborted) return;
+        break; // dropped: reconnect with Last-Event-ID
+      }
+      if (chunk.done) break;
+      buffer += chunk.value;
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const frame = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        let id = null;
+        const data = [];
+        for (const line of frame.split("\n")) {
+          if (line.startsWith("id:")) id = line.slice(3).trim();
+          else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+        }
+        if (!data.length) continue;
+        if (id) lastId = id;
+        const event = JSON.parse(data.join("\n"));
+        onEvent(event);
+        if (END_EVENTS.has(event.kind)) return;
+      }
+    }
+  }
+}
+
+// -- the timeline as SVG ---------------------------------------------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs = {}, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function drawTimeline(box, t, ended) {
+  const lanes = ["(queued)", ...t.lanes];
+  const labelW = 170, laneH = 26, top = 22, right = 16;
+  const width = Math.max(box.clientWidth || 900, 600);
+  const end = ended ? t.end : Math.max(t.end, Date.now() / 1000);
+  const span = Math.max(end - t.start, 1e-3);
+  const x = (at) => labelW + ((at - t.start) / span) * (width - labelW - right);
+  const y = (lane) => top + lanes.indexOf(lane) * laneH;
+  const root = svg("svg", { width, height: top + lanes.length * laneH + 8, role: "img", "aria-label": `timeline of run ${t.run_id}` });
+  const defs = svg("defs");
+  const hatch = svg("pattern", { id: "lost", width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" });
+  hatch.append(svg("rect", { width: 3, height: 6, fill: "#d63a3a" }));
+  defs.append(hatch);
+  root.append(defs);
+  for (let i = 0; i <= 5; i++) {
+    const at = t.start + (span * i) / 5;
+    root.append(svg("line", { x1: x(at), x2: x(at), y1: top - 4, y2: top + lanes.length * laneH, stroke: "#eef0f4" }));
+    root.append(svg("text", { x: x(at), y: 12, class: "axis", "text-anchor": i === 5 ? "end" : i === 0 ? "start" : "middle" }, seconds(at - t.start)));
+  }
+  lanes.forEach((lane) => root.append(svg("text", { x: 6, y: y(lane) + 16, class: "lane-label" }, lane)));
+  for (const w of t.waits) {
+    // A wait a delivery died in is queue time plus that delivery's lost work, until its lease ran out.
+    const line = svg("rect", { x: x(w.start), y: y("(queued)") + 11, width: Math.max(1, x(w.end) - x(w.start)), height: 4,
+      fill: w.lost ? "url(#lost)" : "#c3c8d4", class: w.lost ? "wait lost" : "wait" });
+    const died = w.lost ? `, ${w.lost} delivery(ies) died meanwhile` : "";
+    line.append(svg("title", {}, `${w.name} (step ${w.step}) waited ${seconds(w.end - w.start)}${died}`));
+    root.append(line);
+  }
+  for (const b of t.bars) {
+    const endAt = b.kind === "running" ? end : b.end;
+    const fill = b.kind === "tool" ? (b.ok ? "#e0a800" : "#d63a3a")
+      : b.kind === "lost" ? "url(#lost)" : !b.ok ? "#d63a3a" : PHASE_COLOURS[b.name] || "#2a9fd6";
+    const rect = svg("rect", {
+      x: x(b.start), y: y(b.lane) + 4, width: Math.max(2, x(endAt) - x(b.start)), height: laneH - 8, rx: 2,
+      fill, opacity: b.kind === "running" ? 0.55 : 1, class: `bar ${b.kind}`, "data-name": b.name,
+    });
+    const what = b.kind === "phase" ? b.name : `${b.kind} ${b.name}`;
+    rect.append(svg("title", {}, `${what} · step ${b.step} · ${b.lane} · ${seconds(endAt - b.start)}${b.ref ? " · " + b.ref : ""}${b.detail ? " · " + b.detail : ""}${b.attempt > 1 ? " · attempt " + b.attempt : ""}`));
+    root.append(rect);
+  }
+  for (const m of t.markers.filter((m) => m.kind === "takeover" && m.lane)) {
+    const cx = x(m.at), cy = y(m.lane) + 2;
+    const tri = svg("path", { d: `M${cx - 6},${cy} L${cx + 6},${cy} L${cx},${cy + 9} Z`, fill: "#d63a3a", class: "takeover" });
+    tri.append(svg("title", {}, m.text));
+    root.append(tri);
+  }
+  box.replaceChildren(root);
+}
+
+// -- routing ---------------------------------------------------------------------------------
+
+async function route() {
+  if (view) view.stop();
+  view = null;
+  const match = location.hash.match(/^#\/runs\/([A-Za-z0-9_.:-]+)$/);
+  try {
+    const health = await api("/v1/whoami");
+    $("#whoami").textContent = health.tenant ? `tenant ${health.tenant}` : "no tenant (auth off)";
+    $("#signout").hidden = !sessionStorage.getItem(KEY_STORE);
+  } catch (err) {
+    if (err instanceof Unauthorised) return needKey(sessionStorage.getItem(KEY_STORE) ? "That key was refused." : "");
+    $("#whoami").textContent = err.message;
+  }
+  view = match ? runView(match[1]) : listView();
+}
+
+$("#login-form").onsubmit = (e) => {
+  e.preventDefault();
+  sessionStorage.setItem(KEY_STORE, $("#login-key").value.trim());
+  $("#login-key").value = "";
+  route();
+};
+$("#signout").onclick = () => { sessionStorage.removeItem(KEY_STORE); route(); };
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,175 @@
+"""The run console in a real headless browser (Debian's chromium) against a real API and workers.
+
+The list shows a tenant's runs; a running run's page updates live over SSE; a parked run is
+approved from its page and completes; a fan-out run with a worker SIGKILLed in its think draws its
+takeover, and the page is screenshotted (``WESICHAIN_SCREENSHOT=path`` keeps that picture).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from shared.keys import Keys
+from shared.state import Phase
+from shared.tenants import Tenants
+from tests.api_support import ApiProcess, bearer, wait_status
+from tests.chaos.support import Cluster, wait_paused
+from tests.harness import RedisServer, wait_until
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)
+
+
+#: Generous: the machine running the suite may be loaded.
+UI_TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    s = RedisServer().start()
+    yield s
+    s.cleanup()
+
+
+@pytest.fixture(scope="module")
+def cluster(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(server, tmp_path_factory.mktemp("workers"))
+    c.start(2, concurrency=2)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def api(server: RedisServer, cluster: Cluster) -> Iterator[ApiProcess]:
+    process = ApiProcess(server.url, env={"WESICHAIN_API_KEEPALIVE_S": "0.5"}).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def key(server: RedisServer) -> str:
+    created, _ = Tenants(server.client(), Keys()).create_key(f"console-{uuid.uuid4().hex[:8]}", "browser")
+    return created
+
+
+@pytest.fixture(scope="module")
+def http(api: ApiProcess, key: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser, api: ApiProcess, key: str) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    elsewhere: list[str] = []  # no CDN, no other origin: everything comes from the API process
+    page.on("request", lambda r: None if r.url.startswith(api.url) else elsewhere.append(r.url))
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    page.goto(api.url + "/")
+    page.fill("#login-key", key)
+    page.click("#login-form button")
+    page.wait_for_selector("#list-view:not([hidden])")
+    yield page
+    context.close()
+    assert errors == [], f"script errors in the console: {errors}"
+    assert elsewhere == [], f"the console fetched from elsewhere: {elsewhere}"
+
+
+def submit(http: httpx.Client, agent: str) -> str:
+    response = http.post("/v1/runs", json={"agent": agent, "input": "go"})
+    assert response.status_code == 202, response.text
+    run_id: str = response.json()["run_id"]
+    return run_id
+
+
+def test_the_list_shows_the_tenants_runs(page: Page, http: httpx.Client, key: str) -> None:
+    ids = [submit(http, "direct") for _ in range(3)]
+    for run_id in ids:
+        wait_status(http, run_id, {"completed"})
+    for run_id in ids:  # the list refreshes itself: no reload
+        page.wait_for_selector(f'#runs tr[data-run="{run_id}"] .badge.completed')
+    counted = page.text_content('#counts .count[data-status="completed"] b')
+    assert counted is not None and int(counted.rstrip("+")) >= 3
+    assert (page.text_content("#whoami") or "").startswith("tenant console-")
+
+
+def test_a_running_runs_page_updates_live(page: Page, http: httpx.Client, api: ApiProcess) -> None:
+    run_id = submit(http, "slow_step")  # a 3 s tool: the page is open while it runs
+    page.goto(f"{api.url}/#/runs/{run_id}")
+    page.wait_for_selector("#run-status.badge.running")
+    page.evaluate("window.__loaded_once = true")  # gone if the page reloads
+    # Without a reload: the tool's bar, the answer and the end arrive over the event stream.
+    page.wait_for_selector("#run-status.badge.completed")
+    page.wait_for_selector('#timeline rect.bar.tool[data-name="slow"]')
+    page.wait_for_selector('#conversation li[data-kind="Completed"]')
+    assert "slow step done" in (page.text_content("#run-facts") or "")
+    assert page.evaluate("window.__loaded_once") is True
+    kinds = page.eval_on_selector_all("#conversation li", "els => els.map(e => e.dataset.kind)")
+    assert kinds == ["RunStarted", "StepStarted", "ModelResponded", "ToolDispatched", "ToolCompleted",
+                     "StepStarted", "ModelResponded", "Completed"]  # fmt: skip
+
+
+def test_a_parked_run_is_approved_from_its_page(page: Page, http: httpx.Client, api: ApiProcess) -> None:
+    run_id = submit(http, "needs_approval")
+    wait_status(http, run_id, {"awaiting_approval"})
+    page.goto(f"{api.url}/#/runs/{run_id}")
+    page.wait_for_selector("#approve:not([hidden])")
+    page.wait_for_selector('#conversation li[data-kind="AwaitingApproval"]')
+    page.fill("#note", "ok from the console")
+    page.click("#approve")
+    page.wait_for_selector("#run-status.badge.completed")
+    assert http.get(f"/v1/runs/{run_id}").json()["status"] == "completed"
+    page.wait_for_selector('#timeline rect.bar.phase[data-name="decide"]')
+    assert page.is_hidden("#approve")
+
+
+def test_timeline_of_a_fan_out_run_with_a_worker_killed(
+    page: Page, http: httpx.Client, api: ApiProcess, server: RedisServer, cluster: Cluster, tmp_path: Path
+) -> None:
+    # Two more workers that pause in a think: one is SIGKILLed there and the run goes on elsewhere.
+    # (The pause fires once per run, so the other pausing worker runs the think again.)
+    paused = cluster.start(2, concurrency=2, env={"WESICHAIN_FAULT": "pause:thinking"})
+    for worker in [w for w in cluster.workers if w not in paused]:
+        worker.stop()  # so that the run's first think lands on a pausing worker
+    run_id = submit(http, "parallel")
+    victim = cluster.owner(wait_paused(server.client(), Phase.THINKING, run_id))
+    victim.kill()
+    run = wait_status(http, run_id, {"completed"}, timeout=90)
+    assert run["answer"] == "all four done"
+
+    page.goto(f"{api.url}/#/runs/{run_id}")
+    page.wait_for_selector("#run-status.badge.completed")
+    page.wait_for_selector("#timeline path.takeover")
+    page.wait_for_selector("#timeline rect.wait.lost")
+    tools = page.eval_on_selector_all("#timeline rect.bar.tool", "els => els.length")
+    assert tools == 4
+    timeline = http.get(f"/v1/runs/{run_id}/timeline").json()
+    (takeover,) = [m for m in timeline["markers"] if m["kind"] == "takeover"]
+    assert not takeover["lane"].startswith(f"{victim.name}:")
+    shot = tmp_path / "console.png"
+    wait_until(lambda: page.is_visible("#timeline svg"), timeout=10, what="the timeline")
+    page.screenshot(path=str(shot), full_page=False)
+    assert shot.stat().st_size > 10_000
+    if target := os.environ.get("WESICHAIN_SCREENSHOT"):
+        shutil.copyfile(shot, target)

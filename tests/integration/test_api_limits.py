@@ -1,0 +1,188 @@
+"""Submitting over HTTP under limits: idempotent resubmits, per-tenant submits per minute and runs
+in flight (429 with Retry-After), completion callbacks named in the submit, and auth turned off
+only on loopback. Real uvicorn process, real workers, real redis-server."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from producer.client import Client
+from shared.keys import Keys
+from shared.settings import Settings
+from shared.tenants import Tenants
+from tests.api_support import ApiProcess, bearer, wait_status
+from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def api(redis_server: RedisServer, workers: list[WorkerProcess]) -> Iterator[ApiProcess]:
+    process = ApiProcess(redis_server.url).start()
+    yield process
+    process.stop()
+
+
+def tenant_client(api: ApiProcess, redis_server: RedisServer, tenant: str) -> httpx.Client:
+    key, _ = Tenants(redis_server.client(), Keys()).create_key(tenant)
+    return httpx.Client(base_url=api.url, headers=bearer(key), timeout=30)
+
+
+def set_limits(redis_server: RedisServer, tenant: str, *flags: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "keys", "limits", "--tenant", tenant, *flags],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env={"WESICHAIN_REDIS_URL": redis_server.url, "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    limits: dict[str, Any] = json.loads(done.stdout)
+    return limits
+
+
+def test_idempotent_resubmit_returns_the_same_run(api: ApiProcess, redis_server: RedisServer) -> None:
+    with tenant_client(api, redis_server, f"idem-{uuid.uuid4().hex[:6]}") as http:
+        body = {"agent": "direct", "input": "once only", "metadata": {"order": 7}}
+        headers = {"Idempotency-Key": "order-7"}
+        first = http.post("/v1/runs", json=body, headers=headers)
+        again = http.post("/v1/runs", json=body, headers=headers)
+        assert first.status_code == again.status_code == 202, again.text
+        assert first.json()["run_id"] == again.json()["run_id"]
+        wait_status(http, first.json()["run_id"], {"completed"}, TIMEOUT)
+        after_end = http.post("/v1/runs", json=body, headers=headers)
+        assert (
+            after_end.json()["run_id"] == first.json()["run_id"] and after_end.json()["status"] == "completed"
+        )
+        conflict = http.post("/v1/runs", json={**body, "input": "another"}, headers=headers)
+        assert conflict.status_code == 409 and conflict.json()["error"]["kind"] == "conflict"
+        assert [r["run_id"] for r in http.get("/v1/runs").json()["runs"]] == [first.json()["run_id"]]
+        bad = http.post("/v1/runs", json=body, headers={"Idempotency-Key": "k" * 256})
+        assert bad.status_code == 422
+
+
+def test_submits_per_minute_are_limited_with_retry_after(api: ApiProcess, redis_server: RedisServer) -> None:
+    tenant = f"rate-{uuid.uuid4().hex[:6]}"
+    assert set_limits(redis_server, tenant, "--submits-per-minute", "5") == {
+        "max_inflight": 1000,
+        "submits_per_minute": 5,
+    }
+    with tenant_client(api, redis_server, tenant) as http:
+        accepted = [
+            http.post(
+                "/v1/runs", json={"agent": "direct", "input": "x"}, headers={"Idempotency-Key": f"r{i}"}
+            )
+            for i in range(5)
+        ]
+        assert [r.status_code for r in accepted] == [202] * 5
+        refused = http.post("/v1/runs", json={"agent": "direct", "input": "x"})
+        assert refused.status_code == 429, refused.text
+        error = refused.json()["error"]
+        assert error["kind"] == "rate_limited" and error["details"]["limit"] == 5
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        # A retry of a submit that was accepted is answered: it starts nothing.
+        replay = http.post(
+            "/v1/runs", json={"agent": "direct", "input": "x"}, headers={"Idempotency-Key": "r0"}
+        )
+        assert replay.status_code == 202 and replay.json()["run_id"] == accepted[0].json()["run_id"]
+        assert len(http.get("/v1/runs").json()["runs"]) == 5
+    # Another tenant is not limited by this one's submits.
+    with tenant_client(api, redis_server, f"other-{uuid.uuid4().hex[:6]}") as other:
+        assert other.post("/v1/runs", json={"agent": "direct", "input": "x"}).status_code == 202
+
+
+def test_runs_in_flight_are_limited(api: ApiProcess, redis_server: RedisServer) -> None:
+    tenant = f"inflight-{uuid.uuid4().hex[:6]}"
+    set_limits(redis_server, tenant, "--max-inflight", "2")
+    with tenant_client(api, redis_server, tenant) as http:
+        parked = [
+            http.post("/v1/runs", json={"agent": "needs_approval", "input": "x"}).json() for _ in range(2)
+        ]
+        refused = http.post("/v1/runs", json={"agent": "direct", "input": "x"})
+        assert refused.status_code == 429 and refused.json()["error"]["kind"] == "too_many_in_flight"
+        assert refused.json()["error"]["details"] == {"limit": 2, "in_flight": 2}
+        assert refused.headers["retry-after"] == "5"
+        wait_status(http, parked[0]["run_id"], {"awaiting_approval"}, TIMEOUT)
+        assert http.post(f"/v1/runs/{parked[0]['run_id']}/cancel").status_code == 202
+        wait_status(http, parked[0]["run_id"], {"interrupted"}, TIMEOUT)
+        # The ended run gave its place back.
+        assert http.post("/v1/runs", json={"agent": "direct", "input": "x"}).status_code == 202
+        wait_status(http, parked[1]["run_id"], {"awaiting_approval"}, TIMEOUT)
+        assert http.post(f"/v1/runs/{parked[1]['run_id']}/cancel").status_code == 202
+
+
+def test_celery_callback_named_in_the_submit_is_sent_once(api: ApiProcess, redis_server: RedisServer) -> None:
+    queue = f"billing-{uuid.uuid4().hex[:6]}"
+    with tenant_client(api, redis_server, f"cb-{uuid.uuid4().hex[:6]}") as http:
+        callback = {"task": "billing.on_agent_done", "queue": queue}
+        run = http.post("/v1/runs", json={"agent": "direct", "input": "x", "callback": callback}).json()
+        assert run["callback"] == {"task": "billing.on_agent_done", "queue": queue, "url": None}
+        done = wait_status(http, run["run_id"], {"completed"}, TIMEOUT)
+
+        def delivered() -> dict[str, Any] | None:
+            view: dict[str, Any] = http.get(f"/v1/runs/{done['run_id']}").json()
+            return view if (view["callback_delivery"] or {}).get("status") == "delivered" else None
+
+        view = wait_until(delivered, timeout=TIMEOUT, what="the callback to be delivered")
+        assert view["callback_delivery"]["attempts"] == 1
+        # The message waits in the named queue (kombu's Redis list of that name), sent once.
+        messages = redis_server.client().lrange(queue, 0, -1)
+        assert len(messages) == 1
+        envelope = json.loads(messages[0])
+        assert envelope["headers"]["task"] == "billing.on_agent_done"
+        args, _, _ = json.loads(base64.b64decode(envelope["body"]))
+        assert args[0]["run_id"] == run["run_id"] and args[0]["status"] == "completed"
+        # A webhook to a loopback address is refused when the run is submitted.
+        refused = http.post(
+            "/v1/runs", json={"agent": "direct", "input": "x", "callback": {"url": "http://127.0.0.1:9/hook"}}
+        )
+        assert refused.status_code == 422 and "not a public address" in refused.json()["error"]["message"]
+
+
+def test_auth_is_off_only_on_loopback(redis_server: RedisServer, workers: list[WorkerProcess]) -> None:
+    public = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "producer.cli",
+            "api",
+            "--no-auth",
+            "--host",
+            "0.0.0.0",
+            "--redis",
+            redis_server.url,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert public.returncode == 2 and "only on a loopback address" in public.stderr
+    local = ApiProcess(redis_server.url, args=("--no-auth",)).start()
+    try:
+        with httpx.Client(base_url=local.url, timeout=30) as http:
+            run = http.post("/v1/runs", json={"agent": "direct", "input": "x"}).json()
+            assert wait_status(http, run["run_id"], {"completed"}, TIMEOUT)["answer"] == "The answer is 42."
+            # The operator's view: the runs without a tenant, not the tenants' runs.
+            client = Client(Settings(redis_url=redis_server.url))
+            try:
+                theirs = client.submit("direct", "x", tenant="somebody").run_id
+            finally:
+                client.close()
+            assert http.get(f"/v1/runs/{theirs}").status_code == 404
+            ids = [r["run_id"] for r in http.get("/v1/runs").json()["runs"]]
+            assert run["run_id"] in ids and theirs not in ids
+    finally:
+        local.stop()

@@ -1,0 +1,175 @@
+"""Commit and publish in one step: the commit script pushes the next phase's Celery message itself.
+
+The message must be exactly what Celery puts on the broker (it is built by Celery's ``send_task``
+and kombu's Redis channel), a real worker must consume and acknowledge it, and task events must
+show its tasks like any other (sent, received, succeeded). Redis's MONITOR tells who pushed each
+message: a script (``lua``) or a client.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from producer.client import Client
+from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings
+from shared.state import Phase, TaskSpec
+from shared.tasks import TASK_CALLBACK, TASK_THINK, TASK_TOOL
+from tests.conftest import _need_redis
+from tests.harness import RedisServer, WorkerProcess, wait_until
+from worker.app import create_app
+from worker.inline_publish import MessageBuilder, run_commands
+
+pytestmark = pytest.mark.integration
+
+SPECS = [
+    TaskSpec(
+        name=TASK_THINK,
+        task_id="r1:v2:think",
+        arguments={"run_id": "r1", "step": 1, "version": 2, "epoch": 0},
+    ),
+    TaskSpec(
+        name=TASK_TOOL,
+        task_id="r1:v3:tool:c1:e2",
+        arguments={"run_id": "r1", "step": 1, "version": 3, "epoch": 2, "call_id": "c1"},
+        time_limit_s=17.0,
+    ),
+    TaskSpec(
+        name=TASK_CALLBACK,
+        task_id="r1:v9:callback",
+        arguments={"run_id": "r1", "step": 4, "version": 9, "epoch": 0, "phase": "completed"},
+    ),
+]
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    _need_redis()
+    s = RedisServer().start()
+    yield s
+    s.cleanup()
+
+
+def _queue_keys(r: redis.Redis) -> list[str]:
+    return sorted(str(k) for k in r.keys("wesichain.*"))
+
+
+def _comparable(raw: str) -> dict[str, Any]:
+    message: dict[str, Any] = json.loads(raw)
+    message["properties"].pop("delivery_tag")  # a fresh uuid per publish, in both paths
+    return message
+
+
+def test_the_built_message_is_the_one_celery_publishes(server: RedisServer) -> None:
+    app = create_app(Settings(redis_url=server.url, agents_module="tests.agents_fixture"))
+    r = server.client()
+    builder = MessageBuilder(app)
+    try:
+        for spec in SPECS:
+            app.send_task(
+                spec.name,
+                kwargs=spec.arguments,
+                task_id=spec.task_id,
+                time_limit=spec.time_limit_s,
+                queue=spec.queue,
+            )
+            (key,) = _queue_keys(r)
+            celerys = r.lpop(key)
+            commands = builder.build([spec])
+            assert [(name, args[0]) for name, args in commands] == [("lpush", key)]
+            assert _comparable(commands[0][1][1]) == _comparable(str(celerys))
+            assert (
+                key
+                == {TASK_THINK: QUEUE_MODEL, TASK_TOOL: QUEUE_TOOLS, TASK_CALLBACK: QUEUE_CALLBACKS}[
+                    spec.name
+                ]
+            )
+        # Run as the fallback publish (on the store's client), they put the same message there.
+        run_commands(r, builder.build(SPECS[:1]))
+        (raw,) = r.lrange(QUEUE_MODEL, 0, -1)
+        body = json.loads(base64.b64decode(json.loads(raw)["body"]))
+        assert body[1] == SPECS[0].arguments
+    finally:
+        builder.close()
+
+
+def _watch(r: redis.Redis, stop: threading.Event, seen: list[str]) -> None:
+    with r.monitor() as monitor:
+        for command in monitor.listen():
+            seen.append(f"{command['client_type']} {command['command']}")
+            if stop.is_set():
+                return
+
+
+def _events(pubsub: Any, stop: threading.Event, events: list[dict[str, Any]]) -> None:
+    while not stop.is_set():
+        message = pubsub.get_message(timeout=0.2)
+        if message is None or message["type"] != "pmessage":
+            continue
+        body = json.loads(base64.b64decode(json.loads(message["data"])["body"]))
+        events.extend(body if isinstance(body, list) else [body])  # the worker sends some in groups
+
+
+def test_a_real_worker_consumes_acks_and_reports_what_the_commit_pushed(
+    server: RedisServer, tmp_path: Any
+) -> None:
+    worker = WorkerProcess(
+        "inline",
+        server.url,
+        concurrency=2,
+        env={"WESICHAIN_TASK_EVENTS": "1"},
+        log_dir=str(tmp_path),
+    ).start()
+    client = Client(Settings(redis_url=server.url, agents_module="tests.agents_fixture"))
+    r = server.client()
+    stop = threading.Event()
+    commands: list[str] = []
+    events: list[dict[str, Any]] = []
+    pubsub = server.client().pubsub(ignore_subscribe_messages=True)
+    pubsub.psubscribe("*celeryev*")
+    threads = [
+        threading.Thread(target=_watch, args=(server.client(), stop, commands), daemon=True),
+        threading.Thread(target=_events, args=(pubsub, stop, events), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        handle = client.submit("one_hop", "go", check_agent=False)
+        head = handle.wait(30)
+        assert head.phase is Phase.COMPLETED and head.answer == "1 + 2 = 3"
+        run = handle.run_id
+        # Every phase after start: think, tool, observe, think (the submit publishes start).
+        ids = [f"{run}:v2:think", f"{run}:v3:tool:", f"{run}:v4:observe", f"{run}:v5:think"]
+
+        def done() -> bool:
+            finished = {e.get("uuid", "") for e in events if e["type"] == "task-succeeded"}
+            return all(any(u.startswith(i) for u in finished) for i in ids)
+
+        wait_until(done, 30, interval=0.1, what="task-succeeded events of every phase")
+        for prefix in ids:
+            kinds = {e["type"] for e in events if str(e.get("uuid", "")).startswith(prefix)}
+            assert {"task-sent", "task-received", "task-started", "task-succeeded"} <= kinds, prefix
+        # Acknowledged: nothing left unacked or queued.
+        wait_until(lambda: r.hlen("unacked") == 0, 10, what="every message acked")
+        assert r.llen(QUEUE_MODEL) == 0 and r.llen(QUEUE_TOOLS) == 0
+        # Pushed by the commit scripts, not by a client: each phase message's LPUSH ran in Lua.
+        stop.set()
+        r.ping()  # one more command for the monitor to wake on
+        for t in threads:
+            t.join(10)
+        pushes = [c.replace('\\"', '"') for c in commands if c.split(" ", 2)[1].upper() == "LPUSH"]
+        for prefix in ids:
+            # A message names its own id, and its parent's (the task that published it).
+            (push,) = [c for c in pushes if f'"id": "{prefix}' in c]
+            assert push.startswith("lua "), push
+    finally:
+        stop.set()
+        pubsub.close()
+        client.close()
+        worker.stop()

@@ -1,0 +1,145 @@
+"""Celery messages built in the worker and pushed by Redis itself, in the commit's own script.
+
+When the broker is the Redis that holds the run state, the commit script can push the next phase's
+message onto the broker's queue list in the same atomic step as the checkpoint: one round trip
+instead of two, and no window between commit and publish on that path. The outbox and the sweeper
+stay, for other brokers and for the cases the script declines (the run's epoch moved since the
+claim, a replayed commit).
+
+The message is exactly what Celery puts there, because Celery and kombu build it: ``send_task``
+(protocol 2, routing, parent and root ids, time limits, ETA, the task-sent event when task events
+are on) through kombu's own Redis channel (its envelope, body encoding, delivery tag, priority queue
+naming). Only kombu's last step changes: the channel hands its final Redis commands (``LPUSH`` of
+the message, ``PUBLISH`` of an event, ``PEXPIRE`` of an expiring queue) to a collector, through
+kombu's publish-batch interface, instead of running them. The same commands, run on the store's
+long-lived client, are the fallback publish: no Redis client is built per publish, and the
+exchange's bindings are read once per process instead of once per message.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from celery import Celery
+from kombu.transport import redis as redis_transport
+
+from shared.settings import Settings
+from shared.state import TaskSpec
+from shared.store import PUBLISH_COMMANDS, BrokerCommand
+
+__all__ = ["CollectingChannel", "CollectingTransport", "MessageBuilder", "broker_is_store", "run_commands"]
+
+_local = threading.local()
+
+
+class _Collector:
+    """kombu's publish-batch interface (``add``), keeping the commands of the publishes it sees."""
+
+    def __init__(self) -> None:
+        self.commands: list[BrokerCommand] = []
+
+    def add(self, name: str, *args: Any) -> None:
+        if name not in PUBLISH_COMMANDS:
+            raise RuntimeError(f"kombu asked for an unexpected publish command {name!r}")
+        self.commands.append((name, tuple(str(a) for a in args)))
+
+
+def _collector() -> _Collector:
+    collector: _Collector | None = getattr(_local, "collector", None)
+    if collector is None:
+        raise RuntimeError("a collecting channel published outside MessageBuilder.build")
+    return collector
+
+
+class CollectingChannel(redis_transport.Channel):
+    """kombu's Redis channel, giving a publish's final commands to the collector of this thread."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._tables: dict[str, list[tuple[str, ...]]] = {}
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        kwargs["_publish_batch"] = _collector()
+        super()._put(queue, message, **kwargs)  # type: ignore[no-untyped-call]
+
+    def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
+        kwargs["_publish_batch"] = _collector()
+        super()._put_fanout(exchange, message, routing_key, **kwargs)  # type: ignore[no-untyped-call]
+
+    def get_table(self, exchange: str) -> list[tuple[str, ...]]:
+        # The runtime's queues are bound once and never unbound: read each exchange's bindings
+        # once per process (kombu reads them from Redis at every publish).
+        table = self._tables.get(exchange)
+        if not table:
+            table = self._tables[exchange] = super().get_table(exchange)  # type: ignore[no-untyped-call]
+        return table
+
+
+class CollectingTransport(redis_transport.Transport):
+    """kombu's Redis transport with :class:`CollectingChannel`."""
+
+    Channel = CollectingChannel
+
+
+class MessageBuilder:
+    """Builds the broker commands that publish tasks, with Celery's ``send_task`` (one per process)."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._lock = threading.Lock()
+        self._connection: Any = None
+        self._producer: Any = None
+
+    def _open(self) -> Any:
+        if self._producer is None:
+            self._connection = self.app.connection_for_write(transport=CollectingTransport)
+            self._producer = self.app.amqp.Producer(self._connection.default_channel, auto_declare=False)
+        return self._producer
+
+    def build(self, specs: Sequence[TaskSpec]) -> list[BrokerCommand]:
+        """The Redis commands that publish ``specs``, as Celery's ``send_task`` would run them."""
+        if not specs:
+            return []
+        with self._lock:
+            producer = self._open()
+            _local.collector = collector = _Collector()
+            try:
+                for spec in specs:
+                    self.app.send_task(
+                        spec.name,
+                        args=spec.args or None,
+                        kwargs=spec.arguments or None,
+                        task_id=spec.task_id,
+                        countdown=spec.countdown or None,
+                        time_limit=spec.time_limit_s,
+                        queue=spec.queue,
+                        producer=producer,
+                    )
+            finally:
+                _local.collector = None
+        return collector.commands
+
+    def close(self) -> None:
+        with self._lock:
+            if self._connection is not None:
+                self._connection.release()
+            self._connection = self._producer = None
+
+
+def broker_is_store(settings: Settings) -> bool:
+    """Whether the broker is a Redis whose queue lists live beside the run state (same server and
+    database, no broker key prefix): then a task's publish is a few commands on the store's client.
+    """
+    return not settings.embedded and not settings.broker_prefix
+
+
+def run_commands(client: Any, commands: Sequence[BrokerCommand]) -> None:
+    """Run publish commands on ``client`` (one pipelined round trip)."""
+    if not commands:
+        return
+    with client.pipeline(transaction=False) as pipe:
+        for name, args in commands:
+            getattr(pipe, name)(*args)
+        pipe.execute()
