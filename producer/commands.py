@@ -135,7 +135,11 @@ def export(args: argparse.Namespace) -> int:
     """The run whole as one JSON document (Redis or the archive), to a file or stdout."""
     from shared.export import export_run
 
-    exported = export_run(Client.from_env().store, args.run_id)
+    client = Client.from_env()
+    try:
+        exported = export_run(client.store, args.run_id)
+    finally:
+        client.close()
     if exported is None:
         raise RunNotFound(f"no run {args.run_id!r}")
     document = exported.model_dump_json(indent=2 if args.indent else None)

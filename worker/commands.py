@@ -218,15 +218,22 @@ def gc(args: argparse.Namespace) -> int:
 
 
 def archive(args: argparse.Namespace) -> int:
-    import time
-
     from shared.archiver import Archiver
     from shared.redis_client import connect
     from shared.settings import Settings
     from shared.store import RunStore
 
     settings = Settings.from_env()
-    archiver = Archiver(RunStore(connect(settings), settings))
+    store = RunStore(connect(settings), settings)
+    try:
+        return _archive_passes(Archiver(store), args, settings.archive_interval_s)
+    finally:
+        store.close_archive()
+
+
+def _archive_passes(archiver: Any, args: argparse.Namespace, interval_s: float) -> int:
+    import time
+
     while True:
         report = archiver.run_once(after_s=args.after, max_runs=args.max)
         if args.json:
@@ -242,7 +249,7 @@ def archive(args: argparse.Namespace) -> int:
                 print(f"wesichain: archiving stopped: {report.error}", file=sys.stderr, flush=True)
         if not args.loop:
             return 1 if report.error or report.mismatched else 0
-        time.sleep(settings.archive_interval_s)
+        time.sleep(interval_s)
 
 
 def prune(args: argparse.Namespace) -> int:
@@ -258,7 +265,10 @@ def prune(args: argparse.Namespace) -> int:
     if store.archive is None:
         raise ArchiveUnavailable("no archive is configured (WESICHAIN_ARCHIVE_URL)")
     pruner = ArchivePruner(store.archive, Tenants(store.redis, store.keys), settings.archive_retention_days)
-    report = pruner.prune(dry_run=args.dry_run)
+    try:
+        report = pruner.prune(dry_run=args.dry_run)
+    finally:
+        store.close_archive()
     if args.json:
         print(report.to_json())
         return 0
