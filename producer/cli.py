@@ -81,6 +81,18 @@ def _producer_commands(
     c = sub.add_parser("cancel", parents=[common], help="cancel a run")
     c.add_argument("run_id")
 
+    cp = sub.add_parser("checkpoints", parents=[common], help="list a run's committed heads (to fork from)")
+    cp.add_argument("run_id")
+    cp.add_argument("--json", action="store_true")
+    fk = sub.add_parser("fork", parents=[common], help="start a new run from a checkpoint of another")
+    fk.add_argument("run_id")
+    fk.add_argument("version", type=int, help="the checkpoint's version (wesichain checkpoints RUN_ID)")
+    fk.add_argument("--input", help="replace the last user message with this text")
+    fk.add_argument("--model", help="another PROVIDER:MODEL (default: the original's)")
+    fk.add_argument("--wait", action="store_true", help="follow the new run and wait for its end")
+    fk.add_argument("--timeout", type=float, default=300.0)
+    fk.add_argument("--json", action="store_true")
+
     for verb, text in (
         ("approve", "approve what a parked run waits on"),
         ("deny", "deny it (the model is told)"),
@@ -114,6 +126,8 @@ def _producer_commands(
         "events": commands.events,
         "export": commands.export,
         "cancel": commands.cancel,
+        "checkpoints": commands.checkpoints,
+        "fork": commands.fork,
         "approve": commands.approve,
         "deny": commands.deny,
         "timeline": commands.timeline,

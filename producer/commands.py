@@ -21,9 +21,11 @@ __all__ = [
     "agents",
     "approve",
     "cancel",
+    "checkpoints",
     "deny",
     "events",
     "export",
+    "fork",
     "health",
     "print_event",
     "print_head",
@@ -60,6 +62,11 @@ def submit(args: argparse.Namespace) -> int:
     handle = client.submit(
         args.agent, args.text, model=args.model, thread_id=args.thread, check_agent=not args.no_check
     )
+    return _started(handle, args)
+
+
+def _started(handle: RunHandle, args: argparse.Namespace) -> int:
+    """Print a new run's id, or (``--wait``) follow it to its end."""
     if not args.wait:
         print(json.dumps({"run_id": handle.run_id}) if args.json else handle.run_id)
         return 0
@@ -74,6 +81,27 @@ def submit(args: argparse.Namespace) -> int:
         )
         return EXIT_TIMEOUT
     return _finish(head, args.json)
+
+
+def checkpoints(args: argparse.Namespace) -> int:
+    listed = Client.from_env().checkpoints(args.run_id)
+    if args.json:
+        print(json.dumps([c.model_dump(mode="json") for c in listed]))
+        return 0
+    print(f"{'version':>7}  {'step':>4}  {'phase':<17}  {'committed at (UTC)':<23}  worker")
+    for c in listed:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.at)) + f".{int(c.at * 1000) % 1000:03d}"
+        retried = f"  (attempt {c.attempt})" if c.attempt > 1 else ""
+        print(f"{c.version:>7}  {c.step:>4}  {c.phase.value:<17}  {at:<23}  {c.worker or '-'}{retried}")
+    return 0
+
+
+def fork(args: argparse.Namespace) -> int:
+    client = Client.from_env()
+    handle = client.fork(args.run_id, args.version, input=args.input, model=args.model)
+    if not args.json:
+        print(f"forked {args.run_id} v{args.version}", file=sys.stderr)
+    return _started(handle, args)
 
 
 def _follow(handle: RunHandle, timeout: float, as_json: bool) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "Callback",
     "CallbackState",
     "Decision",
+    "ForkOrigin",
     "Phase",
     "PhaseRun",
     "REQUEST_FIELDS",
@@ -165,7 +166,20 @@ class Decision(BaseModel):
 
 #: The fields of a head that a producer sets when it creates the run and that never change: they
 #: are stored once (the run's ``request``), not copied into every commit and checkpoint.
-REQUEST_FIELDS = frozenset({"agent", "input", "thread_id", "metadata", "created_at", "tenant", "callback"})
+REQUEST_FIELDS = frozenset(
+    {"agent", "input", "thread_id", "metadata", "created_at", "tenant", "callback", "fork"}
+)
+
+
+class ForkOrigin(BaseModel):
+    """The checkpoint a forked run started from (``Client.fork``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    version: int
+    #: The fork's input replaces the last user message of the original's conversation.
+    edited_input: bool = False
 
 
 class PhaseRun(BaseModel):
@@ -211,6 +225,8 @@ class RunHead(BaseModel):
     tenant: str | None = None
     #: How to tell a service the run ended (None: nobody is told).
     callback: Callback | None = None
+    #: The run and checkpoint this run was forked from (None: not a fork).
+    fork: ForkOrigin | None = None
     message_count: int = 0
     #: The accepted tool calls of the current step (ACTING / OBSERVING).
     pending_calls: list[ToolCall] = Field(default_factory=list)
@@ -269,6 +285,7 @@ class RunHead(BaseModel):
         model: str | None = None,
         tenant: str | None = None,
         callback: Callback | None = None,
+        fork: ForkOrigin | None = None,
     ) -> RunHead:
         """A run as a producer creates it: version 1, IDLE, waiting for the start phase."""
         now = time.time()
@@ -283,6 +300,7 @@ class RunHead(BaseModel):
             metadata=metadata or {},
             tenant=tenant,
             callback=callback,
+            fork=fork,
             created_at=now,
             updated_at=now,
         )

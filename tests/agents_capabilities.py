@@ -311,3 +311,29 @@ for _name, _script, _extra in (
             **_extra,
         )
     )
+
+
+# -- time travel ------------------------------------------------------------------------------------
+
+
+def _since_last_user(messages: Sequence[Message]) -> tuple[str, list[str]]:
+    last = max(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
+    return _user(messages[last:]), [m.content for m in messages[last:] if isinstance(m, ToolMessage)]
+
+
+def _hops(messages: Sequence[Message]) -> ModelResponse:
+    """Two adds, then an answer naming the question and every result it saw."""
+    user, results = _since_last_user(messages)
+    if len(results) < 2:
+        return reply(None, ("add", {"a": len(results), "b": 1}))
+    return reply(f"done: user={user!r} results={results}")
+
+
+def _hops_alt(messages: Sequence[Message]) -> ModelResponse:
+    user, results = _since_last_user(messages)
+    return reply(f"alt: user={user!r} results={results}")
+
+
+registry.add_model("hops", ScriptedModel(_hops))
+registry.add_model("hops_alt", ScriptedModel(_hops_alt))
+registry.add(Agent(name="hops", model="scripted:hops", system_prompt="hops", tools=TOOLS))
