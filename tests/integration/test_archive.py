@@ -25,7 +25,7 @@ from shared.archiver import Archiver
 from shared.export import RunExport
 from shared.retention import GarbageCollector
 from shared.settings import Settings
-from shared.state import CallbackState, Phase
+from shared.state import CallbackState, ForkOrigin, Phase
 from shared.tasks import TASK_ARCHIVE
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
@@ -369,3 +369,21 @@ def test_archive_retention_deletes_per_tenant_and_audits_each_deletion(
     assert [d.reason for d in archive.deletions(forever)] == ["retention: 300 days"]
     assert main(["archive-retention", "--tenant", forever, "--default", *redis_args]) == 0
     assert forever not in tenants.archive_retention()
+
+
+def test_a_fork_starts_from_an_archived_checkpoint(client: Client) -> None:
+    original = client.submit("chain", "three hops", tenant="acme").wait(TIMEOUT)
+    assert original.answer == "done after three hops"
+    before = (client.store.load_messages(original.run_id), client.store.checkpoints(original.run_id))
+    assert Archiver(client.store).run_once(after_s=0).archived == 1
+    assert client.store.redis.exists(client.store.keys.run(original.run_id)) == 0
+    assert [c.version for c in client.checkpoints(original.run_id)] == [h.version for h in before[1]]
+
+    # v6: step 2's call was sent; the fork (its worker reads the archive) thinks step 2 again.
+    fork = client.fork(original.run_id, 6, check_agent=False)
+    head = fork.wait(TIMEOUT)
+
+    assert head.phase is Phase.COMPLETED and head.answer == "done after three hops", head.error
+    assert head.fork == ForkOrigin(run_id=original.run_id, version=6)
+    assert client.store.load_messages(head.run_id)[:4] == before[0][:4]
+    assert (client.store.load_messages(original.run_id), client.store.checkpoints(original.run_id)) == before
