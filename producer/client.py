@@ -297,6 +297,7 @@ class Client:
         return PipelineHandle(self, pipeline_id)
 
     def close(self) -> None:
+        self.store.close_archive()
         self.store.redis.close()
 
 
