@@ -180,7 +180,7 @@ class RuntimeHolder:
         if self._evals is None or self._evals_pid != os.getpid():
             runtime = self.get()
             client = Client(self.settings, app=self.app, store=runtime.store)
-            self._evals = EvalPool(client, runtime.send)
+            self._evals = EvalPool(client, runtime.send, runtime.agents)
             self._evals_pid = os.getpid()
         return self._evals
 

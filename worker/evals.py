@@ -20,12 +20,16 @@ from collections.abc import Callable
 from typing import Any
 
 from producer.client import Client
+from shared.agents import AgentRegistry
 from shared.errors import InvalidRequest, StoreFull
 from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult, RunOutcome, trajectory
 from shared.evals.scoring import EVAL_ID, EVAL_ITEM, result_of, run_outcome
 from shared.evals.store import EvalMeta, EvalStore, Item, run_id_of
 from shared.evals.tasks import TASK_EVAL_SCORE, pump_task
+from shared.llm.base import ModelRequest
+from shared.llm.resolver import resolve_model
+from shared.messages import SystemMessage, UserMessage
 from shared.state import Callback, RunHead, TaskSpec
 from shared.webhooks import outcome
 
@@ -40,9 +44,11 @@ PUMP_BATCH = 50
 class EvalPool:
     """What the pool does for evals, on the run store's Redis; ``client`` creates the case runs."""
 
-    def __init__(self, client: Client, send: Callable[[TaskSpec], None]) -> None:
+    def __init__(self, client: Client, send: Callable[[TaskSpec], None], agents: AgentRegistry) -> None:
         self.client = client
         self.send = send
+        #: Where ``scripted:NAME`` judges are found (other models go to their provider).
+        self.agents = agents
         self.runs = client.store
         self.evals = EvalStore(client.store.redis, client.store.keys)
         settings = client.settings
@@ -123,10 +129,22 @@ class EvalPool:
         head = self.runs.load(run_id)
         steps = trajectory(self.runs.load_messages(run_id)) if head is not None else []
         case = self.evals.case(eval_id, item.case)
-        result = result_of(meta.spec, item, case, run_outcome(ended, steps), head.model if head else "")
+        outcome_ = run_outcome(ended, steps)
+        result = result_of(meta.spec, item, case, outcome_, head.model if head else "", self.judge)
         if self.evals.record(eval_id, item, result):
             self.pump(eval_id)
         return result
+
+    def judge(self, model: str, system: str, prompt: str) -> str:
+        """Ask a judge model, through the same adapters (retries, timeouts) as a think phase."""
+        adapter = resolve_model(model, self.agents)
+        request = ModelRequest(
+            model=model.partition(":")[2],
+            messages=[SystemMessage(content=system), UserMessage(content=prompt)],
+            temperature=0.0,
+            max_tokens=400,
+        )
+        return adapter.complete(request).text or ""
 
     # -- the sweeper's repairs -------------------------------------------------------------------
 
