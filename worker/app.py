@@ -47,8 +47,10 @@ from shared.store import RunStore
 from shared.tasks import (
     TASK_ARCHIVE,
     TASK_CALLBACK,
+    TASK_CHILD_DONE,
     TASK_DECIDE,
     TASK_OBSERVE,
+    TASK_SPAWN,
     TASK_START,
     TASK_SWEEP,
     TASK_THINK,
@@ -74,6 +76,7 @@ from worker.pipelines import PipelinePool
 from worker.registry import RegistryBeat
 from worker.runtime import Delivery, Runtime
 from worker.start import run_start
+from worker.subagents import run_child_done, run_spawn
 from worker.sweeper import Sweeper
 from worker.think import run_think
 from worker.throttle import model_gate
@@ -285,6 +288,19 @@ def _finish(head: RunHead | None) -> None:
         raise RunEnded(f"run {head.run_id} {head.phase.value} at step {head.step}: {detail}"[:1000])
 
 
+def _subagent_tasks(app: Celery, holder: RuntimeHolder) -> None:
+    """The tasks that start a subagent call's child run and record its end (``worker/subagents.py``)."""
+    options = {"ignore_result": True, "shared": False}
+
+    @app.task(name=TASK_SPAWN, **options)  # type: ignore[untyped-decorator]
+    def spawn(run_id: str, step: int, version: int, call_id: str, epoch: int = 0) -> None:
+        run_spawn(holder.get(), run_id, version, call_id)
+
+    @app.task(name=TASK_CHILD_DONE, **options)  # type: ignore[untyped-decorator]
+    def child_done(outcome: dict[str, Any]) -> None:
+        run_child_done(holder.get(), outcome)
+
+
 def create_app(settings: Settings) -> Celery:
     app = Celery("wesichain", set_as_current=False)
     app.conf.update(celery_config(settings))
@@ -332,6 +348,8 @@ def create_app(settings: Settings) -> Celery:
     @app.task(name=TASK_CALLBACK, **options)  # type: ignore[untyped-decorator]
     def callback(self: Task, run_id: str, step: int, version: int, phase: str, epoch: int = 0) -> None:
         run_callback(holder.get(), _delivery(self, run_id, version, epoch), step, phase)
+
+    _subagent_tasks(app, holder)
 
     @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep() -> int:
