@@ -77,6 +77,13 @@ def _producer_commands(
     e.add_argument("--after", metavar="ID", default="0-0", help="only events after this stream id (resume)")
     e.add_argument("--json", action="store_true")
 
+    x = sub.add_parser(
+        "export", parents=[common], help="write a run whole (Redis or the archive) as one JSON document"
+    )
+    x.add_argument("run_id")
+    x.add_argument("--output", "-o", metavar="FILE", help="write to FILE (default: stdout)")
+    x.add_argument("--indent", action="store_true", help="indent the JSON for reading")
+
     c = sub.add_parser("cancel", parents=runs, help="cancel a run")
     c.add_argument("run_id")
 
@@ -123,6 +130,7 @@ def _producer_commands(
         "submit": commands.submit,
         "status": commands.status,
         "events": commands.events,
+        "export": commands.export,
         "cancel": commands.cancel,
         "checkpoints": commands.checkpoints,
         "fork": commands.fork,

@@ -10,7 +10,7 @@ import sys
 import time
 
 from producer.api_client import ENV_API_URL, ApiClient, ApiRunHandle
-from producer.client import Client, RunHandle
+from producer.client import Client, RunHandle, RunNotFound
 from producer.render import render_event, render_head
 from shared.errors import InvalidRequest
 from shared.events import END_EVENTS, Event
@@ -27,6 +27,7 @@ __all__ = [
     "checkpoints",
     "deny",
     "events",
+    "export",
     "fork",
     "health",
     "over_api",
@@ -181,6 +182,27 @@ def timeline(args: argparse.Namespace) -> int:
     from producer.timeline_view import render_timeline
 
     Console(highlight=False).print(render_timeline(picture, width=max(20, args.width)))
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    """The run whole as one JSON document (Redis or the archive), to a file or stdout."""
+    from shared.export import export_run
+
+    client = Client.from_env()
+    try:
+        exported = export_run(client.store, args.run_id)
+    finally:
+        client.close()
+    if exported is None:
+        raise RunNotFound(f"no run {args.run_id!r}")
+    document = exported.model_dump_json(indent=2 if args.indent else None)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(document + "\n")
+        print(f"run {args.run_id} exported to {args.output}", file=sys.stderr)
+    else:
+        print(document)
     return 0
 
 

@@ -59,6 +59,10 @@ class Agent:
     middleware: tuple[Middleware, ...] = ()
     #: Calls of tools at or above this risk need a human's approval (None: risk alone never does).
     approval_risk: Risk | None = None
+    #: How deep subagent runs may nest below a run of this agent (``AgentTool``).
+    max_subagent_depth: int = 3
+    #: Subagent runs one run of this agent may start, in total.
+    max_children: int = 20
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
@@ -75,15 +79,19 @@ class Agent:
             isinstance(m, Middleware) for m in self.middleware
         ):
             raise ConfigError(f"agent {self.name!r}: middleware must be a tuple of Middleware instances")
+        if not 0 <= self.max_subagent_depth <= 10 or not 0 <= self.max_children <= 1000:
+            raise ConfigError(f"agent {self.name!r}: max_subagent_depth in 0..10, max_children in 0..1000")
         if self.approval_risk is not None and self.approval_risk not in RISKS:
             raise ConfigError(f"agent {self.name!r}: approval_risk must be one of {', '.join(RISKS)}")
 
     def needs_approval(self, call: ToolCall) -> bool:
         """Whether a human must approve ``call`` (validated) before it runs: the tool is listed in
         ``approval_required``, is at or above ``approval_risk``, or its own predicate says so."""
+        tool = self.tools.get(call.name)
+        if tool is not None and tool.subagent is not None:
+            return False  # a subagent runs as its own run, whose tools carry their own approvals
         if call.name in self.approval_required:
             return True
-        tool = self.tools.get(call.name)
         if tool is None:
             return False
         if self.approval_risk is not None and RISKS.index(tool.risk) >= RISKS.index(self.approval_risk):

@@ -36,8 +36,7 @@ from celery.worker.request import Request
 
 from producer.client import Client
 from shared.agents import load_registry
-from shared.archiver import Archiver
-from shared.errors import ArchiveUnavailable, ConfigError, WesichainError
+from shared.errors import ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
 from shared.events import configure_worker_identity, worker_identity
 from shared.redis_client import connect, preflight
@@ -47,8 +46,10 @@ from shared.store import RunStore
 from shared.tasks import (
     TASK_ARCHIVE,
     TASK_CALLBACK,
+    TASK_CHILD_DONE,
     TASK_DECIDE,
     TASK_OBSERVE,
+    TASK_SPAWN,
     TASK_START,
     TASK_SWEEP,
     TASK_THINK,
@@ -56,6 +57,7 @@ from shared.tasks import (
 )
 from shared.tls import RedisTlsError
 from worker.act import run_tool
+from worker.archiving import archive_pass
 from worker.broker_probe import BrokerProbe, RedisQueues, UnknownBroker
 from worker.callback import run_callback
 from worker.decide import run_decide
@@ -72,13 +74,13 @@ from worker.observe import run_observe
 from worker.registry import RegistryBeat
 from worker.runtime import Delivery, Runtime
 from worker.start import run_start
+from worker.subagents import run_child_done, run_spawn
 from worker.sweeper import Sweeper
 from worker.think import run_think
 from worker.throttle import model_gate
 from worker.tracing import Tracing
 
 __all__ = [
-    "ARCHIVE_PASS_BATCHES",
     "Consumer",
     "EXIT_CONFIG",
     "PHASE_OF_TASK",
@@ -94,9 +96,6 @@ log = logging.getLogger("wesichain.worker")
 
 #: The CLI's exit status for a configuration error.
 EXIT_CONFIG = 2
-
-#: Batches one archiving task moves at most (a long backlog takes several beats, none of them long).
-ARCHIVE_PASS_BATCHES = 20
 
 
 #: The phase each task does (a log line's ``phase`` before the run is claimed).
@@ -276,6 +275,19 @@ def _finish(head: RunHead | None) -> None:
         raise RunEnded(f"run {head.run_id} {head.phase.value} at step {head.step}: {detail}"[:1000])
 
 
+def _subagent_tasks(app: Celery, holder: RuntimeHolder) -> None:
+    """The tasks that start a subagent call's child run and record its end (``worker/subagents.py``)."""
+    options = {"ignore_result": True, "shared": False}
+
+    @app.task(name=TASK_SPAWN, **options)  # type: ignore[untyped-decorator]
+    def spawn(run_id: str, step: int, version: int, call_id: str, epoch: int = 0) -> None:
+        run_spawn(holder.get(), run_id, version, call_id)
+
+    @app.task(name=TASK_CHILD_DONE, **options)  # type: ignore[untyped-decorator]
+    def child_done(outcome: dict[str, Any]) -> None:
+        run_child_done(holder.get(), outcome)
+
+
 def create_app(settings: Settings) -> Celery:
     app = Celery("wesichain", set_as_current=False)
     app.conf.update(celery_config(settings))
@@ -324,6 +336,8 @@ def create_app(settings: Settings) -> Celery:
     def callback(self: Task, run_id: str, step: int, version: int, phase: str, epoch: int = 0) -> None:
         run_callback(holder.get(), _delivery(self, run_id, version, epoch), step, phase)
 
+    _subagent_tasks(app, holder)
+
     @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep() -> int:
         return Sweeper(holder.get(), holder.probe(), holder.evals()).sweep_once_and_release()
@@ -341,10 +355,7 @@ def create_app(settings: Settings) -> Celery:
     @app.task(name=TASK_ARCHIVE, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def archive() -> int:
         """One bounded pass of the archiver (the next beat continues where it stopped)."""
-        report = Archiver(holder.get().store).run_once(max_runs=ARCHIVE_PASS_BATCHES * settings.archive_batch)
-        if report.error:
-            raise ArchiveUnavailable(report.error)
-        return report.archived + report.already_archived
+        return archive_pass(holder.get().store)
 
     return app
 
