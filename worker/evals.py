@@ -53,9 +53,9 @@ class EvalPool:
         self.evals = EvalStore(client.store.redis, client.store.keys)
         settings = client.settings
         #: How long a pump may take to create a run after taking its slot, and a scorer to score.
-        self.lease_s = max(30.0, settings.lease_s * 3)
+        self.lease_s = max(10.0, settings.lease_s * 3)
         #: How long an ended run may wait for its scoring callback before the sweeper scores it.
-        self.grace_s = max(10.0, settings.lease_s * 2)
+        self.grace_s = max(5.0, settings.lease_s * 2)
 
     # -- starting case runs ----------------------------------------------------------------------
 
