@@ -227,7 +227,8 @@ def _decide(services: Services, who: Caller, run_id: str, decision: Decision) ->
     description="409 unless the run is awaiting approval.",
 )
 def approve(run_id: str, services: Svc, who: Who, body: DecisionBody | None = None) -> RunView:
-    return _decide(services, who, run_id, Decision(approve=True, note=body.note if body else ""))
+    decision = Decision(approve=True, note=body.note, always=body.always) if body else Decision(approve=True)
+    return _decide(services, who, run_id, decision)
 
 
 @router.post(
@@ -238,4 +239,6 @@ def approve(run_id: str, services: Svc, who: Who, body: DecisionBody | None = No
     description="409 unless the run is awaiting approval.",
 )
 def deny(run_id: str, services: Svc, who: Who, body: DecisionBody | None = None) -> RunView:
+    if body is not None and body.always:
+        raise ApiError(422, "invalid_request", "'always' goes with approve, not deny")
     return _decide(services, who, run_id, Decision(approve=False, note=body.note if body else ""))

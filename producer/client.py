@@ -275,6 +275,7 @@ class Client:
         return RunHandle(self, run_id)
 
     def close(self) -> None:
+        self.store.close_archive()
         self.store.redis.close()
 
 

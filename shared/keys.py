@@ -119,6 +119,10 @@ class Keys:
         """Set: every tenant's name."""
         return f"{self.prefix}tenants"
 
+    def archive_retention(self) -> str:
+        """Hash: tenant -> days its archived runs are kept after they ended (0: forever)."""
+        return f"{self.prefix}archive:retention"
+
     def api_key(self, digest: str) -> str:
         """String: an API key's record (tenant, name, when), under the SHA-256 of the key."""
         return f"{self.prefix}apikey:{digest}"

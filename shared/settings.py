@@ -18,6 +18,7 @@ __all__ = [
     "ENV_ARCHIVE_AFTER",
     "ENV_ARCHIVE_BATCH",
     "ENV_ARCHIVE_INTERVAL",
+    "ENV_ARCHIVE_RETENTION",
     "ENV_ARCHIVE_URL",
     "ENV_BROKER_OPTIONS",
     "ENV_COMMIT_PUBLISH",
@@ -85,6 +86,7 @@ ENV_ARCHIVE_URL = "WESICHAIN_ARCHIVE_URL"
 ENV_ARCHIVE_AFTER = "WESICHAIN_ARCHIVE_AFTER_S"
 ENV_ARCHIVE_BATCH = "WESICHAIN_ARCHIVE_BATCH"
 ENV_ARCHIVE_INTERVAL = "WESICHAIN_ARCHIVE_INTERVAL_S"
+ENV_ARCHIVE_RETENTION = "WESICHAIN_ARCHIVE_RETENTION_DAYS"
 
 DEFAULT_AGENTS_MODULE = "shared.examples.research"
 
@@ -203,6 +205,9 @@ class Settings:
     archive_batch: int = 500
     #: ``WESICHAIN_ARCHIVE_INTERVAL_S``: how often the beat schedule sends the archiving task.
     archive_interval_s: float = 30.0
+    #: ``WESICHAIN_ARCHIVE_RETENTION_DAYS``: archived runs are deleted (audited) this many days
+    #: after they ended; 0 keeps them forever. A tenant may have its own (``Tenants``).
+    archive_retention_days: float = 0.0
     limits: Limits = field(default_factory=Limits)
     #: How workers call model providers (timeouts, retries, scripted model files).
     llm: LlmSettings = field(default_factory=LlmSettings)
@@ -246,6 +251,8 @@ class Settings:
                 f"{ENV_ARCHIVE_URL} must start with postgresql:// or sqlite:///,"
                 f" got {redact_url(self.archive_url)!r}"
             )
+        if not 0 <= self.archive_retention_days <= 36_500:
+            raise ConfigError(f"{ENV_ARCHIVE_RETENTION} must be in 0..36500 (0: keep forever)")
         if self.archive_after_s < 0 or self.archive_interval_s <= 0 or not 1 <= self.archive_batch <= 10_000:
             raise ConfigError(
                 f"{ENV_ARCHIVE_AFTER} must be >= 0, {ENV_ARCHIVE_INTERVAL} > 0 and {ENV_ARCHIVE_BATCH}"
@@ -345,6 +352,7 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_ARCHIVE_AFTER, "archive_after_s", _number(float)),
     (ENV_ARCHIVE_BATCH, "archive_batch", _number(int)),
     (ENV_ARCHIVE_INTERVAL, "archive_interval_s", _number(float)),
+    (ENV_ARCHIVE_RETENTION, "archive_retention_days", _number(float)),
 )
 
 

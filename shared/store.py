@@ -300,6 +300,13 @@ class RunStore:
                     self._archive = open_archive(self.settings.archive_url)
         return self._archive
 
+    def close_archive(self) -> None:
+        """Close the archive's connections, if it was opened (it opens again on next use)."""
+        with self._archive_lock:
+            archive, self._archive = self._archive, None
+        if archive is not None:
+            archive.close()
+
     def _in_redis(self, run_id: str) -> bool:
         return bool(self.redis.exists(self.keys.run(run_id)))
 

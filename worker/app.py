@@ -35,8 +35,7 @@ from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
 from shared.agents import load_registry
-from shared.archiver import Archiver
-from shared.errors import ArchiveUnavailable, ConfigError, WesichainError
+from shared.errors import ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
 from shared.events import configure_worker_identity, worker_identity
 from shared.redis_client import connect, preflight
@@ -55,6 +54,7 @@ from shared.tasks import (
 )
 from shared.tls import RedisTlsError
 from worker.act import run_tool
+from worker.archiving import archive_pass
 from worker.broker_probe import BrokerProbe, RedisQueues, UnknownBroker
 from worker.callback import run_callback
 from worker.decide import run_decide
@@ -77,7 +77,6 @@ from worker.throttle import model_gate
 from worker.tracing import Tracing
 
 __all__ = [
-    "ARCHIVE_PASS_BATCHES",
     "Consumer",
     "EXIT_CONFIG",
     "PHASE_OF_TASK",
@@ -93,9 +92,6 @@ log = logging.getLogger("wesichain.worker")
 
 #: The CLI's exit status for a configuration error.
 EXIT_CONFIG = 2
-
-#: Batches one archiving task moves at most (a long backlog takes several beats, none of them long).
-ARCHIVE_PASS_BATCHES = 20
 
 
 #: The phase each task does (a log line's ``phase`` before the run is claimed).
@@ -342,10 +338,7 @@ def create_app(settings: Settings) -> Celery:
     @app.task(name=TASK_ARCHIVE, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def archive() -> int:
         """One bounded pass of the archiver (the next beat continues where it stopped)."""
-        report = Archiver(holder.get().store).run_once(max_runs=ARCHIVE_PASS_BATCHES * settings.archive_batch)
-        if report.error:
-            raise ArchiveUnavailable(report.error)
-        return report.archived + report.already_archived
+        return archive_pass(holder.get().store)
 
     return app
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from shared.archive.base import Archive, ListingFilter
 from shared.archive.databases import Cursor, Database
-from shared.archive.record import RunRecord, RunSummary
-from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, migration
+from shared.archive.record import Deletion, RunRecord, RunSummary
+from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, TABLES, migration
 from shared.errors import ArchiveUnavailable
 from shared.events import Event, dump_event, load_event
 from shared.messages import MESSAGE_ADAPTER, Message, dump_message
@@ -262,6 +262,68 @@ class SqlArchive(Archive):
             (tenant or "-", thread_id),
         )
         return [row[0] for row in rows]
+
+    # -- retention --------------------------------------------------------------------------------
+
+    def expired(
+        self, ended_before: float, limit: int, *, tenant: str | None = None, exclude: Sequence[str] = ()
+    ) -> list[tuple[str, str]]:
+        clauses: list[str] = ["ended_at < ?"]
+        params: list[Any] = [ended_before]
+        if tenant is not None:
+            clauses.append("tenant = ?")
+            params.append(tenant)
+        if exclude:
+            clauses.append(f"tenant NOT IN ({', '.join('?' * len(exclude))})")
+            params += list(exclude)
+        rows = self._rows(
+            f"SELECT run_id, tenant FROM wesichain_runs WHERE {' AND '.join(clauses)}"
+            " ORDER BY ended_at LIMIT ?",
+            (*params, limit),
+        )
+        return [(row[0], row[1]) for row in rows]
+
+    def delete(self, run_ids: Sequence[str], reason: str) -> int:
+        if not run_ids:
+            return 0
+        db = self.db
+        with db.transaction() as cur:
+            where, params = db.any_of("run_id", run_ids)
+            cur.execute(
+                db.sql(
+                    "INSERT INTO wesichain_deletions (run_id, tenant, agent, status, created_ms, ended_at,"
+                    " deleted_at, reason) SELECT run_id, tenant, agent, status, created_ms, ended_at, ?, ?"
+                    f" FROM wesichain_runs WHERE {where.replace('%s', '?')}"
+                ),
+                (time.time(), reason[:500], *params),
+            )
+            deleted = 0
+            for table in TABLES:  # children first, the runs last
+                cur.execute(f"DELETE FROM {table} WHERE {where}", params)
+                if table == "wesichain_runs":
+                    deleted = int(cur.rowcount)
+            return deleted
+
+    def deletions(self, tenant: str | None = None, limit: int = 1000) -> list[Deletion]:
+        where = "WHERE tenant = ?" if tenant is not None else ""
+        rows = self._rows(
+            "SELECT run_id, tenant, agent, status, created_ms, ended_at, deleted_at, reason"
+            f" FROM wesichain_deletions {where} ORDER BY deleted_at DESC, run_id LIMIT ?",
+            (*([tenant] if tenant is not None else []), limit),
+        )
+        return [
+            Deletion(
+                run_id=r[0],
+                tenant=r[1],
+                agent=r[2],
+                status=r[3],
+                created_ms=int(r[4]),
+                ended_at=float(r[5]),
+                deleted_at=float(r[6]),
+                reason=r[7],
+            )
+            for r in rows
+        ]
 
     def close(self) -> None:
         self.db.close()
