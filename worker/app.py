@@ -34,6 +34,7 @@ from celery.signals import (
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
+from producer.client import Client
 from shared.agents import load_registry
 from shared.errors import ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
