@@ -163,7 +163,7 @@ class RuntimeHolder:
 
         agents = load_registry(settings.agents_module)
         renew_s = min(settings.lease_s / 3, 1.0)
-        return Runtime(
+        runtime = Runtime(
             store=store,
             agents=agents,
             send=send,
@@ -174,13 +174,15 @@ class RuntimeHolder:
             tracing=Tracing(settings.otel),
             prepare=builder.build if builder is not None and settings.commit_publish else None,
         )
+        # A case run's end is scored right in its callback task (see ``worker/evals.py``).
+        runtime.local_callbacks[TASK_EVAL_SCORE] = lambda ended: self.evals().score(ended)
+        return runtime
 
     def evals(self) -> EvalPool:
         """What the pool does for evals, once per process (its client creates the case runs)."""
         if self._evals is None or self._evals_pid != os.getpid():
             runtime = self.get()
-            client = Client(self.settings, app=self.app, store=runtime.store)
-            self._evals = EvalPool(client, runtime.send, runtime.agents)
+            self._evals = EvalPool.for_runtime(runtime)
             self._evals_pid = os.getpid()
         return self._evals
 
