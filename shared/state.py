@@ -28,8 +28,10 @@ __all__ = [
     "Approval",
     "Callback",
     "CallbackState",
+    "ChildRun",
     "Decision",
     "ForkOrigin",
+    "ParentLink",
     "Phase",
     "PhaseRun",
     "REQUEST_FIELDS",
@@ -145,14 +147,38 @@ class ToolResult(BaseModel):
     duration_s: float = 0.0
 
 
+class ChildRun(BaseModel):
+    """A subagent call's child run, as its parent's park names it (``shared/subagents.py``)."""
+
+    call_id: str
+    run_id: str
+    agent: str
+    input: str
+
+
+class ParentLink(BaseModel):
+    """The run (and its call) a child run answers to."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    step: int
+    call_id: str
+    #: 1 for a child of a top-level run, 2 for a grandchild...
+    depth: int = 1
+
+
 class Approval(BaseModel):
     """Why a run is parked in AWAITING_APPROVAL, and for which calls."""
 
     #: "tool_calls": the calls need a human yes/no before they run.
     #: "unknown_outcome": a non-retry-safe call's worker died mid-call; a human says whether to go on.
-    kind: Literal["tool_calls", "unknown_outcome"]
+    #: "children": the calls are subagents' runs; the run goes on when they have all ended.
+    kind: Literal["tool_calls", "unknown_outcome", "children"]
     call_ids: list[str]
     reason: str
+    #: The child runs of a "children" park, one per call.
+    children: list[ChildRun] = Field(default_factory=list)
 
 
 class Decision(BaseModel):
@@ -167,7 +193,7 @@ class Decision(BaseModel):
 #: The fields of a head that a producer sets when it creates the run and that never change: they
 #: are stored once (the run's ``request``), not copied into every commit and checkpoint.
 REQUEST_FIELDS = frozenset(
-    {"agent", "input", "thread_id", "metadata", "created_at", "tenant", "callback", "fork"}
+    {"agent", "input", "thread_id", "metadata", "created_at", "tenant", "callback", "fork", "parent"}
 )
 
 
@@ -227,6 +253,10 @@ class RunHead(BaseModel):
     callback: Callback | None = None
     #: The run and checkpoint this run was forked from (None: not a fork).
     fork: ForkOrigin | None = None
+    #: The run whose subagent call this run is (None: a top-level run).
+    parent: ParentLink | None = None
+    #: Subagent runs this run has started so far.
+    children: int = 0
     message_count: int = 0
     #: The accepted tool calls of the current step (ACTING / OBSERVING).
     pending_calls: list[ToolCall] = Field(default_factory=list)
@@ -286,6 +316,7 @@ class RunHead(BaseModel):
         tenant: str | None = None,
         callback: Callback | None = None,
         fork: ForkOrigin | None = None,
+        parent: ParentLink | None = None,
     ) -> RunHead:
         """A run as a producer creates it: version 1, IDLE, waiting for the start phase."""
         now = time.time()
@@ -301,6 +332,7 @@ class RunHead(BaseModel):
             tenant=tenant,
             callback=callback,
             fork=fork,
+            parent=parent,
             created_at=now,
             updated_at=now,
         )

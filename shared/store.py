@@ -845,6 +845,26 @@ class RunStore:
             return Recorded(status)  # type: ignore[arg-type]
         return Recorded("complete", int(reply[1]), len(reply) > 2 and _s(reply[2]) == "1")
 
+    def record_child(self, parent: RunHead, result: ToolResult, event: Event) -> int | None:
+        """Record a child run's outcome as ``parent``'s result for its call, once (its event with it).
+
+        Returns how many results the parent's step has now, or None if the parent no longer waits
+        for its children at that step.
+        """
+        k, run_id = self.keys, parent.run_id
+        reply = self._run(
+            "record_child",
+            [k.run(run_id), k.results(run_id, parent.step), k.events(run_id)],
+            [
+                parent.step,
+                result.call_id,
+                result.model_dump_json(),
+                dump_event(event),
+                self.settings.limits.events_maxlen,
+            ],
+        )
+        return None if _s(reply[0]) == "stale" else int(reply[1])
+
     # -- human decisions and cancels -------------------------------------------------------
 
     def submit_decision(self, run_id: str, version: int, decision: Decision) -> bool:

@@ -32,8 +32,9 @@ from shared.middleware import (
 )
 from shared.policy import Policy, Reprompt, Retry
 from shared.prompts import Prompt
+from shared.subagents import AgentTool
 from shared.tools import ToolContext, ToolSet, tool
-from tests.agents_fixture import EFFECTS_KEY, TOOLS
+from tests.agents_fixture import EFFECTS_KEY, TOOLS, add
 
 #: input -> pid of the process that last called a model of this module.
 MODEL_PIDS_KEY = "test:model_pids"
@@ -337,3 +338,88 @@ def _hops_alt(messages: Sequence[Message]) -> ModelResponse:
 registry.add_model("hops", ScriptedModel(_hops))
 registry.add_model("hops_alt", ScriptedModel(_hops_alt))
 registry.add(Agent(name="hops", model="scripted:hops", system_prompt="hops", tools=TOOLS))
+
+
+# -- subagents --------------------------------------------------------------------------------------
+
+
+def _lead(messages: Sequence[Message]) -> ModelResponse:
+    """Two researchers in parallel (tasks from the input, split on ';'), then both answers."""
+    _observe_call(messages)
+    results = [m for m in messages if isinstance(m, ToolMessage)]
+    if not results:
+        text = _user(messages).removeprefix(HANG_FIRST)
+        if text.startswith("grade "):
+            return reply(None, ("grader", {"task": text.removeprefix("grade ")}))
+        return reply(None, *[("researcher", {"task": t.strip()}) for t in text.split(";")])
+    return reply(" + ".join(f"{'ok' if not m.is_error else 'err'}[{m.content}]" for m in results))
+
+
+def _researcher(messages: Sequence[Message]) -> ModelResponse:
+    """One add (an effect counted per call), then an answer naming its task."""
+    _observe_call(messages)
+    if not any(isinstance(m, ToolMessage) for m in messages):
+        if "slowly" in _user(messages):
+            return reply(None, ("slow", {"seconds": 30, "label": "child"}))
+        return reply(None, ("add", {"a": 1, "b": 1}))
+    return reply(f"found {_user(messages).removeprefix(HANG_FIRST)}")
+
+
+def _grader(messages: Sequence[Message]) -> ModelResponse:
+    return reply(json.dumps({"title": _user(messages), "score": 5}))
+
+
+def _recursive(messages: Sequence[Message]) -> ModelResponse:
+    """Delegates to itself until refused (the depth limit), then answers from what came back."""
+    results = [m for m in messages if isinstance(m, ToolMessage)]
+    corrections = [m for m in messages[2:] if isinstance(m, UserMessage)]
+    if corrections:
+        return reply("leaf")
+    if not results:
+        return reply(None, ("recursive", {"task": "go deeper"}))
+    return reply(f"up({results[-1].content})")
+
+
+def _greedy(messages: Sequence[Message]) -> ModelResponse:
+    return reply(None, *[("researcher", {"task": f"t{i}"}) for i in range(3)])
+
+
+for _name, _fn in (
+    ("lead", _lead),
+    ("researcher", _researcher),
+    ("grader", _grader),
+    ("recursive", _recursive),
+    ("greedy", _greedy),
+):
+    registry.add_model(_name, ScriptedModel(_fn))
+registry.add(
+    Agent(
+        name="lead",
+        model="scripted:lead",
+        system_prompt="lead",
+        tools=ToolSet([AgentTool("researcher"), AgentTool("grader"), add]),
+    )
+)
+registry.add(Agent(name="researcher", model="scripted:researcher", system_prompt="researcher", tools=TOOLS))
+registry.add(
+    Agent(name="grader", model="scripted:grader", system_prompt="grader", tools=TOOLS, output_type=Verdict)
+)
+registry.add(
+    Agent(
+        name="recursive",
+        model="scripted:recursive",
+        system_prompt="recursive",
+        tools=ToolSet([AgentTool("recursive")]),
+        max_subagent_depth=2,
+        policy=Policy(on_invalid_action=Reprompt(n=1)),
+    )
+)
+registry.add(
+    Agent(
+        name="greedy",
+        model="scripted:greedy",
+        system_prompt="greedy",
+        tools=ToolSet([AgentTool("researcher")]),
+        max_children=2,
+    )
+)

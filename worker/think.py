@@ -17,6 +17,7 @@ from shared.output import instructions, parse_output
 from shared.policy import on_invalid_action, on_model_error
 from shared.state import Phase, RunHead
 from shared.store import Claim, ClaimRef, PhaseClaim
+from shared.subagents import plan_children
 from worker.heartbeat import Held
 from worker.limited_call import call_model, requeue_throttled
 from worker.model_call import ClaimLost
@@ -82,6 +83,7 @@ def _next_move(
             raise InvalidModelAction(f"the reply was vetoed by {checked.reason}", step=head.step)
         response = checked
         calls = accept_tool_calls(response, agent.tools, head.step, rt.settings.limits)
+        children = plan_children(agent, head, calls)
         output = (
             parse_output(response.text, agent.output_type, head.step)
             if agent.output_type is not None and not calls
@@ -89,6 +91,8 @@ def _next_move(
         )
     except InvalidModelAction as exc:
         return _on_invalid(rt, current, ref, agent, exc, original if isinstance(checked, Veto) else checked)
+    if children:
+        return rt.commit(current, current.delegate(response.text, calls, response.usage, children), ref)
     approved = set(head.approved_tools)
     needs_approval = sorted({c.name for c in calls if c.name not in approved and agent.needs_approval(c)})
     if needs_approval:

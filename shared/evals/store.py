@@ -103,9 +103,11 @@ class Acquired:
 class EvalStore:
     """Reads and writes evals in Redis (the same client and keys as the run store)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, retention_s: float = 7 * 24 * 3600) -> None:
         self.redis = client
         self.keys = keys
+        #: How long a completed eval's keys are kept.
+        self.retention_s = retention_s
         self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
 
     # -- creating --------------------------------------------------------------------------------
@@ -217,6 +219,11 @@ class EvalStore:
     def list_evals(self, limit: int = 50) -> list[str]:
         return [_text(m) for m in self.redis.zrevrange(self.keys.evals_index(), 0, limit - 1)]
 
+    def trim_index(self) -> int:
+        """Forget evals created longer ago than the retention (their keys expired since)."""
+        cutoff_ms = (time.time() - self.retention_s) * 1000
+        return int(self.redis.zremrangebyscore(self.keys.evals_index(), "-inf", cutoff_ms))
+
     # -- the pool's moves ------------------------------------------------------------------------
 
     def acquire(self, eval_id: str, spec: EvalSpec, want: int, lease_s: float) -> Acquired:
@@ -231,8 +238,9 @@ class EvalStore:
                 k.eval_pending(eval_id),
                 k.eval_slots(eval_id),
                 k.eval_counts(eval_id),
+                k.evals_active(),
             ],
-            args=[spec.concurrency, int(lease_s * 1000), want, max_tokens, max_cost],
+            args=[spec.concurrency, int(lease_s * 1000), want, max_tokens, max_cost, eval_id],
         )
         status = _text(reply[0])
         return Acquired(status, [Item.parse(_text(r)) for r in reply[1:]])
@@ -261,6 +269,7 @@ class EvalStore:
                 k.eval_meta(eval_id),
                 k.eval_pending(eval_id),
                 k.evals_active(),
+                k.eval_cases(eval_id),
             ],
             args=[
                 str(item),
@@ -272,6 +281,7 @@ class EvalStore:
                 round(result.cost_usd * 1e6),
                 eval_id,
                 int(time.time() * 1000),
+                int(self.retention_s * 1000),
             ],
         )
         return int(reply) == 1

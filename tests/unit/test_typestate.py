@@ -100,6 +100,7 @@ TERMINAL_CALLS = {
     "observe": "observe()",
     "next_step": "next_step([])",
     "park": "park(None, [CALL], Usage(), [])",
+    "delegate": "delegate(None, [CALL], Usage(), [])",
     "park_unknown": "park_unknown([])",
     "finish": 'finish([], "x")',
     "approve": "approve()",
