@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_PIPELINE_ID_CHARS",
+    "PipelineConflict",
     "PipelineHandle",
     "PipelineNotFound",
     "PipelineTimeout",
@@ -38,6 +39,10 @@ MAX_PIPELINE_ID_CHARS = 120
 
 class UnknownPipeline(InvalidRequest):
     """The agents module registers no pipeline by this name."""
+
+
+class PipelineConflict(InvalidRequest):
+    """The pipeline run id is taken by another request."""
 
 
 class PipelineNotFound(WesichainError, LookupError):
@@ -74,7 +79,7 @@ def submit_pipeline(
     else:
         meta = store.meta(pipeline_id)
         if meta is None or (meta.name, meta.input, meta.tenant) != (name, request.input, request.tenant):
-            raise InvalidRequest(f"pipeline run {pipeline_id!r} already exists (for another request)")
+            raise PipelineConflict(f"pipeline run {pipeline_id!r} already exists (for another request)")
         if meta.seq >= 0:
             return PipelineHandle(client, pipeline_id)
         # Not started yet: the first submit may have died before sending its first move.
@@ -108,6 +113,9 @@ class PipelineHandle:
 
     def __repr__(self) -> str:
         return f"PipelineHandle({self.pipeline_id!r})"
+
+    def exists(self) -> bool:
+        return self.store.meta(self.pipeline_id) is not None
 
     def status(self) -> PipelineStatus:
         status = pipeline_status(self.store, self.pipeline_id)

@@ -24,7 +24,7 @@ from typing import Any
 
 from producer.client import Client
 from shared.agents import AgentRegistry
-from shared.errors import InvalidRequest, StoreFull
+from shared.errors import ConfigError, InvalidRequest, StoreFull
 from shared.pipeline.definition import Step
 from shared.pipeline.store import (
     PIPELINE_ID,
@@ -83,6 +83,9 @@ class PipelinePool:
         try:
             value = self._value(meta)
             target, index, via = self._next(meta, value)
+        except ConfigError as exc:  # a pipeline (or a branch's case) the workers do not know
+            self._fail(meta, {"kind": "UnknownPipeline", "message": str(exc)[:2000]})
+            return
         except StepError as exc:
             self._fail(meta, {"kind": "PipelineStepError", "message": str(exc)[:2000]})
             return
