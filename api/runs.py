@@ -17,7 +17,7 @@ from api.services import Services
 from producer.client import RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from shared.errors import InvalidRequest, StoreFull
 from shared.request import check_name, validate_request
-from shared.state import CallbackState, Decision, RunHead, RunStatus
+from shared.state import Callback, CallbackState, Decision, RunHead, RunStatus
 from shared.webhooks import check_url
 
 __all__ = [
@@ -99,8 +99,13 @@ def submit(
         )
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
-    if body.callback is not None and body.callback.url is not None:
-        _check_callback_url(services, body.callback.url)
+    callback = body.callback
+    if callback is None and who.tenant is not None:
+        # A run that names no callback gets its tenant's default webhook, if it has one.
+        default = services.gate.default_callback(who.tenant)
+        callback = Callback(url=default) if default else None
+    if callback is not None and callback.url is not None:
+        _check_callback_url(services, callback.url)
     if who.tenant is not None and not replay:
         # A retried submit whose run exists is answered whatever the limits: it starts nothing.
         services.gate.admit(who.tenant)
@@ -112,7 +117,7 @@ def submit(
             metadata=body.metadata,
             model=body.model,
             tenant=who.tenant,
-            callback=body.callback,
+            callback=callback,
             idempotency_key=idempotency_key,
         )
     except UnknownAgent as exc:

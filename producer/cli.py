@@ -155,6 +155,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     from producer.evals.cli import register as register_evals
 
     handlers.update(register_evals(sub, common))
+    from producer.pipeline_cli import register as register_pipelines
+
+    handlers.update(register_pipelines(sub, common))
     return p, handlers
 
 

@@ -16,7 +16,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import Celery
@@ -34,6 +34,9 @@ from shared.tasks import decide_task, start_task
 from shared.timeline import Timeline, build_timeline
 from shared.timetravel import Checkpoint, checkpoint_of
 from shared.workers import AgentInfo, WorkerDirectory
+
+if TYPE_CHECKING:
+    from producer.pipelines import PipelineHandle
 
 __all__ = [
     "Client",
@@ -273,6 +276,25 @@ class Client:
 
     def handle(self, run_id: str) -> RunHandle:
         return RunHandle(self, run_id)
+
+    def submit_pipeline(
+        self,
+        name: str,
+        input: str,
+        *,
+        pipeline_id: str | None = None,
+        tenant: str | None = None,
+        check: bool = True,
+    ) -> PipelineHandle:
+        """Start a pipeline run of the agents module's pipeline ``name`` (see ``producer/pipelines.py``)."""
+        from producer.pipelines import submit_pipeline
+
+        return submit_pipeline(self, name, input, pipeline_id=pipeline_id, tenant=tenant, check=check)
+
+    def pipeline(self, pipeline_id: str) -> PipelineHandle:
+        from producer.pipelines import PipelineHandle
+
+        return PipelineHandle(self, pipeline_id)
 
     def close(self) -> None:
         self.store.close_archive()

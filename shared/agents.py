@@ -5,6 +5,7 @@ An agents module exposes a module-level ``registry``::
     registry = AgentRegistry()
     registry.add(Agent(name="helper", model="openai:gpt-4o-mini", system_prompt="...", tools=ToolSet([...])))
     registry.add_model("fixed", ScriptedModel([...]))   # then usable as model="scripted:fixed"
+    registry.add_pipeline(Pipeline("review").then("drafter").then("reviewer"))  # shared/pipeline/
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from shared.llm.base import LlmAdapter, OutputFormat
 from shared.messages import ToolCall
 from shared.middleware import Middleware
 from shared.output import MAX_SCHEMA_CHARS, output_format
+from shared.pipeline.check import check_pipeline
+from shared.pipeline.definition import Pipeline, Step
 from shared.policy import Policy
 from shared.prompts import INPUT_VARIABLE, Prompt
 from shared.tools import RISKS, Risk, ToolSet
@@ -136,12 +139,41 @@ class AgentRegistry:
     def __init__(self) -> None:
         self._agents: dict[str, Agent] = {}
         self._models: dict[str, LlmAdapter] = {}
+        self._pipelines: dict[str, Pipeline] = {}
 
     def add(self, agent: Agent) -> Agent:
         if agent.name in self._agents:
             raise ConfigError(f"agent {agent.name!r} is registered twice")
         self._agents[agent.name] = agent
         return agent
+
+    def add_pipeline(self, pipeline: Pipeline) -> Pipeline:
+        """Register a pipeline of runs, checked against the agents (``shared/pipeline/check.py``):
+        register its agents, and the pipelines its branches go to, first."""
+        if pipeline.name in self._pipelines:
+            raise ConfigError(f"pipeline {pipeline.name!r} is registered twice")
+        check_pipeline(pipeline, self.get, self._pipelines)
+        self._pipelines[pipeline.name] = pipeline
+        return pipeline
+
+    def pipeline(self, name: str) -> Pipeline:
+        try:
+            return self._pipelines[name]
+        except KeyError:
+            known = ", ".join(sorted(self._pipelines)) or "none"
+            raise ConfigError(f"unknown pipeline {name!r} (registered: {known})") from None
+
+    def steps_of(self, target: str) -> tuple[Step, ...]:
+        """The steps a pipeline run goes through at ``target``: a pipeline's, or one run of an agent
+        (a branch's case may name either)."""
+        if target in self._pipelines:
+            return self._pipelines[target].steps
+        self.get(target)
+        return (Step("then", target, target),)
+
+    @property
+    def pipeline_names(self) -> list[str]:
+        return sorted(self._pipelines)
 
     def add_model(self, name: str, adapter: LlmAdapter) -> None:
         """Register an in-process model (typically a ScriptedModel) as ``scripted:NAME``."""

@@ -108,6 +108,12 @@ class Tenants:
         raw = self.redis.hget(self.keys.tenant(tenant), "limits")
         return TenantLimits.model_validate_json(raw) if raw else TenantLimits()
 
+    def settings(self, tenant: str) -> tuple[TenantLimits, str | None]:
+        """The tenant's limits and default webhook URL, in one read."""
+        raw_limits, callback = self.redis.hmget(self.keys.tenant(tenant), "limits", "callback_url")
+        limits = TenantLimits.model_validate_json(raw_limits) if raw_limits else TenantLimits()
+        return limits, str(callback) if callback else None
+
     def set_limits(self, tenant: str, limits: TenantLimits) -> None:
         check_name("tenant", tenant)
         self.redis.hset(self.keys.tenant(tenant), "limits", limits.model_dump_json())

@@ -39,6 +39,7 @@ from shared.agents import load_registry
 from shared.errors import ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
 from shared.events import configure_worker_identity, worker_identity
+from shared.pipeline.tasks import TASK_PIPELINE_ADVANCE, TASK_PIPELINE_CHILD
 from shared.redis_client import connect, preflight
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Phase, RunHead, TaskSpec
@@ -71,6 +72,7 @@ from worker.lost import on_lost_process
 from worker.metrics import cleanup_multiprocess
 from worker.metrics import serve as serve_metrics
 from worker.observe import run_observe
+from worker.pipelines import PipelinePool
 from worker.registry import RegistryBeat
 from worker.runtime import Delivery, Runtime
 from worker.start import run_start
@@ -126,6 +128,8 @@ class RuntimeHolder:
         self.registry: RegistryBeat | None = None
         self._evals: EvalPool | None = None
         self._evals_pid = -1
+        self._pipelines: PipelinePool | None = None
+        self._pipelines_pid = -1
 
     def get(self) -> Runtime:
         if self._runtime is None or self._pid != os.getpid():
@@ -159,7 +163,7 @@ class RuntimeHolder:
 
         agents = load_registry(settings.agents_module)
         renew_s = min(settings.lease_s / 3, 1.0)
-        return Runtime(
+        runtime = Runtime(
             store=store,
             agents=agents,
             send=send,
@@ -170,15 +174,26 @@ class RuntimeHolder:
             tracing=Tracing(settings.otel),
             prepare=builder.build if builder is not None and settings.commit_publish else None,
         )
+        # A case run's end is scored right in its callback task (see ``worker/evals.py``).
+        runtime.local_callbacks[TASK_EVAL_SCORE] = lambda ended: self.evals().score(ended)
+        return runtime
 
     def evals(self) -> EvalPool:
         """What the pool does for evals, once per process (its client creates the case runs)."""
         if self._evals is None or self._evals_pid != os.getpid():
             runtime = self.get()
-            client = Client(self.settings, app=self.app, store=runtime.store)
-            self._evals = EvalPool(client, runtime.send, runtime.agents)
+            self._evals = EvalPool.for_runtime(runtime)
             self._evals_pid = os.getpid()
         return self._evals
+
+    def pipelines(self) -> PipelinePool:
+        """What the pool does for pipeline runs, once per process (its client creates the children)."""
+        if self._pipelines is None or self._pipelines_pid != os.getpid():
+            runtime = self.get()
+            client = Client(self.settings, app=self.app, store=runtime.store)
+            self._pipelines = PipelinePool(client, runtime.agents, runtime.send)
+            self._pipelines_pid = os.getpid()
+        return self._pipelines
 
     def probe(self) -> BrokerProbe:
         """How the sweeper asks the broker about queued messages."""
@@ -194,7 +209,7 @@ class RuntimeHolder:
 
     def start_sweeper(self) -> None:
         if self.sweeper is None:
-            self.sweeper = Sweeper(self.get(), self.probe(), self.evals())
+            self.sweeper = Sweeper(self.get(), self.probe(), self.evals(), self.pipelines())
             self.sweeper.start()
 
     def stop_sweeper(self) -> None:
@@ -340,7 +355,8 @@ def create_app(settings: Settings) -> Celery:
 
     @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep() -> int:
-        return Sweeper(holder.get(), holder.probe(), holder.evals()).sweep_once_and_release()
+        sweeper = Sweeper(holder.get(), holder.probe(), holder.evals(), holder.pipelines())
+        return sweeper.sweep_once_and_release()
 
     eval_options = {"ignore_result": True, "shared": False}
 
@@ -352,12 +368,27 @@ def create_app(settings: Settings) -> Celery:
     def eval_score(ended: dict[str, Any]) -> None:
         holder.evals().score(ended)
 
+    _pipeline_tasks(app, holder)
+
     @app.task(name=TASK_ARCHIVE, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def archive() -> int:
         """One bounded pass of the archiver (the next beat continues where it stopped)."""
         return archive_pass(holder.get().store)
 
     return app
+
+
+def _pipeline_tasks(app: Celery, holder: RuntimeHolder) -> None:
+    """The tasks that drive pipeline runs (``worker/pipelines.py``)."""
+    options = {"ignore_result": True, "shared": False}
+
+    @app.task(name=TASK_PIPELINE_ADVANCE, **options)  # type: ignore[untyped-decorator]
+    def pipeline_advance(pipeline_id: str, from_seq: int) -> None:
+        holder.pipelines().advance(pipeline_id, from_seq)
+
+    @app.task(name=TASK_PIPELINE_CHILD, **options)  # type: ignore[untyped-decorator]
+    def pipeline_child(ended: dict[str, Any]) -> None:
+        holder.pipelines().child_ended(ended)
 
 
 def check_agents_module(app: Celery) -> None:

@@ -11,6 +11,7 @@ import os
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared import fsm
 from shared.agents import AgentRegistry
@@ -86,6 +87,9 @@ class Runtime:
     tracing: Tracing = field(default_factory=Tracing)
     #: Commit and publish in one script (None: commit, then send).
     prepare: Prepare | None = None
+    #: Callback tasks this worker runs in place of sending them (name -> the task's function,
+    #: given the run's outcome); see ``worker/callback.py``.
+    local_callbacks: dict[str, Callable[[dict[str, Any]], object]] = field(default_factory=dict)
 
     def holder(self) -> str:
         """This process, as claims name their holder (read per call: prefork children fork)."""
