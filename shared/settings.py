@@ -253,10 +253,10 @@ class Settings:
             )
         if not 0 <= self.archive_retention_days <= 36_500:
             raise ConfigError(f"{ENV_ARCHIVE_RETENTION} must be in 0..36500 (0: keep forever)")
-        if self.archive_after_s < 0 or self.archive_interval_s <= 0 or not 1 <= self.archive_batch <= 10_000:
+        if self.archive_after_s < 0 or self.archive_interval_s <= 0 or not 1 <= self.archive_batch <= 5_000:
             raise ConfigError(
                 f"{ENV_ARCHIVE_AFTER} must be >= 0, {ENV_ARCHIVE_INTERVAL} > 0 and {ENV_ARCHIVE_BATCH}"
-                " in 1..10000"
+                " in 1..5000"
             )
         if not 1 <= self.shards <= 1024:
             raise ConfigError(f"{ENV_SHARDS}={self.shards}: shards must be in 1..1024")

@@ -52,6 +52,10 @@ class Archive(ABC):
         """Write runs in one transaction, skipping those already archived; how many were new."""
 
     @abstractmethod
+    def present(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of these runs the archive holds."""
+
+    @abstractmethod
     def summaries(self, run_ids: Sequence[str]) -> dict[str, RunSummary]:
         """What the archive holds of each of these runs (absent: not archived)."""
 

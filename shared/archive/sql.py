@@ -122,31 +122,35 @@ class SqlArchive(Archive):
         cur.execute(f"SELECT run_id FROM wesichain_runs WHERE {where}", params)
         return {row[0] for row in cur.fetchall()}
 
+    def present(self, run_ids: Sequence[str]) -> set[str]:
+        if not run_ids:
+            return set()
+        with self.db.transaction() as cur:
+            return self._present(cur, run_ids)
+
     def summaries(self, run_ids: Sequence[str]) -> dict[str, RunSummary]:
         if not run_ids:
             return {}
-        where, params = self.db.any_of("r.run_id", run_ids)
-        counts = ", ".join(
-            f"(SELECT COUNT(*) FROM {table} t WHERE t.run_id = r.run_id)"
-            for table in ("wesichain_messages", "wesichain_checkpoints", "wesichain_events")
+        where, params = self.db.any_of("run_id", run_ids)
+        # One round trip, each table counted by its primary key's index.
+        counts = " UNION ALL ".join(
+            f"SELECT '{table}', run_id, COUNT(*) FROM {table} WHERE {where} GROUP BY run_id"
+            for table in _COUNTED
         )
         with self.db.transaction() as cur:
-            cur.execute(
-                f"SELECT r.run_id, r.version, {counts},"
-                " (SELECT COUNT(*) FROM wesichain_tool_results t WHERE t.run_id = r.run_id)"
-                f" FROM wesichain_runs r WHERE {where}",
-                params,
-            )
-            rows = cur.fetchall()
+            cur.execute(f"SELECT run_id, version FROM wesichain_runs WHERE {where}", params)
+            versions = {row[0]: int(row[1]) for row in cur.fetchall()}
+            cur.execute(counts, params * len(_COUNTED))
+            found: dict[tuple[str, str], int] = {(row[0], row[1]): int(row[2]) for row in cur.fetchall()}
         return {
-            row[0]: RunSummary(
-                version=int(row[1]),
-                messages=int(row[2]),
-                checkpoints=int(row[3]),
-                events=int(row[4]),
-                results=int(row[5]),
+            run_id: RunSummary(
+                version=version,
+                messages=found.get(("wesichain_messages", run_id), 0),
+                checkpoints=found.get(("wesichain_checkpoints", run_id), 0),
+                events=found.get(("wesichain_events", run_id), 0),
+                results=found.get(("wesichain_tool_results", run_id), 0),
             )
-            for row in rows
+            for run_id, version in versions.items()
         }
 
     # -- reading ----------------------------------------------------------------------------------
@@ -327,6 +331,10 @@ class SqlArchive(Archive):
 
     def close(self) -> None:
         self.db.close()
+
+
+#: The tables of a run's parts, counted to verify what was written.
+_COUNTED = ("wesichain_messages", "wesichain_checkpoints", "wesichain_events", "wesichain_tool_results")
 
 
 def _run_row(record: RunRecord, now: float) -> tuple[Any, ...]:
