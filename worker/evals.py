@@ -14,7 +14,7 @@ Nothing here depends on the process that submitted the eval.
 from __future__ import annotations
 
 import logging
-import math
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, cast
@@ -88,6 +88,8 @@ class EvalPool:
         self.lease_s = max(10.0, settings.lease_s * 3)
         #: How long an ended run may wait for its scoring callback before the sweeper scores it.
         self.grace_s = max(5.0, settings.lease_s * 2)
+        #: How often the sweeper looks at a running case run (to find one that ended unscored).
+        self.recheck_s = max(10.0, self.grace_s)
         #: Specs by eval id: a spec never changes once the eval exists (its status is read fresh).
         self._specs: dict[str, EvalMeta] = {}
 
@@ -206,13 +208,15 @@ class EvalPool:
         eval_id = meta.eval_id
         now_ms = self.evals.now_ms()
         repaired = 0
-        for item, deadline in self.evals.slots(eval_id):
-            if math.isinf(deadline):
-                repaired += self._check_run(meta, item, now_ms)
-            elif deadline < now_ms:
-                log.warning("eval %s: the creator of case run %s died; creating it", eval_id, item)
-                self.start(meta, item)
-                repaired += 1
+        for item in self.evals.expired(eval_id, now_ms):
+            log.warning("eval %s: the creator of case run %s died; creating it", eval_id, item)
+            self.start(meta, item)
+            repaired += 1
+        # Each running case run is looked at once per recheck interval, not at every sweep.
+        due = self.evals.unchecked(eval_id, time.time() * 1000 - self.recheck_s * 1000)
+        for item in due:
+            repaired += self._check_run(meta, item, now_ms)
+        self.evals.checked(eval_id, due, time.time() * 1000)
         if (
             meta.status == "running"
             and self.evals.in_flight(eval_id) < meta.spec.concurrency
