@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from api import console, events, meta, runs
+from api import console, events, meta, pipelines, runs
 from api.body_limit import BodyLimit
 from api.config import ApiConfig
 from api.errors import install_error_handlers
@@ -48,6 +48,7 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(runs.router)
     app.include_router(events.router)
+    app.include_router(pipelines.router)
     app.include_router(meta.router)
     app.include_router(console.router)
     app.mount("/console", console.static_files(), name="console")

@@ -53,6 +53,12 @@ def register(
     lim.add_argument("--tenant", required=True)
     lim.add_argument("--max-inflight", type=int, help="runs not ended yet")
     lim.add_argument("--submits-per-minute", type=int, help="new runs per minute")
+    cb = ksub.add_parser(
+        "callback", parents=[common], help="show or set the webhook of a tenant's runs that name none"
+    )
+    cb.add_argument("--tenant", required=True)
+    cb.add_argument("--url", help="the webhook URL (http or https)")
+    cb.add_argument("--clear", action="store_true", help="remove it")
     return {"api": api, "keys": keys}
 
 
@@ -86,6 +92,7 @@ def api(args: argparse.Namespace) -> int:
 def keys(args: argparse.Namespace) -> int:
     from shared.redis_client import connect
     from shared.settings import Settings
+    from shared.state import Callback
     from shared.store import RunStore
     from shared.tenants import TenantLimits, Tenants
 
@@ -124,6 +131,13 @@ def keys(args: argparse.Namespace) -> int:
             limits = TenantLimits.model_validate({**limits.model_dump(), **changes})
             tenants.set_limits(args.tenant, limits)
         print(limits.model_dump_json())
+        return 0
+    if args.keys_command == "callback":
+        if args.clear:
+            tenants.set_default_callback(args.tenant, None)
+        elif args.url:
+            tenants.set_default_callback(args.tenant, Callback(url=args.url).url)
+        print(tenants.default_callback(args.tenant) or "none")
         return 0
     if args.keys_command == "secret":
         print(tenants.webhook_secret(args.tenant))

@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from shared.errors import ArchiveUnavailable
+
 __all__ = ["ApiError", "ErrorBody", "ErrorInfo", "error_response", "install_error_handlers"]
 
 
@@ -93,6 +95,19 @@ def install_error_handlers(app: FastAPI) -> None:
         kind = _KIND_OF_STATUS.get(exc.status_code, "http_error")
         return error_response(
             exc.status_code, kind, str(exc.detail), headers=dict(exc.headers) if exc.headers else None
+        )
+
+    @app.exception_handler(ArchiveUnavailable)
+    async def _archive(request: Request, exc: ArchiveUnavailable) -> JSONResponse:
+        # The run is in the archive and its database cannot be read now (it names no host here).
+        import logging
+
+        logging.getLogger("wesichain.api").warning("archive unavailable: %s", exc)
+        return error_response(
+            503,
+            "unavailable",
+            "the run archive cannot be read right now; try again",
+            headers={"Retry-After": "5"},
         )
 
     @app.exception_handler(Exception)

@@ -7,8 +7,9 @@ The stream ends after the run's end event (Completed, Failed or Interrupted); a 
 end is answered ``204 No Content``, which tells a browser's ``EventSource`` to stop reconnecting.
 While nothing happens a keep-alive comment is sent every ``keepalive_s``.
 
-Each stream waits in one ``XREAD BLOCK`` at a time on its own Redis connection and reads at most
-a bounded batch per wake-up; a process serves at most ``max_streams`` streams (503 past that).
+All the streams of one run in one process share a single reader (:mod:`api.feeds`): one
+``XREAD BLOCK`` on one Redis connection, its batches handed to every follower's bounded queue. A
+process serves at most ``max_streams`` streams (503 past that).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.errors import ApiError
+from api.feeds import BATCH
 from api.models import EventPage
 from api.runs import ERRORS, Svc, Who, owned_run
 from api.services import Services
@@ -30,13 +32,11 @@ from shared import protocol
 from shared.events import END_EVENTS
 from shared.state import Phase
 
-__all__ = ["BATCH", "events", "router", "sse_frame"]
+__all__ = ["events", "router", "sse_frame"]
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
 _STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
-#: Events read per wake-up of a stream (and the largest JSON page).
-BATCH = 500
 
 
 def sse_frame(event_id: str, raw: str) -> str:
@@ -107,19 +107,16 @@ async def events(
 
 
 async def _stream(services: Services, run_id: str, cursor: str) -> AsyncIterator[str]:
-    key = services.keys.events(run_id)
-    block_ms = max(1, int(services.config.keepalive_s * 1000))
     services.open_streams += 1
     try:
         # A browser waits this long before it reconnects (with Last-Event-ID) after a drop.
         yield "retry: 1000\n\n"
-        while True:
-            reply: Any = await services.aredis.xread({key: cursor}, count=BATCH, block=block_ms)
-            if reply:
-                for event_id, fields in reply[0][1]:
-                    cursor = str(event_id)
-                    raw = str(fields["e"])
-                    yield sse_frame(cursor, raw)
+        async for batch in services.feeds.follow(
+            services.keys.events(run_id), cursor, services.config.keepalive_s
+        ):
+            if batch is not None:
+                for event_id, raw in batch:
+                    yield sse_frame(event_id, raw)
                     if json.loads(raw).get("kind") in END_EVENTS:
                         return
                 continue

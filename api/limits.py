@@ -3,7 +3,8 @@
 Submits per minute is a sliding window in Redis (one sorted-set entry per admitted submit, by
 Redis's clock), so it holds across every API process. Runs in flight are the counts the create
 and commit scripts keep; they are read before a submit, so concurrent submits at the very edge
-of the limit may pass it by a few. A tenant's limits are read at most every ``cache_s`` seconds.
+of the limit may pass it by a few. A tenant's limits and default webhook are read at most
+every ``cache_s`` seconds.
 """
 
 from __future__ import annotations
@@ -30,21 +31,28 @@ class SubmitGate:
         self.tenants = tenants
         self.cache_s = cache_s
         self._window = store.redis.register_script(_window_source())
-        self._cache: dict[str, tuple[float, TenantLimits]] = {}
+        self._cache: dict[str, tuple[float, TenantLimits, str | None]] = {}
         self._lock = threading.Lock()
 
     def limits(self, tenant: str) -> TenantLimits:
+        return self._settings(tenant)[0]
+
+    def default_callback(self, tenant: str) -> str | None:
+        """The tenant's default webhook URL (read with its limits, as cached)."""
+        return self._settings(tenant)[1]
+
+    def _settings(self, tenant: str) -> tuple[TenantLimits, str | None]:
         now = time.monotonic()
         with self._lock:
             cached = self._cache.get(tenant)
         if cached is not None and now - cached[0] < self.cache_s:
-            return cached[1]
-        limits = self.tenants.limits(tenant)
+            return cached[1], cached[2]
+        limits, callback = self.tenants.settings(tenant)
         with self._lock:
             if len(self._cache) > 10_000:  # bounded: tenants come and go
                 self._cache.clear()
-            self._cache[tenant] = (now, limits)
-        return limits
+            self._cache[tenant] = (now, limits, callback)
+        return limits, callback
 
     def admit(self, tenant: str) -> None:
         """Count one submit of ``tenant``; raise a 429 :class:`ApiError` if a limit forbids it."""

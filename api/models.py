@@ -55,6 +55,9 @@ class DecisionBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     note: str = Field(default="", max_length=2000)
+    always: bool = Field(
+        default=False, description="Approve only: the same tools need no approval again in this run."
+    )
 
 
 class RunView(BaseModel):

@@ -17,7 +17,7 @@ from api.services import Services
 from producer.client import RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from shared.errors import InvalidRequest, StoreFull
 from shared.request import check_name, validate_request
-from shared.state import CallbackState, Decision, RunHead, RunStatus
+from shared.state import Callback, CallbackState, Decision, RunHead, RunStatus
 from shared.webhooks import check_url
 
 __all__ = [
@@ -99,8 +99,13 @@ def submit(
         )
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
-    if body.callback is not None and body.callback.url is not None:
-        _check_callback_url(services, body.callback.url)
+    callback = body.callback
+    if callback is None and who.tenant is not None:
+        # A run that names no callback gets its tenant's default webhook, if it has one.
+        default = services.gate.default_callback(who.tenant)
+        callback = Callback(url=default) if default else None
+    if callback is not None and callback.url is not None:
+        _check_callback_url(services, callback.url)
     if who.tenant is not None and not replay:
         # A retried submit whose run exists is answered whatever the limits: it starts nothing.
         services.gate.admit(who.tenant)
@@ -112,7 +117,7 @@ def submit(
             metadata=body.metadata,
             model=body.model,
             tenant=who.tenant,
-            callback=body.callback,
+            callback=callback,
             idempotency_key=idempotency_key,
         )
     except UnknownAgent as exc:
@@ -227,7 +232,8 @@ def _decide(services: Services, who: Caller, run_id: str, decision: Decision) ->
     description="409 unless the run is awaiting approval.",
 )
 def approve(run_id: str, services: Svc, who: Who, body: DecisionBody | None = None) -> RunView:
-    return _decide(services, who, run_id, Decision(approve=True, note=body.note if body else ""))
+    decision = Decision(approve=True, note=body.note, always=body.always) if body else Decision(approve=True)
+    return _decide(services, who, run_id, decision)
 
 
 @router.post(
@@ -238,4 +244,6 @@ def approve(run_id: str, services: Svc, who: Who, body: DecisionBody | None = No
     description="409 unless the run is awaiting approval.",
 )
 def deny(run_id: str, services: Svc, who: Who, body: DecisionBody | None = None) -> RunView:
+    if body is not None and body.always:
+        raise ApiError(422, "invalid_request", "'always' goes with approve, not deny")
     return _decide(services, who, run_id, Decision(approve=False, note=body.note if body else ""))

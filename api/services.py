@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from api.config import ApiConfig
+from api.feeds import FeedHub
 from api.limits import SubmitGate
 from producer.client import Client
 from shared.keys import Keys
@@ -26,8 +26,9 @@ class Services:
         self.keys: Keys = self.store.keys
         self.tenants = Tenants(self.store.redis, self.keys)
         self.gate = SubmitGate(self.store, self.tenants)
-        # Event streams wait in XREAD BLOCK, each on its own connection: the pool is as large as
-        # the number of streams allowed, and a stream over that number is refused, not queued.
+        # Each followed run has one feed waiting in XREAD BLOCK on a connection of its own, and a
+        # stream catching up reads on another for a moment: the pool is as large as the number of
+        # streams allowed (a stream over that number is refused, not queued).
         target = endpoint(settings)
         # A read waits at most one keep-alive interval in XREAD BLOCK, and a little more for the reply.
         options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": config.keepalive_s + 10}
@@ -42,7 +43,7 @@ class Services:
                 **options,
             )
         )
-        self.streams = asyncio.Semaphore(config.max_streams)
+        self.feeds = FeedHub(self.aredis, max(1, int(config.keepalive_s * 1000)))
         self.open_streams = 0
 
     async def close(self) -> None:

@@ -23,6 +23,7 @@ from shared.agents import Agent, AgentRegistry
 from shared.llm.base import ModelResponse, RawToolCall, Usage
 from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import AssistantMessage, Message, UserMessage
+from shared.pipeline.definition import Pipeline
 from shared.policy import Policy, Reprompt
 from shared.tools import ToolSet, tool
 
@@ -136,3 +137,13 @@ for _name, _script in SCRIPTS.items():
             max_steps=MAX_STEPS.get(_name, 10),
         )
     )
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines()
+
+
+#: The pipeline benchmark's maps (``benchmarks/pipelines.py``): one ``direct`` run per line of the
+#: input, with a cap that never throttles, and with a cap of 8.
+registry.add_pipeline(Pipeline("bench-map").map("direct", over=_lines, concurrency=1000))
+registry.add_pipeline(Pipeline("bench-map-8").map("direct", over=_lines, concurrency=8))

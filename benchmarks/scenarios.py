@@ -1150,6 +1150,12 @@ def scenario_backlog(ctx: Context) -> dict[str, Any]:
     }
 
 
+def _scenario_api(ctx: Context) -> dict[str, Any]:
+    from benchmarks.api import scenario_api
+
+    return scenario_api(ctx)
+
+
 SCENARIO_FUNCS: dict[str, tuple[str, Callable[[Context], dict[str, Any]]]] = {
     "latency": ("Four scenarios: latency, memory, steps (0 ms and 200 ms model)", scenario_latency),
     "transition": ("Per-transition overhead vs a bare Celery hop", scenario_transition),
@@ -1163,6 +1169,7 @@ SCENARIO_FUNCS: dict[str, tuple[str, Callable[[Context], dict[str, Any]]]] = {
         scenario_durability,
     ),
     "backlog": ("Backlog: runs queued on one tool slot with a 2 s queued lease", scenario_backlog),
+    "api": ("HTTP API: added latency, submits per second, SSE fan-out to 100 followers", _scenario_api),
 }
 #: What ``python -m benchmarks.run`` runs without ``--only`` (the backlog is run by name).
 DEFAULT_SCENARIOS = [name for name in SCENARIO_FUNCS if name != "backlog"]

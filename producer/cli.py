@@ -54,7 +54,13 @@ def _producer_commands(
 ) -> dict[str, Handler]:
     from producer import commands
 
-    s = sub.add_parser("submit", parents=[common], help="submit a run")
+    # The run commands go through the HTTP API with a key when given one, else straight to Redis.
+    api = argparse.ArgumentParser(add_help=False)
+    api.add_argument("--api", metavar="URL", help="use the HTTP API at URL (default $WESICHAIN_API_URL)")
+    api.add_argument("--key", metavar="KEY", help="the API key (default $WESICHAIN_API_KEY)")
+    runs = [common, api]
+
+    s = sub.add_parser("submit", parents=runs, help="submit a run")
     s.add_argument("agent")
     s.add_argument("text")
     s.add_argument("--wait", action="store_true", help="follow the run and wait for its end")
@@ -66,24 +72,43 @@ def _producer_commands(
         "--no-check", action="store_true", help="submit even if no live worker serves the agent (queue it)"
     )
 
-    st = sub.add_parser("status", parents=[common], help="show a run's state")
+    st = sub.add_parser("status", parents=runs, help="show a run's state")
     st.add_argument("run_id")
     st.add_argument("--json", action="store_true")
 
-    e = sub.add_parser("events", parents=[common], help="print a run's events")
+    e = sub.add_parser("events", parents=runs, help="print a run's events")
     e.add_argument("run_id")
     e.add_argument("--follow", "-f", action="store_true", help="keep following until the run ends")
     e.add_argument("--after", metavar="ID", default="0-0", help="only events after this stream id (resume)")
     e.add_argument("--json", action="store_true")
 
-    c = sub.add_parser("cancel", parents=[common], help="cancel a run")
+    x = sub.add_parser(
+        "export", parents=[common], help="write a run whole (Redis or the archive) as one JSON document"
+    )
+    x.add_argument("run_id")
+    x.add_argument("--output", "-o", metavar="FILE", help="write to FILE (default: stdout)")
+    x.add_argument("--indent", action="store_true", help="indent the JSON for reading")
+
+    c = sub.add_parser("cancel", parents=runs, help="cancel a run")
     c.add_argument("run_id")
+
+    cp = sub.add_parser("checkpoints", parents=[common], help="list a run's committed heads (to fork from)")
+    cp.add_argument("run_id")
+    cp.add_argument("--json", action="store_true")
+    fk = sub.add_parser("fork", parents=[common], help="start a new run from a checkpoint of another")
+    fk.add_argument("run_id")
+    fk.add_argument("version", type=int, help="the checkpoint's version (wesichain checkpoints RUN_ID)")
+    fk.add_argument("--input", help="replace the last user message with this text")
+    fk.add_argument("--model", help="another PROVIDER:MODEL (default: the original's)")
+    fk.add_argument("--wait", action="store_true", help="follow the new run and wait for its end")
+    fk.add_argument("--timeout", type=float, default=300.0)
+    fk.add_argument("--json", action="store_true")
 
     for verb, text in (
         ("approve", "approve what a parked run waits on"),
         ("deny", "deny it (the model is told)"),
     ):
-        a = sub.add_parser(verb, parents=[common], help=text)
+        a = sub.add_parser(verb, parents=runs, help=text)
         a.add_argument("run_id")
         a.add_argument("--note", default="", help="a note the model (and the run's history) will see")
         if verb == "approve":
@@ -92,13 +117,13 @@ def _producer_commands(
             )
 
     tl = sub.add_parser(
-        "timeline", parents=[common], help="show where a run's time went, per worker (phases, tools, waits)"
+        "timeline", parents=runs, help="show where a run's time went, per worker (phases, tools, waits)"
     )
     tl.add_argument("run_id")
     tl.add_argument("--json", action="store_true", help="the timeline as JSON")
     tl.add_argument("--width", type=int, default=72, help="columns of the picture (default 72)")
 
-    ag = sub.add_parser("agents", parents=[common], help="list the agents live workers serve")
+    ag = sub.add_parser("agents", parents=runs, help="list the agents live workers serve")
     ag.add_argument("--json", action="store_true")
     wk = sub.add_parser("workers", parents=[common], help="list live workers and whether they consume")
     wk.add_argument("--json", action="store_true")
@@ -110,7 +135,10 @@ def _producer_commands(
         "submit": commands.submit,
         "status": commands.status,
         "events": commands.events,
+        "export": commands.export,
         "cancel": commands.cancel,
+        "checkpoints": commands.checkpoints,
+        "fork": commands.fork,
         "approve": commands.approve,
         "deny": commands.deny,
         "timeline": commands.timeline,
@@ -132,6 +160,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     from producer.evals.cli import register as register_evals
 
     handlers.update(register_evals(sub, common))
+    from producer.pipeline_cli import register as register_pipelines
+
+    handlers.update(register_pipelines(sub, common))
     return p, handlers
 
 

@@ -16,7 +16,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import Celery
@@ -28,11 +28,15 @@ from shared.redis_client import connect
 from shared.request import check_run_id, validate_request
 from shared.retention import MemoryGuard, full_message
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
-from shared.state import Callback, CallbackState, Decision, Phase, RunHead
+from shared.state import Callback, CallbackState, Decision, ForkOrigin, Phase, RunHead, TaskSpec
 from shared.store import RunPage, RunStore
 from shared.tasks import decide_task, start_task
 from shared.timeline import Timeline, build_timeline
+from shared.timetravel import Checkpoint, checkpoint_of
 from shared.workers import AgentInfo, WorkerDirectory
+
+if TYPE_CHECKING:
+    from producer.pipelines import PipelineHandle
 
 __all__ = [
     "Client",
@@ -148,12 +152,7 @@ class Client:
             if archived is not None:
                 self._check_same_request(archived, head, idempotency_key)
                 return RunHandle(self, run_id)
-        if not self.settings.embedded:
-            self.memory.check()
-        try:
-            created = self.store.create(head, [start])
-        except redis.exceptions.OutOfMemoryError:
-            raise StoreFull(full_message(self.memory.state(), self.settings.submit_max_memory)) from None
+        created = self._create(head, start)
         if not created:
             if idempotency_key is None:
                 raise InvalidRequest(f"run id {run_id!r} already exists")
@@ -166,6 +165,70 @@ class Client:
             # Still waiting for its start: the first submit may have died before sending it.
         self.app.send_task(start.name, kwargs=start.arguments, task_id=start.task_id)
         return RunHandle(self, run_id)
+
+    def _create(self, head: RunHead, start: TaskSpec) -> bool:
+        """Write the new run (IDLE, its start task in its outbox); False if its id is taken."""
+        if not self.settings.embedded:
+            self.memory.check()
+        try:
+            return self.store.create(head, [start])
+        except redis.exceptions.OutOfMemoryError:
+            raise StoreFull(full_message(self.memory.state(), self.settings.submit_max_memory)) from None
+
+    def checkpoints(self, run_id: str) -> list[Checkpoint]:
+        """Every committed head of a run, oldest first: version, step, phase, time, worker."""
+        heads = self.store.checkpoints(run_id)
+        if not heads:
+            raise RunNotFound(f"no run {run_id!r}")
+        return [Checkpoint.of(h) for h in heads]
+
+    def fork(
+        self,
+        run_id: str,
+        at_version: int,
+        *,
+        input: str | None = None,
+        model: str | None = None,
+        new_run_id: str | None = None,
+        check_agent: bool = True,
+    ) -> RunHandle:
+        """Start a new run from checkpoint ``at_version`` of run ``run_id``; the original is untouched.
+
+        The new run thinks again from the conversation as it was at that version (see
+        ``shared/timetravel.py``): ``input`` replaces its last user message, ``model`` is another
+        ``PROVIDER:MODEL`` (default: the original's). It records its origin (``RunHead.fork``) and
+        gets the agent's whole step budget.
+        """
+        source = self.store.load(run_id)
+        if source is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        heads = self.store.checkpoints(run_id)
+        if checkpoint_of(heads, at_version) is None:
+            versions = f"1..{heads[-1].version}" if heads else "none"
+            raise InvalidRequest(f"run {run_id!r} has no checkpoint v{at_version} (versions: {versions})")
+        fields: dict[str, Any] = {"agent": source.agent, "input": source.input if input is None else input}
+        if source.metadata:
+            fields["metadata"] = source.metadata
+        if model is not None or source.model:
+            fields["model"] = model or source.model
+        request = validate_request(fields, self.settings.limits)
+        if check_agent:
+            self._check_agent(request.agent, request.metadata)
+        new_id = check_run_id(new_run_id) if new_run_id is not None else uuid.uuid4().hex
+        head = RunHead.new_idle(
+            new_id,
+            request.agent,
+            request.input,
+            metadata=request.metadata,
+            model=request.model,
+            tenant=source.tenant,
+            fork=ForkOrigin(run_id=run_id, version=at_version, edited_input=input is not None),
+        )
+        start = start_task(new_id)
+        if not self._create(head, start):
+            raise InvalidRequest(f"run id {new_id!r} already exists")
+        self.app.send_task(start.name, kwargs=start.arguments, task_id=start.task_id)
+        return RunHandle(self, new_id)
 
     @staticmethod
     def _check_same_request(existing: RunHead, head: RunHead, idempotency_key: str) -> None:
@@ -214,7 +277,27 @@ class Client:
     def handle(self, run_id: str) -> RunHandle:
         return RunHandle(self, run_id)
 
+    def submit_pipeline(
+        self,
+        name: str,
+        input: str,
+        *,
+        pipeline_id: str | None = None,
+        tenant: str | None = None,
+        check: bool = True,
+    ) -> PipelineHandle:
+        """Start a pipeline run of the agents module's pipeline ``name`` (see ``producer/pipelines.py``)."""
+        from producer.pipelines import submit_pipeline
+
+        return submit_pipeline(self, name, input, pipeline_id=pipeline_id, tenant=tenant, check=check)
+
+    def pipeline(self, pipeline_id: str) -> PipelineHandle:
+        from producer.pipelines import PipelineHandle
+
+        return PipelineHandle(self, pipeline_id)
+
     def close(self) -> None:
+        self.store.close_archive()
         self.store.redis.close()
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import time
 
-from producer.client import Client, RunHandle
+from producer.api_client import ENV_API_URL, ApiClient, ApiRunHandle
+from producer.client import Client, RunHandle, RunNotFound
 from producer.render import render_event, render_head
+from shared.errors import InvalidRequest
 from shared.events import END_EVENTS, Event
 from shared.state import Phase, RunHead
 from shared.workers import AgentInfo
@@ -21,9 +24,13 @@ __all__ = [
     "agents",
     "approve",
     "cancel",
+    "checkpoints",
     "deny",
     "events",
+    "export",
+    "fork",
     "health",
+    "over_api",
     "print_event",
     "print_head",
     "status",
@@ -54,11 +61,33 @@ def _finish(head: RunHead, as_json: bool) -> int:
     return 0 if head.phase is Phase.COMPLETED else EXIT_FAILED_RUN
 
 
+def over_api(args: argparse.Namespace) -> ApiClient | None:
+    """The API client when the command is to go through the HTTP API (``--api`` or its env)."""
+    url = getattr(args, "api", None) or os.environ.get(ENV_API_URL)
+    return ApiClient(url, getattr(args, "key", None)) if url else None
+
+
+def _handle(args: argparse.Namespace) -> RunHandle | ApiRunHandle:
+    api = over_api(args)
+    return api.handle(args.run_id) if api is not None else Client.from_env().handle(args.run_id)
+
+
 def submit(args: argparse.Namespace) -> int:
-    client = Client.from_env()
-    handle = client.submit(
-        args.agent, args.text, model=args.model, thread_id=args.thread, check_agent=not args.no_check
-    )
+    api = over_api(args)
+    handle: RunHandle | ApiRunHandle
+    if api is not None:
+        if args.no_check:
+            raise InvalidRequest("--no-check needs Redis access: the API refuses runs no live worker serves")
+        handle = api.submit(args.agent, args.text, model=args.model, thread_id=args.thread)
+    else:
+        handle = Client.from_env().submit(
+            args.agent, args.text, model=args.model, thread_id=args.thread, check_agent=not args.no_check
+        )
+    return _started(handle, args)
+
+
+def _started(handle: RunHandle | ApiRunHandle, args: argparse.Namespace) -> int:
+    """Print a new run's id, or (``--wait``) follow it to its end."""
     if not args.wait:
         print(json.dumps({"run_id": handle.run_id}) if args.json else handle.run_id)
         return 0
@@ -75,7 +104,28 @@ def submit(args: argparse.Namespace) -> int:
     return _finish(head, args.json)
 
 
-def _follow(handle: RunHandle, timeout: float, as_json: bool) -> None:
+def checkpoints(args: argparse.Namespace) -> int:
+    listed = Client.from_env().checkpoints(args.run_id)
+    if args.json:
+        print(json.dumps([c.model_dump(mode="json") for c in listed]))
+        return 0
+    print(f"{'version':>7}  {'step':>4}  {'phase':<17}  {'committed at (UTC)':<23}  worker")
+    for c in listed:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.at)) + f".{int(c.at * 1000) % 1000:03d}"
+        retried = f"  (attempt {c.attempt})" if c.attempt > 1 else ""
+        print(f"{c.version:>7}  {c.step:>4}  {c.phase.value:<17}  {at:<23}  {c.worker or '-'}{retried}")
+    return 0
+
+
+def fork(args: argparse.Namespace) -> int:
+    client = Client.from_env()
+    handle = client.fork(args.run_id, args.version, input=args.input, model=args.model)
+    if not args.json:
+        print(f"forked {args.run_id} v{args.version}", file=sys.stderr)
+    return _started(handle, args)
+
+
+def _follow(handle: RunHandle | ApiRunHandle, timeout: float, as_json: bool) -> None:
     """Print the run's events until its end or ``timeout``; if nothing happens for a while, say why."""
     deadline = time.monotonic() + timeout
     after = "0-0"
@@ -94,6 +144,11 @@ def _follow(handle: RunHandle, timeout: float, as_json: bool) -> None:
 
 
 def status(args: argparse.Namespace) -> int:
+    api = over_api(args)
+    if api is not None:
+        head = api.handle(args.run_id).status()
+        print(head.model_dump_json() if args.json else render_head(head))
+        return 0
     client = Client.from_env()
     head = client.handle(args.run_id).status()
     print(head.model_dump_json() if args.json else render_head(head))
@@ -109,7 +164,7 @@ def status(args: argparse.Namespace) -> int:
 
 
 def events(args: argparse.Namespace) -> int:
-    handle = Client.from_env().handle(args.run_id)
+    handle = _handle(args)
     handle.status()  # raises RunNotFound for a bad id instead of waiting forever
     for event in handle.events(follow=args.follow, after=args.after):
         print_event(event, args.json)
@@ -117,8 +172,9 @@ def events(args: argparse.Namespace) -> int:
 
 
 def timeline(args: argparse.Namespace) -> int:
-    client = Client.from_env()
-    picture = client.handle(args.run_id).timeline()
+    api = over_api(args)
+    handle = api.handle(args.run_id) if api is not None else Client.from_env().handle(args.run_id)
+    picture = handle.timeline()
     if args.json:
         print(picture.model_dump_json())
         return 0
@@ -130,8 +186,29 @@ def timeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def export(args: argparse.Namespace) -> int:
+    """The run whole as one JSON document (Redis or the archive), to a file or stdout."""
+    from shared.export import export_run
+
+    client = Client.from_env()
+    try:
+        exported = export_run(client.store, args.run_id)
+    finally:
+        client.close()
+    if exported is None:
+        raise RunNotFound(f"no run {args.run_id!r}")
+    document = exported.model_dump_json(indent=2 if args.indent else None)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(document + "\n")
+        print(f"run {args.run_id} exported to {args.output}", file=sys.stderr)
+    else:
+        print(document)
+    return 0
+
+
 def cancel(args: argparse.Namespace) -> int:
-    phase = Client.from_env().handle(args.run_id).cancel()
+    phase = _handle(args).cancel()
     if phase is None:
         print(f"wesichain: no run {args.run_id!r}", file=sys.stderr)
         return EXIT_FAILED_RUN
@@ -140,18 +217,21 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def approve(args: argparse.Namespace) -> int:
-    Client.from_env().handle(args.run_id).approve(args.note, always=args.always)
+    _handle(args).approve(args.note, always=args.always)
     print(f"approved{' for the rest of the run' if args.always else ''}; run {args.run_id} resumes")
     return 0
 
 
 def deny(args: argparse.Namespace) -> int:
-    Client.from_env().handle(args.run_id).deny(args.note)
+    _handle(args).deny(args.note)
     print(f"denied; run {args.run_id} resumes without the denied calls")
     return 0
 
 
 def agents(args: argparse.Namespace) -> int:
+    api = over_api(args)
+    if api is not None:
+        return _agents_over_api(api, args.json)
     client = Client.from_env()
     live = client.workers.live()
     served: dict[str, list[str]] = {}
@@ -177,6 +257,20 @@ def agents(args: argparse.Namespace) -> int:
         print(
             f"{name} v{agent.version}  model {agent.model}  tools: {tools}  ({len(served[name])} worker(s))"
         )
+    return 0
+
+
+def _agents_over_api(api: ApiClient, as_json: bool) -> int:
+    listed = api.agents()
+    if as_json:
+        print(json.dumps([a.model_dump(mode="json") for a in listed]))
+        return 0
+    if not listed:
+        print("no live worker serves any agent", file=sys.stderr)
+        return EXIT_FAILED_RUN
+    for view in listed:
+        tools = ", ".join(t.name for t in view.tools) or "no tools"
+        print(f"{view.name} v{view.version}  model {view.model}  tools: {tools}  ({view.workers} worker(s))")
     return 0
 
 

@@ -5,6 +5,7 @@ An agents module exposes a module-level ``registry``::
     registry = AgentRegistry()
     registry.add(Agent(name="helper", model="openai:gpt-4o-mini", system_prompt="...", tools=ToolSet([...])))
     registry.add_model("fixed", ScriptedModel([...]))   # then usable as model="scripted:fixed"
+    registry.add_pipeline(Pipeline("review").then("drafter").then("reviewer"))  # shared/pipeline/
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from functools import cache
 
 from pydantic import BaseModel
 
+from shared.context import ContextBudget
 from shared.errors import ConfigError
 from shared.limits import ProviderLimit
 from shared.llm.base import LlmAdapter, OutputFormat
 from shared.messages import ToolCall
 from shared.middleware import Middleware
 from shared.output import MAX_SCHEMA_CHARS, output_format
+from shared.pipeline.check import check_pipeline
+from shared.pipeline.definition import Pipeline, Step
 from shared.policy import Policy
 from shared.prompts import INPUT_VARIABLE, Prompt
 from shared.tools import RISKS, Risk, ToolSet
@@ -59,6 +63,13 @@ class Agent:
     middleware: tuple[Middleware, ...] = ()
     #: Calls of tools at or above this risk need a human's approval (None: risk alone never does).
     approval_risk: Risk | None = None
+    #: How deep subagent runs may nest below a run of this agent (``AgentTool``).
+    max_subagent_depth: int = 3
+    #: Subagent runs one run of this agent may start, in total.
+    max_children: int = 20
+    #: The prompt-token budget of its model requests, and how to stay under it (``shared/context.py``);
+    #: None: the whole conversation is sent.
+    context: ContextBudget | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
@@ -75,15 +86,19 @@ class Agent:
             isinstance(m, Middleware) for m in self.middleware
         ):
             raise ConfigError(f"agent {self.name!r}: middleware must be a tuple of Middleware instances")
+        if not 0 <= self.max_subagent_depth <= 10 or not 0 <= self.max_children <= 1000:
+            raise ConfigError(f"agent {self.name!r}: max_subagent_depth in 0..10, max_children in 0..1000")
         if self.approval_risk is not None and self.approval_risk not in RISKS:
             raise ConfigError(f"agent {self.name!r}: approval_risk must be one of {', '.join(RISKS)}")
 
     def needs_approval(self, call: ToolCall) -> bool:
         """Whether a human must approve ``call`` (validated) before it runs: the tool is listed in
         ``approval_required``, is at or above ``approval_risk``, or its own predicate says so."""
+        tool = self.tools.get(call.name)
+        if tool is not None and tool.subagent is not None:
+            return False  # a subagent runs as its own run, whose tools carry their own approvals
         if call.name in self.approval_required:
             return True
-        tool = self.tools.get(call.name)
         if tool is None:
             return False
         if self.approval_risk is not None and RISKS.index(tool.risk) >= RISKS.index(self.approval_risk):
@@ -124,12 +139,41 @@ class AgentRegistry:
     def __init__(self) -> None:
         self._agents: dict[str, Agent] = {}
         self._models: dict[str, LlmAdapter] = {}
+        self._pipelines: dict[str, Pipeline] = {}
 
     def add(self, agent: Agent) -> Agent:
         if agent.name in self._agents:
             raise ConfigError(f"agent {agent.name!r} is registered twice")
         self._agents[agent.name] = agent
         return agent
+
+    def add_pipeline(self, pipeline: Pipeline) -> Pipeline:
+        """Register a pipeline of runs, checked against the agents (``shared/pipeline/check.py``):
+        register its agents, and the pipelines its branches go to, first."""
+        if pipeline.name in self._pipelines:
+            raise ConfigError(f"pipeline {pipeline.name!r} is registered twice")
+        check_pipeline(pipeline, self.get, self._pipelines)
+        self._pipelines[pipeline.name] = pipeline
+        return pipeline
+
+    def pipeline(self, name: str) -> Pipeline:
+        try:
+            return self._pipelines[name]
+        except KeyError:
+            known = ", ".join(sorted(self._pipelines)) or "none"
+            raise ConfigError(f"unknown pipeline {name!r} (registered: {known})") from None
+
+    def steps_of(self, target: str) -> tuple[Step, ...]:
+        """The steps a pipeline run goes through at ``target``: a pipeline's, or one run of an agent
+        (a branch's case may name either)."""
+        if target in self._pipelines:
+            return self._pipelines[target].steps
+        self.get(target)
+        return (Step("then", target, target),)
+
+    @property
+    def pipeline_names(self) -> list[str]:
+        return sorted(self._pipelines)
 
     def add_model(self, name: str, adapter: LlmAdapter) -> None:
         """Register an in-process model (typically a ScriptedModel) as ``scripted:NAME``."""

@@ -135,7 +135,7 @@ class Archiver:
             report.gone += len(gone)
         if not records:
             return
-        before = self.archive.summaries([r.run_id for r in records])
+        before = self.archive.present([r.run_id for r in records])
         self.archive.put([r for r in records if r.run_id not in before])
         after = self.archive.summaries([r.run_id for r in records])
         verified = []

@@ -121,6 +121,8 @@ class ToolDispatched(_Event):
     call_id: str
     tool: str
     arguments: dict[str, Any]
+    #: A subagent call's child run (its own events are under that id).
+    child_run_id: str | None = None
 
 
 class ToolCompleted(_Event):
@@ -133,6 +135,8 @@ class ToolCompleted(_Event):
     output: str
     error: RunErrorInfo | None = None
     duration_s: float = 0.0
+    #: A subagent call's child run, whose end this is.
+    child_run_id: str | None = None
 
 
 class StepFailed(_Event):

@@ -4,7 +4,8 @@
                     │ └─act→ ACTING ─observe→ OBSERVING ─next_step→ THINKING …
                     │                                   └─finish→ COMPLETED (a tool ended the run)
                     ├─reprompt / retry→ THINKING
-                    └─park→ AWAITING_APPROVAL ─approve→ ACTING, ─deny→ THINKING
+                    ├─park→ AWAITING_APPROVAL ─approve→ ACTING, ─deny→ THINKING
+                    └─delegate→ AWAITING_APPROVAL (subagents) ─resume→ THINKING
     OBSERVING ─park_unknown→ AWAITING_APPROVAL ─resume→ THINKING
     any live phase ─fail→ FAILED, ─interrupt→ INTERRUPTED
 
@@ -29,7 +30,7 @@ from shared import events as ev
 from shared.errors import InternalInvariant, RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
-from shared.state import Approval, Phase, RunHead, ToolResult
+from shared.state import Approval, ChildRun, Phase, RunHead, Summary, ToolResult
 
 __all__ = [
     "Acting",
@@ -204,6 +205,43 @@ class Thinking(_Live):
             events=(responded, *waiting),
         )
 
+    def delegate(
+        self, text: str | None, calls: Sequence[ToolCall], usage: Usage, children: Sequence[ChildRun]
+    ) -> Transition[Parked]:
+        """The model called subagents: park, holding no worker, until their child runs have ended."""
+        reason = "waiting for subagents: " + ", ".join(f"{c.agent} ({c.run_id})" for c in children)
+        head = self._next(
+            Phase.AWAITING_APPROVAL,
+            pending_calls=list(calls),
+            approval=Approval(
+                kind="children", call_ids=[c.id for c in calls], reason=reason, children=list(children)
+            ),
+            children=self.head.children + len(children),
+            usage=self.head.usage + usage,
+            message_count=self.head.message_count + 1,
+            model_retries=0,
+        )
+        child_of = {c.call_id: c.run_id for c in children}
+        responded = ev.ModelResponded(
+            run_id=head.run_id, step=head.step, text=text, tool_calls=len(calls), usage=usage
+        )
+        dispatched = tuple(
+            ev.ToolDispatched(
+                run_id=head.run_id,
+                step=head.step,
+                call_id=c.id,
+                tool=c.name,
+                arguments=c.arguments,
+                child_run_id=child_of.get(c.id),
+            )
+            for c in calls
+        )
+        return Transition(
+            Parked(head),
+            messages=(AssistantMessage(content=text, tool_calls=list(calls)),),
+            events=(responded, *dispatched),
+        )
+
     def reprompt(
         self, error: RunErrorInfo, raw_reply: str | None, correction: str, usage: Usage, consume_budget: bool
     ) -> Transition[Thinking]:
@@ -227,6 +265,11 @@ class Thinking(_Live):
         if consume_budget:
             events.append(ev.StepStarted(run_id=head.run_id, step=step))
         return Transition(Thinking(head), messages=messages, events=tuple(events))
+
+    def summarised(self, summary: Summary, usage: Usage) -> Transition[Thinking]:
+        """The oldest messages were summarised (committed once); think again with the summary."""
+        head = self._next(Phase.THINKING, summary=summary, usage=self.head.usage + usage)
+        return Transition(Thinking(head))
 
     def retry(self, error: RunErrorInfo, consume_budget: bool) -> Transition[Thinking]:
         """Call the model again for the same step (the failed call left no messages behind)."""

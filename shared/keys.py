@@ -119,6 +119,10 @@ class Keys:
         """Set: every tenant's name."""
         return f"{self.prefix}tenants"
 
+    def archive_retention(self) -> str:
+        """Hash: tenant -> days its archived runs are kept after they ended (0: forever)."""
+        return f"{self.prefix}archive:retention"
+
     def api_key(self, digest: str) -> str:
         """String: an API key's record (tenant, name, when), under the SHA-256 of the key."""
         return f"{self.prefix}apikey:{digest}"
@@ -204,3 +208,44 @@ class Keys:
     def evals_index(self) -> str:
         """Sorted set: every eval id by creation time (ms)."""
         return f"{self.prefix}evals:index"
+
+    # -- pipeline runs: every key of one shares its hash tag, so each pipeline script touches one slot --
+
+    def _pipe(self, pipeline_id: str) -> str:
+        return f"{self.prefix}{{pipe:{pipeline_id}}}"
+
+    def pipe_meta(self, pipeline_id: str) -> str:
+        """Hash: a pipeline run's request, status, current step and its counters, output or error."""
+        return self._pipe(pipeline_id) + ":meta"
+
+    def pipe_steps(self, pipeline_id: str) -> str:
+        """Hash: step number -> what that step was (name, kind, agent, items), as JSON."""
+        return self._pipe(pipeline_id) + ":steps"
+
+    def pipe_items(self, pipeline_id: str, seq: int) -> str:
+        """Hash: item index -> the input text of its child run, for step ``seq``."""
+        return f"{self._pipe(pipeline_id)}:items:{seq}"
+
+    def pipe_attempts(self, pipeline_id: str, seq: int) -> str:
+        """Hash: item index -> its current attempt (absent: 0); a retry moves it on once."""
+        return f"{self._pipe(pipeline_id)}:attempts:{seq}"
+
+    def pipe_children(self, pipeline_id: str, seq: int) -> str:
+        """Hash: item index -> the run id of the child run created for its current attempt."""
+        return f"{self._pipe(pipeline_id)}:children:{seq}"
+
+    def pipe_results(self, pipeline_id: str, seq: int) -> str:
+        """Hash: item index -> how its child ended, as JSON; HSETNX records each item once."""
+        return f"{self._pipe(pipeline_id)}:results:{seq}"
+
+    def pipe_events(self, pipeline_id: str) -> str:
+        """Stream: the pipeline run's events (steps, each child's start and end, its own end)."""
+        return self._pipe(pipeline_id) + ":events"
+
+    def pipes_active(self) -> str:
+        """Set: ids of pipeline runs the sweeper looks after (running, or ended with live children)."""
+        return f"{self.prefix}pipes:active"
+
+    def pipes_index(self) -> str:
+        """Sorted set: every pipeline run id by creation time (ms)."""
+        return f"{self.prefix}pipes:index"

@@ -20,6 +20,7 @@ SCRIPT_NAMES = (
     "release",
     "commit",
     "record_result",
+    "record_child",
     "due",
     "inspect",
     "recover",

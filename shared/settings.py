@@ -18,6 +18,7 @@ __all__ = [
     "ENV_ARCHIVE_AFTER",
     "ENV_ARCHIVE_BATCH",
     "ENV_ARCHIVE_INTERVAL",
+    "ENV_ARCHIVE_RETENTION",
     "ENV_ARCHIVE_URL",
     "ENV_BROKER_OPTIONS",
     "ENV_COMMIT_PUBLISH",
@@ -87,6 +88,7 @@ ENV_ARCHIVE_URL = "WESICHAIN_ARCHIVE_URL"
 ENV_ARCHIVE_AFTER = "WESICHAIN_ARCHIVE_AFTER_S"
 ENV_ARCHIVE_BATCH = "WESICHAIN_ARCHIVE_BATCH"
 ENV_ARCHIVE_INTERVAL = "WESICHAIN_ARCHIVE_INTERVAL_S"
+ENV_ARCHIVE_RETENTION = "WESICHAIN_ARCHIVE_RETENTION_DAYS"
 
 DEFAULT_AGENTS_MODULE = "shared.examples.research"
 
@@ -208,6 +210,9 @@ class Settings:
     archive_batch: int = 500
     #: ``WESICHAIN_ARCHIVE_INTERVAL_S``: how often the beat schedule sends the archiving task.
     archive_interval_s: float = 30.0
+    #: ``WESICHAIN_ARCHIVE_RETENTION_DAYS``: archived runs are deleted (audited) this many days
+    #: after they ended; 0 keeps them forever. A tenant may have its own (``Tenants``).
+    archive_retention_days: float = 0.0
     limits: Limits = field(default_factory=Limits)
     #: How workers call model providers (timeouts, retries, scripted model files).
     llm: LlmSettings = field(default_factory=LlmSettings)
@@ -238,15 +243,7 @@ class Settings:
             )
         if parts.scheme != "memory" and not parts.hostname:
             raise ConfigError(f"Redis URL has no host: {redact_url(self.redis_url)!r}")
-        if self.broker_url:
-            broker = urlsplit(self.broker_url)
-            if broker.scheme not in ("amqp", "amqps") or not broker.hostname:
-                raise ConfigError(
-                    f"{ENV_BROKER_URL} must be an amqp:// or amqps:// URL with a host (a Redis broker is"
-                    f" the run state's own server), got {redact_url(self.broker_url)!r}"
-                )
-            if parts.scheme == "memory":
-                raise ConfigError(f"{ENV_BROKER_URL} cannot be used in the embedded mode")
+        self._validate_broker()
         if self.lease_s <= 0 or self.queued_lease_s <= 0 or self.max_phase_attempts < 1:
             raise ConfigError("lease_s and queued_lease_s must be > 0 and max_phase_attempts >= 1")
         if self.log_format not in ("text", "json"):
@@ -260,16 +257,30 @@ class Settings:
                 f"{ENV_ARCHIVE_URL} must start with postgresql:// or sqlite:///,"
                 f" got {redact_url(self.archive_url)!r}"
             )
-        if self.archive_after_s < 0 or self.archive_interval_s <= 0 or not 1 <= self.archive_batch <= 10_000:
+        if not 0 <= self.archive_retention_days <= 36_500:
+            raise ConfigError(f"{ENV_ARCHIVE_RETENTION} must be in 0..36500 (0: keep forever)")
+        if self.archive_after_s < 0 or self.archive_interval_s <= 0 or not 1 <= self.archive_batch <= 5_000:
             raise ConfigError(
                 f"{ENV_ARCHIVE_AFTER} must be >= 0, {ENV_ARCHIVE_INTERVAL} > 0 and {ENV_ARCHIVE_BATCH}"
-                " in 1..10000"
+                " in 1..5000"
             )
         if not 1 <= self.shards <= 1024:
             raise ConfigError(f"{ENV_SHARDS}={self.shards}: shards must be in 1..1024")
         from shared.tls import endpoint  # shared.tls builds on this module
 
         endpoint(self)  # TLS files exist and load, the URL's TLS parameters are consistent
+
+    def _validate_broker(self) -> None:
+        if not self.broker_url:
+            return
+        broker = urlsplit(self.broker_url)
+        if broker.scheme not in ("amqp", "amqps") or not broker.hostname:
+            raise ConfigError(
+                f"{ENV_BROKER_URL} must be an amqp:// or amqps:// URL with a host (a Redis broker is"
+                f" the run state's own server), got {redact_url(self.broker_url)!r}"
+            )
+        if self.embedded:
+            raise ConfigError(f"{ENV_BROKER_URL} cannot be used in the embedded mode")
 
     @property
     def embedded(self) -> bool:
@@ -360,6 +371,7 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_ARCHIVE_AFTER, "archive_after_s", _number(float)),
     (ENV_ARCHIVE_BATCH, "archive_batch", _number(int)),
     (ENV_ARCHIVE_INTERVAL, "archive_interval_s", _number(float)),
+    (ENV_ARCHIVE_RETENTION, "archive_retention_days", _number(float)),
 )
 
 

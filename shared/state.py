@@ -28,7 +28,10 @@ __all__ = [
     "Approval",
     "Callback",
     "CallbackState",
+    "ChildRun",
     "Decision",
+    "ForkOrigin",
+    "ParentLink",
     "Phase",
     "PhaseRun",
     "REQUEST_FIELDS",
@@ -36,6 +39,7 @@ __all__ = [
     "RunHead",
     "RunStatus",
     "TERMINAL_PHASES",
+    "Summary",
     "TaskSpec",
     "ToolResult",
     "status_of",
@@ -144,14 +148,46 @@ class ToolResult(BaseModel):
     duration_s: float = 0.0
 
 
+class ChildRun(BaseModel):
+    """A subagent call's child run, as its parent's park names it (``shared/subagents.py``)."""
+
+    call_id: str
+    run_id: str
+    agent: str
+    input: str
+
+
+class ParentLink(BaseModel):
+    """The run (and its call) a child run answers to."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    step: int
+    call_id: str
+    #: 1 for a child of a top-level run, 2 for a grandchild...
+    depth: int = 1
+
+
+class Summary(BaseModel):
+    """The model-written summary of a run's oldest messages, committed once on the run."""
+
+    #: How many messages of the stored conversation, after the system prompt, it stands for.
+    upto: int
+    text: str
+
+
 class Approval(BaseModel):
     """Why a run is parked in AWAITING_APPROVAL, and for which calls."""
 
     #: "tool_calls": the calls need a human yes/no before they run.
     #: "unknown_outcome": a non-retry-safe call's worker died mid-call; a human says whether to go on.
-    kind: Literal["tool_calls", "unknown_outcome"]
+    #: "children": the calls are subagents' runs; the run goes on when they have all ended.
+    kind: Literal["tool_calls", "unknown_outcome", "children"]
     call_ids: list[str]
     reason: str
+    #: The child runs of a "children" park, one per call.
+    children: list[ChildRun] = Field(default_factory=list)
 
 
 class Decision(BaseModel):
@@ -165,7 +201,20 @@ class Decision(BaseModel):
 
 #: The fields of a head that a producer sets when it creates the run and that never change: they
 #: are stored once (the run's ``request``), not copied into every commit and checkpoint.
-REQUEST_FIELDS = frozenset({"agent", "input", "thread_id", "metadata", "created_at", "tenant", "callback"})
+REQUEST_FIELDS = frozenset(
+    {"agent", "input", "thread_id", "metadata", "created_at", "tenant", "callback", "fork", "parent"}
+)
+
+
+class ForkOrigin(BaseModel):
+    """The checkpoint a forked run started from (``Client.fork``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    version: int
+    #: The fork's input replaces the last user message of the original's conversation.
+    edited_input: bool = False
 
 
 class PhaseRun(BaseModel):
@@ -211,6 +260,14 @@ class RunHead(BaseModel):
     tenant: str | None = None
     #: How to tell a service the run ended (None: nobody is told).
     callback: Callback | None = None
+    #: The run and checkpoint this run was forked from (None: not a fork).
+    fork: ForkOrigin | None = None
+    #: The run whose subagent call this run is (None: a top-level run).
+    parent: ParentLink | None = None
+    #: Subagent runs this run has started so far.
+    children: int = 0
+    #: The summary of the oldest messages (an agent whose context strategy is ``summarise``).
+    summary: Summary | None = None
     message_count: int = 0
     #: The accepted tool calls of the current step (ACTING / OBSERVING).
     pending_calls: list[ToolCall] = Field(default_factory=list)
@@ -269,6 +326,8 @@ class RunHead(BaseModel):
         model: str | None = None,
         tenant: str | None = None,
         callback: Callback | None = None,
+        fork: ForkOrigin | None = None,
+        parent: ParentLink | None = None,
     ) -> RunHead:
         """A run as a producer creates it: version 1, IDLE, waiting for the start phase."""
         now = time.time()
@@ -283,6 +342,8 @@ class RunHead(BaseModel):
             metadata=metadata or {},
             tenant=tenant,
             callback=callback,
+            fork=fork,
+            parent=parent,
             created_at=now,
             updated_at=now,
         )

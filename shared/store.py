@@ -300,6 +300,13 @@ class RunStore:
                     self._archive = open_archive(self.settings.archive_url)
         return self._archive
 
+    def close_archive(self) -> None:
+        """Close the archive's connections, if it was opened (it opens again on next use)."""
+        with self._archive_lock:
+            archive, self._archive = self._archive, None
+        if archive is not None:
+            archive.close()
+
     def _in_redis(self, run_id: str) -> bool:
         return bool(self.redis.exists(self.keys.run(run_id)))
 
@@ -837,6 +844,26 @@ class RunStore:
         if status != "complete":
             return Recorded(status)  # type: ignore[arg-type]
         return Recorded("complete", int(reply[1]), len(reply) > 2 and _s(reply[2]) == "1")
+
+    def record_child(self, parent: RunHead, result: ToolResult, event: Event) -> int | None:
+        """Record a child run's outcome as ``parent``'s result for its call, once (its event with it).
+
+        Returns how many results the parent's step has now, or None if the parent no longer waits
+        for its children at that step.
+        """
+        k, run_id = self.keys, parent.run_id
+        reply = self._run(
+            "record_child",
+            [k.run(run_id), k.results(run_id, parent.step), k.events(run_id)],
+            [
+                parent.step,
+                result.call_id,
+                result.model_dump_json(),
+                dump_event(event),
+                self.settings.limits.events_maxlen,
+            ],
+        )
+        return None if _s(reply[0]) == "stale" else int(reply[1])
 
     # -- human decisions and cancels -------------------------------------------------------
 

@@ -21,8 +21,10 @@ __all__ = [
     "PHASE_TASKS",
     "TASK_ARCHIVE",
     "TASK_CALLBACK",
+    "TASK_CHILD_DONE",
     "TASK_DECIDE",
     "TASK_OBSERVE",
+    "TASK_SPAWN",
     "TASK_START",
     "TASK_SWEEP",
     "TASK_THINK",
@@ -42,6 +44,10 @@ TASK_SWEEP = "wesichain.sweep"
 #: One pass of the archiver (beat-scheduled when an archive is configured).
 TASK_ARCHIVE = "wesichain.archive"
 TASK_CALLBACK = "wesichain.callback"
+#: Creates and starts one subagent call's child run (``shared/subagents.py``).
+TASK_SPAWN = "wesichain.spawn"
+#: A child run's completion callback: records its outcome as its parent's tool result.
+TASK_CHILD_DONE = "wesichain.child_done"
 
 #: Every phase task, by name (the sweep is not a phase).
 PHASE_TASKS = (TASK_START, TASK_THINK, TASK_TOOL, TASK_OBSERVE, TASK_DECIDE)
@@ -86,6 +92,20 @@ def task_for(head: RunHead, time_limits: Mapping[str, float] | None = None) -> l
                 task_id=_task_id(run_id, version, what, epoch),
                 arguments={**base, "phase": head.phase.value},
             )
+        ]
+    if (
+        head.phase is Phase.AWAITING_APPROVAL
+        and head.approval is not None
+        and head.approval.kind == "children"
+    ):
+        # Waiting for subagents: start each child run (the last to end wakes this one).
+        return [
+            TaskSpec(
+                name=TASK_SPAWN,
+                task_id=_task_id(run_id, version, f"spawn:{child.call_id}", epoch),
+                arguments={**base, "call_id": child.call_id},
+            )
+            for child in head.approval.children
         ]
     return []  # parked (the decide task is sent when a human decides) or ended
 

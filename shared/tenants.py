@@ -108,10 +108,32 @@ class Tenants:
         raw = self.redis.hget(self.keys.tenant(tenant), "limits")
         return TenantLimits.model_validate_json(raw) if raw else TenantLimits()
 
+    def settings(self, tenant: str) -> tuple[TenantLimits, str | None]:
+        """The tenant's limits and default webhook URL, in one read."""
+        raw_limits, callback = self.redis.hmget(self.keys.tenant(tenant), "limits", "callback_url")
+        limits = TenantLimits.model_validate_json(raw_limits) if raw_limits else TenantLimits()
+        return limits, str(callback) if callback else None
+
     def set_limits(self, tenant: str, limits: TenantLimits) -> None:
         check_name("tenant", tenant)
         self.redis.hset(self.keys.tenant(tenant), "limits", limits.model_dump_json())
         self.redis.sadd(self.keys.tenants(), tenant)
+
+    def archive_retention(self) -> dict[str, float]:
+        """Tenants whose archived runs are kept for their own number of days (0: forever)."""
+        raw = self.redis.hgetall(self.keys.archive_retention())
+        return {str(tenant): float(days) for tenant, days in raw.items()}
+
+    def set_archive_retention(self, tenant: str, days: float | None) -> None:
+        """Keep ``tenant``'s archived runs ``days`` days after they ended (0: forever); None: as
+        every tenant's (``WESICHAIN_ARCHIVE_RETENTION_DAYS``)."""
+        check_name("tenant", tenant)
+        if days is None:
+            self.redis.hdel(self.keys.archive_retention(), tenant)
+            return
+        if not 0 <= days <= 36_500:
+            raise ValueError(f"an archive retention is 0 (forever) to 36500 days, got {days}")
+        self.redis.hset(self.keys.archive_retention(), tenant, str(days))
 
     def default_callback(self, tenant: str) -> str | None:
         """The webhook URL of runs of this tenant that name no callback of their own."""

@@ -96,6 +96,8 @@ class Tool:
     risk: Risk = "low"
     #: Whether a call needs a human's approval, from its arguments (besides the agent's rules).
     approval: ApprovalPredicate | None = None
+    #: The agent a call of this tool runs as a child run (``AgentTool``); None: a function tool.
+    subagent: str | None = None
 
     @property
     def attempt_limit_s(self) -> float:

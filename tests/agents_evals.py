@@ -50,3 +50,16 @@ registry = AgentRegistry()
 registry.add_model("evals-a", _model("evals-a", None))
 registry.add_model("evals-b", _model("evals-b", 3))
 registry.add(Agent(name="doubler", model="scripted:evals-a", system_prompt="Double it.", tools=ToolSet([])))
+
+
+def _judge_strict(messages: Sequence[Message]) -> ModelResponse:
+    """Score 1 when the graded answer equals the expected one, else 0: a well-behaved judge."""
+    prompt = next(m.content for m in reversed(messages) if isinstance(m, UserMessage))
+    expected = re.search(r"Expected answer:\n(.*?)\n\n", prompt, re.S)
+    answer = prompt.rsplit("Answer to grade:\n", 1)[-1].strip()
+    right = expected is not None and expected.group(1).strip().strip('"') == answer
+    return reply(f'{{"score": {1 if right else 0}, "reason": "{"matches" if right else "differs"}"}}')
+
+
+registry.add_model("judge-strict", ScriptedModel(_judge_strict))
+registry.add_model("judge-garbage", ScriptedModel([reply("Looks good to me!")] * 1000))

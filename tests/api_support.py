@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -47,12 +47,15 @@ class ApiProcess:
         ]
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), **broker_env(redis_url), **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ApiProcess:
+        if self._log is not None:
+            self._log.close()  # of the previous incarnation
         self._log = open(self.log_path, "ab")  # closed in stop()
         self.proc = subprocess.Popen(
             self.args,
@@ -74,6 +77,12 @@ class ApiProcess:
         except httpx.HTTPError:
             return False
 
+    def kill(self) -> None:
+        """SIGKILL the server (its port is free again for :meth:`start`)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -85,8 +94,9 @@ class ApiProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
-        if getattr(self, "_log", None) is not None:
+        if self._log is not None:
             self._log.close()
+            self._log = None
 
 
 def wait_status(http: httpx.Client, run_id: str, statuses: set[str], timeout: float = 60) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +19,10 @@ from tests.broker import ENV_TEST_BROKER, Settings, drop_all, rabbitmq_available
 from tests.harness import RedisServer, WorkerProcess
 
 CI = os.environ.get("CI") == "true"
+
+# What the embedded mode keeps (``wesichain demo``'s archive) goes to a directory of the session's,
+# never the home directory of whoever runs the tests.
+os.environ.setdefault("WESICHAIN_HOME", tempfile.mkdtemp(prefix="wesichain-home-"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

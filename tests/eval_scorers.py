@@ -20,3 +20,14 @@ def raises_on_seven(case: Case, outcome: RunOutcome) -> bool:
 
 
 NOT_CALLABLE = 42
+
+
+SCORED_KEY = "test:eval_scored"
+
+
+def counted(case: Case, outcome: RunOutcome) -> bool:
+    """Passes; counts its calls per case in the test's Redis (``test:eval_scored``)."""
+    from tests.agents_evals import _redis
+
+    _redis().hincrby(SCORED_KEY, case.id, 1)
+    return True

@@ -36,10 +36,10 @@ from celery.worker.request import Request
 
 from producer.client import Client
 from shared.agents import load_registry
-from shared.archiver import Archiver
-from shared.errors import ArchiveUnavailable, ConfigError, WesichainError
+from shared.errors import ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
 from shared.events import configure_worker_identity, worker_identity
+from shared.pipeline.tasks import TASK_PIPELINE_ADVANCE, TASK_PIPELINE_CHILD
 from shared.redis_client import connect, preflight
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Phase, RunHead, TaskSpec
@@ -47,8 +47,10 @@ from shared.store import RunStore
 from shared.tasks import (
     TASK_ARCHIVE,
     TASK_CALLBACK,
+    TASK_CHILD_DONE,
     TASK_DECIDE,
     TASK_OBSERVE,
+    TASK_SPAWN,
     TASK_START,
     TASK_SWEEP,
     TASK_THINK,
@@ -56,6 +58,7 @@ from shared.tasks import (
 )
 from shared.tls import RedisTlsError
 from worker.act import run_tool
+from worker.archiving import archive_pass
 from worker.broker_probe import BrokerProbe, RedisQueues, UnknownBroker
 from worker.callback import run_callback
 from worker.decide import run_decide
@@ -69,16 +72,17 @@ from worker.lost import on_lost_process
 from worker.metrics import cleanup_multiprocess
 from worker.metrics import serve as serve_metrics
 from worker.observe import run_observe
+from worker.pipelines import PipelinePool
 from worker.registry import RegistryBeat
 from worker.runtime import Delivery, Runtime
 from worker.start import run_start
+from worker.subagents import run_child_done, run_spawn
 from worker.sweeper import Sweeper
 from worker.think import run_think
 from worker.throttle import model_gate
 from worker.tracing import Tracing
 
 __all__ = [
-    "ARCHIVE_PASS_BATCHES",
     "Consumer",
     "EXIT_CONFIG",
     "PHASE_OF_TASK",
@@ -94,9 +98,6 @@ log = logging.getLogger("wesichain.worker")
 
 #: The CLI's exit status for a configuration error.
 EXIT_CONFIG = 2
-
-#: Batches one archiving task moves at most (a long backlog takes several beats, none of them long).
-ARCHIVE_PASS_BATCHES = 20
 
 
 #: The phase each task does (a log line's ``phase`` before the run is claimed).
@@ -127,6 +128,8 @@ class RuntimeHolder:
         self.registry: RegistryBeat | None = None
         self._evals: EvalPool | None = None
         self._evals_pid = -1
+        self._pipelines: PipelinePool | None = None
+        self._pipelines_pid = -1
 
     def get(self) -> Runtime:
         if self._runtime is None or self._pid != os.getpid():
@@ -165,7 +168,7 @@ class RuntimeHolder:
 
         agents = load_registry(settings.agents_module)
         renew_s = min(settings.lease_s / 3, 1.0)
-        return Runtime(
+        runtime = Runtime(
             store=store,
             agents=agents,
             send=send,
@@ -176,15 +179,28 @@ class RuntimeHolder:
             tracing=Tracing(settings.otel),
             prepare=builder.build if builder is not None and settings.commit_publish else None,
         )
+        # A case run's end is scored right in its callback task (see ``worker/evals.py``).
+        runtime.local_callbacks[TASK_EVAL_SCORE] = lambda ended: self.evals().score(ended)
+        # So is a pipeline's child run's end recorded (see ``worker/pipelines.py``).
+        runtime.local_callbacks[TASK_PIPELINE_CHILD] = lambda ended: self.pipelines().child_ended(ended)
+        return runtime
 
     def evals(self) -> EvalPool:
         """What the pool does for evals, once per process (its client creates the case runs)."""
         if self._evals is None or self._evals_pid != os.getpid():
             runtime = self.get()
-            client = Client(self.settings, app=self.app, store=runtime.store)
-            self._evals = EvalPool(client, runtime.send)
+            self._evals = EvalPool.for_runtime(runtime)
             self._evals_pid = os.getpid()
         return self._evals
+
+    def pipelines(self) -> PipelinePool:
+        """What the pool does for pipeline runs, once per process (its client creates the children)."""
+        if self._pipelines is None or self._pipelines_pid != os.getpid():
+            runtime = self.get()
+            client = Client(self.settings, app=self.app, store=runtime.store)
+            self._pipelines = PipelinePool(client, runtime.agents, runtime.send)
+            self._pipelines_pid = os.getpid()
+        return self._pipelines
 
     def probe(self) -> BrokerProbe:
         """How the sweeper asks the broker about queued messages."""
@@ -202,7 +218,7 @@ class RuntimeHolder:
 
     def start_sweeper(self) -> None:
         if self.sweeper is None:
-            self.sweeper = Sweeper(self.get(), self.probe(), self.evals())
+            self.sweeper = Sweeper(self.get(), self.probe(), self.evals(), self.pipelines())
             self.sweeper.start()
 
     def stop_sweeper(self) -> None:
@@ -283,6 +299,19 @@ def _finish(head: RunHead | None) -> None:
         raise RunEnded(f"run {head.run_id} {head.phase.value} at step {head.step}: {detail}"[:1000])
 
 
+def _subagent_tasks(app: Celery, holder: RuntimeHolder) -> None:
+    """The tasks that start a subagent call's child run and record its end (``worker/subagents.py``)."""
+    options = {"ignore_result": True, "shared": False}
+
+    @app.task(name=TASK_SPAWN, **options)  # type: ignore[untyped-decorator]
+    def spawn(run_id: str, step: int, version: int, call_id: str, epoch: int = 0) -> None:
+        run_spawn(holder.get(), run_id, version, call_id)
+
+    @app.task(name=TASK_CHILD_DONE, **options)  # type: ignore[untyped-decorator]
+    def child_done(outcome: dict[str, Any]) -> None:
+        run_child_done(holder.get(), outcome)
+
+
 def create_app(settings: Settings) -> Celery:
     app = Celery("wesichain", set_as_current=False)
     app.conf.update(celery_config(settings))
@@ -331,9 +360,12 @@ def create_app(settings: Settings) -> Celery:
     def callback(self: Task, run_id: str, step: int, version: int, phase: str, epoch: int = 0) -> None:
         run_callback(holder.get(), _delivery(self, run_id, version, epoch), step, phase)
 
+    _subagent_tasks(app, holder)
+
     @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep() -> int:
-        return Sweeper(holder.get(), holder.probe(), holder.evals()).sweep_once_and_release()
+        sweeper = Sweeper(holder.get(), holder.probe(), holder.evals(), holder.pipelines())
+        return sweeper.sweep_once_and_release()
 
     eval_options = {"ignore_result": True, "shared": False}
 
@@ -345,15 +377,27 @@ def create_app(settings: Settings) -> Celery:
     def eval_score(ended: dict[str, Any]) -> None:
         holder.evals().score(ended)
 
+    _pipeline_tasks(app, holder)
+
     @app.task(name=TASK_ARCHIVE, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def archive() -> int:
         """One bounded pass of the archiver (the next beat continues where it stopped)."""
-        report = Archiver(holder.get().store).run_once(max_runs=ARCHIVE_PASS_BATCHES * settings.archive_batch)
-        if report.error:
-            raise ArchiveUnavailable(report.error)
-        return report.archived + report.already_archived
+        return archive_pass(holder.get().store)
 
     return app
+
+
+def _pipeline_tasks(app: Celery, holder: RuntimeHolder) -> None:
+    """The tasks that drive pipeline runs (``worker/pipelines.py``)."""
+    options = {"ignore_result": True, "shared": False}
+
+    @app.task(name=TASK_PIPELINE_ADVANCE, **options)  # type: ignore[untyped-decorator]
+    def pipeline_advance(pipeline_id: str, from_seq: int) -> None:
+        holder.pipelines().advance(pipeline_id, from_seq)
+
+    @app.task(name=TASK_PIPELINE_CHILD, **options)  # type: ignore[untyped-decorator]
+    def pipeline_child(ended: dict[str, Any]) -> None:
+        holder.pipelines().child_ended(ended)
 
 
 def check_agents_module(app: Celery) -> None:

@@ -11,7 +11,9 @@ records each attempt on the run (``RunHandle.callback()``).
   receiver de-duplicates on it. Any 2xx answer is delivered; anything else is tried again after
   ``Settings.webhook_retry_s`` (at most that many times), then given up.
 * A Celery callback is sent by name with the outcome as its one argument and the task id
-  ``<run_id>:callback`` (at least once; a receiver de-duplicates on the id).
+  ``<run_id>:callback`` (at least once; a receiver de-duplicates on the id). A task the worker
+  itself serves (``Runtime.local_callbacks``, e.g. an eval's scoring) runs in place when no queue
+  is named, as a plain call under the callback's claim.
 """
 
 from __future__ import annotations
@@ -94,6 +96,12 @@ def _finish(
 def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None, int | None]:
     """One attempt; returns (the error, the HTTP status) — (None, status) when delivered."""
     if callback.task is not None:
+        local = rt.local_callbacks.get(callback.task) if callback.queue is None else None
+        if local is not None:
+            # A task this worker serves itself runs here, under the callback's claim: one hop
+            # less, and a crash mid-way leaves the callback pending for the sweeper to redo.
+            local(outcome(head))
+            return None, None
         spec = TaskSpec(
             name=callback.task,
             task_id=f"{head.run_id}:callback",

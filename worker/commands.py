@@ -9,7 +9,18 @@ from typing import Any
 
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
 
-__all__ = ["Handler", "archive", "demo", "gc", "metrics", "register", "sweeper", "worker"]
+__all__ = [
+    "Handler",
+    "archive",
+    "archive_retention",
+    "demo",
+    "gc",
+    "metrics",
+    "prune",
+    "register",
+    "sweeper",
+    "worker",
+]
 
 Handler = Any
 
@@ -72,7 +83,27 @@ def register(
     a.add_argument("--max", type=int, default=None, metavar="N", help="move at most N runs")
     a.add_argument("--loop", action="store_true", help="keep archiving every $WESICHAIN_ARCHIVE_INTERVAL_S")
     a.add_argument("--json", action="store_true")
+    p = sub.add_parser(
+        "prune",
+        parents=[common],
+        help="delete archived runs past their tenant's archive retention (each deletion audited)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    p.add_argument("--json", action="store_true")
+    r = sub.add_parser(
+        "archive-retention",
+        parents=[common],
+        help="show, or set a tenant's, days archived runs are kept after they ended (0: forever)",
+    )
+    r.add_argument("--tenant", help="the tenant to set (without it: show every tenant's)")
+    days = r.add_mutually_exclusive_group()
+    days.add_argument("--days", type=float, help="keep its runs this many days (0: forever)")
+    days.add_argument(
+        "--default", action="store_true", help="back to every tenant's ($WESICHAIN_ARCHIVE_RETENTION_DAYS)"
+    )
     return {
+        "prune": prune,
+        "archive-retention": archive_retention,
         "demo": demo,
         "worker": worker,
         "sweeper": sweeper,
@@ -112,7 +143,7 @@ def sweeper(args: argparse.Namespace) -> int:
     from worker.sweeper import Sweeper
 
     holder = app.wesichain_runtime
-    sweeper = Sweeper(holder.get(), holder.probe(), holder.evals())
+    sweeper = Sweeper(holder.get(), holder.probe(), holder.evals(), holder.pipelines())
     if args.once:
         print(f"handed on {sweeper.sweep_once_and_release()} run(s)")
         return 0
@@ -127,7 +158,8 @@ def demo(args: argparse.Namespace) -> int:
     from worker.embedded import embedded
 
     question = args.question or DEMO_QUESTION
-    with embedded(args.agents) as client:
+    with embedded(args.agents, archive=True) as client:
+        archive_url = client.settings.archive_url
         if not args.json:
             print(
                 "Asking the research assistant (embedded: in-process broker, Redis stand-in and worker):\n"
@@ -142,7 +174,13 @@ def demo(args: argparse.Namespace) -> int:
         if not args.json:
             print()
         print_head(head, args.json)
-        return 0 if head.phase is Phase.COMPLETED else 1
+    if not args.json:  # archived as the embedded pool ended
+        print(
+            f"\nThe run is kept in {archive_url}; read it again with\n  WESICHAIN_REDIS_URL=memory://"
+            f" WESICHAIN_ARCHIVE_URL={archive_url} wesichain export {head.run_id}",
+            file=sys.stderr,
+        )
+    return 0 if head.phase is Phase.COMPLETED else 1
 
 
 def metrics(args: argparse.Namespace) -> int:
@@ -187,15 +225,22 @@ def gc(args: argparse.Namespace) -> int:
 
 
 def archive(args: argparse.Namespace) -> int:
-    import time
-
     from shared.archiver import Archiver
     from shared.redis_client import connect
     from shared.settings import Settings
     from shared.store import RunStore
 
     settings = Settings.from_env()
-    archiver = Archiver(RunStore(connect(settings), settings))
+    store = RunStore(connect(settings), settings)
+    try:
+        return _archive_passes(Archiver(store), args, settings.archive_interval_s)
+    finally:
+        store.close_archive()
+
+
+def _archive_passes(archiver: Any, args: argparse.Namespace, interval_s: float) -> int:
+    import time
+
     while True:
         report = archiver.run_once(after_s=args.after, max_runs=args.max)
         if args.json:
@@ -211,4 +256,52 @@ def archive(args: argparse.Namespace) -> int:
                 print(f"wesichain: archiving stopped: {report.error}", file=sys.stderr, flush=True)
         if not args.loop:
             return 1 if report.error or report.mismatched else 0
-        time.sleep(settings.archive_interval_s)
+        time.sleep(interval_s)
+
+
+def prune(args: argparse.Namespace) -> int:
+    from shared.archive.retention import ArchivePruner
+    from shared.errors import ArchiveUnavailable
+    from shared.redis_client import connect
+    from shared.settings import Settings
+    from shared.store import RunStore
+    from shared.tenants import Tenants
+
+    settings = Settings.from_env()
+    store = RunStore(connect(settings), settings)
+    if store.archive is None:
+        raise ArchiveUnavailable("no archive is configured (WESICHAIN_ARCHIVE_URL)")
+    pruner = ArchivePruner(store.archive, Tenants(store.redis, store.keys), settings.archive_retention_days)
+    try:
+        report = pruner.prune(dry_run=args.dry_run)
+    finally:
+        store.close_archive()
+    if args.json:
+        print(report.to_json())
+        return 0
+    verb = "would delete" if report.dry_run else "deleted"
+    tenants = ", ".join(f"{tenant}: {n}" for tenant, n in sorted(report.by_tenant.items()))
+    print(f"{verb} {report.deleted} archived run(s) past their retention{f' ({tenants})' if tenants else ''}")
+    return 0
+
+
+def archive_retention(args: argparse.Namespace) -> int:
+    from shared.redis_client import connect
+    from shared.settings import Settings
+    from shared.store import RunStore
+    from shared.tenants import Tenants
+
+    settings = Settings.from_env()
+    store = RunStore(connect(settings), settings)
+    tenants = Tenants(store.redis, store.keys)
+    if args.tenant is None:
+        default = settings.archive_retention_days
+        print(f"every tenant: {f'{default:g} days' if default else 'forever'}")
+        for tenant, days in sorted(tenants.archive_retention().items()):
+            print(f"{tenant}: {f'{days:g} days' if days else 'forever'}")
+        return 0
+    if args.days is None and not args.default:
+        raise ValueError("give --days N (0: forever) or --default")
+    tenants.set_archive_retention(args.tenant, None if args.default else args.days)
+    print(f"tenant {args.tenant}: " + ("every tenant's retention" if args.default else f"{args.days:g} days"))
+    return 0

@@ -1,4 +1,5 @@
-"""The decide phase: a parked run (AWAITING_APPROVAL) goes on once a human's decision is stored."""
+"""The decide phase: a parked run (AWAITING_APPROVAL) goes on once a human's decision is stored, or
+(parked for subagents) once every child run of its step has ended."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 
 from shared import fsm
 from shared.errors import BudgetExceeded, ToolOutcomeUnknown
+from shared.policy import after_tools
 from shared.state import Phase, RunHead
 from shared.store import Claim, PhaseClaim
 from worker.heartbeat import Held
@@ -20,6 +22,8 @@ log = logging.getLogger("wesichain.worker")
 def run_decide(rt: Runtime, delivery: Delivery, step: int | None = None) -> RunHead | None:
     def body(current: fsm.Parked, claim: Claim, held: Held) -> RunHead | None:
         head = current.head
+        if head.approval is not None and head.approval.kind == "children":
+            return _children_ended(rt, current, claim)
         decision = rt.store.load_decision(head.run_id)
         approval = head.approval
         if decision is None or approval is None:
@@ -48,3 +52,21 @@ def run_decide(rt: Runtime, delivery: Delivery, step: int | None = None) -> RunH
         step = head.step if head is not None else 0
     want = PhaseClaim(delivery.run_id, delivery.version, Phase.AWAITING_APPROVAL, delivery.epoch, step)
     return run_phase(rt, delivery, want, "decide", fsm.Parked, body)
+
+
+def _children_ended(rt: Runtime, current: fsm.Parked, claim: Claim) -> RunHead | None:
+    """Go on once every child run of the step has its result; until then, keep waiting."""
+    head = current.head
+    waited = head.approval.call_ids if head.approval is not None else []
+    results = rt.store.load_results(head.run_id, head.step)
+    missing = set(waited) - {r.call_id for r in results}
+    if missing:
+        rt.store.release(head.run_id, claim.field, claim.token)
+        return None
+    policy = rt.agents.get(head.agent).policy
+    verdict = after_tools(
+        policy, results, budget_left=current.budget_left, max_steps=head.max_steps, step=head.step
+    )
+    if verdict.action == "fail" and verdict.error is not None:
+        return rt.fail(current, claim.ref, verdict.error)
+    return rt.commit(current, current.resume(results), claim.ref)

@@ -14,20 +14,27 @@ Nothing here depends on the process that submitted the eval.
 from __future__ import annotations
 
 import logging
-import math
+import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
+
+from celery import Celery
 
 from producer.client import Client
+from shared.agents import AgentRegistry
 from shared.errors import InvalidRequest, StoreFull
 from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult, RunOutcome, trajectory
 from shared.evals.scoring import EVAL_ID, EVAL_ITEM, result_of, run_outcome
 from shared.evals.store import EvalMeta, EvalStore, Item, run_id_of
 from shared.evals.tasks import TASK_EVAL_SCORE, pump_task
+from shared.llm.base import ModelRequest
+from shared.llm.resolver import resolve_model
+from shared.messages import SystemMessage, UserMessage
 from shared.state import Callback, RunHead, TaskSpec
 from shared.webhooks import outcome
+from worker.runtime import Runtime
 
 __all__ = ["PUMP_BATCH", "EvalPool"]
 
@@ -37,26 +44,69 @@ log = logging.getLogger("wesichain.evals")
 PUMP_BATCH = 50
 
 
+class _Publisher:
+    """A Celery app's ``send_task`` for the client that creates case runs, publishing through the
+    runtime's own path (which may push Celery's message on the store's connection)."""
+
+    def __init__(self, send: Callable[[TaskSpec], None]) -> None:
+        self._send = send
+
+    def send_task(
+        self,
+        name: str,
+        args: list[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        task_id: str | None = None,
+        queue: str | None = None,
+        **_: Any,
+    ) -> None:
+        spec = TaskSpec(
+            name=name, task_id=task_id or uuid.uuid4().hex, arguments=kwargs or {}, args=args or []
+        )
+        self._send(spec.model_copy(update={"queue": queue}))
+
+
 class EvalPool:
     """What the pool does for evals, on the run store's Redis; ``client`` creates the case runs."""
 
-    def __init__(self, client: Client, send: Callable[[TaskSpec], None]) -> None:
+    @classmethod
+    def for_runtime(cls, rt: Runtime) -> EvalPool:
+        # The client only submits (Client.submit sends the start by name): publishing through the
+        # runtime is what the worker's own phases do, without a second broker connection.
+        client = Client(rt.settings, app=cast(Celery, _Publisher(rt.send)), store=rt.store)
+        return cls(client, rt.send, rt.agents)
+
+    def __init__(self, client: Client, send: Callable[[TaskSpec], None], agents: AgentRegistry) -> None:
         self.client = client
         self.send = send
+        #: Where ``scripted:NAME`` judges are found (other models go to their provider).
+        self.agents = agents
         self.runs = client.store
-        self.evals = EvalStore(client.store.redis, client.store.keys)
+        self.evals = EvalStore(client.store.redis, client.store.keys, client.settings.retention_s)
         settings = client.settings
         #: How long a pump may take to create a run after taking its slot, and a scorer to score.
-        self.lease_s = max(30.0, settings.lease_s * 3)
+        self.lease_s = max(10.0, settings.lease_s * 3)
         #: How long an ended run may wait for its scoring callback before the sweeper scores it.
-        self.grace_s = max(10.0, settings.lease_s * 2)
+        self.grace_s = max(5.0, settings.lease_s * 2)
+        #: How often the sweeper looks at a running case run (to find one that ended unscored).
+        self.recheck_s = max(10.0, self.grace_s)
+        #: Specs by eval id: a spec never changes once the eval exists (its status is read fresh).
+        self._specs: dict[str, EvalMeta] = {}
+
+    def _meta(self, eval_id: str) -> EvalMeta:
+        meta = self._specs.get(eval_id)
+        if meta is None:
+            if len(self._specs) >= 64:
+                self._specs.clear()
+            meta = self._specs[eval_id] = self.evals.meta(eval_id)
+        return meta
 
     # -- starting case runs ----------------------------------------------------------------------
 
     def pump(self, eval_id: str) -> int:
         """Start case runs until the cap, the budget or the work runs out; returns how many."""
         try:
-            meta = self.evals.meta(eval_id)
+            meta = self._meta(eval_id)
         except EvalNotFound:
             return 0
         started = 0
@@ -116,23 +166,37 @@ class EvalPool:
         if self.evals.claim_scoring(eval_id, item, self.lease_s) != "ok":
             return None  # scored already, or being scored
         try:
-            meta = self.evals.meta(eval_id)
+            meta = self._meta(eval_id)
         except EvalNotFound:
             return None
         run_id = str(ended["run_id"])
-        head = self.runs.load(run_id)
-        steps = trajectory(self.runs.load_messages(run_id)) if head is not None else []
+        # The run's model (for its cost) is read only when the spec prices models.
+        head = self.runs.load(run_id) if meta.spec.pricing else None
+        steps = trajectory(self.runs.load_messages(run_id))
         case = self.evals.case(eval_id, item.case)
-        result = result_of(meta.spec, item, case, run_outcome(ended, steps), head.model if head else "")
+        outcome_ = run_outcome(ended, steps)
+        result = result_of(meta.spec, item, case, outcome_, head.model if head else "", self.judge)
         if self.evals.record(eval_id, item, result):
             self.pump(eval_id)
         return result
+
+    def judge(self, model: str, system: str, prompt: str) -> str:
+        """Ask a judge model, through the same adapters (retries, timeouts) as a think phase."""
+        adapter = resolve_model(model, self.agents)
+        request = ModelRequest(
+            model=model.partition(":")[2],
+            messages=[SystemMessage(content=system), UserMessage(content=prompt)],
+            temperature=0.0,
+            max_tokens=400,
+        )
+        return adapter.complete(request).text or ""
 
     # -- the sweeper's repairs -------------------------------------------------------------------
 
     def tick(self) -> int:
         """Repair every active eval once; returns the repairs made."""
         repaired = 0
+        self.evals.trim_index()
         for eval_id in self.evals.active():
             try:
                 repaired += self._repair(self.evals.meta(eval_id))
@@ -144,13 +208,15 @@ class EvalPool:
         eval_id = meta.eval_id
         now_ms = self.evals.now_ms()
         repaired = 0
-        for item, deadline in self.evals.slots(eval_id):
-            if math.isinf(deadline):
-                repaired += self._check_run(meta, item, now_ms)
-            elif deadline < now_ms:
-                log.warning("eval %s: the creator of case run %s died; creating it", eval_id, item)
-                self.start(meta, item)
-                repaired += 1
+        for item in self.evals.expired(eval_id, now_ms):
+            log.warning("eval %s: the creator of case run %s died; creating it", eval_id, item)
+            self.start(meta, item)
+            repaired += 1
+        # Each running case run is looked at once per recheck interval, not at every sweep.
+        due = self.evals.unchecked(eval_id, time.time() * 1000 - self.recheck_s * 1000)
+        for item in due:
+            repaired += self._check_run(meta, item, now_ms)
+        self.evals.checked(eval_id, due, time.time() * 1000)
         if (
             meta.status == "running"
             and self.evals.in_flight(eval_id) < meta.spec.concurrency

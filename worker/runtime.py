@@ -11,6 +11,7 @@ import os
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared import fsm
 from shared.agents import AgentRegistry
@@ -21,7 +22,7 @@ from shared.middleware import MiddlewareContext
 from shared.settings import Settings
 from shared.state import Phase, PhaseRun, RunHead, TaskSpec
 from shared.store import BrokerCommand, Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
-from shared.tasks import task_for, with_epoch
+from shared.tasks import decide_task, task_for, with_epoch
 from worker.heartbeat import Heartbeat
 from worker.hooks import Hooks
 from worker.metrics import Metrics, metrics
@@ -86,6 +87,9 @@ class Runtime:
     tracing: Tracing = field(default_factory=Tracing)
     #: Commit and publish in one script (None: commit, then send).
     prepare: Prepare | None = None
+    #: Callback tasks this worker runs in place of sending them (name -> the task's function,
+    #: given the run's outcome); see ``worker/callback.py``.
+    local_callbacks: dict[str, Callable[[dict[str, Any]], object]] = field(default_factory=dict)
 
     def holder(self) -> str:
         """This process, as claims name their holder (read per call: prefork children fork)."""
@@ -188,14 +192,28 @@ class Runtime:
     def interrupt(
         self, current: fsm.LivePhase, claim: ClaimRef | None, reason: str, error: RunErrorInfo | None = None
     ) -> RunHead | None:
+        self.cancel_children(current.head)  # first: a crash after the commit must not leave them running
         transition = current.interrupt(reason, error)
         head = _stamped(transition.head, current.phase, claim)
-        result = self.store.commit(current.head, head, claim, (), transition.events)
+        outbox = task_for(head)  # its completion callback, if it has one (a child run's, say)
+        result = self.store.commit(current.head, head, claim, (), transition.events, outbox)
         if result.status != "committed":
             self.metrics.fenced_off(current.phase)
             return None
         self.metrics.committed(current.head, head)
+        self.publish(outbox, result.epoch)
         return head
+
+    def cancel_children(self, head: RunHead) -> None:
+        """Ask every child of a run parked for its subagents to stop (they cascade to their own)."""
+        if head.approval is None or head.approval.kind != "children":
+            return
+        for child in head.approval.children:
+            phase = self.store.request_cancel(child.run_id)
+            if phase is Phase.AWAITING_APPROVAL:
+                parked = self.store.load(child.run_id)
+                if parked is not None:
+                    self.publish([decide_task(parked)], parked.epoch)  # no worker holds it: wake one
 
     def fail(
         self, current: fsm.LivePhase, claim: ClaimRef | None, error: RunErrorInfo, extra: Sequence[Event] = ()

@@ -19,9 +19,10 @@ from shared.messages import Message, SystemMessage, UserMessage
 from shared.middleware import Refuse, on_user_message
 from shared.prompts import Prompt
 from shared.request import check_run_id, validate_request
-from shared.state import Phase, RunHead
+from shared.state import ForkOrigin, Phase, RunHead
 from shared.store import Claim, PhaseClaim
 from shared.tasks import start_task
+from shared.timetravel import checkpoint_of, fork_conversation
 from worker.heartbeat import Held
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
@@ -30,7 +31,8 @@ __all__ = ["HISTORY_WINDOW", "render_prompts", "run_start"]
 
 log = logging.getLogger("wesichain.worker")
 
-#: Messages of earlier runs in the same thread carried into a new run.
+#: Messages of earlier runs in the same thread carried into a new run (an agent with a context
+#: budget sets its own, its requests trimmed by tokens).
 HISTORY_WINDOW = 40
 
 
@@ -46,17 +48,11 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
         except ConfigError as exc:
             return rt.fail(current, claim.ref, RunConfigError(str(exc), step=0).info())
         try:
-            system, user = render_prompts(agent, head)
+            messages = _initial_conversation(rt, agent, head)
         except InvalidRequest as exc:
-            # Sent without the client's check (a bare start message, or check_agent=False).
+            # Sent without the client's check (a bare start message, or check_agent=False), or
+            # refused by the agent's middleware, or forked from a run that is gone.
             return rt.fail(current, claim.ref, InvalidRequest(exc.message, step=0).info())
-        checked = on_user_message(agent.middleware, middleware_context(head), user)
-        if isinstance(checked, Refuse):
-            refused = InvalidRequest(f"the input was refused by {checked.reason}", step=0)
-            return rt.fail(current, claim.ref, refused.info())
-        user = checked
-        history = _thread_history(rt, head) if head.thread_id else []
-        messages = [SystemMessage(content=system), *history, UserMessage(content=user)]
         transition = current.start(
             messages, agent_version=agent.version, model=head.model or agent.model, max_steps=agent.max_steps
         )
@@ -64,6 +60,40 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
 
     want = PhaseClaim(delivery.run_id, delivery.version, Phase.IDLE, delivery.epoch, 0)
     return run_phase(rt, delivery, want, "start", fsm.Idle, body)
+
+
+def _initial_conversation(rt: Runtime, agent: Agent, head: RunHead) -> list[Message]:
+    """The conversation a run starts thinking from: a fork's replayed one, or a fresh one."""
+    ctx = middleware_context(head)
+    if head.fork is not None:
+        replayed = _forked_conversation(rt, head.fork)
+        if replayed:
+            if head.fork.edited_input:
+                checked = on_user_message(agent.middleware, ctx, head.input)
+                if isinstance(checked, Refuse):
+                    raise InvalidRequest(f"the input was refused by {checked.reason}")
+                replayed = fork_conversation(replayed, checked)
+            return replayed
+    system, user = render_prompts(agent, head)
+    checked = on_user_message(agent.middleware, ctx, user)
+    if isinstance(checked, Refuse):
+        raise InvalidRequest(f"the input was refused by {checked.reason}")
+    window = agent.context.thread_messages if agent.context is not None else HISTORY_WINDOW
+    history = _thread_history(rt, head, window) if head.thread_id else []
+    return [SystemMessage(content=system), *history, UserMessage(content=checked)]
+
+
+def _forked_conversation(rt: Runtime, fork: ForkOrigin) -> list[Message]:
+    """The original's conversation at the fork's checkpoint, up to where the model is asked again."""
+    origin = checkpoint_of(rt.store.checkpoints(fork.run_id), fork.version)
+    if origin is None:
+        raise InvalidRequest(
+            f"the run it forks from ({fork.run_id} v{fork.version}) is gone (past its retention)"
+        )
+    if origin.message_count == 0:
+        return []  # forked from the very start: begin afresh
+    messages = rt.store.load_messages(fork.run_id, 0, origin.message_count - 1)
+    return fork_conversation(messages, None)
 
 
 def render_prompts(agent: Agent, head: RunHead) -> tuple[str, str]:
@@ -107,7 +137,7 @@ def _create(rt: Runtime, run_id: str, create: dict[str, Any]) -> InvalidRequest 
     return rejected
 
 
-def _thread_history(rt: Runtime, head: RunHead) -> list[Message]:
+def _thread_history(rt: Runtime, head: RunHead, window_size: int) -> list[Message]:
     if head.thread_id is None:
         return []
     ids = rt.store.join_thread(head.tenant, head.thread_id, head.run_id)
@@ -117,7 +147,7 @@ def _thread_history(rt: Runtime, head: RunHead) -> list[Message]:
     previous: list[Message] = [
         m for m in rt.store.load_messages(earlier[-1]) if not isinstance(m, SystemMessage)
     ]
-    window: list[Message] = previous[-HISTORY_WINDOW:]
+    window: list[Message] = previous[-window_size:] if window_size else []
     # Never start the window mid-exchange (e.g. with a tool result whose call was cut off).
     while window and not isinstance(window[0], UserMessage):
         window.pop(0)

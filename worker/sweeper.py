@@ -30,6 +30,7 @@ from shared.store import Due, HandedOn
 from shared.tasks import with_epoch
 from worker.broker_probe import BrokerProbe, Located
 from worker.evals import EvalPool
+from worker.pipelines import PipelinePool
 from worker.runtime import Runtime
 
 __all__ = ["BATCH", "Sweeper", "TRIM_EVERY"]
@@ -45,11 +46,19 @@ TRIM_EVERY = 60
 class Sweeper:
     """Sweeps while it holds the cluster-wide sweeper lock (see :meth:`sweep`)."""
 
-    def __init__(self, rt: Runtime, probe: BrokerProbe, evals: EvalPool | None = None) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        probe: BrokerProbe,
+        evals: EvalPool | None = None,
+        pipelines: PipelinePool | None = None,
+    ) -> None:
         self.rt = rt
         self.probe = probe
         #: Evals whose case runs or scoring a dead process left behind are repaired each sweep.
         self.evals = evals
+        #: Pipeline runs whose child runs, callbacks or steps a dead process left are repaired too.
+        self.pipelines = pipelines
         self.interval_s = rt.settings.sweep_interval_s
         self.token = uuid.uuid4().hex
         self._lock = register_scripts(rt.store.redis)["lock"]
@@ -108,6 +117,8 @@ class Sweeper:
             handed += self._check_queued(waiting)
         if self.evals is not None:
             self.evals.tick()
+        if self.pipelines is not None:
+            self.pipelines.tick()
         return handed
 
     def _check_queued(self, waiting: Sequence[Due]) -> int:

@@ -21,12 +21,16 @@ from producer.client import Client
 from producer.evals.client import EvalClient, EvalTimeout, Progress
 from producer.evals.export import FORMATS, export
 from producer.evals.report import render_report
+from producer.evals.watch import watch
+from shared.evals.compare import ALPHA, Comparison, compare
+from shared.evals.outcome import CaseResult
 from shared.settings import ENV_REDIS_URL
 
 __all__ = [
     "EXIT_BELOW_THRESHOLD",
     "EXIT_TIMEOUT",
     "cancel",
+    "compare_evals",
     "dispatch",
     "list_evals",
     "register",
@@ -36,6 +40,7 @@ __all__ = [
     "resume",
     "run",
     "status",
+    "watch_eval",
 ]
 
 #: ``eval run --wait`` / ``eval status --gate``: a variant's pass rate is below the threshold.
@@ -78,6 +83,19 @@ def register(
     rep = verbs.add_parser("report", parents=[common], help="write the self-contained HTML report")
     rep.add_argument("eval_id")
     rep.add_argument("--output", "-o", required=True)
+    cmp = verbs.add_parser(
+        "compare",
+        parents=[common],
+        help="per-case regressions and improvements, with a paired test (exit 1 on a significant regression)",
+    )
+    cmp.add_argument("baseline", help="the baseline eval's id")
+    cmp.add_argument("candidate", nargs="?", help="the candidate eval's id (default: the baseline's)")
+    cmp.add_argument("--variants", nargs=2, metavar=("BASE", "CANDIDATE"), help="compare these two variants")
+    cmp.add_argument("--alpha", type=float, default=ALPHA, help=f"significance level (default {ALPHA})")
+    cmp.add_argument("--json", action="store_true")
+    w = verbs.add_parser("watch", parents=[common], help="a live view: progress, pass rate, cost, ETA")
+    w.add_argument("eval_id")
+    w.add_argument("--timeout", type=float, default=24 * 3600.0)
     ls = verbs.add_parser("list", parents=[common], help="the newest evals")
     ls.add_argument("--limit", type=int, default=20)
     return {"eval": dispatch}
@@ -92,6 +110,8 @@ def dispatch(args: argparse.Namespace) -> int:
         "results": results,
         "report": report,
         "list": list_evals,
+        "compare": compare_evals,
+        "watch": watch_eval,
     }[args.eval_command]
     return handler(args)
 
@@ -112,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         # One process: the in-memory broker, the Redis stand-in and a worker (as ``wesichain demo``).
         from worker.embedded import embedded as embedded_pool
 
-        context = embedded_pool(os.environ.get("WESICHAIN_AGENTS"), concurrency=8)
+        context = embedded_pool(os.environ.get("WESICHAIN_AGENTS"), concurrency=8, archive=True)
     else:
         context = nullcontext(Client.from_env())
     with context as client:
@@ -139,7 +159,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _follow(evals: EvalClient, eval_id: str, timeout: float) -> Progress:
-    """Wait for the eval, saying on stderr how far it got every few seconds."""
+    """Wait for the eval: the live view on a terminal, else a line on stderr every few seconds."""
+    if sys.stderr.isatty():
+        return watch(evals, eval_id, timeout)
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -244,3 +266,75 @@ def list_evals(args: argparse.Namespace) -> int:
     for eval_id in evals.store.list_evals(args.limit):
         print(render_progress(evals.progress(eval_id)).splitlines()[0])
     return 0
+
+
+def _by_variant(rows: list[CaseResult]) -> dict[str, list[CaseResult]]:
+    grouped: dict[str, list[CaseResult]] = {}
+    for r in rows:
+        grouped.setdefault(r.variant, []).append(r)
+    return grouped
+
+
+def _pairs(args: argparse.Namespace, evals: EvalClient) -> list[Comparison]:
+    base = _by_variant(evals.results(args.baseline))
+    cand = base if args.candidate is None else _by_variant(evals.results(args.candidate))
+    b_id, c_id = args.baseline, args.candidate or args.baseline
+    if args.variants:
+        v_base, v_cand = args.variants
+        for name, rows, eval_id in ((v_base, base, b_id), (v_cand, cand, c_id)):
+            if name not in rows:
+                raise ValueError(f"eval {eval_id} has no results of variant {name!r} (it has {sorted(rows)})")
+        return [compare(base[v_base], cand[v_cand], f"{b_id}/{v_base}", f"{c_id}/{v_cand}")]
+    if args.candidate is None:
+        raise ValueError("give a candidate eval, or --variants BASE CANDIDATE to compare two variants of one")
+    shared_names = [n for n in base if n in cand]
+    if shared_names:
+        return [compare(base[n], cand[n], f"{b_id}/{n}", f"{c_id}/{n}") for n in shared_names]
+    if len(base) == 1 and len(cand) == 1:
+        (vb, rb), (vc, rc) = next(iter(base.items())), next(iter(cand.items()))
+        return [compare(rb, rc, f"{b_id}/{vb}", f"{c_id}/{vc}")]
+    raise ValueError("the evals share no variant name: name the two with --variants")
+
+
+def compare_evals(args: argparse.Namespace) -> int:
+    comparisons = _pairs(args, EvalClient(Client.from_env()))
+    for c in comparisons:
+        c.alpha = args.alpha
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "baseline": c.a,
+                        "candidate": c.b,
+                        "pairs": c.pairs,
+                        "baseline_passed": c.a_passed,
+                        "candidate_passed": c.b_passed,
+                        "regressions": c.regressions,
+                        "improvements": c.improvements,
+                        "p_value": c.p_value,
+                        "significant_regression": c.significant_regression,
+                    }
+                    for c in comparisons
+                ]
+            )
+        )
+    else:
+        for c in comparisons:
+            rates = f"pass {c.a_passed}/{c.pairs} -> {c.b_passed}/{c.pairs}"
+            changes = f"{c.worse} worse, {c.better} better"
+            print(f"{c.a} -> {c.b}: {c.pairs} paired runs, {rates}; {changes}: {c.verdict()}")
+            if c.regressions:
+                print(f"  regressions: {', '.join(c.regressions[:50])}")
+            if c.improvements:
+                print(f"  improvements: {', '.join(c.improvements[:50])}")
+    return EXIT_BELOW_THRESHOLD if any(c.significant_regression for c in comparisons) else 0
+
+
+def watch_eval(args: argparse.Namespace) -> int:
+    try:
+        progress = watch(EvalClient(Client.from_env()), args.eval_id, args.timeout)
+    except EvalTimeout as exc:
+        print(f"wesichain: {exc}", file=sys.stderr)
+        return EXIT_TIMEOUT
+    return _gate(progress)

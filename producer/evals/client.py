@@ -56,7 +56,7 @@ class EvalClient:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self.store = EvalStore(client.store.redis, client.store.keys)
+        self.store = EvalStore(client.store.redis, client.store.keys, client.settings.retention_s)
 
     def submit_file(
         self,

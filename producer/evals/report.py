@@ -16,12 +16,13 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from shared.evals.compare import Comparison, compare
 from shared.evals.dataset import Case
 from shared.evals.outcome import CaseResult
 from shared.evals.store import EvalMeta, Item
 from shared.evals.summary import VariantSummary, percentile, summarise
 
-__all__ = ["MAX_REPORT_TEXT", "render_report"]
+__all__ = ["MAX_REPORT_TEXT", "comparison_html", "render_report", "variant_comparisons"]
 
 #: Characters kept per text in the report's data (answers, trajectory entries).
 MAX_REPORT_TEXT = 400
@@ -169,6 +170,37 @@ class _Strings:
         return at
 
 
+def comparison_html(comparisons: Sequence[Comparison]) -> str:
+    """A table of paired comparisons: pass rates, regressions, improvements, McNemar's p-value."""
+    if not comparisons:
+        return ""
+    rows = []
+    for c in comparisons:
+        worse = ", ".join(_e(x) for x in c.regressions[:20]) + (" …" if len(c.regressions) > 20 else "")
+        better = ", ".join(_e(x) for x in c.improvements[:20]) + (" …" if len(c.improvements) > 20 else "")
+        cls = "below" if c.significant_regression else ""
+        rows.append(
+            f'<tr class="{cls}"><th>{_e(c.a)} &rarr; {_e(c.b)}</th><td>{c.pairs}</td>'
+            f"<td>{c.a_passed / max(1, c.pairs):.1%} &rarr; {c.b_passed / max(1, c.pairs):.1%}</td>"
+            f"<td>{c.worse}: {worse or '-'}</td><td>{c.better}: {better or '-'}</td>"
+            f"<td>{c.p_value:.3g}</td><td>{_e(c.verdict())}</td></tr>"
+        )
+    return (
+        '<h2>Comparison</h2><table class="summary compare"><thead><tr><th>baseline &rarr; candidate</th>'
+        "<th>pairs</th><th>pass rate</th><th>regressions</th><th>improvements</th>"
+        f"<th>McNemar p</th><th>verdict</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def variant_comparisons(meta: EvalMeta, results: Sequence[CaseResult]) -> list[Comparison]:
+    """The first variant (the baseline) against each other one."""
+    names = [v.name for v in meta.spec.variants]
+    by_variant: dict[str, list[CaseResult]] = defaultdict(list)
+    for r in results:
+        by_variant[r.variant].append(r)
+    return [compare(by_variant[names[0]], by_variant[n], names[0], n) for n in names[1:]]
+
+
 def _data(meta: EvalMeta, cases: dict[int, Case], results: Sequence[CaseResult]) -> dict[str, Any]:
     variants = [v.name for v in meta.spec.variants]
     rows: dict[int, dict[str, Any]] = {}
@@ -238,7 +270,7 @@ def render_report(
         summary=_summary(summaries, spec.pass_threshold),
         charts=_charts(summaries),
         failures=_failures(summaries, results),
-        extra=extra_html,
+        extra=comparison_html(variant_comparisons(meta, results)) + extra_html,
         data=data,
         style=_asset("report.css"),
         script=_asset("report.js"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from shared.archive.record import RunRecord, RunSummary
+from shared.archive.record import Deletion, RunRecord, RunSummary
 from shared.events import Event
 from shared.messages import Message
 from shared.state import RunHead, ToolResult
@@ -52,6 +52,10 @@ class Archive(ABC):
         """Write runs in one transaction, skipping those already archived; how many were new."""
 
     @abstractmethod
+    def present(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of these runs the archive holds."""
+
+    @abstractmethod
     def summaries(self, run_ids: Sequence[str]) -> dict[str, RunSummary]:
         """What the archive holds of each of these runs (absent: not archived)."""
 
@@ -90,6 +94,23 @@ class Archive(ABC):
     @abstractmethod
     def thread_runs(self, tenant: str | None, thread_id: str) -> list[str]:
         """The run ids of a conversation thread, oldest first."""
+
+    # -- retention --------------------------------------------------------------------------------
+
+    @abstractmethod
+    def expired(
+        self, ended_before: float, limit: int, *, tenant: str | None = None, exclude: Sequence[str] = ()
+    ) -> list[tuple[str, str]]:
+        """``(run id, tenant)`` of runs that ended before ``ended_before`` (Unix time), oldest
+        first: of ``tenant`` (as stored: ``-`` for none), or of every tenant but ``exclude``."""
+
+    @abstractmethod
+    def delete(self, run_ids: Sequence[str], reason: str) -> int:
+        """Delete runs and record each deletion (:class:`Deletion`) in the same transaction."""
+
+    @abstractmethod
+    def deletions(self, tenant: str | None = None, limit: int = 1000) -> list[Deletion]:
+        """The audit records of deleted runs, newest first (of one tenant, as stored, or all)."""
 
     # -- lifecycle --------------------------------------------------------------------------------
 

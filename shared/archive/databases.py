@@ -32,6 +32,9 @@ _MIGRATION_LOCK = 0x57E51C4A
 class Cursor(Protocol):
     """The DB-API cursor both drivers give (only what the archive uses)."""
 
+    @property
+    def rowcount(self) -> int: ...
+
     def execute(self, query: Any, params: Any = ..., /) -> Any: ...
 
     def executemany(self, query: Any, params_seq: Any, /) -> Any: ...

@@ -8,7 +8,7 @@ from shared.events import Event
 from shared.messages import Message
 from shared.state import RunHead, ToolResult
 
-__all__ = ["RunRecord", "RunSummary"]
+__all__ = ["Deletion", "RunRecord", "RunSummary"]
 
 
 @dataclass(frozen=True)
@@ -51,3 +51,19 @@ class RunSummary:
     checkpoints: int
     events: int
     results: int
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """The audit record of an archived run deleted: what it was, when, and why."""
+
+    run_id: str
+    #: ``-`` for a run without a tenant.
+    tenant: str
+    agent: str
+    status: str
+    created_ms: int
+    ended_at: float
+    deleted_at: float
+    #: ``retention: N days`` or what the operator gave.
+    reason: str

@@ -73,8 +73,25 @@ CREATE TABLE wesichain_tool_results (
 )
 """
 
+# Deleting an archived run (its retention ran out, or an operator asked) leaves this record of it,
+# written in the same transaction as the deletion.
+_V2 = """
+CREATE TABLE wesichain_deletions (
+    run_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_ms BIGINT NOT NULL,
+    ended_at {float} NOT NULL,
+    deleted_at {float} NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE INDEX wesichain_deletions_by_tenant ON wesichain_deletions (tenant, deleted_at);
+CREATE INDEX wesichain_deletions_by_run ON wesichain_deletions (run_id)
+"""
+
 #: Migration n (1-based) is ``MIGRATIONS[n - 1]``: statements separated by ``;``.
-MIGRATIONS: tuple[str, ...] = (_V1,)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 
 
 def migration(number: int, json_type: str, float_type: str) -> list[str]:

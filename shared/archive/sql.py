@@ -14,8 +14,8 @@ from typing import Any
 
 from shared.archive.base import Archive, ListingFilter
 from shared.archive.databases import Cursor, Database
-from shared.archive.record import RunRecord, RunSummary
-from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, migration
+from shared.archive.record import Deletion, RunRecord, RunSummary
+from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, TABLES, migration
 from shared.errors import ArchiveUnavailable
 from shared.events import Event, dump_event, load_event
 from shared.messages import MESSAGE_ADAPTER, Message, dump_message
@@ -122,31 +122,35 @@ class SqlArchive(Archive):
         cur.execute(f"SELECT run_id FROM wesichain_runs WHERE {where}", params)
         return {row[0] for row in cur.fetchall()}
 
+    def present(self, run_ids: Sequence[str]) -> set[str]:
+        if not run_ids:
+            return set()
+        with self.db.transaction() as cur:
+            return self._present(cur, run_ids)
+
     def summaries(self, run_ids: Sequence[str]) -> dict[str, RunSummary]:
         if not run_ids:
             return {}
-        where, params = self.db.any_of("r.run_id", run_ids)
-        counts = ", ".join(
-            f"(SELECT COUNT(*) FROM {table} t WHERE t.run_id = r.run_id)"
-            for table in ("wesichain_messages", "wesichain_checkpoints", "wesichain_events")
+        where, params = self.db.any_of("run_id", run_ids)
+        # One round trip, each table counted by its primary key's index.
+        counts = " UNION ALL ".join(
+            f"SELECT '{table}', run_id, COUNT(*) FROM {table} WHERE {where} GROUP BY run_id"
+            for table in _COUNTED
         )
         with self.db.transaction() as cur:
-            cur.execute(
-                f"SELECT r.run_id, r.version, {counts},"
-                " (SELECT COUNT(*) FROM wesichain_tool_results t WHERE t.run_id = r.run_id)"
-                f" FROM wesichain_runs r WHERE {where}",
-                params,
-            )
-            rows = cur.fetchall()
+            cur.execute(f"SELECT run_id, version FROM wesichain_runs WHERE {where}", params)
+            versions = {row[0]: int(row[1]) for row in cur.fetchall()}
+            cur.execute(counts, params * len(_COUNTED))
+            found: dict[tuple[str, str], int] = {(row[0], row[1]): int(row[2]) for row in cur.fetchall()}
         return {
-            row[0]: RunSummary(
-                version=int(row[1]),
-                messages=int(row[2]),
-                checkpoints=int(row[3]),
-                events=int(row[4]),
-                results=int(row[5]),
+            run_id: RunSummary(
+                version=version,
+                messages=found.get(("wesichain_messages", run_id), 0),
+                checkpoints=found.get(("wesichain_checkpoints", run_id), 0),
+                events=found.get(("wesichain_events", run_id), 0),
+                results=found.get(("wesichain_tool_results", run_id), 0),
             )
-            for row in rows
+            for run_id, version in versions.items()
         }
 
     # -- reading ----------------------------------------------------------------------------------
@@ -263,8 +267,74 @@ class SqlArchive(Archive):
         )
         return [row[0] for row in rows]
 
+    # -- retention --------------------------------------------------------------------------------
+
+    def expired(
+        self, ended_before: float, limit: int, *, tenant: str | None = None, exclude: Sequence[str] = ()
+    ) -> list[tuple[str, str]]:
+        clauses: list[str] = ["ended_at < ?"]
+        params: list[Any] = [ended_before]
+        if tenant is not None:
+            clauses.append("tenant = ?")
+            params.append(tenant)
+        if exclude:
+            clauses.append(f"tenant NOT IN ({', '.join('?' * len(exclude))})")
+            params += list(exclude)
+        rows = self._rows(
+            f"SELECT run_id, tenant FROM wesichain_runs WHERE {' AND '.join(clauses)}"
+            " ORDER BY ended_at LIMIT ?",
+            (*params, limit),
+        )
+        return [(row[0], row[1]) for row in rows]
+
+    def delete(self, run_ids: Sequence[str], reason: str) -> int:
+        if not run_ids:
+            return 0
+        db = self.db
+        with db.transaction() as cur:
+            where, params = db.any_of("run_id", run_ids)
+            cur.execute(
+                db.sql(
+                    "INSERT INTO wesichain_deletions (run_id, tenant, agent, status, created_ms, ended_at,"
+                    " deleted_at, reason) SELECT run_id, tenant, agent, status, created_ms, ended_at, ?, ?"
+                    f" FROM wesichain_runs WHERE {where.replace('%s', '?')}"
+                ),
+                (time.time(), reason[:500], *params),
+            )
+            deleted = 0
+            for table in TABLES:  # children first, the runs last
+                cur.execute(f"DELETE FROM {table} WHERE {where}", params)
+                if table == "wesichain_runs":
+                    deleted = int(cur.rowcount)
+            return deleted
+
+    def deletions(self, tenant: str | None = None, limit: int = 1000) -> list[Deletion]:
+        where = "WHERE tenant = ?" if tenant is not None else ""
+        rows = self._rows(
+            "SELECT run_id, tenant, agent, status, created_ms, ended_at, deleted_at, reason"
+            f" FROM wesichain_deletions {where} ORDER BY deleted_at DESC, run_id LIMIT ?",
+            (*([tenant] if tenant is not None else []), limit),
+        )
+        return [
+            Deletion(
+                run_id=r[0],
+                tenant=r[1],
+                agent=r[2],
+                status=r[3],
+                created_ms=int(r[4]),
+                ended_at=float(r[5]),
+                deleted_at=float(r[6]),
+                reason=r[7],
+            )
+            for r in rows
+        ]
+
     def close(self) -> None:
         self.db.close()
+
+
+#: The tables of a run's parts, counted to verify what was written.
+_COUNTED = ("wesichain_messages", "wesichain_checkpoints", "wesichain_events", "wesichain_tool_results")
 
 
 def _run_row(record: RunRecord, now: float) -> tuple[Any, ...]:

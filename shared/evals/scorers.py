@@ -13,7 +13,7 @@ import json
 import math
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -26,8 +26,13 @@ __all__ = [
     "ContainsScorer",
     "CustomScorer",
     "ExactScorer",
+    "JUDGE_SYSTEM",
     "JsonScorer",
+    "Judge",
+    "JudgeScorer",
+    "JudgeVerdictError",
     "LimitsScorer",
+    "MAX_REASON",
     "Normalisation",
     "NumericScorer",
     "RegexScorer",
@@ -37,6 +42,7 @@ __all__ = [
     "TrajectoryScorer",
     "check_importable",
     "import_path",
+    "parse_verdict",
     "run_scorers",
     "scorer_names",
 ]
@@ -344,6 +350,69 @@ class LimitsScorer(_Base):
         return 1.0, f"{outcome.steps} steps, {outcome.tokens} tokens: within limits"
 
 
+class JudgeVerdictError(ValueError):
+    """The judge's reply is not a verdict: anything but the one JSON object it was asked for."""
+
+
+#: Asks a model (``PROVIDER:MODEL``) with a system prompt and a user message; returns its text.
+Judge = Callable[[str, str, str], str]
+
+JUDGE_SYSTEM = (
+    "You grade an AI assistant's answer against a rubric. Reply with ONLY one JSON object and"
+    ' nothing else: {"score": <a number from 0 to 1>, "reason": "<one or two sentences>"}.'
+)
+MAX_REASON = 1000
+
+
+def parse_verdict(text: str | None) -> tuple[float, str]:
+    """The judge's score and reason; raises :class:`JudgeVerdictError` for anything else.
+
+    Strict on purpose: one JSON object (a Markdown code fence around it is tolerated), exactly the
+    keys ``score`` (a number in [0, 1], not a boolean) and ``reason`` (text).
+    """
+    raw = (text or "").strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", raw, re.DOTALL)
+    if fenced:
+        raw = fenced.group(1)
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise JudgeVerdictError(f"the judge did not answer with JSON: {raw[:200]!r}") from None
+    if not isinstance(data, dict) or set(data) != {"score", "reason"}:
+        raise JudgeVerdictError(f"the judge's verdict must have exactly score and reason: {raw[:200]!r}")
+    score, reason = data["score"], data["reason"]
+    if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
+        raise JudgeVerdictError(f"the judge's score must be a number in [0, 1], got {score!r}")
+    if not isinstance(reason, str):
+        raise JudgeVerdictError("the judge's reason must be text")
+    return float(score), reason[:MAX_REASON]
+
+
+class JudgeScorer(_Base):
+    """A model grades the answer against a rubric (through the workers' provider adapters)."""
+
+    kind: Literal["judge"]
+    #: ``PROVIDER:MODEL`` of the judge.
+    model: str = Field(min_length=3, max_length=200)
+    rubric: str = Field(min_length=1, max_length=4000)
+    threshold: float = Field(default=0.5, ge=0, le=1)
+
+    def prompt(self, case: Case, outcome: RunOutcome) -> str:
+        expected = json.dumps(case.expected) if case.expected is not None else "(none given)"
+        return (
+            f"Rubric:\n{self.rubric}\n\nQuestion:\n{case.input}\n\nExpected answer:\n{expected}\n\n"
+            f"Answer to grade:\n{outcome.answer or '(no answer)'}"
+        )
+
+    def judge(self, case: Case, outcome: RunOutcome, ask: Judge | None) -> tuple[float, str]:
+        if ask is None:
+            raise RuntimeError("no model is available to judge here")
+        return parse_verdict(ask(self.model, JUDGE_SYSTEM, self.prompt(case, outcome)))
+
+    def value(self, case: Case, outcome: RunOutcome) -> tuple[float, str]:
+        return self.judge(case, outcome, None)
+
+
 class CustomScorer(_Base):
     """A Python function by import path (``package.module:function``), see :class:`ScoreFn`."""
 
@@ -374,6 +443,7 @@ ScorerSpec = Annotated[
     | JsonScorer
     | TrajectoryScorer
     | LimitsScorer
+    | JudgeScorer
     | CustomScorer,
     Field(discriminator="kind"),
 ]
@@ -392,12 +462,20 @@ def check_importable(scorers: Sequence[ScorerSpec]) -> None:
             raise EvalSpecError(f"scorer {scorer.label!r}: {exc}") from None
 
 
-def run_scorers(scorers: Sequence[ScorerSpec], case: Case, outcome: RunOutcome) -> list[Score]:
-    """Every scorer's verdict; one that raises scores 0 with the error, the others are unaffected."""
+def run_scorers(
+    scorers: Sequence[ScorerSpec], case: Case, outcome: RunOutcome, judge: Judge | None = None
+) -> list[Score]:
+    """Every scorer's verdict; one that raises scores 0 with the error, the others are unaffected.
+
+    ``judge`` asks a model for the ``judge`` scorers (the pool passes its provider adapters).
+    """
     scores = []
     for scorer in scorers:
         try:
-            value, explanation = scorer.value(case, outcome)
+            if isinstance(scorer, JudgeScorer):
+                value, explanation = scorer.judge(case, outcome, judge)
+            else:
+                value, explanation = scorer.value(case, outcome)
             value = min(1.0, max(0.0, float(value)))
             scores.append(
                 Score(

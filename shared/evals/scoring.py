@@ -7,7 +7,7 @@ from typing import Any
 
 from shared.evals.dataset import Case
 from shared.evals.outcome import CaseResult, RunOutcome, Step
-from shared.evals.scorers import run_scorers
+from shared.evals.scorers import Judge, run_scorers
 from shared.evals.spec import EvalSpec
 from shared.evals.store import Item
 
@@ -44,10 +44,12 @@ def cost_of(spec: EvalSpec, model: str, outcome: RunOutcome) -> float:
     return (outcome.input_tokens * price.input_per_mtok + outcome.output_tokens * price.output_per_mtok) / 1e6
 
 
-def result_of(spec: EvalSpec, item: Item, case: Case, outcome: RunOutcome, model: str) -> CaseResult:
+def result_of(
+    spec: EvalSpec, item: Item, case: Case, outcome: RunOutcome, model: str, judge: Judge | None = None
+) -> CaseResult:
     """Score a case run. A run that did not complete fails its case with its own error, unscored."""
     completed = outcome.status == "completed"
-    scores = run_scorers(spec.scorers, case, outcome) if completed else []
+    scores = run_scorers(spec.scorers, case, outcome, judge) if completed else []
     return CaseResult(
         item=str(item),
         variant=spec.variants[item.variant].name,

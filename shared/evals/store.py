@@ -24,6 +24,7 @@ from shared.keys import Keys
 from shared.scripts import script_source
 
 __all__ = [
+    "BOUND",
     "MAX_ITEMS",
     "STOPPED",
     "Acquired",
@@ -36,6 +37,9 @@ __all__ = [
 
 #: Case runs (cases x variants x repeats) one eval may have.
 MAX_ITEMS = 200_000
+#: Added to the score of a slot whose run exists (the score is then when it was last looked at):
+#: far above any lease deadline, so the two kinds of slot never mix in a range.
+BOUND = 1e15
 #: Statuses of an eval that starts no new case runs (``resume`` restarts it).
 STOPPED = ("cancelled", "budget_exhausted")
 _SCRIPTS = ("eval_create", "eval_acquire", "eval_claim", "eval_record", "eval_status")
@@ -103,9 +107,11 @@ class Acquired:
 class EvalStore:
     """Reads and writes evals in Redis (the same client and keys as the run store)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, retention_s: float = 7 * 24 * 3600) -> None:
         self.redis = client
         self.keys = keys
+        #: How long a completed eval's keys are kept.
+        self.retention_s = retention_s
         self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
 
     # -- creating --------------------------------------------------------------------------------
@@ -193,9 +199,25 @@ class EvalStore:
         return int(self.redis.llen(self.keys.eval_pending(eval_id)))
 
     def slots(self, eval_id: str) -> list[tuple[Item, float]]:
-        """Items holding a slot, with their lease deadline (Redis ms; inf once their run exists)."""
+        """Items holding a slot, with their score: a lease deadline (Redis ms) while the run is being
+        created, :data:`BOUND` plus the time it was last looked at once the run exists."""
         raw: Any = self.redis.zrange(self.keys.eval_slots(eval_id), 0, -1, withscores=True)
         return [(Item.parse(_text(member)), float(score)) for member, score in raw]
+
+    def expired(self, eval_id: str, now_ms: float) -> list[Item]:
+        """Slots whose lease ran out before their run was created (their creator died)."""
+        raw = self.redis.zrangebyscore(self.keys.eval_slots(eval_id), "-inf", now_ms)
+        return [Item.parse(_text(m)) for m in raw]
+
+    def unchecked(self, eval_id: str, since_ms: float, limit: int = 500) -> list[Item]:
+        """Slots of existing runs not looked at since ``since_ms`` (oldest first)."""
+        raw = self.redis.zrangebyscore(self.keys.eval_slots(eval_id), BOUND, BOUND + since_ms, 0, limit)
+        return [Item.parse(_text(m)) for m in raw]
+
+    def checked(self, eval_id: str, items: list[Item], now_ms: float) -> None:
+        """Mark these slots looked at now (the sweeper comes back to them later)."""
+        if items:
+            self.redis.zadd(self.keys.eval_slots(eval_id), {str(i): BOUND + now_ms for i in items}, xx=True)
 
     def in_flight(self, eval_id: str) -> int:
         return int(self.redis.zcard(self.keys.eval_slots(eval_id)))
@@ -217,6 +239,11 @@ class EvalStore:
     def list_evals(self, limit: int = 50) -> list[str]:
         return [_text(m) for m in self.redis.zrevrange(self.keys.evals_index(), 0, limit - 1)]
 
+    def trim_index(self) -> int:
+        """Forget evals created longer ago than the retention (their keys expired since)."""
+        cutoff_ms = (time.time() - self.retention_s) * 1000
+        return int(self.redis.zremrangebyscore(self.keys.evals_index(), "-inf", cutoff_ms))
+
     # -- the pool's moves ------------------------------------------------------------------------
 
     def acquire(self, eval_id: str, spec: EvalSpec, want: int, lease_s: float) -> Acquired:
@@ -231,15 +258,16 @@ class EvalStore:
                 k.eval_pending(eval_id),
                 k.eval_slots(eval_id),
                 k.eval_counts(eval_id),
+                k.evals_active(),
             ],
-            args=[spec.concurrency, int(lease_s * 1000), want, max_tokens, max_cost],
+            args=[spec.concurrency, int(lease_s * 1000), want, max_tokens, max_cost, eval_id],
         )
         status = _text(reply[0])
         return Acquired(status, [Item.parse(_text(r)) for r in reply[1:]])
 
     def bind(self, eval_id: str, item: Item) -> None:
         """The item's run exists: its slot is held until its result is recorded."""
-        self.redis.zadd(self.keys.eval_slots(eval_id), {str(item): float("inf")}, xx=True)
+        self.checked(eval_id, [item], time.time() * 1000)
 
     def claim_scoring(self, eval_id: str, item: Item, lease_s: float) -> str:
         k = self.keys
@@ -261,6 +289,7 @@ class EvalStore:
                 k.eval_meta(eval_id),
                 k.eval_pending(eval_id),
                 k.evals_active(),
+                k.eval_cases(eval_id),
             ],
             args=[
                 str(item),
@@ -272,6 +301,7 @@ class EvalStore:
                 round(result.cost_usd * 1e6),
                 eval_id,
                 int(time.time() * 1000),
+                int(self.retention_s * 1000),
             ],
         )
         return int(reply) == 1

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from shared.agents import Agent, AgentRegistry
 from shared.examples.research_eval import guess_script, plan_script
+from shared.examples.research_pipeline import register_pipeline
 from shared.llm.base import ModelResponse
 from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import Message, ToolMessage, UserMessage
@@ -339,3 +340,5 @@ registry.add(
         ),
     )
 )
+#: ``research-split``: the question split, one research run per part across the pool, one answer.
+register_pipeline(registry, search, calculator)

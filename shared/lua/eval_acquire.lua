@@ -1,6 +1,6 @@
 -- Take up to ARGV[3] work items for case runs, within the eval's cap and budget.
--- KEYS: meta, pending, slots, counts. ARGV: cap, lease_ms, want, max_tokens (0: none),
--- max_cost_micro (0: none). Each item taken holds a slot leased until now + lease_ms; the caller
+-- KEYS: meta, pending, slots, counts, active. ARGV: cap, lease_ms, want, max_tokens (0: none),
+-- max_cost_micro (0: none), eval_id. Each item taken holds a slot leased until now + lease_ms; the caller
 -- creates its run and then binds the slot (score inf) until the result is recorded. A slot whose
 -- lease expires unbound belonged to a caller that died: the sweeper finishes its work.
 -- Returns {'ok', item...} | {'stopped'} | {'full'} | {'empty'} | {'budget'}.
@@ -11,6 +11,7 @@ local used_tokens = tonumber(redis.call('HGET', KEYS[4], 'tokens') or '0')
 local used_cost = tonumber(redis.call('HGET', KEYS[4], 'cost_micro') or '0')
 if (max_tokens > 0 and used_tokens >= max_tokens) or (max_cost > 0 and used_cost >= max_cost) then
   redis.call('HSET', KEYS[1], 'status', 'budget_exhausted')
+  if redis.call('ZCARD', KEYS[3]) == 0 then redis.call('SREM', KEYS[5], ARGV[6]) end
   return {'budget'}
 end
 local free = cap - redis.call('ZCARD', KEYS[3])

@@ -152,6 +152,34 @@ def test_celery_callback_named_in_the_submit_is_sent_once(api: ApiProcess, redis
         assert refused.status_code == 422 and "not a public address" in refused.json()["error"]["message"]
 
 
+def test_a_tenants_default_webhook_applies_to_runs_that_name_none(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    tenant = f"default-{uuid.uuid4().hex[:6]}"
+    env = {"WESICHAIN_REDIS_URL": redis_server.url, "PATH": "/usr/bin:/bin"}
+    command = [sys.executable, "-m", "producer.cli", "keys", "callback", "--tenant", tenant]
+    set_default = subprocess.run(
+        [*command, "--url", "http://127.0.0.1:9/hook"], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    assert set_default.returncode == 0 and set_default.stdout.strip() == "http://127.0.0.1:9/hook"
+    with tenant_client(api, redis_server, tenant) as http:
+        # The default is checked like a callback of the run's own: this one reaches loopback.
+        refused = http.post("/v1/runs", json={"agent": "direct", "input": "x"})
+        assert refused.status_code == 422 and "not a public address" in refused.json()["error"]["message"]
+        own = {"task": "billing.on_agent_done", "queue": f"q-{uuid.uuid4().hex[:6]}"}
+        accepted = http.post("/v1/runs", json={"agent": "direct", "input": "x", "callback": own})
+        assert accepted.status_code == 202 and accepted.json()["callback"]["task"] == "billing.on_agent_done"
+        cleared = subprocess.run([*command, "--clear"], capture_output=True, text=True, cwd=ROOT, env=env)
+        assert cleared.stdout.strip() == "none"
+
+        def accepted_without() -> httpx.Response | None:  # an API process rereads it within 5 s
+            response = http.post("/v1/runs", json={"agent": "direct", "input": "x"})
+            return response if response.status_code == 202 else None
+
+        plain = wait_until(accepted_without, timeout=TIMEOUT, interval=0.5, what="the default to be cleared")
+        assert plain.json()["callback"] is None
+
+
 def test_auth_is_off_only_on_loopback(redis_server: RedisServer, workers: list[WorkerProcess]) -> None:
     public = subprocess.run(
         [

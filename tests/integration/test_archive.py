@@ -7,22 +7,35 @@ ended run of a Redis), a PostgreSQL database created and dropped per test, a SQL
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from producer.cli import main
 from producer.client import Client, RequestConflict, RunHandle, RunNotFound
-from shared.archive import open_archive
+from shared import fsm
+from shared.archive import RunRecord, open_archive
+from shared.archive.retention import ArchivePruner
 from shared.archiver import Archiver
+from shared.export import RunExport
+from shared.llm.base import Usage
+from shared.messages import SystemMessage, UserMessage
 from shared.retention import GarbageCollector
-from shared.state import CallbackState, Phase
-from shared.tasks import TASK_ARCHIVE
+from shared.state import Callback, CallbackState, ForkOrigin, Phase, RunHead
+from shared.tasks import TASK_ARCHIVE, start_task
+from shared.tenants import Tenants
+from tests.api_support import ApiProcess, bearer, wait_status
 from tests.archive_support import BACKENDS, FullRead, archive_url, full_read
 from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess, wait_until
+from tests.unit.test_archive_sql import sample_record
+from tests.unit.test_store import commit
 
 pytestmark = pytest.mark.integration
 
@@ -63,8 +76,6 @@ def client(pool: Pool) -> Iterator[Client]:
     # Runs an earlier test left in this Redis go first, so a test counts only its own.
     Archiver(c.store).run_once(after_s=0)
     yield c
-    if c.store.archive is not None:
-        c.store.archive.close()
     c.close()
 
 
@@ -232,7 +243,7 @@ def test_gc_leaves_what_waits_for_the_archive(client: Client) -> None:
     for key in [store.keys.run(run_id), *store.redis.scan_iter(match=f"*{run_id}:*")]:
         store.redis.persist(key)
     body = json.loads(store.redis.hget(store.keys.run(run_id), "body") or "{}")
-    body["updated_at"] -= 30 * 86400
+    body["updated_at"] -= 20 * 86400
     store.redis.hset(store.keys.run(run_id), "body", json.dumps(body))
     store.redis.zrem(store.keys.ended_of(run_id), run_id)
 
@@ -246,3 +257,165 @@ def test_gc_leaves_what_waits_for_the_archive(client: Client) -> None:
     # gc then finds nothing of it left to clean: the archiver removed its index entries too.
     again = GarbageCollector(store.redis, store.settings).collect(dry_run=True)
     assert again.index_entries_of_gone_runs == 0
+
+
+def test_an_export_is_the_same_from_redis_and_from_the_archive(
+    pool: Pool, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handle = client.submit("one_hop", "add", tenant="acme", thread_id="exported")
+    handle.wait(TIMEOUT)
+    monkeypatch.setenv("WESICHAIN_ARCHIVE_URL", pool.url)
+
+    def export(name: str) -> RunExport:
+        path = tmp_path / name
+        assert main(["export", handle.run_id, "--redis", pool.server.url, "-o", str(path)]) == 0
+        return RunExport.model_validate_json(path.read_text())
+
+    from_redis = export("redis.json")
+    assert Archiver(client.store).run_once(after_s=0).archived == 1
+    from_archive = export("archive.json")
+
+    assert from_archive.model_dump(exclude={"exported_at"}) == from_redis.model_dump(exclude={"exported_at"})
+    assert from_redis.run.answer == "1 + 2 = 3" and from_redis.format == "wesichain.run.v1"
+    assert [m.role for m in from_redis.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert [(r.step, r.result.output) for r in from_redis.tool_results] == [(1, "3.0")]
+    assert from_redis.events[-1].event.kind == "Completed" and from_redis.events[0].stream_id
+    assert [c.version for c in from_redis.checkpoints] == list(range(1, from_redis.run.version + 1))
+    assert main(["export", "no-such-run", "--redis", pool.server.url]) == 1
+
+
+def test_the_http_api_reads_archived_runs_as_live_ones(pool: Pool, client: Client) -> None:
+    api = ApiProcess(pool.server.url, env={"WESICHAIN_ARCHIVE_URL": pool.url}).start()
+    tenant = f"api-{uuid.uuid4().hex[:8]}"
+    key, _ = Tenants(client.store.redis, client.store.keys).create_key(tenant, "test")
+    try:
+        with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as http:
+            run_id = http.post("/v1/runs", json={"agent": "one_hop", "input": "add"}).json()["run_id"]
+            wait_status(http, run_id, {"completed"}, TIMEOUT)
+
+            def read() -> list[Any]:
+                return [
+                    http.get(f"/v1/runs/{run_id}").json(),
+                    http.get(f"/v1/runs/{run_id}/checkpoints").json(),
+                    http.get(f"/v1/runs/{run_id}/events", params={"limit": 500}).json(),
+                    http.get("/v1/runs", params={"limit": 10}).json(),
+                    http.get("/v1/runs", params={"status": "completed"}).json(),
+                ]
+
+            before = read()
+            assert before[0]["status"] == "completed" and before[3]["runs"][0]["run_id"] == run_id
+            assert Archiver(client.store).run_once(after_s=0).archived == 1
+            assert client.store.redis.exists(client.store.keys.run(run_id)) == 0
+            assert read() == before
+            assert http.get("/v1/runs/not-a-run").status_code == 404
+    finally:
+        api.stop()
+
+
+def test_archive_retention_deletes_per_tenant_and_audits_each_deletion(
+    client: Client, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, pool: Pool
+) -> None:
+    store = client.store
+    archive = store.archive
+    assert archive is not None
+    tag = uuid.uuid4().hex[:8]
+    forever, short, other = f"forever-{tag}", f"short-{tag}", f"other-{tag}"
+    now = time.time()
+    day = 86_400.0
+
+    def ended(run_id: str, tenant: str | None, days_ago: float) -> RunRecord:
+        return sample_record(f"{run_id}-{tag}", 1000, tenant=tenant, updated_at=now - days_ago * day)
+
+    archive.put(
+        [
+            ended("kept-forever", forever, 400),  # its tenant keeps everything
+            ended("short-old", short, 2),  # its tenant keeps one day
+            ended("short-new", short, 0.5),
+            ended("other-new", other, 10),  # everyone else: 30 days
+            ended("other-old", other, 40),
+        ]
+    )
+    tenants = Tenants(store.redis, store.keys)
+    tenants.set_archive_retention(forever, 0)
+    tenants.set_archive_retention(short, 1)
+    pruner = ArchivePruner(archive, tenants, default_days=30)
+
+    dry = pruner.prune(dry_run=True, now=now)
+    assert dry.deleted == 2 and dry.by_tenant == {short: 1, other: 1}
+    assert archive.load(f"short-old-{tag}") is not None  # a dry run deletes nothing
+
+    report = pruner.prune(now=now)
+
+    assert report.deleted == 2 and report.by_tenant == {short: 1, other: 1}
+    gone = {f"short-old-{tag}", f"other-old-{tag}"}
+    left = {f"kept-forever-{tag}", f"short-new-{tag}", f"other-new-{tag}"}
+    assert set(archive.summaries([*gone, *left])) == left
+    for run_id in gone:
+        with pytest.raises(RunNotFound):
+            client.handle(run_id).status()
+        assert archive.record(run_id) is None
+    audit = {d.run_id: d for d in archive.deletions(short) + archive.deletions(other)}
+    assert set(audit) == gone
+    assert audit[f"short-old-{tag}"].reason == "retention: 1 days"
+    assert audit[f"other-old-{tag}"].reason == "retention: 30 days"
+    assert audit[f"other-old-{tag}"].status == "completed" and audit[f"other-old-{tag}"].agent == "a"
+    assert pruner.prune(now=now).deleted == 0
+
+    # The operator's commands: a tenant's retention, then a pass.
+    monkeypatch.setenv("WESICHAIN_ARCHIVE_URL", pool.url)
+    redis_args = ["--redis", pool.server.url]
+    assert main(["archive-retention", "--tenant", forever, "--days", "300", *redis_args]) == 0
+    assert tenants.archive_retention()[forever] == 300
+    capsys.readouterr()
+    assert main(["prune", "--json", *redis_args]) == 0
+    assert json.loads(capsys.readouterr().out)["by_tenant"] == {forever: 1}
+    assert archive.load(f"kept-forever-{tag}") is None
+    assert [d.reason for d in archive.deletions(forever)] == ["retention: 300 days"]
+    assert main(["archive-retention", "--tenant", forever, "--default", *redis_args]) == 0
+    assert forever not in tenants.archive_retention()
+
+
+def test_a_fork_starts_from_an_archived_checkpoint(client: Client) -> None:
+    original = client.submit("chain", "three hops", tenant="acme").wait(TIMEOUT)
+    assert original.answer == "done after three hops"
+    before = (client.store.load_messages(original.run_id), client.store.checkpoints(original.run_id))
+    assert Archiver(client.store).run_once(after_s=0).archived == 1
+    assert client.store.redis.exists(client.store.keys.run(original.run_id)) == 0
+    assert [c.version for c in client.checkpoints(original.run_id)] == [h.version for h in before[1]]
+
+    # v6: step 2's call was sent; the fork (its worker reads the archive) thinks step 2 again.
+    fork = client.fork(original.run_id, 6, check_agent=False)
+    head = fork.wait(TIMEOUT)
+
+    assert head.phase is Phase.COMPLETED and head.answer == "done after three hops", head.error
+    assert head.fork == ForkOrigin(run_id=original.run_id, version=6)
+    assert client.store.load_messages(head.run_id)[:4] == before[0][:4]
+    assert (client.store.load_messages(original.run_id), client.store.checkpoints(original.run_id)) == before
+
+
+def test_a_run_whose_callback_is_still_being_delivered_waits(client: Client) -> None:
+    store = client.store
+    head = RunHead.new_idle(uuid.uuid4().hex, "agent", "q", callback=Callback(url="http://127.0.0.1:9/hook"))
+    assert store.create(head, [start_task(head.run_id)])
+    idle = fsm.Idle(head)
+    start = idle.start(
+        [SystemMessage(content="sys"), UserMessage(content="q")],
+        agent_version="1",
+        model="scripted:x",
+        max_steps=10,
+    )
+    commit(store, idle, start)
+    commit(store, start.to, start.to.complete("done", Usage()))
+    run_key = store.keys.run(head.run_id)
+    assert store.redis.hget(run_key, "callback") == "pending"
+
+    report = Archiver(store).run_once(after_s=0)
+
+    assert (report.archived, report.deferred) == (0, 1)
+    assert store.redis.exists(run_key) == 1
+    # Its delivery ended (as the callback task records it): now it goes.
+    store.redis.hset(run_key, "callback", "delivered")
+    store.redis.zrem(store.keys.leases_of(head.run_id), head.run_id)
+    assert Archiver(store).run_once(after_s=0).archived == 1
+    assert store.redis.exists(run_key) == 0
+    assert client.handle(head.run_id).status().answer == "done"

@@ -7,6 +7,9 @@ can tell each case run asked its model exactly once.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +24,7 @@ from shared.evals.errors import EvalSpecError
 from shared.evals.store import Item, run_id_of
 from tests.agents_evals import CALLS_KEY
 from tests.broker import Settings
-from tests.harness import RedisServer, WorkerProcess, wait_until
+from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -215,3 +218,105 @@ def test_bad_input_is_refused_at_submit_and_creates_nothing(
         evals.submit_file(spec)
     assert message in str(info.value)
     assert evals.store.list_evals(1000) == before
+
+
+def test_an_llm_judge_grades_and_a_judge_that_answers_garbage_is_an_error_on_its_cases(
+    evals: EvalClient, tmp_path: Path
+) -> None:
+    cases = [{"id": f"j{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 7)]
+    spec = write_eval(
+        tmp_path,
+        cases,
+        name="judged",
+        variants=[{"name": "b", "agent": "doubler", "model": "scripted:evals-b"}],
+        scorers=[
+            {"kind": "judge", "name": "strict", "model": "scripted:judge-strict", "rubric": "Is it right?"},
+            {"kind": "judge", "name": "garbage", "model": "scripted:judge-garbage", "rubric": "Is it right?"},
+        ],
+    )
+    eval_id, _ = evals.submit_file(spec)
+    done = evals.wait(eval_id, timeout=60)
+    assert done.meta.status == "completed" and done.counts[0].done == 6 and done.counts[0].passed == 0
+    for r in evals.results(eval_id):
+        strict, garbage = r.scores
+        m = int(r.case_id[1:])
+        assert (strict.value, strict.explanation) == ((0.0, "differs") if m % 3 == 0 else (1.0, "matches"))
+        assert garbage.error and garbage.value == 0.0
+        assert garbage.explanation == (
+            "the scorer failed: JudgeVerdictError: the judge did not answer with JSON: 'Looks good to me!'"
+        )
+
+
+def test_a_token_budget_stops_starting_case_runs(evals: EvalClient, tmp_path: Path) -> None:
+    cases = [{"id": f"b{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 31)]
+    spec = write_eval(tmp_path, cases, name="budget", top={"concurrency": 2})
+    with spec.open("a") as f:
+        f.write("[budget]\ntokens = 60\n")  # a run of the doubler costs 15 tokens
+    eval_id, _ = evals.submit_file(spec)
+    done = evals.wait(eval_id, timeout=60)
+    assert done.meta.status == "budget_exhausted" and done.in_flight == 0
+    # Runs start while less than the budget is used: at least 4 (60 / 15), at most the cap more.
+    assert 4 <= done.recorded <= 4 + 2 and done.pending == 30 - done.recorded
+    assert done.counts[0].tokens == 15 * done.recorded
+
+
+def cli(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_AGENTS": AGENTS}
+    return subprocess.run(
+        [sys.executable, "-m", "producer.cli", "eval", *args, "--redis", server.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def test_the_cli_gates_ci_on_the_threshold_and_on_a_significant_regression(
+    evals: EvalClient, server: RedisServer, tmp_path: Path
+) -> None:
+    cases = [{"id": f"g{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 31)]
+    spec = write_eval(
+        tmp_path,
+        cases,
+        name="gate",
+        top={"pass_threshold": 0.8, "concurrency": 6},
+        variants=[
+            {"name": "a", "agent": "doubler"},
+            {"name": "b", "agent": "doubler", "model": "scripted:evals-b"},
+        ],
+    )
+    run = cli(server, "run", str(spec), "--wait", "--report", str(tmp_path / "r.html"))
+    assert run.returncode == 1, run.stderr  # b passes 20 of 30: below 80%
+    assert "below the pass threshold 80%: b" in run.stderr
+    eval_id = run.stderr.split()[1]
+    assert "  a: 30/30 done, 0 failed, pass 100.0%" in run.stdout
+    assert "  b: 30/30 done, 0 failed, pass 66.7%" in run.stdout
+    page = (tmp_path / "r.html").read_text()
+    assert "<h2>Comparison</h2>" in page and "significant regression" in page
+
+    assert cli(server, "status", eval_id, "--gate").returncode == 1
+    assert cli(server, "status", eval_id).returncode == 0
+
+    compared = cli(server, "compare", eval_id, "--variants", "a", "b")
+    assert compared.returncode == 1, compared.stderr
+    assert (
+        f"{eval_id}/a -> {eval_id}/b: 30 paired runs, pass 30/30 -> 20/30; 10 worse, 0 better:"
+        in compared.stdout
+    )
+    assert "significant regression (p = 0.00195)" in compared.stdout
+    assert "regressions: g12, g15, g18, g21, g24, g27, g3, g30, g6, g9" in compared.stdout
+    same = cli(server, "compare", eval_id, eval_id)  # each variant against itself: no change
+    assert same.returncode == 0 and same.stdout.count("no significant change (p = 1)") == 2
+
+    junit = cli(server, "results", eval_id, "--format", "junit")
+    assert (
+        junit.returncode == 0
+        and '<testsuite name="' + eval_id + '" tests="60" failures="10" errors="0"' in junit.stdout
+    )
+    rows = cli(server, "results", eval_id, "--format", "csv").stdout.splitlines()
+    assert rows[0].startswith("variant,case_id,repeat,passed,status,answer,error,steps") and len(rows) == 61
+    jsonl = [json.loads(line) for line in cli(server, "results", eval_id).stdout.splitlines()]
+    assert len(jsonl) == 60 and {r["run_id"] for r in jsonl} == {r.run_id for r in evals.results(eval_id)}
+    missing = cli(server, "status", "no-such-eval")
+    assert missing.returncode == 1 and "no eval 'no-such-eval'" in missing.stderr

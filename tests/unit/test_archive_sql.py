@@ -25,7 +25,7 @@ def _ev(stream_id: str, event: Event) -> tuple[str, Event]:
     return stream_id, event
 
 
-def _record(
+def sample_record(
     run_id: str,
     created_ms: int,
     *,
@@ -80,7 +80,7 @@ def archive(tmp_path: Path) -> SqlArchive:
 
 
 def test_a_run_reads_back_as_it_was_written(archive: SqlArchive) -> None:
-    record = _record("r1", 1000)
+    record = sample_record("r1", 1000)
     assert archive.put([record]) == 1
     assert archive.load("r1") == record.head
     assert archive.messages("r1") == record.messages
@@ -108,8 +108,8 @@ def test_a_run_reads_back_as_it_was_written(archive: SqlArchive) -> None:
 
 
 def test_batches_are_idempotent(archive: SqlArchive) -> None:
-    assert archive.put([_record("r1", 1000), _record("r2", 1001)]) == 2
-    assert archive.put([_record("r1", 1000), _record("r3", 1002)]) == 1  # r1 was there already
+    assert archive.put([sample_record("r1", 1000), sample_record("r2", 1001)]) == 2
+    assert archive.put([sample_record("r1", 1000), sample_record("r3", 1002)]) == 1  # r1 was there already
     assert archive.put([]) == 0
     assert set(archive.summaries(["r1", "r2", "r3", "r4"])) == {"r1", "r2", "r3"}
     assert archive.summaries([]) == {}
@@ -119,11 +119,13 @@ def test_batches_are_idempotent(archive: SqlArchive) -> None:
 def test_listing_is_newest_first_by_time_then_id(archive: SqlArchive) -> None:
     archive.put(
         [
-            _record("a", 1000),
-            _record("b", 2000, agent="other"),
-            _record("c", 2000, thread_id="t"),
-            _record("d", 3000, phase=Phase.FAILED, error=RunErrorInfo(kind="BudgetExceeded", message="x")),
-            _record("e", 4000, tenant=None),
+            sample_record("a", 1000),
+            sample_record("b", 2000, agent="other"),
+            sample_record("c", 2000, thread_id="t"),
+            sample_record(
+                "d", 3000, phase=Phase.FAILED, error=RunErrorInfo(kind="BudgetExceeded", message="x")
+            ),
+            sample_record("e", 4000, tenant=None),
         ]
     )
 
@@ -148,7 +150,7 @@ def test_the_schema_is_migrated_once_and_a_newer_one_refused(tmp_path: Path) -> 
     first = open_archive(url)
     assert isinstance(first, SqlArchive)
     assert first.migrate() == len(MIGRATIONS)
-    first.put([_record("r1", 1)])
+    first.put([sample_record("r1", 1)])
     first.close()
     again = open_archive(url)  # opening again applies nothing and keeps the data
     assert again.load("r1") is not None
@@ -176,7 +178,7 @@ def test_archive_urls_are_checked() -> None:
 
 def test_a_failed_run_keeps_its_error(archive: SqlArchive) -> None:
     error = RunErrorInfo(kind="ToolDispatch", message="boom")
-    record = _record("f", 10, phase=Phase.FAILED, error=error)
+    record = sample_record("f", 10, phase=Phase.FAILED, error=error)
     failed = Failed(run_id="f", step=1, error=error)
     record.events.append(_ev("20-0", failed))
     archive.put([record])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,100 @@ def test_pass_rates_intervals_and_pass_at_k() -> None:
     ]
     (a,) = summarise(rows, ["a"], 2)
     assert (a.runs, a.passed, a.pass_at[1], a.pass_at[2]) == (4, 3, 0.75, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("reply", "verdict"),
+    [
+        ('{"score": 0.5, "reason": "half"}', (0.5, "half")),
+        ('```json\n{"score": 1, "reason": "ok"}\n```', (1.0, "ok")),
+        ("Looks fine", "did not answer with JSON"),
+        ('{"score": 1}', "must have exactly score and reason"),
+        ('{"score": 1, "reason": "x", "extra": 2}', "must have exactly score and reason"),
+        ('{"score": true, "reason": "x"}', "must be a number in [0, 1], got True"),
+        ('{"score": 7, "reason": "x"}', "must be a number in [0, 1], got 7"),
+        ('{"score": 1, "reason": 3}', "reason must be text"),
+        ("[1, 2]", "must have exactly score and reason"),
+        (None, "did not answer with JSON"),
+    ],
+)
+def test_a_judges_verdict_is_parsed_strictly(reply: str | None, verdict: tuple[float, str] | str) -> None:
+    from shared.evals.scorers import JudgeVerdictError, parse_verdict
+
+    if isinstance(verdict, tuple):
+        assert parse_verdict(reply) == verdict
+    else:
+        with pytest.raises(JudgeVerdictError, match=re.escape(verdict)):
+            parse_verdict(reply)
+
+
+def test_a_judge_scorer_sends_the_rubric_question_expected_and_answer() -> None:
+    asked: list[tuple[str, str, str]] = []
+
+    def ask(model: str, system: str, prompt: str) -> str:
+        asked.append((model, system, prompt))
+        return '{"score": 0.4, "reason": "partly"}'
+
+    s = spec(scorers=[{"kind": "judge", "model": "openai:gpt-4o-mini", "rubric": "Be exact."}])
+    (verdict,) = run_scorers(s.scorers, case("4"), outcome("four"), ask)
+    assert (verdict.value, verdict.passed, verdict.explanation) == (0.4, False, "partly")
+    ((model, system, prompt),) = asked
+    assert model == "openai:gpt-4o-mini" and "ONLY one JSON object" in system
+    assert prompt == 'Rubric:\nBe exact.\n\nQuestion:\nq\n\nExpected answer:\n"4"\n\nAnswer to grade:\nfour'
+
+
+def test_comparisons_pair_runs_and_test_the_change() -> None:
+    from shared.evals.compare import compare, mcnemar_exact
+    from shared.evals.outcome import CaseResult
+
+    assert mcnemar_exact(10, 0) == pytest.approx(2 / 1024)
+    assert mcnemar_exact(3, 1) == pytest.approx(0.625) and mcnemar_exact(0, 0) == 1.0
+
+    def rows(passing: set[int]) -> list[CaseResult]:
+        return [
+            CaseResult(
+                item=f"0:{c}:0",
+                variant="v",
+                case_id=f"c{c}",
+                repeat=0,
+                run_id="x",
+                status="completed",
+                passed=c in passing,
+            )
+            for c in range(40)
+        ]
+
+    base = rows(set(range(30)))
+    regressed = compare(base, rows(set(range(18))), "a", "b")
+    assert (regressed.pairs, regressed.worse, regressed.better) == (40, 12, 0)
+    assert regressed.regressions == sorted(f"c{c}" for c in range(18, 30))
+    assert regressed.significant_regression and "significant regression" in regressed.verdict()
+    noise = compare(base, rows(set(range(1, 31))), "a", "b")  # one worse, one better
+    assert (noise.worse, noise.better, noise.significant) == (1, 1, False)
+    assert noise.verdict() == "no significant change (p = 1)"
+
+
+def test_the_watch_view_shows_each_variants_progress_pass_rate_cost_and_eta() -> None:
+    from collections import Counter
+
+    from rich.console import Console
+
+    from producer.evals.client import Progress
+    from producer.evals.watch import Rate, view
+    from shared.evals.store import EvalMeta, VariantCounts
+
+    s = spec(variants=[{"name": "a", "agent": "x"}, {"name": "b", "agent": "x"}], pass_threshold=0.8)
+    meta = EvalMeta("e-1", s, "running", 200, 100, 0.0, None, "d.jsonl")
+    counts = [VariantCounts(50, 45, 1, 750, 0.0123), VariantCounts(30, 12, 0, 450, 0.001)]
+    rate = Rate(window_s=30)
+    assert rate.add(0.0, 0) == 0.0 and rate.add(10.0, 40) == 4.0
+    console = Console(record=True, width=140, color_system=None)
+    console.print(view(Progress(meta, counts, 5, 115, 80), Counter({0: 3, 1: 2}), 4.0))
+    text = console.export_text()
+    assert "eval e-1  running  80/200 recorded, 5 in flight, 115 not started" in text
+    assert "240.0 runs/min, ETA 0m30s" in text
+    rows = {line.split()[0]: line.split()[-6:] for line in text.splitlines()[2:] if line.strip()}
+    assert rows == {
+        "a": ["50/100", "1", "3", "90.0%", "750", "$0.0123"],
+        "b": ["30/100", "0", "2", "40.0%", "450", "$0.0010"],
+    }

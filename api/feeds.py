@@ -1,0 +1,151 @@
+"""One reader per followed run and API process, however many clients follow it.
+
+A :class:`Feed` waits in ``XREAD BLOCK`` on one run's event stream and hands each batch it reads
+to every subscriber's queue, so 100 followers of a run cost one Redis connection and one read per
+batch, not 100. A subscriber that resumes after an event id first reads what it missed with
+``XRANGE`` and then takes the feed's batches, skipping ids it already sent:
+
+1. it registers its queue with the feed, then waits until the feed has fixed the id it reads
+   after (the stream's last id when the feed started);
+2. it reads every event after its own cursor with ``XRANGE`` (everything up to at least the
+   feed's starting id, since it reads after the feed started);
+3. it sends the feed's batches, skipping ids at or below the last one it sent.
+
+Every event is in (2) or (3), and the skip sends none twice. A subscriber whose queue holds more
+than ``MAX_QUEUED`` batches (a client that does not read) is dropped: its stream ends, and the
+client resumes with ``Last-Event-ID`` without losing anything. A feed ends with its last
+subscriber; one whose read fails ends its subscribers' streams (they resume on another try).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import redis.asyncio as aioredis
+
+__all__ = ["BATCH", "Entry", "Feed", "FeedHub", "MAX_QUEUED", "after"]
+
+log = logging.getLogger("wesichain.api")
+
+#: Events read per round, by a feed or by a subscriber catching up.
+BATCH = 500
+#: Batches a subscriber may have waiting before it is dropped.
+MAX_QUEUED = 1000
+
+#: One event as read: its stream id and its stored JSON.
+Entry = tuple[str, str]
+
+
+def after(a: str, b: str) -> bool:
+    """Whether stream id ``a`` comes after ``b`` (``ms-seq``, compared as numbers)."""
+    a_ms, _, a_seq = a.partition("-")
+    b_ms, _, b_seq = b.partition("-")
+    return (int(a_ms), int(a_seq or 0)) > (int(b_ms), int(b_seq or 0))
+
+
+def _entries(raw: Any) -> list[Entry]:
+    return [(str(eid), str(fields["e"])) for eid, fields in raw]
+
+
+class Feed:
+    """The reader of one run's stream in this process, and its subscribers' queues."""
+
+    def __init__(self, hub: FeedHub, key: str) -> None:
+        self.hub = hub
+        self.key = key
+        self.queues: set[asyncio.Queue[list[Entry] | None]] = set()
+        self.ready = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._pump())
+
+    async def _pump(self) -> None:
+        try:
+            latest = await self.hub.redis.xrevrange(self.key, count=1)
+            cursor = str(latest[0][0]) if latest else "0-0"
+            self.ready.set()
+            while True:
+                reply: Any = await self.hub.redis.xread(
+                    {self.key: cursor}, count=BATCH, block=self.hub.block_ms
+                )
+                if not reply:
+                    continue
+                batch = _entries(reply[0][1])
+                cursor = batch[-1][0]
+                for queue in list(self.queues):
+                    if queue.qsize() >= MAX_QUEUED:
+                        self._drop(queue)
+                    else:
+                        queue.put_nowait(batch)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("reading %s failed; its followers' streams end (they resume)", self.key)
+            self.hub.forget(self)
+            for queue in list(self.queues):
+                self._drop(queue)
+            self.ready.set()
+
+    def _drop(self, queue: asyncio.Queue[list[Entry] | None]) -> None:
+        self.queues.discard(queue)
+        queue.put_nowait(None)
+
+
+class FeedHub:
+    """This process's feeds, by stream key."""
+
+    def __init__(self, redis: aioredis.Redis, block_ms: int) -> None:
+        self.redis = redis
+        self.block_ms = block_ms
+        self.feeds: dict[str, Feed] = {}
+
+    def forget(self, feed: Feed) -> None:
+        if self.feeds.get(feed.key) is feed:
+            del self.feeds[feed.key]
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, key: str) -> AsyncIterator[tuple[Feed, asyncio.Queue[list[Entry] | None]]]:
+        """A queue that gets every batch the run's feed reads from now on (registered first)."""
+        feed = self.feeds.get(key)
+        if feed is None or feed.task is None or feed.task.done():
+            feed = self.feeds[key] = Feed(self, key)
+            feed.start()
+        queue: asyncio.Queue[list[Entry] | None] = asyncio.Queue()
+        feed.queues.add(queue)
+        try:
+            await feed.ready.wait()
+            yield feed, queue
+        finally:
+            feed.queues.discard(queue)
+            if not feed.queues and feed.task is not None:
+                self.forget(feed)
+                feed.task.cancel()
+
+    async def follow(self, key: str, cursor: str, idle_s: float) -> AsyncGenerator[list[Entry] | None, None]:
+        """Batches of events after ``cursor``, in order, each once; ``None`` after ``idle_s``
+        without any (the caller may stop or go on). Ends when the feed drops this follower."""
+        async with self.subscribe(key) as (_, queue):
+            while True:  # catch up on what came before the feed's first read
+                raw = await self.redis.xrange(key, min=f"({cursor}" if cursor != "0-0" else "-", count=BATCH)
+                if not raw:
+                    break
+                batch = _entries(raw)
+                cursor = batch[-1][0]
+                yield batch
+            while True:
+                try:
+                    live = await asyncio.wait_for(queue.get(), timeout=idle_s)
+                except TimeoutError:
+                    yield None
+                    continue
+                if live is None:
+                    return
+                fresh = [entry for entry in live if after(entry[0], cursor)]
+                if fresh:
+                    cursor = fresh[-1][0]
+                    yield fresh

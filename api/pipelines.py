@@ -1,0 +1,148 @@
+"""``/v1/pipelines``: start, read, cancel a tenant's pipeline runs, and read their events.
+
+A pipeline run of another tenant answers 404, exactly as one that does not exist. Starting one
+counts as one submit against the tenant's limits; its child runs are the tenant's runs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+
+from api.auth import Caller
+from api.errors import ApiError
+from api.runs import ERRORS, Svc, Who
+from api.services import Services
+from producer.pipelines import MAX_PIPELINE_ID_CHARS, PipelineConflict, PipelineHandle, UnknownPipeline
+from shared.errors import ConfigError, InvalidRequest, StoreFull
+from shared.pipeline.status import PipelineStatus
+from shared.request import check_name
+
+__all__ = [
+    "PipelineEvents",
+    "PipelineSubmit",
+    "cancel_pipeline",
+    "get_pipeline",
+    "pipeline_events",
+    "router",
+    "submit_pipeline",
+]
+
+router = APIRouter(prefix="/v1", responses=ERRORS)
+
+
+class PipelineSubmit(BaseModel):
+    """A pipeline run to start."""
+
+    pipeline: str = Field(min_length=1, max_length=200, description="A pipeline the agents module registers.")
+    input: str = Field(
+        description="The first step's input (JSON of the pipeline's input type, if it has one)."
+    )
+    pipeline_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_PIPELINE_ID_CHARS,
+        description="Its id; the same id and request again is the same pipeline run.",
+    )
+
+
+class PipelineEvents(BaseModel):
+    """A page of a pipeline run's events, oldest first; ask again with ``after`` = ``last_id``."""
+
+    events: list[dict[str, Any]]
+    last_id: str | None
+
+
+def _owned(services: Services, who: Caller, pipeline_id: str) -> PipelineHandle:
+    try:
+        check_name("pipeline_id", pipeline_id)
+    except InvalidRequest:
+        raise ApiError(404, "not_found", f"no pipeline run {pipeline_id[:80]!r}") from None
+    handle = services.client.pipeline(pipeline_id)
+    meta = handle.store.meta(pipeline_id)
+    if meta is None or meta.tenant != who.tenant:
+        raise ApiError(404, "not_found", f"no pipeline run {pipeline_id!r}")
+    return handle
+
+
+@router.post(
+    "/pipelines",
+    status_code=202,
+    response_model=PipelineStatus,
+    summary="Start a pipeline run",
+    description="Creates the pipeline run and hands it to the workers. 422 for a pipeline the agents"
+    " module does not register, or an input that does not fit it; 409 for an id taken by another request.",
+)
+def submit_pipeline(body: PipelineSubmit, services: Svc, who: Who) -> PipelineStatus:
+    replay = body.pipeline_id is not None and services.client.pipeline(body.pipeline_id).exists()
+    if who.tenant is not None and not replay:
+        # A retried submit whose pipeline run exists is answered whatever the limits: it starts nothing.
+        services.gate.admit(who.tenant)
+    try:
+        try:
+            handle = services.client.submit_pipeline(
+                body.pipeline, body.input, pipeline_id=body.pipeline_id, tenant=who.tenant
+            )
+        except ConfigError:
+            # This process cannot import the agents module: the workers check the name (an unknown
+            # one ends the pipeline run failed, UnknownPipeline).
+            handle = services.client.submit_pipeline(
+                body.pipeline, body.input, pipeline_id=body.pipeline_id, tenant=who.tenant, check=False
+            )
+    except UnknownPipeline as exc:
+        raise ApiError(422, "unknown_pipeline", exc.message, details={"pipeline": body.pipeline}) from None
+    except PipelineConflict as exc:
+        raise ApiError(409, "conflict", exc.message) from None
+    except InvalidRequest as exc:
+        raise ApiError(422, "invalid_request", exc.message) from None
+    except StoreFull as exc:
+        raise ApiError(503, "store_full", str(exc)) from None
+    return handle.status()
+
+
+@router.get("/pipelines/{pipeline_id}", response_model=PipelineStatus, summary="A pipeline run, step by step")
+def get_pipeline(pipeline_id: str, services: Svc, who: Who) -> PipelineStatus:
+    return _owned(services, who, pipeline_id).status()
+
+
+@router.post(
+    "/pipelines/{pipeline_id}/cancel",
+    status_code=202,
+    response_model=PipelineStatus,
+    summary="Cancel a pipeline run and its live child runs",
+    description="409 if it has already ended.",
+)
+def cancel_pipeline(pipeline_id: str, services: Svc, who: Who) -> PipelineStatus:
+    handle = _owned(services, who, pipeline_id)
+    was = handle.cancel()
+    if was != "ok":
+        raise ApiError(
+            409,
+            "wrong_state",
+            f"pipeline run {pipeline_id} has already ended ({was})",
+            details={"status": was},
+        )
+    return handle.status()
+
+
+@router.get(
+    "/pipelines/{pipeline_id}/events",
+    response_model=PipelineEvents,
+    summary="A pipeline run's events",
+    description="Each step's start, each child run's start and end (with its ``run_id``, whose own"
+    " events are at ``/v1/runs/{run_id}/events``), branches taken, and its end.",
+)
+def pipeline_events(
+    pipeline_id: str,
+    services: Svc,
+    who: Who,
+    after: Annotated[str, Query(max_length=40, pattern=r"^\d+-\d+$")] = "0-0",
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+) -> PipelineEvents:
+    handle = _owned(services, who, pipeline_id)
+    page = handle.store.events(pipeline_id, after=after, count=limit)
+    return PipelineEvents(
+        events=[{"id": event_id, **event} for event_id, event in page], last_id=page[-1][0] if page else None
+    )

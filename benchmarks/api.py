@@ -1,0 +1,174 @@
+"""The HTTP API's costs: what it adds to a run, how many submits one process takes, SSE fan-out.
+
+* ``overhead``: submit -> terminal of the ``direct`` agent over HTTP (POST, then the run's event
+  stream until its end event) against the Python client on Redis (submit, then XREAD until the
+  end event), interleaved run by run; goal: at most 1.5 ms added at p50.
+* ``submits``: new runs per second one API process takes from concurrent clients (scripted model;
+  its worker consumes no queue, so the runs stay queued and only the submit path is measured, on
+  a database of its own); goal: at least 1,000 a second.
+* ``sse_fanout``: 100 followers of one run (``long``, 10 steps of a 200 ms model) on one API
+  process; every follower must get every event, in order, once; lag = when a follower parsed the
+  event minus when Redis appended it to the run's stream (the millisecond part of its stream id;
+  Redis and the followers share the host's clock); goal: p95 at most 50 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from benchmarks.harness import check, new_prefix, run_and_wait, summary
+from shared.keys import Keys
+from shared.tenants import TenantLimits, Tenants
+from tests.api_support import ApiProcess, bearer
+
+__all__ = ["FANOUT_FOLLOWERS", "OVERHEAD_GOAL_MS", "SSE_LAG_GOAL_MS", "SUBMITS_GOAL", "scenario_api"]
+
+OVERHEAD_GOAL_MS = 1.5
+SUBMITS_GOAL = 1000.0
+SSE_LAG_GOAL_MS = 50.0
+FANOUT_FOLLOWERS = 100
+#: The throughput phase's database (its queued runs must not reach the other phases' workers).
+SUBMITS_DB = 5
+_UNLIMITED = TenantLimits(max_inflight=10_000_000, submits_per_minute=10_000_000)
+
+
+def _key(redis_client: Any, prefix: str) -> str:
+    tenants = Tenants(redis_client, Keys(prefix))
+    key, record = tenants.create_key("bench")
+    tenants.set_limits(record.tenant, _UNLIMITED)
+    return key
+
+
+def _follow_http(http: httpx.Client, run_id: str) -> None:
+    """Read the run's event stream until the server closes it after the end event."""
+    with http.stream("GET", f"/v1/runs/{run_id}/events", headers={"accept": "text/event-stream"}) as r:
+        for _ in r.iter_lines():
+            pass
+
+
+def _overhead(ctx: Any, prefix: str, api: ApiProcess, key: str, n: int) -> dict[str, Any]:
+    client = ctx.cluster.client(prefix)
+    http_ms: list[float] = []
+    redis_ms: list[float] = []
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=60) as http:
+        for i in range(n + 3):
+            started = time.perf_counter()
+            run_id = http.post("/v1/runs", json={"agent": "direct", "input": "What is the answer?"}).json()[
+                "run_id"
+            ]
+            _follow_http(http, run_id)
+            elapsed = (time.perf_counter() - started) * 1000
+            _, direct = run_and_wait(client, "direct", "What is the answer?")
+            if i >= 3:  # the first runs warm connections and caches
+                http_ms.append(elapsed)
+                redis_ms.append(direct)
+    client.close()
+    over = summary(http_ms)["p50"] - summary(redis_ms)["p50"]
+    return {"api_ms": summary(http_ms), "python_client_ms": summary(redis_ms), "added_p50_ms": round(over, 3)}
+
+
+def _submits(ctx: Any, n: int, threads: int) -> dict[str, Any]:
+    cl = ctx.cluster
+    prefix = new_prefix("api-submits")
+    # Serves the agent (so submits are accepted) but consumes a queue nobody sends to.
+    idle = cl.wesichain_worker("api-idle", prefix, queues="bench.nobody", db=SUBMITS_DB)
+    cl.up(idle)
+    api = ApiProcess(cl.db_url(SUBMITS_DB), env={"WESICHAIN_PREFIX": prefix}).start()
+    try:
+        key = _key(cl.redis.client(db=SUBMITS_DB), prefix)
+        local = threading.local()
+        clients: list[httpx.Client] = []
+        lock = threading.Lock()
+
+        def submit(_: int) -> int:
+            http = getattr(local, "http", None)
+            if http is None:
+                http = local.http = httpx.Client(base_url=api.url, headers=bearer(key), timeout=60)
+                with lock:
+                    clients.append(http)
+            return http.post("/v1/runs", json={"agent": "direct", "input": "x"}).status_code
+
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(submit, range(threads * 4)))  # warm-up: connections, caches
+            started = time.perf_counter()
+            statuses = list(pool.map(submit, range(n)))
+            elapsed = time.perf_counter() - started
+        for http in clients:
+            http.close()
+    finally:
+        api.stop()
+        cl.down(idle)
+    accepted = statuses.count(202)
+    return {"submits": n, "accepted": accepted, "threads": threads, "per_s": round(accepted / elapsed, 1)}
+
+
+async def _fanout(api: ApiProcess, key: str, followers: int, steps: int) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=followers + 10, max_keepalive_connections=followers + 10)
+    async with httpx.AsyncClient(base_url=api.url, headers=bearer(key), timeout=120, limits=limits) as http:
+        run = (
+            await http.post(
+                "/v1/runs",
+                json={"agent": "long", "input": f"steps={steps}", "model": "scripted:long-200ms"},
+            )
+        ).json()
+        path = f"/v1/runs/{run['run_id']}/events"
+
+        async def follow() -> list[tuple[str, float, float]]:
+            got: list[tuple[str, float, float]] = []
+            async with http.stream("GET", path, headers={"accept": "text/event-stream"}) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        now = time.time()
+                        event_id = line[len('data: {"id":"') :].split('"', 1)[0]
+                        got.append((event_id, now, int(event_id.split("-")[0]) / 1000))
+            return got
+
+        seen = await asyncio.gather(*(follow() for _ in range(followers)))
+        page = (await http.get(path, params={"limit": 500})).json()
+    expected = [e["id"] for e in page["events"]]
+    complete = sum(1 for got in seen if [eid for eid, _, _ in got] == expected)
+    lags = [(now - ts) * 1000 for got in seen for _, now, ts in got]
+    return {
+        "followers": followers,
+        "events_per_run": len(expected),
+        "followers_with_every_event": complete,
+        "lag_ms": summary(lags),
+    }
+
+
+def scenario_api(ctx: Any) -> dict[str, Any]:
+    """The API's added latency, one process's submits per second, and SSE fan-out to 100 followers."""
+    cl, quick = ctx.cluster, ctx.quick
+    submits = _submits(ctx, n=1500 if quick else 10_000, threads=16)
+    ctx.log(f"    submits: {submits['per_s']}/s ({submits['accepted']}/{submits['submits']} accepted)")
+    prefix = new_prefix("api")
+    worker = cl.wesichain_worker("api-w", prefix, concurrency=2)
+    cl.up(worker)
+    api = ApiProcess(cl.url, env={"WESICHAIN_PREFIX": prefix}).start()
+    try:
+        key = _key(cl.redis.client(), prefix)
+        overhead = _overhead(ctx, prefix, api, key, n=20 if quick else 200)
+        ctx.log(f"    overhead: {overhead['added_p50_ms']} ms added at p50")
+        fanout = asyncio.run(_fanout(api, key, FANOUT_FOLLOWERS, steps=5 if quick else 10))
+        ctx.log(f"    fan-out: lag {fanout['lag_ms']}")
+    finally:
+        api.stop()
+        cl.down(worker)
+    every = fanout["followers_with_every_event"] == fanout["followers"]
+    return {
+        "overhead": overhead,
+        "submits": submits,
+        "sse_fanout": fanout,
+        "targets": {
+            "api_added_p50_ms": check(overhead["added_p50_ms"], OVERHEAD_GOAL_MS, "<="),
+            "api_submits_per_s": check(submits["per_s"], SUBMITS_GOAL, ">="),
+            "sse_lag_p95_ms": check(fanout["lag_ms"]["p95"], SSE_LAG_GOAL_MS, "<="),
+            "sse_every_follower_every_event": check(1.0 if every else 0.0, 1.0, ">="),
+        },
+    }

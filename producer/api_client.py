@@ -1,0 +1,526 @@
+"""Clients of the HTTP API: :class:`ApiClient` (sync) and :class:`AsyncClient` (asyncio), on httpx.
+
+They offer what :class:`~producer.client.Client` offers on Redis — submit, status, events, wait,
+cancel, approve, deny — with an API key instead of Redis access::
+
+    async with AsyncClient("https://agents.example.com", key="wsk_...") as client:
+        handle = await client.submit("research", "What is a lease?", idempotency_key="q-1")
+        async for event in handle.events():        # Server-Sent Events, resumed after a drop
+            print(event.kind)
+        head = await handle.wait(timeout=60)
+
+``status()`` answers the same :class:`~shared.state.RunHead` as the Redis client; ``view()`` the
+API's :class:`~api.models.RunView` (with the callback's delivery). Errors the API answers raise
+the same exceptions as the Redis client where one exists (:class:`RunNotFound`,
+:class:`InvalidRequest`, :class:`UnknownAgent`, :class:`RequestConflict`, :class:`StoreFull`),
+else :class:`ApiRequestError`; limits raise :class:`RateLimited` with the server's Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+
+from api.models import AgentView, RunList, RunView
+from producer.client import RequestConflict, RunNotFound, RunTimeout, UnknownAgent
+from shared.errors import InvalidRequest, StoreFull, WesichainError
+from shared.events import END_EVENTS, EVENT_ADAPTER, Event
+from shared.state import Callback, Decision, Phase, RunHead
+from shared.timeline import Timeline
+
+__all__ = [
+    "ApiClient",
+    "ApiRequestError",
+    "ApiRunHandle",
+    "AsyncClient",
+    "AsyncRunHandle",
+    "ENV_API_KEY",
+    "ENV_API_URL",
+    "RESUME_FOR_S",
+    "RateLimited",
+]
+
+ENV_API_URL = "WESICHAIN_API_URL"
+ENV_API_KEY = "WESICHAIN_API_KEY"
+#: Pause before following again after a dropped event stream.
+_RESUME_S = 0.2
+#: How long a dropped event stream is tried again (an API process restarting, a proxy's hiccup).
+RESUME_FOR_S = 30.0
+
+
+class ApiRequestError(WesichainError):
+    """The API refused a request: its status, error kind, message and details."""
+
+    def __init__(self, status: int, kind: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {kind}: {message}")
+        self.status = status
+        self.kind = kind
+        self.message = message
+        self.details = details or {}
+
+
+class RateLimited(ApiRequestError):
+    """A tenant limit (submits per minute, runs in flight): try again after ``retry_after_s``."""
+
+    def __init__(
+        self, status: int, kind: str, message: str, details: dict[str, Any], retry_after_s: float
+    ) -> None:
+        super().__init__(status, kind, message, details)
+        self.retry_after_s = retry_after_s
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json()["error"]
+        kind, message, details = str(error["kind"]), str(error["message"]), dict(error.get("details") or {})
+    except (ValueError, KeyError, TypeError):
+        kind, message, details = "http_error", response.text[:300], {}
+    status = response.status_code
+    if status == 404 and kind == "not_found":
+        raise RunNotFound(message)
+    if kind == "unknown_agent":
+        raise UnknownAgent(message)
+    if kind == "invalid_request":
+        raise InvalidRequest(message, **details)
+    if kind == "conflict":
+        raise RequestConflict(message)
+    if kind == "store_full":
+        raise StoreFull(message)
+    if status == 429:
+        raise RateLimited(status, kind, message, details, float(response.headers.get("retry-after", "1")))
+    raise ApiRequestError(status, kind, message, details)
+
+
+def _submit_body(
+    agent: str,
+    input: str,
+    thread_id: str | None,
+    metadata: dict[str, Any] | None,
+    model: str | None,
+    callback: Callback | dict[str, Any] | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"agent": agent, "input": input}
+    for name, value in (("thread_id", thread_id), ("metadata", metadata), ("model", model)):
+        if value is not None:
+            body[name] = value
+    if callback is not None:
+        body["callback"] = (
+            callback.model_dump(exclude_none=True) if isinstance(callback, Callback) else callback
+        )
+    return body
+
+
+def _headers(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _head(view: RunView) -> RunHead:
+    return RunHead.model_validate(view.model_dump(exclude={"status", "callback_delivery"}))
+
+
+def _list_params(**filters: Any) -> dict[str, Any]:
+    return {k: v for k, v in filters.items() if v is not None}
+
+
+def _event(data: str) -> Event:
+    raw = json.loads(data)
+    event = EVENT_ADAPTER.validate_python(raw)
+    event.stream_id = str(raw["id"])
+    return event
+
+
+class _SseParser:
+    """Server-Sent Events from lines: the ``data`` of each message, and the last ``id`` seen."""
+
+    def __init__(self) -> None:
+        self.data: list[str] = []
+
+    def feed(self, line: str) -> str | None:
+        """A message's data when ``line`` ends one."""
+        if line == "":
+            data, self.data = "\n".join(self.data), []
+            return data or None
+        if line.startswith("data:"):
+            self.data.append(line[5:].removeprefix(" "))
+        return None
+
+
+def _decision_path(run_id: str, decision: Decision) -> str:
+    return f"/v1/runs/{run_id}/{'approve' if decision.approve else 'deny'}"
+
+
+def _decision_body(decision: Decision) -> dict[str, Any]:
+    return {"note": decision.note, "always": True} if decision.always else {"note": decision.note}
+
+
+class _Resumer:
+    """Whether a failed attempt to follow is a drop to resume after (not a server never reached)."""
+
+    def __init__(self) -> None:
+        self.connected = False
+        self.dropped_at: float | None = None
+
+    def ok(self) -> None:
+        self.connected, self.dropped_at = True, None
+
+    def pause(self, exc: Exception) -> float:
+        """Seconds to wait before trying again; re-raises when it is not a drop or took too long."""
+        if not self.connected:
+            raise exc
+        now = time.monotonic()
+        self.dropped_at = self.dropped_at or now
+        if now - self.dropped_at > RESUME_FOR_S:
+            raise exc
+        return _RESUME_S
+
+
+_DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError)
+
+
+def _env(url: str | None, key: str | None) -> tuple[str, str | None]:
+    url = url or os.environ.get(ENV_API_URL, "")
+    if not url:
+        raise InvalidRequest(f"no API URL: pass one or set {ENV_API_URL}")
+    return url.rstrip("/"), key if key is not None else os.environ.get(ENV_API_KEY)
+
+
+# -- sync ------------------------------------------------------------------------------------------
+
+
+class ApiClient:
+    """The HTTP API, synchronously: the Redis client's surface with an API key."""
+
+    def __init__(
+        self, url: str | None = None, key: str | None = None, *, timeout: float = 30.0, **httpx_options: Any
+    ) -> None:
+        self.url, key = _env(url, key)
+        self.http = httpx.Client(base_url=self.url, headers=_headers(key), timeout=timeout, **httpx_options)
+
+    @classmethod
+    def from_env(cls) -> ApiClient:
+        """``WESICHAIN_API_URL`` and ``WESICHAIN_API_KEY``."""
+        return cls()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self.http.request(method, path, **kwargs)
+        _raise_for(response)
+        return response
+
+    def submit(
+        self,
+        agent: str,
+        input: str,
+        *,
+        thread_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        model: str | None = None,
+        callback: Callback | dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> ApiRunHandle:
+        """Start a run; with ``idempotency_key`` a retried submit returns the same run."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        body = _submit_body(agent, input, thread_id, metadata, model, callback)
+        view = RunView.model_validate_json(self._call("POST", "/v1/runs", json=body, headers=headers).content)
+        return ApiRunHandle(self, view.run_id)
+
+    def handle(self, run_id: str) -> ApiRunHandle:
+        return ApiRunHandle(self, run_id)
+
+    def list_runs(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        thread_id: str | None = None,
+        since: float | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> RunList:
+        params = _list_params(
+            agent=agent, status=status, thread_id=thread_id, since=since, cursor=cursor, limit=limit
+        )
+        return RunList.model_validate_json(self._call("GET", "/v1/runs", params=params).content)
+
+    def agents(self) -> list[AgentView]:
+        return [AgentView.model_validate(a) for a in self._call("GET", "/v1/agents").json()["agents"]]
+
+
+class ApiRunHandle:
+    """One run over the API: its status, its events, and the cancel and approval verbs."""
+
+    def __init__(self, client: ApiClient, run_id: str) -> None:
+        self.client = client
+        self.run_id = run_id
+
+    def __repr__(self) -> str:
+        return f"ApiRunHandle({self.run_id!r})"
+
+    def view(self) -> RunView:
+        return RunView.model_validate_json(self.client._call("GET", f"/v1/runs/{self.run_id}").content)
+
+    def status(self) -> RunHead:
+        return _head(self.view())
+
+    def checkpoints(self) -> list[RunHead]:
+        raw = self.client._call("GET", f"/v1/runs/{self.run_id}/checkpoints").json()["checkpoints"]
+        return [_head(RunView.model_validate(c)) for c in raw]
+
+    def timeline(self) -> Timeline:
+        """Where the run's time went (see ``RunHandle.timeline``)."""
+        return Timeline.model_validate_json(
+            self.client._call("GET", f"/v1/runs/{self.run_id}/timeline").content
+        )
+
+    def events(
+        self, *, follow: bool = True, after: str = "0-0", idle_timeout: float | None = None
+    ) -> Iterator[Event]:
+        """Every event after ``after``, in order; with ``follow``, live until the end event.
+
+        A dropped stream is resumed after the last event received (``Last-Event-ID``), so no event
+        is lost or repeated. ``idle_timeout`` ends following when nothing arrived for that long.
+        """
+        cursor = after
+        if not follow:
+            while True:
+                page = self.client._call(
+                    "GET", f"/v1/runs/{self.run_id}/events", params={"after": cursor, "limit": 500}
+                ).json()
+                for raw in page["events"]:
+                    event = EVENT_ADAPTER.validate_python(raw)
+                    event.stream_id = cursor = str(raw["id"])
+                    yield event
+                if page["ended"] or not page["events"]:
+                    return
+        timeout = httpx.Timeout(self.client.http.timeout.connect, read=idle_timeout)
+        resumer = _Resumer()
+        while True:
+            headers = {"Accept": "text/event-stream", "Last-Event-ID": cursor}
+            try:
+                with self.client.http.stream(
+                    "GET", f"/v1/runs/{self.run_id}/events", headers=headers, timeout=timeout
+                ) as response:
+                    if response.status_code == 204:
+                        return
+                    if response.status_code >= 400:
+                        response.read()
+                        _raise_for(response)
+                    resumer.ok()
+                    parser = _SseParser()
+                    for line in response.iter_lines():
+                        data = parser.feed(line)
+                        if data is None:
+                            continue
+                        event = _event(data)
+                        cursor = event.stream_id or cursor
+                        yield event
+                        if event.kind in END_EVENTS:
+                            return
+                    return  # the server ended the stream: the run's events were trimmed
+            except httpx.ReadTimeout:
+                return  # idle for idle_timeout
+            except _DROPPED as exc:
+                time.sleep(resumer.pause(exc))  # dropped: resume after the last event received
+
+    def wait(self, timeout: float = 60.0) -> RunHead:
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            head = self.status()
+            if head.terminal:
+                return head
+            if time.monotonic() >= deadline:
+                raise RunTimeout(f"run {self.run_id} still {head.phase.value} after {timeout}s")
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.2)
+
+    def why_waiting(self) -> str | None:
+        """Only operators (on Redis) can see the workers: nothing to say over the API."""
+        return None
+
+    def cancel(self) -> Phase | None:
+        """Ask the run to stop; the phase it was in (an ended run raises :class:`ApiRequestError`)."""
+        view = RunView.model_validate_json(
+            self.client._call("POST", f"/v1/runs/{self.run_id}/cancel").content
+        )
+        return Phase(view.phase)
+
+    def approve(self, note: str = "", *, always: bool = False) -> None:
+        """``always``: the tools of these calls need no approval again for the rest of the run."""
+        self.decide(Decision(approve=True, note=note, always=always))
+
+    def deny(self, note: str = "") -> None:
+        self.decide(Decision(approve=False, note=note))
+
+    def decide(self, decision: Decision) -> None:
+        self.client._call("POST", _decision_path(self.run_id, decision), json=_decision_body(decision))
+
+
+# -- async -----------------------------------------------------------------------------------------
+
+
+class AsyncClient:
+    """The HTTP API for asyncio services: the same surface as :class:`ApiClient`, awaited."""
+
+    def __init__(
+        self, url: str | None = None, key: str | None = None, *, timeout: float = 30.0, **httpx_options: Any
+    ) -> None:
+        self.url, key = _env(url, key)
+        self.http = httpx.AsyncClient(
+            base_url=self.url, headers=_headers(key), timeout=timeout, **httpx_options
+        )
+
+    @classmethod
+    def from_env(cls) -> AsyncClient:
+        return cls()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = await self.http.request(method, path, **kwargs)
+        _raise_for(response)
+        return response
+
+    async def submit(
+        self,
+        agent: str,
+        input: str,
+        *,
+        thread_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        model: str | None = None,
+        callback: Callback | dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncRunHandle:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        body = _submit_body(agent, input, thread_id, metadata, model, callback)
+        response = await self._call("POST", "/v1/runs", json=body, headers=headers)
+        return AsyncRunHandle(self, RunView.model_validate_json(response.content).run_id)
+
+    def handle(self, run_id: str) -> AsyncRunHandle:
+        return AsyncRunHandle(self, run_id)
+
+    async def list_runs(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        thread_id: str | None = None,
+        since: float | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> RunList:
+        params = _list_params(
+            agent=agent, status=status, thread_id=thread_id, since=since, cursor=cursor, limit=limit
+        )
+        return RunList.model_validate_json((await self._call("GET", "/v1/runs", params=params)).content)
+
+    async def agents(self) -> list[AgentView]:
+        body = (await self._call("GET", "/v1/agents")).json()
+        return [AgentView.model_validate(a) for a in body["agents"]]
+
+
+class AsyncRunHandle:
+    def __init__(self, client: AsyncClient, run_id: str) -> None:
+        self.client = client
+        self.run_id = run_id
+
+    def __repr__(self) -> str:
+        return f"AsyncRunHandle({self.run_id!r})"
+
+    async def view(self) -> RunView:
+        response = await self.client._call("GET", f"/v1/runs/{self.run_id}")
+        return RunView.model_validate_json(response.content)
+
+    async def status(self) -> RunHead:
+        return _head(await self.view())
+
+    async def checkpoints(self) -> list[RunHead]:
+        raw = (await self.client._call("GET", f"/v1/runs/{self.run_id}/checkpoints")).json()["checkpoints"]
+        return [_head(RunView.model_validate(c)) for c in raw]
+
+    async def timeline(self) -> Timeline:
+        """Where the run's time went (see ``RunHandle.timeline``)."""
+        response = await self.client._call("GET", f"/v1/runs/{self.run_id}/timeline")
+        return Timeline.model_validate_json(response.content)
+
+    async def events(self, *, after: str = "0-0", idle_timeout: float | None = None) -> AsyncIterator[Event]:
+        """Every event after ``after``, live until the end event, resumed after a dropped stream."""
+        cursor = after
+        timeout = httpx.Timeout(self.client.http.timeout.connect, read=idle_timeout)
+        resumer = _Resumer()
+        while True:
+            headers = {"Accept": "text/event-stream", "Last-Event-ID": cursor}
+            try:
+                async with self.client.http.stream(
+                    "GET", f"/v1/runs/{self.run_id}/events", headers=headers, timeout=timeout
+                ) as response:
+                    if response.status_code == 204:
+                        return
+                    if response.status_code >= 400:
+                        await response.aread()
+                        _raise_for(response)
+                    resumer.ok()
+                    parser = _SseParser()
+                    async for line in response.aiter_lines():
+                        data = parser.feed(line)
+                        if data is None:
+                            continue
+                        event = _event(data)
+                        cursor = event.stream_id or cursor
+                        yield event
+                        if event.kind in END_EVENTS:
+                            return
+                    return
+            except httpx.ReadTimeout:
+                return
+            except _DROPPED as exc:
+                await asyncio.sleep(resumer.pause(exc))
+
+    async def wait(self, timeout: float = 60.0) -> RunHead:
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            head = await self.status()
+            if head.terminal:
+                return head
+            if time.monotonic() >= deadline:
+                raise RunTimeout(f"run {self.run_id} still {head.phase.value} after {timeout}s")
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.2)
+
+    async def cancel(self) -> Phase | None:
+        response = await self.client._call("POST", f"/v1/runs/{self.run_id}/cancel")
+        return Phase(RunView.model_validate_json(response.content).phase)
+
+    async def approve(self, note: str = "", *, always: bool = False) -> None:
+        await self.decide(Decision(approve=True, note=note, always=always))
+
+    async def deny(self, note: str = "") -> None:
+        await self.decide(Decision(approve=False, note=note))
+
+    async def decide(self, decision: Decision) -> None:
+        await self.client._call("POST", _decision_path(self.run_id, decision), json=_decision_body(decision))

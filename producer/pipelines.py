@@ -1,0 +1,172 @@
+"""Submitting a pipeline run by name, and following, cancelling it (``Client.submit_pipeline``).
+
+Submitting stores the pipeline run (running, at no step) and sends ``wesichain.pipeline.advance``;
+the workers, which import the agents module and so know the pipeline's steps, do the rest. With
+``check`` the producer imports the agents module too, to refuse an unknown pipeline or an input
+that does not fit at once.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from shared.agents import load_registry
+from shared.errors import ConfigError, InvalidRequest, WesichainError
+from shared.pipeline.status import PipelineStatus, pipeline_status
+from shared.pipeline.store import PipelineStore
+from shared.pipeline.tasks import advance_task
+from shared.request import check_name, validate_request
+
+if TYPE_CHECKING:
+    from producer.client import Client
+
+__all__ = [
+    "MAX_PIPELINE_ID_CHARS",
+    "PipelineConflict",
+    "PipelineHandle",
+    "PipelineNotFound",
+    "PipelineTimeout",
+    "UnknownPipeline",
+    "submit_pipeline",
+]
+
+#: A pipeline run id is part of its children's run ids, which are at most 200 characters.
+MAX_PIPELINE_ID_CHARS = 120
+
+
+class UnknownPipeline(InvalidRequest):
+    """The agents module registers no pipeline by this name."""
+
+
+class PipelineConflict(InvalidRequest):
+    """The pipeline run id is taken by another request."""
+
+
+class PipelineNotFound(WesichainError, LookupError):
+    """No pipeline run has this id."""
+
+
+class PipelineTimeout(WesichainError, TimeoutError):
+    """``PipelineHandle.wait`` ran out of time; the pipeline run goes on."""
+
+
+def submit_pipeline(
+    client: Client,
+    name: str,
+    input: str,
+    *,
+    pipeline_id: str | None = None,
+    tenant: str | None = None,
+    check: bool = True,
+) -> PipelineHandle:
+    """Create the pipeline run and send its first move; the same id and request again is the same
+    pipeline run (a retry after a lost answer), the same id with another request an error."""
+    request = validate_request(
+        {"agent": name, "input": input, **({"tenant": tenant} if tenant else {})}, client.settings.limits
+    )
+    if check:
+        _check(client, name, input)
+    pipeline_id = pipeline_id if pipeline_id is not None else uuid.uuid4().hex
+    check_name("pipeline_id", pipeline_id)
+    if len(pipeline_id) > MAX_PIPELINE_ID_CHARS:
+        raise InvalidRequest(f"a pipeline_id is at most {MAX_PIPELINE_ID_CHARS} characters")
+    store = PipelineStore(client.store.redis, client.store.keys, client.settings.retention_s)
+    if store.create(pipeline_id, name, request.input, request.tenant):
+        store.add_event(pipeline_id, "pipeline_started", pipeline=name)
+    else:
+        meta = store.meta(pipeline_id)
+        if meta is None or (meta.name, meta.input, meta.tenant) != (name, request.input, request.tenant):
+            raise PipelineConflict(f"pipeline run {pipeline_id!r} already exists (for another request)")
+        if meta.seq >= 0:
+            return PipelineHandle(client, pipeline_id)
+        # Not started yet: the first submit may have died before sending its first move.
+    task = advance_task(pipeline_id, -1)
+    client.app.send_task(task.name, kwargs=task.arguments, task_id=task.task_id)
+    return PipelineHandle(client, pipeline_id)
+
+
+def _check(client: Client, name: str, input: str) -> None:
+    registry = load_registry(client.settings.agents_module)
+    try:
+        pipeline = registry.pipeline(name)
+    except ConfigError as exc:
+        raise UnknownPipeline(str(exc)) from None
+    if pipeline.input_type is not str:
+        try:
+            pipeline.input_type.model_validate_json(input)
+        except Exception as exc:
+            raise InvalidRequest(
+                f"pipeline {name!r} takes a {pipeline.input_type.__name__} as JSON: {exc}"[:2000]
+            ) from None
+
+
+class PipelineHandle:
+    """One pipeline run: its status, its events, and cancel."""
+
+    def __init__(self, client: Client, pipeline_id: str) -> None:
+        self.client = client
+        self.pipeline_id = pipeline_id
+        self.store = PipelineStore(client.store.redis, client.store.keys, client.settings.retention_s)
+
+    def __repr__(self) -> str:
+        return f"PipelineHandle({self.pipeline_id!r})"
+
+    def exists(self) -> bool:
+        return self.store.meta(self.pipeline_id) is not None
+
+    def status(self) -> PipelineStatus:
+        status = pipeline_status(self.store, self.pipeline_id)
+        if status is None:
+            raise PipelineNotFound(f"no pipeline run {self.pipeline_id!r}")
+        return status
+
+    def wait(self, timeout: float = 300.0) -> PipelineStatus:
+        """Block until the pipeline run ended; raise :class:`PipelineTimeout` after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            meta = self.store.meta(self.pipeline_id)
+            if meta is None:
+                raise PipelineNotFound(f"no pipeline run {self.pipeline_id!r}")
+            if meta.terminal:
+                return self.status()
+            if time.monotonic() >= deadline:
+                raise PipelineTimeout(f"pipeline run {self.pipeline_id} still running after {timeout:g}s")
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.2)
+
+    def cancel(self) -> str:
+        """Stop the pipeline run (it ends ``cancelled``) and cancel its live child runs; returns
+        ``ok``, or the status it had ended with already."""
+        ended = self.store.end(self.pipeline_id, None, "cancelled")
+        if ended == "":
+            raise PipelineNotFound(f"no pipeline run {self.pipeline_id!r}")
+        if ended == "ok":
+            self.store.add_event(self.pipeline_id, "pipeline_cancelled")
+        self.store.cancel_children(self.pipeline_id, lambda run_id: self.client.handle(run_id).cancel())
+        return ended
+
+    def events(
+        self, *, follow: bool = True, after: str = "0-0", timeout: float = 300.0
+    ) -> Iterator[dict[str, Any]]:
+        """The pipeline run's events in order (each child's ``run_id`` leads to its own events);
+        with ``follow``, until it ended and every event is read (or ``timeout``)."""
+        cursor = after
+        deadline = time.monotonic() + timeout
+        while True:
+            batch = self.store.events(self.pipeline_id, after=cursor)
+            for event_id, event in batch:
+                cursor = event_id
+                yield {"id": event_id, **event}
+            if batch:
+                continue
+            meta = self.store.meta(self.pipeline_id)
+            if not follow or meta is None or meta.terminal or time.monotonic() > deadline:
+                if meta is not None and meta.terminal:
+                    for event_id, event in self.store.events(self.pipeline_id, after=cursor):
+                        yield {"id": event_id, **event}
+                return
+            time.sleep(0.1)

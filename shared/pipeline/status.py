@@ -1,0 +1,123 @@
+"""What a pipeline run looks like from outside: its status, each step and each child run."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, Field
+
+from shared.pipeline.store import PipelineStore, child_run_id
+
+__all__ = ["ChildStatus", "PipelineStatus", "StepStatus", "pipeline_status"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ChildStatus(BaseModel):
+    """One item of a step: its child run (of its latest attempt) and how it stands."""
+
+    item: int
+    run_id: str | None
+    attempt: int = 0
+    #: ``waiting`` (not started), ``running``, ``completed``, ``failed`` or ``skipped``.
+    status: str
+    error: dict[str, Any] | None = None
+
+
+class StepStatus(BaseModel):
+    seq: int
+    name: str
+    kind: str
+    agent: str | None
+    #: The pipeline the step belongs to (a branch moves a run into another pipeline).
+    pipeline: str
+    #: Branches taken on the way to this step: ``{"branch", "case", "to"}``.
+    via: list[dict[str, str]] = Field(default_factory=list)
+    total: int
+    done: int
+    children: list[ChildStatus]
+
+
+class PipelineStatus(BaseModel):
+    pipeline_id: str
+    name: str
+    #: ``running``, ``completed``, ``failed`` or ``cancelled``.
+    status: str
+    input: str
+    tenant: str | None = None
+    #: The last step's value as JSON (a map's: the list of its values), once completed.
+    output: Any = None
+    #: Why it failed: the failing child's error, the step, the item and the child's run id.
+    error: dict[str, Any] | None = None
+    created_at: float
+    finished_at: float | None = None
+    steps: list[StepStatus]
+
+    @property
+    def terminal(self) -> bool:
+        return self.status != "running"
+
+    def output_as(self, output_type: type[M]) -> M | None:
+        return None if self.output is None else output_type.model_validate(self.output)
+
+
+def pipeline_status(store: PipelineStore, pipeline_id: str) -> PipelineStatus | None:
+    meta = store.meta(pipeline_id)
+    if meta is None:
+        return None
+    steps = []
+    for seq, step in sorted(store.steps(pipeline_id).items()):
+        results = store.results(pipeline_id, seq)
+        children = store.children(pipeline_id, seq)
+        attempts = store.attempts(pipeline_id, seq)
+        started = meta.started if seq == meta.seq else int(step["total"])
+        rows = []
+        for item in range(int(step["total"])):
+            attempt = attempts.get(item, 0)
+            result = results.get(item)
+            if result is not None:
+                rows.append(
+                    ChildStatus(
+                        item=item,
+                        run_id=result.get("run_id"),
+                        attempt=attempt,
+                        status=result["status"],
+                        error=result.get("error"),
+                    )
+                )
+                continue
+            run_id = child_run_id(pipeline_id, seq, item, attempt)
+            live = item < started and children.get(item) == run_id
+            rows.append(
+                ChildStatus(
+                    item=item,
+                    run_id=run_id if live else None,
+                    attempt=attempt,
+                    status="running" if live else "waiting",
+                )
+            )
+        steps.append(
+            StepStatus(
+                seq=seq,
+                name=step["name"],
+                kind=step["kind"],
+                agent=step.get("agent"),
+                pipeline=step["pipeline"],
+                via=step.get("via", []),
+                total=int(step["total"]),
+                done=len(results),
+                children=rows,
+            )
+        )
+    return PipelineStatus(
+        pipeline_id=pipeline_id,
+        name=meta.name,
+        status=meta.status,
+        input=meta.input,
+        tenant=meta.tenant,
+        output=meta.output,
+        error=meta.error,
+        created_at=meta.created_at,
+        finished_at=meta.finished_at,
+        steps=steps,
+    )

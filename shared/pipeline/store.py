@@ -1,0 +1,341 @@
+"""A pipeline run's state in Redis: its request and status, the current step's counters, each
+step's items, attempts, child runs and results, and its events.
+
+The pipeline runs one step at a time (``seq`` counts the steps it went through, branches
+included). A step's items are numbered; item ``i``'s child run for attempt ``a`` has the id
+:func:`child_run_id` ``(pipeline, seq, i, a)``, so whoever creates it, it is created once. Each
+move is one script: taking items within the step's cap, recording an item once, moving an item to
+its next attempt once, moving on to the next step once, ending once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from shared.keys import Keys
+from shared.scripts import script_source
+
+__all__ = [
+    "DEFAULT_RETENTION_S",
+    "EVENTS_MAXLEN",
+    "PIPELINE_ID",
+    "PIPELINE_ITEM",
+    "PIPELINE_STEP",
+    "PipelineMeta",
+    "PipelineStore",
+    "child_run_id",
+]
+
+#: Child runs' metadata: which pipeline run, step and item they belong to.
+PIPELINE_ID = "pipeline_id"
+PIPELINE_STEP = "pipeline_step"
+PIPELINE_ITEM = "pipeline_item"
+#: Events a pipeline run keeps (about the last ones when more).
+EVENTS_MAXLEN = 10_000
+#: How long an ended pipeline run's keys stay by default (``Settings.retention_s``'s default).
+DEFAULT_RETENTION_S = 7 * 24 * 3600
+
+_SCRIPTS = (
+    "pipe_create",
+    "pipe_advance",
+    "pipe_reserve",
+    "pipe_record",
+    "pipe_retry",
+    "pipe_end",
+    "pipe_mark",
+)
+
+
+def child_run_id(pipeline_id: str, seq: int, item: int, attempt: int) -> str:
+    """The child run of (pipeline run, step, item, attempt): the same four, the same run."""
+    return f"{pipeline_id}:s{seq}:i{item}:a{attempt}"
+
+
+@dataclass(frozen=True)
+class PipelineMeta:
+    """A pipeline run's request, status and where it is."""
+
+    pipeline_id: str
+    name: str
+    input: str
+    tenant: str | None
+    status: str
+    #: The step it is at (-1: not started yet), in which pipeline (a branch moves it to another).
+    seq: int
+    target: str
+    index: int
+    kind: str
+    cap: int
+    total: int
+    started: int
+    done: int
+    output: Any
+    error: dict[str, Any] | None
+    created_at: float
+    updated_ms: float
+    finished_at: float | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status != "running"
+
+
+class PipelineStore:
+    """Reads and writes pipeline runs on the run store's Redis client and keys."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, retention_s: float = DEFAULT_RETENTION_S) -> None:
+        self.redis = client
+        self.keys = keys
+        #: How long an ended pipeline run's keys stay (as an ended run's do: ``Settings.retention_s``).
+        self.retention_s = retention_s
+        self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
+
+    def create(self, pipeline_id: str, name: str, input: str, tenant: str | None) -> bool:
+        """Store a new pipeline run (running, at no step); False if the id is taken."""
+        k = self.keys
+        now = time.time()
+        fields = {
+            "name": name,
+            "input": input,
+            "tenant": tenant or "",
+            "status": "running",
+            "seq": "-1",
+            "target": name,
+            "index": "-1",
+            "kind": "",
+            "cap": "0",
+            "total": "0",
+            "started": "0",
+            "done": "0",
+            "created_at": repr(now),
+            "updated_ms": str(int(now * 1000)),
+        }
+        reply = self._scripts["pipe_create"](
+            keys=[k.pipe_meta(pipeline_id), k.pipes_active(), k.pipes_index()],
+            args=[pipeline_id, int(now * 1000), *[part for pair in fields.items() for part in pair]],
+        )
+        return _text(reply) == "created"
+
+    def meta(self, pipeline_id: str) -> PipelineMeta | None:
+        raw = self.redis.hgetall(self.keys.pipe_meta(pipeline_id))
+        if not raw:
+            return None
+        f = {_text(k): _text(v) for k, v in raw.items()}
+        return PipelineMeta(
+            pipeline_id=pipeline_id,
+            name=f["name"],
+            input=f["input"],
+            tenant=f.get("tenant") or None,
+            status=f["status"],
+            seq=int(f["seq"]),
+            target=f["target"],
+            index=int(f["index"]),
+            kind=f.get("kind", ""),
+            cap=int(f["cap"]),
+            total=int(f["total"]),
+            started=int(f["started"]),
+            done=int(f["done"]),
+            output=json.loads(f["output"]) if f.get("output") else None,
+            error=json.loads(f["error"]) if f.get("error") else None,
+            created_at=float(f["created_at"]),
+            updated_ms=float(f.get("updated_ms", "0")),
+            finished_at=float(f["finished_ms"]) / 1000 if f.get("finished_ms") else None,
+        )
+
+    # -- moving on ---------------------------------------------------------------------------------
+
+    def advance(
+        self,
+        pipeline_id: str,
+        from_seq: int,
+        target: str,
+        index: int,
+        kind: str,
+        cap: int,
+        step: dict[str, Any],
+        inputs: list[str],
+    ) -> bool:
+        """Start step ``from_seq + 1`` with these item inputs; False if another delivery did."""
+        k, seq = self.keys, from_seq + 1
+        reply = self._scripts["pipe_advance"](
+            keys=[k.pipe_meta(pipeline_id), k.pipe_steps(pipeline_id), k.pipe_items(pipeline_id, seq)],
+            args=[
+                from_seq,
+                seq,
+                target,
+                index,
+                kind,
+                cap,
+                len(inputs),
+                json.dumps(step),
+                int(time.time() * 1000),
+                *inputs,
+            ],
+        )
+        return _text(reply) == "ok"
+
+    def reserve(self, pipeline_id: str, seq: int, want: int) -> range:
+        """Items of step ``seq`` to start now, within its cap (empty: none)."""
+        first, count = self._scripts["pipe_reserve"](
+            keys=[self.keys.pipe_meta(pipeline_id)], args=[seq, want]
+        )
+        return range(int(first), int(first) + int(count))
+
+    def record(
+        self,
+        pipeline_id: str,
+        seq: int,
+        item: int,
+        attempt: int,
+        result: dict[str, Any],
+        event: dict[str, Any],
+    ) -> str:
+        """Record how an item ended, and its event, once (see ``pipe_record.lua`` for the answers)."""
+        k = self.keys
+        reply = self._scripts["pipe_record"](
+            keys=[
+                k.pipe_meta(pipeline_id),
+                k.pipe_results(pipeline_id, seq),
+                k.pipe_attempts(pipeline_id, seq),
+                k.pipe_events(pipeline_id),
+            ],
+            args=[seq, item, attempt, json.dumps(result), _event_json(event), EVENTS_MAXLEN],
+        )
+        return _text(reply)
+
+    def retry(self, pipeline_id: str, seq: int, item: int, attempt: int) -> bool:
+        """Move the item to attempt ``attempt + 1``; False if that happened already (or cannot)."""
+        k = self.keys
+        reply = self._scripts["pipe_retry"](
+            keys=[k.pipe_meta(pipeline_id), k.pipe_attempts(pipeline_id, seq)], args=[seq, item, attempt]
+        )
+        return _text(reply) == "ok"
+
+    def end(
+        self, pipeline_id: str, seq: int | None, status: str, output: Any = None, error: Any = None
+    ) -> str:
+        """End the pipeline run (at step ``seq``; None: wherever it is); 'ok', or why not."""
+        reply = self._scripts["pipe_end"](
+            keys=[self.keys.pipe_meta(pipeline_id)],
+            args=[
+                "*" if seq is None else seq,
+                status,
+                json.dumps(output) if output is not None else "",
+                json.dumps(error) if error is not None else "",
+                int(time.time() * 1000),
+            ],
+        )
+        return _text(reply)
+
+    # -- a step's items ------------------------------------------------------------------------
+
+    def item_input(self, pipeline_id: str, seq: int, item: int) -> str | None:
+        raw = self.redis.hget(self.keys.pipe_items(pipeline_id, seq), str(item))
+        return _text(raw) if raw is not None else None
+
+    def attempt(self, pipeline_id: str, seq: int, item: int) -> int:
+        raw = self.redis.hget(self.keys.pipe_attempts(pipeline_id, seq), str(item))
+        return int(raw) if raw is not None else 0
+
+    def attempts(self, pipeline_id: str, seq: int) -> dict[int, int]:
+        raw = self.redis.hgetall(self.keys.pipe_attempts(pipeline_id, seq))
+        return {int(_text(k)): int(v) for k, v in raw.items()}
+
+    def mark_child(self, pipeline_id: str, seq: int, item: int, run_id: str, event: dict[str, Any]) -> bool:
+        """The item's current child run exists (it is the one to cancel, or to wait for): note it and
+        add ``event``, once; True the first time, whoever notes it."""
+        k = self.keys
+        reply = self._scripts["pipe_mark"](
+            keys=[k.pipe_children(pipeline_id, seq), k.pipe_events(pipeline_id), k.pipe_meta(pipeline_id)],
+            args=[item, run_id, _event_json(event), EVENTS_MAXLEN],
+        )
+        return int(reply) == 1
+
+    def children(self, pipeline_id: str, seq: int) -> dict[int, str]:
+        raw = self.redis.hgetall(self.keys.pipe_children(pipeline_id, seq))
+        return {int(_text(k)): _text(v) for k, v in raw.items()}
+
+    def results(self, pipeline_id: str, seq: int) -> dict[int, dict[str, Any]]:
+        raw = self.redis.hgetall(self.keys.pipe_results(pipeline_id, seq))
+        return {int(_text(k)): json.loads(v) for k, v in raw.items()}
+
+    def steps(self, pipeline_id: str) -> dict[int, dict[str, Any]]:
+        raw = self.redis.hgetall(self.keys.pipe_steps(pipeline_id))
+        return {int(_text(k)): json.loads(v) for k, v in raw.items()}
+
+    # -- events and the sweeper's set ----------------------------------------------------------
+
+    def add_event(self, pipeline_id: str, kind: str, **fields: Any) -> None:
+        self.redis.xadd(
+            self.keys.pipe_events(pipeline_id),
+            {"event": _event_json({"kind": kind, **fields})},
+            maxlen=EVENTS_MAXLEN,
+            approximate=True,
+        )
+
+    def events(
+        self, pipeline_id: str, after: str = "0-0", count: int = 500
+    ) -> list[tuple[str, dict[str, Any]]]:
+        start = "-" if after == "0-0" else f"({after}"
+        raw: Any = self.redis.xrange(self.keys.pipe_events(pipeline_id), min=start, count=count)
+        return [(_text(event_id), json.loads(_event_field(fields))) for event_id, fields in raw]
+
+    def active(self) -> list[str]:
+        return sorted(_text(m) for m in self.redis.smembers(self.keys.pipes_active()))
+
+    def cancel_children(self, pipeline_id: str, cancel_run: Callable[[str], object]) -> int:
+        """Cancel (``cancel_run``) every live child of an ended pipeline run, then stop watching it."""
+        meta = self.meta(pipeline_id)
+        if meta is None or not meta.terminal:
+            return 0
+        cancelled = 0
+        if meta.seq >= 0:
+            results = self.results(pipeline_id, meta.seq)
+            for item, run_id in self.children(pipeline_id, meta.seq).items():
+                if item not in results:
+                    cancel_run(run_id)
+                    cancelled += 1
+        self.settle(pipeline_id)
+        return cancelled
+
+    def settle(self, pipeline_id: str) -> None:
+        """The pipeline run ended and no child of it is left live: its keys expire after the
+        retention, and the sweeper forgets it."""
+        meta = self.meta(pipeline_id)
+        k = self.keys
+        keys = [k.pipe_meta(pipeline_id), k.pipe_steps(pipeline_id), k.pipe_events(pipeline_id)]
+        for seq in range((meta.seq if meta is not None else -1) + 1):
+            keys += [
+                k.pipe_items(pipeline_id, seq),
+                k.pipe_attempts(pipeline_id, seq),
+                k.pipe_children(pipeline_id, seq),
+                k.pipe_results(pipeline_id, seq),
+            ]
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.expire(key, int(self.retention_s))
+        pipe.srem(k.pipes_active(), pipeline_id)
+        pipe.execute()
+
+    def trim_index(self) -> int:
+        """Forget pipeline runs created longer ago than the retention (their keys expired since)."""
+        cutoff_ms = (time.time() - self.retention_s) * 1000
+        return int(self.redis.zremrangebyscore(self.keys.pipes_index(), "-inf", cutoff_ms))
+
+
+def _event_json(event: dict[str, Any]) -> str:
+    return json.dumps({"kind": event["kind"], "at": time.time(), **event})
+
+
+def _event_field(fields: dict[Any, Any]) -> str:
+    return _text(fields.get("event", fields.get(b"event", "{}")))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,69 @@
+"""Time travel: a run's committed heads as checkpoints, and new runs forked from any of them.
+
+Every commit of a run keeps its head (the run's checkpoints list), and the head's
+``message_count`` says how much of the append-only conversation existed at that version, so any
+checkpoint can be replayed: a fork is a new run whose start phase takes the original's
+conversation as it was at that version, instead of a fresh one. The original is never touched.
+
+The fork's conversation ends where the model is asked again: a trailing assistant message (tool
+calls whose results were not in yet, or a final answer) is dropped, so the fork's first think
+redoes that step, possibly with another model. With an edited input, the last user message is
+replaced by it and everything after it is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+
+from shared.messages import AssistantMessage, Message, UserMessage
+from shared.state import Phase, RunHead
+
+__all__ = ["Checkpoint", "checkpoint_of", "fork_conversation"]
+
+
+class Checkpoint(BaseModel):
+    """One committed head of a run: what it was, when, and which worker committed it."""
+
+    version: int
+    step: int
+    phase: Phase
+    #: When it was committed (the committing worker's clock).
+    at: float
+    #: ``host:pid`` of the worker whose phase committed it ("" for the version its producer created
+    #: and for an OBSERVING head, committed with the last result of its step's tool calls).
+    worker: str = ""
+    #: Claims of the phase at this version (above 1: an earlier delivery died).
+    attempt: int = 1
+    message_count: int = 0
+
+    @classmethod
+    def of(cls, head: RunHead) -> Checkpoint:
+        ran = head.ran
+        return cls(
+            version=head.version,
+            step=head.step,
+            phase=head.phase,
+            at=head.updated_at,
+            worker=f"{ran.host}:{ran.pid}" if ran is not None else "",
+            attempt=ran.attempt if ran is not None else 1,
+            message_count=head.message_count,
+        )
+
+
+def checkpoint_of(heads: Sequence[RunHead], version: int) -> RunHead | None:
+    """The committed head at ``version``, if the run has one."""
+    return next((h for h in heads if h.version == version), None)
+
+
+def fork_conversation(messages: Sequence[Message], input: str | None) -> list[Message]:
+    """The conversation a fork starts thinking from (see the module doc)."""
+    conversation = list(messages)
+    if input is not None:
+        last_user = max((i for i, m in enumerate(conversation) if isinstance(m, UserMessage)), default=-1)
+        if last_user >= 0:
+            conversation = [*conversation[:last_user], UserMessage(content=input)]
+    while conversation and isinstance(conversation[-1], AssistantMessage):
+        conversation.pop()
+    return conversation

@@ -1,0 +1,126 @@
+"""``/v1/pipelines`` on a real uvicorn process, real workers and a real redis-server: start,
+follow, cancel, events, errors, and a tenant sees only its own pipeline runs and their children."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from shared.keys import Keys
+from shared.pipeline.store import child_run_id
+from shared.tenants import Tenants
+from tests.api_support import ApiProcess, bearer
+from tests.harness import RedisServer, WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+AGENTS = "tests.agents_pipelines"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    s = RedisServer().start()
+    yield s
+    s.cleanup()
+
+
+@pytest.fixture(scope="module")
+def api(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiProcess]:
+    worker = WorkerProcess(
+        "pa1", server.url, agents=AGENTS, concurrency=3, log_dir=str(tmp_path_factory.mktemp("w"))
+    ).start()
+    process = ApiProcess(server.url, env={"WESICHAIN_AGENTS": AGENTS}).start()
+    yield process
+    process.stop()
+    worker.stop()
+
+
+def _tenant(api: ApiProcess, server: RedisServer) -> httpx.Client:
+    key, _ = Tenants(server.client(), Keys()).create_key(f"t-{uuid.uuid4().hex[:8]}", "test")
+    return httpx.Client(base_url=api.url, headers=bearer(key), timeout=30)
+
+
+@pytest.fixture
+def tenant_a(api: ApiProcess, server: RedisServer) -> Iterator[httpx.Client]:
+    with _tenant(api, server) as http:
+        yield http
+
+
+@pytest.fixture
+def tenant_b(api: ApiProcess, server: RedisServer) -> Iterator[httpx.Client]:
+    with _tenant(api, server) as http:
+        yield http
+
+
+def ended(http: httpx.Client, pipeline_id: str, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        body: dict[str, Any] = http.get(f"/v1/pipelines/{pipeline_id}").json()
+        if body["status"] != "running" or time.monotonic() > deadline:
+            return body
+        time.sleep(0.1)
+
+
+def error_kind(response: httpx.Response, status: int) -> str:
+    assert response.status_code == status, response.text
+    return str(response.json()["error"]["kind"])
+
+
+def test_pipeline_over_http(tenant_a: httpx.Client, tenant_b: httpx.Client) -> None:
+    pid = f"http-{uuid.uuid4().hex[:8]}"
+    started = tenant_a.post("/v1/pipelines", json={"pipeline": "chain", "input": "web", "pipeline_id": pid})
+    assert started.status_code == 202, started.text
+    assert started.json()["pipeline_id"] == pid
+    body = ended(tenant_a, pid)
+    assert (body["status"], body["output"]) == ("completed", "done again done web")
+    # Its children are the tenant's runs; another tenant sees neither them nor the pipeline run.
+    child = child_run_id(pid, 1, 0, 0)
+    assert tenant_a.get(f"/v1/runs/{child}").json()["status"] == "completed"
+    assert error_kind(tenant_b.get(f"/v1/runs/{child}"), 404) == "not_found"
+    assert error_kind(tenant_b.get(f"/v1/pipelines/{pid}"), 404) == "not_found"
+    assert error_kind(tenant_b.post(f"/v1/pipelines/{pid}/cancel"), 404) == "not_found"
+    events = tenant_a.get(f"/v1/pipelines/{pid}/events").json()
+    kinds = [e["kind"] for e in events["events"]]
+    assert kinds[0] == "pipeline_started" and kinds[-1] == "pipeline_completed"
+    assert [e["run_id"] for e in events["events"] if e["kind"] == "child_started"] == [
+        child_run_id(pid, 0, 0, 0),
+        child,
+    ]
+    after = tenant_a.get(f"/v1/pipelines/{pid}/events", params={"after": events["events"][2]["id"]}).json()
+    assert [e["id"] for e in after["events"]] == [e["id"] for e in events["events"][3:]]
+    assert error_kind(tenant_a.post(f"/v1/pipelines/{pid}/cancel"), 409) == "wrong_state"
+    # The same id and request again: the same pipeline run; with another request: 409.
+    again = tenant_a.post("/v1/pipelines", json={"pipeline": "chain", "input": "web", "pipeline_id": pid})
+    assert again.status_code == 202 and again.json()["status"] == "completed"
+    other = tenant_a.post("/v1/pipelines", json={"pipeline": "chain", "input": "other", "pipeline_id": pid})
+    assert error_kind(other, 409) == "conflict"
+
+
+def test_cancel_over_http(tenant_a: httpx.Client) -> None:
+    items = ",".join(f"slow h{i}" for i in range(30))
+    pid = tenant_a.post("/v1/pipelines", json={"pipeline": "fan", "input": items}).json()["pipeline_id"]
+    deadline = time.monotonic() + 60
+    while not [s for s in tenant_a.get(f"/v1/pipelines/{pid}").json()["steps"] if s["kind"] == "map"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    cancelled = tenant_a.post(f"/v1/pipelines/{pid}/cancel")
+    assert cancelled.status_code == 202, cancelled.text
+    assert cancelled.json()["status"] == "cancelled"
+
+
+def test_bad_requests(tenant_a: httpx.Client) -> None:
+    assert error_kind(tenant_a.post("/v1/pipelines", json={"pipeline": "nope", "input": "x"}), 422) == (
+        "unknown_pipeline"
+    )
+    assert error_kind(tenant_a.post("/v1/pipelines", json={"pipeline": "words", "input": "x"}), 422) == (
+        "invalid_request"
+    )
+    assert error_kind(tenant_a.post("/v1/pipelines", json={"input": "x"}), 422) == "invalid_request"
+    assert error_kind(tenant_a.get("/v1/pipelines/missing"), 404) == "not_found"
+    bad_after = tenant_a.get("/v1/pipelines/missing/events", params={"after": "x"})
+    assert error_kind(bad_after, 422) == "invalid_request"

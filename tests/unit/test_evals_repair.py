@@ -1,0 +1,95 @@
+"""The sweeper's repairs of an eval, on the in-process Redis stand-in: a case run whose creator
+died is created once, an eval with room gets a pump, running runs are looked at in turn."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import fakeredis
+from celery import Celery
+
+from producer.client import Client
+from shared.agents import AgentRegistry
+from shared.evals.dataset import Case
+from shared.evals.spec import parse_spec
+from shared.evals.store import BOUND, Item, run_id_of
+from shared.evals.tasks import TASK_EVAL_PUMP
+from shared.settings import Settings
+from shared.state import Phase, TaskSpec
+from shared.store import RunStore
+from shared.tasks import TASK_START
+from worker.evals import EvalPool
+
+
+class Sent:
+    """Records what would go to the broker (both the client's and the pool's sends)."""
+
+    def __init__(self) -> None:
+        self.tasks: list[TaskSpec] = []
+
+    def send_task(self, name: str, kwargs: dict[str, Any] | None = None, task_id: str = "", **_: Any) -> None:
+        self.tasks.append(TaskSpec(name=name, task_id=task_id, arguments=kwargs or {}))
+
+    def names(self) -> list[str]:
+        return [t.name for t in self.tasks]
+
+
+def pool() -> tuple[EvalPool, Sent]:
+    settings = Settings(redis_url="redis://127.0.0.1:1/0", lease_s=2.0)
+    store = RunStore(fakeredis.FakeRedis(decode_responses=True), settings)
+    sent = Sent()
+    client = Client(settings, app=cast(Celery, sent), store=store)
+    client.memory.check = lambda: None  # type: ignore[method-assign]  # no INFO on the stand-in
+    return EvalPool(client, sent.tasks.append, AgentRegistry()), sent
+
+
+SPEC = parse_spec(
+    {
+        "name": "r",
+        "dataset": "d.jsonl",
+        "variants": [{"agent": "doubler"}],
+        "scorers": [{"kind": "exact"}],
+        "concurrency": 2,
+    }
+)
+
+
+def test_a_slot_whose_creator_died_gets_its_run_once_and_the_eval_a_pump() -> None:
+    evals, sent = pool()
+    cases = [Case(id=f"c{i}", input=f"double {i}") for i in range(3)]
+    assert evals.evals.create("e", SPEC, cases, "d.jsonl")
+    # A pump took two slots and died before creating their runs: their leases are over at once.
+    taken = evals.evals.acquire("e", SPEC, 2, lease_s=0.0).items
+    assert taken == [Item(0, 0, 0), Item(0, 1, 0)]
+    assert evals.tick() == 2
+    for item in taken:
+        head = evals.runs.load(run_id_of("e", item))
+        assert head is not None and head.phase is Phase.IDLE and head.metadata["eval_item"] == str(item)
+    assert sent.names() == [TASK_START, TASK_START]
+    assert all(score >= BOUND for _, score in evals.evals.slots("e"))
+    # The cap is full, the runs are going: nothing to repair, and nothing is created twice.
+    assert evals.tick() == 0 and sent.names() == [TASK_START, TASK_START]
+    assert evals.start(evals.evals.meta("e"), taken[0]) == 0  # a late creator finds its run
+    # A slot given back (a result recorded elsewhere) leaves room: the next sweep sends a pump.
+    evals.evals.redis.zrem(evals.evals.keys.eval_slots("e"), str(taken[0]))
+    assert evals.tick() == 1 and sent.names()[-1] == TASK_EVAL_PUMP
+
+
+def test_running_case_runs_are_looked_at_once_per_recheck_interval() -> None:
+    evals, sent = pool()
+    evals.evals.create("e", SPEC, [Case(id="c0", input="double 1")], "d.jsonl")
+    evals.pump("e")
+    looked: list[str] = []
+    load = evals.runs.load
+
+    def counting_load(run_id: str) -> Any:
+        looked.append(run_id)
+        return load(run_id)
+
+    evals.runs.load = counting_load  # type: ignore[method-assign]
+    evals.recheck_s = 0.0
+    evals.tick()
+    assert looked == [run_id_of("e", Item(0, 0, 0))]  # still IDLE: nothing to do
+    evals.recheck_s = 3600.0
+    evals.tick()
+    assert looked == [run_id_of("e", Item(0, 0, 0))]  # looked at just now: not again

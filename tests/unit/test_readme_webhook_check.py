@@ -1,0 +1,36 @@
+"""The webhook signature check the README shows accepts what the workers sign, and nothing else."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shared.webhooks import new_secret, signed_headers
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_check() -> Callable[[str, dict[str, str], bytes], bool]:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    source = next(b for b in blocks if "def verified(" in b)
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)
+    check: Callable[[str, dict[str, str], bytes], bool] = namespace["verified"]
+    return check
+
+
+def test_the_readme_check_accepts_signed_bodies_only() -> None:
+    verified = readme_check()
+    secret = new_secret()
+    body = b'{"type":"run.ended","run_id":"r1"}'
+    headers = signed_headers(secret, "r1", body)
+    assert verified(secret, headers, body)
+    assert not verified(secret, headers, body + b" ")
+    assert not verified(new_secret(), headers, body)
+    stale = signed_headers(secret, "r1", body, now=time.time() - 600)
+    assert not verified(secret, stale, body)
+    rotated = {**headers, "webhook-signature": "v1,bm90LWl0 " + headers["webhook-signature"]}
+    assert verified(secret, rotated, body)

@@ -1,0 +1,433 @@
+"""The pool drives pipeline runs: start each step's child runs within its cap, learn when each
+ends, move on, fail or finish; repair what a dead process left.
+
+* ``wesichain.pipeline.advance`` moves a pipeline run on from a step that is done (or from its
+  start): it computes the next step's items from the values so far (resolving branches), moves on
+  once (a script), and starts the step's first child runs;
+* ``wesichain.pipeline.child`` is every child run's completion callback: it records how the child
+  ended (once), retries it or fails the pipeline per the step's policy, and starts the next items,
+  or moves on when the step is done;
+* the sweeper's :meth:`PipelinePool.tick` repairs: an item taken whose child run was never created
+  (its creator died), a child that ended with nobody told (the callback lost), a step done that
+  never moved on, a step with room and nothing starting more, an ended pipeline whose live children
+  were not all cancelled.
+
+No worker waits for a child: between two of these tasks a pipeline run is only state in Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from producer.client import Client
+from shared.agents import AgentRegistry
+from shared.errors import ConfigError, InvalidRequest, StoreFull
+from shared.pipeline.definition import Step
+from shared.pipeline.store import (
+    PIPELINE_ID,
+    PIPELINE_ITEM,
+    PIPELINE_STEP,
+    PipelineMeta,
+    PipelineStore,
+    child_run_id,
+)
+from shared.pipeline.tasks import CHILD_CALLBACK
+from shared.pipeline.values import as_input, jsonable, value_of
+from shared.state import TaskSpec
+from shared.webhooks import outcome
+
+__all__ = ["MAX_ITEMS", "PIPELINE_ATTEMPT", "PUMP_BATCH", "PipelinePool", "StepError"]
+
+log = logging.getLogger("wesichain.pipelines")
+
+#: Items one map step may have.
+MAX_ITEMS = 10_000
+#: Items one pump takes at a time (it loops until the cap or the items run out).
+PUMP_BATCH = 50
+#: A child run's metadata: its attempt at its item.
+PIPELINE_ATTEMPT = "pipeline_attempt"
+
+
+class StepError(Exception):
+    """A step cannot be set up: a mapping function failed or gave something unusable."""
+
+
+class PipelinePool:
+    """What the pool does for pipeline runs, on the run store's Redis; ``client`` creates children."""
+
+    def __init__(self, client: Client, agents: AgentRegistry, send: Callable[[TaskSpec], None]) -> None:
+        self.client = client
+        self.agents = agents
+        self.send = send
+        self.runs = client.store
+        self.store = PipelineStore(client.store.redis, client.store.keys, client.settings.retention_s)
+        #: How long an ended child may wait for its callback before the sweeper records it.
+        self.grace_s = max(10.0, client.settings.lease_s * 2)
+
+    # -- moving on ---------------------------------------------------------------------------------
+
+    def advance(self, pipeline_id: str, from_seq: int) -> None:
+        """Move on from step ``from_seq`` once it is done (-1: start); then start the next step."""
+        meta = self.store.meta(pipeline_id)
+        if meta is None or meta.terminal:
+            return
+        if meta.seq != from_seq:
+            if meta.seq > from_seq:
+                self.pump(pipeline_id, meta.seq)  # moved on already: make sure it is going
+            return
+        if from_seq >= 0 and meta.done != meta.total:
+            return
+        try:
+            value = self._value(meta)
+            target, index, via = self._next(meta, value)
+        except ConfigError as exc:  # a pipeline (or a branch's case) the workers do not know
+            self._fail(meta, {"kind": "UnknownPipeline", "message": str(exc)[:2000]})
+            return
+        except StepError as exc:
+            self._fail(meta, {"kind": "PipelineStepError", "message": str(exc)[:2000]})
+            return
+        if target is None:
+            if self.store.end(pipeline_id, from_seq, "completed", output=jsonable(value)) == "ok":
+                self.store.add_event(pipeline_id, "pipeline_completed")
+                self.store.settle(pipeline_id)
+            return
+        step = self.agents.steps_of(target)[index]
+        try:
+            inputs = self._inputs(step, value)
+        except StepError as exc:
+            self._fail(meta, {"kind": "PipelineStepError", "message": str(exc)[:2000], "step": step.name})
+            return
+        seq = from_seq + 1
+        described = {
+            "name": step.name,
+            "kind": step.kind,
+            "agent": step.agent,
+            "pipeline": target,
+            "index": index,
+            "total": len(inputs),
+            "via": via,
+        }
+        cap = step.concurrency if step.kind == "map" else 1
+        if self.store.advance(pipeline_id, from_seq, target, index, step.kind, cap, described, inputs):
+            self.store.add_event(pipeline_id, "step_started", seq=seq, step=step.name, items=len(inputs))
+            if not inputs:  # a map over nothing is done at once
+                self.advance(pipeline_id, seq)
+                return
+        self.pump(pipeline_id, seq)
+
+    def _value(self, meta: PipelineMeta) -> Any:
+        """The value the step after ``meta.seq`` gets."""
+        if meta.seq < 0:
+            input_type = self.agents.pipeline(meta.name).input_type
+            if input_type is str:
+                return meta.input
+            try:
+                return input_type.model_validate_json(meta.input)
+            except Exception as exc:
+                raise StepError(f"the input is not a {input_type.__name__}: {exc}") from None
+        step = self._step(meta.target, meta.index)
+        agent = self.agents.get(step.agent or "")
+        results = self.store.results(meta.pipeline_id, meta.seq)
+        values = [
+            value_of(results[i], agent.output_type)
+            for i in sorted(results)
+            if results[i]["status"] == "completed"
+        ]
+        if step.kind == "map":
+            return values
+        if not values:
+            raise StepError(f"step {step.name!r} has no completed run to hand on")
+        return values[0]
+
+    def _next(self, meta: PipelineMeta, value: Any) -> tuple[str | None, int, list[dict[str, str]]]:
+        """The next step's place (pipeline, index), after any branches; (None, ...) at the end."""
+        target, index = meta.target, meta.index + 1
+        via: list[dict[str, str]] = []
+        while True:
+            steps = self.agents.steps_of(target)
+            if index >= len(steps):
+                return None, 0, via
+            step = steps[index]
+            if step.kind != "branch":
+                return target, index, via
+            assert step.choose is not None
+            try:
+                case = step.choose(value)
+            except Exception as exc:
+                raise StepError(
+                    f"branch {step.name!r}: choose() raised {type(exc).__name__}: {exc}"
+                ) from None
+            if case not in step.cases:
+                raise StepError(
+                    f"branch {step.name!r}: choose() gave {str(case)[:100]!r}, not one of its cases"
+                    f" ({', '.join(sorted(step.cases))})"
+                )
+            via.append({"branch": step.name, "case": case, "to": step.cases[case]})
+            self.store.add_event(meta.pipeline_id, "branch_taken", branch=step.name, case=case)
+            target, index = step.cases[case], 0
+
+    def _inputs(self, step: Step, value: Any) -> list[str]:
+        """The input text of each of the step's child runs."""
+        try:
+            if step.kind == "map":
+                assert step.over is not None
+                items = step.over(value)
+                if not isinstance(items, list | tuple):
+                    raise StepError(f"over() gave {type(items).__name__}, not a list")
+                if len(items) > MAX_ITEMS:
+                    raise StepError(f"over() gave {len(items)} items, more than {MAX_ITEMS}")
+            else:
+                items = [value]
+            texts = [step.input(item) if step.input is not None else as_input(item) for item in items]
+        except StepError as exc:
+            raise StepError(f"step {step.name!r}: {exc}") from None
+        except Exception as exc:
+            raise StepError(
+                f"step {step.name!r}: a mapping function raised {type(exc).__name__}: {exc}"
+            ) from None
+        for text in texts:
+            if not isinstance(text, str):
+                raise StepError(f"step {step.name!r}: input() gave {type(text).__name__}, not the input text")
+        return texts
+
+    def _step(self, target: str, index: int) -> Step:
+        return self.agents.steps_of(target)[index]
+
+    def _step_of(self, pipeline_id: str, seq: int) -> Step | None:
+        described = self.store.steps(pipeline_id).get(seq)
+        if described is None:
+            return None
+        return self._step(described["pipeline"], int(described["index"]))
+
+    # -- starting child runs -------------------------------------------------------------------
+
+    def pump(self, pipeline_id: str, seq: int) -> int:
+        """Start the step's items while its cap has room; returns how many runs were created."""
+        meta = self.store.meta(pipeline_id)
+        if meta is None or meta.terminal or meta.seq != seq:
+            return 0
+        step = self._step(meta.target, meta.index)
+        created = 0
+        while True:
+            items = self.store.reserve(pipeline_id, seq, PUMP_BATCH)
+            if not items:
+                return created
+            for item in items:
+                created += self.start_item(meta, step, item, self.store.attempt(pipeline_id, seq, item))
+
+    def start_item(self, meta: PipelineMeta, step: Step, item: int, attempt: int) -> int:
+        """Create the item's child run for ``attempt`` unless it exists; 1 if this call created it."""
+        pipeline_id, seq = meta.pipeline_id, meta.seq
+        run_id = child_run_id(pipeline_id, seq, item, attempt)
+        text = self.store.item_input(pipeline_id, seq, item) or ""
+        created = 0
+        try:
+            self.client.submit(
+                step.agent or "",
+                text,
+                run_id=run_id,
+                metadata={
+                    PIPELINE_ID: pipeline_id,
+                    PIPELINE_STEP: seq,
+                    PIPELINE_ITEM: item,
+                    PIPELINE_ATTEMPT: attempt,
+                },
+                callback=CHILD_CALLBACK,
+                check_agent=False,
+                tenant=meta.tenant,
+            )
+            created = 1
+        except StoreFull as exc:
+            # The item stays taken and uncreated: the sweeper creates it once Redis has room.
+            log.warning("pipeline %s: child run %s not created yet: %s", pipeline_id, run_id, exc)
+            return 0
+        except InvalidRequest as exc:
+            if self.runs.load(run_id) is None:
+                # The item cannot run at all (e.g. its input is too long): it fails, once.
+                error = exc.info().model_dump(mode="json")
+                self._ended(meta.pipeline_id, step, seq, item, attempt, run_id, "failed", None, error, False)
+                return 0
+        # Noted (and announced) once, whoever notes it: its creator may have died right after creating it.
+        started = {"kind": "child_started", "seq": seq, "step": step.name, "item": item, "run_id": run_id}
+        self.store.mark_child(pipeline_id, seq, item, run_id, started)
+        now = self.store.meta(pipeline_id)
+        if now is None or now.terminal:
+            # Ended (cancelled, or failed) while this child was being created: its cascade may have
+            # looked before the child existed.
+            self.client.handle(run_id).cancel()
+        return created
+
+    # -- learning that a child ended -----------------------------------------------------------
+
+    def child_ended(self, ended: dict[str, Any]) -> None:
+        """A child run ended (its completion callback, or the sweeper for a lost one)."""
+        metadata = ended.get("metadata") or {}
+        try:
+            pipeline_id = str(metadata[PIPELINE_ID])
+            seq, item = int(metadata[PIPELINE_STEP]), int(metadata[PIPELINE_ITEM])
+            attempt = int(metadata.get(PIPELINE_ATTEMPT, 0))
+        except (KeyError, TypeError, ValueError):
+            log.warning("run %s ended with no pipeline to tell", ended.get("run_id"))
+            return
+        step = self._step_of(pipeline_id, seq)
+        if step is None:
+            return
+        run_id = str(ended.get("run_id"))
+        output = None
+        if ended.get("status") == "completed":
+            head = self.runs.load(run_id)
+            output = head.output if head is not None else None
+        self._ended(
+            pipeline_id,
+            step,
+            seq,
+            item,
+            attempt,
+            run_id,
+            str(ended.get("status")),
+            (ended.get("answer"), output),
+            ended.get("error"),
+            True,
+        )
+
+    def _ended(
+        self,
+        pipeline_id: str,
+        step: Step,
+        seq: int,
+        item: int,
+        attempt: int,
+        run_id: str,
+        status: str,
+        answer: tuple[Any, Any] | None,
+        error: dict[str, Any] | None,
+        retryable: bool,
+    ) -> None:
+        result: dict[str, Any] = {"run_id": run_id}
+        if status == "completed" and answer is not None:
+            result.update(status="completed", answer=answer[0], output=answer[1])
+        else:
+            error = error or {"kind": "Interrupted", "message": f"the child run ended {status}"}
+            if retryable and attempt < step.retries and self.store.retry(pipeline_id, seq, item, attempt):
+                self.store.add_event(
+                    pipeline_id,
+                    "child_retried",
+                    seq=seq,
+                    step=step.name,
+                    item=item,
+                    run_id=run_id,
+                    error=error,
+                )
+                meta = self.store.meta(pipeline_id)
+                if meta is not None and not meta.terminal:
+                    self.start_item(meta, step, item, attempt + 1)
+                return
+            result.update(status="skipped" if step.on_error == "skip" else "failed", error=error)
+        ended = {
+            "kind": "child_ended",
+            "seq": seq,
+            "step": step.name,
+            "item": item,
+            "run_id": run_id,
+            "status": result["status"],
+        }
+        recorded = self.store.record(pipeline_id, seq, item, attempt, result, ended)
+        if recorded not in ("recorded", "complete"):
+            return
+        if result["status"] == "failed":
+            meta = self.store.meta(pipeline_id)
+            if meta is not None:
+                child_error = error or {}
+                self._fail(
+                    meta,
+                    {
+                        "kind": str(child_error.get("kind", "ChildFailed")),
+                        "message": f"step {step.name!r}, item {item}: {child_error.get('message', '')}"[
+                            :2000
+                        ],
+                        "step": step.name,
+                        "seq": seq,
+                        "item": item,
+                        "run_id": run_id,
+                        "child_error": child_error,
+                    },
+                )
+            return
+        if recorded == "complete":
+            self.advance(pipeline_id, seq)
+        else:
+            self.pump(pipeline_id, seq)
+
+    # -- ending ------------------------------------------------------------------------------
+
+    def _fail(self, meta: PipelineMeta, error: dict[str, Any]) -> None:
+        if self.store.end(meta.pipeline_id, meta.seq, "failed", error=error) == "ok":
+            log.info("pipeline %s failed: %s", meta.pipeline_id, error.get("message"))
+            self.store.add_event(meta.pipeline_id, "pipeline_failed", error=error)
+        self.cascade(meta.pipeline_id)
+
+    def cascade(self, pipeline_id: str) -> None:
+        """Cancel the live children of an ended pipeline run, then let the sweeper forget it."""
+        self.store.cancel_children(pipeline_id, lambda run_id: self.client.handle(run_id).cancel())
+
+    # -- the sweeper's repairs -----------------------------------------------------------------
+
+    def tick(self) -> int:
+        """Repair every active pipeline run once; returns the repairs made."""
+        repaired = 0
+        self.store.trim_index()
+        for pipeline_id in self.store.active():
+            try:
+                repaired += self._repair(pipeline_id)
+            except Exception:  # one broken pipeline run must not stop the others' repairs
+                log.exception("pipeline %s: repair failed", pipeline_id)
+        return repaired
+
+    def _repair(self, pipeline_id: str) -> int:
+        meta = self.store.meta(pipeline_id)
+        if meta is None:
+            self.store.settle(pipeline_id)
+            return 0
+        if meta.terminal:
+            self.cascade(pipeline_id)
+            return 1
+        now = time.time()
+        if meta.seq < 0:
+            if now - meta.updated_ms / 1000 > self.grace_s:
+                self.advance(pipeline_id, -1)  # the submitter's advance was lost
+                return 1
+            return 0
+        if meta.done == meta.total:
+            self.advance(pipeline_id, meta.seq)
+            return 1
+        step = self._step(meta.target, meta.index)
+        results = self.store.results(pipeline_id, meta.seq)
+        children = self.store.children(pipeline_id, meta.seq)
+        attempts = self.store.attempts(pipeline_id, meta.seq)
+        repaired = 0
+        for item in range(meta.started):
+            if item in results:
+                continue
+            attempt = attempts.get(item, 0)
+            run_id = child_run_id(pipeline_id, meta.seq, item, attempt)
+            head = self.runs.load(run_id)
+            if head is None and children.get(item) == run_id:
+                error = {"kind": "RunLost", "message": "the child run expired before its end was recorded"}
+                self._ended(pipeline_id, step, meta.seq, item, attempt, run_id, "failed", None, error, True)
+                repaired += 1
+            elif children.get(item) != run_id:
+                # Never created, or created and not noted: its creator died (or is at it right now;
+                # creating and noting are both once-only).
+                log.warning("pipeline %s: child run %s was left unstarted; starting it", pipeline_id, run_id)
+                self.start_item(meta, step, item, attempt)
+                repaired += 1
+            elif head is not None and head.terminal and now - head.updated_at > self.grace_s:
+                log.warning("pipeline %s: child run %s ended untold; recording it", pipeline_id, run_id)
+                self.child_ended(outcome(head))
+                repaired += 1
+        if meta.started < meta.total and meta.started - meta.done < meta.cap:
+            repaired += int(self.pump(pipeline_id, meta.seq) > 0)
+        return repaired
