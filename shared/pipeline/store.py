@@ -22,6 +22,7 @@ from shared.keys import Keys
 from shared.scripts import script_source
 
 __all__ = [
+    "DEFAULT_RETENTION_S",
     "EVENTS_MAXLEN",
     "PIPELINE_ID",
     "PIPELINE_ITEM",
@@ -37,8 +38,18 @@ PIPELINE_STEP = "pipeline_step"
 PIPELINE_ITEM = "pipeline_item"
 #: Events a pipeline run keeps (about the last ones when more).
 EVENTS_MAXLEN = 10_000
+#: How long an ended pipeline run's keys stay by default (``Settings.retention_s``'s default).
+DEFAULT_RETENTION_S = 7 * 24 * 3600
 
-_SCRIPTS = ("pipe_create", "pipe_advance", "pipe_reserve", "pipe_record", "pipe_retry", "pipe_end")
+_SCRIPTS = (
+    "pipe_create",
+    "pipe_advance",
+    "pipe_reserve",
+    "pipe_record",
+    "pipe_retry",
+    "pipe_end",
+    "pipe_mark",
+)
 
 
 def child_run_id(pipeline_id: str, seq: int, item: int, attempt: int) -> str:
@@ -78,9 +89,11 @@ class PipelineMeta:
 class PipelineStore:
     """Reads and writes pipeline runs on the run store's Redis client and keys."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, retention_s: float = DEFAULT_RETENTION_S) -> None:
         self.redis = client
         self.keys = keys
+        #: How long an ended pipeline run's keys stay (as an ended run's do: ``Settings.retention_s``).
+        self.retention_s = retention_s
         self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
 
     def create(self, pipeline_id: str, name: str, input: str, tenant: str | None) -> bool:
@@ -174,16 +187,25 @@ class PipelineStore:
         )
         return range(int(first), int(first) + int(count))
 
-    def record(self, pipeline_id: str, seq: int, item: int, attempt: int, result: dict[str, Any]) -> str:
-        """Record how an item ended (see ``pipe_record.lua`` for the answers)."""
+    def record(
+        self,
+        pipeline_id: str,
+        seq: int,
+        item: int,
+        attempt: int,
+        result: dict[str, Any],
+        event: dict[str, Any],
+    ) -> str:
+        """Record how an item ended, and its event, once (see ``pipe_record.lua`` for the answers)."""
         k = self.keys
         reply = self._scripts["pipe_record"](
             keys=[
                 k.pipe_meta(pipeline_id),
                 k.pipe_results(pipeline_id, seq),
                 k.pipe_attempts(pipeline_id, seq),
+                k.pipe_events(pipeline_id),
             ],
-            args=[seq, item, attempt, json.dumps(result)],
+            args=[seq, item, attempt, json.dumps(result), _event_json(event), EVENTS_MAXLEN],
         )
         return _text(reply)
 
@@ -225,9 +247,15 @@ class PipelineStore:
         raw = self.redis.hgetall(self.keys.pipe_attempts(pipeline_id, seq))
         return {int(_text(k)): int(v) for k, v in raw.items()}
 
-    def mark_child(self, pipeline_id: str, seq: int, item: int, run_id: str) -> None:
-        """The item's current child run exists (it is the one to cancel, or to wait for)."""
-        self.redis.hset(self.keys.pipe_children(pipeline_id, seq), str(item), run_id)
+    def mark_child(self, pipeline_id: str, seq: int, item: int, run_id: str, event: dict[str, Any]) -> bool:
+        """The item's current child run exists (it is the one to cancel, or to wait for): note it and
+        add ``event``, once; True the first time, whoever notes it."""
+        k = self.keys
+        reply = self._scripts["pipe_mark"](
+            keys=[k.pipe_children(pipeline_id, seq), k.pipe_events(pipeline_id), k.pipe_meta(pipeline_id)],
+            args=[item, run_id, _event_json(event), EVENTS_MAXLEN],
+        )
+        return int(reply) == 1
 
     def children(self, pipeline_id: str, seq: int) -> dict[int, str]:
         raw = self.redis.hgetall(self.keys.pipe_children(pipeline_id, seq))
@@ -244,10 +272,9 @@ class PipelineStore:
     # -- events and the sweeper's set ----------------------------------------------------------
 
     def add_event(self, pipeline_id: str, kind: str, **fields: Any) -> None:
-        event = {"kind": kind, "at": time.time(), **fields}
         self.redis.xadd(
             self.keys.pipe_events(pipeline_id),
-            {"event": json.dumps(event)},
+            {"event": _event_json({"kind": kind, **fields})},
             maxlen=EVENTS_MAXLEN,
             approximate=True,
         )
@@ -278,8 +305,32 @@ class PipelineStore:
         return cancelled
 
     def settle(self, pipeline_id: str) -> None:
-        """The pipeline run ended and no child of it is left live: the sweeper can forget it."""
-        self.redis.srem(self.keys.pipes_active(), pipeline_id)
+        """The pipeline run ended and no child of it is left live: its keys expire after the
+        retention, and the sweeper forgets it."""
+        meta = self.meta(pipeline_id)
+        k = self.keys
+        keys = [k.pipe_meta(pipeline_id), k.pipe_steps(pipeline_id), k.pipe_events(pipeline_id)]
+        for seq in range((meta.seq if meta is not None else -1) + 1):
+            keys += [
+                k.pipe_items(pipeline_id, seq),
+                k.pipe_attempts(pipeline_id, seq),
+                k.pipe_children(pipeline_id, seq),
+                k.pipe_results(pipeline_id, seq),
+            ]
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.expire(key, int(self.retention_s))
+        pipe.srem(k.pipes_active(), pipeline_id)
+        pipe.execute()
+
+    def trim_index(self) -> int:
+        """Forget pipeline runs created longer ago than the retention (their keys expired since)."""
+        cutoff_ms = (time.time() - self.retention_s) * 1000
+        return int(self.redis.zremrangebyscore(self.keys.pipes_index(), "-inf", cutoff_ms))
+
+
+def _event_json(event: dict[str, Any]) -> str:
+    return json.dumps({"kind": event["kind"], "at": time.time(), **event})
 
 
 def _event_field(fields: dict[Any, Any]) -> str:
