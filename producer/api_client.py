@@ -32,6 +32,7 @@ from producer.client import RequestConflict, RunNotFound, RunTimeout, UnknownAge
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
 from shared.state import Callback, Decision, Phase, RunHead
+from shared.timeline import Timeline
 
 __all__ = [
     "ApiClient",
@@ -281,6 +282,12 @@ class ApiRunHandle:
         raw = self.client._call("GET", f"/v1/runs/{self.run_id}/checkpoints").json()["checkpoints"]
         return [_head(RunView.model_validate(c)) for c in raw]
 
+    def timeline(self) -> Timeline:
+        """Where the run's time went (see ``RunHandle.timeline``)."""
+        return Timeline.model_validate_json(
+            self.client._call("GET", f"/v1/runs/{self.run_id}/timeline").content
+        )
+
     def events(
         self, *, follow: bool = True, after: str = "0-0", idle_timeout: float | None = None
     ) -> Iterator[Event]:
@@ -454,6 +461,11 @@ class AsyncRunHandle:
     async def checkpoints(self) -> list[RunHead]:
         raw = (await self.client._call("GET", f"/v1/runs/{self.run_id}/checkpoints")).json()["checkpoints"]
         return [_head(RunView.model_validate(c)) for c in raw]
+
+    async def timeline(self) -> Timeline:
+        """Where the run's time went (see ``RunHandle.timeline``)."""
+        response = await self.client._call("GET", f"/v1/runs/{self.run_id}/timeline")
+        return Timeline.model_validate_json(response.content)
 
     async def events(self, *, after: str = "0-0", idle_timeout: float | None = None) -> AsyncIterator[Event]:
         """Every event after ``after``, live until the end event, resumed after a dropped stream."""

@@ -112,7 +112,7 @@ def _producer_commands(
             )
 
     tl = sub.add_parser(
-        "timeline", parents=[common], help="show where a run's time went, per worker (phases, tools, waits)"
+        "timeline", parents=runs, help="show where a run's time went, per worker (phases, tools, waits)"
     )
     tl.add_argument("run_id")
     tl.add_argument("--json", action="store_true", help="the timeline as JSON")

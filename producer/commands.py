@@ -172,8 +172,9 @@ def events(args: argparse.Namespace) -> int:
 
 
 def timeline(args: argparse.Namespace) -> int:
-    client = Client.from_env()
-    picture = client.handle(args.run_id).timeline()
+    api = over_api(args)
+    handle = api.handle(args.run_id) if api is not None else Client.from_env().handle(args.run_id)
+    picture = handle.timeline()
     if args.json:
         print(picture.model_dump_json())
         return 0

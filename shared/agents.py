@@ -16,6 +16,7 @@ from functools import cache
 
 from pydantic import BaseModel
 
+from shared.context import ContextBudget
 from shared.errors import ConfigError
 from shared.limits import ProviderLimit
 from shared.llm.base import LlmAdapter, OutputFormat
@@ -66,6 +67,9 @@ class Agent:
     max_subagent_depth: int = 3
     #: Subagent runs one run of this agent may start, in total.
     max_children: int = 20
+    #: The prompt-token budget of its model requests, and how to stay under it (``shared/context.py``);
+    #: None: the whole conversation is sent.
+    context: ContextBudget | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():

@@ -30,7 +30,7 @@ from shared import events as ev
 from shared.errors import InternalInvariant, RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
-from shared.state import Approval, ChildRun, Phase, RunHead, ToolResult
+from shared.state import Approval, ChildRun, Phase, RunHead, Summary, ToolResult
 
 __all__ = [
     "Acting",
@@ -265,6 +265,11 @@ class Thinking(_Live):
         if consume_budget:
             events.append(ev.StepStarted(run_id=head.run_id, step=step))
         return Transition(Thinking(head), messages=messages, events=tuple(events))
+
+    def summarised(self, summary: Summary, usage: Usage) -> Transition[Thinking]:
+        """The oldest messages were summarised (committed once); think again with the summary."""
+        head = self._next(Phase.THINKING, summary=summary, usage=self.head.usage + usage)
+        return Transition(Thinking(head))
 
     def retry(self, error: RunErrorInfo, consume_budget: bool) -> Transition[Thinking]:
         """Call the model again for the same step (the failed call left no messages behind)."""

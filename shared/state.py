@@ -39,6 +39,7 @@ __all__ = [
     "RunHead",
     "RunStatus",
     "TERMINAL_PHASES",
+    "Summary",
     "TaskSpec",
     "ToolResult",
     "status_of",
@@ -168,6 +169,14 @@ class ParentLink(BaseModel):
     depth: int = 1
 
 
+class Summary(BaseModel):
+    """The model-written summary of a run's oldest messages, committed once on the run."""
+
+    #: How many messages of the stored conversation, after the system prompt, it stands for.
+    upto: int
+    text: str
+
+
 class Approval(BaseModel):
     """Why a run is parked in AWAITING_APPROVAL, and for which calls."""
 
@@ -257,6 +266,8 @@ class RunHead(BaseModel):
     parent: ParentLink | None = None
     #: Subagent runs this run has started so far.
     children: int = 0
+    #: The summary of the oldest messages (an agent whose context strategy is ``summarise``).
+    summary: Summary | None = None
     message_count: int = 0
     #: The accepted tool calls of the current step (ACTING / OBSERVING).
     pending_calls: list[ToolCall] = Field(default_factory=list)

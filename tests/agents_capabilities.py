@@ -7,6 +7,7 @@ keyed by the run's input) so a test can kill that process in the middle of the c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -17,8 +18,9 @@ import redis
 from pydantic import BaseModel, Field
 
 from shared.agents import Agent, AgentRegistry
+from shared.context import SUMMARY_PROMPT, ContextBudget, counter_for, message_tokens, tools_tokens
 from shared.llm.base import ModelResponse
-from shared.llm.scripted import ScriptedModel, reply
+from shared.llm.scripted import ScriptedModel, ScriptFn, reply
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 from shared.middleware import (
     ArgumentRule,
@@ -423,3 +425,104 @@ registry.add(
         max_children=2,
     )
 )
+
+
+# -- context management -----------------------------------------------------------------------------
+
+#: Problems a model saw in a request of a budgeted agent: "input: what".
+CONTEXT_PROBLEMS_KEY = "test:context_problems"
+#: input -> the most tokens a request of that run carried.
+CONTEXT_MAX_KEY = "test:context_max"
+#: input -> how many summary requests the model got.
+SUMMARY_CALLS_KEY = "test:summary_calls"
+BUDGET = ContextBudget(max_tokens=1500)
+SUMMARISED = ContextBudget(max_tokens=1500, strategy="summarise", summary_tokens=64)
+
+
+class TickArgs(BaseModel):
+    note: str = ""
+
+
+@tool
+def tick(args: TickArgs, ctx: ToolContext) -> str:
+    """Report the step (with a long payload, so conversations outgrow their budget)."""
+    return f"tick {ctx.step} " + "x" * 300
+
+
+def _check_request(user: str, messages: Sequence[Message], budget: ContextBudget) -> None:
+    """Record what a budgeted request breaks: its size, its system prompt, its call/result pairs."""
+    count = counter_for("scripted:x", budget.chars_per_token)
+    used = tools_tokens(RICH_CONTEXT_TOOLS.specs(), count) + sum(message_tokens(m, count) for m in messages)
+    _redis().hset(CONTEXT_MAX_KEY, user, max(used, int(_redis().hget(CONTEXT_MAX_KEY, user) or 0)))
+    problems = []
+    if used > budget.max_tokens:
+        problems.append(f"{used} tokens over {budget.max_tokens}")
+    if not isinstance(messages[0], SystemMessage):
+        problems.append("no system prompt first")
+    for i, m in enumerate(messages):
+        if isinstance(m, AssistantMessage) and m.tool_calls:
+            ids = [
+                r.tool_call_id
+                for r in messages[i + 1 : i + 1 + len(m.tool_calls)]
+                if isinstance(r, ToolMessage)
+            ]
+            if ids != [c.id for c in m.tool_calls]:
+                problems.append(f"calls at {i} without their results")
+        if isinstance(m, ToolMessage):
+            before = messages[:i]
+            owner = next((b for b in reversed(before) if isinstance(b, AssistantMessage)), None)
+            if owner is None or m.tool_call_id not in {c.id for c in owner.tool_calls}:
+                problems.append(f"result at {i} without its call")
+    for p in problems:
+        _redis().rpush(CONTEXT_PROBLEMS_KEY, f"{user}: {p}")
+
+
+def _ticker(budget: ContextBudget) -> ScriptFn:
+    def script(messages: Sequence[Message]) -> ModelResponse:
+        system = messages[0]
+        if isinstance(system, SystemMessage) and system.content == SUMMARY_PROMPT:
+            text = _user(messages)
+            calls = _redis().hincrby(SUMMARY_CALLS_KEY, hashlib.sha1(text.encode()).hexdigest(), 1)
+            if HANG_FIRST in text and calls == 1:
+                _redis().hset(MODEL_PIDS_KEY, "summary", os.getpid())
+                time.sleep(3600)  # only a SIGKILL ends this
+            return reply(f"summary of {text.count('tick ')} ticks")
+        # The system prompt (always kept) says "run TAG ticks GOAL times".
+        words = system.content.split() if isinstance(system, SystemMessage) else ["run", "?", "ticks", "0"]
+        tag, goal = words[1], int(words[3])
+        _check_request(tag, messages, budget)
+        last = [m.content for m in messages if isinstance(m, ToolMessage)]
+        done = int(last[-1].split()[1]) if last else 0
+        if done >= goal:
+            return reply(f"ticked {done} times")
+        return reply(None, ("tick", {"note": "n" * 100}))
+
+    return script
+
+
+def _chatter(messages: Sequence[Message]) -> ModelResponse:
+    """One answer per run of a thread, each long enough that the thread outgrows the budget."""
+    user = _user(messages[-1:])
+    _check_request(user, messages, BUDGET)
+    return reply(f"answer to {user}: " + "y" * 200)
+
+
+RICH_CONTEXT_TOOLS = ToolSet([tick])
+registry.add_model("ticker", ScriptedModel(_ticker(BUDGET)))
+registry.add_model("ticker_summarised", ScriptedModel(_ticker(SUMMARISED)))
+registry.add_model("chatter", ScriptedModel(_chatter))
+for _name, _model, _budget in (
+    ("long_run", "ticker", BUDGET),
+    ("summarised", "ticker_summarised", SUMMARISED),
+    ("chatty", "chatter", BUDGET),
+):
+    registry.add(
+        Agent(
+            name=_name,
+            model=f"scripted:{_model}",
+            system_prompt=Prompt("run {tag} ticks {goal} times") if _name != "chatty" else "You chat.",
+            tools=RICH_CONTEXT_TOOLS,
+            max_steps=250,
+            context=_budget,
+        )
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +17,10 @@ from shared.settings import Settings
 from tests.harness import RedisServer, WorkerProcess
 
 CI = os.environ.get("CI") == "true"
+
+# What the embedded mode keeps (``wesichain demo``'s archive) goes to a directory of the session's,
+# never the home directory of whoever runs the tests.
+os.environ.setdefault("WESICHAIN_HOME", tempfile.mkdtemp(prefix="wesichain-home-"))
 
 
 def _need_redis() -> None:

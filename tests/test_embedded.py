@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 
 import pytest
 
 from producer.cli import main
 from shared.examples.research import Brief
-from shared.settings import ENV_AGENTS, ENV_PREFIX, ENV_REDIS_URL
+from shared.export import RunExport
+from shared.settings import ENV_AGENTS, ENV_ARCHIVE_URL, ENV_PREFIX, ENV_REDIS_URL
 from shared.state import Phase
-from worker.embedded import embedded
+from worker.embedded import ENV_HOME, default_archive_url, embedded
 
 DEMO_KINDS = [
     "RunStarted",
@@ -69,6 +71,25 @@ def test_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert deltas.endswith(final["answer"])
     assert {e["run_id"] for e in events} == {final["run_id"]}
     assert final["step"] == 2 and final["version"] == 6
+
+
+def test_the_demo_run_outlives_its_process_in_the_archive(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(ENV_HOME, str(tmp_path))
+    monkeypatch.delenv(ENV_ARCHIVE_URL, raising=False)
+    assert main(["demo", "--json"]) == 0
+    final = json.loads(capsys.readouterr().out.splitlines()[-1])
+    url = default_archive_url()
+    assert url == f"sqlite:///{tmp_path.resolve() / 'archive.db'}"
+
+    # Another process, another (empty) in-process Redis: the run is read from the archive.
+    monkeypatch.setenv(ENV_ARCHIVE_URL, url)
+    assert main(["export", final["run_id"], "--redis", "memory://"]) == 0
+    exported = RunExport.model_validate_json(capsys.readouterr().out)
+    assert exported.run.model_dump(mode="json") == final
+    assert exported.events[-1].event.kind == "Completed"
+    assert sorted(r.result.name for r in exported.tool_results) == ["calculator", "current_time", "search"]
 
 
 def test_two_concurrent_runs_in_one_embedded_worker() -> None:

@@ -158,7 +158,8 @@ def demo(args: argparse.Namespace) -> int:
     from worker.embedded import embedded
 
     question = args.question or DEMO_QUESTION
-    with embedded(args.agents) as client:
+    with embedded(args.agents, archive=True) as client:
+        archive_url = client.settings.archive_url
         if not args.json:
             print(
                 "Asking the research assistant (embedded: in-process broker, Redis stand-in and worker):\n"
@@ -173,7 +174,13 @@ def demo(args: argparse.Namespace) -> int:
         if not args.json:
             print()
         print_head(head, args.json)
-        return 0 if head.phase is Phase.COMPLETED else 1
+    if not args.json:  # archived as the embedded pool ended
+        print(
+            f"\nThe run is kept in {archive_url}; read it again with\n  WESICHAIN_REDIS_URL=memory://"
+            f" WESICHAIN_ARCHIVE_URL={archive_url} wesichain export {head.run_id}",
+            file=sys.stderr,
+        )
+    return 0 if head.phase is Phase.COMPLETED else 1
 
 
 def metrics(args: argparse.Namespace) -> int:

@@ -31,7 +31,13 @@ log = logging.getLogger("wesichain.limits")
 
 
 def call_model(
-    rt: Runtime, head: RunHead, agent: Agent, adapter: LlmAdapter, request: ModelRequest, held: Held
+    rt: Runtime,
+    head: RunHead,
+    agent: Agent,
+    adapter: LlmAdapter,
+    request: ModelRequest,
+    held: Held,
+    stream: bool | None = None,
 ) -> ModelResponse:
     """Call the model for ``head``'s think, within its provider limit if one applies.
 
@@ -47,7 +53,7 @@ def call_model(
         run_id=head.run_id,
         step=head.step,
         held=held,
-        stream=agent.stream,
+        stream=agent.stream if stream is None else stream,
         max_delta_chars=rt.settings.limits.max_event_payload_chars,
     )
     provider, model = split_model(head.model)

@@ -31,7 +31,8 @@ __all__ = ["HISTORY_WINDOW", "render_prompts", "run_start"]
 
 log = logging.getLogger("wesichain.worker")
 
-#: Messages of earlier runs in the same thread carried into a new run.
+#: Messages of earlier runs in the same thread carried into a new run (an agent with a context
+#: budget sets its own, its requests trimmed by tokens).
 HISTORY_WINDOW = 40
 
 
@@ -77,7 +78,8 @@ def _initial_conversation(rt: Runtime, agent: Agent, head: RunHead) -> list[Mess
     checked = on_user_message(agent.middleware, ctx, user)
     if isinstance(checked, Refuse):
         raise InvalidRequest(f"the input was refused by {checked.reason}")
-    history = _thread_history(rt, head) if head.thread_id else []
+    window = agent.context.thread_messages if agent.context is not None else HISTORY_WINDOW
+    history = _thread_history(rt, head, window) if head.thread_id else []
     return [SystemMessage(content=system), *history, UserMessage(content=checked)]
 
 
@@ -135,7 +137,7 @@ def _create(rt: Runtime, run_id: str, create: dict[str, Any]) -> InvalidRequest 
     return rejected
 
 
-def _thread_history(rt: Runtime, head: RunHead) -> list[Message]:
+def _thread_history(rt: Runtime, head: RunHead, window_size: int) -> list[Message]:
     if head.thread_id is None:
         return []
     ids = rt.store.join_thread(head.tenant, head.thread_id, head.run_id)
@@ -145,7 +147,7 @@ def _thread_history(rt: Runtime, head: RunHead) -> list[Message]:
     previous: list[Message] = [
         m for m in rt.store.load_messages(earlier[-1]) if not isinstance(m, SystemMessage)
     ]
-    window: list[Message] = previous[-HISTORY_WINDOW:]
+    window: list[Message] = previous[-window_size:] if window_size else []
     # Never start the window mid-exchange (e.g. with a tool result whose call was cut off).
     while window and not isinstance(window[0], UserMessage):
         window.pop(0)

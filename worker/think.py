@@ -8,14 +8,24 @@ from shared import events as ev
 from shared import fsm
 from shared.actions import accept_tool_calls
 from shared.agents import Agent
+from shared.context import (
+    SUMMARY_PROMPT,
+    ContextBudget,
+    TokenCounter,
+    counter_for,
+    fit,
+    summary_due,
+    summary_request_text,
+    with_summary,
+)
 from shared.errors import ConfigError, InvalidModelAction, ModelTransport, RunConfigError, RunError
 from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse
 from shared.llm.resolver import resolve_model
-from shared.messages import Message, SystemMessage
+from shared.messages import Message, SystemMessage, UserMessage
 from shared.middleware import Veto, after_model, before_model
 from shared.output import instructions, parse_output
 from shared.policy import on_invalid_action, on_model_error
-from shared.state import Phase, RunHead
+from shared.state import Phase, RunHead, Summary
 from shared.store import Claim, ClaimRef, PhaseClaim
 from shared.subagents import plan_children
 from worker.heartbeat import Held
@@ -52,20 +62,86 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
         # This worker cannot build the run's model (unknown provider, missing API key): no
         # redelivery can change that, so the run fails now instead of crashing every attempt.
         return rt.fail(current, ref, RunConfigError(str(exc), step=head.step).info())
+    request = build_request(agent, adapter, head.model, claim.messages)
+    if agent.context is not None:
+        counter = counter_for(head.model, agent.context.chars_per_token)
+        due = (
+            summary_due(agent.context, claim.messages, head.summary, request.tools, counter)
+            if agent.context.strategy == "summarise"
+            else None
+        )
+        if due is not None:
+            return _summarise(rt, current, ref, held, agent, adapter, agent.context, due, counter)
+        fitted, _ = fit(
+            with_summary(request.messages, head.summary), request.tools, agent.context.max_tokens, counter
+        )
+        request = request.model_copy(update={"messages": fitted})
     ctx = middleware_context(head)
-    request = before_model(agent.middleware, ctx, build_request(agent, adapter, head.model, claim.messages))
+    request = before_model(agent.middleware, ctx, request)
+    response = _ask(rt, current, ref, held, agent, adapter, request)
+    if isinstance(response, _Handled):
+        return response.head
+    return _next_move(rt, current, ref, agent, after_model(agent.middleware, ctx, response), response)
+
+
+class _Handled:
+    """A model call that did not answer: what was committed about it (None: nothing, or fenced)."""
+
+    def __init__(self, head: RunHead | None) -> None:
+        self.head = head
+
+
+def _ask(
+    rt: Runtime,
+    current: fsm.Thinking,
+    ref: ClaimRef,
+    held: Held,
+    agent: Agent,
+    adapter: LlmAdapter,
+    request: ModelRequest,
+    stream: bool | None = None,
+) -> ModelResponse | _Handled:
+    """Call the model; a call that fails is handled here (by the policy, a countdown, or not at all)."""
+    head = current.head
     try:
-        response = call_model(rt, head, agent, adapter, request, held)
+        return call_model(rt, head, agent, adapter, request, held, stream)
     except Throttled as throttled:
         requeue_throttled(rt, head, ref, throttled)  # no capacity: again after a countdown
-        return None
+        return _Handled(None)
     except ClaimLost:
-        return None  # taken over: whatever this delivery commits now would be fenced off
+        return _Handled(None)  # taken over: whatever this delivery commits now would be fenced off
     except ModelTransport as exc:
-        return _on_model_error(rt, current, ref, agent, exc)
+        return _Handled(_on_model_error(rt, current, ref, agent, exc))
     except RunError as exc:
-        return rt.fail(current, ref, exc.info())
-    return _next_move(rt, current, ref, agent, after_model(agent.middleware, ctx, response), response)
+        return _Handled(rt.fail(current, ref, exc.info()))
+
+
+def _summarise(
+    rt: Runtime,
+    current: fsm.Thinking,
+    ref: ClaimRef,
+    held: Held,
+    agent: Agent,
+    adapter: LlmAdapter,
+    budget: ContextBudget,
+    due: tuple[int, list[Message]],
+    counter: TokenCounter,
+) -> RunHead | None:
+    """Ask the model for the summary of the oldest messages and commit it on the run (once: every
+    later think uses it); the step is then thought again with it."""
+    head = current.head
+    upto, dropped = due
+    text = summary_request_text(head.summary, dropped, budget, counter)
+    request = ModelRequest(
+        model=head.model.partition(":")[2],
+        messages=[SystemMessage(content=SUMMARY_PROMPT), UserMessage(content=text)],
+        max_tokens=budget.summary_tokens,
+    )
+    response = _ask(rt, current, ref, held, agent, adapter, request, stream=False)
+    if isinstance(response, _Handled):
+        return response.head
+    summary = Summary(upto=upto, text=(response.text or "")[: rt.settings.limits.max_message_chars])
+    return rt.commit(current, current.summarised(summary, response.usage), ref)
 
 
 def _next_move(

@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         # One process: the in-memory broker, the Redis stand-in and a worker (as ``wesichain demo``).
         from worker.embedded import embedded as embedded_pool
 
-        context = embedded_pool(os.environ.get("WESICHAIN_AGENTS"), concurrency=8)
+        context = embedded_pool(os.environ.get("WESICHAIN_AGENTS"), concurrency=8, archive=True)
     else:
         context = nullcontext(Client.from_env())
     with context as client:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from shared.keys import Keys
 from shared.state import Phase
 from shared.tenants import Tenants
+from shared.timeline import Timeline
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.chaos.support import Cluster, wait_paused
 from tests.harness import RedisServer, wait_until
@@ -173,3 +176,18 @@ def test_timeline_of_a_fan_out_run_with_a_worker_killed(
     assert shot.stat().st_size > 10_000
     if target := os.environ.get("WESICHAIN_SCREENSHOT"):
         shutil.copyfile(shot, target)
+
+
+def test_cli_timeline_over_the_api(http: httpx.Client, api: ApiProcess, key: str) -> None:
+    run_id = submit(http, "one_hop")
+    wait_status(http, run_id, {"completed"})
+    cli = [sys.executable, "-m", "producer.cli", "timeline", run_id, "--api", api.url, "--key", key]
+    out = subprocess.run([*cli, "--json"], capture_output=True, text=True, timeout=60, check=True)
+    assert Timeline.model_validate_json(out.stdout) == Timeline.model_validate(
+        http.get(f"/v1/runs/{run_id}/timeline").json()
+    )
+    assert [b.name for b in Timeline.model_validate_json(out.stdout).bars if b.kind == "phase"] == [
+        "start", "think", "observe", "think",
+    ]  # fmt: skip
+    refused = subprocess.run([*cli[:-1], "wsk_not-a-key"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "unknown or revoked" in refused.stderr

@@ -19,19 +19,23 @@ import pytest
 
 from producer.cli import main
 from producer.client import Client, RequestConflict, RunHandle, RunNotFound
+from shared import fsm
 from shared.archive import RunRecord, open_archive
 from shared.archive.retention import ArchivePruner
 from shared.archiver import Archiver
 from shared.export import RunExport
+from shared.llm.base import Usage
+from shared.messages import SystemMessage, UserMessage
 from shared.retention import GarbageCollector
 from shared.settings import Settings
-from shared.state import CallbackState, ForkOrigin, Phase
-from shared.tasks import TASK_ARCHIVE
+from shared.state import Callback, CallbackState, ForkOrigin, Phase, RunHead
+from shared.tasks import TASK_ARCHIVE, start_task
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.archive_support import BACKENDS, FullRead, archive_url, full_read
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.unit.test_archive_sql import sample_record
+from tests.unit.test_store import commit
 
 pytestmark = pytest.mark.integration
 
@@ -387,3 +391,31 @@ def test_a_fork_starts_from_an_archived_checkpoint(client: Client) -> None:
     assert head.fork == ForkOrigin(run_id=original.run_id, version=6)
     assert client.store.load_messages(head.run_id)[:4] == before[0][:4]
     assert (client.store.load_messages(original.run_id), client.store.checkpoints(original.run_id)) == before
+
+
+def test_a_run_whose_callback_is_still_being_delivered_waits(client: Client) -> None:
+    store = client.store
+    head = RunHead.new_idle(uuid.uuid4().hex, "agent", "q", callback=Callback(url="http://127.0.0.1:9/hook"))
+    assert store.create(head, [start_task(head.run_id)])
+    idle = fsm.Idle(head)
+    start = idle.start(
+        [SystemMessage(content="sys"), UserMessage(content="q")],
+        agent_version="1",
+        model="scripted:x",
+        max_steps=10,
+    )
+    commit(store, idle, start)
+    commit(store, start.to, start.to.complete("done", Usage()))
+    run_key = store.keys.run(head.run_id)
+    assert store.redis.hget(run_key, "callback") == "pending"
+
+    report = Archiver(store).run_once(after_s=0)
+
+    assert (report.archived, report.deferred) == (0, 1)
+    assert store.redis.exists(run_key) == 1
+    # Its delivery ended (as the callback task records it): now it goes.
+    store.redis.hset(run_key, "callback", "delivered")
+    store.redis.zrem(store.keys.leases_of(head.run_id), head.run_id)
+    assert Archiver(store).run_once(after_s=0).archived == 1
+    assert store.redis.exists(run_key) == 0
+    assert client.handle(head.run_id).status().answer == "done"

@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from producer.client import Client, RequestConflict
@@ -26,6 +27,7 @@ from shared.settings import Settings
 from shared.state import Phase
 from shared.tenants import Tenants
 from shared.webhooks import verify
+from tests.api_support import ApiProcess, bearer
 from tests.harness import RedisServer, WorkerProcess, free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -220,3 +222,36 @@ def test_an_idempotency_key_gives_the_same_run(setup: Setup) -> None:
     assert [h.run_id for h in setup.client.list_runs(tenant="acme", agent="direct").runs].count(
         first.run_id
     ) == 1
+
+
+def test_a_webhook_named_over_the_http_api_is_delivered_and_shown_on_the_run(setup: Setup) -> None:
+    """The same webhook through the HTTP API: named in the submit, or the tenant's default."""
+    tenants = Tenants(setup.client.store.redis, setup.client.store.keys)
+    key, _ = tenants.create_key("acme")
+    tenants.set_default_callback("acme", setup.url)  # before the API first reads it (kept 5 s)
+    api = ApiProcess(setup.server.url, env=ENV).start()
+    try:
+        with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as http:
+            named = http.post(
+                "/v1/runs", json={"agent": "direct", "input": "hi", "callback": {"url": setup.url}}
+            )
+            assert named.status_code == 202, named.text
+            by_default = http.post("/v1/runs", json={"agent": "one_hop", "input": "hi"})
+            assert by_default.status_code == 202 and by_default.json()["callback"]["url"] == setup.url
+            for run_id in (named.json()["run_id"], by_default.json()["run_id"]):
+
+                def delivered(run_id: str = run_id) -> dict[str, Any] | None:
+                    view: dict[str, Any] = http.get(f"/v1/runs/{run_id}").json()
+                    return view if (view["callback_delivery"] or {}).get("status") == "delivered" else None
+
+                view = wait_until(delivered, TIMEOUT, what="the webhook to be delivered")
+                assert view["callback_delivery"]["attempts"] == 3
+                assert view["callback_delivery"]["last_status_code"] == 200
+                deliveries = setup.receiver.of(run_id)
+                assert [d.status for d in deliveries] == [500, 500, 200] and all(d.signed for d in deliveries)
+                assert (
+                    deliveries[-1].body["tenant"] == "acme" and deliveries[-1].body["status"] == "completed"
+                )
+    finally:
+        tenants.set_default_callback("acme", None)
+        api.stop()

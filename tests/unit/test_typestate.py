@@ -24,7 +24,7 @@ from shared.fsm import (
 )
 from shared.llm.base import Usage
 from shared.messages import ToolCall, UserMessage
-from shared.state import Phase, RunHead, ToolResult
+from shared.state import Phase, RunHead, Summary, ToolResult
 
 HEAD = RunHead.new_idle("r", "agent", "question")
 ERR = RunErrorInfo(kind="InternalInvariant", message="x")
@@ -97,6 +97,7 @@ TERMINAL_CALLS = {
     "complete": 'complete("x", Usage())',
     "reprompt": 'reprompt(ERR, None, "fix", Usage(), True)',
     "retry": "retry(ERR, False)",
+    "summarised": 'summarised(Summary(upto=1, text="s"), Usage())',
     "observe": "observe()",
     "next_step": "next_step([])",
     "park": "park(None, [CALL], Usage(), [])",
