@@ -7,9 +7,9 @@
 The same workers run N ``direct`` runs (one think each) submitted straight from a client, then a
 pipeline run of one map step over N items of that agent (its children created by the pool,
 each end recorded by its completion callback, then the pipeline's end), then the same map with a
-cap of 8 live children, round by round. The figure is the map's wall time over the direct
-submits' (goal: at most 1.05 with a cap that does not throttle). Writes
-``benchmarks/results/pipelines.json``.
+cap of 8 live children, round by round (each round in another order). The figure is the map's
+wall time over the direct submits' (goal: at most 1.05 with a cap that does not throttle).
+Writes ``benchmarks/results/pipelines.json``.
 """
 
 from __future__ import annotations
@@ -78,9 +78,14 @@ def overhead(items: int, rounds: int, workers: int, concurrency: int) -> dict[st
         mapped: list[float] = []
         capped: list[float] = []
         for r in range(rounds):
-            direct.append(_direct(cluster, prefix, items, r))
-            mapped.append(_pipeline(cluster, prefix, "bench-map", items, r))
-            capped.append(_pipeline(cluster, prefix, "bench-map-8", items, r))
+            # Each round in another order, so a drift of the machine's load favours none of them.
+            for which in ("direct", "map", "cap8")[r % 3 :] + ("direct", "map", "cap8")[: r % 3]:
+                if which == "direct":
+                    direct.append(_direct(cluster, prefix, items, r))
+                elif which == "map":
+                    mapped.append(_pipeline(cluster, prefix, "bench-map", items, r))
+                else:
+                    capped.append(_pipeline(cluster, prefix, "bench-map-8", items, r))
             print(
                 f"round {r + 1}: direct {direct[-1]:.2f}s, map {mapped[-1]:.2f}s,"
                 f" map cap 8 {capped[-1]:.2f}s",

@@ -176,6 +176,8 @@ class RuntimeHolder:
         )
         # A case run's end is scored right after its terminal commit (see ``worker/evals.py``).
         runtime.local_callbacks[TASK_EVAL_SCORE] = lambda ended: self.evals().score(ended)
+        # So is a pipeline's child run's end recorded (see ``worker/pipelines.py``).
+        runtime.local_callbacks[TASK_PIPELINE_CHILD] = lambda ended: self.pipelines().child_ended(ended)
         runtime.deliver_callback = _deliver_callback
         return runtime
 

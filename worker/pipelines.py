@@ -250,11 +250,9 @@ class PipelinePool:
                 error = exc.info().model_dump(mode="json")
                 self._ended(meta.pipeline_id, step, seq, item, attempt, run_id, "failed", None, error, False)
                 return 0
-        self.store.mark_child(pipeline_id, seq, item, run_id)
-        if created:
-            self.store.add_event(
-                pipeline_id, "child_started", seq=seq, step=step.name, item=item, run_id=run_id
-            )
+        # Noted (and announced) once, whoever notes it: its creator may have died right after creating it.
+        started = {"kind": "child_started", "seq": seq, "step": step.name, "item": item, "run_id": run_id}
+        self.store.mark_child(pipeline_id, seq, item, run_id, started)
         now = self.store.meta(pipeline_id)
         if now is None or now.terminal:
             # Ended (cancelled, or failed) while this child was being created: its cascade may have
@@ -328,17 +326,15 @@ class PipelinePool:
                     self.start_item(meta, step, item, attempt + 1)
                 return
             result.update(status="skipped" if step.on_error == "skip" else "failed", error=error)
-        recorded = self.store.record(pipeline_id, seq, item, attempt, result)
-        if recorded in ("recorded", "complete", "ended"):
-            self.store.add_event(
-                pipeline_id,
-                "child_ended",
-                seq=seq,
-                step=step.name,
-                item=item,
-                run_id=run_id,
-                status=result["status"],
-            )
+        ended = {
+            "kind": "child_ended",
+            "seq": seq,
+            "step": step.name,
+            "item": item,
+            "run_id": run_id,
+            "status": result["status"],
+        }
+        recorded = self.store.record(pipeline_id, seq, item, attempt, result, ended)
         if recorded not in ("recorded", "complete"):
             return
         if result["status"] == "failed":
@@ -417,22 +413,17 @@ class PipelinePool:
             attempt = attempts.get(item, 0)
             run_id = child_run_id(pipeline_id, meta.seq, item, attempt)
             head = self.runs.load(run_id)
-            if head is None:
-                if children.get(item) == run_id:
-                    error = {
-                        "kind": "RunLost",
-                        "message": "the child run expired before its end was recorded",
-                    }
-                    self._ended(
-                        pipeline_id, step, meta.seq, item, attempt, run_id, "failed", None, error, True
-                    )
-                else:
-                    log.warning(
-                        "pipeline %s: child run %s was never created; creating it", pipeline_id, run_id
-                    )
-                    self.start_item(meta, step, item, attempt)
+            if head is None and children.get(item) == run_id:
+                error = {"kind": "RunLost", "message": "the child run expired before its end was recorded"}
+                self._ended(pipeline_id, step, meta.seq, item, attempt, run_id, "failed", None, error, True)
                 repaired += 1
-            elif head.terminal and now - head.updated_at > self.grace_s:
+            elif children.get(item) != run_id:
+                # Never created, or created and not noted: its creator died (or is at it right now;
+                # creating and noting are both once-only).
+                log.warning("pipeline %s: child run %s was left unstarted; starting it", pipeline_id, run_id)
+                self.start_item(meta, step, item, attempt)
+                repaired += 1
+            elif head is not None and head.terminal and now - head.updated_at > self.grace_s:
                 log.warning("pipeline %s: child run %s ended untold; recording it", pipeline_id, run_id)
                 self.child_ended(outcome(head))
                 repaired += 1

@@ -1,11 +1,13 @@
--- Record how item ARGV[2] of step ARGV[1] ended, once. KEYS: meta, results, attempts.
--- ARGV: seq, item, attempt (of the child that ended), result JSON.
+-- Record how item ARGV[2] of step ARGV[1] ended, once, with its event. KEYS: meta, results,
+-- attempts, events. ARGV: seq, item, attempt (of the child that ended), result JSON, event JSON,
+-- the stream's approximate bound.
 -- Returns 'stale' (another step, or a later attempt), 'dup' (recorded already), 'ended' (recorded;
 -- the pipeline ended meanwhile), 'complete' (recorded, the step's last) or 'recorded'.
 local meta = KEYS[1]
 if redis.call('HGET', meta, 'seq') ~= ARGV[1] then return 'stale' end
 if (redis.call('HGET', KEYS[3], ARGV[2]) or '0') ~= ARGV[3] then return 'stale' end
 if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[4]) == 0 then return 'dup' end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'event', ARGV[5])
 local done = redis.call('HINCRBY', meta, 'done', 1)
 if redis.call('HGET', meta, 'status') ~= 'running' then return 'ended' end
 if done == tonumber(redis.call('HGET', meta, 'total')) then return 'complete' end

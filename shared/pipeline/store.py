@@ -38,7 +38,15 @@ PIPELINE_ITEM = "pipeline_item"
 #: Events a pipeline run keeps (about the last ones when more).
 EVENTS_MAXLEN = 10_000
 
-_SCRIPTS = ("pipe_create", "pipe_advance", "pipe_reserve", "pipe_record", "pipe_retry", "pipe_end")
+_SCRIPTS = (
+    "pipe_create",
+    "pipe_advance",
+    "pipe_reserve",
+    "pipe_record",
+    "pipe_retry",
+    "pipe_end",
+    "pipe_mark",
+)
 
 
 def child_run_id(pipeline_id: str, seq: int, item: int, attempt: int) -> str:
@@ -174,16 +182,25 @@ class PipelineStore:
         )
         return range(int(first), int(first) + int(count))
 
-    def record(self, pipeline_id: str, seq: int, item: int, attempt: int, result: dict[str, Any]) -> str:
-        """Record how an item ended (see ``pipe_record.lua`` for the answers)."""
+    def record(
+        self,
+        pipeline_id: str,
+        seq: int,
+        item: int,
+        attempt: int,
+        result: dict[str, Any],
+        event: dict[str, Any],
+    ) -> str:
+        """Record how an item ended, and its event, once (see ``pipe_record.lua`` for the answers)."""
         k = self.keys
         reply = self._scripts["pipe_record"](
             keys=[
                 k.pipe_meta(pipeline_id),
                 k.pipe_results(pipeline_id, seq),
                 k.pipe_attempts(pipeline_id, seq),
+                k.pipe_events(pipeline_id),
             ],
-            args=[seq, item, attempt, json.dumps(result)],
+            args=[seq, item, attempt, json.dumps(result), _event_json(event), EVENTS_MAXLEN],
         )
         return _text(reply)
 
@@ -225,9 +242,15 @@ class PipelineStore:
         raw = self.redis.hgetall(self.keys.pipe_attempts(pipeline_id, seq))
         return {int(_text(k)): int(v) for k, v in raw.items()}
 
-    def mark_child(self, pipeline_id: str, seq: int, item: int, run_id: str) -> None:
-        """The item's current child run exists (it is the one to cancel, or to wait for)."""
-        self.redis.hset(self.keys.pipe_children(pipeline_id, seq), str(item), run_id)
+    def mark_child(self, pipeline_id: str, seq: int, item: int, run_id: str, event: dict[str, Any]) -> bool:
+        """The item's current child run exists (it is the one to cancel, or to wait for): note it and
+        add ``event``, once; True the first time, whoever notes it."""
+        k = self.keys
+        reply = self._scripts["pipe_mark"](
+            keys=[k.pipe_children(pipeline_id, seq), k.pipe_events(pipeline_id)],
+            args=[item, run_id, _event_json(event), EVENTS_MAXLEN],
+        )
+        return int(reply) == 1
 
     def children(self, pipeline_id: str, seq: int) -> dict[int, str]:
         raw = self.redis.hgetall(self.keys.pipe_children(pipeline_id, seq))
@@ -244,10 +267,9 @@ class PipelineStore:
     # -- events and the sweeper's set ----------------------------------------------------------
 
     def add_event(self, pipeline_id: str, kind: str, **fields: Any) -> None:
-        event = {"kind": kind, "at": time.time(), **fields}
         self.redis.xadd(
             self.keys.pipe_events(pipeline_id),
-            {"event": json.dumps(event)},
+            {"event": _event_json({"kind": kind, **fields})},
             maxlen=EVENTS_MAXLEN,
             approximate=True,
         )
@@ -280,6 +302,10 @@ class PipelineStore:
     def settle(self, pipeline_id: str) -> None:
         """The pipeline run ended and no child of it is left live: the sweeper can forget it."""
         self.redis.srem(self.keys.pipes_active(), pipeline_id)
+
+
+def _event_json(event: dict[str, Any]) -> str:
+    return json.dumps({"kind": event["kind"], "at": time.time(), **event})
 
 
 def _event_field(fields: dict[Any, Any]) -> str:

@@ -1,0 +1,7 @@
+-- Note that item ARGV[1]'s child run ARGV[2] exists, and add its event (ARGV[3], JSON) to the
+-- stream, the first time only. KEYS: children, events. ARGV[4]: the stream's approximate bound.
+-- Returns 1 the first time, 0 if it was noted already.
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[3])
+return 1
