@@ -137,9 +137,12 @@ class RunList(BaseModel):
 
 
 class CheckpointList(BaseModel):
-    """Every committed state of a run, in version order."""
+    """Committed states of a run, in version order, a page at a time."""
 
     checkpoints: list[RunView]
+    next_after_version: int | None = Field(
+        default=None, description="Pass as ``after_version`` for the next page; null: no more."
+    )
 
 
 class EventPage(BaseModel):

@@ -181,11 +181,23 @@ def list_runs(
 @router.get(
     "/runs/{run_id}/checkpoints",
     response_model=CheckpointList,
-    summary="Every committed state of a run, in version order",
+    summary="A run's committed states, in version order",
+    description="Versions after ``after_version``, at most ``limit`` of them; pages follow"
+    " ``next_after_version``.",
 )
-def checkpoints(run_id: str, services: Svc, who: Who) -> CheckpointList:
+def checkpoints(
+    run_id: str,
+    services: Svc,
+    who: Who,
+    after_version: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 1000,
+) -> CheckpointList:
     owned_run(services, who, run_id)
-    return CheckpointList(checkpoints=[run_view(h) for h in services.store.checkpoints(run_id)])
+    heads = services.store.checkpoints(run_id, after_version, after_version + limit - 1)
+    return CheckpointList(
+        checkpoints=[run_view(h) for h in heads],
+        next_after_version=after_version + limit if len(heads) == limit else None,
+    )
 
 
 @router.post(

@@ -279,8 +279,16 @@ class ApiRunHandle:
         return _head(self.view())
 
     def checkpoints(self) -> list[RunHead]:
-        raw = self.client._call("GET", f"/v1/runs/{self.run_id}/checkpoints").json()["checkpoints"]
-        return [_head(RunView.model_validate(c)) for c in raw]
+        """Every committed state, in version order (read a page at a time)."""
+        heads: list[RunHead] = []
+        after: int | None = 0
+        while after is not None:
+            page = self.client._call(
+                "GET", f"/v1/runs/{self.run_id}/checkpoints", params={"after_version": after}
+            ).json()
+            heads.extend(_head(RunView.model_validate(c)) for c in page["checkpoints"])
+            after = page["next_after_version"]
+        return heads
 
     def timeline(self) -> Timeline:
         """Where the run's time went (see ``RunHandle.timeline``)."""
@@ -459,8 +467,17 @@ class AsyncRunHandle:
         return _head(await self.view())
 
     async def checkpoints(self) -> list[RunHead]:
-        raw = (await self.client._call("GET", f"/v1/runs/{self.run_id}/checkpoints")).json()["checkpoints"]
-        return [_head(RunView.model_validate(c)) for c in raw]
+        """Every committed state, in version order (read a page at a time)."""
+        heads: list[RunHead] = []
+        after: int | None = 0
+        while after is not None:
+            response = await self.client._call(
+                "GET", f"/v1/runs/{self.run_id}/checkpoints", params={"after_version": after}
+            )
+            page = response.json()
+            heads.extend(_head(RunView.model_validate(c)) for c in page["checkpoints"])
+            after = page["next_after_version"]
+        return heads
 
     async def timeline(self) -> Timeline:
         """Where the run's time went (see ``RunHandle.timeline``)."""

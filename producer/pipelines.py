@@ -73,7 +73,7 @@ def submit_pipeline(
     check_name("pipeline_id", pipeline_id)
     if len(pipeline_id) > MAX_PIPELINE_ID_CHARS:
         raise InvalidRequest(f"a pipeline_id is at most {MAX_PIPELINE_ID_CHARS} characters")
-    store = PipelineStore(client.store.redis, client.store.keys)
+    store = PipelineStore(client.store.redis, client.store.keys, client.settings.retention_s)
     if store.create(pipeline_id, name, request.input, request.tenant):
         store.add_event(pipeline_id, "pipeline_started", pipeline=name)
     else:
@@ -109,7 +109,7 @@ class PipelineHandle:
     def __init__(self, client: Client, pipeline_id: str) -> None:
         self.client = client
         self.pipeline_id = pipeline_id
-        self.store = PipelineStore(client.store.redis, client.store.keys)
+        self.store = PipelineStore(client.store.redis, client.store.keys, client.settings.retention_s)
 
     def __repr__(self) -> str:
         return f"PipelineHandle({self.pipeline_id!r})"

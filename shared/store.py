@@ -358,13 +358,18 @@ class RunStore:
             return archive.results(run_id, step)
         return [ToolResult.model_validate_json(r) for r in raw]
 
-    def checkpoints(self, run_id: str) -> list[RunHead]:
-        """Every committed head, in version order (epochs are not part of a checkpoint: 0)."""
+    def checkpoints(self, run_id: str, start: int = 0, end: int = -1) -> list[RunHead]:
+        """Every committed head, in version order (epochs are not part of a checkpoint: 0).
+
+        ``start`` and ``end`` (inclusive, -1: the last) bound the versions read, as indexes
+        (version - 1), so a long run's checkpoints can be read a page at a time.
+        """
         request = self.redis.hget(self.keys.run(run_id), protocol.REQUEST)
         if request is None:
             archive = self.archive
-            return archive.checkpoints(run_id) if archive is not None else []
-        bodies = self.redis.lrange(self.keys.checkpoints(run_id), 0, -1)
+            archived = archive.checkpoints(run_id) if archive is not None else []
+            return archived[start : None if end == -1 else end + 1]
+        bodies = self.redis.lrange(self.keys.checkpoints(run_id), start, end)
         return [RunHead.compose(_s(b), _s(request), 0) for b in bodies]
 
     def attempts(self, run_id: str) -> dict[str, str]:

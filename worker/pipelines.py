@@ -63,7 +63,7 @@ class PipelinePool:
         self.agents = agents
         self.send = send
         self.runs = client.store
-        self.store = PipelineStore(client.store.redis, client.store.keys)
+        self.store = PipelineStore(client.store.redis, client.store.keys, client.settings.retention_s)
         #: How long an ended child may wait for its callback before the sweeper records it.
         self.grace_s = max(10.0, client.settings.lease_s * 2)
 
@@ -378,6 +378,7 @@ class PipelinePool:
     def tick(self) -> int:
         """Repair every active pipeline run once; returns the repairs made."""
         repaired = 0
+        self.store.trim_index()
         for pipeline_id in self.store.active():
             try:
                 repaired += self._repair(pipeline_id)

@@ -9,6 +9,11 @@ if (redis.call('HGET', KEYS[3], ARGV[2]) or '0') ~= ARGV[3] then return 'stale' 
 if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[4]) == 0 then return 'dup' end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'event', ARGV[5])
 local done = redis.call('HINCRBY', meta, 'done', 1)
-if redis.call('HGET', meta, 'status') ~= 'running' then return 'ended' end
+if redis.call('HGET', meta, 'status') ~= 'running' then
+  -- Ended, and maybe settled already: what is written now expires with the rest of it.
+  local ttl = redis.call('PTTL', meta)
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+  return 'ended'
+end
 if done == tonumber(redis.call('HGET', meta, 'total')) then return 'complete' end
 return 'recorded'

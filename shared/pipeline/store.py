@@ -22,6 +22,7 @@ from shared.keys import Keys
 from shared.scripts import script_source
 
 __all__ = [
+    "DEFAULT_RETENTION_S",
     "EVENTS_MAXLEN",
     "PIPELINE_ID",
     "PIPELINE_ITEM",
@@ -37,6 +38,8 @@ PIPELINE_STEP = "pipeline_step"
 PIPELINE_ITEM = "pipeline_item"
 #: Events a pipeline run keeps (about the last ones when more).
 EVENTS_MAXLEN = 10_000
+#: How long an ended pipeline run's keys stay by default (``Settings.retention_s``'s default).
+DEFAULT_RETENTION_S = 7 * 24 * 3600
 
 _SCRIPTS = (
     "pipe_create",
@@ -86,9 +89,11 @@ class PipelineMeta:
 class PipelineStore:
     """Reads and writes pipeline runs on the run store's Redis client and keys."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, retention_s: float = DEFAULT_RETENTION_S) -> None:
         self.redis = client
         self.keys = keys
+        #: How long an ended pipeline run's keys stay (as an ended run's do: ``Settings.retention_s``).
+        self.retention_s = retention_s
         self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
 
     def create(self, pipeline_id: str, name: str, input: str, tenant: str | None) -> bool:
@@ -247,7 +252,7 @@ class PipelineStore:
         add ``event``, once; True the first time, whoever notes it."""
         k = self.keys
         reply = self._scripts["pipe_mark"](
-            keys=[k.pipe_children(pipeline_id, seq), k.pipe_events(pipeline_id)],
+            keys=[k.pipe_children(pipeline_id, seq), k.pipe_events(pipeline_id), k.pipe_meta(pipeline_id)],
             args=[item, run_id, _event_json(event), EVENTS_MAXLEN],
         )
         return int(reply) == 1
@@ -300,8 +305,28 @@ class PipelineStore:
         return cancelled
 
     def settle(self, pipeline_id: str) -> None:
-        """The pipeline run ended and no child of it is left live: the sweeper can forget it."""
-        self.redis.srem(self.keys.pipes_active(), pipeline_id)
+        """The pipeline run ended and no child of it is left live: its keys expire after the
+        retention, and the sweeper forgets it."""
+        meta = self.meta(pipeline_id)
+        k = self.keys
+        keys = [k.pipe_meta(pipeline_id), k.pipe_steps(pipeline_id), k.pipe_events(pipeline_id)]
+        for seq in range((meta.seq if meta is not None else -1) + 1):
+            keys += [
+                k.pipe_items(pipeline_id, seq),
+                k.pipe_attempts(pipeline_id, seq),
+                k.pipe_children(pipeline_id, seq),
+                k.pipe_results(pipeline_id, seq),
+            ]
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.expire(key, int(self.retention_s))
+        pipe.srem(k.pipes_active(), pipeline_id)
+        pipe.execute()
+
+    def trim_index(self) -> int:
+        """Forget pipeline runs created longer ago than the retention (their keys expired since)."""
+        cutoff_ms = (time.time() - self.retention_s) * 1000
+        return int(self.redis.zremrangebyscore(self.keys.pipes_index(), "-inf", cutoff_ms))
 
 
 def _event_json(event: dict[str, Any]) -> str:

@@ -73,9 +73,21 @@ def test_submit_over_http_and_complete(tenant_a: httpx.Client) -> None:
     )
     done = wait_status(tenant_a, run["run_id"], {"completed", "failed", "interrupted"}, TIMEOUT)
     assert done["status"] == "completed" and done["answer"] == "1 + 2 = 3", done
-    checkpoints = tenant_a.get(f"/v1/runs/{run['run_id']}/checkpoints").json()["checkpoints"]
+    page = tenant_a.get(f"/v1/runs/{run['run_id']}/checkpoints").json()
+    checkpoints = page["checkpoints"]
     assert [c["version"] for c in checkpoints] == list(range(1, done["version"] + 1))
     assert checkpoints[0]["status"] == "queued" and checkpoints[-1]["status"] == "completed"
+    assert page["next_after_version"] is None
+    # A page at a time: the same states.
+    paged: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:
+        part = tenant_a.get(
+            f"/v1/runs/{run['run_id']}/checkpoints", params={"after_version": after, "limit": 2}
+        ).json()
+        paged.extend(part["checkpoints"])
+        after = part["next_after_version"]
+    assert paged == checkpoints
 
 
 def test_errors_have_one_shape_and_the_right_status(api: ApiProcess, tenant_a: httpx.Client) -> None:

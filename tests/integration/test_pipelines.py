@@ -82,6 +82,10 @@ def test_then_hands_each_answer_on(client: Client, server: RedisServer) -> None:
     assert client.submit_pipeline("chain", "first", pipeline_id="chain-1").wait(10).status == "completed"
     counted = calls(server, "worker")
     assert (counted["first"], counted["again done first"]) == (1, 1)
+    # Ended: its keys expire after the retention, like an ended run's.
+    keys = client.store.keys
+    for key in (keys.pipe_meta("chain-1"), keys.pipe_events("chain-1"), keys.pipe_results("chain-1", 1)):
+        assert 0 < client.store.redis.ttl(key) <= client.settings.retention_s
     kinds = [e["kind"] for e in handle.events(follow=False)]
     assert kinds == [
         "pipeline_started",
@@ -193,6 +197,9 @@ def test_cancel_mid_map_cancels_every_live_child(client: Client, server: RedisSe
     wait_until(lambda: client.store.inflight(None) == 0, 30)
     assert {c.item for c in handle.status().steps[1].children if c.run_id is not None} == started
     assert "fan-cancel" not in PipelineStore(client.store.redis, client.store.keys).active()
+    # What the cancelled children recorded after the cancel expires with the rest.
+    results = client.store.keys.pipe_results("fan-cancel", 1)
+    assert client.store.redis.exists(results) and client.store.redis.ttl(results) > 0
 
 
 def test_unknown_pipeline_and_bad_input_refused_at_submit(client: Client) -> None:
