@@ -18,16 +18,23 @@ from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from producer.client import Client
+from shared import fsm
 from shared.archive import Archive
 from shared.archiver import Archiver
 from shared.errors import ArchiveUnavailable, RunErrorInfo
 from shared.llm.base import Usage
+from shared.messages import SystemMessage, UserMessage
 from shared.settings import Settings
+from shared.state import RunHead
 from shared.store import RunStore
+from shared.tasks import start_task
+from shared.tenants import Tenants
+from tests.api_support import ApiProcess, bearer
 from tests.archive_support import BACKENDS, FullRead, archive_url, full_read, set_connections
 from tests.harness import ROOT, RedisServer, wait_until
 from tests.unit.test_store import commit, started
@@ -212,3 +219,54 @@ def test_a_database_outage_keeps_runs_in_redis_until_it_is_back(
         assert _in_redis(store, run_ids) == set()
         _assert_reads(client, {**before, **{r: full_read(client, r) for r in first}})
         archive.close()
+
+
+def _tenant_run(store: RunStore, tenant: str) -> str:
+    """A run of ``tenant`` taken to COMPLETED through real commits."""
+    head = RunHead.new_idle(uuid.uuid4().hex, "agent", "q", tenant=tenant)
+    assert store.create(head, [start_task(head.run_id)])
+    idle = fsm.Idle(head)
+    start = idle.start(
+        [SystemMessage(content="sys"), UserMessage(content="q")], agent_version="1", model="m", max_steps=5
+    )
+    commit(store, idle, start)
+    commit(store, start.to, start.to.complete("done", Usage()))
+    return head.run_id
+
+
+def test_the_api_answers_503_for_archived_runs_while_the_database_is_down(
+    server: RedisServer, rds: redis.Redis, tmp_path: Path
+) -> None:
+    with archive_url("postgresql", tmp_path) as url:
+        settings = _settings(server, url)
+        store = RunStore(rds, settings)
+        tenant = f"t-{uuid.uuid4().hex[:6]}"
+        archived = _tenant_run(store, tenant)
+        assert Archiver(store).run_once(after_s=0).archived == 1
+        live = _tenant_run(store, tenant)
+        key, _ = Tenants(rds, store.keys).create_key(tenant)
+        env = {
+            "WESICHAIN_PREFIX": settings.prefix,
+            "WESICHAIN_SHARDS": str(settings.shards),
+            "WESICHAIN_ARCHIVE_URL": url,
+        }
+        api = ApiProcess(server.url, env=env).start()
+        try:
+            with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as http:
+                assert http.get(f"/v1/runs/{archived}").json()["answer"] == "done"
+                set_connections(url, allowed=False)
+                try:
+                    down = http.get(f"/v1/runs/{archived}")
+                    assert down.status_code == 503 and down.headers["Retry-After"] == "5"
+                    assert down.json()["error"]["kind"] == "unavailable"
+                    assert "127.0.0.1" not in down.text  # the database's address stays in the log
+                    assert http.get(f"/v1/runs/{live}").json()["status"] == "completed"  # from Redis
+                    assert http.get("/v1/runs").status_code == 503  # a listing would miss archived runs
+                finally:
+                    set_connections(url, allowed=True)
+                wait_until(
+                    lambda: http.get(f"/v1/runs/{archived}").status_code == 200, 60, what="reads to come back"
+                )
+        finally:
+            api.stop()
+            store.close_archive()
