@@ -17,8 +17,8 @@ from producer.cli import main
 from producer.client import Client
 from producer.pipelines import UnknownPipeline
 from shared.pipeline.store import PipelineStore, child_run_id
-from shared.settings import Settings
 from tests.agents_pipelines import CALLS_KEY
+from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.integration
