@@ -82,7 +82,7 @@ def describe_agents(registry: AgentRegistry) -> list[AgentInfo]:
             ToolInfo(
                 name=t.name,
                 description=t.description,
-                parameters=t.args_model.model_json_schema(),
+                parameters=t.spec().parameters,
                 retry_safe=t.retry_safe,
                 timeout_s=t.timeout_s,
             )

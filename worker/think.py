@@ -246,7 +246,7 @@ def correction_for(agent: Agent, exc: InvalidModelAction) -> str:
     told = f"Your previous reply could not be used: {exc.message}. "
     tool = agent.tools.get(exc.tool) if exc.tool else None
     if tool is not None:
-        schema = json.dumps(tool.args_model.model_json_schema(), sort_keys=True)
+        schema = json.dumps(tool.spec().parameters, sort_keys=True)
         told += f"The arguments of {tool.name!r} must match this JSON schema: {schema}. "
     told += f"Available tools: {', '.join(agent.tools.names) or 'none'}. "
     if agent.output is not None:
