@@ -174,10 +174,11 @@ class RuntimeHolder:
             tracing=Tracing(settings.otel),
             prepare=builder.build if builder is not None and settings.commit_publish else None,
         )
-        # A case run's end is scored right in its callback task (see ``worker/evals.py``).
+        # A case run's end is scored right after its terminal commit (see ``worker/evals.py``).
         runtime.local_callbacks[TASK_EVAL_SCORE] = lambda ended: self.evals().score(ended)
         # So is a pipeline's child run's end recorded (see ``worker/pipelines.py``).
         runtime.local_callbacks[TASK_PIPELINE_CHILD] = lambda ended: self.pipelines().child_ended(ended)
+        runtime.deliver_callback = _deliver_callback
         return runtime
 
     def evals(self) -> EvalPool:
@@ -276,6 +277,12 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
 
             connection.collect = collect_then_forget
         super().on_connection_error_after_connected(exc)
+
+
+def _deliver_callback(rt: Runtime, spec: TaskSpec) -> None:
+    """A run's callback task, delivered in the process that ended the run (see ``Runtime``)."""
+    a = spec.arguments
+    run_callback(rt, Delivery(spec.name, a["run_id"], a["version"], a.get("epoch", 0)), a["step"], a["phase"])
 
 
 def _delivery(task: Task, run_id: str, version: int, epoch: int) -> Delivery:
