@@ -151,12 +151,17 @@ class RuntimeHolder:
                 # Celery's message, pushed on the store's client: no Redis client per publish.
                 run_commands(store.redis, builder.build([spec]))
                 return
+            countdown = spec.countdown or None
+            if countdown and settings.broker_url:
+                # RabbitMQ's delayed delivery counts whole seconds, and Celery 5.7 raises on a
+                # countdown that truncates to 0 ("countdown must be a positive number").
+                countdown = max(1.0, countdown)
             app.send_task(
                 spec.name,
                 args=spec.args or None,
                 kwargs=spec.arguments or None,
                 task_id=spec.task_id,
-                countdown=spec.countdown or None,
+                countdown=countdown,
                 time_limit=spec.time_limit_s,
                 queue=spec.queue,
             )
@@ -200,7 +205,9 @@ class RuntimeHolder:
 
     def probe(self) -> BrokerProbe:
         """How the sweeper asks the broker about queued messages."""
-        if self.settings.embedded:
+        if self.settings.embedded or self.settings.broker_url:
+            # The in-memory broker, or RabbitMQ: nothing to look into (the sweeper then waits a
+            # generous total time before it publishes an unclaimed task again).
             return UnknownBroker()
         conf = celery_config(self.settings)
         options = conf["broker_transport_options"]
