@@ -42,6 +42,7 @@ from shared.tasks import TASK_TOOL, start_task, task_for
 from shared.workers import WorkerDirectory, WorkerRecord, describe_agents
 from tests.harness import RedisServer
 from worker.broker_probe import RedisQueues
+from worker.inline_publish import MessageBuilder, run_commands
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HOLDER = "micro:1"
@@ -210,6 +211,52 @@ def _write_costs(store: RunStore, n: int) -> dict[str, float]:
     }
 
 
+def _publish_costs(store: RunStore, app: Celery, n: int) -> dict[str, float]:
+    """The next phase's publish, three ways, and a commit that publishes in its own script against
+    a commit followed by that publish (each commit on a fresh, claimed run)."""
+    builder = MessageBuilder(app)
+    spec = task_for(new_run(store, 1).head)[0]
+    out = {
+        "publish: Celery send_task (a Redis client and a bindings read per publish)": _time(
+            lambda: app.send_task(spec.name, kwargs=spec.arguments, task_id=spec.task_id, queue=spec.queue), n
+        ),
+        "publish: MessageBuilder.build (Celery's message, no I/O)": _time(lambda: builder.build([spec]), n),
+        "publish: build + run on the store's client (the fallback publish)": _time(
+            lambda: run_commands(store.redis, builder.build([spec])), n
+        ),
+    }
+    # The two commits alternate, each on a fresh claimed run, so that load coming and going on the
+    # machine falls on both alike; each figure is the median of its n calls.
+    timings: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(2 * n + 40):
+        in_script = i % 2 == 0
+        thinking = new_run(store, 1)
+        ref = _claim(store, thinking.head, read_messages=True).ref
+        t = thinking.act(None, [CALL], Usage())
+        outbox = task_for(t.head)
+        started = time.perf_counter()
+        push = builder.build(outbox)
+        result = store.commit(
+            thinking.head, t.head, ref, t.messages, t.events, outbox, push if in_script else ()
+        )
+        if not in_script:
+            run_commands(store.redis, push)
+        elapsed = (time.perf_counter() - started) * 1e6
+        assert result.status == "committed" and result.pushed is in_script, result
+        if i >= 40:
+            timings[in_script].append(elapsed)
+    out["commit, then publish (two round trips; alternating, median)"] = round(
+        statistics.median(timings[False]), 1
+    )
+    out["commit publishing in its script (one round trip; alternating, median)"] = round(
+        statistics.median(timings[True]), 1
+    )
+    builder.close()
+    for queue in (QUEUE_MODEL, QUEUE_TOOLS):
+        store.redis.delete(queue)
+    return out
+
+
 def _registry_cost(store: RunStore, settings: Settings, n: int) -> float:
     """``Client.submit``'s check that a live worker serves the agent, with two workers listed."""
     beat = register_scripts(store.redis)["worker_beat"]
@@ -265,6 +312,7 @@ def measure(url: str, n: int) -> dict[str, Any]:
         out.update(_per_step_costs(store, retaking, steps, n))
     out.update(_claim_costs(retaking, n))
     out.update(_write_costs(store, n))
+    out.update(_publish_costs(store, app, n))
     h = new_run(store, 1).head
     out["RunHead.dump_body"] = _time(h.dump_body, n)
     out["RunHead.compose (body + request)"] = _time(

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from shared.errors import ConfigError, InvalidRequest, WesichainError
-from shared.settings import ENV_AGENTS, ENV_REDIS_URL, Settings, redact_url
+from shared.settings import ENV_AGENTS, ENV_BROKER_URL, ENV_REDIS_URL, Settings, redact_url
 from shared.tls import RedisTlsError
 
 __all__ = ["DESCRIPTION", "EXIT_FAILED_RUN", "EXIT_TIMEOUT", "EXIT_USAGE", "Handler", "Register", "main"]
@@ -41,6 +41,11 @@ def _common() -> argparse.ArgumentParser:
         "--redis", metavar="URL", help=f"Redis URL (default ${ENV_REDIS_URL} or redis://127.0.0.1:6379/0)"
     )
     common.add_argument("--agents", metavar="MODULE", help=f"agents module to import (default ${ENV_AGENTS})")
+    common.add_argument(
+        "--broker",
+        metavar="URL",
+        help=f"RabbitMQ as the broker, amqp://... (default ${ENV_BROKER_URL} or the Redis of --redis)",
+    )
     return common
 
 
@@ -168,6 +173,8 @@ def _apply_env(args: argparse.Namespace) -> None:
         os.environ[ENV_REDIS_URL] = args.redis
     if getattr(args, "agents", None):
         os.environ[ENV_AGENTS] = args.agents
+    if getattr(args, "broker", None):
+        os.environ[ENV_BROKER_URL] = args.broker
 
 
 def main(argv: Sequence[str] | None = None) -> int:

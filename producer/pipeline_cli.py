@@ -67,7 +67,7 @@ def _run(args: argparse.Namespace) -> int:
     if embedded:
         from worker.embedded import embedded as embedded_pool
 
-        context = embedded_pool(os.environ.get(ENV_AGENTS), concurrency=8)
+        context = embedded_pool(os.environ.get(ENV_AGENTS), concurrency=8, archive=True)
     else:
         context = nullcontext(Client.from_env())
     with context as client:

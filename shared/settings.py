@@ -23,6 +23,7 @@ __all__ = [
     "ENV_BROKER_OPTIONS",
     "ENV_COMMIT_PUBLISH",
     "ENV_BROKER_PREFIX",
+    "ENV_BROKER_URL",
     "ENV_HOOKS",
     "ENV_LEASE",
     "ENV_LOGLEVEL",
@@ -82,6 +83,7 @@ ENV_LOG_FORMAT = "WESICHAIN_LOG_FORMAT"
 ENV_OTEL = "WESICHAIN_OTEL"
 ENV_SUBMIT_MEMORY = "WESICHAIN_SUBMIT_MAX_MEMORY"
 ENV_COMMIT_PUBLISH = "WESICHAIN_COMMIT_PUBLISH"
+ENV_BROKER_URL = "WESICHAIN_BROKER_URL"
 ENV_ARCHIVE_URL = "WESICHAIN_ARCHIVE_URL"
 ENV_ARCHIVE_AFTER = "WESICHAIN_ARCHIVE_AFTER_S"
 ENV_ARCHIVE_BATCH = "WESICHAIN_ARCHIVE_BATCH"
@@ -196,6 +198,9 @@ class Settings:
     #: pushes the next phase's Celery message itself (one round trip, no commit/publish gap). ``0``
     #: commits, then publishes, leaving the gap to the outbox and the sweeper.
     commit_publish: bool = True
+    #: ``WESICHAIN_BROKER_URL`` / ``--broker``: an ``amqp://`` (or ``amqps://``) RabbitMQ as the
+    #: broker, the run state staying in Redis; empty (the default): the run state's Redis.
+    broker_url: str = field(default="", repr=False)
     #: ``WESICHAIN_ARCHIVE_URL``: where finished runs are moved out of Redis (``postgresql://...``
     #: or ``sqlite:///path``); empty: no archive, ended runs live in Redis for ``retention_s``.
     archive_url: str = field(default="", repr=False)
@@ -238,6 +243,7 @@ class Settings:
             )
         if parts.scheme != "memory" and not parts.hostname:
             raise ConfigError(f"Redis URL has no host: {redact_url(self.redis_url)!r}")
+        self._validate_broker()
         if self.lease_s <= 0 or self.queued_lease_s <= 0 or self.max_phase_attempts < 1:
             raise ConfigError("lease_s and queued_lease_s must be > 0 and max_phase_attempts >= 1")
         if self.log_format not in ("text", "json"):
@@ -263,6 +269,18 @@ class Settings:
         from shared.tls import endpoint  # shared.tls builds on this module
 
         endpoint(self)  # TLS files exist and load, the URL's TLS parameters are consistent
+
+    def _validate_broker(self) -> None:
+        if not self.broker_url:
+            return
+        broker = urlsplit(self.broker_url)
+        if broker.scheme not in ("amqp", "amqps") or not broker.hostname:
+            raise ConfigError(
+                f"{ENV_BROKER_URL} must be an amqp:// or amqps:// URL with a host (a Redis broker is"
+                f" the run state's own server), got {redact_url(self.broker_url)!r}"
+            )
+        if self.embedded:
+            raise ConfigError(f"{ENV_BROKER_URL} cannot be used in the embedded mode")
 
     @property
     def embedded(self) -> bool:
@@ -348,6 +366,7 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_OTEL, "otel", _parse_switch),
     (ENV_SUBMIT_MEMORY, "submit_max_memory", _number(float)),
     (ENV_COMMIT_PUBLISH, "commit_publish", _parse_switch),
+    (ENV_BROKER_URL, "broker_url", _text),
     (ENV_ARCHIVE_URL, "archive_url", _text),
     (ENV_ARCHIVE_AFTER, "archive_after_s", _number(float)),
     (ENV_ARCHIVE_BATCH, "archive_batch", _number(int)),
@@ -376,9 +395,25 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     from shared.tls import endpoint  # shared.tls builds on this module
 
     broker_use_ssl: dict[str, Any] | bool = False
-    if settings.embedded:
+    queues: dict[str, Any] = {}
+    transport_options: dict[str, Any]
+    if settings.broker_url:
+        # RabbitMQ: quorum queues (replicated, durable), publisher confirms (a publish returns once
+        # the broker took the message), topic exchanges so that countdowns use RabbitMQ's native
+        # delayed delivery instead of holding the message in a worker.
+        broker = settings.broker_url
+        broker_use_ssl = settings.broker_url.startswith("amqps://")
+        transport_options = {"confirm_publish": True, "connect_timeout": 5}
+        transport_options.update(settings.broker_options)
+        queues = {
+            "task_default_queue_type": "quorum",
+            "task_create_missing_queue_type": "quorum",
+            "task_default_exchange_type": "topic",
+            "task_create_missing_queue_exchange_type": "topic",
+        }
+    elif settings.embedded:
         broker = "memory://localhost/"
-        transport_options: dict[str, Any] = {"polling_interval": 0.005}
+        transport_options = {"polling_interval": 0.005}
     else:
         # With rediss://, explicit TLS parameters: given none, kombu would connect with
         # ssl_cert_reqs=CERT_NONE. The URL loses its ssl_* parameters, which would override these.
@@ -438,4 +473,5 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": settings.task_events,
         "worker_max_tasks_per_child": 1000,
         "broker_pool_limit": 10,
+        **queues,
     }

@@ -133,3 +133,16 @@ def route_of(route: Route) -> str:
 
 
 registry.add_pipeline(Pipeline("routed").then("triage").branch(route_of, {"math": "math", "words": "words"}))
+
+
+def broken_over(parts: Parts) -> list[str]:
+    raise ValueError("no items today")
+
+
+def odd_route(route: Route) -> str:
+    return "elsewhere"
+
+
+#: Pipelines whose mapping functions fail in the workers (a step error, not a child's).
+registry.add_pipeline(Pipeline("broken-map").then("splitter").map("worker", over=broken_over))
+registry.add_pipeline(Pipeline("broken-branch").then("triage").branch(odd_route, {"math": "math"}))

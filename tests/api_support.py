@@ -12,6 +12,7 @@ from typing import IO, Any
 
 import httpx
 
+from tests.broker import broker_env
 from tests.harness import ROOT, free_port, wait_until
 
 __all__ = ["ApiProcess", "bearer", "wait_status"]
@@ -44,7 +45,7 @@ class ApiProcess:
             "warning",
             *args,
         ]
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **broker_env(redis_url), **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 

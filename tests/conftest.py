@@ -1,6 +1,8 @@
 """Session fixtures: a real redis-server on a free loopback port and real worker processes.
 
 A missing ``redis-server`` skips the integration tests locally and fails them under CI.
+``--broker rabbitmq`` runs them with RabbitMQ as the broker, in a virtual host of the session's own
+(see ``tests/broker.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from producer.client import Client
-from shared.settings import Settings
+from tests.broker import ENV_TEST_BROKER, Settings, drop_all, rabbitmq_available
 from tests.harness import RedisServer, WorkerProcess
 
 CI = os.environ.get("CI") == "true"
@@ -21,6 +23,36 @@ CI = os.environ.get("CI") == "true"
 # What the embedded mode keeps (``wesichain demo``'s archive) goes to a directory of the session's,
 # never the home directory of whoever runs the tests.
 os.environ.setdefault("WESICHAIN_HOME", tempfile.mkdtemp(prefix="wesichain-home-"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--broker",
+        choices=("redis", "rabbitmq"),
+        default="redis",
+        help="the broker of the integration and chaos suites (rabbitmq: 127.0.0.1:5672, see tests/broker.py)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--broker", "redis") != "rabbitmq":
+        return
+    if not rabbitmq_available():
+        raise pytest.UsageError("--broker rabbitmq: rabbitmqctl cannot reach a RabbitMQ server")
+    os.environ[ENV_TEST_BROKER] = "rabbitmq"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--broker", "redis") != "rabbitmq":
+        return
+    skip = pytest.mark.skip(reason="about the Redis broker itself (--broker rabbitmq)")
+    for item in items:
+        if item.get_closest_marker("redis_broker") is not None:
+            item.add_marker(skip)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    drop_all()
 
 
 def _need_redis() -> None:

@@ -23,6 +23,8 @@ from typing import Any
 import psutil
 import redis
 
+from tests.broker import broker_env, drop_broker_for
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -145,6 +147,7 @@ class RedisServer:
     def cleanup(self) -> None:
         self.stop(signal.SIGKILL)
         shutil.rmtree(self.dir, ignore_errors=True)
+        drop_broker_for(self.url)
 
 
 def _pings(client: redis.Redis) -> bool:
@@ -196,7 +199,13 @@ class WorkerProcess:
         self.args += ["--", "--without-mingle", "--without-gossip"]
         if include:
             self.args.append("--include=" + ",".join(include))
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_WORKER_NAME": name, **(env or {})}
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "WESICHAIN_WORKER_NAME": name,
+            **broker_env(redis_url),
+            **(env or {}),
+        }
         self.proc: subprocess.Popen[bytes] | None = None
         #: The main pid of every incarnation of this worker, in start order.
         self.main_pids: list[int] = []

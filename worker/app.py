@@ -151,12 +151,17 @@ class RuntimeHolder:
                 # Celery's message, pushed on the store's client: no Redis client per publish.
                 run_commands(store.redis, builder.build([spec]))
                 return
+            countdown = spec.countdown or None
+            if countdown and settings.broker_url:
+                # RabbitMQ's delayed delivery counts whole seconds, and Celery 5.7 raises on a
+                # countdown that truncates to 0 ("countdown must be a positive number").
+                countdown = max(1.0, countdown)
             app.send_task(
                 spec.name,
                 args=spec.args or None,
                 kwargs=spec.arguments or None,
                 task_id=spec.task_id,
-                countdown=spec.countdown or None,
+                countdown=countdown,
                 time_limit=spec.time_limit_s,
                 queue=spec.queue,
             )
@@ -174,10 +179,11 @@ class RuntimeHolder:
             tracing=Tracing(settings.otel),
             prepare=builder.build if builder is not None and settings.commit_publish else None,
         )
-        # A case run's end is scored right in its callback task (see ``worker/evals.py``).
+        # A case run's end is scored right after its terminal commit (see ``worker/evals.py``).
         runtime.local_callbacks[TASK_EVAL_SCORE] = lambda ended: self.evals().score(ended)
         # So is a pipeline's child run's end recorded (see ``worker/pipelines.py``).
         runtime.local_callbacks[TASK_PIPELINE_CHILD] = lambda ended: self.pipelines().child_ended(ended)
+        runtime.deliver_callback = _deliver_callback
         return runtime
 
     def evals(self) -> EvalPool:
@@ -199,7 +205,9 @@ class RuntimeHolder:
 
     def probe(self) -> BrokerProbe:
         """How the sweeper asks the broker about queued messages."""
-        if self.settings.embedded:
+        if self.settings.embedded or self.settings.broker_url:
+            # The in-memory broker, or RabbitMQ: nothing to look into (the sweeper then waits a
+            # generous total time before it publishes an unclaimed task again).
             return UnknownBroker()
         conf = celery_config(self.settings)
         options = conf["broker_transport_options"]
@@ -276,6 +284,12 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
 
             connection.collect = collect_then_forget
         super().on_connection_error_after_connected(exc)
+
+
+def _deliver_callback(rt: Runtime, spec: TaskSpec) -> None:
+    """A run's callback task, delivered in the process that ended the run (see ``Runtime``)."""
+    a = spec.arguments
+    run_callback(rt, Delivery(spec.name, a["run_id"], a["version"], a.get("epoch", 0)), a["step"], a["phase"])
 
 
 def _delivery(task: Task, run_id: str, version: int, epoch: int) -> Delivery:

@@ -13,7 +13,8 @@ records each attempt on the run (``RunHandle.callback()``).
 * A Celery callback is sent by name with the outcome as its one argument and the task id
   ``<run_id>:callback`` (at least once; a receiver de-duplicates on the id). A task the worker
   itself serves (``Runtime.local_callbacks``, e.g. an eval's scoring) runs in place when no queue
-  is named, as a plain call under the callback's claim.
+  is named, as a plain call under the callback's claim: the worker that ended the run delivers
+  it right after the terminal commit, without publishing it (see ``Runtime.commit``).
 """
 
 from __future__ import annotations

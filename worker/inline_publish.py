@@ -129,10 +129,10 @@ class MessageBuilder:
 
 
 def broker_is_store(settings: Settings) -> bool:
-    """Whether the broker is a Redis whose queue lists live beside the run state (same server and
-    database, no broker key prefix): then a task's publish is a few commands on the store's client.
+    """Whether the broker is the Redis of the run state (same server and database, no broker key
+    prefix): then a task's publish is a few commands on the store's client, or in a commit script.
     """
-    return not settings.embedded and not settings.broker_prefix
+    return not settings.embedded and not settings.broker_prefix and not settings.broker_url
 
 
 def run_commands(client: Any, commands: Sequence[BrokerCommand]) -> None:

@@ -22,7 +22,7 @@ from shared.middleware import MiddlewareContext
 from shared.settings import Settings
 from shared.state import Phase, PhaseRun, RunHead, TaskSpec
 from shared.store import BrokerCommand, Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
-from shared.tasks import decide_task, task_for, with_epoch
+from shared.tasks import TASK_CALLBACK, decide_task, task_for, with_epoch
 from worker.heartbeat import Heartbeat
 from worker.hooks import Hooks
 from worker.metrics import Metrics, metrics
@@ -90,6 +90,9 @@ class Runtime:
     #: Callback tasks this worker runs in place of sending them (name -> the task's function,
     #: given the run's outcome); see ``worker/callback.py``.
     local_callbacks: dict[str, Callable[[dict[str, Any]], object]] = field(default_factory=dict)
+    #: Delivers a run's callback task in this process (``worker.callback.run_callback``); set by
+    #: the app. A local callback then runs right after the terminal commit instead of being sent.
+    deliver_callback: Callable[[Runtime, TaskSpec], None] | None = None
 
     def holder(self) -> str:
         """This process, as claims name their holder (read per call: prefork children fork)."""
@@ -168,6 +171,8 @@ class Runtime:
         outbox = task_for(head, self.tool_time_limits(head))
         if countdown:
             outbox = [s.model_copy(update={"countdown": countdown}) for s in outbox]
+        here = self._local_callback(head, outbox)
+        sent = [s for s in outbox if s is not here]
         result = self.store.commit(
             current.head,
             head,
@@ -175,19 +180,48 @@ class Runtime:
             transition.messages,
             (*extra_events, *transition.events),
             outbox,
-            self.push_for(outbox, current.head.epoch),
+            self.push_for(sent, current.head.epoch),
         )
         if result.status == "committed":
             self.metrics.committed(current.head, head)
             self.hooks.after_commit(current.phase, head.run_id, self.store)
             if not result.pushed:
-                self.publish(outbox, result.epoch)
+                self.publish(sent, result.epoch)
+            if here is not None:
+                self._run_here(here, result.epoch)
             return head
         if result.status == "cancel_pending":
             return self.interrupt(current, claim, "cancelled", head.error)
         self.metrics.fenced_off(current.phase)
         log.info("run %s: commit of v%d fenced off (another delivery won)", head.run_id, head.version)
         return None
+
+    def _local_callback(self, head: RunHead, outbox: Sequence[TaskSpec]) -> TaskSpec | None:
+        """The callback task of an ended run when this process serves it (no queue named)."""
+        callback = head.callback
+        if (
+            self.deliver_callback is None
+            or not head.terminal
+            or callback is None
+            or callback.queue is not None
+            or callback.task not in self.local_callbacks
+        ):
+            return None
+        return next((s for s in outbox if s.name == TASK_CALLBACK), None)
+
+    def _run_here(self, spec: TaskSpec, epoch: int) -> None:
+        """Deliver the callback in this task, right after the commit that stored it in the outbox.
+
+        It was not published: should this fail or the process die, the sweeper finds it unclaimed
+        and missing from the broker and publishes it, as it does any lost message.
+        """
+        assert self.deliver_callback is not None
+        try:
+            self.deliver_callback(self, with_epoch(spec, epoch))
+        except Exception:
+            log.exception(
+                "run %s: its callback failed here; the sweeper will send it", spec.arguments["run_id"]
+            )
 
     def interrupt(
         self, current: fsm.LivePhase, claim: ClaimRef | None, reason: str, error: RunErrorInfo | None = None

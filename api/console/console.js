@@ -53,7 +53,7 @@ const seconds = (s) => (s < 1 ? `${(s * 1000).toFixed(0)} ms` : s < 120 ? `${s.t
 const short = (text, n = 140) => (text && text.length > n ? `${text.slice(0, n)}…` : text || "");
 
 function show(section) {
-  for (const id of ["login", "list-view", "run-view"]) $(`#${id}`).hidden = id !== section;
+  for (const id of ["login", "list-view", "run-view", "pipeline-view"]) $(`#${id}`).hidden = id !== section;
 }
 
 function needKey(message) {
@@ -368,6 +368,68 @@ function drawTimeline(box, t, ended) {
   box.replaceChildren(root);
 }
 
+// -- a pipeline run: its steps left to right, each child run a square linked to its own page --
+
+const PIPELINE_ENDED = new Set(["completed", "failed", "cancelled"]);
+
+function pipelineView(pipelineId) {
+  show("pipeline-view");
+  let stopped = false;
+  let timer = null;
+  $("#pipeline-title").textContent = `Pipeline run ${pipelineId}`;
+  $("#pipeline-error").textContent = "";
+  $("#pipeline-graph").replaceChildren();
+  $("#pipeline-facts").replaceChildren();
+  const cancel = $("#pipeline-cancel");
+  cancel.onclick = async () => {
+    try {
+      await api(`/v1/pipelines/${pipelineId}/cancel`, { method: "POST" });
+      refresh();
+    } catch (err) { handleError(err, "#pipeline-error"); }
+  };
+  async function refresh() {
+    if (stopped) return;
+    try {
+      const p = await api(`/v1/pipelines/${pipelineId}`);
+      if (stopped) return;
+      drawPipeline(p);
+      cancel.hidden = PIPELINE_ENDED.has(p.status);
+      if (!PIPELINE_ENDED.has(p.status)) timer = setTimeout(refresh, 1000);
+    } catch (err) { handleError(err, "#pipeline-error"); }
+  }
+  refresh();
+  return { stop() { stopped = true; clearTimeout(timer); } };
+}
+
+function drawPipeline(p) {
+  const status = $("#pipeline-status");
+  status.textContent = p.status;
+  status.className = `badge ${p.status === "cancelled" ? "interrupted" : p.status}`;
+  const facts = [["Pipeline", p.name], ["Input", short(p.input, 400)], ["Created", when(p.created_at)]];
+  if (p.finished_at) facts.push(["Took", seconds(p.finished_at - p.created_at)]);
+  if (p.error) facts.push(["Error", `${p.error.kind}: ${p.error.message}`]);
+  else if (p.output !== null && p.output !== undefined) {
+    facts.push(["Output", short(typeof p.output === "string" ? p.output : JSON.stringify(p.output), 600)]);
+  }
+  $("#pipeline-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  const boxes = [];
+  for (const step of p.steps) {
+    if (boxes.length) boxes.push(el("span", { class: "arrow" }, "→"));
+    const via = step.via.map((v) => el("div", { class: "via" }, `${v.branch}: ${v.case} → ${v.to}`));
+    const children = step.children.map((c) => {
+      const square = el("span", { class: `child ${c.status}`, title: `item ${c.item}: ${c.status}${c.attempt ? ` (attempt ${c.attempt + 1})` : ""}` });
+      return c.run_id ? el("a", { href: `#/runs/${c.run_id}`, "data-run": c.run_id }, square) : square;
+    });
+    boxes.push(el("div", { class: "step", "data-seq": step.seq, "data-kind": step.kind },
+      ...via,
+      el("div", { class: "kind" }, `${step.kind} · ${step.pipeline}`),
+      el("div", {}, el("b", {}, step.name), step.agent ? ` (${step.agent})` : ""),
+      el("div", { class: "done" }, `${step.done}/${step.total} done`),
+      el("div", { class: "children" }, ...children)));
+  }
+  $("#pipeline-graph").replaceChildren(...boxes);
+}
+
 // -- routing ---------------------------------------------------------------------------------
 
 async function route() {
@@ -382,7 +444,8 @@ async function route() {
     if (err instanceof Unauthorised) return needKey(sessionStorage.getItem(KEY_STORE) ? "That key was refused." : "");
     $("#whoami").textContent = err.message;
   }
-  view = match ? runView(match[1]) : listView();
+  const pipeline = location.hash.match(/^#\/pipelines\/([A-Za-z0-9_.:@\/-]+)$/);
+  view = match ? runView(match[1]) : pipeline ? pipelineView(pipeline[1]) : listView();
 }
 
 $("#login-form").onsubmit = (e) => {

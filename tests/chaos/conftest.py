@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from producer.client import Client
-from shared.settings import Settings
+from tests.broker import Settings
 from tests.chaos.support import RECOVERIES, SOAK_REPORT, Cluster
 from tests.conftest import _need_redis
 from tests.harness import RedisServer

@@ -29,13 +29,13 @@ from shared.archiver import Archiver
 from shared.errors import ArchiveUnavailable, RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import SystemMessage, UserMessage
-from shared.settings import Settings
 from shared.state import RunHead
 from shared.store import RunStore
 from shared.tasks import start_task
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer
 from tests.archive_support import BACKENDS, FullRead, archive_url, full_read, set_connections
+from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, wait_until
 from tests.unit.test_store import commit, started
 

@@ -53,10 +53,11 @@ def test_the_callback_survives_a_crash_between_the_end_and_its_delivery(
         handle = client.submit("direct", "hi", tenant="acme", callback={"url": url})
         head = handle.wait(RUN_TIMEOUT_S)
         assert head.phase is Phase.COMPLETED
+        # It kills itself right after the commit: wait for that, the run's end may be seen first
+        # (and before that, the fault's record of the pid it fired in).
+        wait_until(lambda: sum(not w.alive for w in workers) == 1, 30, what="the committing worker to die")
         crashed = client.store.redis.get(fired_key("crash_after_commit:thinking", handle.run_id))
         assert crashed is not None and int(crashed) in {w.main_pids[0] for w in workers}
-        # It kills itself right after the commit: wait for that, the run's end may be seen first.
-        wait_until(lambda: sum(not w.alive for w in workers) == 1, 30, what="the committing worker to die")
         state = wait_until(
             lambda: (s := handle.callback()) is not None and s.status == "delivered" and s,
             RUN_TIMEOUT_S,

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from producer.client import Client
-from shared.settings import Settings
 from shared.state import Phase
+from tests.broker import Settings
 from tests.chaos.support import (
     RUN_TIMEOUT_S,
     Cluster,

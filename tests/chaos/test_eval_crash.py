@@ -26,9 +26,9 @@ from producer.client import Client
 from producer.evals.client import EvalClient
 from shared.evals.scoring import EVAL_ITEM
 from shared.evals.store import Item, run_id_of
-from shared.settings import Settings
 from shared.state import RunHead
 from tests.agents_evals import CALLS_KEY
+from tests.broker import Settings
 from tests.chaos.support import CHAOS_ENV
 from tests.eval_scorers import SCORED_KEY
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until

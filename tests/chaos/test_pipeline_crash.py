@@ -17,9 +17,9 @@ import redis
 from producer.client import Client
 from shared.pipeline.status import PipelineStatus
 from shared.pipeline.store import PipelineStore, child_run_id
-from shared.settings import Settings
 from shared.state import Phase
 from tests.agents_pipelines import CALLS_KEY
+from tests.broker import Settings
 from tests.chaos.support import CHAOS_ENV
 from tests.harness import RedisServer, WorkerProcess, wait_until
 

@@ -19,9 +19,9 @@ import redis
 
 from producer.client import Client, RunHandle
 from shared.protocol import attempts_field, call_claim
-from shared.settings import Settings
 from shared.state import Phase
 from tests.agents_fixture import ATTEMPT_PIDS_KEY
+from tests.broker import Settings
 from tests.chaos.support import (
     RUN_TIMEOUT_S,
     Cluster,

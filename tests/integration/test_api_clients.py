@@ -18,10 +18,10 @@ from producer.api_client import ApiClient, AsyncClient
 from producer.client import Client, RequestConflict, RunNotFound, UnknownAgent
 from shared.events import Event
 from shared.keys import Keys
-from shared.settings import Settings
 from shared.state import Phase
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess
+from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.integration

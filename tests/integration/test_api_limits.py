@@ -17,9 +17,9 @@ import pytest
 
 from producer.client import Client
 from shared.keys import Keys
-from shared.settings import Settings
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
+from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.integration
@@ -123,6 +123,7 @@ def test_runs_in_flight_are_limited(api: ApiProcess, redis_server: RedisServer) 
         assert http.post(f"/v1/runs/{parked[1]['run_id']}/cancel").status_code == 202
 
 
+@pytest.mark.redis_broker  # reads the callback's message from kombu's Redis list
 def test_celery_callback_named_in_the_submit_is_sent_once(api: ApiProcess, redis_server: RedisServer) -> None:
     queue = f"billing-{uuid.uuid4().hex[:6]}"
     with tenant_client(api, redis_server, f"cb-{uuid.uuid4().hex[:6]}") as http:

@@ -27,12 +27,12 @@ from shared.export import RunExport
 from shared.llm.base import Usage
 from shared.messages import SystemMessage, UserMessage
 from shared.retention import GarbageCollector
-from shared.settings import Settings
 from shared.state import Callback, CallbackState, ForkOrigin, Phase, RunHead
 from shared.tasks import TASK_ARCHIVE, start_task
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.archive_support import BACKENDS, FullRead, archive_url, full_read
+from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.unit.test_archive_sql import sample_record
 from tests.unit.test_store import commit

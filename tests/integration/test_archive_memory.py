@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from shared.archiver import Archiver
-from shared.settings import Settings
 from shared.store import RunStore
 from tests.archive_support import ended_run
+from tests.broker import Settings
 from tests.conftest import _need_redis
 from tests.harness import RedisServer, wait_until
 

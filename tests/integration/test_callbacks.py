@@ -23,11 +23,11 @@ import httpx
 import pytest
 
 from producer.client import Client, RequestConflict
-from shared.settings import Settings
 from shared.state import Phase
 from shared.tenants import Tenants
 from shared.webhooks import verify
 from tests.api_support import ApiProcess, bearer
+from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess, free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -179,6 +179,7 @@ app.worker_main(
 """
 
 
+@pytest.mark.redis_broker  # the plain app's broker is the run state's Redis
 def test_a_celery_callback_reaches_a_plain_celery_app(setup: Setup, tmp_path: Path) -> None:
     out = tmp_path / "outcomes.jsonl"
     log = open(tmp_path / "consumer.log", "wb")  # closed below

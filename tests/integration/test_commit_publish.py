@@ -18,15 +18,16 @@ import pytest
 import redis
 
 from producer.client import Client
-from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings
+from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
 from shared.state import Phase, TaskSpec
 from shared.tasks import TASK_CALLBACK, TASK_THINK, TASK_TOOL
+from tests.broker import Settings
 from tests.conftest import _need_redis
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from worker.app import create_app
 from worker.inline_publish import MessageBuilder, run_commands
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.redis_broker]
 
 SPECS = [
     TaskSpec(

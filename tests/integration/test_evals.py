@@ -22,8 +22,8 @@ from producer.client import Client
 from producer.evals.client import EvalClient
 from shared.evals.errors import EvalSpecError
 from shared.evals.store import Item, run_id_of
-from shared.settings import Settings
 from tests.agents_evals import CALLS_KEY
+from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.integration

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from producer.client import Client
+from tests.broker import broker_env
 from tests.harness import ROOT, RedisServer, WorkerProcess, free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -24,7 +25,12 @@ AUTH = ("ops", "s3cret-flower")
 def flower(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = open(tmp_path_factory.mktemp("flower") / "flower.log", "wb")  # closed below
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_REDIS_URL": redis_server.url}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "WESICHAIN_REDIS_URL": redis_server.url,
+        **broker_env(redis_server.url),
+    }
     proc = subprocess.Popen(
         [
             sys.executable,

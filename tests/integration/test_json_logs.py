@@ -3,14 +3,16 @@ that wrote them, whichever logger wrote them (here: a tool's own)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 import pytest
 
 from producer.client import Client
-from shared.settings import Settings
+from shared.settings import ENV_BROKER_URL
 from shared.state import Phase
+from tests.broker import Settings, broker_for, vhost
 from tests.harness import RedisServer, WorkerProcess
 
 pytestmark = pytest.mark.integration
@@ -27,6 +29,13 @@ def _lines(text: str) -> list[dict[str, Any]]:
 
 
 def test_every_line_of_a_phase_names_its_run(redis_server: RedisServer, tmp_path: Any) -> None:
+    # Its own broker key prefix keeps the session's workers off its messages; on RabbitMQ, where
+    # the prefix means nothing, a virtual host of its own does.
+    with vhost() if broker_for(redis_server.url) else contextlib.nullcontext("") as broker:
+        _every_line_of_a_phase_names_its_run(redis_server, tmp_path, broker)
+
+
+def _every_line_of_a_phase_names_its_run(redis_server: RedisServer, tmp_path: Any, broker: str) -> None:
     worker = WorkerProcess(
         "jsonlog",
         redis_server.url,
@@ -38,6 +47,7 @@ def test_every_line_of_a_phase_names_its_run(redis_server: RedisServer, tmp_path
             "WESICHAIN_LOG_FORMAT": "json",
             "WESICHAIN_PREFIX": "jsonlog:",
             "WESICHAIN_BROKER_PREFIX": "jsonlog:",
+            **({ENV_BROKER_URL: broker} if broker else {}),
         },
         log_dir=str(tmp_path),
     )
@@ -48,6 +58,7 @@ def test_every_line_of_a_phase_names_its_run(redis_server: RedisServer, tmp_path
             agents_module="tests.agents_ops",
             prefix="jsonlog:",
             broker_prefix="jsonlog:",
+            broker_url=broker,
         )
     )
     try:

@@ -18,9 +18,9 @@ import redis
 from producer.client import Client
 from shared.keys import Keys
 from shared.limits import Denied, Grant, ProviderLimit, RateLimiter
-from shared.settings import Settings
 from shared.state import Phase
 from shared.store import RunStore
+from tests.broker import Settings
 from tests.fakeproviders import FakeProvider, FakeToolCall, Reply
 from tests.harness import RedisServer, WorkerProcess, wait_until
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import pytest
 
 from producer.client import Client
-from shared.settings import Settings
 from shared.tasks import TASK_THINK
+from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, WorkerProcess, free_port, wait_until
 from tests.scrape import scrape, total, value
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.redis_broker]
 
 TIMEOUT = 60
 #: The runs submitted, by agent (tests/agents_fixture.py), and what each does.

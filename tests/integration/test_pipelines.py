@@ -17,8 +17,8 @@ from producer.cli import main
 from producer.client import Client
 from producer.pipelines import UnknownPipeline
 from shared.pipeline.store import PipelineStore, child_run_id
-from shared.settings import Settings
 from tests.agents_pipelines import CALLS_KEY
+from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.integration
@@ -221,3 +221,24 @@ def test_cli_run_status_cancel(
     assert main(["pipeline", "cancel", "cli-1", *common]) == 0
     assert "already completed" in capsys.readouterr().out
     assert main(["pipeline", "status", "missing", *common]) == 1
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "kind", "message"),
+    [
+        (
+            "broken-map",
+            "PipelineStepError",
+            "step 'worker': a mapping function raised ValueError: no items today",
+        ),
+        ("broken-branch", "PipelineStepError", "choose() gave 'elsewhere', not one of its cases (math)"),
+        ("no-such-pipeline", "UnknownPipeline", "unknown pipeline 'no-such-pipeline'"),
+    ],
+)
+def test_step_errors_end_the_pipeline_failed(client: Client, pipeline: str, kind: str, message: str) -> None:
+    status = client.submit_pipeline(pipeline, "a,b", check=False).wait(60)
+    assert status.status == "failed"
+    error = status.error or {}
+    assert error["kind"] == kind
+    assert message in error["message"]
+    assert all(c.status == "completed" for s in status.steps for c in s.children)  # no child failed

@@ -8,9 +8,9 @@ import uuid
 import pytest
 
 from producer.client import Client
-from shared.settings import Settings
 from shared.state import Phase
 from tests.agents_fixture import FLAKY_FAILURES, MODEL_CALLS_KEY
+from tests.broker import Settings
 from tests.harness import WorkerProcess
 
 pytestmark = pytest.mark.integration

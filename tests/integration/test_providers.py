@@ -28,10 +28,10 @@ from producer.client import Client, RunHandle
 from shared.events import Event
 from shared.llm.base import Usage
 from shared.protocol import RUNNING, attempts_field
-from shared.settings import Settings
 from shared.state import Phase, RunHead
 from tests.agents_fixture import EFFECTS_KEY
 from tests.agents_providers import PROVIDERS, Forecast
+from tests.broker import Settings
 from tests.chaos.support import pending_task_ids
 from tests.fakeproviders import FakeProvider, FakeToolCall, Fault, RecordedRequest, Reply, Split
 from tests.harness import RedisServer, WorkerProcess, wait_until
@@ -748,6 +748,7 @@ def _assert_redacted_401(head: RunHead, events: list[Event], provider: str) -> N
     assert head.error.message.startswith(f"{provider}: ")
 
 
+@pytest.mark.redis_broker  # watches the task messages on their way through the Redis broker
 def test_api_keys_never_leave_the_worker(cluster: Cluster) -> None:
     openai, anthropic = cluster.fakes["openai"], cluster.fakes["anthropic"]
     with RedisWatch(cluster.server) as watch:

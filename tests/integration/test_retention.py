@@ -21,9 +21,9 @@ from producer.client import Client
 from shared.errors import StoreFull
 from shared.llm.base import Usage
 from shared.retention import GarbageCollector
-from shared.settings import Settings
 from shared.state import Phase
 from shared.store import RunStore
+from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.unit.test_store import commit, make_store, started
 

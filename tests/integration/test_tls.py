@@ -24,12 +24,13 @@ from producer.client import Client
 from shared import tls
 from shared.events import Event
 from shared.redis_client import check_tls, connect
-from shared.settings import ENV_REDIS_CA_FILE, ENV_REDIS_URL, Settings, celery_config
+from shared.settings import ENV_REDIS_CA_FILE, ENV_REDIS_URL, celery_config
 from shared.state import Phase
 from shared.tls import RedisTlsError
+from tests.broker import Settings
 from tests.harness import RedisServer, ServerTls, WorkerProcess, free_port, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.redis_broker]
 
 TIMEOUT = 60
 PASSWORD = "hunter2-tls"

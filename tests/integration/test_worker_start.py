@@ -15,8 +15,9 @@ import pytest
 
 from producer.cli import main
 from producer.client import Client
-from shared.settings import QUEUE_MODEL, Settings
+from shared.settings import QUEUE_MODEL
 from shared.state import Phase
+from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, WorkerProcess, free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -33,6 +34,7 @@ def _worker_exit(proc: WorkerProcess) -> int:
         proc.stop()
 
 
+@pytest.mark.redis_broker  # the message it must not have taken is read from the Redis queue list
 def test_a_worker_without_its_agents_module_exits_before_consuming(tmp_path: Path) -> None:
     redis_server = RedisServer().start()  # its own: the suite's workers would take the message
     client = Client(Settings(redis_url=redis_server.url, agents_module="tests.agents_fixture"))

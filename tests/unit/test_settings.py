@@ -201,6 +201,41 @@ def test_celery_config_distributed() -> None:
     assert delay < s.visibility_timeout_s
 
 
+def test_celery_config_rabbitmq() -> None:
+    s = Settings(redis_url="redis://h:1/0", broker_url="amqp://u:p@rabbit:5672/v")
+    s.validate()
+    conf = celery_config(s)
+    assert conf["broker_url"] == "amqp://u:p@rabbit:5672/v"
+    assert conf["broker_transport_options"] == {"confirm_publish": True, "connect_timeout": 5}
+    assert conf["task_default_queue_type"] == conf["task_create_missing_queue_type"] == "quorum"
+    assert conf["task_default_exchange_type"] == conf["task_create_missing_queue_exchange_type"] == "topic"
+    assert (conf["task_acks_late"], conf["worker_prefetch_multiplier"]) == (True, 1)
+    assert celery_config(s.with_(broker_url="amqps://rabbit/v"))["broker_use_ssl"] is True
+    # Redis keeps its own defaults.
+    assert "task_default_queue_type" not in celery_config(Settings(redis_url="redis://h:1/0"))
+    assert "password" not in repr(Settings(broker_url="amqp://u:password@rabbit/v"))
+
+
+@pytest.mark.parametrize(
+    ("redis_url", "broker_url", "error"),
+    [
+        ("redis://h:1/0", "redis://other:6379/0", "must be an amqp:// or amqps:// URL"),
+        ("redis://h:1/0", "amqp:///v", "must be an amqp:// or amqps:// URL"),
+        ("memory://", "amqp://rabbit/v", "cannot be used in the embedded mode"),
+    ],
+)
+def test_a_broker_url_must_be_rabbitmq(redis_url: str, broker_url: str, error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        Settings(redis_url=redis_url, broker_url=broker_url).validate()
+
+
+def test_the_broker_url_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WESICHAIN_BROKER_URL", "amqp://rabbit/v")
+    monkeypatch.setenv("WESICHAIN_COMMIT_PUBLISH", "0")
+    s = Settings.from_env(redis_url="redis://h:1/0")
+    assert (s.broker_url, s.commit_publish) == ("amqp://rabbit/v", False)
+
+
 def test_celery_config_embedded() -> None:
     conf = celery_config(Settings(redis_url="memory://"))
     assert conf["broker_url"] == "memory://localhost/"

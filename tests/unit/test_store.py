@@ -847,3 +847,65 @@ def test_time_comes_from_redis_not_the_client(store: RunStore, monkeypatch: pyte
     deadline = protocol.ClaimValue.parse(hash_of(store, head.run_id)[protocol.RUNNING]).deadline_ms
     monkeypatch.undo()
     assert abs(deadline - (redis_ms(store) + store.settings.lease_s * 1000)) < 5_000
+
+
+# -- commit and publish in one script ----------------------------------------------------------------
+
+PUSH = [("lpush", ("q:test", '{"m": 1}')), ("lpush", ("q:test", '{"m": 2}')), ("publish", ("ev", "x"))]
+
+
+def _thinking_commit(store: RunStore, push: Any, epoch: int | None = None) -> tuple[Any, str]:
+    thinking = started(store)
+    held = claim(store, thinking.head)
+    if epoch is not None:
+        store.redis.hset(store.keys.run(thinking.head.run_id), protocol.EPOCH, str(epoch))
+    t = thinking.act("calling", CALLS, Usage(input_tokens=1))
+    result = store.commit(thinking.head, t.head, held.ref, t.messages, t.events, task_for(t.head), push)
+    return result, thinking.head.run_id
+
+
+def test_a_commit_runs_its_publish_commands_in_the_same_script(store: RunStore) -> None:
+    store.redis.delete("q:test")
+    result, _ = _thinking_commit(store, PUSH)
+    assert (result.status, result.pushed) == ("committed", True)
+    assert store.redis.lrange("q:test", 0, -1) == ['{"m": 2}', '{"m": 1}']  # LPUSH order, as kombu's
+    store.redis.delete("q:test")
+
+
+def test_a_commit_leaves_the_publish_to_the_caller_when_the_epoch_moved(store: RunStore) -> None:
+    # The commands were built for epoch 0; the sweeper handed the run on since (epoch 1).
+    store.redis.delete("q:test")
+    result, run_id = _thinking_commit(store, PUSH, epoch=1)
+    assert (result.status, result.epoch, result.pushed) == ("committed", 1, False)
+    assert store.redis.llen("q:test") == 0
+    assert store.load(run_id) is not None
+
+
+def test_a_fenced_commit_publishes_nothing(store: RunStore) -> None:
+    store.redis.delete("q:test")
+    thinking = started(store)
+    held = claim(store, thinking.head)
+    t = thinking.act("calling", CALLS, Usage(input_tokens=1))
+    stolen = ClaimRef(held.field, "not-the-token")
+    result = store.commit(thinking.head, t.head, stolen, t.messages, t.events, task_for(t.head), PUSH)
+    assert (result.status, result.pushed) == ("fenced", False)
+    assert store.redis.llen("q:test") == 0
+
+
+def test_a_publish_command_outside_the_allowed_ones_is_refused(store: RunStore) -> None:
+    with pytest.raises(InternalInvariant, match="'del'"):
+        _thinking_commit(store, [("del", ("q:test",))])
+
+
+def test_the_fan_in_publishes_observe_in_its_script(store: RunStore) -> None:
+    store.redis.delete("q:test")
+    act = acting(store)
+    record(store, act, call_claim(store, act.head, "a"), CALLS[0], "3")
+    held = call_claim(store, act.head, "b")
+    observing = act.observe().head
+    result, event = tool_done(act.head, CALLS[1], "7")
+    push = [("lpush", ("q:test", "observe"))]
+    recorded = store.record_result(act.head, held.ref, result, event, observing, task_for(observing)[0], push)
+    assert (recorded.status, recorded.pushed) == ("complete", True)
+    assert store.redis.lrange("q:test", 0, -1) == ["observe"]
+    store.redis.delete("q:test")

@@ -1,0 +1,119 @@
+"""The broker a test session runs against: the run state's Redis (the default) or RabbitMQ.
+
+``pytest --broker rabbitmq`` runs the integration and chaos suites with RabbitMQ as the broker
+(127.0.0.1:5672, guest/guest); the run state stays in the tests' own redis-servers. Each
+redis-server a test starts gets a RabbitMQ virtual host of its own, created with ``rabbitmqctl``
+when first asked for and deleted with the server, so tests stay as isolated as their servers make
+them (a worker of one test never consumes another's messages). :class:`Settings` (the runtime's
+settings, as the tests build them) and :class:`tests.harness.WorkerProcess` both take the broker
+of their Redis URL from :func:`broker_for`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from shared.settings import ENV_BROKER_URL
+from shared.settings import Settings as RuntimeSettings
+
+__all__ = [
+    "ENV_TEST_BROKER",
+    "RABBITMQ",
+    "Settings",
+    "broker_env",
+    "broker_for",
+    "drop_all",
+    "drop_broker_for",
+    "rabbitmq_available",
+    "vhost",
+]
+
+#: The RabbitMQ server of the machine (its default guest user only connects from loopback).
+RABBITMQ = "amqp://guest:guest@127.0.0.1:5672"
+#: ``rabbitmq`` while the session runs against RabbitMQ (set by ``--broker rabbitmq``).
+ENV_TEST_BROKER = "WESICHAIN_TEST_BROKER"
+
+_SESSION = uuid.uuid4().hex[:8]
+_created: set[str] = set()
+
+
+def _ctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+def rabbitmq_available() -> bool:
+    if shutil.which("rabbitmqctl") is None:
+        return False
+    try:
+        _ctl("list_vhosts")
+    except (subprocess.SubprocessError, OSError):
+        return False
+    return True
+
+
+def _create(name: str) -> str:
+    _ctl("add_vhost", name)
+    _created.add(name)
+    _ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    return f"{RABBITMQ}/{name}"
+
+
+def _delete(name: str) -> None:
+    if name in _created:
+        _created.discard(name)
+        _ctl("delete_vhost", name)
+
+
+def _name_for(redis_url: str) -> str:
+    return f"wesichain-test-{_SESSION}-{urlsplit(redis_url).port}"
+
+
+def broker_for(redis_url: str) -> str:
+    """The broker of the workers and clients of one redis-server: empty (that Redis) unless the
+    session runs against RabbitMQ, then a virtual host of the server's own."""
+    if os.environ.get(ENV_TEST_BROKER) != "rabbitmq" or redis_url.startswith("memory://"):
+        return ""
+    name = _name_for(redis_url)
+    return f"{RABBITMQ}/{name}" if name in _created else _create(name)
+
+
+def broker_env(redis_url: str) -> dict[str, str]:
+    """The environment that gives a subprocess the broker of ``redis_url`` (nothing on Redis)."""
+    url = broker_for(redis_url)
+    return {ENV_BROKER_URL: url} if url else {}
+
+
+def drop_broker_for(redis_url: str) -> None:
+    """Delete the virtual host of a redis-server that is going away (if it had one)."""
+    _delete(_name_for(redis_url))
+
+
+def drop_all() -> None:
+    for name in list(_created):
+        _delete(name)
+
+
+@dataclass(frozen=True)
+class Settings(RuntimeSettings):
+    """The runtime's settings, on the broker this test session gives their Redis."""
+
+    def __post_init__(self) -> None:
+        if not self.broker_url:
+            object.__setattr__(self, "broker_url", broker_for(self.redis_url))
+
+
+@contextmanager
+def vhost() -> Iterator[str]:
+    """A new RabbitMQ virtual host (guest may do anything in it), deleted afterwards; yields its URL."""
+    name = f"wesichain-test-{_SESSION}-{uuid.uuid4().hex[:8]}"
+    try:
+        yield _create(name)
+    finally:
+        _delete(name)

@@ -1,0 +1,116 @@
+"""The console's pipeline page in a real headless browser (Debian's chromium), against a real API
+and a real worker: its steps with each child run's state, live until it ends, links to each
+child's own page, and cancel."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from shared.keys import Keys
+from shared.pipeline.store import child_run_id
+from shared.tenants import Tenants
+from tests.api_support import ApiProcess, bearer
+from tests.harness import RedisServer, WorkerProcess
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)
+
+AGENTS = "tests.agents_pipelines"
+#: Generous: the machine running the suite may be loaded.
+UI_TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiProcess, str]]:
+    server = RedisServer().start()
+    worker = WorkerProcess(
+        "pc1",
+        server.url,
+        agents=AGENTS,
+        concurrency=3,
+        log_dir=str(tmp_path_factory.mktemp("w")),
+        env={"PIPE_SLOW_S": "0.5"},
+    ).start()
+    process = ApiProcess(server.url, env={"WESICHAIN_AGENTS": AGENTS}).start()
+    key, _ = Tenants(server.client(), Keys()).create_key(f"pc-{uuid.uuid4().hex[:8]}", "browser")
+    yield process, key
+    process.stop()
+    worker.stop()
+    server.cleanup()
+
+
+@pytest.fixture
+def http(api: tuple[ApiProcess, str]) -> Iterator[httpx.Client]:
+    process, key = api
+    with httpx.Client(base_url=process.url, headers=bearer(key), timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def page(api: tuple[ApiProcess, str]) -> Iterator[Page]:
+    process, key = api
+    with sync_playwright() as p:
+        browser: Browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.set_default_timeout(UI_TIMEOUT_MS)
+        page.goto(process.url + "/")
+        page.fill("#login-key", key)
+        page.click("#login-form button")
+        page.wait_for_selector("#list-view:not([hidden])")
+        yield page
+        browser.close()
+        assert errors == [], f"script errors in the console: {errors}"
+
+
+def start(http: httpx.Client, pipeline: str, items: list[str]) -> str:
+    response = http.post("/v1/pipelines", json={"pipeline": pipeline, "input": ",".join(items)})
+    assert response.status_code == 202, response.text
+    pipeline_id: str = response.json()["pipeline_id"]
+    return pipeline_id
+
+
+def test_a_pipelines_page_shows_its_steps_and_children_live(
+    page: Page, http: httpx.Client, api: tuple[ApiProcess, str]
+) -> None:
+    items = [f"slow p{i}" for i in range(6)]
+    pid = start(http, "fan", items)
+    page.goto(f"{api[0].url}/#/pipelines/{pid}")
+    page.wait_for_selector("#pipeline-status.badge.running")
+    page.evaluate("window.__loaded_once = true")  # gone if the page reloads
+    page.wait_for_selector("#pipeline-status.badge.completed")  # no reload: it refreshes itself
+    assert page.evaluate("window.__loaded_once") is True
+    kinds = page.eval_on_selector_all("#pipeline-graph .step", "els => els.map(e => e.dataset.kind)")
+    assert kinds == ["then", "map", "reduce"]
+    assert page.eval_on_selector_all('.step[data-kind="map"] .child.completed', "els => els.length") == 6
+    links = page.eval_on_selector_all(
+        '.step[data-kind="map"] a[data-run]', "els => els.map(e => e.dataset.run)"
+    )
+    assert links == [child_run_id(pid, 1, i, 0) for i in range(6)]
+    assert "0:done slow p0 | 1:done slow p1" in (page.text_content("#pipeline-facts") or "")
+    page.click(f'a[data-run="{child_run_id(pid, 1, 2, 0)}"]')  # a child's own page
+    page.wait_for_selector("#run-status.badge.completed")
+    assert child_run_id(pid, 1, 2, 0) in (page.text_content("#run-title") or "")
+
+
+def test_a_pipeline_is_cancelled_from_its_page(
+    page: Page, http: httpx.Client, api: tuple[ApiProcess, str]
+) -> None:
+    pid = start(http, "fan", [f"slow q{i}" for i in range(30)])
+    page.goto(f"{api[0].url}/#/pipelines/{pid}")
+    page.wait_for_selector('.step[data-kind="map"] .child.running')
+    page.click("#pipeline-cancel")
+    page.wait_for_selector("#pipeline-status.badge.interrupted")
+    assert page.text_content("#pipeline-status") == "cancelled"
+    assert page.is_hidden("#pipeline-cancel")
+    assert http.get(f"/v1/pipelines/{pid}").json()["status"] == "cancelled"
