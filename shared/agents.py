@@ -70,6 +70,9 @@ class Agent:
     max_subagent_depth: int = 3
     #: Subagent runs one run of this agent may start, in total.
     max_children: int = 20
+    #: At most this many tool calls of one step run at once (1: one after another), the rest in
+    #: later waves of the same step; None: all at once.
+    max_parallel_tools: int | None = None
     #: The prompt-token budget of its model requests, and how to stay under it (``shared/context.py``);
     #: None: the whole conversation is sent.
     context: ContextBudget | None = None
@@ -93,6 +96,8 @@ class Agent:
             isinstance(m, Middleware) for m in self.middleware
         ):
             raise ConfigError(f"agent {self.name!r}: middleware must be a tuple of Middleware instances")
+        if self.max_parallel_tools is not None and not 1 <= self.max_parallel_tools <= 100:
+            raise ConfigError(f"agent {self.name!r}: max_parallel_tools must be in 1..100 (or None)")
         if not 0 <= self.max_subagent_depth <= 10 or not 0 <= self.max_children <= 1000:
             raise ConfigError(f"agent {self.name!r}: max_subagent_depth in 0..10, max_children in 0..1000")
         if self.approval_risk is not None and self.approval_risk not in RISKS:

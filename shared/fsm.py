@@ -84,13 +84,13 @@ class _Live(PhaseView):
     """A phase that can still end: by failure or by interruption (cancel, or halted by policy)."""
 
     def fail(self, error: RunErrorInfo) -> Transition[FailedRun]:
-        head = self._next(Phase.FAILED, error=error, pending_calls=[])
+        head = self._next(Phase.FAILED, error=error, pending_calls=[], done_calls=[], waiting_calls=[])
         return Transition(
             FailedRun(head), events=(ev.Failed(run_id=head.run_id, step=head.step, error=error),)
         )
 
     def interrupt(self, reason: str, error: RunErrorInfo | None = None) -> Transition[InterruptedRun]:
-        head = self._next(Phase.INTERRUPTED, error=error, pending_calls=[])
+        head = self._next(Phase.INTERRUPTED, error=error, pending_calls=[], done_calls=[], waiting_calls=[])
         return Transition(
             InterruptedRun(head), events=(ev.Interrupted(run_id=head.run_id, step=head.step, reason=reason),)
         )
@@ -167,12 +167,18 @@ class Thinking(_Live):
             ),
         )
 
-    def act(self, text: str | None, calls: Sequence[ToolCall], usage: Usage) -> Transition[Acting]:
+    def act(
+        self, text: str | None, calls: Sequence[ToolCall], usage: Usage, cap: int | None = None
+    ) -> Transition[Acting]:
+        """Send the calls to the tools (``cap``: at most that many at once, the rest in later waves)."""
         if not calls:
             raise InternalInvariant("act() needs at least one tool call", step=self.head.step)
+        wave, waiting = _wave(calls, cap)
         head = self._next(
             Phase.ACTING,
-            pending_calls=list(calls),
+            pending_calls=wave,
+            done_calls=[],
+            waiting_calls=waiting,
             usage=self.head.usage + usage,
             message_count=self.head.message_count + 1,
             model_retries=0,
@@ -317,11 +323,26 @@ class Observing(_Live):
             step=step,
             steps_used=self.head.steps_used + 1,
             pending_calls=[],
+            done_calls=[],
+            waiting_calls=[],
             message_count=self.head.message_count + len(messages),
         )
         return Transition(
             Thinking(head), messages=messages, events=(ev.StepStarted(run_id=head.run_id, step=step),)
         )
+
+    def next_wave(self, cap: int | None) -> Transition[Acting]:
+        """The wave's results are in and calls of the step still wait: send the next wave."""
+        if not self.head.waiting_calls:
+            raise InternalInvariant("next_wave() without waiting calls", step=self.head.step)
+        wave, waiting = _wave(self.head.waiting_calls, cap)
+        head = self._next(
+            Phase.ACTING,
+            done_calls=[*self.head.done_calls, *self.head.pending_calls],
+            pending_calls=wave,
+            waiting_calls=waiting,
+        )
+        return Transition(Acting(head), events=_dispatched(head))
 
     def finish(
         self, results: Sequence[ToolResult], answer: str, output: Any = None
@@ -333,6 +354,8 @@ class Observing(_Live):
             answer=answer,
             output=output,
             pending_calls=[],
+            done_calls=[],
+            waiting_calls=[],
             message_count=self.head.message_count + len(messages),
         )
         completed = ev.Completed(
@@ -363,12 +386,21 @@ class Parked(_Live):
 
     phase: Phase = field(init=False, default=Phase.AWAITING_APPROVAL)
 
-    def approve(self, always: bool = False) -> Transition[Acting]:
-        """Approved tool calls: dispatch them all (``always``: their tools need no approval again)."""
+    def approve(self, always: bool = False, cap: int | None = None) -> Transition[Acting]:
+        """Approved tool calls: dispatch them (``always``: their tools need no approval again;
+        ``cap``: at most that many at once)."""
         approved = self.head.approved_tools
         if always:
             approved = sorted({*approved, *(c.name for c in self.head.pending_calls)})
-        head = self._next(Phase.ACTING, approval=None, approved_tools=approved)
+        wave, waiting = _wave(self.head.pending_calls, cap)
+        head = self._next(
+            Phase.ACTING,
+            approval=None,
+            approved_tools=approved,
+            pending_calls=wave,
+            done_calls=[],
+            waiting_calls=waiting,
+        )
         return Transition(Acting(head), events=_dispatched(head))
 
     def deny(self, note: str) -> Transition[Thinking]:
@@ -391,6 +423,8 @@ class Parked(_Live):
             step=step,
             steps_used=self.head.steps_used + 1,
             pending_calls=[],
+            done_calls=[],
+            waiting_calls=[],
             approval=None,
             message_count=self.head.message_count + len(messages),
         )
@@ -410,15 +444,23 @@ def _dispatched(head: RunHead) -> tuple[ev.Event, ...]:
 
 
 def _tool_messages(head: RunHead, results: Sequence[ToolResult]) -> tuple[Message, ...]:
-    """One tool message per pending call, in call order; every call must have its result."""
+    """One tool message per call of the step (every wave), in call order; each must have its result."""
+    calls = [*head.done_calls, *head.pending_calls]
     by_id = {r.call_id: r for r in results}
-    missing = [c.id for c in head.pending_calls if c.id not in by_id]
+    missing = [c.id for c in calls if c.id not in by_id]
     if missing:
         raise InternalInvariant(f"observe without results for calls {missing}", step=head.step)
     return tuple(
         ToolMessage(tool_call_id=c.id, name=c.name, content=by_id[c.id].output, is_error=not by_id[c.id].ok)
-        for c in head.pending_calls
+        for c in calls
     )
+
+
+def _wave(calls: Sequence[ToolCall], cap: int | None) -> tuple[list[ToolCall], list[ToolCall]]:
+    """The calls to send now and those that wait, under a cap on parallel calls (None: no cap)."""
+    if cap is None:
+        return list(calls), []
+    return list(calls[:cap]), list(calls[cap:])
 
 
 @dataclass(frozen=True)

@@ -272,8 +272,13 @@ class RunHead(BaseModel):
     #: The summary of the oldest messages (an agent whose context strategy is ``summarise``).
     summary: Summary | None = None
     message_count: int = 0
-    #: The accepted tool calls of the current step (ACTING / OBSERVING).
+    #: The accepted tool calls of the current step (ACTING / OBSERVING): with a cap on parallel
+    #: calls (``Agent.max_parallel_tools``), the wave running now.
     pending_calls: list[ToolCall] = Field(default_factory=list)
+    #: Calls of the current step whose wave ran already (their results are in).
+    done_calls: list[ToolCall] = Field(default_factory=list)
+    #: Calls of the current step waiting for a later wave.
+    waiting_calls: list[ToolCall] = Field(default_factory=list)
     approval: Approval | None = None
     #: Tools a reviewer approved "always for this run": their calls no longer park it.
     approved_tools: list[str] = Field(default_factory=list)

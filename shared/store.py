@@ -836,7 +836,7 @@ class RunStore:
                 claim.token,
                 result.model_dump_json(),
                 dump_event(event),
-                len(head.pending_calls),
+                len(head.done_calls) + len(head.pending_calls),  # every wave's results count
                 observing.version,
                 observing.dump_body(),
                 _dump_outbox([observe]),

@@ -526,3 +526,46 @@ for _name, _model, _budget in (
             context=_budget,
         )
     )
+
+
+# -- a cap on parallel tool calls -------------------------------------------------------------------
+
+#: run id -> how many of its calls run right now; "peak:" + run id -> the most seen at once.
+RUNNING_KEY = "test:running"
+
+
+class GaugeArgs(BaseModel):
+    label: str
+    seconds: float = Field(ge=0, le=10)
+
+
+@tool
+def gauge(args: GaugeArgs, ctx: ToolContext) -> str:
+    """Run for a while, recording how many calls of the run run at the same time."""
+    r = _redis()
+    now = int(r.hincrby(RUNNING_KEY, ctx.run_id, 1))
+    r.sadd(f"{RUNNING_KEY}:peaks:{ctx.run_id}", now)
+    r.hincrby(EFFECTS_KEY, ctx.idempotency_key, 1)
+    time.sleep(args.seconds)
+    r.hincrby(RUNNING_KEY, ctx.run_id, -1)
+    return args.label
+
+
+def _fan_out(messages: Sequence[Message]) -> ModelResponse:
+    results = [m for m in messages if isinstance(m, ToolMessage)]
+    if not results:
+        return reply(None, *[("gauge", {"label": f"g{i}", "seconds": 0.6}) for i in range(5)])
+    return reply(",".join(m.content for m in results))
+
+
+registry.add_model("fan_out", ScriptedModel(_fan_out))
+for _name, _cap in (("capped", 2), ("sequential", 1), ("uncapped", None)):
+    registry.add(
+        Agent(
+            name=_name,
+            model="scripted:fan_out",
+            system_prompt=_name,
+            tools=ToolSet([gauge]),
+            max_parallel_tools=_cap,
+        )
+    )

@@ -41,7 +41,8 @@ def run_decide(rt: Runtime, delivery: Delivery, step: int | None = None) -> RunH
             )
             return rt.fail(current, claim.ref, error.info())
         if decision.approve:
-            return rt.commit(current, current.approve(decision.always), claim.ref)
+            cap = rt.agents.get(head.agent).max_parallel_tools
+            return rt.commit(current, current.approve(decision.always, cap), claim.ref)
         if current.budget_left <= 0:
             spent = BudgetExceeded("step budget spent after the tool calls were denied", step=head.step)
             return rt.fail(current, claim.ref, spent.info())

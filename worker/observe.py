@@ -45,8 +45,12 @@ def run_observe(rt: Runtime, delivery: Delivery, step: int) -> RunHead | None:
             step=head.step,
         )
         spent = verdict.error is not None and verdict.error.kind == "BudgetExceeded"
+        if head.waiting_calls and (verdict.action != "fail" or spent):
+            # Calls of this step wait for a wave (a cap on parallel calls): send the next one. Only
+            # a failing result stops them; an unknown outcome is decided once all are in.
+            return rt.commit(current, current.next_wave(agent.max_parallel_tools), claim.ref)
         if verdict.action == "next_step" or spent:
-            ending = _ending_result(agent, head.pending_calls, claim.results)
+            ending = _ending_result(agent, [*head.done_calls, *head.pending_calls], claim.results)
             if ending is not None:
                 return _finish(rt, current, claim, agent, ending)
         if verdict.action == "fail" and verdict.error is not None:

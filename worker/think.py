@@ -174,7 +174,9 @@ def _next_move(
     if needs_approval:
         return rt.commit(current, current.park(response.text, calls, response.usage, needs_approval), ref)
     if calls:
-        return rt.commit(current, current.act(response.text, calls, response.usage), ref)
+        return rt.commit(
+            current, current.act(response.text, calls, response.usage, agent.max_parallel_tools), ref
+        )
     answer = (response.text or "")[: rt.settings.limits.max_message_chars]
     return rt.commit(current, current.complete(answer, response.usage, output), ref)
 

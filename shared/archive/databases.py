@@ -2,7 +2,7 @@
 
 * :class:`Postgres`: psycopg 3 with a connection pool (``psycopg_pool``), for deployments; bulk
   rows go in with ``COPY``. A connection is checked before use, so a restarted server costs one
-  failed batch at most.
+  failed batch at most; connections idle for a minute are closed.
 * :class:`Sqlite`: the standard library's ``sqlite3`` on one file (WAL, so readers do not wait for
   the writer), for the embedded mode and single-host use; one connection per process, serialised.
 
@@ -147,10 +147,13 @@ class Postgres(Database):
         self._errors: tuple[type[BaseException], ...] = (psycopg.Error, _pool_errors())
         self.url = redact_url(url)
         self.timeout_s = timeout_s
+        # No connection kept open while idle: every process of a deployment (each prefork child,
+        # each API worker) may read archived runs, most of them rarely.
         self._pool = ConnectionPool(
             url,
-            min_size=1,
+            min_size=0,
             max_size=max_connections,
+            max_idle=60,
             timeout=timeout_s,
             open=True,
             check=ConnectionPool.check_connection,

@@ -11,7 +11,14 @@ import pytest
 from producer.client import Client
 from shared.messages import ToolMessage
 from shared.state import Phase
-from tests.agents_capabilities import AUDIT_KEY, HANG_FIRST, MODEL_CALLS_KEY, MODEL_PIDS_KEY, Verdict
+from tests.agents_capabilities import (
+    AUDIT_KEY,
+    HANG_FIRST,
+    MODEL_CALLS_KEY,
+    MODEL_PIDS_KEY,
+    RUNNING_KEY,
+    Verdict,
+)
 from tests.agents_fixture import EFFECTS_KEY
 from tests.harness import WorkerProcess, wait_until
 
@@ -142,3 +149,20 @@ def test_approval_by_argument_by_risk_and_always_for_this_run(client: Client) ->
     head = handle.wait(TIMEOUT)
     assert head.phase is Phase.COMPLETED, head.error
     assert head.answer == "moved 500, moved 50000, moved 60000, wiped"
+
+
+@pytest.mark.parametrize(("agent", "cap"), [("capped", 2), ("sequential", 1)])
+def test_parallel_calls_of_a_step_are_capped(client: Client, agent: str, cap: int) -> None:
+    handle = client.submit(agent, "fan out")
+    head = handle.wait(TIMEOUT)
+    assert head.phase is Phase.COMPLETED, head.error
+    assert head.answer == "g0,g1,g2,g3,g4"  # every result, in call order
+    assert head.step == 2 and not head.done_calls and not head.waiting_calls
+    r = client.store.redis
+    peaks = {int(p) for p in r.smembers(f"{RUNNING_KEY}:peaks:{handle.run_id}")}
+    assert max(peaks) <= cap
+    assert [r.hget(EFFECTS_KEY, f"{handle.run_id}:1:call_{i}") for i in range(5)] == ["1"] * 5
+    events = list(handle.events(follow=False))
+    assert [e.call_id for e in events if e.kind == "ToolDispatched"] == [f"call_{i}" for i in range(5)]
+    waves = [h for h in client.store.checkpoints(handle.run_id) if h.phase is Phase.ACTING]
+    assert [len(w.pending_calls) for w in waves] == [min(cap, 5 - i) for i in range(0, 5, cap)]

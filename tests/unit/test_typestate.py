@@ -100,6 +100,7 @@ TERMINAL_CALLS = {
     "summarised": 'summarised(Summary(upto=1, text="s"), Usage())',
     "observe": "observe()",
     "next_step": "next_step([])",
+    "next_wave": "next_wave(None)",
     "park": "park(None, [CALL], Usage(), [])",
     "delegate": "delegate(None, [CALL], Usage(), [])",
     "park_unknown": "park_unknown([])",
