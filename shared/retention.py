@@ -10,8 +10,8 @@ what :class:`GarbageCollector` finds and removes:
 * keys of a run whose head is gone and that would never expire (no TTL): orphans;
 * ended runs without a TTL (written before retention existed, or by hand): removed when they ended
   longer than the retention ago, else given the TTL they should have. With an archive configured
-  nothing ended is removed: such a run is handed to the archiver instead (entered in its shard's
-  ended set), which moves it out of Redis once the archive holds it;
+  nothing ended is removed: every ended run is handed to the archiver instead (entered in its
+  shard's ended set unless it is there), which moves it out of Redis once the archive holds it;
 * entries of the ended set (what the archiver works through) naming runs that are gone.
 
 It walks the key space with ``SCAN`` (in batches, never blocking Redis) and reads or deletes in
@@ -69,6 +69,9 @@ class GcReport:
     runs_expiring: int = 0
     #: Ended runs without a TTL past the retention, left for the archiver (an archive is configured).
     runs_awaiting_archive: int = 0
+    #: Ended runs entered in their shard's ended set for the archiver, which did not know of them
+    #: (they ended before the archive was configured).
+    runs_handed_to_archiver: int = 0
     #: Runs not ended (not touched).
     live_runs: int = 0
     #: ``MEMORY USAGE`` of the keys removed (or that would be).
@@ -163,18 +166,18 @@ class GarbageCollector:
         if phase not in {p.value for p in TERMINAL_PHASES}:
             report.live_runs += 1
             return
-        if ttl >= 0:
-            report.runs_expiring += 1
-            return
         ended_ms = int(float(json.loads(body).get("updated_at", 0)) * 1000)
         left_s = self.settings.retention_s - (now_ms - ended_ms) // 1000
-        if left_s <= 0 and self.settings.archive_url:
-            # Archiving is configured: the run is history to keep, not garbage. The archiver
-            # takes it from its shard's ended set (and deletes its keys once archived).
-            report.runs_awaiting_archive += 1
-            if not report.dry_run:
-                run_id = key[key.rindex(":run:") + len(":run:") :]
-                self.redis.zadd(self.keys.ended_of(run_id), {run_id: ended_ms}, nx=True)
+        if self.settings.archive_url:
+            # Archiving is configured: an ended run is history to keep, not garbage. The archiver
+            # takes runs from their shard's ended set (and deletes their keys once archived); a run
+            # that ended before the archive was configured is not in it yet.
+            self._hand_to_archiver(key, ended_ms, report)
+            if ttl < 0 and left_s <= 0:
+                report.runs_awaiting_archive += 1
+                return
+        if ttl >= 0:
+            report.runs_expiring += 1
             return
         parts = [key, *self._parts_of(key)]
         if left_s > 0:
@@ -187,6 +190,14 @@ class GarbageCollector:
             return
         report.expired_runs += 1
         self._delete(parts, report)
+
+    def _hand_to_archiver(self, run_key: str, ended_ms: int, report: GcReport) -> None:
+        run_id = run_key[run_key.rindex(":run:") + len(":run:") :]
+        ended = self.keys.ended_of(run_id)
+        if report.dry_run:
+            report.runs_handed_to_archiver += int(self.redis.zscore(ended, run_id) is None)
+        else:
+            report.runs_handed_to_archiver += int(self.redis.zadd(ended, {run_id: ended_ms}, nx=True) or 0)
 
     def _parts_of(self, run_key: str) -> list[str]:
         pattern = _escape(run_key) + ":*"

@@ -218,6 +218,11 @@ def gc(args: argparse.Namespace) -> int:
         f"  ({report.bytes_freed / 2**20:.2f} MiB); {report.runs_given_ttl} ended runs given their retention"
     )
     print(f"kept: {report.live_runs} live runs, {report.runs_expiring} ended runs expiring on time")
+    if report.runs_awaiting_archive or report.runs_handed_to_archiver:
+        print(
+            f"for the archive: {report.runs_handed_to_archiver} ended runs handed to the archiver,"
+            f" {report.runs_awaiting_archive} past the retention waiting for it"
+        )
     used, maximum = report.memory.get("used_bytes", 0), report.memory.get("maxmemory_bytes", 0)
     limit = f"of {maximum / 2**20:.1f} MiB" if maximum else "(no maxmemory set)"
     print(f"Redis uses {used / 2**20:.1f} MiB {limit}")

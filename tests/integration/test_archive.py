@@ -247,12 +247,20 @@ def test_gc_leaves_what_waits_for_the_archive(client: Client) -> None:
     store.redis.hset(store.keys.run(run_id), "body", json.dumps(body))
     store.redis.zrem(store.keys.ended_of(run_id), run_id)
 
+    # And one that ended before the archive was configured: its keys expire as usual, and it is in
+    # no ended set.
+    earlier = client.submit("direct", "before the archive")
+    earlier.wait(TIMEOUT)
+    store.redis.zrem(store.keys.ended_of(earlier.run_id), earlier.run_id)
+
     report = GarbageCollector(store.redis, store.settings).collect()
 
-    assert (report.expired_runs, report.runs_awaiting_archive) == (0, 1)
+    assert (report.expired_runs, report.runs_awaiting_archive, report.runs_handed_to_archiver) == (0, 1, 2)
     assert store.redis.exists(store.keys.run(run_id)) == 1
-    assert Archiver(store).run_once(after_s=0).archived >= 1
+    assert Archiver(store).run_once(after_s=0).archived == 2
     assert store.redis.exists(store.keys.run(run_id)) == 0
+    assert store.redis.exists(store.keys.run(earlier.run_id)) == 0
+    assert earlier.status().answer == "The answer is 42."
     assert handle.status().phase is Phase.COMPLETED
     # gc then finds nothing of it left to clean: the archiver removed its index entries too.
     again = GarbageCollector(store.redis, store.settings).collect(dry_run=True)

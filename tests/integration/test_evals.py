@@ -29,6 +29,7 @@ from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 pytestmark = pytest.mark.integration
 
 AGENTS = "tests.agents_evals"
+EVAL_QUEUE = "evals-test"
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,10 @@ def pool(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
         WorkerProcess(f"e{i}", server.url, agents=AGENTS, concurrency=3, log_dir=log_dir, env=env)
         for i in (1, 2)
     ]
+    # Consumes only the eval queue of the test that names one: its scoring happens there.
+    workers.append(
+        WorkerProcess("eq", server.url, agents=AGENTS, concurrency=1, log_dir=log_dir, queues=EVAL_QUEUE)
+    )
     for w in workers:
         w.start(wait=False)
     for w in workers:
@@ -320,3 +325,18 @@ def test_the_cli_gates_ci_on_the_threshold_and_on_a_significant_regression(
     assert len(jsonl) == 60 and {r["run_id"] for r in jsonl} == {r.run_id for r in evals.results(eval_id)}
     missing = cli(server, "status", "no-such-eval")
     assert missing.returncode == 1 and "no eval 'no-such-eval'" in missing.stderr
+
+
+def test_an_eval_with_its_own_queue_is_pumped_and_scored_by_the_workers_consuming_it(
+    evals: EvalClient, pool: list[WorkerProcess], tmp_path: Path
+) -> None:
+    cases = [{"id": f"q{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 9)]
+    spec = write_eval(tmp_path, cases, name="queued", top={"queue": EVAL_QUEUE, "concurrency": 3})
+    eval_id, _ = evals.submit_file(spec)
+    done = evals.wait(eval_id, timeout=60)
+    assert done.meta.status == "completed" and done.counts[0].passed == 8
+    log = pool[2].log()
+    assert (
+        "Task wesichain.eval.pump[" in log and log.count("Task wesichain.eval.score[") >= 16
+    )  # received, ran
+    assert all("Task wesichain.eval.score[" not in w.log() for w in pool[:2])  # only it consumes the queue
