@@ -272,7 +272,12 @@ class Runtime:
 def middleware_context(head: RunHead) -> MiddlewareContext:
     """What the agent's middleware is told about the run of ``head``."""
     return MiddlewareContext(
-        run_id=head.run_id, agent=head.agent, step=head.step, tenant=head.tenant, metadata=head.metadata
+        run_id=head.run_id,
+        agent=head.agent,
+        step=head.step,
+        tenant=head.tenant,
+        metadata=head.metadata,
+        state=head.state,
     )
 
 
