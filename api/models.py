@@ -47,6 +47,9 @@ class SubmitBody(BaseModel):
     callback: Callback | None = Field(
         default=None, description=RunRequest.model_fields["callback"].description
     )
+    state: dict[str, Any] | None = Field(
+        default=None, description=RunRequest.model_fields["state"].description
+    )
 
 
 class DecisionBody(BaseModel):
@@ -87,6 +90,9 @@ class RunView(BaseModel):
     output: Any = Field(
         default=None, description="The answer as JSON, for agents with a structured output type."
     )
+    state: dict[str, Any] | None = Field(
+        default=None, description="The run's custom state, for agents that declare a state type."
+    )
     error: RunErrorInfo | None
     usage: Usage
     ran: PhaseRun | None = Field(
@@ -120,6 +126,7 @@ def run_view(head: RunHead, callback_delivery: CallbackState | None = None) -> R
         steps_used=head.steps_used,
         answer=head.answer,
         output=head.output,
+        state=head.state,
         error=head.error,
         usage=head.usage,
         ran=head.ran,

@@ -119,6 +119,7 @@ def submit(
             tenant=who.tenant,
             callback=callback,
             idempotency_key=idempotency_key,
+            state=body.state,
         )
     except UnknownAgent as exc:
         raise ApiError(422, "unknown_agent", exc.message, details={"agent": body.agent}) from None

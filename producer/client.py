@@ -111,6 +111,7 @@ class Client:
         tenant: str | None = None,
         callback: Callback | dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        state: dict[str, Any] | None = None,
     ) -> RunHandle:
         """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request.
 
@@ -127,6 +128,7 @@ class Client:
             ("model", model),
             ("tenant", tenant),
             ("callback", callback),
+            ("state", state),
         ):
             if value is not None:
                 fields[name] = value
@@ -145,6 +147,7 @@ class Client:
             model=request.model,
             tenant=request.tenant,
             callback=request.callback,
+            state=request.state,
         )
         start = start_task(run_id)
         if idempotency_key is not None and (archive := self.store.archive) is not None:

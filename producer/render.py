@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from shared.events import Event
 from shared.state import RunHead
 
@@ -47,6 +49,8 @@ def render_head(head: RunHead) -> str:
     ]
     if head.answer is not None:
         lines.append(f"answer   {head.answer}")
+    if head.state is not None:
+        lines.append(f"state    {json.dumps(head.state, ensure_ascii=False)[:2000]}")
     if head.error is not None:
         lines.append(f"error    {head.error.kind}: {head.error.message}")
     return "\n".join(lines)

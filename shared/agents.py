@@ -56,6 +56,9 @@ class Agent:
     #: The shape of the final answer (``shared/output.py``): validated, stored on the run as
     #: ``output``; None: a free-text answer.
     output_type: type[BaseModel] | None = None
+    #: The run's custom state (``shared/run_state.py``): its tools read and update it, it is
+    #: checkpointed with every commit; None: no state.
+    state_type: type[BaseModel] | None = None
     #: How the run's input becomes the user message (``{input}`` and metadata variables); None:
     #: the input as it is.
     input_template: Prompt | None = None
@@ -85,6 +88,10 @@ class Agent:
         if ":" not in self.model:
             raise ConfigError(f"agent {self.name!r}: model {self.model!r} must look like PROVIDER:MODEL")
         self._check_output_type()
+        if self.state_type is not None and not (
+            isinstance(self.state_type, type) and issubclass(self.state_type, BaseModel)
+        ):
+            raise ConfigError(f"agent {self.name!r}: state_type must be a pydantic BaseModel class")
         if not isinstance(self.middleware, tuple) or not all(
             isinstance(m, Middleware) for m in self.middleware
         ):

@@ -107,7 +107,13 @@ class Idle(_Live):
     phase: Phase = field(init=False, default=Phase.IDLE)
 
     def start(
-        self, initial: Sequence[Message], *, agent_version: str, model: str, max_steps: int
+        self,
+        initial: Sequence[Message],
+        *,
+        agent_version: str,
+        model: str,
+        max_steps: int,
+        state: dict[str, Any] | None = None,
     ) -> Transition[Thinking]:
         head = self._next(
             Phase.THINKING,
@@ -117,6 +123,7 @@ class Idle(_Live):
             agent_version=agent_version,
             model=model,
             max_steps=max_steps,
+            state=state,
         )
         return Transition(
             Thinking(head),

@@ -66,6 +66,8 @@ class MiddlewareContext:
     step: int
     tenant: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: The run's custom state as JSON (None for an agent without a ``state_type``).
+    state: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,15 @@ from shared.errors import InvalidRequest
 from shared.settings import Limits
 from shared.state import Callback
 
-__all__ = ["MAX_NAME_CHARS", "RunRequest", "StartMessage", "check_name", "check_run_id", "validate_request"]
+__all__ = [
+    "MAX_NAME_CHARS",
+    "MAX_STATE_BYTES",
+    "RunRequest",
+    "StartMessage",
+    "check_name",
+    "check_run_id",
+    "validate_request",
+]
 
 #: Agent names, thread ids and run ids: short, printable, no separators that mean something to Redis.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$")
@@ -46,6 +54,11 @@ class RunRequest(BaseModel):
     )
     callback: Callback | None = Field(
         default=None, description="How to tell a service the run ended: a webhook url, or a Celery task."
+    )
+    state: dict[str, Any] | None = Field(
+        default=None,
+        description="The run's starting custom state, for an agent that declares a state type (checked"
+        " against it when the run starts; bounded).",
     )
 
 
@@ -87,6 +100,9 @@ def validate_request(raw: Mapping[str, Any], limits: Limits) -> RunRequest:
     tenant = raw.get("tenant")
     if tenant is not None:
         check_name("tenant", tenant)
+    state = raw.get("state")
+    if state is not None:
+        _check_state(state)
     return RunRequest(
         agent=agent,
         input=text,
@@ -95,6 +111,7 @@ def validate_request(raw: Mapping[str, Any], limits: Limits) -> RunRequest:
         model=model,
         tenant=tenant,
         callback=_callback(raw.get("callback")),
+        state=state,
     )
 
 
@@ -126,6 +143,21 @@ def _check_metadata(metadata: Any, limits: Limits) -> None:
         raise InvalidRequest(f"metadata is not JSON: {exc}") from None
     if size > limits.max_metadata_chars:
         raise InvalidRequest(f"metadata is {size} chars of JSON; the limit is {limits.max_metadata_chars}")
+
+
+#: The largest a run's custom state may be, as JSON (it is copied into every checkpoint).
+MAX_STATE_BYTES = 64 * 1024
+
+
+def _check_state(state: Any) -> None:
+    if not isinstance(state, dict):
+        raise InvalidRequest(f"state must be a JSON object, got {type(state).__name__}")
+    try:
+        size = len(json.dumps(state, separators=(",", ":")))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"state is not JSON: {exc}") from None
+    if size > MAX_STATE_BYTES:
+        raise InvalidRequest(f"state is {size} bytes of JSON; the limit is {MAX_STATE_BYTES}")
 
 
 def check_name(field: str, value: Any) -> None:

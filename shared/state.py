@@ -146,6 +146,9 @@ class ToolResult(BaseModel):
     output: str
     error: RunErrorInfo | None = None
     duration_s: float = 0.0
+    #: The changes the call made to the run's state (``ToolContext.update_state``), applied by the
+    #: observe phase in call order; None when it changed nothing.
+    state_update: dict[str, Any] | None = None
 
 
 class ChildRun(BaseModel):
@@ -288,6 +291,9 @@ class RunHead(BaseModel):
     answer: str | None = None
     #: The final answer validated against the agent's ``output_type``, as JSON (None without one).
     output: Any = None
+    #: The agent's custom run state (its ``state_type``, as JSON), updated by its tools and
+    #: checkpointed with every commit (``shared/run_state.py``); None for an agent without one.
+    state: dict[str, Any] | None = None
     error: RunErrorInfo | None = None
     usage: Usage = Field(default_factory=Usage)
     #: The phase delivery that committed this version (None: committed by no claimed phase, such
@@ -303,6 +309,10 @@ class RunHead(BaseModel):
     def output_as(self, output_type: type[M]) -> M | None:
         """The run's structured output as ``output_type`` (None while it has none)."""
         return None if self.output is None else output_type.model_validate(self.output)
+
+    def state_as(self, state_type: type[M]) -> M | None:
+        """The run's custom state as ``state_type`` (None for an agent without one)."""
+        return None if self.state is None else state_type.model_validate(self.state)
 
     def dump_request(self, *, exclude_time: bool = False) -> str:
         """The part of the head stored once, when the run is created (``exclude_time``: but
@@ -333,6 +343,7 @@ class RunHead(BaseModel):
         callback: Callback | None = None,
         fork: ForkOrigin | None = None,
         parent: ParentLink | None = None,
+        state: dict[str, Any] | None = None,
     ) -> RunHead:
         """A run as a producer creates it: version 1, IDLE, waiting for the start phase."""
         now = time.time()
@@ -349,6 +360,7 @@ class RunHead(BaseModel):
             callback=callback,
             fork=fork,
             parent=parent,
+            state=state,
             created_at=now,
             updated_at=now,
         )

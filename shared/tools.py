@@ -34,6 +34,7 @@ from shared.policy import Retry
 __all__ = [
     "RISKS",
     "ApprovalPredicate",
+    "InvalidStateUpdate",
     "Risk",
     "Tool",
     "ToolContext",
@@ -49,6 +50,10 @@ RISKS: tuple[Risk, ...] = ("low", "medium", "high")
 ApprovalPredicate = Callable[[Any], bool]
 
 
+class InvalidStateUpdate(ValueError):
+    """A tool's change to the run's state does not fit the agent's ``state_type`` (the call fails)."""
+
+
 @dataclass(frozen=True)
 class ToolContext:
     """What a running tool knows about its call.
@@ -62,10 +67,27 @@ class ToolContext:
     call_id: str
     deadline: float
     _cancel_check: Callable[[], bool] = field(default=lambda: False, repr=False)
+    #: The run's custom state as the step's calls were sent (None for an agent without one).
+    state: BaseModel | None = None
+    #: This call's changes to the state, recorded with its result if it succeeds.
+    state_update: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def idempotency_key(self) -> str:
         return f"{self.run_id}:{self.step}:{self.call_id}"
+
+    def update_state(self, **changes: Any) -> None:
+        """Change fields of the run's state; validated now against the agent's ``state_type``
+        (a bad value raises ``ValidationError``, which fails the call). The changes take effect
+        when the step's results are observed, in call order, and only if this call succeeds."""
+        if self.state is None:
+            raise TypeError("this agent declares no state_type: its runs have no state to update")
+        merged = {**self.state.model_dump(), **self.state_update, **changes}
+        try:
+            checked = type(self.state).model_validate(merged).model_dump(mode="json")
+        except ValidationError as exc:
+            raise InvalidStateUpdate(f"state update refused: {validation_summary(exc)}") from None
+        self.state_update.update({name: checked[name] for name in changes})
 
     def cancelled(self) -> bool:
         """True once the run was cancelled; a long tool should check it and return early."""

@@ -355,3 +355,49 @@ for _name, _stream in (("slow_answer", False), ("slow_answer_stream", True)):
     registry.add(
         Agent(name=_name, model=f"scripted:{_name}", system_prompt="slow", tools=TOOLS, stream=_stream)
     )
+
+
+# -- custom run state ------------------------------------------------------------------------------
+
+
+class Notebook(BaseModel):
+    """The run state of the ``notebook`` agent: what its tool noted, and how many times."""
+
+    notes: list[str] = Field(default_factory=list)
+    count: int = Field(default=0, ge=0)
+
+
+class NoteArgs(BaseModel):
+    text: str
+    count: int | None = None  # set the count to this (a negative one is refused by the state)
+
+
+@tool
+def note(args: NoteArgs, ctx: ToolContext) -> str:
+    """Append a note to the run's state."""
+    assert isinstance(ctx.state, Notebook)
+    count = args.count if args.count is not None else ctx.state.count + 1
+    ctx.update_state(notes=[*ctx.state.notes, args.text], count=count)
+    return f"noted {args.text!r}"
+
+
+registry.add_model(
+    "notebook",
+    ScriptedModel(
+        [
+            reply(None, ("note", {"text": "first"})),
+            reply(None, ("note", {"text": "a"}), ("note", {"text": "b"})),
+            reply(None, ("note", {"text": "bad", "count": -1})),
+            reply("three notes"),
+        ]
+    ),
+)
+registry.add(
+    Agent(
+        name="notebook",
+        model="scripted:notebook",
+        system_prompt="keeps notes",
+        tools=ToolSet([note]),
+        state_type=Notebook,
+    )
+)

@@ -115,7 +115,8 @@ def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str) -> ToolResult
             ToolDispatch("the run was cancelled before the tool started", step=step, tool=call.name).info(),
         )
     try:
-        tool = rt.agents.get(head.agent).tools.get(call.name)
+        agent = rt.agents.get(head.agent)
+        tool = agent.tools.get(call.name)
     except ConfigError as exc:
         return _error_result(call, ToolDispatch(str(exc), step=step, tool=call.name).info())
     if tool is None:
@@ -139,10 +140,17 @@ def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str) -> ToolResult
     renew_until = time.monotonic() + hard_limit_s(tool.attempt_limit_s)
     with rt.heartbeat.hold(head.run_id, claim.field, claim.token, renew_until) as held:
         rt.hooks.on_claimed(Phase.ACTING, head.run_id, rt.store)
-        return invoke(rt, tool, checked, head, held)
+        return invoke(rt, tool, checked, head, held, agent.state_type)
 
 
-def invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) -> ToolResult:
+def invoke(
+    rt: Runtime,
+    tool: Tool,
+    call: ToolCall,
+    head: RunHead,
+    held: Held,
+    state_type: type[BaseModel] | None = None,
+) -> ToolResult:
     """Validate the arguments and run the tool, retrying it as its ``retry`` says; its failures
     become data.
 
@@ -156,9 +164,11 @@ def invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) -
         message = f"bad arguments for {call.name!r}: {validation_summary(exc)}"
         return _error_result(call, ToolDispatch(message, step=head.step, tool=call.name).info())
     retries = tool.retry.n if tool.retry is not None else 0
+    # Each attempt sees the state as the step began: a failed attempt's changes are dropped.
+    state = head.state_as(state_type) if state_type is not None else None
     attempt = 0
     while True:
-        result = _attempt(rt, tool, call, head, held, args, started)
+        result = _attempt(rt, tool, call, head, held, args, started, state)
         retryable = result.error is not None and result.error.kind == "ToolDispatch"
         if result.ok or not retryable or attempt >= retries or tool.retry is None:
             if attempt and result.error is not None:
@@ -171,15 +181,23 @@ def invoke(rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held) -
 
 
 def _attempt(
-    rt: Runtime, tool: Tool, call: ToolCall, head: RunHead, held: Held, args: BaseModel, started: float
+    rt: Runtime,
+    tool: Tool,
+    call: ToolCall,
+    head: RunHead,
+    held: Held,
+    args: BaseModel,
+    started: float,
+    state: BaseModel | None,
 ) -> ToolResult:
-    """One run of the tool within its timeout."""
+    """One run of the tool within its timeout (``state``: the run's state as the tool sees it)."""
     ctx = ToolContext(
         run_id=head.run_id,
         step=head.step,
         call_id=call.id,
         deadline=time.time() + tool.timeout_s,
         _cancel_check=held.cancelled.is_set,
+        state=state,
     )
     try:
         with rt.tracing.span("wesichain.tool", head.run_id, **{"wesichain.tool": call.name}) as span:
@@ -213,6 +231,7 @@ def _attempt(
         ok=True,
         output=_printable(output),
         duration_s=round(time.perf_counter() - started, 6),
+        state_update=ctx.state_update or None,
     )
 
 

@@ -10,6 +10,7 @@ from shared.errors import InvalidModelAction, ToolDispatch
 from shared.messages import ToolCall
 from shared.output import parse_output
 from shared.policy import after_tools
+from shared.run_state import StateError, apply_updates
 from shared.state import Phase, RunHead, ToolResult
 from shared.store import Claim, PhaseClaim
 from worker.heartbeat import Held
@@ -27,6 +28,15 @@ def run_observe(rt: Runtime, delivery: Delivery, step: int) -> RunHead | None:
     def body(current: fsm.Observing, claim: Claim, held: Held) -> RunHead | None:
         head = current.head
         agent = rt.agents.get(head.agent)
+        try:
+            state = apply_updates(agent.state_type, head.state, head.pending_calls, claim.results)
+        except StateError as exc:
+            # Each call's changes were valid on their own; together they are not (a model validator).
+            return rt.fail(current, claim.ref, ToolDispatch(str(exc), step=head.step).info())
+        if state != head.state:
+            # The step's changes go into the next commit, whichever move the policy makes.
+            current = fsm.view_as(head.model_copy(update={"state": state}), fsm.Observing)
+            head = current.head
         verdict = after_tools(
             agent.policy,
             claim.results,

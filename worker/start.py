@@ -19,6 +19,7 @@ from shared.messages import Message, SystemMessage, UserMessage
 from shared.middleware import Refuse, on_user_message
 from shared.prompts import Prompt
 from shared.request import check_run_id, validate_request
+from shared.run_state import StateError, initial_state
 from shared.state import ForkOrigin, Phase, RunHead
 from shared.store import Claim, PhaseClaim
 from shared.tasks import start_task
@@ -48,13 +49,21 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
         except ConfigError as exc:
             return rt.fail(current, claim.ref, RunConfigError(str(exc), step=0).info())
         try:
+            state = initial_state(agent.state_type, head.state)
+        except StateError as exc:
+            return rt.fail(current, claim.ref, InvalidRequest(str(exc), step=0).info())
+        try:
             messages = _initial_conversation(rt, agent, head)
         except InvalidRequest as exc:
             # Sent without the client's check (a bare start message, or check_agent=False), or
             # refused by the agent's middleware, or forked from a run that is gone.
             return rt.fail(current, claim.ref, InvalidRequest(exc.message, step=0).info())
         transition = current.start(
-            messages, agent_version=agent.version, model=head.model or agent.model, max_steps=agent.max_steps
+            messages,
+            agent_version=agent.version,
+            model=head.model or agent.model,
+            max_steps=agent.max_steps,
+            state=state,
         )
         return rt.commit(current, transition, claim.ref)
 
@@ -122,6 +131,7 @@ def _create(rt: Runtime, run_id: str, create: dict[str, Any]) -> InvalidRequest 
             thread_id=request.thread_id,
             metadata=request.metadata,
             model=request.model,
+            state=request.state,
         )
     except InvalidRequest as exc:
         # Record the run anyway, with what can be kept of the request, so the sender can read why.
