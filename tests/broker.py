@@ -31,6 +31,7 @@ __all__ = [
     "broker_for",
     "drop_all",
     "drop_broker_for",
+    "on_rabbitmq",
     "rabbitmq_available",
     "vhost",
 ]
@@ -46,6 +47,11 @@ _created: set[str] = set()
 
 def _ctl(*args: str) -> None:
     subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+def on_rabbitmq() -> bool:
+    """Whether this test session runs against RabbitMQ."""
+    return os.environ.get(ENV_TEST_BROKER) == "rabbitmq"
 
 
 def rabbitmq_available() -> bool:
@@ -78,7 +84,7 @@ def _name_for(redis_url: str) -> str:
 def broker_for(redis_url: str) -> str:
     """The broker of the workers and clients of one redis-server: empty (that Redis) unless the
     session runs against RabbitMQ, then a virtual host of the server's own."""
-    if os.environ.get(ENV_TEST_BROKER) != "rabbitmq" or redis_url.startswith("memory://"):
+    if not on_rabbitmq() or redis_url.startswith("memory://"):
         return ""
     name = _name_for(redis_url)
     return f"{RABBITMQ}/{name}" if name in _created else _create(name)

@@ -140,7 +140,9 @@ class Runtime:
         has claimed work since. Any other stale delivery is a benign duplicate: re-publishing from
         it would send a duplicate of the next phase, which would do the same one hop later.
         """
-        if stale.terminal or not delivery.redelivered or stale.outbox_claimed:
+        # An ended run's outbox holds its callback task, if it has one: that one too may never
+        # have been sent (on RabbitMQ, whose redeliveries also cover a worker that died whole).
+        if not delivery.redelivered or stale.outbox_claimed or not stale.outbox:
             return
         if stale.version > delivery.version:
             log.info(
