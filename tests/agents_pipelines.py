@@ -24,8 +24,9 @@ from shared.agents import Agent, AgentRegistry
 from shared.errors import ModelTransport
 from shared.llm.base import ModelResponse
 from shared.llm.scripted import ScriptedModel, reply
-from shared.messages import Message, UserMessage
+from shared.messages import Message, ToolMessage, UserMessage
 from shared.pipeline.definition import Pipeline
+from shared.tools import ToolContext, ToolSet, tool
 
 CALLS_KEY = "test:pipe_calls"
 
@@ -146,3 +147,48 @@ def odd_route(route: Route) -> str:
 #: Pipelines whose mapping functions fail in the workers (a step error, not a child's).
 registry.add_pipeline(Pipeline("broken-map").then("splitter").map("worker", over=broken_over))
 registry.add_pipeline(Pipeline("broken-branch").then("triage").branch(odd_route, {"math": "math"}))
+
+
+# -- custom run state handed along -----------------------------------------------------------------
+
+
+class Tally(BaseModel):
+    """The run state of ``tally``: every question its runs noted, in order."""
+
+    noted: list[str] = []
+
+
+class NoteArgs(BaseModel):
+    text: str
+
+
+@tool
+def tally_note(args: NoteArgs, ctx: ToolContext) -> str:
+    """Note the question in the run's state."""
+    assert isinstance(ctx.state, Tally)
+    ctx.update_state(noted=[*ctx.state.noted, args.text])
+    return "noted"
+
+
+def _tally(messages: Sequence[Message]) -> ModelResponse:
+    if isinstance(messages[-1], ToolMessage):
+        return reply(f"noted {_question(messages)}")
+    return reply(None, ("tally_note", {"text": _question(messages)}))
+
+
+registry.add_model("tally", ScriptedModel(_tally))
+registry.add(
+    Agent(
+        name="tally",
+        model="scripted:tally",
+        system_prompt="Tally.",
+        tools=ToolSet([tally_note]),
+        state_type=Tally,
+    )
+)
+registry.add_pipeline(
+    Pipeline("tallied")
+    .then("tally")
+    .then("tally", input=lambda a: f"then {a}", state=True)
+    .map("tally", over=lambda a: [f"x {a}", f"y {a}"], state=True)
+)

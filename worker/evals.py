@@ -26,6 +26,7 @@ from shared.agents import AgentRegistry
 from shared.errors import InvalidRequest, StoreFull
 from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult, RunOutcome, trajectory
+from shared.evals.scorers import JudgeReply
 from shared.evals.scoring import EVAL_ID, EVAL_ITEM, result_of, run_outcome
 from shared.evals.store import EvalMeta, EvalStore, Item, run_id_of
 from shared.evals.tasks import TASK_EVAL_SCORE, pump_task
@@ -180,7 +181,7 @@ class EvalPool:
             self.pump(eval_id)
         return result
 
-    def judge(self, model: str, system: str, prompt: str) -> str:
+    def judge(self, model: str, system: str, prompt: str) -> JudgeReply:
         """Ask a judge model, through the same adapters (retries, timeouts) as a think phase."""
         adapter = resolve_model(model, self.agents)
         request = ModelRequest(
@@ -189,7 +190,9 @@ class EvalPool:
             temperature=0.0,
             max_tokens=400,
         )
-        return adapter.complete(request).text or ""
+        response = adapter.complete(request)
+        usage = response.usage
+        return JudgeReply(response.text or "", usage.input_tokens, usage.output_tokens)
 
     # -- the sweeper's repairs -------------------------------------------------------------------
 

@@ -193,6 +193,17 @@ class PipelinePool:
                 raise StepError(f"step {step.name!r}: input() gave {type(text).__name__}, not the input text")
         return texts
 
+    def _state_before(self, pipeline_id: str, seq: int) -> dict[str, Any] | None:
+        """The custom run state the run of step ``seq - 1`` ended with (one run: checked when the
+        pipeline was registered); a run read from Redis or the archive alike."""
+        completed = [
+            r
+            for _, r in sorted(self.store.results(pipeline_id, seq - 1).items())
+            if r["status"] == "completed"
+        ]
+        head = self.runs.load(str(completed[0]["run_id"])) if completed else None
+        return head.state if head is not None else None
+
     def _step(self, target: str, index: int) -> Step:
         return self.agents.steps_of(target)[index]
 
@@ -225,6 +236,7 @@ class PipelinePool:
         text = self.store.item_input(pipeline_id, seq, item) or ""
         created = 0
         try:
+            state = self._state_before(pipeline_id, seq) if step.state else None
             self.client.submit(
                 step.agent or "",
                 text,
@@ -238,6 +250,7 @@ class PipelinePool:
                 callback=CHILD_CALLBACK,
                 check_agent=False,
                 tenant=meta.tenant,
+                state=state,
             )
             created = 1
         except StoreFull as exc:

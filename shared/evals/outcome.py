@@ -69,6 +69,10 @@ class Score(BaseModel):
     explanation: str = ""
     #: The scorer itself failed (raised, or could not be loaded): the value is 0.
     error: bool = False
+    #: A judge's model and the tokens its call took (none for the other scorers).
+    model: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
 
 
 class CaseResult(BaseModel):
@@ -86,7 +90,10 @@ class CaseResult(BaseModel):
     steps: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    #: US dollars of the run and of its judges' calls.
     cost_usd: float = 0.0
+    #: Tokens the judges' calls took (the run's own are ``input_tokens`` and ``output_tokens``).
+    judge_tokens: int = 0
     latency_s: float = 0.0
     scores: list[Score] = Field(default_factory=list)
     trajectory: list[Step] = Field(default_factory=list)

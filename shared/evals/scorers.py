@@ -14,6 +14,7 @@ import math
 import re
 import string
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -29,6 +30,7 @@ __all__ = [
     "JUDGE_SYSTEM",
     "JsonScorer",
     "Judge",
+    "JudgeReply",
     "JudgeScorer",
     "JudgeVerdictError",
     "LimitsScorer",
@@ -354,8 +356,17 @@ class JudgeVerdictError(ValueError):
     """The judge's reply is not a verdict: anything but the one JSON object it was asked for."""
 
 
-#: Asks a model (``PROVIDER:MODEL``) with a system prompt and a user message; returns its text.
-Judge = Callable[[str, str, str], str]
+@dataclass(frozen=True)
+class JudgeReply:
+    """What a judge model answered, and the tokens it took."""
+
+    text: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+#: Asks a model (``PROVIDER:MODEL``) with a system prompt and a user message.
+Judge = Callable[[str, str, str], JudgeReply]
 
 JUDGE_SYSTEM = (
     "You grade an AI assistant's answer against a rubric. Reply with ONLY one JSON object and"
@@ -404,13 +415,13 @@ class JudgeScorer(_Base):
             f"Answer to grade:\n{outcome.answer or '(no answer)'}"
         )
 
-    def judge(self, case: Case, outcome: RunOutcome, ask: Judge | None) -> tuple[float, str]:
+    def ask(self, case: Case, outcome: RunOutcome, ask: Judge | None) -> JudgeReply:
         if ask is None:
             raise RuntimeError("no model is available to judge here")
-        return parse_verdict(ask(self.model, JUDGE_SYSTEM, self.prompt(case, outcome)))
+        return ask(self.model, JUDGE_SYSTEM, self.prompt(case, outcome))
 
     def value(self, case: Case, outcome: RunOutcome) -> tuple[float, str]:
-        return self.judge(case, outcome, None)
+        return parse_verdict(self.ask(case, outcome, None).text)
 
 
 class CustomScorer(_Base):
@@ -471,15 +482,24 @@ def run_scorers(
     """
     scores = []
     for scorer in scorers:
+        # A judge's tokens count even when its verdict is unusable: they were spent.
+        usage: dict[str, Any] = {}
         try:
             if isinstance(scorer, JudgeScorer):
-                value, explanation = scorer.judge(case, outcome, judge)
+                reply = scorer.ask(case, outcome, judge)
+                usage = {"model": scorer.model, "input_tokens": reply.input_tokens}
+                usage["output_tokens"] = reply.output_tokens
+                value, explanation = parse_verdict(reply.text)
             else:
                 value, explanation = scorer.value(case, outcome)
             value = min(1.0, max(0.0, float(value)))
             scores.append(
                 Score(
-                    name=scorer.label, value=value, passed=value >= scorer.threshold, explanation=explanation
+                    name=scorer.label,
+                    value=value,
+                    passed=value >= scorer.threshold,
+                    explanation=explanation,
+                    **usage,
                 )
             )
         except Exception as exc:  # a broken scorer costs its own score on this case, nothing more
@@ -490,6 +510,7 @@ def run_scorers(
                     passed=False,
                     explanation=f"the scorer failed: {type(exc).__name__}: {str(exc)[:500]}",
                     error=True,
+                    **usage,
                 )
             )
     return scores

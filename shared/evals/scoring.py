@@ -36,12 +36,12 @@ def run_outcome(ended: dict[str, Any], trajectory: list[Step]) -> RunOutcome:
     )
 
 
-def cost_of(spec: EvalSpec, model: str, outcome: RunOutcome) -> float:
-    """US dollars the run cost, by the spec's pricing of its model (0 when not priced)."""
+def cost_of(spec: EvalSpec, model: str, input_tokens: int, output_tokens: int) -> float:
+    """US dollars of a model's tokens, by the spec's pricing (0 when the model is not priced)."""
     price = spec.pricing.get(model)
     if price is None:
         return 0.0
-    return (outcome.input_tokens * price.input_per_mtok + outcome.output_tokens * price.output_per_mtok) / 1e6
+    return (input_tokens * price.input_per_mtok + output_tokens * price.output_per_mtok) / 1e6
 
 
 def result_of(
@@ -50,6 +50,9 @@ def result_of(
     """Score a case run. A run that did not complete fails its case with its own error, unscored."""
     completed = outcome.status == "completed"
     scores = run_scorers(spec.scorers, case, outcome, judge) if completed else []
+    judged = [s for s in scores if s.model is not None]
+    cost = cost_of(spec, model, outcome.input_tokens, outcome.output_tokens)
+    cost += sum(cost_of(spec, s.model or "", s.input_tokens, s.output_tokens) for s in judged)
     return CaseResult(
         item=str(item),
         variant=spec.variants[item.variant].name,
@@ -63,7 +66,8 @@ def result_of(
         steps=outcome.steps,
         input_tokens=outcome.input_tokens,
         output_tokens=outcome.output_tokens,
-        cost_usd=cost_of(spec, model, outcome),
+        cost_usd=cost,
+        judge_tokens=sum(s.input_tokens + s.output_tokens for s in judged),
         latency_s=outcome.latency_s,
         scores=scores,
         trajectory=outcome.trajectory,

@@ -279,7 +279,7 @@ class EvalStore:
     def record(self, eval_id: str, item: Item, result: CaseResult) -> bool:
         """Record the item's result once and give its slot back; False if it was recorded already."""
         k = self.keys
-        tokens = result.input_tokens + result.output_tokens
+        tokens = result.input_tokens + result.output_tokens + result.judge_tokens
         reply = self._scripts["eval_record"](
             keys=[
                 k.eval_results(eval_id),

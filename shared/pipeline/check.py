@@ -32,6 +32,7 @@ def check_pipeline(
     if not pipeline.steps:
         raise ConfigError(f"{where} has no steps")
     value: Any = pipeline.input_type
+    before: tuple[Step, Any] | None = None  # the previous step and its agent
     for step in pipeline.steps:
         at = f"{where}, step {step.name!r}"
         if step.expects is not None and not accepts(step.expects, value):
@@ -42,6 +43,9 @@ def check_pipeline(
             _check_branch(pipeline, step, value, at, agent_of, pipelines)
             return
         agent = _agent(step, at, agent_of)
+        if step.state:
+            _check_state(step, agent, before, at)
+        before = (step, agent)
         if step.kind == "map":
             assert step.over is not None
             _fits(step.over, "over", value, at)
@@ -53,6 +57,20 @@ def check_pipeline(
         else:
             _input_fits(step, value, at)
             value = output_type_of(agent)
+
+
+def _check_state(step: Step, agent: Any, before: tuple[Step, Any] | None, at: str) -> None:
+    """A step that starts from the previous run's state: one run before it, and state types that fit."""
+    if before is None or before[0].kind == "map":
+        raise ConfigError(f"{at}: state=True needs a then or reduce step (one run) right before it")
+    prev_type, this_type = getattr(before[1], "state_type", None), getattr(agent, "state_type", None)
+    if prev_type is None or this_type is None:
+        raise ConfigError(f"{at}: state=True needs both agents to declare a state_type")
+    if not issubclass(prev_type, this_type):
+        raise ConfigError(
+            f"{at}: the previous run's state is a {prev_type.__name__},"
+            f" not the {this_type.__name__} this step's agent keeps"
+        )
 
 
 def _agent(step: Step, at: str, agent_of: Callable[[str], Any]) -> Any:

@@ -81,6 +81,9 @@ class Step:
     on_error: OnError = "fail"
     #: The type the step expects from the previous step (checked at registration).
     expects: Any = None
+    #: Start each of the step's runs from the custom run state the previous step's run ended with
+    #: (the previous step is one run: ``then`` or ``reduce``; checked at registration).
+    state: bool = False
 
 
 class Pipeline:
@@ -109,9 +112,12 @@ class Pipeline:
         name: str | None = None,
         expects: Any = None,
         retries: int = 0,
+        state: bool = False,
     ) -> Pipeline:
-        """One run of ``agent`` on the previous value (``input(value)``)."""
-        return self._add(Step("then", name or agent, agent, input=input, expects=expects, retries=retries))
+        """One run of ``agent`` on the previous value (``input(value)``); with ``state``, starting
+        from the run state the previous step's run ended with."""
+        step = Step("then", name or agent, agent, input=input, expects=expects, retries=retries, state=state)
+        return self._add(step)
 
     def map(
         self,
@@ -124,8 +130,10 @@ class Pipeline:
         expects: Any = None,
         retries: int = 0,
         on_error: OnError = "fail",
+        state: bool = False,
     ) -> Pipeline:
-        """One run of ``agent`` per item of ``over(value)``, at most ``concurrency`` live at once."""
+        """One run of ``agent`` per item of ``over(value)``, at most ``concurrency`` live at once;
+        with ``state``, each starting from the run state the previous step's run ended with."""
         if not 1 <= concurrency <= MAX_CONCURRENCY:
             raise ConfigError(f"pipeline {self.name!r}: map concurrency must be in 1..{MAX_CONCURRENCY}")
         step = Step(
@@ -138,6 +146,7 @@ class Pipeline:
             expects=expects,
             retries=retries,
             on_error=on_error,
+            state=state,
         )
         return self._add(step)
 

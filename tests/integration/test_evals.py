@@ -242,6 +242,8 @@ def test_an_llm_judge_grades_and_a_judge_that_answers_garbage_is_an_error_on_its
     eval_id, _ = evals.submit_file(spec)
     done = evals.wait(eval_id, timeout=60)
     assert done.meta.status == "completed" and done.counts[0].done == 6 and done.counts[0].passed == 0
+    # 15 tokens per run, and 15 per judge call (two per case): the judges' count too.
+    assert done.counts[0].tokens == 6 * (15 + 2 * 15)
     for r in evals.results(eval_id):
         strict, garbage = r.scores
         m = int(r.case_id[1:])

@@ -242,3 +242,19 @@ def test_step_errors_end_the_pipeline_failed(client: Client, pipeline: str, kind
     assert error["kind"] == kind
     assert message in error["message"]
     assert all(c.status == "completed" for s in status.steps for c in s.children)  # no child failed
+
+
+def test_a_step_starts_from_the_state_the_run_before_it_ended_with(client: Client) -> None:
+    handle = client.submit_pipeline("tallied", "first", pipeline_id="tallied-1")
+    status = handle.wait(timeout=60)
+    assert status.status == "completed", status
+    states = [
+        client.handle(child_run_id("tallied-1", seq, item, 0)).status().state
+        for seq, item in ((0, 0), (1, 0))
+    ]
+    assert states == [{"noted": ["first"]}, {"noted": ["first", "then noted first"]}]
+    mapped = [client.handle(child_run_id("tallied-1", 2, item, 0)).status().state for item in (0, 1)]
+    assert mapped == [
+        {"noted": ["first", "then noted first", "x noted then noted first"]},
+        {"noted": ["first", "then noted first", "y noted then noted first"]},
+    ]

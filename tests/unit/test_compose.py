@@ -116,3 +116,17 @@ def test_the_dashboard_only_plots_metrics_that_exist() -> None:
     assert used <= _exported(), used - _exported()
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_the_archive_profile_runs_postgres_and_an_archiver() -> None:
+    data = compose()
+    services = data["services"]
+    assert services["postgres"]["profiles"] == services["archiver"]["profiles"] == ["archive"]
+    assert services["archiver"]["command"] == ["archive", "--loop"]
+    assert services["archiver"]["depends_on"]["postgres"] == {"condition": "service_healthy"}
+    # Every service reads archived runs once the URL is set, not only the archiver.
+    for name in ("worker-model", "worker-tools", "api", "archiver"):
+        assert "WESICHAIN_ARCHIVE_URL" in services[name]["environment"], name
+    assert "postgres-data" in data["volumes"]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'pip install --no-cache-dir ".[postgres]"' in dockerfile  # the archive's driver is in the image

@@ -260,16 +260,37 @@ def test_a_judges_verdict_is_parsed_strictly(reply: str | None, verdict: tuple[f
             parse_verdict(reply)
 
 
+def test_a_judges_tokens_count_in_the_case_cost_even_when_its_verdict_is_garbage() -> None:
+    from shared.evals.scorers import JudgeReply
+    from shared.evals.scoring import result_of
+    from shared.evals.store import Item
+
+    s = spec(
+        scorers=[{"kind": "judge", "model": "openai:gpt-4o-mini", "rubric": "Be exact."}],
+        pricing={"openai:gpt-4o-mini": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}},
+    )
+    run = outcome("four", input_tokens=10, output_tokens=5)
+    for text in ('{"score": 1, "reason": "ok"}', "Sure, fine!"):
+        r = result_of(
+            s, Item(0, 0, 0), case("4"), run, "scripted:x", lambda *_, t=text: JudgeReply(t, 100, 20)
+        )
+        assert r.judge_tokens == 120 and r.cost_usd == pytest.approx(140 / 1e6)
+        assert r.passed == (text[0] == "{") and r.scores[0].error == (text[0] != "{")
+
+
 def test_a_judge_scorer_sends_the_rubric_question_expected_and_answer() -> None:
+    from shared.evals.scorers import JudgeReply
+
     asked: list[tuple[str, str, str]] = []
 
-    def ask(model: str, system: str, prompt: str) -> str:
+    def ask(model: str, system: str, prompt: str) -> JudgeReply:
         asked.append((model, system, prompt))
-        return '{"score": 0.4, "reason": "partly"}'
+        return JudgeReply('{"score": 0.4, "reason": "partly"}', 100, 20)
 
     s = spec(scorers=[{"kind": "judge", "model": "openai:gpt-4o-mini", "rubric": "Be exact."}])
     (verdict,) = run_scorers(s.scorers, case("4"), outcome("four"), ask)
     assert (verdict.value, verdict.passed, verdict.explanation) == (0.4, False, "partly")
+    assert (verdict.model, verdict.input_tokens, verdict.output_tokens) == ("openai:gpt-4o-mini", 100, 20)
     ((model, system, prompt),) = asked
     assert model == "openai:gpt-4o-mini" and "ONLY one JSON object" in system
     assert prompt == 'Rubric:\nBe exact.\n\nQuestion:\nq\n\nExpected answer:\n"4"\n\nAnswer to grade:\nfour'

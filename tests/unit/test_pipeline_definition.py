@@ -160,3 +160,45 @@ def test_values() -> None:
     assert jsonable([Draft(text="x")]) == [{"text": "x"}]
     assert value_of({"answer": "a", "output": {"text": "t"}}, Draft) == Draft(text="t")
     assert value_of({"answer": "a", "output": None}, None) == "a"
+
+
+class Notes(BaseModel):
+    notes: list[str] = []
+
+
+class MoreNotes(Notes):
+    more: int = 0
+
+
+def test_state_handed_along_needs_one_run_before_and_fitting_state_types() -> None:
+    r = registry()
+    r.add(Agent(name="noter", model="scripted:x", system_prompt=".", state_type=Notes))
+    r.add(Agent(name="more", model="scripted:x", system_prompt=".", state_type=MoreNotes))
+    r.add_pipeline(
+        Pipeline("ok").then("more").then("noter", state=True).map("noter", over=text_lines, state=True)
+    )
+    refused = [
+        (
+            Pipeline("first").then("noter", state=True),
+            "needs a then or reduce step (one run) right before it",
+        ),
+        (
+            Pipeline("after-map")
+            .then("split")
+            .map("noter", over=parts_items)
+            .then("noter", input=texts, state=True),
+            "needs a then or reduce step (one run) right before it",
+        ),
+        (
+            Pipeline("stateless").then("text").then("noter", state=True),
+            "needs both agents to declare a state_type",
+        ),
+        (Pipeline("narrower").then("noter").then("more", state=True), "state is a Notes, not the MoreNotes"),
+    ]
+    for pipeline, message in refused:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            r.add_pipeline(pipeline)
+
+
+def text_lines(text: str) -> list[str]:
+    return text.splitlines()
