@@ -13,6 +13,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -25,7 +26,7 @@ from shared.tenants import Tenants
 from shared.timeline import Timeline
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.chaos.support import Cluster, wait_paused
-from tests.harness import RedisServer, wait_until
+from tests.harness import RedisServer, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -99,6 +100,27 @@ def page(browser: Browser, api: ApiProcess, key: str) -> Iterator[Page]:
     assert elsewhere == [], f"the console fetched from elsewhere: {elsewhere}"
 
 
+@contextmanager
+def pausing_workers(cluster: Cluster) -> Iterator[list[WorkerProcess]]:
+    """The module's workers swapped, for one test, for two that pause in a run's first think (once
+    per run, so the other one runs it again after a kill); the module's own workers come back."""
+    regular = [w for w in cluster.workers if w.alive]
+    paused = cluster.start(2, concurrency=2, env={"WESICHAIN_FAULT": "pause:thinking"})
+    for worker in regular:
+        worker.stop()  # so that the run's first think lands on a pausing worker
+    try:
+        yield paused
+    finally:
+        for worker in paused:
+            worker.kill()
+            worker.stop()
+        cluster.workers = [w for w in cluster.workers if w not in paused]
+        for worker in regular:
+            worker.start(wait=False)
+        for worker in regular:
+            worker.wait_ready(timeout=60)
+
+
 def submit(http: httpx.Client, agent: str) -> str:
     response = http.post("/v1/runs", json={"agent": agent, "input": "go"})
     assert response.status_code == 202, response.text
@@ -150,15 +172,11 @@ def test_a_parked_run_is_approved_from_its_page(page: Page, http: httpx.Client, 
 def test_timeline_of_a_fan_out_run_with_a_worker_killed(
     page: Page, http: httpx.Client, api: ApiProcess, server: RedisServer, cluster: Cluster, tmp_path: Path
 ) -> None:
-    # Two more workers that pause in a think: one is SIGKILLed there and the run goes on elsewhere.
-    # (The pause fires once per run, so the other pausing worker runs the think again.)
-    paused = cluster.start(2, concurrency=2, env={"WESICHAIN_FAULT": "pause:thinking"})
-    for worker in [w for w in cluster.workers if w not in paused]:
-        worker.stop()  # so that the run's first think lands on a pausing worker
-    run_id = submit(http, "parallel")
-    victim = cluster.owner(wait_paused(server.client(), Phase.THINKING, run_id))
-    victim.kill()
-    run = wait_status(http, run_id, {"completed"}, timeout=90)
+    with pausing_workers(cluster):
+        run_id = submit(http, "parallel")
+        victim = cluster.owner(wait_paused(server.client(), Phase.THINKING, run_id))
+        victim.kill()
+        run = wait_status(http, run_id, {"completed"}, timeout=90)
     assert run["answer"] == "all four done"
 
     page.goto(f"{api.url}/#/runs/{run_id}")
