@@ -213,6 +213,7 @@ def status(args: argparse.Namespace) -> int:
                     "recorded": p.recorded,
                     "in_flight": p.in_flight,
                     "pending": p.pending,
+                    "judge_waits": p.judge_waits,
                     "variants": [
                         {"name": v.name, **c.__dict__}
                         for v, c in zip(p.meta.spec.variants, p.counts, strict=True)

@@ -40,6 +40,8 @@ class Progress:
     in_flight: int
     pending: int
     recorded: int
+    #: Scorings that waited for their judge's provider capacity (each sent again later).
+    judge_waits: int = 0
 
     @property
     def done(self) -> bool:
@@ -126,6 +128,7 @@ class EvalClient:
             in_flight=self.store.in_flight(eval_id),
             pending=self.store.pending(eval_id),
             recorded=self.store.recorded(eval_id),
+            judge_waits=self.store.judge_waits(eval_id),
         )
 
     def wait(self, eval_id: str, timeout: float, poll_s: float = 0.5) -> Progress:
