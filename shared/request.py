@@ -21,6 +21,8 @@ from shared.state import Callback
 
 __all__ = [
     "MAX_NAME_CHARS",
+    "NAME_PATTERN",
+    "NOT_BLANK",
     "MAX_STATE_BYTES",
     "RunRequest",
     "StartMessage",
@@ -30,8 +32,12 @@ __all__ = [
 ]
 
 #: Agent names, thread ids and run ids: short, printable, no separators that mean something to Redis.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$")
+#: What a name (agent, thread, tenant) is: also the ``pattern`` of those fields in the OpenAPI document.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$"
+_NAME = re.compile(NAME_PATTERN)
 MAX_NAME_CHARS = 200
+#: An input must hold something besides white space (a JSON Schema ``pattern`` searches).
+NOT_BLANK = r"\S"
 
 
 class RunRequest(BaseModel):
