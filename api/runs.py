@@ -26,6 +26,7 @@ MAX_UNIX_S = 10_000_000_000
 
 __all__ = [
     "ERRORS",
+    "MAX_UNIX_S",
     "Svc",
     "Who",
     "approve",
