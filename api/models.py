@@ -77,9 +77,7 @@ class DecisionBody(DenyBody):
     """``POST /v1/runs/{id}/approve``: an optional note the model sees, and whether it holds for
     the rest of the run."""
 
-    always: bool = Field(
-        default=False, description="The same tools need no approval again in this run."
-    )
+    always: bool = Field(default=False, description="The same tools need no approval again in this run.")
 
 
 class RunView(BaseModel):
