@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import InvalidRequest
+from shared.queues import check_namespace
 from shared.settings import Limits
 from shared.state import Callback
 
@@ -66,6 +67,12 @@ class RunRequest(BaseModel):
         description="The run's starting custom state, for an agent that declares a state type (checked"
         " against it when the run starts; bounded).",
     )
+    namespace: str | None = Field(
+        default=None,
+        description="The queue namespace of the run's tasks: NAME sends them to NAME.model,"
+        " NAME.tools and NAME.callbacks instead of the pool's default queues (1..48 letters,"
+        " digits, _ and -).",
+    )
 
 
 class StartMessage(BaseModel):
@@ -109,6 +116,7 @@ def validate_request(raw: Mapping[str, Any], limits: Limits) -> RunRequest:
     state = raw.get("state")
     if state is not None:
         _check_state(state)
+    namespace = check_namespace(raw.get("namespace"))
     return RunRequest(
         agent=agent,
         input=text,
@@ -118,6 +126,7 @@ def validate_request(raw: Mapping[str, Any], limits: Limits) -> RunRequest:
         tenant=tenant,
         callback=_callback(raw.get("callback")),
         state=state,
+        namespace=namespace,
     )
 
 

@@ -147,8 +147,11 @@ class EvalPool:
                 model=variant.model,
                 thread_id=f"{run_id}:{case.thread}" if case.thread else None,
                 metadata={**variant.metadata, **case.metadata, EVAL_ID: eval_id, EVAL_ITEM: str(item)},
+                # Scored in place by the worker that ended the run (on the namespace's queues,
+                # if the eval names one), unless the spec sends scorings to a queue of their own.
                 callback=Callback(task=TASK_EVAL_SCORE, queue=spec.queue),
                 check_agent=False,
+                namespace=spec.namespace,
             )
             created = 1
         except StoreFull as exc:
@@ -224,7 +227,7 @@ class EvalPool:
                 task_id=f"{ended['run_id']}:score:{uuid.uuid4().hex[:8]}",
                 arguments={},
                 args=[ended],
-                queue=meta.spec.queue,
+                queue=meta.spec.task_queue,
                 countdown=wait,
             )
         )
@@ -285,7 +288,7 @@ class EvalPool:
             and self.evals.in_flight(eval_id) < meta.spec.concurrency
             and self.evals.pending(eval_id) > 0
         ):
-            self.send(pump_task(eval_id, meta.spec.queue))
+            self.send(pump_task(eval_id, meta.spec.task_queue))
             repaired += 1
         return repaired
 
@@ -310,7 +313,7 @@ class EvalPool:
                 task_id=f"{run_id}:score:{uuid.uuid4().hex[:8]}",
                 arguments={},
                 args=[outcome(head)],
-                queue=meta.spec.queue,
+                queue=meta.spec.task_queue,
             )
         )
         return 1
