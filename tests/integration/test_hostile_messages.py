@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 from celery import Celery
-from kombu import Connection, Producer
+from kombu.connection import Connection
+from kombu.messaging import Producer
 
 from producer.client import Client
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS
