@@ -85,6 +85,7 @@ from worker.tracing import Tracing
 __all__ = [
     "Consumer",
     "EXIT_CONFIG",
+    "MalformedTask",
     "PHASE_OF_TASK",
     "PhaseRequest",
     "RunEnded",
