@@ -89,12 +89,14 @@ __all__ = [
     "Consumer",
     "EXIT_CONFIG",
     "MalformedTask",
+    "OUTAGE_RETRIES",
     "PHASE_OF_TASK",
     "PhaseRequest",
     "RunEnded",
     "RuntimeHolder",
     "check_agents_module",
     "create_app",
+    "outage_retry",
 ]
 
 log = logging.getLogger("wesichain.worker")
