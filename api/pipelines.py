@@ -18,7 +18,7 @@ from api.services import Services
 from producer.pipelines import MAX_PIPELINE_ID_CHARS, PipelineConflict, PipelineHandle, UnknownPipeline
 from shared.errors import ConfigError, InvalidRequest, StoreFull
 from shared.pipeline.status import PipelineStatus
-from shared.request import check_name
+from shared.request import NOT_BLANK, check_name
 
 __all__ = [
     "PipelineEvents",
@@ -38,7 +38,8 @@ class PipelineSubmit(BaseModel):
 
     pipeline: str = Field(min_length=1, max_length=200, description="A pipeline the agents module registers.")
     input: str = Field(
-        description="The first step's input (JSON of the pipeline's input type, if it has one)."
+        pattern=NOT_BLANK,
+        description="The first step's input (JSON of the pipeline's input type, if it has one).",
     )
     pipeline_id: str | None = Field(
         default=None,
