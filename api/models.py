@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import ToolCall
+from shared.pipeline.status import PipelineSummary
 from shared.request import MAX_NAME_CHARS, NAME_PATTERN, NOT_BLANK, RunRequest
 from shared.state import Approval, Callback, CallbackState, PhaseRun, RunHead, RunStatus
 from shared.workers import AgentInfo
@@ -21,6 +22,7 @@ __all__ = [
     "DenyBody",
     "EventPage",
     "Health",
+    "PipelineList",
     "Readiness",
     "RunList",
     "RunView",
@@ -157,6 +159,13 @@ class RunList(BaseModel):
     """A page of runs, newest first."""
 
     runs: list[RunView]
+    next_cursor: str | None = Field(description="Pass as ``cursor`` for the next page; null: no more.")
+
+
+class PipelineList(BaseModel):
+    """A page of pipeline runs, newest first."""
+
+    pipelines: list[PipelineSummary]
     next_cursor: str | None = Field(description="Pass as ``cursor`` for the next page; null: no more.")
 
 

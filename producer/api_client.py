@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from api.models import AgentView, RunList, RunView
+from api.models import AgentView, PipelineList, RunList, RunView
 from producer.client import RequestConflict, RunNotFound, RunTimeout, UnknownAgent
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
@@ -269,6 +269,19 @@ class ApiClient:
         )
         return RunList.model_validate_json(self._call("GET", "/v1/runs", params=params).content)
 
+    def list_pipelines(
+        self,
+        *,
+        pipeline: str | None = None,
+        status: str | None = None,
+        since: float | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> PipelineList:
+        """The caller's pipeline runs, newest first (``pipeline``: only runs of that pipeline)."""
+        params = _list_params(pipeline=pipeline, status=status, since=since, cursor=cursor, limit=limit)
+        return PipelineList.model_validate_json(self._call("GET", "/v1/pipelines", params=params).content)
+
     def agents(self) -> list[AgentView]:
         return [AgentView.model_validate(a) for a in self._call("GET", "/v1/agents").json()["agents"]]
 
@@ -467,6 +480,19 @@ class AsyncClient:
             agent=agent, status=status, thread_id=thread_id, since=since, cursor=cursor, limit=limit
         )
         return RunList.model_validate_json((await self._call("GET", "/v1/runs", params=params)).content)
+
+    async def list_pipelines(
+        self,
+        *,
+        pipeline: str | None = None,
+        status: str | None = None,
+        since: float | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> PipelineList:
+        params = _list_params(pipeline=pipeline, status=status, since=since, cursor=cursor, limit=limit)
+        response = await self._call("GET", "/v1/pipelines", params=params)
+        return PipelineList.model_validate_json(response.content)
 
     async def agents(self) -> list[AgentView]:
         body = (await self._call("GET", "/v1/agents")).json()

@@ -23,6 +23,7 @@ from celery import Celery
 
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, Event
+from shared.pipeline.store import PipelinePage, PipelineStore
 from shared.prompts import missing_variables
 from shared.queues import DEFAULT_NAMESPACE, queue_in
 from shared.redis_client import connect
@@ -311,6 +312,22 @@ class Client:
         from producer.pipelines import PipelineHandle
 
         return PipelineHandle(self, pipeline_id)
+
+    def list_pipelines(
+        self,
+        *,
+        tenant: str | None = None,
+        name: str | None = None,
+        status: str | None = None,
+        since: float | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> PipelinePage:
+        """A tenant's pipeline runs (``None``: those without a tenant), newest first, a page at a time."""
+        if not 1 <= limit <= 500:
+            raise InvalidRequest(f"limit must be in 1..500, got {limit}")
+        store = PipelineStore(self.store.redis, self.store.keys, self.settings.retention_s)
+        return store.list_pipelines(tenant, name=name, status=status, since=since, cursor=cursor, limit=limit)
 
     def close(self) -> None:
         self.store.close_archive()
