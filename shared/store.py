@@ -26,12 +26,11 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import redis
 
 from shared import protocol
-from shared.archive import Archive, ListingFilter, open_archive
 from shared.errors import InternalInvariant, InvalidRequest
 from shared.events import Event, dump_event, load_event
 from shared.keys import Keys
@@ -39,6 +38,11 @@ from shared.messages import MESSAGE_ADAPTER, Message, dump_message
 from shared.scripts import register_scripts
 from shared.settings import Settings
 from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
+
+if TYPE_CHECKING:
+    # The archive's code (SQL, sqlite3, the database drivers) loads when an archive is opened:
+    # a worker or client without one never needs it.
+    from shared.archive import Archive
 
 __all__ = [
     "PUBLISH_COMMANDS",
@@ -297,6 +301,8 @@ class RunStore:
         if self._archive is None and self.settings.archive_url:
             with self._archive_lock:
                 if self._archive is None:
+                    from shared.archive import open_archive
+
                     self._archive = open_archive(self.settings.archive_url)
         return self._archive
 
@@ -424,6 +430,8 @@ class RunStore:
         archive = self.archive
         if archive is None:
             return _page(live, limit, stop)
+        from shared.archive import ListingFilter
+
         where = ListingFilter(tenant, agent=agent, status=status, thread_id=thread_id, since_ms=floor)
         archived = archive.list_runs(where, position, limit)
         if len(archived) == limit:  # the archive may hold more below its last one

@@ -19,7 +19,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import redis
 
@@ -29,11 +30,9 @@ from shared.scripts import register_scripts
 from shared.store import Due, HandedOn
 from shared.tasks import with_epoch
 from worker.broker_probe import BrokerProbe, Located
-from worker.evals import EvalPool
-from worker.pipelines import PipelinePool
 from worker.runtime import Runtime
 
-__all__ = ["BATCH", "Sweeper", "TRIM_EVERY"]
+__all__ = ["BATCH", "Repairs", "Sweeper", "TRIM_EVERY"]
 
 log = logging.getLogger("wesichain.sweeper")
 
@@ -43,15 +42,26 @@ BATCH = 200
 TRIM_EVERY = 60
 
 
+class Repairs(Protocol):
+    """What the pool repairs each sweep besides runs (``EvalPool``, ``PipelinePool``)."""
+
+    def tick(self) -> int: ...
+
+
 class Sweeper:
-    """Sweeps while it holds the cluster-wide sweeper lock (see :meth:`sweep`)."""
+    """Sweeps while it holds the cluster-wide sweeper lock (see :meth:`sweep`).
+
+    ``evals`` and ``pipelines`` give the pool's eval and pipeline repairs when asked: they are
+    asked only once Redis holds an eval or a pipeline run of this prefix, so a worker whose pool
+    runs neither never imports their code (nor the client and model providers it brings).
+    """
 
     def __init__(
         self,
         rt: Runtime,
         probe: BrokerProbe,
-        evals: EvalPool | None = None,
-        pipelines: PipelinePool | None = None,
+        evals: Callable[[], Repairs] | None = None,
+        pipelines: Callable[[], Repairs] | None = None,
     ) -> None:
         self.rt = rt
         self.probe = probe
@@ -115,10 +125,13 @@ class Sweeper:
                 else:
                     waiting.append(seen)
             handed += self._check_queued(waiting)
-        if self.evals is not None:
-            self.evals.tick()
-        if self.pipelines is not None:
-            self.pipelines.tick()
+        keys = store.keys
+        # A repair's tick trims its index and reads its active set: with neither key there, it
+        # has nothing to do, and its code need not be loaded.
+        if self.evals is not None and store.redis.exists(keys.evals_index(), keys.evals_active()):
+            self.evals().tick()
+        if self.pipelines is not None and store.redis.exists(keys.pipes_index(), keys.pipes_active()):
+            self.pipelines().tick()
         return handed
 
     def _check_queued(self, waiting: Sequence[Due]) -> int:
