@@ -946,6 +946,13 @@ class RunStore:
         """Run ids of ``shard`` whose lease time has come (by Redis's clock)."""
         return [_s(r) for r in self._run("due", [self.keys.leases(shard)], [limit])]
 
+    def due_everywhere(self, limit: int = 100) -> list[list[str]]:
+        """:meth:`due` of every shard, in one pipelined round trip (a list per shard)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for shard in range(self.keys.shards):
+                self._scripts["due"](keys=[self.keys.leases(shard)], args=[str(limit)], client=pipe)
+            return [[_s(r) for r in due] for due in pipe.execute()]
+
     def inspect(self, run_id: str) -> Due | Literal["alive", "settled"]:
         """Look at a run whose lease time came (see ``inspect.lua``)."""
         k = self.keys

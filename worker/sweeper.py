@@ -104,17 +104,19 @@ class Sweeper:
 
     def sweep(self) -> int:
         store = self.rt.store
-        cutoff_ms = (time.time() - self.rt.settings.retention_s) * 1000
         handed = 0
-        trim = self._sweeps % TRIM_EVERY == 0
-        self._sweeps += 1
-        for shard in range(store.keys.shards):
-            # The run indexes outlive no run: trim entries older than the retention.
-            store.redis.zremrangebyscore(store.keys.runs_index(shard), "-inf", cutoff_ms)
-            if trim:
+        if self._sweeps % TRIM_EVERY == 0:
+            # The indexes outlive no run: trim entries older than the retention (each sweep
+            # would only find the few runs created in the last second past it).
+            cutoff_ms = (time.time() - self.rt.settings.retention_s) * 1000
+            for shard in range(store.keys.shards):
+                store.redis.zremrangebyscore(store.keys.runs_index(shard), "-inf", cutoff_ms)
                 store.trim_indexes(shard, cutoff_ms)
+        self._sweeps += 1
+        # Every shard's due runs in one round trip: most sweeps find none anywhere.
+        for due in store.due_everywhere(BATCH):
             waiting: list[Due] = []
-            for run_id in store.due(shard, BATCH):
+            for run_id in due:
                 seen = store.inspect(run_id)
                 if not isinstance(seen, Due):
                     continue
@@ -125,14 +127,26 @@ class Sweeper:
                 else:
                     waiting.append(seen)
             handed += self._check_queued(waiting)
-        keys = store.keys
-        # A repair's tick trims its index and reads its active set: with neither key there, it
-        # has nothing to do, and its code need not be loaded.
-        if self.evals is not None and store.redis.exists(keys.evals_index(), keys.evals_active()):
-            self.evals().tick()
-        if self.pipelines is not None and store.redis.exists(keys.pipes_index(), keys.pipes_active()):
-            self.pipelines().tick()
+        self._repair()
         return handed
+
+    def _repair(self) -> None:
+        """Repair evals and pipeline runs, if Redis holds any.
+
+        A repair's tick trims its index and reads its active set: with neither key there, it has
+        nothing to do, and its code need not be loaded.
+        """
+        if self.evals is None and self.pipelines is None:
+            return
+        keys = self.rt.store.keys
+        with self.rt.store.redis.pipeline(transaction=False) as pipe:
+            pipe.exists(keys.evals_index(), keys.evals_active())
+            pipe.exists(keys.pipes_index(), keys.pipes_active())
+            evals_there, pipelines_there = pipe.execute()
+        if self.evals is not None and evals_there:
+            self.evals().tick()
+        if self.pipelines is not None and pipelines_there:
+            self.pipelines().tick()
 
     def _check_queued(self, waiting: Sequence[Due]) -> int:
         """Unclaimed tasks past their queued time: waiting in the broker, or lost?
