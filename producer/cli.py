@@ -71,6 +71,11 @@ def _producer_commands(
     s.add_argument(
         "--no-check", action="store_true", help="submit even if no live worker serves the agent (queue it)"
     )
+    s.add_argument(
+        "--namespace",
+        metavar="NAME",
+        help="send the run's tasks to the queues NAME.model, NAME.tools, NAME.callbacks (Redis access only)",
+    )
 
     st = sub.add_parser("status", parents=runs, help="show a run's state")
     st.add_argument("run_id")

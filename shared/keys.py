@@ -249,3 +249,8 @@ class Keys:
     def pipes_index(self) -> str:
         """Sorted set: every pipeline run id by creation time (ms)."""
         return f"{self.prefix}pipes:index"
+
+    def pipes_index_of(self, tenant: str | None) -> str:
+        """Sorted set: one tenant's pipeline run ids by creation time (ms; ``-``: no tenant), what
+        listings read; entries past the retention are dropped as new ones come in."""
+        return f"{self.prefix}pipes:index:{tenant or '-'}"

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from shared.archive import Archive
 
 __all__ = [
+    "CURSOR_PATTERN",
     "PUBLISH_COMMANDS",
     "BrokerCommand",
     "Busy",
@@ -1088,11 +1089,15 @@ def _page(entries: list[tuple[int, RunHead]], limit: int, stop: tuple[int, str] 
     return RunPage([h for _, h in runs], None)
 
 
+#: A listing cursor: the creation time (ms) and the id of the last run of the previous page.
+CURSOR_PATTERN = r"^[0-9]{1,15}\..+$"
+
+
 def _parse_cursor(cursor: str | None) -> tuple[int, str] | None:
     if not cursor:
         return None
     score, _, run_id = cursor.partition(".")
-    if not score.isdigit() or not run_id:
+    if not score.isdigit() or len(score) > 15 or not run_id:
         raise InvalidRequest(f"bad listing cursor {cursor[:80]!r}")
     return int(score), run_id
 

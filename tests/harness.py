@@ -8,6 +8,7 @@ SIGKILL the whole worker or just one prefork child.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -172,6 +173,7 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
         log_dir: str | None = None,
         include: tuple[str, ...] = (),
+        namespaces: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="wesichain-worker-")) / f"{name}.log"
@@ -195,6 +197,8 @@ class WorkerProcess:
         ]
         if queues:
             self.args += ["--queues", queues]
+        for namespace in namespaces:
+            self.args += ["--namespace", namespace]
         # Event heartbeats stay on as in production: they let a monitor (Flower) switch task events on.
         self.args += ["--", "--without-mingle", "--without-gossip"]
         if include:
@@ -228,6 +232,12 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def received(self, task_id_part: str) -> bool:
+        """Whether this worker received a wesichain task whose id starts with ``task_id_part``
+        (a run's id) or with ``eval:`` and it (an eval's pump), by Celery's log of receipts."""
+        pattern = r"Task wesichain\.[\w.]+\[(eval:)?" + re.escape(task_id_part)
+        return re.search(pattern, self.log()) is not None
 
     def wait_ready(self, timeout: float = 30) -> None:
         def ready() -> bool:

@@ -75,6 +75,7 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
         output=result.output[: rt.settings.limits.max_event_payload_chars],
         error=result.error,
         duration_s=result.duration_s,
+        attempt=outcome.attempts,
     )
     observing = current.observe().head
     (observe,) = task_for(observing)

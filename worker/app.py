@@ -87,6 +87,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Consumer",
     "EXIT_CONFIG",
+    "MalformedTask",
     "PHASE_OF_TASK",
     "PhaseRequest",
     "RunEnded",
@@ -299,7 +300,28 @@ def _deliver_callback(rt: Runtime, spec: TaskSpec) -> None:
     run_callback(rt, Delivery(spec.name, a["run_id"], a["version"], a.get("epoch", 0)), a["step"], a["phase"])
 
 
-def _delivery(task: Task, run_id: str, version: int, epoch: int) -> Delivery:
+class MalformedTask(ValueError):
+    """A phase task whose arguments no producer of the runtime sends (wrong types, empty ids)."""
+
+
+def _check_arguments(task: Task, run_id: object, version: object, epoch: object, **more: object) -> None:
+    """Refuse a message whose arguments are not what the runtime's producers send, naming why.
+
+    Anyone who can reach the broker can put a message there; the run state is only ever read
+    for messages of the right shape, and the refusal is one log line, not a traceback.
+    """
+    wrong = [] if isinstance(run_id, str) and run_id else [f"run_id={str(run_id)[:80]!r}"]
+    for name, value in {"version": version, "epoch": epoch, **more}.items():
+        text = name == "call_id"
+        ok = (isinstance(value, str) and bool(value)) if text else (type(value) is int and value >= 0)
+        if not ok:
+            wrong.append(f"{name}={str(value)[:80]!r}")
+    if wrong:
+        raise MalformedTask(f"{task.name}[{task.request.id}] has malformed arguments: {', '.join(wrong)}")
+
+
+def _delivery(task: Task, run_id: str, version: int, epoch: int, **more: object) -> Delivery:
+    _check_arguments(task, run_id, version, epoch, **more)
     request = task.request
     redelivered = bool(request.retries) or bool((request.delivery_info or {}).get("redelivered"))
     return Delivery(task.name, run_id, version, epoch, redelivered)
@@ -347,7 +369,7 @@ def create_app(settings: Settings) -> Celery:
         "ignore_result": True,
         "shared": False,
         "Request": PhaseRequest,
-        "throws": (RunEnded,),
+        "throws": (RunEnded, MalformedTask),
     }
 
     @app.task(name=TASK_START, **options)  # type: ignore[untyped-decorator]
@@ -358,15 +380,17 @@ def create_app(settings: Settings) -> Celery:
 
     @app.task(name=TASK_THINK, **options)  # type: ignore[untyped-decorator]
     def think(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> None:
-        _finish(run_think(holder.get(), _delivery(self, run_id, version, epoch), step))
+        _finish(run_think(holder.get(), _delivery(self, run_id, version, epoch, step=step), step))
 
     @app.task(name=TASK_TOOL, **options)  # type: ignore[untyped-decorator]
     def tool(self: Task, run_id: str, step: int, version: int, call_id: str, epoch: int = 0) -> None:
-        run_tool(holder.get(), _delivery(self, run_id, version, epoch), step, call_id)
+        run_tool(
+            holder.get(), _delivery(self, run_id, version, epoch, step=step, call_id=call_id), step, call_id
+        )
 
     @app.task(name=TASK_OBSERVE, **options)  # type: ignore[untyped-decorator]
     def observe(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> None:
-        _finish(run_observe(holder.get(), _delivery(self, run_id, version, epoch), step))
+        _finish(run_observe(holder.get(), _delivery(self, run_id, version, epoch, step=step), step))
 
     @app.task(name=TASK_DECIDE, **options)  # type: ignore[untyped-decorator]
     def decide(self: Task, run_id: str, version: int, epoch: int = 0, step: int | None = None) -> None:

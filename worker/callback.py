@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from shared import protocol
 from shared.errors import InvalidRequest
+from shared.queues import queue_in
 from shared.state import Callback, CallbackState, Phase, RunHead, TaskSpec
 from shared.store import Claim, PhaseClaim
 from shared.tasks import task_for
@@ -112,7 +113,9 @@ def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None
             task_id=f"{head.run_id}:callback",
             arguments={},
             args=[outcome(head)],
-            queue=callback.queue,
+            # A run in a queue namespace has a callback that names no queue sent to that
+            # namespace's model queue, like its other tasks, not to the default routes.
+            queue=callback.queue or (queue_in(head.namespace, "model") if head.namespace else None),
         )
         try:
             rt.send(spec)

@@ -157,7 +157,14 @@ class Sweeper:
         """
         if not waiting:
             return 0
-        located = self.probe.locate({self._task_id(seen, key) for seen in waiting for key in seen.unclaimed})
+        specs = [
+            spec for seen in waiting for key in seen.unclaimed if (spec := seen.task_of(key)) is not None
+        ]
+        # A run in a queue namespace waits in that namespace's queues (its tasks name them).
+        queues = {spec.queue for spec in specs if spec.queue is not None}
+        located = self.probe.locate(
+            {self._task_id(seen, key) for seen in waiting for key in seen.unclaimed}, queues
+        )
         handed = 0
         settings = self.rt.settings
         for seen in waiting:

@@ -139,6 +139,11 @@ def test_errors_have_one_shape_and_the_right_status(api: ApiProcess, tenant_a: h
     error_of(tenant_a.get("/v1/runs", params={"status": "sleeping"}), 422, "invalid_request")
     error_of(tenant_a.get("/v1/runs", params={"limit": 0}), 422, "invalid_request")
     error_of(tenant_a.get("/v1/runs", params={"cursor": "garbage"}), 422, "invalid_request")
+    # Bounds the OpenAPI document states (a fuzzer found a 500 on a far-future `since`).
+    error_of(tenant_a.get("/v1/runs", params={"since": "1.5e308"}), 422, "invalid_request")
+    error_of(tenant_a.get("/v1/runs", params={"cursor": "9" * 300 + ".r"}), 422, "invalid_request")
+    error_of(tenant_a.post("/v1/runs", json={"agent": "", "input": "x"}), 422, "invalid_request")
+    error_of(tenant_a.post("/v1/runs/r1/deny", json={"always": True}), 422, "invalid_request")
     error_of(tenant_a.get("/v1/nothing-here"), 404, "not_found")
     # Approving a run that is not parked is a wrong state; so is cancelling one that ended.
     run = tenant_a.post("/v1/runs", json={"agent": "direct", "input": "x"}).json()
