@@ -12,11 +12,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Loaded only when used: the HTTP client (and the terminal renderer it loads with it), the
-#: model providers, the producer's commands, evals, pipelines and the archive.
+#: model providers, the client and the producer's commands, evals, pipelines and the archive.
 NOT_IMPORTED = (
     "httpx",
     "rich",
     "shared.llm.providers",
+    "producer.client",
     "producer.commands",
     "producer.evals",
     "producer.pipelines",
