@@ -44,7 +44,8 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "--broker",
         metavar="URL",
-        help=f"RabbitMQ as the broker, amqp://... (default ${ENV_BROKER_URL} or the Redis of --redis)",
+        help=f"the broker: RabbitMQ (amqp://...) or a standalone Redis (redis://...); default"
+        f" ${ENV_BROKER_URL} or the Redis of --redis",
     )
     return common
 

@@ -35,7 +35,7 @@ from shared.errors import InternalInvariant, InvalidRequest
 from shared.events import Event, dump_event, load_event
 from shared.keys import Keys
 from shared.messages import MESSAGE_ADAPTER, Message, dump_message
-from shared.scripts import register_scripts
+from shared.scripts import is_cluster, register_scripts, run_many
 from shared.settings import Settings
 from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
 
@@ -704,15 +704,37 @@ class RunStore:
         if not claims:
             return []
         k = self.keys
-        with self.redis.pipeline(transaction=False) as pipe:
-            for run_id, field, token, extend in claims:
-                self._scripts["renew"](
-                    keys=[k.run(run_id), k.leases_of(run_id)],
-                    args=[run_id, field, token, self._lease_ms, "1" if extend else "0"],
-                    client=pipe,
-                )
-            replies = pipe.execute()
+        replies = run_many(
+            self.redis,
+            self._scripts["renew"],
+            [
+                ([k.run(run_id), k.leases_of(run_id)], [run_id, field, token, self._lease_ms, int(extend)])
+                for run_id, field, token, extend in claims
+            ],
+        )
         return [(int(r[0]) == 1, int(r[1]) == 1) for r in replies]
+
+    def replicate(self, run_id: str, timeout_ms: int) -> int:
+        """Wait until a replica holds every write made so far to ``run_id``'s slot (``WAIT 1``),
+        at most ``timeout_ms``; returns how many replicas acknowledged (0: none in time).
+
+        ``WAIT`` covers the writes of the connection it is sent on, and a connection of the pool may
+        not be the one the claim went through; so it follows a write of its own on the same
+        connection, to the shard's ``sync`` key, which the replication stream orders after the claim.
+        On a cluster the pair goes to the primary of the run's slot; a slot that moved since (a
+        failover) raises, and the lease hands the work on.
+        """
+        key = self.keys.sync_of(run_id)
+        if is_cluster(self.redis):
+            node = self.redis.get_node_from_key(key)  # type: ignore[attr-defined]
+            client: Any = self.redis.get_redis_connection(node)  # type: ignore[attr-defined]
+        else:
+            client = self.redis
+        with client.pipeline(transaction=False) as pipe:
+            pipe.set(key, run_id, px=60_000)
+            pipe.execute_command("WAIT", 1, timeout_ms)
+            replies = pipe.execute()
+        return int(replies[1])
 
     def release(self, run_id: str, field: str, token: str) -> bool:
         """Give up a claim this token holds (atomically: only if it still holds it)."""

@@ -155,7 +155,7 @@ class RuntimeHolder:
                 run_commands(store.redis, builder.build([spec]))
                 return
             countdown = spec.countdown or None
-            if countdown and settings.broker_url:
+            if countdown and not settings.broker_is_redis:
                 # RabbitMQ's delayed delivery counts whole seconds, and Celery 5.7 raises on a
                 # countdown that truncates to 0 ("countdown must be a positive number").
                 countdown = max(1.0, countdown)
@@ -213,14 +213,19 @@ class RuntimeHolder:
 
     def probe(self) -> BrokerProbe:
         """How the sweeper asks the broker about queued messages."""
-        if self.settings.embedded or self.settings.broker_url:
+        if not self.settings.broker_is_redis:
             # The in-memory broker, or RabbitMQ: nothing to look into (the sweeper then waits a
             # generous total time before it publishes an unclaimed task again).
             return UnknownBroker()
         conf = celery_config(self.settings)
         options = conf["broker_transport_options"]
+        # The broker's own Redis: the store's, or a standalone one of its own (``broker_url``, as
+        # beside a Redis Cluster run state).
+        client = (
+            connect(self.settings.broker_endpoint()) if self.settings.broker_url else self.get().store.redis
+        )
         return RedisQueues(
-            self.get().store.redis,
+            client,
             [QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS],
             prefix=options.get("global_keyprefix", ""),
         )
