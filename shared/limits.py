@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import ConfigError
 from shared.keys import Keys
-from shared.scripts import register_scripts
+from shared.scripts import register_scripts, run_many
 
 __all__ = [
     "Denied",
@@ -190,12 +190,8 @@ class RateLimiter:
         held = [g for g in grants if g.limit.concurrency]
         if not held:
             return [True] * len(grants)
-        with self.redis.pipeline(transaction=False) as pipe:
-            for grant in held:
-                self._scripts["limit_renew"](
-                    keys=[self.keys.limit_slots(grant.scope)], args=[grant.holder, self.lease_ms], client=pipe
-                )
-            replies = iter(pipe.execute())
+        calls = [([self.keys.limit_slots(g.scope)], [g.holder, self.lease_ms]) for g in held]
+        replies = iter(run_many(self.redis, self._scripts["limit_renew"], calls))
         return [int(next(replies)) == 1 if g.limit.concurrency else True for g in grants]
 
     def in_use(self, scope: str) -> int:

@@ -7,6 +7,7 @@ sees and touches only its own runs, on every endpoint; listings page across hund
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -19,6 +20,7 @@ import pytest
 from shared.keys import Keys
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
+from tests.broker import broker_env
 from tests.harness import ROOT, RedisServer, WorkerProcess
 
 pytestmark = pytest.mark.integration
@@ -242,6 +244,7 @@ def test_keys_cli_create_list_revoke(api: ApiProcess, redis_server: RedisServer)
             text=True,
             cwd=ROOT,
             timeout=60,
+            env={**os.environ, **broker_env(redis_server.url)},
         )
 
     tenant = f"cli-{uuid.uuid4().hex[:6]}"
