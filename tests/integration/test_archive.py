@@ -36,6 +36,7 @@ from tests.archive_support import BACKENDS, FullRead, archive_url, full_read
 from tests.broker import Settings, broker_env
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.unit.test_archive_sql import sample_record
+from tests.unit.test_eval_archive import eval_keys
 from tests.unit.test_store import commit
 
 pytestmark = pytest.mark.integration
@@ -453,7 +454,8 @@ def test_a_completed_eval_moves_to_the_archive_and_reads_back_unchanged(
     rows = sorted(evals.results(eval_id), key=lambda r: r.item)
     report = Archiver(client.store).run_once(after_s=0)
     assert (report.evals_archived, report.evals_already_archived, report.error) == (1, 0, "")
-    assert [k for k in client.store.redis.scan_iter(match=f"*eval:{eval_id}*")] == []
+    r, keys = client.store.redis, client.store.keys
+    assert eval_keys(evals.store, eval_id) == 0 and r.zscore(keys.evals_index(), eval_id) is None
     # Read back through the archive: the same progress, results, cases; listed; not created again.
     again = EvalClient(client)
     assert again.progress(eval_id) == done

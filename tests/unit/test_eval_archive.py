@@ -45,6 +45,22 @@ def stores(archive: Archive) -> tuple[EvalStore, EvalStore]:
     return EvalStore(client, Keys(), 3600), EvalStore(client, Keys(), 3600, archive=archive)
 
 
+def eval_keys(store: EvalStore, eval_id: str) -> int:
+    """How many of the eval's keys Redis holds."""
+    k = store.keys
+    return int(
+        store.redis.exists(
+            k.eval_meta(eval_id),
+            k.eval_cases(eval_id),
+            k.eval_pending(eval_id),
+            k.eval_slots(eval_id),
+            k.eval_scoring(eval_id),
+            k.eval_results(eval_id),
+            k.eval_counts(eval_id),
+        )
+    )
+
+
 def complete(store: EvalStore, eval_id: str) -> list[CaseResult]:
     assert store.create(eval_id, SPEC, CASES, "d.jsonl")
     results = []
@@ -71,11 +87,12 @@ def complete(store: EvalStore, eval_id: str) -> list[CaseResult]:
 def test_a_completed_eval_moves_to_the_archive_and_reads_the_same(archive: Archive) -> None:
     redis_only, store = stores(archive)
     rows = complete(redis_only, "e1")
+    assert eval_keys(redis_only, "e1") == 4  # meta, cases, results, counts (the rest are empty)
     before = (store.meta("e1"), store.counts("e1", 1), store.cases("e1"), store.recorded("e1"))
     # Not yet: it completed after the cutoff.
     assert EvalArchiver(redis_only, archive).run_once(time.time() - 3600) == (0, 0)
     assert EvalArchiver(redis_only, archive).run_once(time.time() + 1) == (1, 0)
-    assert redis_only.redis.keys("*eval:e1*") == [] and redis_only.list_evals() == []
+    assert eval_keys(redis_only, "e1") == 0 and redis_only.list_evals() == []
     assert redis_only.active() == []
     with pytest.raises(EvalNotFound):
         redis_only.meta("e1")  # without the archive it is gone
