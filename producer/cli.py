@@ -154,7 +154,9 @@ def _producer_commands(
     }
 
 
-def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+def _parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    """The parser and the handler of each command; for ``command`` (the first argument), when an
+    installed group provides it, only the installed groups' commands."""
     p = argparse.ArgumentParser(prog="wesichain", description=DESCRIPTION)
     common = _common()
     sub = p.add_subparsers(dest="command", required=True)
@@ -162,6 +164,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     for entry in sorted(entry_points(group="wesichain.commands"), key=lambda e: e.name):
         register: Register = entry.load()
         handlers.update(register(sub, common))
+    if command in handlers:
+        # The producer's commands load the client, the evals' report and live view and the
+        # terminal renderer: a worker (or API) process that never runs them must not pay for them
+        # in its memory, in every pool process.
+        return p, handlers
     handlers.update(_producer_commands(sub, common))
     from producer.evals.cli import register as register_evals
 
@@ -184,7 +191,8 @@ def _apply_env(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, handlers = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, handlers = _parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     _apply_env(args)
     import redis

@@ -26,12 +26,11 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import redis
 
 from shared import protocol
-from shared.archive import Archive, ListingFilter, open_archive
 from shared.errors import InternalInvariant, InvalidRequest
 from shared.events import Event, dump_event, load_event
 from shared.keys import Keys
@@ -39,6 +38,11 @@ from shared.messages import MESSAGE_ADAPTER, Message, dump_message
 from shared.scripts import is_cluster, register_scripts, run_many
 from shared.settings import Settings
 from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
+
+if TYPE_CHECKING:
+    # The archive's code (SQL, sqlite3, the database drivers) loads when an archive is opened:
+    # a worker or client without one never needs it.
+    from shared.archive import Archive
 
 __all__ = [
     "CURSOR_PATTERN",
@@ -298,6 +302,8 @@ class RunStore:
         if self._archive is None and self.settings.archive_url:
             with self._archive_lock:
                 if self._archive is None:
+                    from shared.archive import open_archive
+
                     self._archive = open_archive(self.settings.archive_url)
         return self._archive
 
@@ -425,6 +431,8 @@ class RunStore:
         archive = self.archive
         if archive is None:
             return _page(live, limit, stop)
+        from shared.archive import ListingFilter
+
         where = ListingFilter(tenant, agent=agent, status=status, thread_id=thread_id, since_ms=floor)
         archived = archive.list_runs(where, position, limit)
         if len(archived) == limit:  # the archive may hold more below its last one
@@ -960,6 +968,13 @@ class RunStore:
     def due(self, shard: int, limit: int = 100) -> list[str]:
         """Run ids of ``shard`` whose lease time has come (by Redis's clock)."""
         return [_s(r) for r in self._run("due", [self.keys.leases(shard)], [limit])]
+
+    def due_everywhere(self, limit: int = 100) -> list[list[str]]:
+        """:meth:`due` of every shard, in one pipelined round trip (a list per shard)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for shard in range(self.keys.shards):
+                self._scripts["due"](keys=[self.keys.leases(shard)], args=[str(limit)], client=pipe)
+            return [[_s(r) for r in due] for due in pipe.execute()]
 
     def inspect(self, run_id: str) -> Due | Literal["alive", "settled"]:
         """Look at a run whose lease time came (see ``inspect.lua``)."""

@@ -23,8 +23,7 @@ import logging
 import os
 import threading
 import time
-
-import httpx
+from typing import TYPE_CHECKING
 
 from shared import protocol
 from shared.errors import InvalidRequest
@@ -35,6 +34,11 @@ from shared.tasks import task_for
 from shared.tenants import Tenants
 from shared.webhooks import check_url, outcome, outcome_bytes, signed_headers
 from worker.runtime import Delivery, Runtime
+
+if TYPE_CHECKING:
+    # Loaded on a webhook's first delivery: httpx (and what it loads) costs a worker that never
+    # posts one several MiB in every process.
+    import httpx
 
 __all__ = ["run_callback"]
 
@@ -125,6 +129,8 @@ def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None
     except InvalidRequest as exc:
         return exc.message, None
     body = outcome_bytes(head)
+    import httpx
+
     try:
         response = _client(rt).post(url, content=body, headers=signed_headers(secret, head.run_id, body))
     except httpx.HTTPError as exc:
@@ -150,6 +156,8 @@ def _client(rt: Runtime) -> httpx.Client:
     with _client_lock:
         client = _clients.get(pid)
         if client is None:
+            import httpx
+
             client = httpx.Client(timeout=rt.settings.webhook_timeout_s, follow_redirects=False)
             _clients[pid] = client
         return client

@@ -177,7 +177,7 @@ def sweeper(args: argparse.Namespace) -> int:
     from worker.sweeper import Sweeper
 
     holder = app.wesichain_runtime
-    sweeper = Sweeper(holder.get(), holder.probe(), holder.evals(), holder.pipelines())
+    sweeper = Sweeper(holder.get(), holder.probe(), holder.evals, holder.pipelines)
     if args.once:
         print(f"handed on {sweeper.sweep_once_and_release()} run(s)")
         return 0

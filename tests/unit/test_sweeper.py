@@ -289,3 +289,38 @@ def test_the_probe_finds_queued_and_delivered_messages(redis_server: RedisServer
     assert found == Located(frozenset({"run-n:v3:tool:c1"}), frozenset())
     client.flushdb()
     client.close()
+
+
+class CountingRepairs:
+    """An eval or pipeline repair that counts its ticks (what the sweeper asks of ``EvalPool``)."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def tick(self) -> int:
+        self.ticks += 1
+        return 0
+
+
+def test_eval_and_pipeline_repairs_are_built_only_once_redis_holds_one(rt: Runtime) -> None:
+    evals, pipelines = CountingRepairs(), CountingRepairs()
+    built: list[str] = []
+
+    def make_evals() -> CountingRepairs:
+        built.append("evals")
+        return evals
+
+    def make_pipelines() -> CountingRepairs:
+        built.append("pipelines")
+        return pipelines
+
+    sweeper = Sweeper(rt, FakeBroker(), make_evals, make_pipelines)
+    assert sweeper.sweep() == 0
+    assert built == []  # no eval, no pipeline run: their code is never asked for
+    keys = rt.store.keys
+    rt.store.redis.sadd(keys.evals_active(), "e1")
+    sweeper.sweep()
+    assert (built, evals.ticks, pipelines.ticks) == (["evals"], 1, 0)
+    rt.store.redis.zadd(keys.pipes_index(), {"p1": 1})
+    sweeper.sweep()
+    assert (built, evals.ticks, pipelines.ticks) == (["evals", "evals", "pipelines"], 2, 1)
