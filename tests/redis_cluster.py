@@ -370,6 +370,8 @@ class ClusterStore(RedisServer):
         return self
 
     def client(self, **kwargs: Any) -> redis.Redis:
+        if kwargs.get("db", 0) == 0:
+            kwargs.pop("db", None)  # a cluster has database 0 only, and its client takes no db
         return self.cluster.client(**kwargs)  # type: ignore[return-value]
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
