@@ -31,7 +31,7 @@ from benchmarks.capacity import run_all
 from benchmarks.harness import environment, process_cpu_s
 from benchmarks.hosts import HostNetwork
 from producer.client import Client
-from shared.settings import ENV_BROKER_URL, ENV_REDIS_CLUSTER, Settings
+from shared.settings import ENV_BROKER_URL, ENV_PREFIX, ENV_REDIS_CLUSTER, ENV_SHARDS, Settings
 from tests.harness import RedisServer, WorkerProcess
 from tests.redis_cluster import RedisCluster
 
@@ -63,17 +63,29 @@ def _cpu_s(server: RedisServer) -> float:
         client.close()
 
 
-def measure(net: HostNetwork, shards: int, runs: int, agent: str, text: str) -> dict[str, Any]:
+def measure(
+    net: HostNetwork, shards: int, runs: int, agent: str, text: str, key_shards: int
+) -> dict[str, Any]:
     cluster = RedisCluster(masters=shards, replicas=0, host=net.server_ip).start()
     broker = RedisServer(bind=net.server_ip).start()
-    env = {ENV_REDIS_CLUSTER: "1", ENV_BROKER_URL: broker.url, "WESICHAIN_PREFIX": PREFIX}
+    env = {
+        ENV_REDIS_CLUSTER: "1",
+        ENV_BROKER_URL: broker.url,
+        ENV_PREFIX: PREFIX,
+        ENV_SHARDS: str(key_shards),
+    }
     workers = []
     for i, host in enumerate(net.hosts, 1):
         worker = WorkerProcess(f"scale-{shards}-{i}", cluster.url, agents=AGENTS, env=env)
         worker.args = host.wrap(worker.args)
         workers.append(worker)
     settings = Settings(
-        redis_url=cluster.url, redis_cluster=True, broker_url=broker.url, prefix=PREFIX, agents_module=AGENTS
+        redis_url=cluster.url,
+        redis_cluster=True,
+        broker_url=broker.url,
+        prefix=PREFIX,
+        agents_module=AGENTS,
+        shards=key_shards,
     )
     client = Client(settings)
     try:
@@ -113,6 +125,7 @@ def measure(net: HostNetwork, shards: int, runs: int, agent: str, text: str) -> 
     keys = [n["keys"] for n in per_node.values()]
     return {
         "primaries": shards,
+        "key_shards": key_shards,
         "hosts": len(net.hosts),
         "runs": runs,
         "transitions_per_run": round(transitions, 2),
@@ -135,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", default="1,2,3", help="numbers of primaries to measure, comma-separated")
     p.add_argument("--hosts", type=int, default=3, help="simulated worker hosts (one worker each)")
     p.add_argument("--runs", type=int, default=300)
+    p.add_argument(
+        "--key-shards",
+        type=int,
+        default=64,
+        help="WESICHAIN_SHARDS: the run-state shards spread over the primaries (several per primary)",
+    )
     p.add_argument("--agent", default="one_hop")
     p.add_argument("--text", default="Add 1 and 2.")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -144,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.hosts):
             net.add_host()
         for shards in (int(s) for s in args.shards.split(",")):
-            curve.append(measure(net, shards, args.runs, args.agent, args.text))
+            curve.append(measure(net, shards, args.runs, args.agent, args.text, args.key_shards))
             print(json.dumps(curve[-1]), flush=True)
     result = {"environment": environment(), "agent": args.agent, "curve": curve}
     args.out.mkdir(parents=True, exist_ok=True)
