@@ -23,8 +23,10 @@ from producer.evals.client import EvalClient
 from shared.evals.errors import EvalSpecError
 from shared.evals.store import Item, run_id_of
 from tests.agents_evals import CALLS_KEY
-from tests.broker import Settings, queued
+from tests.broker import Settings, broker_env, queued
+from tests.conftest import own_store
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
+from tests.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.integration
 
@@ -33,10 +35,9 @@ EVAL_QUEUE = "evals-test"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = RedisServer().start()
-    yield s
-    s.cleanup()
+def server(redis_cluster: RedisCluster | None) -> Iterator[RedisServer]:
+    with own_store(redis_cluster) as s:  # the shared cluster with --store cluster
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +269,7 @@ def test_a_token_budget_stops_starting_case_runs(evals: EvalClient, tmp_path: Pa
 
 
 def cli(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_AGENTS": AGENTS}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_AGENTS": AGENTS, **broker_env(server.url)}
     return subprocess.run(
         [sys.executable, "-m", "producer.cli", "eval", *args, "--redis", server.url],
         capture_output=True,
