@@ -26,7 +26,7 @@ from redis.cluster import RedisCluster as ClusterClient
 
 from tests.harness import RedisServer, wait_until
 
-__all__ = ["ClusterNode", "ClusterStore", "RedisCluster"]
+__all__ = ["ClusterNode", "ClusterStore", "RedisCluster", "broker_redis"]
 
 #: How long a primary may be unreachable before the others fail it over (ms): short, so a killed
 #: primary's replica takes over within a few seconds, long enough that a loaded machine's stalls
@@ -387,3 +387,11 @@ class ClusterStore(RedisServer):
         drop_broker_for(self.url)
         self.broker.cleanup()
         self.cluster.flush()
+
+
+def broker_redis(server: RedisServer) -> redis.Redis:
+    """A client of the Redis that holds ``server``'s broker queues: the server itself, or the
+    standalone broker of a :class:`ClusterStore`."""
+    if isinstance(server, ClusterStore):
+        return server.broker.client()
+    return server.client()

@@ -36,7 +36,7 @@ from tests.chaos.support import (
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.invariants import ONE_HOP
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.standalone_redis]  # stops and restarts the one Redis
 
 LOST = "Connection to broker lost"
 #: What a worker logs when the run state's Redis does not answer its registry heartbeat.
