@@ -19,7 +19,7 @@ from producer.pipelines import UnknownPipeline
 from shared.pipeline.store import PipelineStore, child_run_id
 from tests.agents_pipelines import CALLS_KEY
 from tests.broker import Settings
-from tests.harness import RedisServer, WorkerProcess, wait_until
+from tests.harness import RedisServer, WorkerProcess, running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -41,13 +41,8 @@ def pool(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
         WorkerProcess(f"p{i}", server.url, agents=AGENTS, concurrency=4, log_dir=log_dir, env=env)
         for i in (1, 2)
     ]
-    for w in workers:
-        w.start(wait=False)
-    for w in workers:
-        w.wait_ready()
-    yield workers
-    for w in workers:
-        w.stop()
+    with running(workers) as started:
+        yield started
 
 
 @pytest.fixture
