@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -108,6 +109,22 @@ def install_error_handlers(app: FastAPI) -> None:
             "unavailable",
             "the run archive cannot be read right now; try again",
             headers={"Retry-After": "5"},
+        )
+
+    @app.exception_handler(redis.ConnectionError)
+    @app.exception_handler(redis.TimeoutError)
+    async def _store_down(request: Request, exc: Exception) -> JSONResponse:
+        # Redis restarting or out of reach: an outage to wait out, not a bug (no traceback logged).
+        import logging
+
+        logging.getLogger("wesichain.api").warning(
+            "%s %s: the run store cannot be reached: %s", request.method, request.url.path, exc
+        )
+        return error_response(
+            503,
+            "unavailable",
+            "the run store cannot be reached right now; try again",
+            headers={"Retry-After": "1"},
         )
 
     @app.exception_handler(Exception)

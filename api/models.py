@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import ToolCall
-from shared.request import RunRequest
+from shared.pipeline.status import PipelineSummary
+from shared.request import MAX_NAME_CHARS, NAME_PATTERN, NOT_BLANK, RunRequest
 from shared.state import Approval, Callback, CallbackState, PhaseRun, RunHead, RunStatus
 from shared.workers import AgentInfo
 
@@ -18,8 +19,10 @@ __all__ = [
     "AgentView",
     "CheckpointList",
     "DecisionBody",
+    "DenyBody",
     "EventPage",
     "Health",
+    "PipelineList",
     "Readiness",
     "RunList",
     "RunView",
@@ -33,16 +36,28 @@ class SubmitBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    agent: str = Field(max_length=200, description=RunRequest.model_fields["agent"].description)
-    input: str = Field(description=RunRequest.model_fields["input"].description)
+    agent: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_CHARS,
+        pattern=NAME_PATTERN,
+        description=RunRequest.model_fields["agent"].description,
+    )
+    input: str = Field(pattern=NOT_BLANK, description=RunRequest.model_fields["input"].description)
     thread_id: str | None = Field(
-        default=None, max_length=200, description=RunRequest.model_fields["thread_id"].description
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_CHARS,
+        pattern=NAME_PATTERN,
+        description=RunRequest.model_fields["thread_id"].description,
     )
     metadata: dict[str, Any] | None = Field(
         default=None, description=RunRequest.model_fields["metadata"].description
     )
     model: str | None = Field(
-        default=None, max_length=200, description=RunRequest.model_fields["model"].description
+        default=None,
+        max_length=MAX_NAME_CHARS,
+        pattern=":",
+        description=RunRequest.model_fields["model"].description,
     )
     callback: Callback | None = Field(
         default=None, description=RunRequest.model_fields["callback"].description
@@ -52,15 +67,19 @@ class SubmitBody(BaseModel):
     )
 
 
-class DecisionBody(BaseModel):
-    """``POST /v1/runs/{id}/approve`` or ``/deny``: an optional note the model sees."""
+class DenyBody(BaseModel):
+    """``POST /v1/runs/{id}/deny``: an optional note the model sees."""
 
     model_config = ConfigDict(extra="forbid")
 
     note: str = Field(default="", max_length=2000)
-    always: bool = Field(
-        default=False, description="Approve only: the same tools need no approval again in this run."
-    )
+
+
+class DecisionBody(DenyBody):
+    """``POST /v1/runs/{id}/approve``: an optional note the model sees, and whether it holds for
+    the rest of the run."""
+
+    always: bool = Field(default=False, description="The same tools need no approval again in this run.")
 
 
 class RunView(BaseModel):
@@ -140,6 +159,13 @@ class RunList(BaseModel):
     """A page of runs, newest first."""
 
     runs: list[RunView]
+    next_cursor: str | None = Field(description="Pass as ``cursor`` for the next page; null: no more.")
+
+
+class PipelineList(BaseModel):
+    """A page of pipeline runs, newest first."""
+
+    pipelines: list[PipelineSummary]
     next_cursor: str | None = Field(description="Pass as ``cursor`` for the next page; null: no more.")
 
 

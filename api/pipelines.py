@@ -1,4 +1,4 @@
-"""``/v1/pipelines``: start, read, cancel a tenant's pipeline runs, and read their events.
+"""``/v1/pipelines``: start, list, read, cancel a tenant's pipeline runs, and read their events.
 
 A pipeline run of another tenant answers 404, exactly as one that does not exist. Starting one
 counts as one submit against the tenant's limits; its child runs are the tenant's runs.
@@ -6,25 +6,29 @@ counts as one submit against the tenant's limits; its child runs are the tenant'
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from api.auth import Caller
 from api.errors import ApiError
-from api.runs import ERRORS, Svc, Who
+from api.models import PipelineList
+from api.runs import ERRORS, MAX_UNIX_S, Svc, Who
 from api.services import Services
 from producer.pipelines import MAX_PIPELINE_ID_CHARS, PipelineConflict, PipelineHandle, UnknownPipeline
 from shared.errors import ConfigError, InvalidRequest, StoreFull
-from shared.pipeline.status import PipelineStatus
-from shared.request import check_name
+from shared.pipeline.status import PipelineStatus, summary_of
+from shared.request import NOT_BLANK, check_name
+from shared.store import CURSOR_PATTERN
 
 __all__ = [
+    "PIPELINE_STATUSES",
     "PipelineEvents",
     "PipelineSubmit",
     "cancel_pipeline",
     "get_pipeline",
+    "list_pipelines",
     "pipeline_events",
     "router",
     "submit_pipeline",
@@ -32,13 +36,17 @@ __all__ = [
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
+#: What a pipeline run's ``status`` may be.
+PIPELINE_STATUSES = Literal["running", "completed", "failed", "cancelled"]
+
 
 class PipelineSubmit(BaseModel):
     """A pipeline run to start."""
 
     pipeline: str = Field(min_length=1, max_length=200, description="A pipeline the agents module registers.")
     input: str = Field(
-        description="The first step's input (JSON of the pipeline's input type, if it has one)."
+        pattern=NOT_BLANK,
+        description="The first step's input (JSON of the pipeline's input type, if it has one).",
     )
     pipeline_id: str | None = Field(
         default=None,
@@ -100,6 +108,38 @@ def submit_pipeline(body: PipelineSubmit, services: Svc, who: Who) -> PipelineSt
     except StoreFull as exc:
         raise ApiError(503, "store_full", str(exc)) from None
     return handle.status()
+
+
+@router.get(
+    "/pipelines",
+    response_model=PipelineList,
+    summary="List pipeline runs, newest first",
+    description="The caller's pipeline runs; filters combine; pages follow ``next_cursor``. A page may"
+    " hold fewer than ``limit`` pipeline runs and still have a ``next_cursor`` (each page reads a"
+    " bounded part of the index). Each is a summary: its steps and child runs are at"
+    " ``/v1/pipelines/{pipeline_id}``.",
+)
+def list_pipelines(
+    services: Svc,
+    who: Who,
+    pipeline: Annotated[
+        str | None, Query(max_length=200, description="Only runs of this pipeline (the name started).")
+    ] = None,
+    status: PIPELINE_STATUSES | None = None,
+    since: Annotated[
+        float | None,
+        Query(ge=0, le=MAX_UNIX_S, description="Only pipeline runs created at or after (Unix seconds)."),
+    ] = None,
+    cursor: Annotated[str | None, Query(max_length=300, pattern=CURSOR_PATTERN)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> PipelineList:
+    try:
+        page = services.client.list_pipelines(
+            tenant=who.tenant, name=pipeline, status=status, since=since, cursor=cursor, limit=limit
+        )
+    except InvalidRequest as exc:
+        raise ApiError(422, "invalid_request", exc.message) from None
+    return PipelineList(pipelines=[summary_of(m) for m in page.pipelines], next_cursor=page.next_cursor)
 
 
 @router.get("/pipelines/{pipeline_id}", response_model=PipelineStatus, summary="A pipeline run, step by step")

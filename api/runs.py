@@ -12,16 +12,21 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 
 from api.auth import Caller, caller
 from api.errors import ApiError, ErrorBody
-from api.models import CheckpointList, DecisionBody, RunList, RunView, SubmitBody, run_view
+from api.models import CheckpointList, DecisionBody, DenyBody, RunList, RunView, SubmitBody, run_view
 from api.services import Services
 from producer.client import RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from shared.errors import InvalidRequest, StoreFull
 from shared.request import check_name, validate_request
 from shared.state import Callback, CallbackState, Decision, RunHead, RunStatus
+from shared.store import CURSOR_PATTERN
 from shared.webhooks import check_url
+
+#: The latest time a listing filter may name (Unix seconds, the year 2286): bounds the arithmetic.
+MAX_UNIX_S = 10_000_000_000
 
 __all__ = [
     "ERRORS",
+    "MAX_UNIX_S",
     "Svc",
     "Who",
     "approve",
@@ -159,9 +164,10 @@ def list_runs(
     status: RunStatus | None = None,
     thread_id: Annotated[str | None, Query(max_length=200)] = None,
     since: Annotated[
-        float | None, Query(ge=0, description="Only runs created at or after (Unix seconds).")
+        float | None,
+        Query(ge=0, le=MAX_UNIX_S, description="Only runs created at or after (Unix seconds)."),
     ] = None,
-    cursor: Annotated[str | None, Query(max_length=300)] = None,
+    cursor: Annotated[str | None, Query(max_length=300, pattern=CURSOR_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> RunList:
     try:
@@ -256,7 +262,5 @@ def approve(run_id: str, services: Svc, who: Who, body: DecisionBody | None = No
     summary="Deny what a parked run waits on (the model is told)",
     description="409 unless the run is awaiting approval.",
 )
-def deny(run_id: str, services: Svc, who: Who, body: DecisionBody | None = None) -> RunView:
-    if body is not None and body.always:
-        raise ApiError(422, "invalid_request", "'always' goes with approve, not deny")
+def deny(run_id: str, services: Svc, who: Who, body: DenyBody | None = None) -> RunView:
     return _decide(services, who, run_id, Decision(approve=False, note=body.note if body else ""))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 
@@ -34,15 +34,27 @@ class Services:
         options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": config.keepalive_s + 10}
         if target.tls is not None:
             options.update(target.tls.options())
-        self.aredis: aioredis.Redis = aioredis.Redis(
-            connection_pool=aioredis.BlockingConnectionPool.from_url(
+        self.aredis: aioredis.Redis
+        if settings.redis_cluster:
+            # redis-py's asyncio cluster client: a pool per node, each as large as the streams allowed.
+            cluster = aioredis.RedisCluster.from_url(
                 target.url,
                 decode_responses=True,
                 max_connections=config.max_streams + 8,
-                timeout=5,
+                **({"ssl": True} if target.tls is not None else {}),
                 **options,
             )
-        )
+            self.aredis = cast(aioredis.Redis, cluster)
+        else:
+            self.aredis = aioredis.Redis(
+                connection_pool=aioredis.BlockingConnectionPool.from_url(
+                    target.url,
+                    decode_responses=True,
+                    max_connections=config.max_streams + 8,
+                    timeout=5,
+                    **options,
+                )
+            )
         self.feeds = FeedHub(self.aredis, max(1, int(config.keepalive_s * 1000)))
         self.open_streams = 0
 

@@ -400,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.seconds,
                     args.out,
                     sample=not args.no_sample and rnd == 0,
+                    keep_raw=args.keep_raw,
                 )
                 figures[target].append(fig)
                 print(more[0], more[2], sep="\n", flush=True)

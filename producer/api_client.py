@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from api.models import AgentView, RunList, RunView
+from api.models import AgentView, PipelineList, RunList, RunView
 from producer.client import RequestConflict, RunNotFound, RunTimeout, UnknownAgent
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
@@ -182,7 +182,18 @@ class _Resumer:
         return _RESUME_S
 
 
-_DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError)
+class _StreamEnded(WesichainError):
+    """The API ended an event stream before the run's end event (its reader of the run failed,
+    or it dropped a follower that fell behind): resume after the last event received."""
+
+
+_DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError, _StreamEnded)
+#: Answers to a resume that mean "not now" (the API's Redis restarting, a proxy's upstream down).
+_UNAVAILABLE = frozenset({502, 503, 504})
+
+
+def _resumable(exc: ApiRequestError) -> bool:
+    return exc.status in _UNAVAILABLE
 
 
 def _env(url: str | None, key: str | None) -> tuple[str, str | None]:
@@ -258,6 +269,19 @@ class ApiClient:
         )
         return RunList.model_validate_json(self._call("GET", "/v1/runs", params=params).content)
 
+    def list_pipelines(
+        self,
+        *,
+        pipeline: str | None = None,
+        status: str | None = None,
+        since: float | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> PipelineList:
+        """The caller's pipeline runs, newest first (``pipeline``: only runs of that pipeline)."""
+        params = _list_params(pipeline=pipeline, status=status, since=since, cursor=cursor, limit=limit)
+        return PipelineList.model_validate_json(self._call("GET", "/v1/pipelines", params=params).content)
+
     def agents(self) -> list[AgentView]:
         return [AgentView.model_validate(a) for a in self._call("GET", "/v1/agents").json()["agents"]]
 
@@ -296,6 +320,19 @@ class ApiRunHandle:
             self.client._call("GET", f"/v1/runs/{self.run_id}/timeline").content
         )
 
+    def _paged(self, cursor: str) -> Iterator[Event]:
+        """The stored events after ``cursor``, page by page (the JSON mode of the events endpoint)."""
+        while True:
+            page = self.client._call(
+                "GET", f"/v1/runs/{self.run_id}/events", params={"after": cursor, "limit": 500}
+            ).json()
+            for raw in page["events"]:
+                event = EVENT_ADAPTER.validate_python(raw)
+                event.stream_id = cursor = str(raw["id"])
+                yield event
+            if page["ended"] or not page["events"]:
+                return
+
     def events(
         self, *, follow: bool = True, after: str = "0-0", idle_timeout: float | None = None
     ) -> Iterator[Event]:
@@ -304,18 +341,10 @@ class ApiRunHandle:
         A dropped stream is resumed after the last event received (``Last-Event-ID``), so no event
         is lost or repeated. ``idle_timeout`` ends following when nothing arrived for that long.
         """
-        cursor = after
         if not follow:
-            while True:
-                page = self.client._call(
-                    "GET", f"/v1/runs/{self.run_id}/events", params={"after": cursor, "limit": 500}
-                ).json()
-                for raw in page["events"]:
-                    event = EVENT_ADAPTER.validate_python(raw)
-                    event.stream_id = cursor = str(raw["id"])
-                    yield event
-                if page["ended"] or not page["events"]:
-                    return
+            yield from self._paged(after)
+            return
+        cursor = after
         timeout = httpx.Timeout(self.client.http.timeout.connect, read=idle_timeout)
         resumer = _Resumer()
         while True:
@@ -340,11 +369,17 @@ class ApiRunHandle:
                         yield event
                         if event.kind in END_EVENTS:
                             return
-                    return  # the server ended the stream: the run's events were trimmed
+                    # Ended before the end event. If the run ended and its remaining events were
+                    # trimmed, the resume is answered 204; otherwise it carries on.
+                    raise _StreamEnded(f"the event stream of run {self.run_id} ended early")
             except httpx.ReadTimeout:
                 return  # idle for idle_timeout
             except _DROPPED as exc:
                 time.sleep(resumer.pause(exc))  # dropped: resume after the last event received
+            except ApiRequestError as exc:
+                if not _resumable(exc):
+                    raise
+                time.sleep(resumer.pause(exc))
 
     def wait(self, timeout: float = 60.0) -> RunHead:
         deadline = time.monotonic() + timeout
@@ -446,6 +481,19 @@ class AsyncClient:
         )
         return RunList.model_validate_json((await self._call("GET", "/v1/runs", params=params)).content)
 
+    async def list_pipelines(
+        self,
+        *,
+        pipeline: str | None = None,
+        status: str | None = None,
+        since: float | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> PipelineList:
+        params = _list_params(pipeline=pipeline, status=status, since=since, cursor=cursor, limit=limit)
+        response = await self._call("GET", "/v1/pipelines", params=params)
+        return PipelineList.model_validate_json(response.content)
+
     async def agents(self) -> list[AgentView]:
         body = (await self._call("GET", "/v1/agents")).json()
         return [AgentView.model_validate(a) for a in body["agents"]]
@@ -511,10 +559,14 @@ class AsyncRunHandle:
                         yield event
                         if event.kind in END_EVENTS:
                             return
-                    return
+                    raise _StreamEnded(f"the event stream of run {self.run_id} ended early")
             except httpx.ReadTimeout:
                 return
             except _DROPPED as exc:
+                await asyncio.sleep(resumer.pause(exc))
+            except ApiRequestError as exc:
+                if not _resumable(exc):
+                    raise
                 await asyncio.sleep(resumer.pause(exc))
 
     async def wait(self, timeout: float = 60.0) -> RunHead:

@@ -44,7 +44,8 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "--broker",
         metavar="URL",
-        help=f"RabbitMQ as the broker, amqp://... (default ${ENV_BROKER_URL} or the Redis of --redis)",
+        help=f"the broker: RabbitMQ (amqp://...) or a standalone Redis (redis://...); default"
+        f" ${ENV_BROKER_URL} or the Redis of --redis",
     )
     return common
 
@@ -70,6 +71,11 @@ def _producer_commands(
     s.add_argument("--thread", help="conversation thread id (carries history across runs)")
     s.add_argument(
         "--no-check", action="store_true", help="submit even if no live worker serves the agent (queue it)"
+    )
+    s.add_argument(
+        "--namespace",
+        metavar="NAME",
+        help="send the run's tasks to the queues NAME.model, NAME.tools, NAME.callbacks (Redis access only)",
     )
 
     st = sub.add_parser("status", parents=runs, help="show a run's state")
@@ -148,7 +154,9 @@ def _producer_commands(
     }
 
 
-def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+def _parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    """The parser and the handler of each command; for ``command`` (the first argument), when an
+    installed group provides it, only the installed groups' commands."""
     p = argparse.ArgumentParser(prog="wesichain", description=DESCRIPTION)
     common = _common()
     sub = p.add_subparsers(dest="command", required=True)
@@ -156,6 +164,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     for entry in sorted(entry_points(group="wesichain.commands"), key=lambda e: e.name):
         register: Register = entry.load()
         handlers.update(register(sub, common))
+    if command in handlers:
+        # The producer's commands load the client, the evals' report and live view and the
+        # terminal renderer: a worker (or API) process that never runs them must not pay for them
+        # in its memory, in every pool process.
+        return p, handlers
     handlers.update(_producer_commands(sub, common))
     from producer.evals.cli import register as register_evals
 
@@ -178,7 +191,8 @@ def _apply_env(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, handlers = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, handlers = _parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     _apply_env(args)
     import redis

@@ -23,11 +23,13 @@ from celery import Celery
 
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, Event
+from shared.pipeline.store import PipelinePage, PipelineStore
 from shared.prompts import missing_variables
+from shared.queues import DEFAULT_NAMESPACE, queue_in
 from shared.redis_client import connect
 from shared.request import check_run_id, validate_request
 from shared.retention import MemoryGuard, full_message
-from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
+from shared.settings import Settings, celery_config
 from shared.state import Callback, CallbackState, Decision, ForkOrigin, Phase, RunHead, TaskSpec
 from shared.store import RunPage, RunStore
 from shared.tasks import decide_task, start_task
@@ -112,8 +114,13 @@ class Client:
         callback: Callback | dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         state: dict[str, Any] | None = None,
+        namespace: str | None = None,
     ) -> RunHandle:
         """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request.
+
+        ``namespace`` sends every task of the run to that queue namespace's queues
+        (``NAME.model``, ``NAME.tools``, ``NAME.callbacks``; see ``shared/queues.py``): only
+        workers consuming them run it.
 
         With ``check_agent`` (the default) a run for an agent no live worker serves is refused,
         naming the agents on offer; without it the run is queued until a worker serves it.
@@ -129,6 +136,7 @@ class Client:
             ("tenant", tenant),
             ("callback", callback),
             ("state", state),
+            ("namespace", namespace),
         ):
             if value is not None:
                 fields[name] = value
@@ -148,8 +156,9 @@ class Client:
             tenant=request.tenant,
             callback=request.callback,
             state=request.state,
+            namespace=request.namespace,
         )
-        start = start_task(run_id)
+        start = start_task(run_id, namespace=request.namespace)
         if idempotency_key is not None and (archive := self.store.archive) is not None:
             archived = archive.load(run_id)  # the key's run ended and left Redis: still the same run
             if archived is not None:
@@ -166,8 +175,12 @@ class Client:
             if existing.phase is not Phase.IDLE:
                 return RunHandle(self, run_id)
             # Still waiting for its start: the first submit may have died before sending it.
-        self.app.send_task(start.name, kwargs=start.arguments, task_id=start.task_id)
+        self.send_run_task(start)
         return RunHandle(self, run_id)
+
+    def send_run_task(self, task: TaskSpec) -> None:
+        """Send one of a run's tasks, on its namespace's queue if it names one."""
+        self.app.send_task(task.name, kwargs=task.arguments, task_id=task.task_id, queue=task.queue)
 
     def _create(self, head: RunHead, start: TaskSpec) -> bool:
         """Write the new run (IDLE, its start task in its outbox); False if its id is taken."""
@@ -226,11 +239,12 @@ class Client:
             model=request.model,
             tenant=source.tenant,
             fork=ForkOrigin(run_id=run_id, version=at_version, edited_input=input is not None),
+            namespace=source.namespace,
         )
-        start = start_task(new_id)
+        start = start_task(new_id, namespace=source.namespace)
         if not self._create(head, start):
             raise InvalidRequest(f"run id {new_id!r} already exists")
-        self.app.send_task(start.name, kwargs=start.arguments, task_id=start.task_id)
+        self.send_run_task(start)
         return RunHandle(self, new_id)
 
     @staticmethod
@@ -298,6 +312,22 @@ class Client:
         from producer.pipelines import PipelineHandle
 
         return PipelineHandle(self, pipeline_id)
+
+    def list_pipelines(
+        self,
+        *,
+        tenant: str | None = None,
+        name: str | None = None,
+        status: str | None = None,
+        since: float | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> PipelinePage:
+        """A tenant's pipeline runs (``None``: those without a tenant), newest first, a page at a time."""
+        if not 1 <= limit <= 500:
+            raise InvalidRequest(f"limit must be in 1..500, got {limit}")
+        store = PipelineStore(self.store.redis, self.store.keys, self.settings.retention_s)
+        return store.list_pipelines(tenant, name=name, status=status, since=since, cursor=cursor, limit=limit)
 
     def close(self) -> None:
         self.store.close_archive()
@@ -385,7 +415,8 @@ class RunHandle:
         head = self.status()
         if head.terminal or head.phase is Phase.AWAITING_APPROVAL:
             return None
-        queue = QUEUE_TOOLS if head.phase is Phase.ACTING else QUEUE_MODEL
+        kind = "tools" if head.phase is Phase.ACTING else "model"
+        queue = queue_in(head.namespace or DEFAULT_NAMESPACE, kind)
         if not self.client.workers.consumers_of(queue):
             return (
                 f"is {head.phase.value}, and no live worker consumes queue {queue}: it waits until one does"
@@ -420,5 +451,4 @@ class RunHandle:
         self._send_decide(head)
 
     def _send_decide(self, head: RunHead) -> None:
-        task = decide_task(head)
-        self.client.app.send_task(task.name, kwargs=task.arguments, task_id=task.task_id)
+        self.client.send_run_task(decide_task(head))

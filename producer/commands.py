@@ -78,10 +78,17 @@ def submit(args: argparse.Namespace) -> int:
     if api is not None:
         if args.no_check:
             raise InvalidRequest("--no-check needs Redis access: the API refuses runs no live worker serves")
+        if args.namespace:
+            raise InvalidRequest("--namespace needs Redis access: the API routes runs to the default queues")
         handle = api.submit(args.agent, args.text, model=args.model, thread_id=args.thread)
     else:
         handle = Client.from_env().submit(
-            args.agent, args.text, model=args.model, thread_id=args.thread, check_agent=not args.no_check
+            args.agent,
+            args.text,
+            model=args.model,
+            thread_id=args.thread,
+            check_agent=not args.no_check,
+            namespace=args.namespace,
         )
     return _started(handle, args)
 

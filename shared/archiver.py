@@ -34,7 +34,7 @@ from shared.archive import Archive, RunRecord
 from shared.errors import ArchiveUnavailable
 from shared.events import load_event
 from shared.messages import MESSAGE_ADAPTER
-from shared.scripts import register_scripts
+from shared.scripts import register_scripts, run_many
 from shared.state import TERMINAL_PHASES, RunHead, ToolResult
 from shared.store import RunStore
 
@@ -238,22 +238,19 @@ class Archiver:
         if not runs:
             return []
         k = self.keys
-        with self.redis.pipeline(transaction=False) as pipe:
-            for run_id, head in runs:
-                parts = self._parts(head) if head is not None else []
-                self._drop(
-                    keys=[
-                        k.run(run_id),
-                        k.leases_of(run_id),
-                        k.runs_index_of(run_id),
-                        k.ended_of(run_id),
-                        *parts,
-                        *(self._indexes(head) if head is not None else []),
-                    ],
-                    args=[run_id, head.version if head is not None else 0, len(parts)],
-                    client=pipe,
-                )
-            return [_s(r) for r in pipe.execute()]
+        calls = []
+        for run_id, head in runs:
+            parts = self._parts(head) if head is not None else []
+            keys = [
+                k.run(run_id),
+                k.leases_of(run_id),
+                k.runs_index_of(run_id),
+                k.ended_of(run_id),
+                *parts,
+                *(self._indexes(head) if head is not None else []),
+            ]
+            calls.append((keys, [run_id, head.version if head is not None else 0, len(parts)]))
+        return [_s(r) for r in run_many(self.redis, self._drop, calls)]
 
     def _hold(self, shard: int) -> bool:
         ttl_ms = int(self.lock_s * 1000)

@@ -135,6 +135,8 @@ class ToolCompleted(_Event):
     output: str
     error: RunErrorInfo | None = None
     duration_s: float = 0.0
+    #: Claims of this call, this one included (above 1: an earlier delivery of the call died).
+    attempt: int = 1
     #: A subagent call's child run, whose end this is.
     child_run_id: str | None = None
 

@@ -5,6 +5,12 @@ index of its shard, carry the shard's hash tag (``{s7}``), so each Lua script to
 single Redis Cluster slot. The shard of a run is a stable hash of its id; the number of shards is
 part of the key layout and must not change while runs live (``Settings.shards``).
 
+Evals, pipeline runs and the worker registry are not sharded: every key of all evals shares the
+hash tag ``{evals}``, of all pipeline runs ``{pipes}``, of the registry ``{workers}``, so that each
+of their scripts, which keep a per-eval (per-pipeline, per-worker) key and the set of all of them
+together, touches one slot. Their traffic is a few commands per case run, child run or heartbeat;
+the runs they start are sharded like any other.
+
 Retention: a terminal run's per-run keys get ``Settings.retention_s`` as TTL when it ends; the
 run indexes are trimmed by the sweeper.
 """
@@ -100,6 +106,14 @@ class Keys:
     def indexes_of(self, run_id: str) -> str:
         return self.indexes(self.shard(run_id))
 
+    def sync(self, shard: int) -> str:
+        """String: written just before a replication wait on the shard's primary (its value: the
+        last run waited for), so that the wait covers every earlier write of the shard."""
+        return self._tag(shard) + "sync"
+
+    def sync_of(self, run_id: str) -> str:
+        return self.sync(self.shard(run_id))
+
     def inflight(self, shard: int) -> str:
         """Hash: tenant -> runs of the shard not ended yet (summed over the shards for limits)."""
         return self._tag(shard) + "inflight"
@@ -161,16 +175,16 @@ class Keys:
 
     def workers(self) -> str:
         """Sorted set: worker ids scored by their last heartbeat (Redis time, ms)."""
-        return f"{self.prefix}workers"
+        return f"{self.prefix}{{workers}}"
 
     def worker(self, worker_id: str) -> str:
         """String: one worker's JSON record (what it serves, whether it consumes); expires with it."""
-        return f"{self.prefix}worker:{worker_id}"
+        return f"{self.prefix}{{workers}}:{worker_id}"
 
-    # -- evals: every key of one eval shares its hash tag, so each eval script touches one slot --
+    # -- evals: every key of every eval shares one hash tag, so each eval script touches one slot --
 
     def _eval(self, eval_id: str) -> str:
-        return f"{self.prefix}{{eval:{eval_id}}}"
+        return f"{self.prefix}{{evals}}:{eval_id}"
 
     def eval_meta(self, eval_id: str) -> str:
         """Hash: the eval's spec, status, item count and times (no TTL until it ends)."""
@@ -203,16 +217,16 @@ class Keys:
 
     def evals_active(self) -> str:
         """Set: ids of evals not finished (the sweeper looks after them)."""
-        return f"{self.prefix}evals:active"
+        return f"{self.prefix}{{evals}}active"
 
     def evals_index(self) -> str:
         """Sorted set: every eval id by creation time (ms)."""
-        return f"{self.prefix}evals:index"
+        return f"{self.prefix}{{evals}}index"
 
-    # -- pipeline runs: every key of one shares its hash tag, so each pipeline script touches one slot --
+    # -- pipeline runs: every key of all of them shares one hash tag (one slot per script) --
 
     def _pipe(self, pipeline_id: str) -> str:
-        return f"{self.prefix}{{pipe:{pipeline_id}}}"
+        return f"{self.prefix}{{pipes}}:{pipeline_id}"
 
     def pipe_meta(self, pipeline_id: str) -> str:
         """Hash: a pipeline run's request, status, current step and its counters, output or error."""
@@ -244,8 +258,13 @@ class Keys:
 
     def pipes_active(self) -> str:
         """Set: ids of pipeline runs the sweeper looks after (running, or ended with live children)."""
-        return f"{self.prefix}pipes:active"
+        return f"{self.prefix}{{pipes}}active"
 
     def pipes_index(self) -> str:
         """Sorted set: every pipeline run id by creation time (ms)."""
-        return f"{self.prefix}pipes:index"
+        return f"{self.prefix}{{pipes}}index"
+
+    def pipes_index_of(self, tenant: str | None) -> str:
+        """Sorted set: one tenant's pipeline run ids by creation time (ms; ``-``: no tenant), what
+        listings read; entries past the retention are dropped as new ones come in."""
+        return f"{self.prefix}{{pipes}}index:{tenant or '-'}"

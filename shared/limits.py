@@ -21,6 +21,7 @@ model when the settings name none.
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,20 +32,47 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import ConfigError
 from shared.keys import Keys
-from shared.scripts import register_scripts
+from shared.scripts import register_scripts, run_many
 
 __all__ = [
     "Denied",
     "DenyReason",
     "Grant",
+    "MAX_COUNTDOWN_S",
     "ProviderLimit",
     "RateLimiter",
+    "Throttled",
     "find_limit",
     "parse_limits",
     "scope_of",
 ]
 
 DenyReason = Literal["retry_after", "concurrency", "rpm", "tpm"]
+
+#: The longest countdown of a re-queued model call (far below the broker's visibility timeout).
+MAX_COUNTDOWN_S = 60.0
+
+
+class Throttled(Exception):
+    """A model call got no capacity (or the provider said 429): the task that wanted it is
+    re-queued instead of waiting in its worker thread (a think, or an eval's judge)."""
+
+    def __init__(self, scope: str, reason: DenyReason, wait_s: float) -> None:
+        super().__init__(f"{scope}: {reason}")
+        self.scope = scope
+        self.reason = reason
+        self.wait_s = wait_s
+
+    def countdown(self, rng: random.Random | None = None) -> float:
+        """When to try again: the wait the limiter named, spread out so that the waiting tasks
+        do not all come back at the same instant; a slot's freeing cannot be foreseen, so a task
+        waiting for one tries again within a second or so."""
+        pick = (rng or random).uniform
+        if self.reason == "concurrency" or self.wait_s <= 0:
+            wait = pick(0.2, 1.0)
+        else:
+            wait = self.wait_s + pick(0.0, min(1.0, 0.1 + self.wait_s / 4))
+        return round(min(wait, MAX_COUNTDOWN_S), 3)
 
 
 class ProviderLimit(BaseModel):
@@ -162,12 +190,8 @@ class RateLimiter:
         held = [g for g in grants if g.limit.concurrency]
         if not held:
             return [True] * len(grants)
-        with self.redis.pipeline(transaction=False) as pipe:
-            for grant in held:
-                self._scripts["limit_renew"](
-                    keys=[self.keys.limit_slots(grant.scope)], args=[grant.holder, self.lease_ms], client=pipe
-                )
-            replies = iter(pipe.execute())
+        calls = [([self.keys.limit_slots(g.scope)], [g.holder, self.lease_ms]) for g in held]
+        replies = iter(run_many(self.redis, self._scripts["limit_renew"], calls))
         return [int(next(replies)) == 1 if g.limit.concurrency else True for g in grants]
 
     def in_use(self, scope: str) -> int:

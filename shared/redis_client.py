@@ -2,20 +2,26 @@
 
 A ``rediss://`` URL gets the TLS parameters of :mod:`shared.tls` (the broker gets the same ones),
 and a server that fails verification raises :class:`~shared.tls.RedisTlsError`, naming the URL.
+
+With ``Settings.redis_cluster`` the client is redis-py's :class:`~redis.cluster.RedisCluster`,
+started from the URL's node (it learns the others from the cluster). It has the same commands;
+every script and transaction of the store touches keys of one hash slot (``shared/keys.py``), and
+it follows MOVED redirections and retries a failed node's commands once the cluster promoted a
+replica, so a failover is an outage of a few seconds, like a restart.
 """
 
 from __future__ import annotations
 
 import ssl
 import threading
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
 from shared.errors import ConfigError
-from shared.settings import Settings, redact_url
+from shared.settings import ENV_REDIS_CLUSTER, Settings, redact_url
 from shared.tls import RedisTlsError, describe, endpoint
 
 __all__ = ["VerifiedSSLConnection", "check_tls", "connect", "embedded_redis", "preflight"]
@@ -39,8 +45,15 @@ class VerifiedSSLConnection(redis.SSLConnection):
 
 
 def connect(settings: Settings, **overrides: Any) -> redis.Redis:
+    """The store's client for ``settings`` (a cluster client with ``redis_cluster``).
+
+    A :class:`~redis.cluster.RedisCluster` is typed as :class:`redis.Redis` here: it answers the
+    same commands, and the store relies on nothing else.
+    """
     if settings.embedded:
         return embedded_redis()
+    if settings.redis_cluster:
+        return _connect_cluster(settings, **overrides)
     target = endpoint(settings)
     options: dict[str, Any] = {
         "decode_responses": True,
@@ -63,6 +76,42 @@ def connect(settings: Settings, **overrides: Any) -> redis.Redis:
         raise ConfigError(f"bad Redis URL {redact_url(settings.redis_url)!r}: {exc}") from exc
 
 
+def _connect_cluster(settings: Settings, **overrides: Any) -> redis.Redis:
+    """redis-py's cluster client with the timeouts and TLS of :func:`connect`.
+
+    Its retries are the cluster client's own (``retry``): on a connection error, a timeout or a
+    cluster that is down it refreshes the slot map and tries again, which is what carries a command
+    over a failover. The node connections themselves never retry (redis-py's rule for clusters).
+    """
+    from redis.cluster import RedisCluster
+
+    target = endpoint(settings)
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_timeout": 10,
+        "socket_connect_timeout": 5,
+        # A failover takes the cluster's node timeout and an election: a few seconds. Retries back
+        # off up to 1 s each, so about ten cover it; each replays only replay-safe scripts.
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 10),
+    }
+    if target.tls is not None:
+        options.update(target.tls.options())
+        display = target.display
+
+        class _Verified(VerifiedSSLConnection):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, display_url=display, **kwargs)
+
+        options.update(ssl=True, connection_class=_Verified)
+    overrides.pop("health_check_interval", None)  # node connections of a cluster take none
+    options.update(overrides)
+    try:
+        client = RedisCluster.from_url(target.url, **options)
+    except ValueError as exc:
+        raise ConfigError(f"bad Redis URL {redact_url(settings.redis_url)!r}: {exc}") from exc
+    return cast(redis.Redis, client)
+
+
 def preflight(settings: Settings) -> None:
     """Check, before a worker starts, that the Redis URL leads to a Redis that will take us.
 
@@ -73,10 +122,25 @@ def preflight(settings: Settings) -> None:
     if settings.embedded:
         return
     check_tls(settings)
-    client = connect(settings, retry=Retry(NoBackoff(), 0), health_check_interval=0, socket_timeout=5)
     url = redact_url(settings.redis_url)
     try:
+        client = connect(settings, retry=Retry(NoBackoff(), 0), health_check_interval=0, socket_timeout=5)
+    except redis.RedisClusterException as exc:  # only the cluster client connects when it is made
+        if "not enabled" in str(exc):
+            raise ConfigError(
+                f"Redis at {url} is not a Redis Cluster node (cluster mode is off there), but"
+                f" {ENV_REDIS_CLUSTER}=1: unset it, or give a node of the cluster"
+            ) from None
+        return  # no node reachable: an outage
+    except redis.AuthenticationError as exc:
+        raise ConfigError(f"Redis at {url} refused the credentials: {exc}") from None
+    try:
         client.ping()
+        if not settings.redis_cluster and _cluster_enabled(client):
+            raise ConfigError(
+                f"Redis at {url} is a Redis Cluster node: set {ENV_REDIS_CLUSTER}=1 (and a broker URL of"
+                " its own), or give a standalone Redis"
+            )
     except redis.AuthenticationError as exc:
         raise ConfigError(f"Redis at {url} refused the credentials: {exc}") from None
     except (redis.ConnectionError, redis.TimeoutError):
@@ -87,6 +151,13 @@ def preflight(settings: Settings) -> None:
         ) from None
     finally:
         client.close()
+
+
+def _cluster_enabled(client: redis.Redis) -> bool:
+    try:
+        return str(client.info("cluster").get("cluster_enabled", "0")) == "1"
+    except redis.ResponseError:  # INFO renamed away: nothing to go by
+        return False
 
 
 def check_tls(settings: Settings) -> None:

@@ -15,11 +15,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import InvalidRequest
+from shared.queues import check_namespace
 from shared.settings import Limits
 from shared.state import Callback
 
 __all__ = [
     "MAX_NAME_CHARS",
+    "NAME_PATTERN",
+    "NOT_BLANK",
     "MAX_STATE_BYTES",
     "RunRequest",
     "StartMessage",
@@ -29,8 +32,12 @@ __all__ = [
 ]
 
 #: Agent names, thread ids and run ids: short, printable, no separators that mean something to Redis.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$")
+#: What a name (agent, thread, tenant) is: also the ``pattern`` of those fields in the OpenAPI document.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$"
+_NAME = re.compile(NAME_PATTERN)
 MAX_NAME_CHARS = 200
+#: An input must hold something besides white space (a JSON Schema ``pattern`` searches).
+NOT_BLANK = r"\S"
 
 
 class RunRequest(BaseModel):
@@ -59,6 +66,12 @@ class RunRequest(BaseModel):
         default=None,
         description="The run's starting custom state, for an agent that declares a state type (checked"
         " against it when the run starts; bounded).",
+    )
+    namespace: str | None = Field(
+        default=None,
+        description="The queue namespace of the run's tasks: NAME sends them to NAME.model,"
+        " NAME.tools and NAME.callbacks instead of the pool's default queues (1..48 letters,"
+        " digits, _ and -).",
     )
 
 
@@ -103,6 +116,7 @@ def validate_request(raw: Mapping[str, Any], limits: Limits) -> RunRequest:
     state = raw.get("state")
     if state is not None:
         _check_state(state)
+    namespace = check_namespace(raw.get("namespace"))
     return RunRequest(
         agent=agent,
         input=text,
@@ -112,6 +126,7 @@ def validate_request(raw: Mapping[str, Any], limits: Limits) -> RunRequest:
         tenant=tenant,
         callback=_callback(raw.get("callback")),
         state=state,
+        namespace=namespace,
     )
 
 

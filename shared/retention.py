@@ -39,6 +39,7 @@ import redis
 from shared import protocol
 from shared.errors import StoreFull
 from shared.keys import Keys
+from shared.scripts import is_cluster
 from shared.settings import ENV_SUBMIT_MEMORY, Settings
 from shared.state import TERMINAL_PHASES
 
@@ -252,12 +253,18 @@ class MemoryGuard:
         self._lock = threading.Lock()
 
     def state(self) -> MemoryState:
-        info: dict[str, Any] = self.redis.info("memory")
-        return MemoryState(
-            used=int(info.get("used_memory", 0)),
-            maximum=int(info.get("maxmemory", 0)),
-            policy=str(info.get("maxmemory_policy", "")),
+        """How full Redis is; on a cluster, its fullest primary (a run's keys all live on one)."""
+        if not is_cluster(self.redis):
+            return _memory(self.redis.info("memory"))
+        from redis.cluster import RedisCluster
+
+        replies: dict[str, Any] = self.redis.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        states = (
+            [_memory(info) for info in replies.values()]
+            if "used_memory" not in replies
+            else [_memory(replies)]
         )
+        return max(states, key=lambda state: (state.fraction, state.used))
 
     def check(self) -> None:
         """Raise :class:`StoreFull` when Redis uses its share of ``maxmemory`` or more."""
@@ -272,6 +279,14 @@ class MemoryGuard:
             state = self._state
         if state.maximum and state.fraction >= self.limit:
             raise StoreFull(full_message(state, self.limit))
+
+
+def _memory(info: dict[str, Any]) -> MemoryState:
+    return MemoryState(
+        used=int(info.get("used_memory", 0)),
+        maximum=int(info.get("maxmemory", 0)),
+        policy=str(info.get("maxmemory_policy", "")),
+    )
 
 
 def full_message(state: MemoryState, limit: float) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -10,7 +11,7 @@ import redis
 
 from shared.protocol import lua_prelude
 
-__all__ = ["SCRIPT_NAMES", "register_scripts", "script_source"]
+__all__ = ["SCRIPT_NAMES", "is_cluster", "register_scripts", "run_many", "script_source"]
 
 SCRIPT_NAMES = (
     "create",
@@ -49,3 +50,26 @@ def script_source(name: str) -> str:
 def register_scripts(client: redis.Redis) -> dict[str, Any]:
     """Every script registered on ``client`` (EVALSHA, reloaded by redis-py after a Redis restart)."""
     return {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` is redis-py's cluster client (``Settings.redis_cluster``)."""
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
+
+
+def run_many(client: Any, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    """Run ``script`` once per (keys, args): pipelined in one round trip on a standalone Redis.
+
+    redis-py's cluster pipeline refuses scripts (their keys' slots may lie on several primaries),
+    so on a cluster they are sent one after the other.
+    """
+    if not calls:
+        return []
+    if is_cluster(client):
+        return [script(keys=list(keys), args=list(args)) for keys, args in calls]
+    with client.pipeline(transaction=False) as pipe:
+        for keys, args in calls:
+            script(keys=list(keys), args=list(args), client=pipe)
+        return list(pipe.execute())

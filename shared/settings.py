@@ -21,6 +21,7 @@ __all__ = [
     "ENV_ARCHIVE_RETENTION",
     "ENV_ARCHIVE_URL",
     "ENV_BROKER_OPTIONS",
+    "ENV_CLAIM_WAIT_MS",
     "ENV_COMMIT_PUBLISH",
     "ENV_BROKER_PREFIX",
     "ENV_BROKER_URL",
@@ -38,6 +39,7 @@ __all__ = [
     "ENV_REDIS_CA_FILE",
     "ENV_REDIS_CERT_FILE",
     "ENV_REDIS_KEY_FILE",
+    "ENV_REDIS_CLUSTER",
     "ENV_REDIS_TLS_INSECURE",
     "ENV_REDIS_URL",
     "ENV_SHARDS",
@@ -57,6 +59,7 @@ __all__ = [
 ]
 
 ENV_REDIS_URL = "WESICHAIN_REDIS_URL"
+ENV_REDIS_CLUSTER = "WESICHAIN_REDIS_CLUSTER"
 ENV_AGENTS = "WESICHAIN_AGENTS"
 ENV_PREFIX = "WESICHAIN_PREFIX"
 ENV_LEASE = "WESICHAIN_LEASE_S"
@@ -83,6 +86,7 @@ ENV_LOG_FORMAT = "WESICHAIN_LOG_FORMAT"
 ENV_OTEL = "WESICHAIN_OTEL"
 ENV_SUBMIT_MEMORY = "WESICHAIN_SUBMIT_MAX_MEMORY"
 ENV_COMMIT_PUBLISH = "WESICHAIN_COMMIT_PUBLISH"
+ENV_CLAIM_WAIT_MS = "WESICHAIN_CLAIM_WAIT_MS"
 ENV_BROKER_URL = "WESICHAIN_BROKER_URL"
 ENV_ARCHIVE_URL = "WESICHAIN_ARCHIVE_URL"
 ENV_ARCHIVE_AFTER = "WESICHAIN_ARCHIVE_AFTER_S"
@@ -121,6 +125,15 @@ class Settings:
     """Everything a process of the runtime is configured with, resolved once (``from_env``)."""
 
     redis_url: str = "redis://127.0.0.1:6379/0"
+    #: ``WESICHAIN_REDIS_CLUSTER=1``: the run state is a Redis Cluster, ``redis_url`` one of its
+    #: nodes (redis-py's ``RedisCluster.from_url`` convention: the client learns the others from
+    #: it). Needs ``broker_url``: Celery's Redis transport cannot use a cluster as its broker.
+    redis_cluster: bool = False
+    #: ``WESICHAIN_CLAIM_WAIT_MS``: on a Redis Cluster, the claim of a non-retry-safe tool call is
+    #: acknowledged by a replica (``WAIT 1``) before the tool runs, waiting at most this long (0:
+    #: never wait). Replication is asynchronous: without it, a primary killed right after the
+    #: claim could take the claim with it, and the promoted replica would let the call run again.
+    claim_wait_ms: int = 500
     prefix: str = "wesichain:"
     agents_module: str = DEFAULT_AGENTS_MODULE
     #: A claimed phase must renew its lease within this; the sweeper recovers it after.
@@ -198,8 +211,9 @@ class Settings:
     #: pushes the next phase's Celery message itself (one round trip, no commit/publish gap). ``0``
     #: commits, then publishes, leaving the gap to the outbox and the sweeper.
     commit_publish: bool = True
-    #: ``WESICHAIN_BROKER_URL`` / ``--broker``: an ``amqp://`` (or ``amqps://``) RabbitMQ as the
-    #: broker, the run state staying in Redis; empty (the default): the run state's Redis.
+    #: ``WESICHAIN_BROKER_URL`` / ``--broker``: an ``amqp://`` (or ``amqps://``) RabbitMQ, or a
+    #: ``redis://`` (``rediss://``) standalone Redis other than the run state's, as the broker; empty
+    #: (the default): the run state's Redis. A Redis Cluster run state needs one of the two.
     broker_url: str = field(default="", repr=False)
     #: ``WESICHAIN_ARCHIVE_URL``: where finished runs are moved out of Redis (``postgresql://...``
     #: or ``sqlite:///path``); empty: no archive, ended runs live in Redis for ``retention_s``.
@@ -244,6 +258,7 @@ class Settings:
         if parts.scheme != "memory" and not parts.hostname:
             raise ConfigError(f"Redis URL has no host: {redact_url(self.redis_url)!r}")
         self._validate_broker()
+        self._validate_cluster()
         if self.lease_s <= 0 or self.queued_lease_s <= 0 or self.max_phase_attempts < 1:
             raise ConfigError("lease_s and queued_lease_s must be > 0 and max_phase_attempts >= 1")
         if self.log_format not in ("text", "json"):
@@ -264,6 +279,8 @@ class Settings:
                 f"{ENV_ARCHIVE_AFTER} must be >= 0, {ENV_ARCHIVE_INTERVAL} > 0 and {ENV_ARCHIVE_BATCH}"
                 " in 1..5000"
             )
+        if not 0 <= self.claim_wait_ms <= 60_000:
+            raise ConfigError(f"{ENV_CLAIM_WAIT_MS}={self.claim_wait_ms}: must be in 0..60000")
         if not 1 <= self.shards <= 1024:
             raise ConfigError(f"{ENV_SHARDS}={self.shards}: shards must be in 1..1024")
         from shared.tls import endpoint  # shared.tls builds on this module
@@ -274,20 +291,55 @@ class Settings:
         if not self.broker_url:
             return
         broker = urlsplit(self.broker_url)
-        if broker.scheme not in ("amqp", "amqps") or not broker.hostname:
+        if broker.scheme not in _BROKER_SCHEMES or not broker.hostname:
             raise ConfigError(
-                f"{ENV_BROKER_URL} must be an amqp:// or amqps:// URL with a host (a Redis broker is"
-                f" the run state's own server), got {redact_url(self.broker_url)!r}"
+                f"{ENV_BROKER_URL} must be an amqp://, amqps://, redis:// or rediss:// URL with a host,"
+                f" got {redact_url(self.broker_url)!r}"
             )
         if self.embedded:
             raise ConfigError(f"{ENV_BROKER_URL} cannot be used in the embedded mode")
+
+    def _validate_cluster(self) -> None:
+        if not self.redis_cluster:
+            return
+        if self.embedded:
+            raise ConfigError(f"{ENV_REDIS_CLUSTER}=1 cannot be used in the embedded mode (memory://)")
+        if not self.broker_url:
+            raise ConfigError(
+                f"{ENV_REDIS_CLUSTER}=1 needs {ENV_BROKER_URL}: Celery's Redis transport cannot use a"
+                " Redis Cluster as its broker; give RabbitMQ (amqp://...) or a standalone Redis"
+                " (redis://...)"
+            )
+        database = urlsplit(self.redis_url).path.strip("/")
+        if database not in ("", "0"):
+            raise ConfigError(
+                f"a Redis Cluster has only database 0, the Redis URL names {database!r}:"
+                f" {redact_url(self.redis_url)!r}"
+            )
 
     @property
     def embedded(self) -> bool:
         return self.redis_url.startswith("memory://")
 
+    @property
+    def broker_is_redis(self) -> bool:
+        """The broker is Celery's Redis transport (the run state's server, or ``broker_url``'s)."""
+        if self.embedded:
+            return False
+        return not self.broker_url or self.broker_url.startswith(("redis:", "rediss:"))
+
+    def broker_endpoint(self) -> Settings:
+        """These settings with the broker's Redis URL as ``redis_url`` (its TLS files are the same),
+        so that :func:`shared.tls.endpoint` and :func:`shared.redis_client.connect` reach the broker."""
+        if not self.broker_is_redis:
+            raise ConfigError("the broker is not a Redis")
+        if not self.broker_url:
+            return self
+        return replace(self, redis_url=self.broker_url, redis_cluster=False, broker_url="")
+
 
 _ARCHIVE_SCHEMES = ("postgresql", "postgres", "sqlite")
+_BROKER_SCHEMES = ("amqp", "amqps", "redis", "rediss")
 
 
 def _text(env: str, raw: str) -> str:
@@ -340,6 +392,7 @@ def _parse_switch(env: str, raw: str) -> bool:
 #: Every variable ``Settings.from_env`` reads: (variable, field, parser).
 _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_REDIS_URL, "redis_url", _text),
+    (ENV_REDIS_CLUSTER, "redis_cluster", _parse_switch),
     (ENV_AGENTS, "agents_module", _text),
     (ENV_PREFIX, "prefix", _text),
     (ENV_TASK_EVENTS, "task_events", _parse_switch),
@@ -366,6 +419,7 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_OTEL, "otel", _parse_switch),
     (ENV_SUBMIT_MEMORY, "submit_max_memory", _number(float)),
     (ENV_COMMIT_PUBLISH, "commit_publish", _parse_switch),
+    (ENV_CLAIM_WAIT_MS, "claim_wait_ms", _number(int)),
     (ENV_BROKER_URL, "broker_url", _text),
     (ENV_ARCHIVE_URL, "archive_url", _text),
     (ENV_ARCHIVE_AFTER, "archive_after_s", _number(float)),
@@ -397,7 +451,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     broker_use_ssl: dict[str, Any] | bool = False
     queues: dict[str, Any] = {}
     transport_options: dict[str, Any]
-    if settings.broker_url:
+    if settings.broker_url and not settings.broker_is_redis:
         # RabbitMQ: quorum queues (replicated, durable), publisher confirms (a publish returns once
         # the broker took the message), topic exchanges so that countdowns use RabbitMQ's native
         # delayed delivery instead of holding the message in a worker.
@@ -417,7 +471,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     else:
         # With rediss://, explicit TLS parameters: given none, kombu would connect with
         # ssl_cert_reqs=CERT_NONE. The URL loses its ssl_* parameters, which would override these.
-        target = endpoint(settings)
+        target = endpoint(settings.broker_endpoint())
         broker = target.url
         if target.tls is not None:
             broker_use_ssl = target.tls.options()

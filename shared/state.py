@@ -205,7 +205,18 @@ class Decision(BaseModel):
 #: The fields of a head that a producer sets when it creates the run and that never change: they
 #: are stored once (the run's ``request``), not copied into every commit and checkpoint.
 REQUEST_FIELDS = frozenset(
-    {"agent", "input", "thread_id", "metadata", "created_at", "tenant", "callback", "fork", "parent"}
+    {
+        "agent",
+        "input",
+        "thread_id",
+        "metadata",
+        "created_at",
+        "tenant",
+        "callback",
+        "fork",
+        "parent",
+        "namespace",
+    }
 )
 
 
@@ -263,6 +274,9 @@ class RunHead(BaseModel):
     tenant: str | None = None
     #: How to tell a service the run ended (None: nobody is told).
     callback: Callback | None = None
+    #: The queue namespace every task of the run goes to (``shared/queues.py``); None: the
+    #: pool's default queues.
+    namespace: str | None = None
     #: The run and checkpoint this run was forked from (None: not a fork).
     fork: ForkOrigin | None = None
     #: The run whose subagent call this run is (None: a top-level run).
@@ -344,6 +358,7 @@ class RunHead(BaseModel):
         fork: ForkOrigin | None = None,
         parent: ParentLink | None = None,
         state: dict[str, Any] | None = None,
+        namespace: str | None = None,
     ) -> RunHead:
         """A run as a producer creates it: version 1, IDLE, waiting for the start phase."""
         now = time.time()
@@ -361,6 +376,7 @@ class RunHead(BaseModel):
             fork=fork,
             parent=parent,
             state=state,
+            namespace=namespace,
             created_at=now,
             updated_at=now,
         )

@@ -26,21 +26,26 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import redis
 
 from shared import protocol
-from shared.archive import Archive, ListingFilter, open_archive
 from shared.errors import InternalInvariant, InvalidRequest
 from shared.events import Event, dump_event, load_event
 from shared.keys import Keys
 from shared.messages import MESSAGE_ADAPTER, Message, dump_message
-from shared.scripts import register_scripts
+from shared.scripts import is_cluster, register_scripts, run_many
 from shared.settings import Settings
 from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
 
+if TYPE_CHECKING:
+    # The archive's code (SQL, sqlite3, the database drivers) loads when an archive is opened:
+    # a worker or client without one never needs it.
+    from shared.archive import Archive
+
 __all__ = [
+    "CURSOR_PATTERN",
     "PUBLISH_COMMANDS",
     "BrokerCommand",
     "Busy",
@@ -297,6 +302,8 @@ class RunStore:
         if self._archive is None and self.settings.archive_url:
             with self._archive_lock:
                 if self._archive is None:
+                    from shared.archive import open_archive
+
                     self._archive = open_archive(self.settings.archive_url)
         return self._archive
 
@@ -424,6 +431,8 @@ class RunStore:
         archive = self.archive
         if archive is None:
             return _page(live, limit, stop)
+        from shared.archive import ListingFilter
+
         where = ListingFilter(tenant, agent=agent, status=status, thread_id=thread_id, since_ms=floor)
         archived = archive.list_runs(where, position, limit)
         if len(archived) == limit:  # the archive may hold more below its last one
@@ -695,15 +704,37 @@ class RunStore:
         if not claims:
             return []
         k = self.keys
-        with self.redis.pipeline(transaction=False) as pipe:
-            for run_id, field, token, extend in claims:
-                self._scripts["renew"](
-                    keys=[k.run(run_id), k.leases_of(run_id)],
-                    args=[run_id, field, token, self._lease_ms, "1" if extend else "0"],
-                    client=pipe,
-                )
-            replies = pipe.execute()
+        replies = run_many(
+            self.redis,
+            self._scripts["renew"],
+            [
+                ([k.run(run_id), k.leases_of(run_id)], [run_id, field, token, self._lease_ms, int(extend)])
+                for run_id, field, token, extend in claims
+            ],
+        )
         return [(int(r[0]) == 1, int(r[1]) == 1) for r in replies]
+
+    def replicate(self, run_id: str, timeout_ms: int) -> int:
+        """Wait until a replica holds every write made so far to ``run_id``'s slot (``WAIT 1``),
+        at most ``timeout_ms``; returns how many replicas acknowledged (0: none in time).
+
+        ``WAIT`` covers the writes of the connection it is sent on, and a connection of the pool may
+        not be the one the claim went through; so it follows a write of its own on the same
+        connection, to the shard's ``sync`` key, which the replication stream orders after the claim.
+        On a cluster the pair goes to the primary of the run's slot; a slot that moved since (a
+        failover) raises, and the lease hands the work on.
+        """
+        key = self.keys.sync_of(run_id)
+        if is_cluster(self.redis):
+            node = self.redis.get_node_from_key(key)  # type: ignore[attr-defined]
+            client: Any = self.redis.get_redis_connection(node)  # type: ignore[attr-defined]
+        else:
+            client = self.redis
+        with client.pipeline(transaction=False) as pipe:
+            pipe.set(key, run_id, px=60_000)
+            pipe.execute_command("WAIT", 1, timeout_ms)
+            replies = pipe.execute()
+        return int(replies[1])
 
     def release(self, run_id: str, field: str, token: str) -> bool:
         """Give up a claim this token holds (atomically: only if it still holds it)."""
@@ -938,6 +969,13 @@ class RunStore:
         """Run ids of ``shard`` whose lease time has come (by Redis's clock)."""
         return [_s(r) for r in self._run("due", [self.keys.leases(shard)], [limit])]
 
+    def due_everywhere(self, limit: int = 100) -> list[list[str]]:
+        """:meth:`due` of every shard, in one pipelined round trip (a list per shard)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for shard in range(self.keys.shards):
+                self._scripts["due"](keys=[self.keys.leases(shard)], args=[str(limit)], client=pipe)
+            return [[_s(r) for r in due] for due in pipe.execute()]
+
     def inspect(self, run_id: str) -> Due | Literal["alive", "settled"]:
         """Look at a run whose lease time came (see ``inspect.lua``)."""
         k = self.keys
@@ -1073,11 +1111,15 @@ def _page(entries: list[tuple[int, RunHead]], limit: int, stop: tuple[int, str] 
     return RunPage([h for _, h in runs], None)
 
 
+#: A listing cursor: the creation time (ms) and the id of the last run of the previous page.
+CURSOR_PATTERN = r"^[0-9]{1,15}\..+$"
+
+
 def _parse_cursor(cursor: str | None) -> tuple[int, str] | None:
     if not cursor:
         return None
     score, _, run_id = cursor.partition(".")
-    if not score.isdigit() or not run_id:
+    if not score.isdigit() or len(score) > 15 or not run_id:
         raise InvalidRequest(f"bad listing cursor {cursor[:80]!r}")
     return int(score), run_id
 

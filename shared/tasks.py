@@ -7,7 +7,9 @@ deterministic ids have one definition.
 A task names the run, version, epoch (and step, and call) it was published for; its id is
 deterministic: the same commit always publishes the same ids, and a hand-on by the sweeper adds
 the new epoch. Every publish stamps the run's current epoch (:func:`with_epoch`), so an outbox
-stored before the epoch changed is sent under the right one.
+stored before the epoch changed is sent under the right one. A run with a queue namespace
+(``shared/queues.py``) has each task name its queue in that namespace; the others name none, and
+the routes (``wesichain.model``, ``wesichain.tools``, ``wesichain.callbacks``) apply.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from shared.queues import queue_in
 from shared.state import Phase, RunHead, TaskSpec
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "TASK_THINK",
     "TASK_TOOL",
     "decide_task",
+    "routed",
     "start_task",
     "task_for",
     "with_epoch",
@@ -57,11 +61,24 @@ def _task_id(run_id: str, version: int, what: str, epoch: int) -> str:
     return f"{run_id}:v{version}:{what}" + (f":e{epoch}" if epoch else "")
 
 
+def routed(spec: TaskSpec, namespace: str | None) -> TaskSpec:
+    """``spec`` sent to its kind's queue in ``namespace`` (unchanged for the default namespace)."""
+    if namespace is None:
+        return spec
+    kind = "tools" if spec.name == TASK_TOOL else "callbacks" if spec.name == TASK_CALLBACK else "model"
+    return spec.model_copy(update={"queue": queue_in(namespace, kind)})
+
+
 def task_for(head: RunHead, time_limits: Mapping[str, float] | None = None) -> list[TaskSpec]:
-    """The outbox of a committed head: the tasks that carry the run to its next phase.
+    """The outbox of a committed head: the tasks that carry the run to its next phase, each on
+    its queue in the run's namespace.
 
     ``time_limits`` maps a tool name to the hard time limit of its calls.
     """
+    return [routed(spec, head.namespace) for spec in _next_tasks(head, time_limits or {})]
+
+
+def _next_tasks(head: RunHead, limits: Mapping[str, float]) -> list[TaskSpec]:
     run_id, version, epoch = head.run_id, head.version, head.epoch
     base = {"run_id": run_id, "step": head.step, "version": version, "epoch": epoch}
     if head.phase is Phase.IDLE:
@@ -69,7 +86,6 @@ def task_for(head: RunHead, time_limits: Mapping[str, float] | None = None) -> l
     if head.phase is Phase.THINKING:
         return [TaskSpec(name=TASK_THINK, task_id=_task_id(run_id, version, "think", epoch), arguments=base)]
     if head.phase is Phase.ACTING:
-        limits = time_limits or {}
         return [
             TaskSpec(
                 name=TASK_TOOL,
@@ -110,21 +126,23 @@ def task_for(head: RunHead, time_limits: Mapping[str, float] | None = None) -> l
     return []  # parked (the decide task is sent when a human decides) or ended
 
 
-def start_task(run_id: str, version: int = 1, epoch: int = 0) -> TaskSpec:
-    return TaskSpec(
+def start_task(run_id: str, version: int = 1, epoch: int = 0, namespace: str | None = None) -> TaskSpec:
+    spec = TaskSpec(
         name=TASK_START,
         task_id=_task_id(run_id, version, "start", epoch),
         arguments={"run_id": run_id, "version": version, "epoch": epoch},
     )
+    return routed(spec, namespace)
 
 
 def decide_task(head: RunHead) -> TaskSpec:
     """The task that resumes a parked run once a human's decision is stored (or a cancel is)."""
-    return TaskSpec(
+    spec = TaskSpec(
         name=TASK_DECIDE,
         task_id=_task_id(head.run_id, head.version, "decide", head.epoch),
         arguments={"run_id": head.run_id, "version": head.version, "epoch": head.epoch, "step": head.step},
     )
+    return routed(spec, head.namespace)
 
 
 def with_epoch(spec: TaskSpec, epoch: int) -> TaskSpec:

@@ -57,11 +57,13 @@ class Tenants:
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         hashed = digest(key)
         record = KeyRecord(id=hashed[:12], tenant=tenant, name=name[:200], created_at=time.time())
-        with self.redis.pipeline() as pipe:
-            pipe.set(self.keys.api_key(hashed), record.model_dump_json())
-            pipe.sadd(self.keys.api_keys(tenant), hashed)
+        # Three keys in three slots of a cluster, so no transaction: the key's record is written
+        # last, and a key is only valid once it is (a digest listed without a record is skipped).
+        with self.redis.pipeline(transaction=False) as pipe:
             pipe.sadd(self.keys.tenants(), tenant)
+            pipe.sadd(self.keys.api_keys(tenant), hashed)
             pipe.execute()
+        self.redis.set(self.keys.api_key(hashed), record.model_dump_json())
         return key, record
 
     def authenticate(self, key: str) -> KeyRecord | None:
@@ -76,7 +78,10 @@ class Tenants:
 
     def keys_of(self, tenant: str) -> list[KeyRecord]:
         digests = sorted(str(d) for d in self.redis.smembers(self.keys.api_keys(tenant)))
-        raw = self.redis.mget([self.keys.api_key(d) for d in digests]) if digests else []
+        with self.redis.pipeline(transaction=False) as pipe:  # the keys lie in many slots of a cluster
+            for d in digests:
+                pipe.get(self.keys.api_key(d))
+            raw = pipe.execute()
         records = [KeyRecord.model_validate_json(r) for r in raw if r is not None]
         return sorted(records, key=lambda r: r.created_at)
 

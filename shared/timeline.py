@@ -139,7 +139,7 @@ def build_timeline(head: RunHead, checkpoints: Sequence[RunHead], events: Sequen
             markers.append(Marker(at=version.updated_at, kind="end", text=version.phase.value))
         previous_commit = version.updated_at
 
-    _tool_bars(events, bars, waits)
+    _tool_bars(events, bars, waits, markers)
     _streamed_bars(head, events, committed_thinks, bars)
 
     times = [head.created_at, head.updated_at, *(b.end for b in bars), *(w.end for w in waits)]
@@ -165,7 +165,7 @@ def _step_of_phase(version: RunHead, phase: Phase) -> int:
     return version.step
 
 
-def _tool_bars(events: Sequence[Event], bars: list[Bar], waits: list[Wait]) -> None:
+def _tool_bars(events: Sequence[Event], bars: list[Bar], waits: list[Wait], markers: list[Marker]) -> None:
     dispatched: dict[tuple[int, str], float] = {}
     for event in events:
         if event.kind == "ToolDispatched":
@@ -173,17 +173,24 @@ def _tool_bars(events: Sequence[Event], bars: list[Bar], waits: list[Wait]) -> N
         elif event.kind == "ToolCompleted":
             start = event.ts - event.duration_s
             sent = dispatched.get((event.step, event.call_id))
+            lost = event.attempt - 1
             if sent is not None and start >= sent:
-                waits.append(Wait(name=event.tool, step=event.step, start=sent, end=start))
+                waits.append(Wait(name=event.tool, step=event.step, start=sent, end=start, lost=lost))
+            lane = lane_of(event.worker)
+            if lost:
+                what = f"tool {event.tool} ({event.call_id})"
+                text = f"{what} claimed again (attempt {event.attempt}): an earlier delivery died"
+                markers.append(Marker(at=start, kind="takeover", text=text, lane=lane))
             bars.append(
                 Bar(
-                    lane=lane_of(event.worker),
+                    lane=lane,
                     kind="tool",
                     name=event.tool,
                     step=event.step,
                     start=start,
                     end=event.ts,
                     ok=event.ok,
+                    attempt=event.attempt,
                     ref=event.call_id,
                     detail=event.error.kind if event.error else "",
                 )

@@ -37,6 +37,7 @@ from shared.prompts import Prompt
 from shared.subagents import AgentTool
 from shared.tools import ToolContext, ToolSet, tool
 from tests.agents_fixture import EFFECTS_KEY, TOOLS, add
+from tests.broker import redis_from_env
 
 #: input -> pid of the process that last called a model of this module.
 MODEL_PIDS_KEY = "test:model_pids"
@@ -48,7 +49,7 @@ HANG_FIRST = "hang:"
 
 @cache
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["WESICHAIN_REDIS_URL"], decode_responses=True)
+    return redis_from_env()
 
 
 def _user(messages: Sequence[Message]) -> str:

@@ -21,13 +21,14 @@ from shared.llm.base import ModelResponse
 from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import Message, UserMessage
 from shared.tools import ToolSet
+from tests.broker import redis_from_env
 
 CALLS_KEY = "test:eval_calls"
 
 
 @cache
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["WESICHAIN_REDIS_URL"], decode_responses=True)
+    return redis_from_env()
 
 
 def _model(name: str, wrong_multiples_of: int | None) -> ScriptedModel:

@@ -23,6 +23,7 @@ from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import AssistantMessage, Message, ToolMessage, UserMessage
 from shared.policy import Fail, Interrupt, Policy, Reprompt, Retry
 from shared.tools import ToolContext, ToolSet, tool
+from tests.broker import redis_from_env
 
 EFFECTS_KEY = "test:effects"
 STARTS_KEY = "test:starts"
@@ -34,7 +35,7 @@ ATTEMPT_PIDS_KEY = "test:attempt_pids:"
 
 @cache
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["WESICHAIN_REDIS_URL"], decode_responses=True)
+    return redis_from_env()
 
 
 def _record(key: str, ctx: ToolContext) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from shared.agents import Agent, AgentRegistry
 from shared.limits import ProviderLimit
+from shared.llm.scripted import ScriptedModel, reply
 from shared.tools import ToolSet
 from tests.agents_fixture import add
 
@@ -23,3 +24,6 @@ registry.add(
         limits=ProviderLimit(concurrency=2),
     )
 )
+#: Answers at once without a provider: the case agent of an eval whose judge is the limited model.
+registry.add_model("instant", ScriptedModel([reply("3")] * 10_000))
+registry.add(Agent(name="instant", model="scripted:instant", system_prompt="answer", tools=ToolSet([])))

@@ -27,6 +27,7 @@ from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import Message, ToolMessage, UserMessage
 from shared.pipeline.definition import Pipeline
 from shared.tools import ToolContext, ToolSet, tool
+from tests.broker import redis_from_env
 
 CALLS_KEY = "test:pipe_calls"
 
@@ -41,7 +42,7 @@ class Route(BaseModel):
 
 @cache
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["WESICHAIN_REDIS_URL"], decode_responses=True)
+    return redis_from_env()
 
 
 def _question(messages: Sequence[Message]) -> str:

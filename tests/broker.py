@@ -20,7 +20,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from shared.settings import ENV_BROKER_URL
+import redis
+
+from shared.settings import ENV_BROKER_URL, ENV_REDIS_CLUSTER
 from shared.settings import Settings as RuntimeSettings
 
 __all__ = [
@@ -31,8 +33,12 @@ __all__ = [
     "broker_for",
     "drop_all",
     "drop_broker_for",
+    "is_cluster",
     "on_rabbitmq",
     "rabbitmq_available",
+    "redis_from_env",
+    "register_cluster",
+    "unregister_cluster",
     "vhost",
 ]
 
@@ -43,6 +49,22 @@ ENV_TEST_BROKER = "WESICHAIN_TEST_BROKER"
 
 _SESSION = uuid.uuid4().hex[:8]
 _created: set[str] = set()
+#: Run-state URLs that are a Redis Cluster -> the standalone redis-server that is their broker.
+_clusters: dict[str, str] = {}
+
+
+def register_cluster(store_url: str, broker_url: str) -> None:
+    """``store_url`` is a Redis Cluster's; its workers and clients use ``broker_url``'s Redis as the
+    broker (or their RabbitMQ virtual host, with ``--broker rabbitmq``)."""
+    _clusters[store_url] = broker_url
+
+
+def unregister_cluster(store_url: str) -> None:
+    _clusters.pop(store_url, None)
+
+
+def is_cluster(redis_url: str) -> bool:
+    return redis_url in _clusters
 
 
 def _ctl(*args: str) -> None:
@@ -85,15 +107,19 @@ def broker_for(redis_url: str) -> str:
     """The broker of the workers and clients of one redis-server: empty (that Redis) unless the
     session runs against RabbitMQ, then a virtual host of the server's own."""
     if not on_rabbitmq() or redis_url.startswith("memory://"):
-        return ""
+        return _clusters.get(redis_url, "")
     name = _name_for(redis_url)
     return f"{RABBITMQ}/{name}" if name in _created else _create(name)
 
 
 def broker_env(redis_url: str) -> dict[str, str]:
-    """The environment that gives a subprocess the broker of ``redis_url`` (nothing on Redis)."""
+    """The environment that gives a subprocess the broker of ``redis_url`` (nothing on Redis), and
+    tells it when ``redis_url`` is a Redis Cluster."""
     url = broker_for(redis_url)
-    return {ENV_BROKER_URL: url} if url else {}
+    env = {ENV_BROKER_URL: url} if url else {}
+    if is_cluster(redis_url):
+        env[ENV_REDIS_CLUSTER] = "1"
+    return env
 
 
 def drop_broker_for(redis_url: str) -> None:
@@ -113,6 +139,8 @@ class Settings(RuntimeSettings):
     def __post_init__(self) -> None:
         if not self.broker_url:
             object.__setattr__(self, "broker_url", broker_for(self.redis_url))
+        if is_cluster(self.redis_url):
+            object.__setattr__(self, "redis_cluster", True)
 
 
 @contextmanager
@@ -123,3 +151,14 @@ def vhost() -> Iterator[str]:
         yield _create(name)
     finally:
         _delete(name)
+
+
+def redis_from_env() -> redis.Redis:
+    """A client of the run state's Redis named by the environment of a worker process (a cluster
+    client when ``WESICHAIN_REDIS_CLUSTER=1``): where the test agents record their effects."""
+    url = os.environ["WESICHAIN_REDIS_URL"]
+    if os.environ.get(ENV_REDIS_CLUSTER) == "1":
+        from redis.cluster import RedisCluster
+
+        return RedisCluster.from_url(url, decode_responses=True)  # type: ignore[return-value]
+    return redis.Redis.from_url(url, decode_responses=True)

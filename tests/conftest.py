@@ -2,7 +2,9 @@
 
 A missing ``redis-server`` skips the integration tests locally and fails them under CI.
 ``--broker rabbitmq`` runs them with RabbitMQ as the broker, in a virtual host of the session's own
-(see ``tests/broker.py``).
+(see ``tests/broker.py``). ``--store cluster`` keeps the run state on a real Redis Cluster (three
+primaries, a replica each, started by the session: ``tests/redis_cluster.py``) with a standalone
+redis-server of each test's own as the broker (or RabbitMQ, with both options).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from producer.client import Client
 from tests.broker import ENV_TEST_BROKER, Settings, drop_all, rabbitmq_available
 from tests.chaos.support import RECOVERY_PROPERTY, SOAK_PROPERTY
 from tests.harness import RedisServer, WorkerProcess, running
+from tests.redis_cluster import ClusterStore, RedisCluster
 
 CI = os.environ.get("CI") == "true"
 
@@ -34,6 +37,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="redis",
         help="the broker of the integration and chaos suites (rabbitmq: 127.0.0.1:5672, see tests/broker.py)",
     )
+    parser.addoption(
+        "--store",
+        choices=("redis", "cluster"),
+        default="redis",
+        help="where the integration and chaos suites keep the run state (cluster: a Redis Cluster of"
+        " 3 primaries and 3 replicas started by the session, see tests/redis_cluster.py)",
+    )
+
+
+def on_cluster(config: pytest.Config) -> bool:
+    """Whether this session keeps the run state on a Redis Cluster (``--store cluster``)."""
+    return bool(config.getoption("--store", "redis") == "cluster")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,12 +60,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--broker", "redis") != "rabbitmq":
-        return
-    skip = pytest.mark.skip(reason="about the Redis broker itself (--broker rabbitmq)")
+    skips: list[tuple[str, pytest.MarkDecorator]] = []
+    if config.getoption("--broker", "redis") == "rabbitmq":
+        skips.append(
+            ("redis_broker", pytest.mark.skip(reason="about the Redis broker itself (--broker rabbitmq)"))
+        )
+    if on_cluster(config):
+        reason = "about the Redis broker being the run state's server (--store cluster)"
+        skips.append(("redis_broker", pytest.mark.skip(reason=reason)))
+        reason = "about a standalone Redis itself (--store cluster)"
+        skips.append(("standalone_redis", pytest.mark.skip(reason=reason)))
     for item in items:
-        if item.get_closest_marker("redis_broker") is not None:
-            item.add_marker(skip)
+        for marker, skip in skips:
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -65,11 +88,57 @@ def _need_redis() -> None:
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
+def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """The session's run-state Redis: a redis-server, or with ``--store cluster`` a cluster of the
+    session's own (and a redis-server as the broker)."""
     _need_redis()
-    server = RedisServer().start()
-    yield server
-    server.cleanup()
+    if not on_cluster(request.config):
+        server = RedisServer().start()
+        yield server
+        server.cleanup()
+        return
+    cluster = RedisCluster().start()
+    store = ClusterStore(cluster).start()
+    yield store
+    store.cleanup()
+    cluster.cleanup()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(request: pytest.FixtureRequest) -> Iterator[RedisCluster | None]:
+    """With ``--store cluster``, a second cluster the tests with a server of their own share (each
+    flushes it when it ends); None otherwise."""
+    if not on_cluster(request.config):
+        yield None
+        return
+    _need_redis()
+    cluster = RedisCluster().start()
+    yield cluster
+    cluster.cleanup()
+
+
+@pytest.fixture
+def store_factory(redis_cluster: RedisCluster | None) -> Iterator[Callable[..., RedisServer]]:
+    """Starts a run-state Redis of the test's own: a redis-server (``appendonly`` as asked), or with
+    ``--store cluster`` the shared cluster, emptied when the test ends. Each is cleaned up after
+    the test."""
+    started: list[RedisServer] = []
+
+    def start(appendonly: bool = False) -> RedisServer:
+        _need_redis()
+        server: RedisServer
+        if redis_cluster is not None:
+            if any(isinstance(s, ClusterStore) for s in started):
+                raise RuntimeError("a test gets one run-state cluster (--store cluster)")
+            server = ClusterStore(redis_cluster)
+        else:
+            server = RedisServer(appendonly=appendonly)
+        started.append(server.start())
+        return server
+
+    yield start
+    for server in reversed(started):
+        server.cleanup()
 
 
 @pytest.fixture(scope="session")

@@ -7,19 +7,20 @@ it, so tests count deliveries from what really arrived instead of parsing worker
 
 from __future__ import annotations
 
-import os
 from functools import cache
 from typing import Any
 
 import redis
 from celery.signals import task_received
 
+from tests.broker import redis_from_env
+
 DELIVERIES_KEY = "test:deliveries"
 
 
 @cache
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["WESICHAIN_REDIS_URL"], decode_responses=True)
+    return redis_from_env()
 
 
 @task_received.connect

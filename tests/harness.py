@@ -8,6 +8,7 @@ SIGKILL the whole worker or just one prefork child.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -102,7 +103,10 @@ class RedisServer:
             "yes" if self.tls.auth_clients else "no",
         ]
 
-    def start(self, attempts: int = 3) -> RedisServer:
+    def start(self) -> RedisServer:
+        return self._start(attempts=3)
+
+    def _start(self, attempts: int) -> RedisServer:
         args = [
             self.binary,
             *self._listen_args(),
@@ -136,7 +140,7 @@ class RedisServer:
             # Another process took the free port between free_port() and the bind (test
             # processes running side by side, or any client's ephemeral port): take another.
             self.port = free_port()
-            return self.start(attempts - 1)
+            return self._start(attempts - 1)
         finally:
             client.close()
         self._started = True
@@ -202,6 +206,7 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
         log_dir: str | None = None,
         include: tuple[str, ...] = (),
+        namespaces: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="wesichain-worker-")) / f"{name}.log"
@@ -225,6 +230,8 @@ class WorkerProcess:
         ]
         if queues:
             self.args += ["--queues", queues]
+        for namespace in namespaces:
+            self.args += ["--namespace", namespace]
         # Event heartbeats stay on as in production: they let a monitor (Flower) switch task events on.
         self.args += ["--", "--without-mingle", "--without-gossip"]
         if include:
@@ -258,6 +265,12 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def received(self, task_id_part: str) -> bool:
+        """Whether this worker received a wesichain task whose id starts with ``task_id_part``
+        (a run's id) or with ``eval:`` and it (an eval's pump), by Celery's log of receipts."""
+        pattern = r"Task wesichain\.[\w.]+\[(eval:)?" + re.escape(task_id_part)
+        return re.search(pattern, self.log()) is not None
 
     def wait_ready(self, timeout: float = 30) -> None:
         def ready() -> bool:

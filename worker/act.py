@@ -75,6 +75,7 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
         output=result.output[: rt.settings.limits.max_event_payload_chars],
         error=result.error,
         duration_s=result.duration_s,
+        attempt=outcome.attempts,
     )
     observing = current.observe().head
     (observe,) = task_for(observing)
@@ -137,10 +138,32 @@ def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str) -> ToolResult
     if isinstance(checked, Refuse):
         message = f"the call was refused by {checked.reason}"
         return _error_result(call, ToolDispatch(message, step=step, tool=call.name).info())
+    if not tool.retry_safe:
+        _replicate_claim(rt, head.run_id, what)
     renew_until = time.monotonic() + hard_limit_s(tool.attempt_limit_s)
     with rt.heartbeat.hold(head.run_id, claim.field, claim.token, renew_until) as held:
         rt.hooks.on_claimed(Phase.ACTING, head.run_id, rt.store)
         return invoke(rt, tool, checked, head, held, agent.state_type)
+
+
+def _replicate_claim(rt: Runtime, run_id: str, what: str) -> None:
+    """On a cluster, have a replica acknowledge the claim of a non-retry-safe call before it runs,
+    so that a failover cannot lose the claim and let the call run a second time.
+
+    No replica in time (none configured, or one far behind) does not stop the call: the primary
+    then stands alone, as a standalone Redis does, and the log says so.
+    """
+    wait_ms = rt.settings.claim_wait_ms
+    if not rt.settings.redis_cluster or wait_ms <= 0:
+        return
+    if rt.store.replicate(run_id, wait_ms) == 0:
+        log.warning(
+            "run %s: no replica acknowledged the claim of %s within %d ms; a failover now could"
+            " lose it and run the call again",
+            run_id,
+            what,
+            wait_ms,
+        )
 
 
 def invoke(

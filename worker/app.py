@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from billiard.einfo import ExceptionWithTraceback
 from celery import Celery, Task
@@ -34,7 +34,6 @@ from celery.signals import (
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
-from producer.client import Client
 from shared.agents import load_registry
 from shared.errors import ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
@@ -58,21 +57,18 @@ from shared.tasks import (
 )
 from shared.tls import RedisTlsError
 from worker.act import run_tool
-from worker.archiving import archive_pass
 from worker.broker_probe import BrokerProbe, RedisQueues, UnknownBroker
 from worker.callback import run_callback
 from worker.decide import run_decide
-from worker.evals import EvalPool
 from worker.heartbeat import Heartbeat
 from worker.hooks import load_hooks
-from worker.inline_publish import MessageBuilder, broker_is_store, run_commands
+from worker.inline_publish import MessageBuilder, ReprAMQP, broker_is_store, run_commands
 from worker.logs import begin_phase, end_phase
 from worker.logs import configure as configure_logs
 from worker.lost import on_lost_process
 from worker.metrics import cleanup_multiprocess
 from worker.metrics import serve as serve_metrics
 from worker.observe import run_observe
-from worker.pipelines import PipelinePool
 from worker.registry import RegistryBeat
 from worker.runtime import Delivery, Runtime
 from worker.start import run_start
@@ -82,9 +78,16 @@ from worker.think import run_think
 from worker.throttle import model_gate
 from worker.tracing import Tracing
 
+if TYPE_CHECKING:
+    # Imported when first used: a worker whose pool runs no eval and no pipeline never loads them
+    # (nor the client, the model providers and the HTTP client they bring).
+    from worker.evals import EvalPool
+    from worker.pipelines import PipelinePool
+
 __all__ = [
     "Consumer",
     "EXIT_CONFIG",
+    "MalformedTask",
     "PHASE_OF_TASK",
     "PhaseRequest",
     "RunEnded",
@@ -152,7 +155,7 @@ class RuntimeHolder:
                 run_commands(store.redis, builder.build([spec]))
                 return
             countdown = spec.countdown or None
-            if countdown and settings.broker_url:
+            if countdown and not settings.broker_is_redis:
                 # RabbitMQ's delayed delivery counts whole seconds, and Celery 5.7 raises on a
                 # countdown that truncates to 0 ("countdown must be a positive number").
                 countdown = max(1.0, countdown)
@@ -188,6 +191,8 @@ class RuntimeHolder:
 
     def evals(self) -> EvalPool:
         """What the pool does for evals, once per process (its client creates the case runs)."""
+        from worker.evals import EvalPool
+
         if self._evals is None or self._evals_pid != os.getpid():
             runtime = self.get()
             self._evals = EvalPool.for_runtime(runtime)
@@ -196,6 +201,9 @@ class RuntimeHolder:
 
     def pipelines(self) -> PipelinePool:
         """What the pool does for pipeline runs, once per process (its client creates the children)."""
+        from producer.client import Client
+        from worker.pipelines import PipelinePool
+
         if self._pipelines is None or self._pipelines_pid != os.getpid():
             runtime = self.get()
             client = Client(self.settings, app=self.app, store=runtime.store)
@@ -205,21 +213,26 @@ class RuntimeHolder:
 
     def probe(self) -> BrokerProbe:
         """How the sweeper asks the broker about queued messages."""
-        if self.settings.embedded or self.settings.broker_url:
+        if not self.settings.broker_is_redis:
             # The in-memory broker, or RabbitMQ: nothing to look into (the sweeper then waits a
             # generous total time before it publishes an unclaimed task again).
             return UnknownBroker()
         conf = celery_config(self.settings)
         options = conf["broker_transport_options"]
+        # The broker's own Redis: the store's, or a standalone one of its own (``broker_url``, as
+        # beside a Redis Cluster run state).
+        client = (
+            connect(self.settings.broker_endpoint()) if self.settings.broker_url else self.get().store.redis
+        )
         return RedisQueues(
-            self.get().store.redis,
+            client,
             [QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS],
             prefix=options.get("global_keyprefix", ""),
         )
 
     def start_sweeper(self) -> None:
         if self.sweeper is None:
-            self.sweeper = Sweeper(self.get(), self.probe(), self.evals(), self.pipelines())
+            self.sweeper = Sweeper(self.get(), self.probe(), self.evals, self.pipelines)
             self.sweeper.start()
 
     def stop_sweeper(self) -> None:
@@ -292,7 +305,28 @@ def _deliver_callback(rt: Runtime, spec: TaskSpec) -> None:
     run_callback(rt, Delivery(spec.name, a["run_id"], a["version"], a.get("epoch", 0)), a["step"], a["phase"])
 
 
-def _delivery(task: Task, run_id: str, version: int, epoch: int) -> Delivery:
+class MalformedTask(ValueError):
+    """A phase task whose arguments no producer of the runtime sends (wrong types, empty ids)."""
+
+
+def _check_arguments(task: Task, run_id: object, version: object, epoch: object, **more: object) -> None:
+    """Refuse a message whose arguments are not what the runtime's producers send, naming why.
+
+    Anyone who can reach the broker can put a message there; the run state is only ever read
+    for messages of the right shape, and the refusal is one log line, not a traceback.
+    """
+    wrong = [] if isinstance(run_id, str) and run_id else [f"run_id={str(run_id)[:80]!r}"]
+    for name, value in {"version": version, "epoch": epoch, **more}.items():
+        text = name == "call_id"
+        ok = (isinstance(value, str) and bool(value)) if text else (type(value) is int and value >= 0)
+        if not ok:
+            wrong.append(f"{name}={str(value)[:80]!r}")
+    if wrong:
+        raise MalformedTask(f"{task.name}[{task.request.id}] has malformed arguments: {', '.join(wrong)}")
+
+
+def _delivery(task: Task, run_id: str, version: int, epoch: int, **more: object) -> Delivery:
+    _check_arguments(task, run_id, version, epoch, **more)
     request = task.request
     redelivered = bool(request.retries) or bool((request.delivery_info or {}).get("redelivered"))
     return Delivery(task.name, run_id, version, epoch, redelivered)
@@ -320,7 +354,9 @@ def _subagent_tasks(app: Celery, holder: RuntimeHolder) -> None:
 
 
 def create_app(settings: Settings) -> Celery:
-    app = Celery("wesichain", set_as_current=False)
+    # Celery's message factory with the argument headers of plain arguments written cheaply
+    # (``worker/inline_publish.py``): the same messages, at half the cost of building one.
+    app = Celery("wesichain", set_as_current=False, amqp=ReprAMQP)
     app.conf.update(celery_config(settings))
     app.conf.worker_consumer = "worker.app:Consumer"
     app.conf.beat_schedule = {
@@ -338,7 +374,7 @@ def create_app(settings: Settings) -> Celery:
         "ignore_result": True,
         "shared": False,
         "Request": PhaseRequest,
-        "throws": (RunEnded,),
+        "throws": (RunEnded, MalformedTask),
     }
 
     @app.task(name=TASK_START, **options)  # type: ignore[untyped-decorator]
@@ -349,15 +385,17 @@ def create_app(settings: Settings) -> Celery:
 
     @app.task(name=TASK_THINK, **options)  # type: ignore[untyped-decorator]
     def think(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> None:
-        _finish(run_think(holder.get(), _delivery(self, run_id, version, epoch), step))
+        _finish(run_think(holder.get(), _delivery(self, run_id, version, epoch, step=step), step))
 
     @app.task(name=TASK_TOOL, **options)  # type: ignore[untyped-decorator]
     def tool(self: Task, run_id: str, step: int, version: int, call_id: str, epoch: int = 0) -> None:
-        run_tool(holder.get(), _delivery(self, run_id, version, epoch), step, call_id)
+        run_tool(
+            holder.get(), _delivery(self, run_id, version, epoch, step=step, call_id=call_id), step, call_id
+        )
 
     @app.task(name=TASK_OBSERVE, **options)  # type: ignore[untyped-decorator]
     def observe(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> None:
-        _finish(run_observe(holder.get(), _delivery(self, run_id, version, epoch), step))
+        _finish(run_observe(holder.get(), _delivery(self, run_id, version, epoch, step=step), step))
 
     @app.task(name=TASK_DECIDE, **options)  # type: ignore[untyped-decorator]
     def decide(self: Task, run_id: str, version: int, epoch: int = 0, step: int | None = None) -> None:
@@ -371,7 +409,7 @@ def create_app(settings: Settings) -> Celery:
 
     @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep() -> int:
-        sweeper = Sweeper(holder.get(), holder.probe(), holder.evals(), holder.pipelines())
+        sweeper = Sweeper(holder.get(), holder.probe(), holder.evals, holder.pipelines)
         return sweeper.sweep_once_and_release()
 
     eval_options = {"ignore_result": True, "shared": False}
@@ -389,6 +427,8 @@ def create_app(settings: Settings) -> Celery:
     @app.task(name=TASK_ARCHIVE, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def archive() -> int:
         """One bounded pass of the archiver (the next beat continues where it stopped)."""
+        from worker.archiving import archive_pass
+
         return archive_pass(holder.get().store)
 
     return app

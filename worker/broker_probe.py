@@ -46,14 +46,16 @@ class Located:
 class BrokerProbe(Protocol):
     """Where the broker holds given task messages."""
 
-    def locate(self, task_ids: Collection[str]) -> Located | None:
-        """Where the broker holds the messages of ``task_ids``; None: it cannot tell."""
+    def locate(self, task_ids: Collection[str], queues: Collection[str] = ()) -> Located | None:
+        """Where the broker holds the messages of ``task_ids``, looking in ``queues`` too (those a
+        run's queue namespace sent them to) besides the pool's default queues; None: it cannot
+        tell."""
 
 
 class UnknownBroker:
     """A broker this probe cannot look into (the in-memory one of the embedded mode): no answer."""
 
-    def locate(self, task_ids: Collection[str]) -> Located | None:
+    def locate(self, task_ids: Collection[str], queues: Collection[str] = ()) -> Located | None:
         return None
 
 
@@ -70,16 +72,22 @@ class RedisQueues:
         sep: str = "\x06\x16",
     ) -> None:
         self.client = client
-        self.lists = [
-            prefix + q if step == 0 else f"{prefix}{q}{sep}{step}" for q in queues for step in priority_steps
-        ]
+        self.prefix, self.sep, self.priority_steps = prefix, sep, tuple(priority_steps)
+        self.queues = list(queues)
+        self.lists = self._lists(self.queues)
         self.unacked = prefix + "unacked"
         self._scan = register_scripts(client)["scan_queue"]
 
-    def locate(self, task_ids: Collection[str]) -> Located | None:
+    def _lists(self, queues: Sequence[str]) -> list[str]:
+        """The Redis lists of ``queues``: one per priority step."""
+        p, sep = self.prefix, self.sep
+        return [p + q if step == 0 else f"{p}{q}{sep}{step}" for q in queues for step in self.priority_steps]
+
+    def locate(self, task_ids: Collection[str], queues: Collection[str] = ()) -> Located | None:
         wanted = set(task_ids)
         queued: set[str] = set()
-        for key in self.lists:
+        extra = sorted(set(queues) - set(self.queues))
+        for key in self.lists + self._lists(extra):
             start = 0
             while wanted - queued:
                 read, ids = self._scan(keys=[key], args=[start, CHUNK, *sorted(wanted - queued)])

@@ -23,17 +23,22 @@ import logging
 import os
 import threading
 import time
-
-import httpx
+from typing import TYPE_CHECKING
 
 from shared import protocol
 from shared.errors import InvalidRequest
+from shared.queues import queue_in
 from shared.state import Callback, CallbackState, Phase, RunHead, TaskSpec
 from shared.store import Claim, PhaseClaim
 from shared.tasks import task_for
 from shared.tenants import Tenants
 from shared.webhooks import check_url, outcome, outcome_bytes, signed_headers
 from worker.runtime import Delivery, Runtime
+
+if TYPE_CHECKING:
+    # Loaded on a webhook's first delivery: httpx (and what it loads) costs a worker that never
+    # posts one several MiB in every process.
+    import httpx
 
 __all__ = ["run_callback"]
 
@@ -108,7 +113,9 @@ def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None
             task_id=f"{head.run_id}:callback",
             arguments={},
             args=[outcome(head)],
-            queue=callback.queue,
+            # A run in a queue namespace has a callback that names no queue sent to that
+            # namespace's model queue, like its other tasks, not to the default routes.
+            queue=callback.queue or (queue_in(head.namespace, "model") if head.namespace else None),
         )
         try:
             rt.send(spec)
@@ -122,6 +129,8 @@ def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None
     except InvalidRequest as exc:
         return exc.message, None
     body = outcome_bytes(head)
+    import httpx
+
     try:
         response = _client(rt).post(url, content=body, headers=signed_headers(secret, head.run_id, body))
     except httpx.HTTPError as exc:
@@ -147,6 +156,8 @@ def _client(rt: Runtime) -> httpx.Client:
     with _client_lock:
         client = _clients.get(pid)
         if client is None:
+            import httpx
+
             client = httpx.Client(timeout=rt.settings.webhook_timeout_s, follow_redirects=False)
             _clients[pid] = client
         return client

@@ -9,9 +9,14 @@ from typing import Any
 
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
 
+#: What a worker consumes when told nothing: the pool's default queues.
+DEFAULT_QUEUES = (QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS)
+
 __all__ = [
+    "DEFAULT_QUEUES",
     "Handler",
     "archive",
+    "consumed_queues",
     "archive_retention",
     "demo",
     "gc",
@@ -38,8 +43,18 @@ def register(
     w = sub.add_parser("worker", parents=[common], help="run a Celery worker for the phase tasks")
     w.add_argument(
         "--queues",
-        default=f"{QUEUE_MODEL},{QUEUE_TOOLS},{QUEUE_CALLBACKS}",
-        help="comma-separated queues to consume",
+        "-Q",
+        default=None,
+        help=f"comma-separated queues to consume (default {','.join(DEFAULT_QUEUES)};"
+        " none when --namespace is given)",
+    )
+    w.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="consume the queues of the runs submitted with this queue namespace (NAME.model,"
+        " NAME.tools, NAME.callbacks) instead of the default ones; repeatable, adds to --queues",
     )
     w.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
     w.add_argument("--concurrency", "-c", type=int, default=None)
@@ -113,6 +128,24 @@ def register(
     }
 
 
+def consumed_queues(queues: str | None, namespaces: list[str]) -> str:
+    """The queues a worker consumes: ``--queues`` and those of each ``--namespace`` (the default
+    queues when neither is given); a bad namespace exits with its error."""
+    from shared.errors import InvalidRequest
+    from shared.queues import DEFAULT_NAMESPACE, check_namespace, namespace_queues
+
+    names = [q for q in (queues or "").split(",") if q]
+    for raw in namespaces:
+        try:
+            namespace = check_namespace(raw) or DEFAULT_NAMESPACE
+        except InvalidRequest as exc:
+            raise SystemExit(f"wesichain worker: {exc.message}") from None
+        names += namespace_queues(namespace)
+    if queues is None and not namespaces:
+        names = list(DEFAULT_QUEUES)
+    return ",".join(dict.fromkeys(names))
+
+
 def worker(args: argparse.Namespace) -> int:
     import os
 
@@ -127,8 +160,9 @@ def worker(args: argparse.Namespace) -> int:
         prepare_multiprocess()
     from worker.app import app, check_agents_module
 
+    queues = consumed_queues(args.queues, args.namespace)
     check_agents_module(app)  # before consuming anything: a worker that cannot import them must not start
-    argv = ["worker", f"--queues={args.queues}", f"--pool={args.pool}", f"--loglevel={args.loglevel}"]
+    argv = ["worker", f"--queues={queues}", f"--pool={args.pool}", f"--loglevel={args.loglevel}"]
     if args.concurrency:
         argv.append(f"--concurrency={args.concurrency}")
     if args.name:
@@ -143,7 +177,7 @@ def sweeper(args: argparse.Namespace) -> int:
     from worker.sweeper import Sweeper
 
     holder = app.wesichain_runtime
-    sweeper = Sweeper(holder.get(), holder.probe(), holder.evals(), holder.pipelines())
+    sweeper = Sweeper(holder.get(), holder.probe(), holder.evals, holder.pipelines)
     if args.once:
         print(f"handed on {sweeper.sweep_once_and_release()} run(s)")
         return 0

@@ -17,25 +17,29 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 
 from celery import Celery
 
 from producer.client import Client
 from shared.agents import AgentRegistry
-from shared.errors import InvalidRequest, StoreFull
+from shared.errors import InvalidRequest, ModelTransport, StoreFull
 from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult, RunOutcome, trajectory
 from shared.evals.scorers import JudgeReply
 from shared.evals.scoring import EVAL_ID, EVAL_ITEM, result_of, run_outcome
 from shared.evals.store import EvalMeta, EvalStore, Item, run_id_of
 from shared.evals.tasks import TASK_EVAL_SCORE, pump_task
+from shared.limits import Throttled
 from shared.llm.base import ModelRequest
 from shared.llm.resolver import resolve_model
 from shared.messages import SystemMessage, UserMessage
 from shared.state import Callback, RunHead, TaskSpec
 from shared.webhooks import outcome
+from worker.metrics import Metrics
 from worker.runtime import Runtime
+from worker.throttle import DEFAULT_BACK_OFF_S, LimitedAdapter, ModelGate
 
 __all__ = ["PUMP_BATCH", "EvalPool"]
 
@@ -75,13 +79,23 @@ class EvalPool:
         # The client only submits (Client.submit sends the start by name): publishing through the
         # runtime is what the worker's own phases do, without a second broker connection.
         client = Client(rt.settings, app=cast(Celery, _Publisher(rt.send)), store=rt.store)
-        return cls(client, rt.send, rt.agents)
+        return cls(client, rt.send, rt.agents, rt.gate, rt.metrics)
 
-    def __init__(self, client: Client, send: Callable[[TaskSpec], None], agents: AgentRegistry) -> None:
+    def __init__(
+        self,
+        client: Client,
+        send: Callable[[TaskSpec], None],
+        agents: AgentRegistry,
+        gate: ModelGate | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.client = client
         self.send = send
         #: Where ``scripted:NAME`` judges are found (other models go to their provider).
         self.agents = agents
+        #: The pool's provider limits, which a judge's calls take like a think's (None: no limits).
+        self.gate = gate
+        self.metrics = metrics
         self.runs = client.store
         self.evals = EvalStore(client.store.redis, client.store.keys, client.settings.retention_s)
         settings = client.settings
@@ -133,8 +147,11 @@ class EvalPool:
                 model=variant.model,
                 thread_id=f"{run_id}:{case.thread}" if case.thread else None,
                 metadata={**variant.metadata, **case.metadata, EVAL_ID: eval_id, EVAL_ITEM: str(item)},
+                # Scored in place by the worker that ended the run (on the namespace's queues,
+                # if the eval names one), unless the spec sends scorings to a queue of their own.
                 callback=Callback(task=TASK_EVAL_SCORE, queue=spec.queue),
                 check_agent=False,
+                namespace=spec.namespace,
             )
             created = 1
         except StoreFull as exc:
@@ -176,13 +193,49 @@ class EvalPool:
         steps = trajectory(self.runs.load_messages(run_id))
         case = self.evals.case(eval_id, item.case)
         outcome_ = run_outcome(ended, steps)
-        result = result_of(meta.spec, item, case, outcome_, head.model if head else "", self.judge)
+        tenant = ended.get("tenant") if isinstance(ended.get("tenant"), str) else None
+        judge = partial(self.judge, tenant=tenant)
+        try:
+            result = result_of(meta.spec, item, case, outcome_, head.model if head else "", judge)
+        except Throttled as throttled:
+            self._score_later(meta, item, ended, throttled)
+            return None
         if self.evals.record(eval_id, item, result):
             self.pump(eval_id)
         return result
 
-    def judge(self, model: str, system: str, prompt: str) -> JudgeReply:
-        """Ask a judge model, through the same adapters (retries, timeouts) as a think phase."""
+    def _score_later(self, meta: EvalMeta, item: Item, ended: dict[str, Any], throttled: Throttled) -> None:
+        """A judge got no capacity: give the scoring back and send it again after its countdown,
+        as a think waiting for capacity is (no worker thread sleeps on a slot). Should the task be
+        lost, the sweeper scores the ended run after its grace, as it does any unscored run."""
+        wait = throttled.countdown()
+        self.evals.defer_scoring(meta.eval_id, item)
+        if self.metrics is not None:
+            judge_model = throttled.scope.partition("@")[0]
+            self.metrics.model_throttled(judge_model, throttled.reason)
+        log.info(
+            "eval %s: judging %s throttled (%s on %s); again in %.2fs",
+            meta.eval_id,
+            item,
+            throttled.reason,
+            throttled.scope,
+            wait,
+        )
+        self.send(
+            TaskSpec(
+                name=TASK_EVAL_SCORE,
+                task_id=f"{ended['run_id']}:score:{uuid.uuid4().hex[:8]}",
+                arguments={},
+                args=[ended],
+                queue=meta.spec.task_queue,
+                countdown=wait,
+            )
+        )
+
+    def judge(self, model: str, system: str, prompt: str, tenant: str | None = None) -> JudgeReply:
+        """Ask a judge model, through the same adapters (retries, timeouts) as a think phase and
+        within the same provider limit (scope ``provider:model[@tenant]``); raises
+        :class:`Throttled` when the limit has no capacity now or the provider answered 429."""
         adapter = resolve_model(model, self.agents)
         request = ModelRequest(
             model=model.partition(":")[2],
@@ -190,7 +243,17 @@ class EvalPool:
             temperature=0.0,
             max_tokens=400,
         )
-        response = adapter.complete(request)
+        gate = self.gate
+        limit = gate.limit_for_model(model, tenant) if gate is not None else None
+        if gate is not None and limit is not None:
+            adapter = LimitedAdapter(adapter, gate, gate.admit(limit, request))
+        try:
+            response = adapter.complete(request)
+        except ModelTransport as exc:
+            if limit is not None and exc.status_code == 429:
+                # LimitedAdapter made the whole pool back off; this scoring waits it out queued.
+                raise Throttled(limit.scope, "retry_after", exc.retry_after_s or DEFAULT_BACK_OFF_S) from exc
+            raise
         usage = response.usage
         return JudgeReply(response.text or "", usage.input_tokens, usage.output_tokens)
 
@@ -225,7 +288,7 @@ class EvalPool:
             and self.evals.in_flight(eval_id) < meta.spec.concurrency
             and self.evals.pending(eval_id) > 0
         ):
-            self.send(pump_task(eval_id, meta.spec.queue))
+            self.send(pump_task(eval_id, meta.spec.task_queue))
             repaired += 1
         return repaired
 
@@ -250,7 +313,7 @@ class EvalPool:
                 task_id=f"{run_id}:score:{uuid.uuid4().hex[:8]}",
                 arguments={},
                 args=[outcome(head)],
-                queue=meta.spec.queue,
+                queue=meta.spec.task_queue,
             )
         )
         return 1

@@ -15,6 +15,7 @@ import time
 
 from shared.agents import Agent
 from shared.errors import ModelTransport
+from shared.limits import Throttled
 from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse
 from shared.state import RunHead
 from shared.store import ClaimRef
@@ -23,7 +24,7 @@ from worker.heartbeat import Held
 from worker.metrics import model_error_kind, split_model
 from worker.model_call import ModelCall
 from worker.runtime import Runtime
-from worker.throttle import DEFAULT_BACK_OFF_S, LimitedAdapter, Throttled
+from worker.throttle import DEFAULT_BACK_OFF_S, LimitedAdapter
 
 __all__ = ["call_model", "requeue_throttled"]
 

@@ -132,6 +132,7 @@ def _create(rt: Runtime, run_id: str, create: dict[str, Any]) -> InvalidRequest 
             metadata=request.metadata,
             model=request.model,
             state=request.state,
+            namespace=request.namespace,
         )
     except InvalidRequest as exc:
         # Record the run anyway, with what can be kept of the request, so the sender can read why.
@@ -143,7 +144,7 @@ def _create(rt: Runtime, run_id: str, create: dict[str, Any]) -> InvalidRequest 
             (excerpt(text, 200) or "") if isinstance(text, str) else "",
         )
         log.warning("run %s: request refused: %s", run_id, exc)
-    rt.store.create(head, [start_task(run_id)])
+    rt.store.create(head, [start_task(run_id, namespace=head.namespace)])
     return rejected
 
 

@@ -36,12 +36,13 @@ def run_spawn(rt: Runtime, run_id: str, version: int, call_id: str) -> None:
         return  # the cancel's decide cancels the children that did start
     existing = rt.store.load(child.run_id)
     if existing is None:
-        if not rt.store.create(_child_head(parent, child), [start_task(child.run_id)]):
+        start = start_task(child.run_id, namespace=parent.namespace)
+        if not rt.store.create(_child_head(parent, child), [start]):
             existing = rt.store.load(child.run_id)
     if existing is not None and existing.phase is not Phase.IDLE:
         return  # started already: this is a duplicate delivery
     log.info("run %s: starting subagent %s as run %s", run_id, child.agent, child.run_id)
-    rt.publish([start_task(child.run_id)], 0)
+    rt.publish([start_task(child.run_id, namespace=parent.namespace)], 0)
 
 
 def _child_head(parent: RunHead, child: ChildRun) -> RunHead:
@@ -52,6 +53,8 @@ def _child_head(parent: RunHead, child: ChildRun) -> RunHead:
         child.input,
         metadata=parent.metadata,
         tenant=parent.tenant,
+        # A subagent's run goes to its parent's queues.
+        namespace=parent.namespace,
         callback=Callback(task=TASK_CHILD_DONE),
         parent=ParentLink(run_id=parent.run_id, step=parent.step, call_id=child.call_id, depth=depth),
     )

@@ -19,7 +19,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import redis
 
@@ -29,11 +30,9 @@ from shared.scripts import register_scripts
 from shared.store import Due, HandedOn
 from shared.tasks import with_epoch
 from worker.broker_probe import BrokerProbe, Located
-from worker.evals import EvalPool
-from worker.pipelines import PipelinePool
 from worker.runtime import Runtime
 
-__all__ = ["BATCH", "Sweeper", "TRIM_EVERY"]
+__all__ = ["BATCH", "Repairs", "Sweeper", "TRIM_EVERY"]
 
 log = logging.getLogger("wesichain.sweeper")
 
@@ -43,15 +42,26 @@ BATCH = 200
 TRIM_EVERY = 60
 
 
+class Repairs(Protocol):
+    """What the pool repairs each sweep besides runs (``EvalPool``, ``PipelinePool``)."""
+
+    def tick(self) -> int: ...
+
+
 class Sweeper:
-    """Sweeps while it holds the cluster-wide sweeper lock (see :meth:`sweep`)."""
+    """Sweeps while it holds the cluster-wide sweeper lock (see :meth:`sweep`).
+
+    ``evals`` and ``pipelines`` give the pool's eval and pipeline repairs when asked: they are
+    asked only once Redis holds an eval or a pipeline run of this prefix, so a worker whose pool
+    runs neither never imports their code (nor the client and model providers it brings).
+    """
 
     def __init__(
         self,
         rt: Runtime,
         probe: BrokerProbe,
-        evals: EvalPool | None = None,
-        pipelines: PipelinePool | None = None,
+        evals: Callable[[], Repairs] | None = None,
+        pipelines: Callable[[], Repairs] | None = None,
     ) -> None:
         self.rt = rt
         self.probe = probe
@@ -94,17 +104,19 @@ class Sweeper:
 
     def sweep(self) -> int:
         store = self.rt.store
-        cutoff_ms = (time.time() - self.rt.settings.retention_s) * 1000
         handed = 0
-        trim = self._sweeps % TRIM_EVERY == 0
-        self._sweeps += 1
-        for shard in range(store.keys.shards):
-            # The run indexes outlive no run: trim entries older than the retention.
-            store.redis.zremrangebyscore(store.keys.runs_index(shard), "-inf", cutoff_ms)
-            if trim:
+        if self._sweeps % TRIM_EVERY == 0:
+            # The indexes outlive no run: trim entries older than the retention (each sweep
+            # would only find the few runs created in the last second past it).
+            cutoff_ms = (time.time() - self.rt.settings.retention_s) * 1000
+            for shard in range(store.keys.shards):
+                store.redis.zremrangebyscore(store.keys.runs_index(shard), "-inf", cutoff_ms)
                 store.trim_indexes(shard, cutoff_ms)
+        self._sweeps += 1
+        # Every shard's due runs in one round trip: most sweeps find none anywhere.
+        for due in store.due_everywhere(BATCH):
             waiting: list[Due] = []
-            for run_id in store.due(shard, BATCH):
+            for run_id in due:
                 seen = store.inspect(run_id)
                 if not isinstance(seen, Due):
                     continue
@@ -115,11 +127,26 @@ class Sweeper:
                 else:
                     waiting.append(seen)
             handed += self._check_queued(waiting)
-        if self.evals is not None:
-            self.evals.tick()
-        if self.pipelines is not None:
-            self.pipelines.tick()
+        self._repair()
         return handed
+
+    def _repair(self) -> None:
+        """Repair evals and pipeline runs, if Redis holds any.
+
+        A repair's tick trims its index and reads its active set: with neither key there, it has
+        nothing to do, and its code need not be loaded.
+        """
+        if self.evals is None and self.pipelines is None:
+            return
+        keys = self.rt.store.keys
+        with self.rt.store.redis.pipeline(transaction=False) as pipe:
+            pipe.exists(keys.evals_index(), keys.evals_active())
+            pipe.exists(keys.pipes_index(), keys.pipes_active())
+            evals_there, pipelines_there = pipe.execute()
+        if self.evals is not None and evals_there:
+            self.evals().tick()
+        if self.pipelines is not None and pipelines_there:
+            self.pipelines().tick()
 
     def _check_queued(self, waiting: Sequence[Due]) -> int:
         """Unclaimed tasks past their queued time: waiting in the broker, or lost?
@@ -130,7 +157,14 @@ class Sweeper:
         """
         if not waiting:
             return 0
-        located = self.probe.locate({self._task_id(seen, key) for seen in waiting for key in seen.unclaimed})
+        specs = [
+            spec for seen in waiting for key in seen.unclaimed if (spec := seen.task_of(key)) is not None
+        ]
+        # A run in a queue namespace waits in that namespace's queues (its tasks name them).
+        queues = {spec.queue for spec in specs if spec.queue is not None}
+        located = self.probe.locate(
+            {self._task_id(seen, key) for seen in waiting for key in seen.unclaimed}, queues
+        )
         handed = 0
         settings = self.rt.settings
         for seen in waiting:

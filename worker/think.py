@@ -19,6 +19,7 @@ from shared.context import (
     with_summary,
 )
 from shared.errors import ConfigError, InvalidModelAction, ModelTransport, RunConfigError, RunError
+from shared.limits import Throttled
 from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse
 from shared.llm.resolver import resolve_model
 from shared.messages import Message, SystemMessage, UserMessage
@@ -33,7 +34,6 @@ from worker.limited_call import call_model, requeue_throttled
 from worker.model_call import ClaimLost
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
-from worker.throttle import Throttled
 
 __all__ = ["build_request", "correction_for", "run_think"]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -24,7 +23,15 @@ import redis
 
 from shared.agents import Agent, AgentRegistry
 from shared.errors import ModelTransport
-from shared.limits import Denied, DenyReason, Grant, ProviderLimit, RateLimiter, find_limit, scope_of
+from shared.limits import (
+    Denied,
+    Grant,
+    ProviderLimit,
+    RateLimiter,
+    Throttled,
+    find_limit,
+    scope_of,
+)
 from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse, StreamPart
 from shared.llm.retry import RAISE_RATE_LIMITED
 from shared.settings import Settings
@@ -35,9 +42,7 @@ __all__ = [
     "DEFAULT_BACK_OFF_S",
     "LimitedAdapter",
     "MAX_BACK_OFF_S",
-    "MAX_COUNTDOWN_S",
     "ModelGate",
-    "Throttled",
     "estimate_tokens",
     "model_gate",
 ]
@@ -48,29 +53,6 @@ log = logging.getLogger("wesichain.limits")
 DEFAULT_BACK_OFF_S = 1.0
 #: The longest back-off a provider's Retry-After can impose on the pool.
 MAX_BACK_OFF_S = 300.0
-#: The longest countdown of a re-queued think (far below the broker's visibility timeout).
-MAX_COUNTDOWN_S = 60.0
-
-
-class Throttled(Exception):
-    """The think's model call got no capacity (or the provider said 429): re-queue it."""
-
-    def __init__(self, scope: str, reason: DenyReason, wait_s: float) -> None:
-        super().__init__(f"{scope}: {reason}")
-        self.scope = scope
-        self.reason = reason
-        self.wait_s = wait_s
-
-    def countdown(self, rng: random.Random | None = None) -> float:
-        """When to try again: the wait the limiter named, spread out so that the waiting thinks
-        do not all come back at the same instant; a slot's freeing cannot be foreseen, so a think
-        waiting for one tries again within a second or so."""
-        pick = (rng or random).uniform
-        if self.reason == "concurrency" or self.wait_s <= 0:
-            wait = pick(0.2, 1.0)
-        else:
-            wait = self.wait_s + pick(0.0, min(1.0, 0.1 + self.wait_s / 4))
-        return round(min(wait, MAX_COUNTDOWN_S), 3)
 
 
 def estimate_tokens(request: ModelRequest) -> int:
@@ -110,6 +92,15 @@ class ModelGate:
             return None
         model, limit = found
         return _Limit(scope_of(model, limit, head.tenant), limit)
+
+    def limit_for_model(self, model: str, tenant: str | None) -> _Limit | None:
+        """The settings' limit of any other call of ``model`` (an eval's judge): the same scope,
+        so the same buckets and slots, as the thinks of that model and tenant."""
+        found = find_limit(self.limits, model)
+        if found is None:
+            return None
+        name, limit = found
+        return _Limit(scope_of(name, limit, tenant), limit)
 
     def admit(self, limit: _Limit, request: ModelRequest) -> Grant:
         """Capacity for one call, or :class:`Throttled`."""

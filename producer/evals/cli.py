@@ -63,6 +63,14 @@ def register(
         "--id", dest="eval_id", help="the eval's id (default: the spec's name and a content digest)"
     )
     r.add_argument("--model", help="run every variant on this model (PROVIDER:MODEL)")
+    r.add_argument(
+        "--namespace",
+        "--queue",
+        dest="namespace",
+        metavar="NAME",
+        help="run the case runs on the queues NAME.model, NAME.tools, NAME.callbacks"
+        " (workers started with --namespace NAME), not on production's",
+    )
     r.add_argument("--embedded", action="store_true", help="run in this process (no server)")
     r.add_argument("--report", "-o", metavar="HTML", help="write the report here when it completes")
     r.add_argument("--no-check", action="store_true", help="create it even if no live worker serves an agent")
@@ -138,7 +146,11 @@ def run(args: argparse.Namespace) -> int:
     with context as client:
         evals = EvalClient(client)
         eval_id, created = evals.submit_file(
-            _spec_path(args.spec), eval_id=args.eval_id, model=args.model, check_agents=not args.no_check
+            _spec_path(args.spec),
+            eval_id=args.eval_id,
+            model=args.model,
+            check_agents=not args.no_check,
+            namespace=args.namespace,
         )
         word = "created" if created else "exists already; following it"
         print(f"eval {eval_id} {word}" + (" (embedded: no server)" if embedded else ""), file=sys.stderr)
@@ -213,6 +225,7 @@ def status(args: argparse.Namespace) -> int:
                     "recorded": p.recorded,
                     "in_flight": p.in_flight,
                     "pending": p.pending,
+                    "judge_waits": p.judge_waits,
                     "variants": [
                         {"name": v.name, **c.__dict__}
                         for v, c in zip(p.meta.spec.variants, p.counts, strict=True)

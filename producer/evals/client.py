@@ -40,6 +40,8 @@ class Progress:
     in_flight: int
     pending: int
     recorded: int
+    #: Scorings that waited for their judge's provider capacity (each sent again later).
+    judge_waits: int = 0
 
     @property
     def done(self) -> bool:
@@ -65,10 +67,13 @@ class EvalClient:
         eval_id: str | None = None,
         model: str | None = None,
         check_agents: bool = True,
+        namespace: str | None = None,
     ) -> tuple[str, bool]:
         spec, base = load_spec(path)
         if model is not None:
             spec = spec.with_model(model)
+        if namespace is not None:
+            spec = spec.with_namespace(namespace)
         dataset_path = (base / spec.dataset).resolve()
         cases, data = load_dataset(dataset_path)
         return self.submit(spec, cases, data, dataset_path.name, eval_id=eval_id, check_agents=check_agents)
@@ -115,7 +120,7 @@ class EvalClient:
         except ValueError as exc:
             raise EvalSpecError(str(exc)) from None
         if created or self.store.meta(eval_id).status == "running":
-            self._send(pump_task(eval_id, spec.queue))
+            self._send(pump_task(eval_id, spec.task_queue))
         return eval_id, created
 
     def progress(self, eval_id: str) -> Progress:
@@ -126,6 +131,7 @@ class EvalClient:
             in_flight=self.store.in_flight(eval_id),
             pending=self.store.pending(eval_id),
             recorded=self.store.recorded(eval_id),
+            judge_waits=self.store.judge_waits(eval_id),
         )
 
     def wait(self, eval_id: str, timeout: float, poll_s: float = 0.5) -> Progress:
@@ -148,7 +154,7 @@ class EvalClient:
         meta = self.store.meta(eval_id)
         was = self.store.set_status(eval_id, "running", STOPPED)
         if was in STOPPED or was == "running":
-            self._send(pump_task(eval_id, meta.spec.queue))
+            self._send(pump_task(eval_id, meta.spec.task_queue))
         return was
 
     def results(self, eval_id: str) -> list[CaseResult]:

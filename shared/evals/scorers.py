@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from shared.evals.dataset import Case
 from shared.evals.errors import EvalSpecError
 from shared.evals.outcome import RunOutcome, Score, Step
+from shared.limits import Throttled
 
 __all__ = [
     "ContainsScorer",
@@ -478,7 +479,9 @@ def run_scorers(
 ) -> list[Score]:
     """Every scorer's verdict; one that raises scores 0 with the error, the others are unaffected.
 
-    ``judge`` asks a model for the ``judge`` scorers (the pool passes its provider adapters).
+    ``judge`` asks a model for the ``judge`` scorers (the pool passes its provider adapters). It
+    raises :class:`~shared.limits.Throttled` when the pool's provider limit has no capacity for
+    the call; that is passed on, not scored.
     """
     scores = []
     for scorer in scorers:
@@ -502,6 +505,8 @@ def run_scorers(
                     **usage,
                 )
             )
+        except Throttled:
+            raise  # no capacity for the judge now: the whole scoring waits and is done again
         except Exception as exc:  # a broken scorer costs its own score on this case, nothing more
             scores.append(
                 Score(

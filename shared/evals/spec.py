@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from shared.errors import InvalidRequest
 from shared.evals.errors import EvalSpecError
 from shared.evals.scorers import ScorerSpec, scorer_names
+from shared.queues import check_namespace, queue_in
 from shared.request import check_name
 
 __all__ = [
@@ -92,6 +93,9 @@ class EvalSpec(BaseModel):
     concurrency: int = Field(default=8, ge=1, le=10_000)
     #: The queue of the eval's own tasks (scoring, starting the next cases).
     queue: str | None = None
+    #: The queue namespace of the case runs (``shared/queues.py``): every task of each case run,
+    #: and the eval's own tasks when ``queue`` names none, go to ``NAMESPACE.*``.
+    namespace: str | None = None
     #: The pass rate (0..1) a CI gate requires of every variant.
     pass_threshold: float = Field(default=0.0, ge=0, le=1)
     budget: Budget | None = None
@@ -111,6 +115,19 @@ class EvalSpec(BaseModel):
             check_name("queue", value)
         return value
 
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str | None) -> str | None:
+        return check_namespace(value)
+
+    @property
+    def task_queue(self) -> str | None:
+        """Where the eval's own tasks (pumps, scorings sent as tasks) go: its ``queue``, else its
+        namespace's model queue, else the default routes."""
+        if self.queue is not None:
+            return self.queue
+        return queue_in(self.namespace, "model") if self.namespace is not None else None
+
     @model_validator(mode="after")
     def _unique(self) -> EvalSpec:
         names = [v.name for v in self.variants]
@@ -123,10 +140,17 @@ class EvalSpec(BaseModel):
 
     def digest(self, dataset_bytes: bytes) -> str:
         """A short hash of the spec and its dataset's content: the same eval, the same digest."""
-        h = hashlib.sha256(self.model_dump_json().encode())
+        # A spec that names no namespace digests as it did before namespaces existed.
+        h = hashlib.sha256(
+            self.model_dump_json(exclude={"namespace"} if self.namespace is None else None).encode()
+        )
         h.update(b"\x00")
         h.update(dataset_bytes)
         return h.hexdigest()[:12]
+
+    def with_namespace(self, namespace: str) -> EvalSpec:
+        """Every case run in queue namespace ``namespace`` (``--namespace``)."""
+        return parse_spec({**self.model_dump(mode="json"), "namespace": namespace}, "--namespace")
 
     def with_model(self, model: str) -> EvalSpec:
         """Every variant on ``model`` (``--model``): names keep telling the variants apart."""

@@ -25,6 +25,7 @@ from shared.scripts import script_source
 
 __all__ = [
     "BOUND",
+    "JUDGE_WAITS",
     "MAX_ITEMS",
     "STOPPED",
     "Acquired",
@@ -42,6 +43,8 @@ MAX_ITEMS = 200_000
 BOUND = 1e15
 #: Statuses of an eval that starts no new case runs (``resume`` restarts it).
 STOPPED = ("cancelled", "budget_exhausted")
+#: The field of an eval's counts that counts its scorings deferred for a judge's provider capacity.
+JUDGE_WAITS = "judge_waits"
 _SCRIPTS = ("eval_create", "eval_acquire", "eval_claim", "eval_record", "eval_status")
 
 
@@ -275,6 +278,19 @@ class EvalStore:
             keys=[k.eval_results(eval_id), k.eval_scoring(eval_id)], args=[str(item), int(lease_s * 1000)]
         )
         return _text(reply)
+
+    def defer_scoring(self, eval_id: str, item: Item) -> None:
+        """Give a claimed scoring back (its judge is waiting for provider capacity), so that the
+        re-sent scoring task can claim it at once; counted in :meth:`judge_waits`."""
+        k = self.keys
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(k.eval_scoring(eval_id), str(item))
+            pipe.hincrby(k.eval_counts(eval_id), JUDGE_WAITS, 1)
+            pipe.execute()
+
+    def judge_waits(self, eval_id: str) -> int:
+        """How many times a scoring of this eval waited for its judge's provider capacity."""
+        return int(self.redis.hget(self.keys.eval_counts(eval_id), JUDGE_WAITS) or 0)
 
     def record(self, eval_id: str, item: Item, result: CaseResult) -> bool:
         """Record the item's result once and give its slot back; False if it was recorded already."""

@@ -25,7 +25,6 @@ from collections.abc import Callable, Hashable
 from shared.agents import AgentRegistry
 from shared.errors import ConfigError
 from shared.llm.base import LlmAdapter
-from shared.llm.providers import build_adapter
 from shared.llm.scripted import ScriptedModel, load_script
 from shared.llm.settings import ENV_SCRIPTS_DIR, LlmSettings
 
@@ -117,6 +116,10 @@ def resolve_model(
     settings = LlmSettings.from_env() if settings is None else settings
     cache = CACHE if cache is None else cache
     if provider != SCRIPTED:
+        # Here, not at the top: the providers' adapters load httpx, which a worker whose agents
+        # all run scripted (or their own) models does not need in its memory.
+        from shared.llm.providers import build_adapter
+
         return cache.get((model, settings), lambda: build_adapter(model, settings=settings.http()))
     registered = registry.model(name)
     if registered is not None:

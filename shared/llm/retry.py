@@ -17,8 +17,6 @@ from contextvars import ContextVar
 from datetime import UTC
 from typing import TypeVar
 
-import httpx
-
 from shared.errors import ModelTransport
 from shared.llm.settings import HttpSettings
 
@@ -52,6 +50,10 @@ def is_retryable_status(status: int) -> bool:
 
 def network_failure(exc: Exception) -> tuple[str, bool]:
     """What an httpx exception means, and whether trying again could help."""
+    # Here, not at the top: the worker imports this module for RAISE_RATE_LIMITED, and a worker
+    # whose models make no HTTP calls should not load httpx (the adapters that raise these did).
+    import httpx
+
     if isinstance(exc, httpx.ConnectTimeout):
         return "connect timeout", True
     if isinstance(exc, httpx.ReadTimeout):

@@ -6,9 +6,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 
-from shared.pipeline.store import PipelineStore, child_run_id
+from shared.pipeline.store import PipelineMeta, PipelineStore, child_run_id
 
-__all__ = ["ChildStatus", "PipelineStatus", "StepStatus", "pipeline_status"]
+__all__ = ["ChildStatus", "PipelineStatus", "PipelineSummary", "StepStatus", "pipeline_status", "summary_of"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -59,6 +59,45 @@ class PipelineStatus(BaseModel):
 
     def output_as(self, output_type: type[M]) -> M | None:
         return None if self.output is None else output_type.model_validate(self.output)
+
+
+class PipelineSummary(BaseModel):
+    """A pipeline run in a listing: where it stands, without its steps' child runs (those are in
+    its full status)."""
+
+    pipeline_id: str
+    name: str
+    #: ``running``, ``completed``, ``failed`` or ``cancelled``.
+    status: str
+    input: str
+    tenant: str | None = None
+    #: The step it is at, counting from 0 (branches included; -1: not started yet).
+    step: int = Field(description="The step it is at, counting from 0 (branches included; -1: not started).")
+    #: The pipeline that step belongs to (a branch moves a run into another pipeline).
+    at: str = Field(description="The pipeline the current step belongs to (a branch moves a run to another).")
+    #: Items of the current step that ended, and how many it has.
+    done: int
+    total: int
+    error: dict[str, Any] | None = None
+    created_at: float
+    finished_at: float | None = None
+
+
+def summary_of(meta: PipelineMeta) -> PipelineSummary:
+    return PipelineSummary(
+        pipeline_id=meta.pipeline_id,
+        name=meta.name,
+        status=meta.status,
+        input=meta.input,
+        tenant=meta.tenant,
+        step=meta.seq,
+        at=meta.target,
+        done=meta.done,
+        total=meta.total,
+        error=meta.error,
+        created_at=meta.created_at,
+        finished_at=meta.finished_at,
+    )
 
 
 def pipeline_status(store: PipelineStore, pipeline_id: str) -> PipelineStatus | None:

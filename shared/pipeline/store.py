@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from shared.errors import InvalidRequest
 from shared.keys import Keys
 from shared.scripts import script_source
 
@@ -28,8 +29,10 @@ __all__ = [
     "PIPELINE_ITEM",
     "PIPELINE_STEP",
     "PipelineMeta",
+    "PipelinePage",
     "PipelineStore",
     "child_run_id",
+    "parse_cursor",
 ]
 
 #: Child runs' metadata: which pipeline run, step and item they belong to.
@@ -86,6 +89,15 @@ class PipelineMeta:
         return self.status != "running"
 
 
+@dataclass(frozen=True)
+class PipelinePage:
+    """A page of a tenant's pipeline runs, newest first."""
+
+    pipelines: list[PipelineMeta]
+    #: Where the next page starts (``CREATED_MS.PIPELINE_ID``); None: no more.
+    next_cursor: str | None
+
+
 class PipelineStore:
     """Reads and writes pipeline runs on the run store's Redis client and keys."""
 
@@ -117,36 +129,26 @@ class PipelineStore:
             "updated_ms": str(int(now * 1000)),
         }
         reply = self._scripts["pipe_create"](
-            keys=[k.pipe_meta(pipeline_id), k.pipes_active(), k.pipes_index()],
-            args=[pipeline_id, int(now * 1000), *[part for pair in fields.items() for part in pair]],
+            keys=[k.pipe_meta(pipeline_id), k.pipes_active(), k.pipes_index(), k.pipes_index_of(tenant)],
+            args=[
+                pipeline_id,
+                int(now * 1000),
+                int(self.retention_s * 1000),
+                *[part for pair in fields.items() for part in pair],
+            ],
         )
         return _text(reply) == "created"
 
     def meta(self, pipeline_id: str) -> PipelineMeta | None:
-        raw = self.redis.hgetall(self.keys.pipe_meta(pipeline_id))
-        if not raw:
-            return None
-        f = {_text(k): _text(v) for k, v in raw.items()}
-        return PipelineMeta(
-            pipeline_id=pipeline_id,
-            name=f["name"],
-            input=f["input"],
-            tenant=f.get("tenant") or None,
-            status=f["status"],
-            seq=int(f["seq"]),
-            target=f["target"],
-            index=int(f["index"]),
-            kind=f.get("kind", ""),
-            cap=int(f["cap"]),
-            total=int(f["total"]),
-            started=int(f["started"]),
-            done=int(f["done"]),
-            output=json.loads(f["output"]) if f.get("output") else None,
-            error=json.loads(f["error"]) if f.get("error") else None,
-            created_at=float(f["created_at"]),
-            updated_ms=float(f.get("updated_ms", "0")),
-            finished_at=float(f["finished_ms"]) / 1000 if f.get("finished_ms") else None,
-        )
+        return _meta_of(pipeline_id, self.redis.hgetall(self.keys.pipe_meta(pipeline_id)))
+
+    def metas(self, pipeline_ids: list[str]) -> list[PipelineMeta | None]:
+        """The metas of several pipeline runs in one round trip (None for one that expired)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for pipeline_id in pipeline_ids:
+                pipe.hgetall(self.keys.pipe_meta(pipeline_id))
+            replies = pipe.execute()
+        return [_meta_of(pid, raw) for pid, raw in zip(pipeline_ids, replies, strict=True)]
 
     # -- moving on ---------------------------------------------------------------------------------
 
@@ -323,10 +325,108 @@ class PipelineStore:
         pipe.srem(k.pipes_active(), pipeline_id)
         pipe.execute()
 
+    def list_pipelines(
+        self,
+        tenant: str | None,
+        *,
+        name: str | None = None,
+        status: str | None = None,
+        since: float | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+        max_scan: int = 2000,
+    ) -> PipelinePage:
+        """A tenant's pipeline runs (None: those without a tenant), newest first, from the tenant's
+        index (never a key scan), a page at a time.
+
+        ``name`` (the pipeline started), ``status`` and ``since`` (Unix seconds, created at or
+        after) filter the runs read. At most ``max_scan`` index entries are read per page, so a
+        page may hold fewer than ``limit`` runs and still have a ``next_cursor``, as a page of runs
+        may. Entries whose pipeline run expired are dropped from the index as they are met.
+        """
+        index = self.keys.pipes_index_of(tenant)
+        position = parse_cursor(cursor)
+        bottom = "-inf" if since is None else str(int(since * 1000))
+        found: list[PipelineMeta] = []
+        scanned = 0
+        while scanned < max_scan:
+            entries, exhausted = self._index_after(index, position, bottom, min(200, max_scan - scanned))
+            metas = self.metas([pipeline_id for _, pipeline_id in entries])
+            for (created_ms, pipeline_id), meta in zip(entries, metas, strict=True):
+                scanned += 1
+                position = (created_ms, pipeline_id)
+                if meta is None:
+                    self.redis.zrem(index, pipeline_id)  # expired
+                    continue
+                if (name is None or meta.name == name) and (status is None or meta.status == status):
+                    found.append(meta)
+                    if len(found) == limit:
+                        return PipelinePage(found, _cursor(position))
+            if exhausted:
+                return PipelinePage(found, None)
+        return PipelinePage(found, _cursor(position) if position is not None else None)
+
+    def _index_after(
+        self, index: str, position: tuple[int, str] | None, bottom: str, num: int
+    ) -> tuple[list[tuple[int, str]], bool]:
+        """Up to ``num`` entries of ``index`` after ``position`` (newest first, by creation ms and
+        then id), and whether none is left after them."""
+        top = "+inf" if position is None else str(position[0])
+        while True:
+            reply: Any = self.redis.zrevrangebyscore(index, top, bottom, start=0, num=num, withscores=True)
+            entries = [(int(score), _text(member)) for member, score in reply]
+            if position is not None:
+                entries = [e for e in entries if e < position]
+            full = len(reply) == num
+            if entries or not full:
+                return entries, not full
+            num *= 4  # every entry read sits at the cursor's own millisecond: read further into it
+
     def trim_index(self) -> int:
         """Forget pipeline runs created longer ago than the retention (their keys expired since)."""
         cutoff_ms = (time.time() - self.retention_s) * 1000
         return int(self.redis.zremrangebyscore(self.keys.pipes_index(), "-inf", cutoff_ms))
+
+
+def _meta_of(pipeline_id: str, raw: Any) -> PipelineMeta | None:
+    """A pipeline run's meta from its hash (None: it has none, it expired)."""
+    if not raw:
+        return None
+    f = {_text(k): _text(v) for k, v in raw.items()}
+    return PipelineMeta(
+        pipeline_id=pipeline_id,
+        name=f["name"],
+        input=f["input"],
+        tenant=f.get("tenant") or None,
+        status=f["status"],
+        seq=int(f["seq"]),
+        target=f["target"],
+        index=int(f["index"]),
+        kind=f.get("kind", ""),
+        cap=int(f["cap"]),
+        total=int(f["total"]),
+        started=int(f["started"]),
+        done=int(f["done"]),
+        output=json.loads(f["output"]) if f.get("output") else None,
+        error=json.loads(f["error"]) if f.get("error") else None,
+        created_at=float(f["created_at"]),
+        updated_ms=float(f.get("updated_ms", "0")),
+        finished_at=float(f["finished_ms"]) / 1000 if f.get("finished_ms") else None,
+    )
+
+
+def parse_cursor(cursor: str | None) -> tuple[int, str] | None:
+    """A listing cursor (``CREATED_MS.PIPELINE_ID``); raises :class:`InvalidRequest` when malformed."""
+    if not cursor:
+        return None
+    created_ms, _, pipeline_id = cursor.partition(".")
+    if not created_ms.isdigit() or len(created_ms) > 15 or not pipeline_id:
+        raise InvalidRequest(f"bad listing cursor {cursor[:80]!r}")
+    return int(created_ms), pipeline_id
+
+
+def _cursor(position: tuple[int, str]) -> str:
+    return f"{position[0]}.{position[1]}"
 
 
 def _event_json(event: dict[str, Any]) -> str:

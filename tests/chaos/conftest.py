@@ -7,7 +7,7 @@ attached to its report.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,25 +15,19 @@ import pytest
 from producer.client import Client
 from tests.broker import Settings
 from tests.chaos.support import RECOVERIES, RECOVERY_PROPERTY, SOAK_PROPERTY, SOAK_REPORT, Cluster
-from tests.conftest import _need_redis
 from tests.harness import RedisServer
 
 
 @pytest.fixture
-def server() -> Iterator[RedisServer]:
-    _need_redis()
-    s = RedisServer().start()
-    yield s
-    s.cleanup()
+def server(store_factory: Callable[..., RedisServer]) -> RedisServer:
+    """The test's own run-state Redis (a redis-server; the shared cluster with --store cluster)."""
+    return store_factory()
 
 
 @pytest.fixture
-def aof_server() -> Iterator[RedisServer]:
+def aof_server(store_factory: Callable[..., RedisServer]) -> RedisServer:
     """A redis-server that persists every write (AOF, fsync always), so it can be restarted."""
-    _need_redis()
-    s = RedisServer(appendonly=True).start()
-    yield s
-    s.cleanup()
+    return store_factory(appendonly=True)
 
 
 def _cluster(request: pytest.FixtureRequest, server: RedisServer, tmp_path: Any) -> Iterator[Cluster]:

@@ -7,6 +7,7 @@ sees and touches only its own runs, on every endpoint; listings page across hund
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -19,6 +20,7 @@ import pytest
 from shared.keys import Keys
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
+from tests.broker import broker_env
 from tests.harness import ROOT, RedisServer, WorkerProcess
 
 pytestmark = pytest.mark.integration
@@ -139,6 +141,11 @@ def test_errors_have_one_shape_and_the_right_status(api: ApiProcess, tenant_a: h
     error_of(tenant_a.get("/v1/runs", params={"status": "sleeping"}), 422, "invalid_request")
     error_of(tenant_a.get("/v1/runs", params={"limit": 0}), 422, "invalid_request")
     error_of(tenant_a.get("/v1/runs", params={"cursor": "garbage"}), 422, "invalid_request")
+    # Bounds the OpenAPI document states (a fuzzer found a 500 on a far-future `since`).
+    error_of(tenant_a.get("/v1/runs", params={"since": "1.5e308"}), 422, "invalid_request")
+    error_of(tenant_a.get("/v1/runs", params={"cursor": "9" * 300 + ".r"}), 422, "invalid_request")
+    error_of(tenant_a.post("/v1/runs", json={"agent": "", "input": "x"}), 422, "invalid_request")
+    error_of(tenant_a.post("/v1/runs/r1/deny", json={"always": True}), 422, "invalid_request")
     error_of(tenant_a.get("/v1/nothing-here"), 404, "not_found")
     # Approving a run that is not parked is a wrong state; so is cancelling one that ended.
     run = tenant_a.post("/v1/runs", json={"agent": "direct", "input": "x"}).json()
@@ -237,6 +244,7 @@ def test_keys_cli_create_list_revoke(api: ApiProcess, redis_server: RedisServer)
             text=True,
             cwd=ROOT,
             timeout=60,
+            env={**os.environ, **broker_env(redis_server.url)},
         )
 
     tenant = f"cli-{uuid.uuid4().hex[:6]}"

@@ -8,12 +8,14 @@ import contextlib
 import json
 import random
 import uuid
+from typing import cast
 
 import pytest
 import redis.asyncio as aioredis
 
 from api import feeds
 from api.feeds import FeedHub
+from tests.broker import is_cluster
 from tests.harness import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -21,8 +23,15 @@ pytestmark = pytest.mark.integration
 EVENTS = 400
 
 
+def _async_client(url: str) -> aioredis.Redis:
+    """An asyncio client of the session's run-state Redis (a cluster client on a cluster)."""
+    if is_cluster(url):
+        return cast(aioredis.Redis, aioredis.RedisCluster.from_url(url, decode_responses=True))
+    return aioredis.Redis.from_url(url, decode_responses=True)
+
+
 async def _followers_scenario(url: str, followers: int) -> None:
-    client = aioredis.Redis.from_url(url, decode_responses=True)
+    client = _async_client(url)
     hub = FeedHub(client, block_ms=200)
     key = f"feedtest:{uuid.uuid4().hex}"
     appended: list[str] = []
@@ -60,7 +69,7 @@ def test_followers_joining_anywhere_get_every_later_event_once(redis_server: Red
 
 
 async def _slow_follower_scenario(url: str) -> None:
-    client = aioredis.Redis.from_url(url, decode_responses=True)
+    client = _async_client(url)
     hub = FeedHub(client, block_ms=200)
     key = f"feedtest:{uuid.uuid4().hex}"
     async with hub.subscribe(key) as (feed, stuck):

@@ -19,7 +19,7 @@ from producer.client import Client
 from shared.keys import Keys
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
-from tests.broker import Settings
+from tests.broker import Settings, broker_env
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.integration
@@ -46,7 +46,11 @@ def set_limits(redis_server: RedisServer, tenant: str, *flags: str) -> dict[str,
         text=True,
         cwd=ROOT,
         timeout=60,
-        env={"WESICHAIN_REDIS_URL": redis_server.url, "PATH": "/usr/bin:/bin"},
+        env={
+            "WESICHAIN_REDIS_URL": redis_server.url,
+            "PATH": "/usr/bin:/bin",
+            **broker_env(redis_server.url),
+        },
     )
     assert done.returncode == 0, done.stderr
     limits: dict[str, Any] = json.loads(done.stdout)
@@ -156,7 +160,7 @@ def test_a_tenants_default_webhook_applies_to_runs_that_name_none(
     api: ApiProcess, redis_server: RedisServer
 ) -> None:
     tenant = f"default-{uuid.uuid4().hex[:6]}"
-    env = {"WESICHAIN_REDIS_URL": redis_server.url, "PATH": "/usr/bin:/bin"}
+    env = {"WESICHAIN_REDIS_URL": redis_server.url, "PATH": "/usr/bin:/bin", **broker_env(redis_server.url)}
     command = [sys.executable, "-m", "producer.cli", "keys", "callback", "--tenant", tenant]
     set_default = subprocess.run(
         [*command, "--url", "http://127.0.0.1:9/hook"], capture_output=True, text=True, cwd=ROOT, env=env

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from producer.api_client import ApiClient
 from shared.keys import Keys
 from shared.pipeline.store import child_run_id
 from shared.tenants import Tenants
@@ -124,3 +125,39 @@ def test_bad_requests(tenant_a: httpx.Client) -> None:
     assert error_kind(tenant_a.get("/v1/pipelines/missing"), 404) == "not_found"
     bad_after = tenant_a.get("/v1/pipelines/missing/events", params={"after": "x"})
     assert error_kind(bad_after, 422) == "invalid_request"
+
+
+def test_pipeline_runs_are_listed_per_tenant_newest_first_and_paged(
+    api: ApiProcess, tenant_a: httpx.Client, tenant_b: httpx.Client
+) -> None:
+    mine = []
+    for word in ("one", "two", "three"):  # one after the other: each is created after the last
+        started = tenant_a.post("/v1/pipelines", json={"pipeline": "chain", "input": word})
+        assert started.status_code == 202, started.text
+        mine.append(started.json()["pipeline_id"])
+        assert ended(tenant_a, mine[-1])["status"] == "completed"
+    theirs = tenant_b.post("/v1/pipelines", json={"pipeline": "chain", "input": "b"}).json()["pipeline_id"]
+    # Newest first, two a page; another tenant's pipeline run is never listed.
+    first = tenant_a.get("/v1/pipelines", params={"limit": 2}).json()
+    assert [p["pipeline_id"] for p in first["pipelines"]] == mine[::-1][:2]
+    second = tenant_a.get("/v1/pipelines", params={"limit": 2, "cursor": first["next_cursor"]}).json()
+    assert [p["pipeline_id"] for p in second["pipelines"]] == mine[:1]
+    listed_b = tenant_b.get("/v1/pipelines").json()
+    assert [p["pipeline_id"] for p in listed_b["pipelines"]] == [theirs] and listed_b["next_cursor"] is None
+    summary = second["pipelines"][0]
+    assert (summary["name"], summary["status"], summary["input"], summary["error"]) == (
+        "chain",
+        "completed",
+        "one",
+        None,
+    )
+    assert summary["total"] == summary["done"] and summary["finished_at"] >= summary["created_at"]
+    # Filters, and the Python client over HTTP.
+    assert tenant_a.get("/v1/pipelines", params={"status": "running"}).json()["pipelines"] == []
+    assert tenant_a.get("/v1/pipelines", params={"pipeline": "fan"}).json()["pipelines"] == []
+    key = tenant_a.headers["authorization"].removeprefix("Bearer ")
+    with ApiClient(api.url, key) as client:
+        page = client.list_pipelines(pipeline="chain", status="completed", limit=50)
+    assert [p.pipeline_id for p in page.pipelines] == mine[::-1] and page.next_cursor is None
+    assert error_kind(tenant_a.get("/v1/pipelines", params={"cursor": "nope"}), 422) == "invalid_request"
+    assert error_kind(tenant_a.get("/v1/pipelines", params={"status": "lost"}), 422) == "invalid_request"

@@ -32,7 +32,7 @@ from shared.tasks import TASK_ARCHIVE, start_task
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.archive_support import BACKENDS, FullRead, archive_url, full_read
-from tests.broker import Settings
+from tests.broker import Settings, broker_env
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.unit.test_archive_sql import sample_record
 from tests.unit.test_store import commit
@@ -273,6 +273,8 @@ def test_an_export_is_the_same_from_redis_and_from_the_archive(
     handle = client.submit("one_hop", "add", tenant="acme", thread_id="exported")
     handle.wait(TIMEOUT)
     monkeypatch.setenv("WESICHAIN_ARCHIVE_URL", pool.url)
+    for name, value in broker_env(pool.server.url).items():  # the CLI's topology (a cluster?)
+        monkeypatch.setenv(name, value)
 
     def export(name: str) -> RunExport:
         path = tmp_path / name

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+import standardwebhooks
 
 from producer.client import Client, RequestConflict
 from shared.state import Phase
@@ -80,10 +81,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             with receiver.lock:
                 seen = sum(1 for d in receiver.deliveries if d.webhook_id == headers.get("webhook-id"))
                 status = 500 if seen < receiver.fail_first else 200
+                signed = verify(secret, headers, body) and _standard_webhooks_accepts(secret, headers, body)
                 receiver.deliveries.append(
-                    Delivery(
-                        headers.get("webhook-id", ""), verify(secret, headers, body), status, json.loads(body)
-                    )
+                    Delivery(headers.get("webhook-id", ""), signed, status, json.loads(body))
                 )
             self.send_response(status)
             self.end_headers()
@@ -103,6 +103,15 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         http.server_close()
         client.close()
         server.cleanup()
+
+
+def _standard_webhooks_accepts(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    """Whether the Standard Webhooks reference library verifies the delivery (id, time, signature)."""
+    try:
+        standardwebhooks.Webhook(secret).verify(body, headers)
+    except standardwebhooks.WebhookVerificationError:
+        return False
+    return True
 
 
 def _delivered(handle: Any) -> Any:

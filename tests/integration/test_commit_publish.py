@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 
 from producer.client import Client
-from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
+from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, celery_config
 from shared.state import Phase, TaskSpec
 from shared.tasks import TASK_CALLBACK, TASK_THINK, TASK_TOOL
 from tests.broker import Settings
@@ -46,6 +47,20 @@ SPECS = [
         task_id="r1:v9:callback",
         arguments={"run_id": "r1", "step": 4, "version": 9, "epoch": 0, "phase": "completed"},
     ),
+    # Arguments the builder writes the argsrepr/kwargsrepr headers of itself, and nested ones it
+    # leaves to Celery: the headers must be Celery's either way.
+    TaskSpec(
+        name=TASK_THINK,
+        task_id="r1:v4:think",
+        arguments={"run_id": 'it\'s \\ "q"\né', "step": 2, "version": 4, "epoch": 0, "late": None},
+        args=["a'b", 1.5, True, None],
+    ),
+    TaskSpec(
+        name=TASK_CALLBACK,
+        task_id="r1:v9:callback:e1",
+        arguments={},
+        args=[{"run_id": "r1", "status": "completed", "usage": {"tokens": 3}, "output": "x" * 700}],
+    ),
 ]
 
 
@@ -64,18 +79,24 @@ def _queue_keys(r: redis.Redis) -> list[str]:
 def _comparable(raw: str) -> dict[str, Any]:
     message: dict[str, Any] = json.loads(raw)
     message["properties"].pop("delivery_tag")  # a fresh uuid per publish, in both paths
+    message["properties"].pop("reply_to")  # the address of the sending app (one per app object)
     return message
 
 
 def test_the_built_message_is_the_one_celery_publishes(server: RedisServer) -> None:
-    app = create_app(Settings(redis_url=server.url, agents_module="tests.agents_fixture"))
+    settings = Settings(redis_url=server.url, agents_module="tests.agents_fixture")
+    app = create_app(settings)
+    # Celery as it comes, with the runtime's configuration: what its send_task publishes.
+    celery = Celery("wesichain", set_as_current=False)
+    celery.conf.update(celery_config(settings))
     r = server.client()
     builder = MessageBuilder(app)
     try:
         for spec in SPECS:
-            app.send_task(
+            celery.send_task(
                 spec.name,
-                kwargs=spec.arguments,
+                args=spec.args or None,
+                kwargs=spec.arguments or None,
                 task_id=spec.task_id,
                 time_limit=spec.time_limit_s,
                 queue=spec.queue,
@@ -98,6 +119,7 @@ def test_the_built_message_is_the_one_celery_publishes(server: RedisServer) -> N
         assert body[1] == SPECS[0].arguments
     finally:
         builder.close()
+        celery.close()
 
 
 def _watch(r: redis.Redis, stop: threading.Event, seen: list[str]) -> None:

@@ -337,3 +337,30 @@ def test_an_eval_with_its_own_queue_is_pumped_and_scored_by_the_workers_consumin
         "Task wesichain.eval.pump[" in log and log.count("Task wesichain.eval.score[") >= 16
     )  # received, ran
     assert all("Task wesichain.eval.score[" not in w.log() for w in pool[:2])  # only it consumes the queue
+
+
+NAMESPACE = "nightly-test"
+
+
+def test_an_eval_in_a_queue_namespace_runs_only_on_the_workers_consuming_that_namespace(
+    evals: EvalClient, server: RedisServer, pool: list[WorkerProcess], tmp_path: Path
+) -> None:
+    cases = [{"id": f"n{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 9)]
+    spec = write_eval(tmp_path, cases, name="spaced", top={"concurrency": 3})
+    eval_id, _ = evals.submit_file(spec, namespace=NAMESPACE)
+    r: redis.Redis = server.client()
+    # Its pump waits in the namespace's model queue, which no worker of the pool consumes.
+    wait_until(lambda: r.llen(f"{NAMESPACE}.model") >= 1, timeout=30, what="its pump queued")
+    progress = evals.progress(eval_id)
+    assert (progress.in_flight, progress.recorded, progress.pending) == (0, 0, 8)
+    spaced = WorkerProcess("ns", server.url, agents=AGENTS, log_dir=str(tmp_path), namespaces=(NAMESPACE,))
+    spaced.start()
+    try:
+        done = evals.wait(eval_id, timeout=120)
+    finally:
+        spaced.stop()
+    assert done.meta.status == "completed" and done.counts[0].passed == 8
+    heads = [evals.client.store.load(row.run_id) for row in evals.results(eval_id)]
+    assert [h.namespace if h else None for h in heads] == [NAMESPACE] * 8
+    assert spaced.received(eval_id)
+    assert [w.name for w in pool if w.received(eval_id)] == []

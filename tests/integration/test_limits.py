@@ -2,7 +2,8 @@
 
 The limiter's scripts are checked directly against Redis (buckets, slots whose holder died, a
 back-off), then the whole path: real ``wesichain worker`` processes call a loopback fake of the
-OpenAI API that counts the requests it is answering at once and answers 429 past its own limits.
+OpenAI API that counts the requests it is answering at once and answers 429 past its own limits,
+for the thinks of runs and for the judge of an eval alike.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import pytest
 import redis
 
 from producer.client import Client
+from producer.evals.client import EvalClient
+from shared.evals.dataset import Case
+from shared.evals.spec import parse_spec
 from shared.keys import Keys
 from shared.limits import Denied, Grant, ProviderLimit, RateLimiter
 from shared.state import Phase
@@ -204,3 +208,43 @@ def test_a_429_makes_the_whole_pool_back_off(server: RedisServer, r: redis.Redis
     store = RunStore(r, Settings(redis_url=server.url))
     reasons = {t[0]["reason"] for h in heads if (t := store.throttled(h.run_id)) is not None}
     assert "retry_after" in reasons
+
+
+def test_an_evals_judge_takes_the_same_limit_as_the_pools_thinks(
+    server: RedisServer, r: redis.Redis, tmp_path: Any
+) -> None:
+    # The case runs answer without a provider; their judge is the limited model, asked by up to
+    # 12 scorings at once across two workers, against a provider that takes only 2 at once.
+    fake = FakeProvider("openai")
+    fake.responder = lambda body: Reply(text='{"score": 1, "reason": "right"}')
+    fake.latency_s = 0.3
+    fake.max_concurrent = 2
+    cases = 30
+    spec = parse_spec(
+        {
+            "name": "judged",
+            "dataset": "d.jsonl",
+            "concurrency": 12,
+            "variants": [{"agent": "instant"}],
+            "scorers": [{"kind": "judge", "model": "openai:fake-judge", "rubric": "Is it 3?"}],
+        }
+    )
+    with fake:
+        workers = _workers(server, fake, {"openai:fake-judge": {"concurrency": 2}}, 2, str(tmp_path))
+        client = Client(Settings(redis_url=server.url, agents_module=AGENTS))
+        evals = EvalClient(client)
+        try:
+            data = [Case(id=f"c{i}", input=f"case {i}", expected="3") for i in range(cases)]
+            eval_id, _ = evals.submit(spec, data, b"", "d.jsonl")
+            done = evals.wait(eval_id, timeout=240)
+            results = list(evals.results(eval_id))
+        finally:
+            for w in workers:
+                w.stop()
+            client.close()
+    assert done.meta.status == "completed" and done.counts[0].passed == cases
+    assert [(s.value, s.error) for res in results for s in res.scores] == [(1.0, False)] * cases
+    assert fake.peak_in_flight <= 2
+    assert fake.rejected == {"concurrency": 0, "rate": 0}
+    assert len(fake.requests) == cases  # a scoring that waited never reached the provider
+    assert done.judge_waits > 0, "the limit never made a judge wait: the test did not test it"

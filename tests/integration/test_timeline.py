@@ -13,6 +13,7 @@ import pytest
 from producer.client import Client
 from shared.state import Phase
 from shared.timeline import Timeline
+from tests.broker import broker_env
 from tests.harness import WorkerProcess
 
 pytestmark = pytest.mark.integration
@@ -60,7 +61,8 @@ def test_timeline_of_a_fan_out_run(workers: list[WorkerProcess], client: Client)
 def test_cli_timeline(workers: list[WorkerProcess], client: Client) -> None:
     handle = client.submit("one_hop", "go")
     handle.wait(TIMEOUT)
-    env = {**os.environ, "WESICHAIN_REDIS_URL": client.settings.redis_url, "COLUMNS": "120"}
+    url = client.settings.redis_url
+    env = {**os.environ, "WESICHAIN_REDIS_URL": url, "COLUMNS": "120", **broker_env(url)}
     cli = [sys.executable, "-m", "producer.cli", "timeline", handle.run_id]
     out = subprocess.run([*cli, "--json"], env=env, capture_output=True, text=True, timeout=60, check=True)
     assert Timeline.model_validate_json(out.stdout) == handle.timeline()

@@ -1,5 +1,6 @@
 """The sweeper's repairs of an eval, on the in-process Redis stand-in: a case run whose creator
-died is created once, an eval with room gets a pump, running runs are looked at in turn."""
+died is created once, an eval with room gets a pump, running runs are looked at in turn; and a
+scoring whose judge finds no provider capacity is sent again later instead of waiting."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from shared.agents import AgentRegistry
 from shared.evals.dataset import Case
 from shared.evals.spec import parse_spec
 from shared.evals.store import BOUND, Item, run_id_of
-from shared.evals.tasks import TASK_EVAL_PUMP
+from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
+from shared.limits import Grant, ProviderLimit, RateLimiter
+from shared.llm.scripted import ScriptedModel, reply
 from shared.settings import Settings
 from shared.state import Phase, TaskSpec
 from shared.store import RunStore
 from shared.tasks import TASK_START
 from worker.evals import EvalPool
+from worker.throttle import ModelGate
 
 
 class Sent:
@@ -93,3 +97,52 @@ def test_running_case_runs_are_looked_at_once_per_recheck_interval() -> None:
     evals.recheck_s = 3600.0
     evals.tick()
     assert looked == [run_id_of("e", Item(0, 0, 0))]  # looked at just now: not again
+
+
+JUDGED = parse_spec(
+    {
+        "name": "j",
+        "dataset": "d.jsonl",
+        "variants": [{"agent": "doubler"}],
+        "scorers": [{"kind": "judge", "model": "scripted:judge", "rubric": "Is it right?"}],
+    }
+)
+
+
+def test_a_judge_without_provider_capacity_defers_the_scoring_to_a_task_sent_later() -> None:
+    evals, sent = pool()
+    judged: list[str] = []
+
+    def judge(messages: Any) -> Any:
+        judged.append("asked")
+        return reply('{"score": 1, "reason": "right"}')
+
+    evals.agents.add_model("judge", ScriptedModel(judge))
+    limit = ProviderLimit(concurrency=1)
+    limiter = RateLimiter(evals.runs.redis, evals.runs.keys, lease_s=30.0)
+    evals.gate = ModelGate(limiter, {"scripted:judge": limit}, renew_s=10.0)
+    evals.evals.create("e", JUDGED, [Case(id="c0", input="double 1", expected="2")], "d.jsonl")
+    item = Item(0, 0, 0)
+    ended = {
+        "run_id": run_id_of("e", item),
+        "status": "completed",
+        "answer": "2",
+        "tenant": None,
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+        "metadata": {"eval_id": "e", "eval_item": str(item)},
+    }
+    # Another worker's think holds the only slot of the judge's model: the judge is not asked.
+    other = limiter.acquire("scripted:judge", limit, 1)
+    assert isinstance(other, Grant)
+    assert evals.score(ended) is None
+    assert judged == [] and evals.evals.result("e", item) is None
+    (later,) = sent.tasks
+    assert later.name == TASK_EVAL_SCORE and later.args == [ended] and 0.2 <= later.countdown <= 1.0
+    assert evals.evals.judge_waits("e") == 1
+    # The scoring was given back: the task sent later claims it, and with the slot free, scores.
+    limiter.release(other)
+    result = evals.score(later.args[0])
+    assert result is not None and judged == ["asked"]
+    assert [(s.value, s.explanation, s.error) for s in result.scores] == [(1.0, "right", False)]
+    assert evals.evals.result("e", item) == result
+    assert limiter.in_use("scripted:judge") == 0  # the judge's slot was given back

@@ -14,14 +14,22 @@ from shared import protocol
 from shared.agents import Agent
 from shared.errors import ConfigError
 from shared.keys import Keys
-from shared.limits import ProviderLimit, RateLimiter, find_limit, parse_limits, scope_of
+from shared.limits import (
+    MAX_COUNTDOWN_S,
+    ProviderLimit,
+    RateLimiter,
+    Throttled,
+    find_limit,
+    parse_limits,
+    scope_of,
+)
 from shared.llm.base import ModelRequest
 from shared.messages import UserMessage
 from shared.settings import Settings
 from shared.state import RunHead
 from tests.harness import RedisServer
 from tests.unit.test_store import claim, make_store, redis_ms, started
-from worker.throttle import MAX_COUNTDOWN_S, ModelGate, Throttled, estimate_tokens
+from worker.throttle import ModelGate, estimate_tokens
 
 
 @pytest.fixture

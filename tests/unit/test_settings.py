@@ -35,6 +35,7 @@ from shared.settings import (
     celery_config,
     redact_url,
 )
+from worker.inline_publish import broker_is_store
 
 ALL_ENV = (
     ENV_REDIS_URL,
@@ -219,14 +220,48 @@ def test_celery_config_rabbitmq() -> None:
 @pytest.mark.parametrize(
     ("redis_url", "broker_url", "error"),
     [
-        ("redis://h:1/0", "redis://other:6379/0", "must be an amqp:// or amqps:// URL"),
-        ("redis://h:1/0", "amqp:///v", "must be an amqp:// or amqps:// URL"),
+        ("redis://h:1/0", "kafka://other:9092", "must be an amqp://, amqps://, redis:// or rediss:// URL"),
+        ("redis://h:1/0", "amqp:///v", "must be an amqp://, amqps://, redis:// or rediss:// URL with a host"),
         ("memory://", "amqp://rabbit/v", "cannot be used in the embedded mode"),
     ],
 )
-def test_a_broker_url_must_be_rabbitmq(redis_url: str, broker_url: str, error: str) -> None:
+def test_a_broker_url_must_be_rabbitmq_or_redis(redis_url: str, broker_url: str, error: str) -> None:
     with pytest.raises(ConfigError, match=error):
         Settings(redis_url=redis_url, broker_url=broker_url).validate()
+
+
+def test_a_standalone_redis_broker_gets_the_redis_transport_and_no_commit_publish() -> None:
+    s = Settings(redis_url="redis://store:1/0", broker_url="redis://:pw@broker:6379/3")
+    s.validate()
+    conf = celery_config(s)
+    assert conf["broker_url"] == "redis://:pw@broker:6379/3"
+    assert conf["broker_transport_options"]["visibility_timeout"] == s.visibility_timeout_s
+    assert "task_default_queue_type" not in conf
+    assert s.broker_is_redis and s.broker_endpoint().redis_url == "redis://:pw@broker:6379/3"
+    assert not broker_is_store(s)  # the commit script cannot push to another server's lists
+
+
+def test_a_cluster_store_needs_a_broker_url_of_its_own() -> None:
+    with pytest.raises(ConfigError, match="WESICHAIN_REDIS_CLUSTER=1 needs WESICHAIN_BROKER_URL"):
+        Settings(redis_url="redis://node:7000/0", redis_cluster=True).validate()
+    with pytest.raises(ConfigError, match="only database 0"):
+        Settings(redis_url="redis://node:7000/2", redis_cluster=True, broker_url="amqp://r/v").validate()
+    with pytest.raises(ConfigError, match="embedded"):
+        Settings(redis_url="memory://", redis_cluster=True).validate()
+    for broker in ("amqp://rabbit/v", "redis://broker:6379/0"):
+        settings = Settings(redis_url="redis://node:7000", redis_cluster=True, broker_url=broker)
+        settings.validate()
+        assert not broker_is_store(settings)
+
+
+def test_the_cluster_switch_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WESICHAIN_REDIS_CLUSTER", "1")
+    monkeypatch.setenv("WESICHAIN_BROKER_URL", "redis://broker:6379/0")
+    s = Settings.from_env(redis_url="redis://node:7000/0")
+    assert (s.redis_cluster, s.broker_url) == (True, "redis://broker:6379/0")
+    monkeypatch.delenv("WESICHAIN_BROKER_URL")
+    with pytest.raises(ConfigError, match="Celery's Redis transport cannot use a Redis Cluster"):
+        Settings.from_env(redis_url="redis://node:7000/0")
 
 
 def test_the_broker_url_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,9 +36,11 @@ class FakeBroker:
         self.held: set[str] = set()
         self.delivered: set[str] = set()
         self.asked: list[set[str]] = []
+        self.queues: list[set[str]] = []
 
-    def locate(self, task_ids: Collection[str]) -> Located | None:
+    def locate(self, task_ids: Collection[str], queues: Collection[str] = ()) -> Located | None:
         self.asked.append(set(task_ids))
+        self.queues.append(set(queues))
         return Located(frozenset(set(task_ids) & self.held), frozenset(set(task_ids) & self.delivered))
 
 
@@ -65,9 +67,9 @@ def sent(rt: Runtime) -> list[TaskSpec]:
     return rt.sent  # type: ignore[attr-defined, no-any-return]
 
 
-def thinking_run(rt: Runtime) -> RunHead:
-    idle = RunHead.new_idle(uuid.uuid4().hex, "direct", "hi")
-    assert rt.store.create(idle, [start_task(idle.run_id)])
+def thinking_run(rt: Runtime, namespace: str | None = None) -> RunHead:
+    idle = RunHead.new_idle(uuid.uuid4().hex, "direct", "hi", namespace=namespace)
+    assert rt.store.create(idle, [start_task(idle.run_id, namespace=namespace)])
     start = fsm.Idle(idle).start(
         [SystemMessage(content="s"), UserMessage(content="hi")],
         agent_version="1",
@@ -152,6 +154,18 @@ def test_a_message_gone_from_the_broker_is_published_again(rt: Runtime) -> None:
     assert rt.store.load(head.run_id).epoch == 1  # type: ignore[union-attr]
     stale = rt.store.claim_phase(PhaseClaim(head.run_id, head.version, Phase.THINKING, 0, 1), "h:1")
     assert isinstance(stale, Stale)
+
+
+def test_a_run_in_a_queue_namespace_is_looked_for_and_published_again_in_its_queues(rt: Runtime) -> None:
+    broker = FakeBroker()
+    head = thinking_run(rt, namespace="nightly")
+    queued_time_over(rt, head.run_id)
+    # Missing from the broker (looked for in its namespace's queue too): sent again, there.
+    assert Sweeper(rt, broker).sweep() == 1
+    assert broker.queues == [{"nightly.model"}]
+    assert [(s.name, s.queue, s.arguments["epoch"]) for s in sent(rt)] == [
+        ("wesichain.think", "nightly.model", 1)
+    ]
 
 
 def test_an_expired_claim_is_handed_on_without_asking_the_broker(rt: Runtime) -> None:
@@ -268,5 +282,45 @@ def test_the_probe_finds_queued_and_delivered_messages(redis_server: RedisServer
         message.ack()
         assert probe.locate({"run-t:v3:tool:c1"}) == Located(frozenset(), frozenset())
         queue.close()
+    # A run's queue namespace: its message is found only when the probe is told to look there.
+    app.send_task("wesichain.tool", kwargs={"run_id": "n"}, task_id="run-n:v3:tool:c1", queue="nightly.tools")
+    assert probe.locate({"run-n:v3:tool:c1"}) == Located(frozenset(), frozenset())
+    found = probe.locate({"run-n:v3:tool:c1"}, {"nightly.tools"})
+    assert found == Located(frozenset({"run-n:v3:tool:c1"}), frozenset())
     client.flushdb()
     client.close()
+
+
+class CountingRepairs:
+    """An eval or pipeline repair that counts its ticks (what the sweeper asks of ``EvalPool``)."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def tick(self) -> int:
+        self.ticks += 1
+        return 0
+
+
+def test_eval_and_pipeline_repairs_are_built_only_once_redis_holds_one(rt: Runtime) -> None:
+    evals, pipelines = CountingRepairs(), CountingRepairs()
+    built: list[str] = []
+
+    def make_evals() -> CountingRepairs:
+        built.append("evals")
+        return evals
+
+    def make_pipelines() -> CountingRepairs:
+        built.append("pipelines")
+        return pipelines
+
+    sweeper = Sweeper(rt, FakeBroker(), make_evals, make_pipelines)
+    assert sweeper.sweep() == 0
+    assert built == []  # no eval, no pipeline run: their code is never asked for
+    keys = rt.store.keys
+    rt.store.redis.sadd(keys.evals_active(), "e1")
+    sweeper.sweep()
+    assert (built, evals.ticks, pipelines.ticks) == (["evals"], 1, 0)
+    rt.store.redis.zadd(keys.pipes_index(), {"p1": 1})
+    sweeper.sweep()
+    assert (built, evals.ticks, pipelines.ticks) == (["evals", "evals", "pipelines"], 2, 1)

@@ -77,3 +77,19 @@ def test_tool_bars_and_their_queue_waits() -> None:
         "c0",
     )
     assert [(w.name, w.start, w.end) for w in timeline.waits] == [("add", T0 + 1, T0 + 2)]
+
+
+def test_a_tool_call_taken_over_after_its_first_delivery_died() -> None:
+    checkpoints = [head(1, Phase.IDLE, 0, T0)]
+    sent = ev.ToolDispatched(run_id="r1", step=1, ts=T0 + 1, call_id="c0", tool="add", arguments={})
+    done = ev.ToolCompleted(
+        run_id="r1", step=1, ts=T0 + 9, worker=WorkerId(host="u", pid=7), call_id="c0", tool="add",
+        ok=True, output="3", duration_s=0.5, attempt=2,
+    )  # fmt: skip
+    timeline = build_timeline(checkpoints[-1], checkpoints, [sent, done])
+    (bar,) = timeline.bars
+    assert (bar.lane, bar.attempt) == ("u:7", 2)
+    assert [(w.name, w.start, w.end, w.lost) for w in timeline.waits] == [("add", T0 + 1, T0 + 8.5, 1)]
+    (marker,) = timeline.markers
+    assert (marker.kind, marker.lane, marker.at) == ("takeover", "u:7", T0 + 8.5)
+    assert "attempt 2" in marker.text
