@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -172,10 +172,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         return
     for name, value in report.user_properties:
         if name == RECOVERY_PROPERTY:
-            case, seconds = value
+            case, seconds = cast(list[Any], value)
             _RECOVERIES.append((str(case), float(seconds)))
         elif name == SOAK_PROPERTY:
-            _SOAKS.append(dict(value))
+            _SOAKS.append(dict(cast(dict[str, Any], value)))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
