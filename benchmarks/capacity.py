@@ -1,6 +1,6 @@
 """The capacity model's inputs, measured: what one run and one transition cost Redis and the workers.
 
-    python -m benchmarks.capacity [--runs 300] [--agent one_hop] [--out DIR]
+    python -m benchmarks.capacity [--runs 300] [--agent one_hop] [--out DIR] [--cluster N]
 
 Starts its own redis-server and two ``wesichain worker`` processes (prefork, concurrency 1 each),
 runs ``--runs`` runs of a one-tool agent through them (24 in flight), and reads, over exactly that
@@ -10,6 +10,11 @@ included; ``used_cpu_sys`` + ``used_cpu_user``; ``total_net_input_bytes`` /
 per-run and per-transition figures it writes to ``results/capacity.json`` are the inputs of the
 model in ``docs/scaling.md``. Two cores run everything here, Redis included: the figures are
 costs, not a throughput ceiling.
+
+``--cluster N`` keeps the run state on a Redis Cluster of ``N`` primaries instead (no replicas,
+started with :class:`tests.redis_cluster.RedisCluster`) and the broker on a standalone
+redis-server (or ``--broker``); Redis's counters are then summed over the primaries, the broker's
+reported apart (``broker_redis_*``), and the runs' spread over the primaries is reported too.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from shared import protocol
 from shared.settings import ENV_BROKER_URL
 from shared.state import Phase, RunHead
 from tests.harness import RedisServer
+from tests.redis_cluster import ClusterStore, RedisCluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -44,6 +50,24 @@ def _stats(r: Any) -> dict[str, Any]:
         "cpu_s": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
         "net_in": int(info["total_net_input_bytes"]),
         "net_out": int(info["total_net_output_bytes"]),
+    }
+
+
+def _stats_of(servers: list[Any]) -> dict[str, Any]:
+    """:func:`_stats` summed over several servers (a cluster's primaries), each one's CPU kept too."""
+    each = [_stats(r) for r in servers]
+    commands: dict[str, dict[str, int]] = {}
+    for stats in each:
+        for name, figures in stats["commands"].items():
+            total = commands.setdefault(name, {"calls": 0, "usec": 0})
+            total["calls"] += figures["calls"]
+            total["usec"] += figures["usec"]
+    return {
+        "commands": commands,
+        "cpu_s": sum(s["cpu_s"] for s in each),
+        "cpu_s_each": [s["cpu_s"] for s in each],
+        "net_in": sum(s["net_in"] for s in each),
+        "net_out": sum(s["net_out"] for s in each),
     }
 
 
@@ -88,27 +112,40 @@ def _cpu(proc: psutil.Process | None) -> float:
     return float(times.user + times.system)
 
 
-def measure(runs: int, agent: str, text: str, broker: str = "") -> dict[str, Any]:
-    cluster = Cluster.start(RedisServer())
+def measure(runs: int, agent: str, text: str, broker: str = "", masters: int = 0) -> dict[str, Any]:
+    """One measurement; ``masters`` > 0 keeps the run state on a cluster of that many primaries."""
+    redis_cluster = RedisCluster(masters=masters, replicas=0).start() if masters else None
+    store = ClusterStore(redis_cluster) if redis_cluster is not None else RedisServer()
+    cluster = Cluster.start(store)
     prefix = "cap:"
     env = {ENV_BROKER_URL: broker} if broker else {}
     workers = [cluster.wesichain_worker(f"cap-{i}", prefix, env=env) for i in (1, 2)]
-    cluster.up(*workers)
-    client = Client(cluster.settings(prefix).with_(broker_url=broker))
-    r = cluster.redis.client()
+    settings = cluster.settings(prefix).with_(broker_url=broker)
+    if isinstance(store, ClusterStore):
+        settings = settings.with_(redis_cluster=True, broker_url=broker or store.broker.url)
+    client = Client(settings)
+    servers = [n.client() for n in redis_cluster.primaries()] if redis_cluster else [cluster.redis.client()]
+    broker_redis = store.broker.client() if isinstance(store, ClusterStore) and not broker else None
     beam = _beam() if broker else None
     try:
+        cluster.up(*workers)
         run_all(client, agent, text, 20)  # warm-up: imports, connections, caches
-        before, cpu_before = _stats(r), [process_cpu_s(w) for w in workers]
+        before, cpu_before = _stats_of(servers), [process_cpu_s(w) for w in workers]
+        broker_before = _stats(broker_redis) if broker_redis is not None else None
         beam_before = _cpu(beam)
         started = time.perf_counter()
         heads, polls = run_all(client, agent, text, runs)
         elapsed = time.perf_counter() - started
-        after, cpu_after = _stats(r), [process_cpu_s(w) for w in workers]
+        after, cpu_after = _stats_of(servers), [process_cpu_s(w) for w in workers]
+        broker_after = _stats(broker_redis) if broker_redis is not None else None
         beam_after = _cpu(beam)
     finally:
         client.close()
+        for r in servers:
+            r.close()
         cluster.close()
+        if redis_cluster is not None:
+            redis_cluster.cleanup()
     transitions = sum(h.version - 1 for h in heads)
     calls = {
         name: after["commands"][name]["calls"] - before["commands"].get(name, {}).get("calls", 0)
@@ -138,8 +175,20 @@ def measure(runs: int, agent: str, text: str, broker: str = "") -> dict[str, Any
     if broker:
         # The whole RabbitMQ node's CPU over the window (other users of the node included).
         per_run["rabbitmq_cpu_ms"] = 1000 * (beam_after - beam_before) / runs
+    if broker_before is not None and broker_after is not None:
+        per_run["broker_messages"] = (
+            broker_after["commands"].get("lpush", {}).get("calls", 0)
+            - broker_before["commands"].get("lpush", {}).get("calls", 0)
+        ) / runs
+        per_run["broker_redis_cpu_ms"] = 1000 * (broker_after["cpu_s"] - broker_before["cpu_s"]) / runs
+    spread = [
+        round(1000 * (a - b) / runs, 3)
+        for a, b in zip(after["cpu_s_each"], before["cpu_s_each"], strict=True)
+    ]
     return {
         "broker": "rabbitmq" if broker else "redis",
+        "store": f"cluster of {masters} primaries" if masters else "redis",
+        "redis_cpu_ms_per_run_by_primary": spread,
         "agent": agent,
         "runs": runs,
         "elapsed_s": round(elapsed, 2),
@@ -161,8 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default="capacity")
     p.add_argument("--broker", default="", help="amqp://... to measure with RabbitMQ as the broker")
+    p.add_argument(
+        "--cluster",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the run state on a Redis Cluster of N primaries (1-3 here), the broker a redis-server",
+    )
     args = p.parse_args(argv)
-    result = measure(args.runs, args.agent, args.text, args.broker)
+    result = measure(args.runs, args.agent, args.text, args.broker, args.cluster)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

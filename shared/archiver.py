@@ -17,7 +17,8 @@ stops the pass with every run still in Redis. One archiver works a shard at a ti
 shard), so archivers on several hosts share the work.
 
 A run whose completion callback is still being delivered waits (its entry is moved to the back);
-everything else that ended is archived, so Redis keeps live and recently ended runs only.
+everything else that ended is archived, so Redis keeps live and recently ended runs only. Each
+pass then moves the evals that completed as long ago (``shared/evals/archiving.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from typing import Any
 from shared import protocol
 from shared.archive import Archive, RunRecord
 from shared.errors import ArchiveUnavailable
+from shared.evals.archiving import EvalArchiver
+from shared.evals.store import EvalStore
 from shared.events import load_event
 from shared.messages import MESSAGE_ADAPTER
 from shared.scripts import register_scripts, run_many
@@ -59,6 +62,10 @@ class ArchiveReport:
     mismatched: int = 0
     #: Shards another archiver was working on.
     shards_busy: int = 0
+    #: Completed evals written to the archive and removed from Redis.
+    evals_archived: int = 0
+    #: Completed evals the archive already held (a pass died after its commit): removed now.
+    evals_already_archived: int = 0
     #: Why the pass stopped early (the database failed), else "".
     error: str = ""
     seconds: float = 0.0
@@ -104,6 +111,10 @@ class Archiver:
                     self._shard(shard, cutoff_ms, report, max_runs)
                 finally:
                     self._release(shard)
+            evals = EvalStore(self.redis, self.keys, self.settings.retention_s)
+            report.evals_archived, report.evals_already_archived = EvalArchiver(evals, self.archive).run_once(
+                cutoff_ms / 1000
+            )
         except ArchiveUnavailable as exc:
             report.error = str(exc)
             log.warning("archiving stopped, the runs stay in Redis: %s", exc)

@@ -20,6 +20,7 @@ __all__ = [
     "ENV_ARCHIVE_INTERVAL",
     "ENV_ARCHIVE_RETENTION",
     "ENV_ARCHIVE_URL",
+    "ENV_BROKER_HEARTBEAT",
     "ENV_BROKER_OPTIONS",
     "ENV_CLAIM_WAIT_MS",
     "ENV_COMMIT_PUBLISH",
@@ -88,6 +89,7 @@ ENV_SUBMIT_MEMORY = "WESICHAIN_SUBMIT_MAX_MEMORY"
 ENV_COMMIT_PUBLISH = "WESICHAIN_COMMIT_PUBLISH"
 ENV_CLAIM_WAIT_MS = "WESICHAIN_CLAIM_WAIT_MS"
 ENV_BROKER_URL = "WESICHAIN_BROKER_URL"
+ENV_BROKER_HEARTBEAT = "WESICHAIN_BROKER_HEARTBEAT_S"
 ENV_ARCHIVE_URL = "WESICHAIN_ARCHIVE_URL"
 ENV_ARCHIVE_AFTER = "WESICHAIN_ARCHIVE_AFTER_S"
 ENV_ARCHIVE_BATCH = "WESICHAIN_ARCHIVE_BATCH"
@@ -175,6 +177,10 @@ class Settings:
     #: Extra options for the broker's transport (kombu's ``broker_transport_options``), JSON in
     #: ``WESICHAIN_BROKER_TRANSPORT_OPTIONS``; they win over the runtime's own.
     broker_options: dict[str, Any] = field(default_factory=dict)
+    #: RabbitMQ: the AMQP heartbeat the worker asks for (the broker may lower it; 0: none). A
+    #: connection that hears nothing from the broker for one heartbeat marks the worker deaf in
+    #: the registry; Celery gives the connection up after two.
+    broker_heartbeat_s: float = 60.0
     #: ``WESICHAIN_REDIS_CA_FILE``: PEM file of the CA(s) a ``rediss://`` server's certificate must
     #: chain to, for a private CA; None trusts the system's CAs. Store and broker both use it.
     redis_ca_file: str | None = None
@@ -298,6 +304,10 @@ class Settings:
             )
         if self.embedded:
             raise ConfigError(f"{ENV_BROKER_URL} cannot be used in the embedded mode")
+        if not 0 <= self.broker_heartbeat_s <= 3600:
+            raise ConfigError(
+                f"{ENV_BROKER_HEARTBEAT}={self.broker_heartbeat_s}: must be in 0..3600 (0: none)"
+            )
 
     def _validate_cluster(self) -> None:
         if not self.redis_cluster:
@@ -421,6 +431,7 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_COMMIT_PUBLISH, "commit_publish", _parse_switch),
     (ENV_CLAIM_WAIT_MS, "claim_wait_ms", _number(int)),
     (ENV_BROKER_URL, "broker_url", _text),
+    (ENV_BROKER_HEARTBEAT, "broker_heartbeat_s", _number(float)),
     (ENV_ARCHIVE_URL, "archive_url", _text),
     (ENV_ARCHIVE_AFTER, "archive_after_s", _number(float)),
     (ENV_ARCHIVE_BATCH, "archive_batch", _number(int)),
@@ -460,6 +471,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         transport_options = {"confirm_publish": True, "connect_timeout": 5}
         transport_options.update(settings.broker_options)
         queues = {
+            "broker_heartbeat": settings.broker_heartbeat_s,
             "task_default_queue_type": "quorum",
             "task_create_missing_queue_type": "quorum",
             "task_default_exchange_type": "topic",

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import pytest
@@ -115,6 +116,20 @@ def redis_cluster(request: pytest.FixtureRequest) -> Iterator[RedisCluster | Non
     cluster = RedisCluster().start()
     yield cluster
     cluster.cleanup()
+
+
+@contextmanager
+def own_store(redis_cluster: RedisCluster | None, appendonly: bool = False) -> Iterator[RedisServer]:
+    """A run-state Redis for one module or test: a redis-server of its own, or with ``--store
+    cluster`` the session's shared cluster (``redis_cluster``), emptied afterwards. One at a time
+    per cluster: its broker is looked up by the cluster's URL."""
+    _need_redis()
+    server = ClusterStore(redis_cluster) if redis_cluster is not None else RedisServer(appendonly=appendonly)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
 
 
 @pytest.fixture

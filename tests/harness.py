@@ -69,7 +69,9 @@ class PortTaken(RuntimeError):
 
 
 class RedisServer:
-    def __init__(self, *, appendonly: bool = False, tls: ServerTls | None = None) -> None:
+    def __init__(
+        self, *, appendonly: bool = False, tls: ServerTls | None = None, bind: str = "127.0.0.1"
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not on PATH (Debian: apt-get install redis-server)")
@@ -78,12 +80,14 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix="wesichain-redis-")
         self.appendonly = appendonly
         self.tls = tls
+        #: The address it listens on (another than loopback: reachable from simulated hosts).
+        self.bind = bind
         self.proc: subprocess.Popen[bytes] | None = None
         self._started = False
 
     @property
     def url(self) -> str:
-        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://{self.bind}:{self.port}/0"
 
     def _listen_args(self) -> list[str]:
         if self.tls is None:
@@ -111,7 +115,7 @@ class RedisServer:
             self.binary,
             *self._listen_args(),
             "--bind",
-            "127.0.0.1",
+            self.bind,
             "--save",
             "",
             "--dir",
@@ -122,8 +126,9 @@ class RedisServer:
             "always",
             "--maxmemory-policy",
             "noeviction",
+            # Off only on a simulated hosts' bridge, which nothing outside this machine reaches.
             "--protected-mode",
-            "yes",
+            "yes" if self.bind == "127.0.0.1" else "no",
             "--loglevel",
             "warning",
         ]
@@ -166,7 +171,7 @@ class RedisServer:
                 "ssl_keyfile": self.tls.client_key_file,
                 **kwargs,
             }
-        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, **kwargs)
+        return redis.Redis(host=self.bind, port=self.port, decode_responses=True, **kwargs)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -26,7 +26,7 @@ from redis.cluster import RedisCluster as ClusterClient
 
 from tests.harness import RedisServer, wait_until
 
-__all__ = ["ClusterNode", "ClusterStore", "RedisCluster"]
+__all__ = ["ClusterNode", "ClusterStore", "RedisCluster", "broker_redis"]
 
 #: How long a primary may be unreachable before the others fail it over (ms): short, so a killed
 #: primary's replica takes over within a few seconds, long enough that a loaded machine's stalls
@@ -59,7 +59,8 @@ def _bindable(port: int) -> bool:
 class ClusterNode:
     """One ``redis-server`` of the cluster."""
 
-    def __init__(self, binary: str, root: Path, *, appendonly: bool) -> None:
+    def __init__(self, binary: str, root: Path, *, appendonly: bool, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.port = free_cluster_port()
         self.dir = root / str(self.port)
         self.dir.mkdir()
@@ -69,7 +70,7 @@ class ClusterNode:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self) -> ClusterNode:
         args = [
@@ -77,9 +78,12 @@ class ClusterNode:
             "--port",
             str(self.port),
             "--bind",
-            "127.0.0.1",
+            self.host,
             "--cluster-enabled",
             "yes",
+            # Off only on a simulated hosts' bridge, which nothing outside this machine reaches.
+            "--protected-mode",
+            "yes" if self.host == "127.0.0.1" else "no",
             "--cluster-config-file",
             "nodes.conf",
             "--cluster-node-timeout",
@@ -107,7 +111,7 @@ class ClusterNode:
 
     def client(self, **kwargs: Any) -> redis.Redis:
         """A plain client of this node alone (for its INFO and CLUSTER commands)."""
-        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, **kwargs)
+        return redis.Redis(host=self.host, port=self.port, decode_responses=True, **kwargs)
 
     @property
     def alive(self) -> bool:
@@ -137,7 +141,11 @@ class ClusterNode:
 class RedisCluster:
     """``masters`` primaries with ``replicas`` replicas each, on free loopback ports."""
 
-    def __init__(self, masters: int = 3, replicas: int = 1, *, appendonly: bool = False) -> None:
+    def __init__(
+        self, masters: int = 3, replicas: int = 1, *, appendonly: bool = False, host: str = "127.0.0.1"
+    ) -> None:
+        """``host``: the address every node listens on and announces (another than loopback lets
+        clients in other network namespaces reach the cluster, as in ``benchmarks/scale.py``)."""
         binary = shutil.which("redis-server")
         if binary is None or shutil.which("redis-cli") is None:
             raise RuntimeError(
@@ -149,7 +157,8 @@ class RedisCluster:
         self.replicas = replicas
         self.root = Path(tempfile.mkdtemp(prefix="wesichain-cluster-"))
         self.nodes = [
-            ClusterNode(binary, self.root, appendonly=appendonly) for _ in range(masters * (1 + replicas))
+            ClusterNode(binary, self.root, appendonly=appendonly, host=host)
+            for _ in range(masters * (1 + replicas))
         ]
 
     @property
@@ -190,7 +199,7 @@ class RedisCluster:
         first = primaries[0]
         for node in self.nodes[1:]:
             client = node.client()
-            client.execute_command("CLUSTER MEET", "127.0.0.1", first.port)
+            client.execute_command("CLUSTER MEET", first.host, first.port)
             client.close()
         wait_until(
             lambda: self._known_to_all(), timeout=30, interval=0.1, what="every node to know every other"
@@ -361,6 +370,8 @@ class ClusterStore(RedisServer):
         return self
 
     def client(self, **kwargs: Any) -> redis.Redis:
+        if kwargs.get("db", 0) == 0:
+            kwargs.pop("db", None)  # a cluster has database 0 only, and its client takes no db
         return self.cluster.client(**kwargs)  # type: ignore[return-value]
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
@@ -376,3 +387,11 @@ class ClusterStore(RedisServer):
         drop_broker_for(self.url)
         self.broker.cleanup()
         self.cluster.flush()
+
+
+def broker_redis(server: RedisServer) -> redis.Redis:
+    """A client of the Redis that holds ``server``'s broker queues: the server itself, or the
+    standalone broker of a :class:`ClusterStore`."""
+    if isinstance(server, ClusterStore):
+        return server.broker.client()
+    return server.client()

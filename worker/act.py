@@ -48,7 +48,7 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
         raise RuntimeError(f"run {head.run_id} v{head.version} has no pending call {call_id!r}")
     what = f"tool call {call.name}:{call_id} of step {step}"
     if outcome.attempts == 1 and outcome.prior == "none":
-        rt.metrics.waited(delivery.task, time.time() - head.updated_at)
+        rt.metrics.waited(delivery.task, time.time() - head.updated_at, head.namespace)
     annotate(tenant=head.tenant, step=step, phase=Phase.ACTING.value)
     started = time.perf_counter()
     attributes = {"wesichain.step": step, "wesichain.phase": "acting", "wesichain.call_id": call_id}

@@ -9,6 +9,8 @@ cannot import its agents module, or when a ``rediss://`` server fails TLS verifi
 A task whose delivery ended the run as FAILED or INTERRUPTED raises :class:`RunEnded` after the
 commit, so a monitor such as Flower shows it as a failed task with the run's error; the message is
 acknowledged like any other (it is an expected exception of the task: no retry, no redelivery).
+With RabbitMQ as the broker, a task the run state's Redis did not answer goes back to RabbitMQ as a
+retry (see :func:`outage_retry`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+import redis
 from billiard.einfo import ExceptionWithTraceback
 from celery import Celery, Task
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
@@ -88,12 +91,14 @@ __all__ = [
     "Consumer",
     "EXIT_CONFIG",
     "MalformedTask",
+    "OUTAGE_RETRIES",
     "PHASE_OF_TASK",
     "PhaseRequest",
     "RunEnded",
     "RuntimeHolder",
     "check_agents_module",
     "create_app",
+    "outage_retry",
 ]
 
 log = logging.getLogger("wesichain.worker")
@@ -340,9 +345,9 @@ def _finish(head: RunHead | None) -> None:
         raise RunEnded(f"run {head.run_id} {head.phase.value} at step {head.step}: {detail}"[:1000])
 
 
-def _subagent_tasks(app: Celery, holder: RuntimeHolder) -> None:
+def _subagent_tasks(app: Celery, holder: RuntimeHolder, retry: dict[str, Any]) -> None:
     """The tasks that start a subagent call's child run and record its end (``worker/subagents.py``)."""
-    options = {"ignore_result": True, "shared": False}
+    options = {"ignore_result": True, "shared": False, **retry}
 
     @app.task(name=TASK_SPAWN, **options)  # type: ignore[untyped-decorator]
     def spawn(run_id: str, step: int, version: int, call_id: str, epoch: int = 0) -> None:
@@ -351,6 +356,34 @@ def _subagent_tasks(app: Celery, holder: RuntimeHolder) -> None:
     @app.task(name=TASK_CHILD_DONE, **options)  # type: ignore[untyped-decorator]
     def child_done(outcome: dict[str, Any]) -> None:
         run_child_done(holder.get(), outcome)
+
+
+#: Retries of a task through a Redis outage (RabbitMQ broker): at most 30 s apart, about 20 minutes.
+OUTAGE_RETRIES = 40
+
+
+def outage_retry(settings: Settings) -> dict[str, Any]:
+    """The task options for a Redis outage: what a task does when the run state's Redis fails it.
+
+    On the Redis broker, nothing: the message is acknowledged as failed, and the sweeper, which
+    sees it gone from the broker, hands the phase on one queued lease later (an outage of the
+    broker itself stops the deliveries anyway). On RabbitMQ, deliveries go on while Redis is down:
+    acknowledged as failed, every one of them would be lost, and the sweeper, which cannot look
+    into RabbitMQ's queues, would publish it again only after its longest wait (about 22 minutes
+    with the defaults). So the task goes back to RabbitMQ instead, as a retry on a backoff of up to
+    30 s that RabbitMQ's delayed delivery holds (not a worker), until Redis answers; a delivery that
+    finds the work done or held by then is dropped by its claim like any duplicate. Past
+    :data:`OUTAGE_RETRIES` the sweeper is the last resort again.
+    """
+    if not settings.broker_url:
+        return {}
+    return {
+        "autoretry_for": (redis.RedisError,),
+        "retry_backoff": 1,
+        "retry_backoff_max": 30,
+        "retry_jitter": True,
+        "retry_kwargs": {"max_retries": OUTAGE_RETRIES},
+    }
 
 
 def create_app(settings: Settings) -> Celery:
@@ -375,6 +408,7 @@ def create_app(settings: Settings) -> Celery:
         "shared": False,
         "Request": PhaseRequest,
         "throws": (RunEnded, MalformedTask),
+        **outage_retry(settings),
     }
 
     @app.task(name=TASK_START, **options)  # type: ignore[untyped-decorator]
@@ -405,14 +439,14 @@ def create_app(settings: Settings) -> Celery:
     def callback(self: Task, run_id: str, step: int, version: int, phase: str, epoch: int = 0) -> None:
         run_callback(holder.get(), _delivery(self, run_id, version, epoch), step, phase)
 
-    _subagent_tasks(app, holder)
+    _subagent_tasks(app, holder, outage_retry(settings))
 
     @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep() -> int:
         sweeper = Sweeper(holder.get(), holder.probe(), holder.evals, holder.pipelines)
         return sweeper.sweep_once_and_release()
 
-    eval_options = {"ignore_result": True, "shared": False}
+    eval_options = {"ignore_result": True, "shared": False, **outage_retry(settings)}
 
     @app.task(name=TASK_EVAL_PUMP, **eval_options)  # type: ignore[untyped-decorator]
     def eval_pump(eval_id: str) -> int:
@@ -422,7 +456,7 @@ def create_app(settings: Settings) -> Celery:
     def eval_score(ended: dict[str, Any]) -> None:
         holder.evals().score(ended)
 
-    _pipeline_tasks(app, holder)
+    _pipeline_tasks(app, holder, outage_retry(settings))
 
     @app.task(name=TASK_ARCHIVE, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def archive() -> int:
@@ -434,9 +468,9 @@ def create_app(settings: Settings) -> Celery:
     return app
 
 
-def _pipeline_tasks(app: Celery, holder: RuntimeHolder) -> None:
+def _pipeline_tasks(app: Celery, holder: RuntimeHolder, retry: dict[str, Any]) -> None:
     """The tasks that drive pipeline runs (``worker/pipelines.py``)."""
-    options = {"ignore_result": True, "shared": False}
+    options = {"ignore_result": True, "shared": False, **retry}
 
     @app.task(name=TASK_PIPELINE_ADVANCE, **options)  # type: ignore[untyped-decorator]
     def pipeline_advance(pipeline_id: str, from_seq: int) -> None:

@@ -22,6 +22,7 @@ import tempfile
 import threading
 from typing import Any
 
+from shared.queues import queue_in
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS
 from shared.state import Phase, RunHead
 
@@ -84,8 +85,10 @@ def cleanup_multiprocess() -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def queue_of(task: str) -> str:
-    """The queue a phase task travels on (as the Celery routes say)."""
+def queue_of(task: str, namespace: str | None = None) -> str:
+    """The queue a phase task travels on: as the Celery routes say, or in the run's namespace."""
+    if namespace is not None:
+        return queue_in(namespace, "tools" if task == "wesichain.tool" else "model")
     return QUEUE_TOOLS if task == "wesichain.tool" else QUEUE_MODEL
 
 
@@ -136,6 +139,8 @@ class Metrics:
         self._models = BoundedLabel()
         self._tools = BoundedLabel()
         self._agents = BoundedLabel()
+        #: Queue names include the runs' namespaces, which producers choose.
+        self._queues = BoundedLabel()
         self.runs_started = Counter("wesichain_runs_started", "Runs that began thinking", ["agent"])
         self.runs_ended = Counter(
             "wesichain_runs_ended",
@@ -216,8 +221,9 @@ class Metrics:
     def phase_done(self, phase: Phase, seconds: float) -> None:
         self.phase_seconds.labels(phase.value).observe(max(0.0, seconds))
 
-    def waited(self, task: str, seconds: float) -> None:
-        self.queue_wait.labels(queue_of(task)).observe(max(0.0, seconds))
+    def waited(self, task: str, seconds: float, namespace: str | None = None) -> None:
+        """A phase task waited ``seconds`` in its queue (its run's namespace's, if it has one)."""
+        self.queue_wait.labels(self._queues(queue_of(task, namespace))).observe(max(0.0, seconds))
 
     def duplicate(self, task: str, reason: str) -> None:
         self.duplicates.labels(task, reason).inc()

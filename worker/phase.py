@@ -66,7 +66,7 @@ def run_phase(
     current = fsm.view_as(outcome.head, view)
     claim = outcome.ref
     if outcome.attempts == 1 and outcome.prior == "none":
-        rt.metrics.waited(delivery.task, time.time() - outcome.head.updated_at)
+        rt.metrics.waited(delivery.task, time.time() - outcome.head.updated_at, outcome.head.namespace)
     limit = rt.settings.max_phase_attempts
     if outcome.attempts > limit:
         error = poison_error(what, want.phase, want.step, outcome.attempts, limit, outcome.last_error)

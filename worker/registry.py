@@ -8,6 +8,14 @@ times, answered by the broker within ``brpop_timeout`` (a second) and sent again
 that wants messages (a pool slot is free) and has not sent one for several seconds is deaf, and
 its record says so, so ``wesichain health`` fails and a deployment restarts it. A worker whose
 every slot is busy asks for nothing, and is healthy.
+
+RabbitMQ pushes messages to a consumer instead, so a RabbitMQ consumer proves three things: its
+channel is open, a consumer of it is registered on every queue it serves (one the broker cancelled
+is gone from the channel), and the broker's frames reach it. A connection with heartbeats
+(``WESICHAIN_BROKER_HEARTBEAT_S``) carries a frame from RabbitMQ at least every half heartbeat, so a
+connection silent for a whole heartbeat has lost its way from the broker (a half-open TCP
+connection, a stalled proxy or NAT): deaf, a heartbeat before Celery itself gives the connection
+up (after two) and well before TCP would.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import threading
 import time
 from typing import Any
 
+import amqp
 import redis
 from celery.worker import state as worker_state
 
@@ -43,13 +52,18 @@ class ConsumerWatch:
     * the worker's event loop, which both polls the broker and collects the pool's results, has
       not turned for :data:`DEAF_AFTER_S` (blocked on a dead connection) while no task runs in it;
     * it could take a message and has not asked the broker for one for as long;
-    * it believes every slot is taken while no task runs at all, for as long.
+    * it believes every slot is taken while no task runs at all, for as long;
+
+    and on RabbitMQ, a closed consumer channel, a queue without a registered consumer, and a
+    connection silent for a whole heartbeat (:meth:`_amqp`).
     """
 
     def __init__(self, consumer: Any) -> None:
         self.consumer = consumer
         self._stuck_since: float | None = None
         self._last_tick: float | None = None
+        #: The AMQP connection last looked at, its frame count then and when that count last moved.
+        self._frames: tuple[int, int, float] | None = None
         hub = getattr(consumer, "hub", None)
         if hub is not None:
             hub.on_tick.add(self._tick)
@@ -69,6 +83,9 @@ class ConsumerWatch:
         if connection is None or not getattr(connection, "connected", False):
             self._stuck_since = None
             return False, "not connected to the broker (reconnecting)"
+        raw = getattr(connection, "_connection", None)
+        if isinstance(raw, amqp.Connection):
+            return self._amqp(raw, now)
         cycle = getattr(connection.transport, "cycle", None)
         channels = getattr(cycle, "_channels", None)
         if channels is None:
@@ -85,6 +102,40 @@ class ConsumerWatch:
                 return False, f"deaf: it has not asked the broker for a message for {now - sent:.0f}s"
         self._stuck_since = None
         return True, "consuming"
+
+    def _amqp(self, connection: amqp.Connection, now: float) -> tuple[bool, str]:
+        """A RabbitMQ consumer: its channel open, its consumers registered, the broker heard from."""
+        self._stuck_since = None
+        tasks = getattr(self.consumer, "task_consumer", None)
+        queues = [q.name for q in getattr(tasks, "queues", None) or []]
+        if tasks is None or not queues:
+            return False, "not consuming any queue"
+        channel = getattr(tasks, "channel", None)
+        if channel is None or not getattr(channel, "is_open", False):
+            return False, "deaf: its consumer channel to the broker is closed"
+        tags = dict(getattr(tasks, "_active_tags", {}))
+        registered = set(getattr(channel, "callbacks", {}))
+        cancelled = sorted(q for q in queues if tags.get(q) not in registered)
+        if cancelled:
+            return False, f"deaf: it has no consumer registered on {', '.join(cancelled)}"
+        silent = self._silent_for(connection, now)
+        if silent is not None:
+            return (
+                False,
+                f"deaf: nothing from the broker for {silent:.0f}s (heartbeat {connection.heartbeat}s)",
+            )
+        return True, "consuming"
+
+    def _silent_for(self, connection: amqp.Connection, now: float) -> float | None:
+        """How long a connection with heartbeats has heard nothing from the broker, past one
+        heartbeat (None: it heard from it within one, or it has no heartbeats to go by)."""
+        frames = int(connection.bytes_recv)
+        if self._frames is None or self._frames[0] != id(connection) or self._frames[1] != frames:
+            self._frames = (id(connection), frames, now)
+            return None
+        silent = now - self._frames[2]
+        heartbeat = float(connection.heartbeat or 0)
+        return silent if heartbeat and silent > heartbeat else None
 
     def _full(self, now: float) -> tuple[bool, str]:
         """Every slot is taken: by running tasks (saturated), or by deliveries nothing runs (deaf)."""

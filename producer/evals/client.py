@@ -58,7 +58,9 @@ class EvalClient:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self.store = EvalStore(client.store.redis, client.store.keys, client.settings.retention_s)
+        self.store = EvalStore(
+            client.store.redis, client.store.keys, client.settings.retention_s, archive=client.store.archive
+        )
 
     def submit_file(
         self,

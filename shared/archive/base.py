@@ -10,12 +10,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from shared.archive.record import Deletion, RunRecord, RunSummary
+from shared.archive.record import Deletion, EvalHead, EvalRecord, RunRecord, RunSummary
 from shared.events import Event
 from shared.messages import Message
 from shared.state import RunHead, ToolResult
 
-__all__ = ["Archive", "ListingFilter"]
+__all__ = ["Archive", "EvalArchive", "ListingFilter"]
 
 
 class ListingFilter:
@@ -39,7 +39,34 @@ class ListingFilter:
         self.since_ms = since_ms
 
 
-class Archive(ABC):
+class EvalArchive(ABC):
+    """Completed evals in the database: written by the archiver, read by the eval store."""
+
+    @abstractmethod
+    def put_eval(self, record: EvalRecord) -> bool:
+        """Write one eval in one transaction; False if the archive holds it already."""
+
+    @abstractmethod
+    def eval_summary(self, eval_id: str) -> tuple[int, int] | None:
+        """(cases, results) the archive holds of an eval (None: not archived)."""
+
+    @abstractmethod
+    def eval_head(self, eval_id: str) -> EvalHead | None: ...
+
+    @abstractmethod
+    def eval_cases(self, eval_id: str) -> dict[int, str]:
+        """Case index -> the case's JSON."""
+
+    @abstractmethod
+    def eval_results(self, eval_id: str) -> dict[str, str]:
+        """Item -> the result row's JSON."""
+
+    @abstractmethod
+    def list_evals(self, limit: int) -> list[tuple[float, str]]:
+        """``(created_at, eval id)`` of the newest archived evals, newest first."""
+
+
+class Archive(EvalArchive):
     """Finished runs in a database: written in batches by the archiver, read by the store."""
 
     #: ``postgresql`` or ``sqlite``.

@@ -8,7 +8,7 @@ from shared.events import Event
 from shared.messages import Message
 from shared.state import RunHead, ToolResult
 
-__all__ = ["Deletion", "RunRecord", "RunSummary"]
+__all__ = ["Deletion", "EvalHead", "EvalRecord", "RunRecord", "RunSummary"]
 
 
 @dataclass(frozen=True)
@@ -67,3 +67,33 @@ class Deletion:
     deleted_at: float
     #: ``retention: N days`` or what the operator gave.
     reason: str
+
+
+@dataclass(frozen=True)
+class EvalHead:
+    """An archived eval without its cases and results: its meta and counters as Redis held them
+    (field -> value), and how many result rows it has."""
+
+    eval_id: str
+    meta: dict[str, str]
+    counts: dict[str, int]
+    results: int
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    """A completed eval, whole, as Redis held it: what the archive keeps of it."""
+
+    eval_id: str
+    meta: dict[str, str]
+    counts: dict[str, int]
+    #: Case index -> the case as JSON.
+    cases: dict[int, str]
+    #: Item (``variant:case:repeat``) -> its result row as JSON.
+    results: dict[str, str]
+    created_at: float
+    finished_at: float
+
+    def summary(self) -> tuple[int, int]:
+        """(cases, results): what the archiver compares after writing, before deleting."""
+        return len(self.cases), len(self.results)

@@ -5,8 +5,8 @@ Each migration is applied once, in order, in its own transaction, and recorded i
 than this code knows is refused (an older release must not write to a newer schema).
 
 JSON columns hold pydantic models' JSON (``jsonb`` in PostgreSQL, text in SQLite); every value
-is validated by its model on the way in and on the way out. Evaluation results get their own table
-in a later migration appended here, keyed by run id like the others.
+is validated by its model on the way in and on the way out. Ended evals (their spec, counters,
+cases and result rows) have tables of their own, keyed by eval id.
 """
 
 from __future__ import annotations
@@ -90,8 +90,36 @@ CREATE INDEX wesichain_deletions_by_tenant ON wesichain_deletions (tenant, delet
 CREATE INDEX wesichain_deletions_by_run ON wesichain_deletions (run_id)
 """
 
+# A completed eval moved out of Redis: its meta hash and counters as JSON objects of their fields,
+# each case and each result row (``variant:case:repeat``) as the JSON Redis held.
+_V3 = """
+CREATE TABLE wesichain_evals (
+    eval_id TEXT PRIMARY KEY,
+    created_at {float} NOT NULL,
+    finished_at {float} NOT NULL,
+    archived_at {float} NOT NULL,
+    meta {json} NOT NULL,
+    counts {json} NOT NULL,
+    cases INTEGER NOT NULL,
+    results INTEGER NOT NULL
+);
+CREATE INDEX wesichain_evals_by_creation ON wesichain_evals (created_at, eval_id);
+CREATE TABLE wesichain_eval_cases (
+    eval_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    body {json} NOT NULL,
+    PRIMARY KEY (eval_id, idx)
+);
+CREATE TABLE wesichain_eval_results (
+    eval_id TEXT NOT NULL,
+    item TEXT NOT NULL,
+    body {json} NOT NULL,
+    PRIMARY KEY (eval_id, item)
+)
+"""
+
 #: Migration n (1-based) is ``MIGRATIONS[n - 1]``: statements separated by ``;``.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 
 
 def migration(number: int, json_type: str, float_type: str) -> list[str]:

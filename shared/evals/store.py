@@ -5,6 +5,10 @@ id (:func:`run_id_of`), so a run is never created twice for one item, whoever tr
 ``pending`` -> ``slots`` (leased while its run is created, then held until its result is recorded)
 -> ``results``, each move one script, so the cap (the slots) holds across the whole pool and a
 result is recorded once.
+
+A completed eval may have been moved to the archive (``shared/evals/archiving.py``): with one, the
+reads answer from it what Redis no longer holds, so a caller cannot tell where an eval was read
+from, and an archived eval's id is not created again.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 
 import redis
 
+from shared.archive.base import EvalArchive
+from shared.archive.record import EvalHead
 from shared.evals.dataset import Case
 from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult
@@ -45,7 +51,7 @@ BOUND = 1e15
 STOPPED = ("cancelled", "budget_exhausted")
 #: The field of an eval's counts that counts its scorings deferred for a judge's provider capacity.
 JUDGE_WAITS = "judge_waits"
-_SCRIPTS = ("eval_create", "eval_acquire", "eval_claim", "eval_record", "eval_status")
+_SCRIPTS = ("eval_create", "eval_acquire", "eval_claim", "eval_record", "eval_status", "eval_drop")
 
 
 @dataclass(frozen=True)
@@ -110,17 +116,46 @@ class Acquired:
 class EvalStore:
     """Reads and writes evals in Redis (the same client and keys as the run store)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, retention_s: float = 7 * 24 * 3600) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        retention_s: float = 7 * 24 * 3600,
+        archive: EvalArchive | None = None,
+    ) -> None:
         self.redis = client
         self.keys = keys
         #: How long a completed eval's keys are kept.
         self.retention_s = retention_s
+        #: Where completed evals go after Redis (None: nowhere; they expire after the retention).
+        self.archive = archive
         self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
+        #: Heads of archived evals read so far (an archived eval never changes).
+        self._archived: dict[str, EvalHead] = {}
+
+    def _from_archive(self, eval_id: str) -> EvalHead | None:
+        """The archived eval, when Redis no longer holds it (None: in Redis, or archived nowhere)."""
+        if self.archive is None:
+            return None
+        head = self._archived.get(eval_id)
+        if head is None:
+            if self.redis.exists(self.keys.eval_meta(eval_id)):
+                return None
+            head = self.archive.eval_head(eval_id)
+            if head is None:
+                return None
+            if len(self._archived) >= 64:
+                self._archived.clear()
+            self._archived[eval_id] = head
+        return head
 
     # -- creating --------------------------------------------------------------------------------
 
     def create(self, eval_id: str, spec: EvalSpec, cases: list[Case], dataset: str) -> bool:
-        """Store a new eval (running); False if an eval with this id exists already."""
+        """Store a new eval (running); False if an eval with this id exists already (in Redis or,
+        completed, in the archive)."""
+        if self._from_archive(eval_id) is not None:
+            return False
         items = [
             str(Item(v, c, r))
             for r in range(spec.repeats)
@@ -161,9 +196,10 @@ class EvalStore:
 
     def meta(self, eval_id: str) -> EvalMeta:
         raw = self.redis.hgetall(self.keys.eval_meta(eval_id))
-        if not raw:
+        archived = self._from_archive(eval_id) if not raw else None
+        if not raw and archived is None:
             raise EvalNotFound(f"no eval {eval_id!r}")
-        fields = {_text(k): _text(v) for k, v in raw.items()}
+        fields = archived.meta if archived is not None else {_text(k): _text(v) for k, v in raw.items()}
         return EvalMeta(
             eval_id=eval_id,
             spec=EvalSpec.model_validate_json(fields["spec"]),
@@ -177,16 +213,22 @@ class EvalStore:
 
     def case(self, eval_id: str, index: int) -> Case:
         raw = self.redis.hget(self.keys.eval_cases(eval_id), str(index))
+        if raw is None and self.archive is not None and self._from_archive(eval_id) is not None:
+            raw = self.archive.eval_cases(eval_id).get(index)
         if raw is None:
             raise EvalNotFound(f"eval {eval_id!r} has no case {index}")
         return Case.model_validate_json(raw)
 
     def cases(self, eval_id: str) -> dict[int, Case]:
-        raw = self.redis.hgetall(self.keys.eval_cases(eval_id))
-        return {int(_text(k)): Case.model_validate_json(v) for k, v in raw.items()}
+        raw = {int(_text(k)): v for k, v in self.redis.hgetall(self.keys.eval_cases(eval_id)).items()}
+        if not raw and self.archive is not None and self._from_archive(eval_id) is not None:
+            raw = dict(self.archive.eval_cases(eval_id))
+        return {index: Case.model_validate_json(v) for index, v in raw.items()}
 
     def counts(self, eval_id: str, variants: int) -> list[VariantCounts]:
         raw = {_text(k): int(v) for k, v in self.redis.hgetall(self.keys.eval_counts(eval_id)).items()}
+        if not raw and (archived := self._from_archive(eval_id)) is not None:
+            raw = archived.counts
         return [
             VariantCounts(
                 done=raw.get(f"v{i}:done", 0),
@@ -227,20 +269,36 @@ class EvalStore:
 
     def result(self, eval_id: str, item: Item) -> CaseResult | None:
         raw = self.redis.hget(self.keys.eval_results(eval_id), str(item))
+        if raw is None and self.archive is not None and self._from_archive(eval_id) is not None:
+            raw = self.archive.eval_results(eval_id).get(str(item))
         return CaseResult.model_validate_json(raw) if raw is not None else None
 
     def results(self, eval_id: str) -> Iterator[CaseResult]:
+        if self.archive is not None and self._from_archive(eval_id) is not None:
+            for raw in self.archive.eval_results(eval_id).values():
+                yield CaseResult.model_validate_json(raw)
+            return
         for _, raw in self.redis.hscan_iter(self.keys.eval_results(eval_id), count=500):
             yield CaseResult.model_validate_json(raw)
 
     def recorded(self, eval_id: str) -> int:
-        return int(self.redis.hlen(self.keys.eval_results(eval_id)))
+        recorded = int(self.redis.hlen(self.keys.eval_results(eval_id)))
+        if recorded == 0 and (archived := self._from_archive(eval_id)) is not None:
+            return archived.results
+        return recorded
 
     def active(self) -> list[str]:
         return sorted(_text(m) for m in self.redis.smembers(self.keys.evals_active()))
 
     def list_evals(self, limit: int = 50) -> list[str]:
-        return [_text(m) for m in self.redis.zrevrange(self.keys.evals_index(), 0, limit - 1)]
+        """The newest evals, newest first: Redis's and, merged in by creation time, the archive's."""
+        raw: Any = self.redis.zrevrange(self.keys.evals_index(), 0, limit - 1, withscores=True)
+        entries = {_text(m): float(score) / 1000 for m, score in raw}
+        if self.archive is not None:
+            for created_at, eval_id in self.archive.list_evals(limit):
+                entries.setdefault(eval_id, created_at)
+        newest = sorted(entries.items(), key=lambda e: (e[1], e[0]), reverse=True)
+        return [eval_id for eval_id, _ in newest[:limit]]
 
     def trim_index(self) -> int:
         """Forget evals created longer ago than the retention (their keys expired since)."""
@@ -290,7 +348,10 @@ class EvalStore:
 
     def judge_waits(self, eval_id: str) -> int:
         """How many times a scoring of this eval waited for its judge's provider capacity."""
-        return int(self.redis.hget(self.keys.eval_counts(eval_id), JUDGE_WAITS) or 0)
+        raw = self.redis.hget(self.keys.eval_counts(eval_id), JUDGE_WAITS)
+        if raw is None and (archived := self._from_archive(eval_id)) is not None:
+            return archived.counts.get(JUDGE_WAITS, 0)
+        return int(raw or 0)
 
     def record(self, eval_id: str, item: Item, result: CaseResult) -> bool:
         """Record the item's result once and give its slot back; False if it was recorded already."""
@@ -320,6 +381,26 @@ class EvalStore:
                 int(self.retention_s * 1000),
             ],
         )
+        return int(reply) == 1
+
+    def drop(self, eval_id: str) -> bool:
+        """Delete an archived eval's keys if it is still completed; False if it changed meanwhile."""
+        k = self.keys
+        reply = self._scripts["eval_drop"](
+            keys=[
+                k.eval_meta(eval_id),
+                k.eval_cases(eval_id),
+                k.eval_pending(eval_id),
+                k.eval_slots(eval_id),
+                k.eval_scoring(eval_id),
+                k.eval_results(eval_id),
+                k.eval_counts(eval_id),
+                k.evals_index(),
+                k.evals_active(),
+            ],
+            args=[eval_id],
+        )
+        self._archived.pop(eval_id, None)
         return int(reply) == 1
 
     def set_status(self, eval_id: str, status: str, allowed: tuple[str, ...]) -> str:

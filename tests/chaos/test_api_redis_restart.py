@@ -27,7 +27,7 @@ from tests.chaos.support import RUN_TIMEOUT_S, Cluster, idem, wait_tool_started
 from tests.chaos.test_redis_restart import outage
 from tests.harness import RedisServer, wait_until
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.standalone_redis]  # stops and restarts the one Redis
 
 FOLLOWERS = 3
 

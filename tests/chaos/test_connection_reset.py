@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 import redis
 
 from producer.cli import main
 from producer.client import Client
+from shared.settings import ENV_BROKER_HEARTBEAT, ENV_BROKER_URL
 from shared.state import Phase
+from tests.broker import Settings, broker_for, on_rabbitmq, rabbitmq_available, vhost
 from tests.chaos.support import (
     RECOVERY_BOUND_S,
     RUN_TIMEOUT_S,
@@ -31,8 +35,9 @@ from tests.chaos.support import (
     starts,
     wait_tool_started,
 )
-from tests.harness import WorkerProcess, wait_until
+from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.invariants import ONE_HOP
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.chaos
 
@@ -96,6 +101,7 @@ def consuming(client: Client, worker: WorkerProcess) -> bool:
     return record is not None and record.consuming
 
 
+@pytest.mark.redis_broker  # deaf through redis-py's reconnect under kombu's BRPOP
 def test_a_deaf_worker_does_not_look_healthy(cluster: Cluster, client: Client) -> None:
     """Configured as before the fix (redis-py's retry_on_timeout on the broker connection), a busy
     worker goes deaf after the reset: it stays up and never takes a message again. Its liveness
@@ -117,3 +123,55 @@ def test_a_deaf_worker_does_not_look_healthy(cluster: Cluster, client: Client) -
     assert state.startswith("deaf: "), state
     assert worker.alive, "the worker is up: only its liveness can tell it is deaf"
     assert main(["health", "--worker", f"{worker.name}@test", "--redis", cluster.server.url]) == 1
+
+
+@pytest.fixture
+def rabbitmq(server: RedisServer) -> Iterator[str]:
+    """The RabbitMQ virtual host of the test: the session's for its Redis, or one of its own."""
+    if on_rabbitmq():
+        yield broker_for(server.url)
+        return
+    if not rabbitmq_available():
+        pytest.skip("no RabbitMQ reachable with rabbitmqctl")
+    with vhost() as url:
+        yield url
+
+
+def test_a_deaf_rabbitmq_consumer_does_not_look_healthy(cluster: Cluster, rabbitmq: str) -> None:
+    """The way between RabbitMQ and a worker stalls (a stalled NAT or proxy, a half-open
+    connection): connected, channel open, consumers registered, and nothing passes. Its record must
+    say it is deaf, so that a deployment's probe restarts it: the broker has been silent for a
+    heartbeat, or (what comes first) the event loop is stuck in a round trip to the broker (Celery
+    publishes its worker heartbeat event with a confirm, retrying without end). Once the way is
+    back, it consumes again by itself."""
+    broker = urlsplit(rabbitmq)
+    proxy = TcpProxy((broker.hostname or "127.0.0.1", broker.port or 5672))
+    proxied = broker._replace(netloc=f"{broker.username}:{broker.password}@127.0.0.1:{proxy.port}").geturl()
+    env = {ENV_BROKER_URL: proxied, ENV_BROKER_HEARTBEAT: "10"}
+    client = Client(
+        Settings(redis_url=cluster.server.url, agents_module="tests.agents_fixture", broker_url=rabbitmq)
+    )
+    try:
+        (worker,) = cluster.start(1, concurrency=2, env=env)
+        assert client.submit("one_hop", "go").wait(RUN_TIMEOUT_S).phase is Phase.COMPLETED
+        wait_until(lambda: consuming(client, worker), 30, what="the worker's record to say it consumes")
+
+        proxy.freeze()
+        state = wait_until(lambda: not_consuming(client, worker), 60, interval=0.5, what="a deaf record")
+        assert state.startswith("deaf: "), state
+        assert worker.alive, "the worker is up: only its liveness can tell it is deaf"
+        assert main(["health", "--worker", f"{worker.name}@test", "--redis", cluster.server.url]) == 1
+
+        proxy.thaw()
+        wait_until(lambda: consuming(client, worker), 90, what="the worker to consume again")
+        assert client.submit("one_hop", "go").wait(RUN_TIMEOUT_S).phase is Phase.COMPLETED
+        assert worker.alive
+    finally:
+        proxy.close()
+        client.close()
+
+
+def not_consuming(client: Client, worker: WorkerProcess) -> str | None:
+    records = {w.record.id: w.record for w in client.workers.live()}
+    record = records.get(f"{worker.name}@test")
+    return record.consumer_state if record is not None and not record.consuming else None

@@ -5,7 +5,7 @@ eval is under way; then the whole pool (every worker's process group) is SIGKILL
 twice. The eval still completes with one run and one result per case, and the cap was never
 exceeded (sampled from Redis throughout). Model calls are counted per case by the scripted model:
 a case's model is asked once, or twice only when its think was cut by a kill and handed on (the
-run's epoch says so): model calls are at least once, case runs exactly once.
+think's claim says so): model calls are at least once, case runs exactly once.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from producer.client import Client
 from producer.evals.client import EvalClient
 from shared.evals.scoring import EVAL_ITEM
 from shared.evals.store import Item, run_id_of
-from shared.state import RunHead
+from shared.state import Phase, RunHead
 from tests.agents_evals import CALLS_KEY
-from tests.broker import Settings
+from tests.broker import Settings, on_rabbitmq
 from tests.chaos.support import CHAOS_ENV
 from tests.eval_scorers import SCORED_KEY
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
@@ -142,14 +142,19 @@ def test_an_eval_finishes_once_through_two_pool_kills_and_a_dead_submitter(
     # One run per case: every run on this server is a case run, named by its work item.
     runs = Counter(h.metadata.get(EVAL_ITEM) for h in _all_runs(evals))
     assert runs == Counter({str(Item(0, c, 0)): 1 for c in range(CASES)})
-    # Model calls: once, or twice where a kill cut the think and the sweeper handed it on.
+    # Model calls: once, or twice where a kill cut the think and it was handed on: the think that
+    # ended the run was the second claim of its version. On the Redis broker only the sweeper hands
+    # a cut think on (a new epoch); RabbitMQ gives the dead worker's message back at once, and its
+    # redelivery claims the think again once the dead claim's lease ran out (same epoch).
     r = server.client()
     calls = {str(k).split("|", 1)[1]: int(v) for k, v in r.hgetall(CALLS_KEY).items()}
     assert set(calls) == {f"slow double {m}" for m in range(1, CASES + 1)}
     for m in range(1, CASES + 1):
         if calls[f"slow double {m}"] != 1:
             head = evals.client.store.load(run_id_of(eval_id, Item(0, m - 1, 0)))
-            assert head is not None and calls[f"slow double {m}"] == 2 and head.epoch >= 1, m
+            assert head is not None and head.ran is not None and calls[f"slow double {m}"] == 2, m
+            assert (head.ran.phase, head.ran.attempt) == (Phase.THINKING, 2), (m, head.ran)
+            assert on_rabbitmq() or head.epoch >= 1, (m, head.epoch)
     # Scored once each, but where a kill cut a scoring (its result was never recorded).
     scored = {str(k): int(v) for k, v in r.hgetall(SCORED_KEY).items()}
     assert set(scored) == {f"k{m}" for m in range(1, CASES + 1)} and max(scored.values()) <= 2

@@ -16,7 +16,9 @@ from shared.keys import Keys
 from shared.pipeline.store import child_run_id
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer
+from tests.conftest import own_store
 from tests.harness import RedisServer, WorkerProcess
+from tests.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.integration
 
@@ -24,10 +26,9 @@ AGENTS = "tests.agents_pipelines"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = RedisServer().start()
-    yield s
-    s.cleanup()
+def server(redis_cluster: RedisCluster | None) -> Iterator[RedisServer]:
+    with own_store(redis_cluster) as s:  # the shared cluster with --store cluster
+        yield s
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import pytest
 
 from producer.cli import main
 from producer.client import Client, RequestConflict, RunHandle, RunNotFound
+from producer.evals.client import EvalClient
 from shared import fsm
 from shared.archive import RunRecord, open_archive
 from shared.archive.retention import ArchivePruner
@@ -35,6 +36,7 @@ from tests.archive_support import BACKENDS, FullRead, archive_url, full_read
 from tests.broker import Settings, broker_env
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.unit.test_archive_sql import sample_record
+from tests.unit.test_eval_archive import eval_keys
 from tests.unit.test_store import commit
 
 pytestmark = pytest.mark.integration
@@ -429,3 +431,41 @@ def test_a_run_whose_callback_is_still_being_delivered_waits(client: Client) -> 
     assert Archiver(store).run_once(after_s=0).archived == 1
     assert store.redis.exists(run_key) == 0
     assert client.handle(head.run_id).status().answer == "done"
+
+
+def test_a_completed_eval_moves_to_the_archive_and_reads_back_unchanged(
+    pool: Pool,
+    client: Client,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "cases.jsonl").write_text(
+        "".join(json.dumps({"id": f"c{i}", "input": f"hi {i}", "expected": "42"}) + "\n" for i in range(4))
+    )
+    (tmp_path / "eval.toml").write_text(
+        'name = "archived"\ndataset = "cases.jsonl"\n[[variants]]\nagent = "direct"\n'
+        '[[scorers]]\nkind = "contains"\n'
+    )
+    evals = EvalClient(client)
+    eval_id, _ = evals.submit_file(tmp_path / "eval.toml", eval_id=f"archived-{uuid.uuid4().hex[:8]}")
+    done = evals.wait(eval_id, timeout=TIMEOUT)
+    assert done.meta.status == "completed" and done.counts[0].passed == 4
+    rows = sorted(evals.results(eval_id), key=lambda r: r.item)
+    report = Archiver(client.store).run_once(after_s=0)
+    assert (report.evals_archived, report.evals_already_archived, report.error) == (1, 0, "")
+    r, keys = client.store.redis, client.store.keys
+    assert eval_keys(evals.store, eval_id) == 0 and r.zscore(keys.evals_index(), eval_id) is None
+    # Read back through the archive: the same progress, results, cases; listed; not created again.
+    again = EvalClient(client)
+    assert again.progress(eval_id) == done
+    assert sorted(again.results(eval_id), key=lambda r: r.item) == rows
+    assert again.store.case(eval_id, 3).input == "hi 3" and eval_id in again.store.list_evals()
+    assert again.submit_file(tmp_path / "eval.toml", eval_id=eval_id) == (eval_id, False)
+    # And by the CLI, which reads the archive its settings name.
+    monkeypatch.setenv("WESICHAIN_REDIS_URL", pool.server.url)
+    monkeypatch.setenv("WESICHAIN_ARCHIVE_URL", pool.url)
+    capsys.readouterr()
+    assert main(["eval", "results", eval_id, "--format", "jsonl"]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(r["run_id"] for r in listed) == [r.run_id for r in rows]

@@ -23,8 +23,10 @@ from producer.evals.client import EvalClient
 from shared.evals.errors import EvalSpecError
 from shared.evals.store import Item, run_id_of
 from tests.agents_evals import CALLS_KEY
-from tests.broker import Settings
+from tests.broker import Settings, broker_env
+from tests.conftest import own_store
 from tests.harness import ROOT, RedisServer, WorkerProcess, running, wait_until
+from tests.redis_cluster import RedisCluster, broker_redis
 
 pytestmark = pytest.mark.integration
 
@@ -33,10 +35,9 @@ EVAL_QUEUE = "evals-test"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = RedisServer().start()
-    yield s
-    s.cleanup()
+def server(redis_cluster: RedisCluster | None) -> Iterator[RedisServer]:
+    with own_store(redis_cluster) as s:  # the shared cluster with --store cluster
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +264,7 @@ def test_a_token_budget_stops_starting_case_runs(evals: EvalClient, tmp_path: Pa
 
 
 def cli(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_AGENTS": AGENTS}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_AGENTS": AGENTS, **broker_env(server.url)}
     return subprocess.run(
         [sys.executable, "-m", "producer.cli", "eval", *args, "--redis", server.url],
         capture_output=True,
@@ -348,7 +349,7 @@ def test_an_eval_in_a_queue_namespace_runs_only_on_the_workers_consuming_that_na
     cases = [{"id": f"n{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 9)]
     spec = write_eval(tmp_path, cases, name="spaced", top={"concurrency": 3})
     eval_id, _ = evals.submit_file(spec, namespace=NAMESPACE)
-    r: redis.Redis = server.client()
+    r: redis.Redis = broker_redis(server)
     # Its pump waits in the namespace's model queue, which no worker of the pool consumes.
     wait_until(lambda: r.llen(f"{NAMESPACE}.model") >= 1, timeout=30, what="its pump queued")
     progress = evals.progress(eval_id)

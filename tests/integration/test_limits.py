@@ -25,8 +25,10 @@ from shared.limits import Denied, Grant, ProviderLimit, RateLimiter
 from shared.state import Phase
 from shared.store import RunStore
 from tests.broker import Settings
+from tests.conftest import own_store
 from tests.fakeproviders import FakeProvider, FakeToolCall, Reply
 from tests.harness import RedisServer, WorkerProcess, wait_until
+from tests.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.integration
 
@@ -34,10 +36,9 @@ AGENTS = "tests.agents_limits"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = RedisServer().start()
-    yield s
-    s.cleanup()
+def server(redis_cluster: RedisCluster | None) -> Iterator[RedisServer]:
+    with own_store(redis_cluster) as s:  # the shared cluster with --store cluster
+        yield s
 
 
 @pytest.fixture

@@ -18,8 +18,10 @@ from producer.client import Client
 from producer.pipelines import UnknownPipeline
 from shared.pipeline.store import PipelineStore, child_run_id
 from tests.agents_pipelines import CALLS_KEY
-from tests.broker import Settings
+from tests.broker import Settings, broker_env
+from tests.conftest import own_store
 from tests.harness import RedisServer, WorkerProcess, running, wait_until
+from tests.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.integration
 
@@ -27,10 +29,9 @@ AGENTS = "tests.agents_pipelines"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = RedisServer().start()
-    yield s
-    s.cleanup()
+def server(redis_cluster: RedisCluster | None) -> Iterator[RedisServer]:
+    with own_store(redis_cluster) as s:  # the shared cluster with --store cluster
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -205,8 +206,13 @@ def test_unknown_pipeline_and_bad_input_refused_at_submit(client: Client) -> Non
 
 
 def test_cli_run_status_cancel(
-    server: RedisServer, pool: list[WorkerProcess], capsys: pytest.CaptureFixture[str]
+    server: RedisServer,
+    pool: list[WorkerProcess],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    for name, value in broker_env(server.url).items():  # the CLI's topology (a cluster?)
+        monkeypatch.setenv(name, value)
     common = ["--redis", server.url, "--agents", AGENTS]
     assert main(["pipeline", "run", "chain", "cli", "--id", "cli-1", "--timeout", "60", *common]) == 0
     out = capsys.readouterr().out

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from producer.client import Client
+from shared.queues import namespace_queues
 from shared.settings import ENV_BROKER_URL, QUEUE_MODEL, QUEUE_TOOLS
 from shared.state import Phase
 from tests.broker import Settings, rabbitmq_available, vhost
@@ -119,3 +120,18 @@ def test_a_worker_killed_between_commit_and_publish_loses_nothing(
     # the queued lease (60 s).
     assert head.epoch == 0
     assert events[4].ts - events[3].ts < RECOVERY_BOUND_S
+
+
+def test_a_run_in_a_queue_namespace_goes_through_that_namespace_s_quorum_queues(
+    cluster: Cluster, client: Client, broker: str
+) -> None:
+    # The only worker consumes the namespace's queues (declared as every queue is: quorum).
+    namespace = "rmq-ns"
+    cluster.start(
+        1, concurrency=2, env={ENV_BROKER_URL: broker}, queues=",".join(namespace_queues(namespace))
+    )
+    head = client.submit("one_hop", "go", namespace=namespace).wait(60)
+    assert (head.phase, head.answer, head.namespace) == (Phase.COMPLETED, "1 + 2 = 3", namespace)
+    declared = _queues(broker)
+    assert declared[f"{namespace}.model"] == ("quorum", 0) and declared[f"{namespace}.tools"] == ("quorum", 0)
+    assert [declared.get(q, ("", 0))[1] for q in (QUEUE_MODEL, QUEUE_TOOLS)] == [0, 0]  # none went there

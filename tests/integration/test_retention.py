@@ -122,6 +122,15 @@ def test_a_full_redis_refuses_new_runs_while_running_runs_finish(tmp_path: Any) 
             timeout=30,
             what="the tools to run",
         )
+        # Inert bulk first: every connection opened from here on (the late client's, the worker's
+        # threads') costs Redis some 20-100 KB, which must stay small against the 7% of headroom
+        # left below, or the running runs' own commits would hit maxmemory on a Redis this small
+        # (and how small it is depends on the broker: the Redis broker's connections and keys add
+        # to it, RabbitMQ's do not).
+        # (In pieces: one 8 MB command would count in Redis's memory as its query buffer for a
+        # while, and the maxmemory below would then be twice too large once that is freed.)
+        for _ in range(64):
+            admin.append("test:ballast", b"\0" * 131_072)
         used = int(admin.info("memory")["used_memory"])
         admin.config_set("maxmemory", int(used / 0.93))  # above the 90% at which submits stop
         assert admin.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"

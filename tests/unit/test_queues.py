@@ -15,6 +15,7 @@ from shared.settings import Limits
 from shared.state import Callback, Phase, RunHead
 from shared.tasks import TASK_CALLBACK, decide_task, start_task, task_for
 from worker.commands import consumed_queues
+from worker.metrics import queue_of
 
 
 def test_a_namespace_is_short_plain_text_and_the_default_one_is_none() -> None:
@@ -84,3 +85,8 @@ def test_an_eval_s_namespace_routes_its_own_tasks_unless_it_names_a_queue() -> N
     assert parse_spec({**base, "namespace": "n", "queue": "scoring"}).task_queue == "scoring"
     with pytest.raises(EvalSpecError, match="^--namespace: namespace: .*namespace 'a.b' must be"):
         plain.with_namespace("a.b")
+
+
+def test_a_namespaced_task_s_queue_wait_is_labelled_with_its_own_queue() -> None:
+    assert (queue_of("wesichain.think"), queue_of("wesichain.tool")) == ("wesichain.model", "wesichain.tools")
+    assert queue_of("wesichain.think", "n") == "n.model" and queue_of("wesichain.tool", "n") == "n.tools"

@@ -1,0 +1,77 @@
+"""A TCP forwarder on a free loopback port that can freeze, as a stalled NAT, proxy or network path
+does: every connection stays open (no reset, no close reaches either end) and new ones are still
+accepted, but not a byte passes either way until it thaws.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+__all__ = ["TcpProxy"]
+
+
+class TcpProxy:
+    """Forwards every connection to ``upstream`` (host, port) through two threads."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="tcp-proxy-accept", daemon=True).start()
+
+    def freeze(self) -> None:
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._flowing.set()
+        self._listener.close()
+        with self._lock:
+            for s in self._sockets:
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                downstream, _ = self._listener.accept()
+            except OSError:
+                continue  # closed
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=10)
+            except OSError:
+                downstream.close()  # the upstream refused: the client sees its connection drop
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets += [downstream, upstream]
+            for src, dst in ((downstream, upstream), (upstream, downstream)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            self._flowing.wait()  # frozen: hold what came in, and an end of stream too
+            if not data or self._closed:
+                break
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        for s in (src, dst):  # the connection ends for both ends (the other pump sees it too)
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
