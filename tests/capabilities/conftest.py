@@ -13,7 +13,7 @@ import pytest
 from producer.client import Client
 from shared.settings import Settings
 from tests.conftest import _need_redis
-from tests.harness import RedisServer, WorkerProcess
+from tests.harness import RedisServer, WorkerProcess, running
 
 AGENTS = "tests.agents_capabilities"
 SHORT_LEASES = {"WESICHAIN_LEASE_S": "2", "WESICHAIN_QUEUED_LEASE_S": "4"}
@@ -34,13 +34,8 @@ def pool(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
         WorkerProcess(f"cap{i}", server.url, agents=AGENTS, concurrency=2, env=SHORT_LEASES, log_dir=log_dir)
         for i in (1, 2)
     ]
-    for w in workers:
-        w.start(wait=False)
-    for w in workers:
-        w.wait_ready()
-    yield workers
-    for w in workers:
-        w.stop()
+    with running(workers) as started:
+        yield started
 
 
 @pytest.fixture
