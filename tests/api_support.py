@@ -30,42 +30,58 @@ class ApiProcess:
     ) -> None:
         self.port = free_port()
         self.log_path = Path(tempfile.mkdtemp(prefix="wesichain-api-")) / "api.log"
-        self.args = [
+        self.redis_url = redis_url
+        self.extra_args = args
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **broker_env(redis_url), **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._started = False
+
+    def _args(self) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "producer.cli",
             "api",
             "--redis",
-            redis_url,
+            self.redis_url,
             "--host",
             "127.0.0.1",
             "--port",
             str(self.port),
             "--log-level",
             "warning",
-            *args,
+            *self.extra_args,
         ]
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **broker_env(redis_url), **(env or {})}
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> ApiProcess:
+    def start(self, attempts: int = 3) -> ApiProcess:
         if self._log is not None:
             self._log.close()  # of the previous incarnation
         self._log = open(self.log_path, "ab")  # closed in stop()
+        offset = self.log_path.stat().st_size
         self.proc = subprocess.Popen(
-            self.args,
+            self._args(),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=self.env,
             cwd=ROOT,
             start_new_session=True,
         )
-        wait_until(self._up, timeout=60, interval=0.1, what="the API to answer /healthz")
+        try:
+            wait_until(self._up, timeout=60, interval=0.1, what="the API to answer /healthz")
+        except RuntimeError:
+            taken = "address already in use" in self.log()[offset:].lower()
+            # Another process took the free port before the bind (test processes running side by
+            # side); a restart keeps its port, as the test's clients know it.
+            if not taken or self._started or attempts <= 1:
+                raise
+            self.port = free_port()
+            return self.start(attempts - 1)
+        self._started = True
         return self
 
     def _up(self) -> bool:

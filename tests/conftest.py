@@ -14,12 +14,14 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, cast
 
 import pytest
 
 from producer.client import Client
 from tests.broker import ENV_TEST_BROKER, Settings, drop_all, rabbitmq_available
-from tests.harness import RedisServer, WorkerProcess
+from tests.chaos.support import RECOVERY_PROPERTY, SOAK_PROPERTY
+from tests.harness import RedisServer, WorkerProcess, running
 from tests.redis_cluster import ClusterStore, RedisCluster
 
 CI = os.environ.get("CI") == "true"
@@ -161,13 +163,8 @@ def workers(
     """Two prefork workers (two children each) shared by the integration tests."""
     log_dir = str(tmp_path_factory.mktemp("workers"))
     pool = [WorkerProcess(f"w{i}", redis_server.url, concurrency=2, log_dir=log_dir) for i in (1, 2)]
-    for w in pool:
-        w.start(wait=False)
-    for w in pool:
-        w.wait_ready()
-    yield pool
-    for w in pool:
-        w.stop()
+    with running(pool) as started:
+        yield started
 
 
 @pytest.fixture
@@ -175,3 +172,33 @@ def client(redis_server: RedisServer) -> Iterator[Client]:
     c = Client(Settings(redis_url=redis_server.url, agents_module="tests.agents_fixture"))
     yield c
     c.close()
+
+
+# -- the chaos suite's measurements ---------------------------------------------------------------
+# A chaos test hands what it measured to its report (tests/chaos/conftest.py); they are gathered
+# here, where the reports of every test arrive, also those of worker processes of a parallel run.
+
+_RECOVERIES: list[tuple[str, float]] = []
+_SOAKS: list[dict[str, Any]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "teardown":
+        return
+    for name, value in report.user_properties:
+        if name == RECOVERY_PROPERTY:
+            case, seconds = cast(list[Any], value)
+            _RECOVERIES.append((str(case), float(seconds)))
+        elif name == SOAK_PROPERTY:
+            _SOAKS.append(dict(cast(dict[str, Any], value)))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _RECOVERIES:
+        terminalreporter.section("chaos recovery times (kill -> next committed event)")
+        for case, seconds in _RECOVERIES:
+            terminalreporter.write_line(f"{seconds:7.2f} s  {case}")
+    for soak in _SOAKS:
+        terminalreporter.section("backlog" if "backlog_runs" in soak else "crash soak")
+        for key, value in soak.items():
+            terminalreporter.write_line(f"{key}: {value}")

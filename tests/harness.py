@@ -16,7 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,10 @@ class ServerTls:
     client_key_file: str | None = None
 
 
+class PortTaken(RuntimeError):
+    """A server exited at start: the port it was given is no longer free."""
+
+
 class RedisServer:
     def __init__(
         self, *, appendonly: bool = False, tls: ServerTls | None = None, bind: str = "127.0.0.1"
@@ -78,6 +83,7 @@ class RedisServer:
         #: The address it listens on (another than loopback: reachable from simulated hosts).
         self.bind = bind
         self.proc: subprocess.Popen[bytes] | None = None
+        self._started = False
 
     @property
     def url(self) -> str:
@@ -102,6 +108,9 @@ class RedisServer:
         ]
 
     def start(self) -> RedisServer:
+        return self._start(attempts=3)
+
+    def _start(self, attempts: int) -> RedisServer:
         args = [
             self.binary,
             *self._listen_args(),
@@ -125,9 +134,33 @@ class RedisServer:
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = self.client()
-        wait_until(lambda: _pings(client), timeout=10, what="redis-server to accept connections")
-        client.close()
+        try:
+            wait_until(lambda: self._serving(client), timeout=10, what="redis-server to accept connections")
+        except PortTaken:
+            self.stop(signal.SIGKILL)
+            # A restart keeps its port (the test's clients know it), and a server that exits on
+            # every port has another reason to: both fail here.
+            if self._started or attempts <= 1:
+                raise
+            # Another process took the free port between free_port() and the bind (test
+            # processes running side by side, or any client's ephemeral port): take another.
+            self.port = free_port()
+            return self._start(attempts - 1)
+        finally:
+            client.close()
+        self._started = True
         return self
+
+    def _serving(self, client: redis.Redis) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise PortTaken(f"redis-server exited with {self.proc.returncode} on port {self.port}")
+        if not _pings(client):
+            return False
+        # Whoever answers must be this server, not another that holds the port (this one then exits).
+        if int(client.info("server")["process_id"]) != self.proc.pid:
+            raise PortTaken(f"another redis-server answers on port {self.port}")
+        return True
 
     def client(self, **kwargs: Any) -> redis.Redis:
         if self.tls is not None:
@@ -274,6 +307,11 @@ class WorkerProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 
+    def terminate(self) -> None:
+        """Ask the worker for a warm shutdown (SIGTERM) without waiting for it; see :meth:`stop`."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+
     def stop(self, timeout: float = 15) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -289,3 +327,31 @@ class WorkerProcess:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def start_all(workers: Sequence[WorkerProcess], timeout: float = 30) -> list[WorkerProcess]:
+    """Start ``workers`` side by side and wait until every one is ready."""
+    for w in workers:
+        w.start(wait=False)
+    for w in workers:
+        w.wait_ready(timeout)
+    return list(workers)
+
+
+def stop_all(workers: Iterable[WorkerProcess]) -> None:
+    """Stop ``workers`` side by side: each warm shutdown takes a while, and they need not queue."""
+    workers = list(workers)
+    for w in workers:
+        w.terminate()
+    for w in workers:
+        w.stop()
+
+
+@contextmanager
+def running(workers: Sequence[WorkerProcess], timeout: float = 30) -> Iterator[list[WorkerProcess]]:
+    """The workers, started side by side and ready; stopped side by side afterwards (also when one
+    of them failed to start)."""
+    try:
+        yield start_all(workers, timeout)
+    finally:
+        stop_all(workers)

@@ -13,6 +13,9 @@ from tests.harness import ROOT
 def test_the_bundled_example_runs_embedded_and_writes_a_report(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WESICHAIN_")}
     env["PYTHONPATH"] = str(ROOT)
+    # A home of its own, as right after install: the example's run ids are fixed, and an archive
+    # shared with earlier or concurrent runs of it already holds them (and may be locked by them).
+    env["WESICHAIN_HOME"] = str(tmp_path / "home")
     report = tmp_path / "report.html"
     done = subprocess.run(
         [

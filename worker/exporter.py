@@ -22,13 +22,15 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from shared.limits import scope_of
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.store import RunStore
-from shared.workers import WorkerDirectory
+from shared.workers import LiveWorker, WorkerDirectory
 
-__all__ = ["MAX_TENANT_LABELS", "PoolCollector", "PRIORITY_STEPS", "QUEUES", "serve_pool"]
+__all__ = ["MAX_EXTRA_QUEUES", "MAX_TENANT_LABELS", "PoolCollector", "PRIORITY_STEPS", "QUEUES", "serve_pool"]
 
 log = logging.getLogger("wesichain.exporter")
 
 QUEUES = (QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS)
+#: Queues beyond the default ones whose depth a scrape reports (those live workers consume).
+MAX_EXTRA_QUEUES = 64
 #: kombu's Redis transport keeps a list per priority step (``queue``, ``queue\x06\x163``, ...).
 PRIORITY_STEPS = (0, 3, 6, 9)
 #: Tenants given a label of their own; the rest are summed under ``other``.
@@ -67,8 +69,10 @@ class PoolCollector(Collector):
         now_s, now_us = r.time()
         now_ms = int(now_s) * 1000 + int(now_us) // 1000
         sep = "\x06\x16"
+        live = self.directory.live()
+        queues = self._queues(live)
         with r.pipeline(transaction=False) as pipe:
-            for queue in QUEUES:
+            for queue in queues:
                 for step in PRIORITY_STEPS:
                     pipe.llen(self.broker_prefix + (queue if step == 0 else f"{queue}{sep}{step}"))
             pipe.hlen(self.broker_prefix + "unacked")
@@ -84,7 +88,7 @@ class PoolCollector(Collector):
             replies = iter(pipe.execute())
 
         depth = GaugeMetricFamily("wesichain_queue_depth", "Messages waiting in a queue", labels=["queue"])
-        for queue in QUEUES:
+        for queue in queues:
             depth.add_metric([queue], sum(int(next(replies)) for _ in PRIORITY_STEPS))
         yield depth
         unacked = GaugeMetricFamily(
@@ -117,7 +121,6 @@ class PoolCollector(Collector):
         expiring.add_metric([], due)
         yield expiring
 
-        live = self.directory.live()
         workers = GaugeMetricFamily(
             "wesichain_workers", "Live workers, consuming or not", labels=["consuming"]
         )
@@ -136,6 +139,13 @@ class PoolCollector(Collector):
             scope = scope_of(pattern, limit, None)
             slots.add_metric([scope], int(r.zcount(keys.limit_slots(scope), f"({now_ms}", "+inf")))
         yield slots
+
+    @staticmethod
+    def _queues(live: list[LiveWorker]) -> list[str]:
+        """The default queues and those live workers consume besides (a queue namespace's), at
+        most ``MAX_EXTRA_QUEUES`` of them."""
+        extra = sorted({q for w in live for q in w.record.queues} - set(QUEUES))
+        return [*QUEUES, *extra[:MAX_EXTRA_QUEUES]]
 
 
 def _label(raw: Any) -> str:

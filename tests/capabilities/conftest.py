@@ -1,7 +1,9 @@
-"""The agent capability tests: a redis-server and two workers serving ``tests.agents_capabilities``
-per test module.
+"""The agent capability tests: one redis-server and two workers serving ``tests.agents_capabilities``,
+shared by the test modules here (those that need workers of their own, like ``test_mcp``, start them).
 
-The leases are short, so a phase whose worker is killed is handed on within seconds.
+The modules need no fresh pool: each test's runs, inputs and counters (keyed by run or by an input
+no other test sends) are its own, and a test that SIGKILLs a pool child leaves the worker to
+replace it. The leases are short, so a phase whose worker is killed is handed on within seconds.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import pytest
 from producer.client import Client
 from shared.settings import Settings
 from tests.conftest import _need_redis
-from tests.harness import RedisServer, WorkerProcess
+from tests.harness import RedisServer, WorkerProcess, running
 
 AGENTS = "tests.agents_capabilities"
 SHORT_LEASES = {"WESICHAIN_LEASE_S": "2", "WESICHAIN_QUEUED_LEASE_S": "4"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def server() -> Iterator[RedisServer]:
     _need_redis()
     s = RedisServer().start()
@@ -27,20 +29,15 @@ def server() -> Iterator[RedisServer]:
     s.cleanup()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def pool(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerProcess]]:
     log_dir = str(tmp_path_factory.mktemp("capability-workers"))
     workers = [
         WorkerProcess(f"cap{i}", server.url, agents=AGENTS, concurrency=2, env=SHORT_LEASES, log_dir=log_dir)
         for i in (1, 2)
     ]
-    for w in workers:
-        w.start(wait=False)
-    for w in workers:
-        w.wait_ready()
-    yield workers
-    for w in workers:
-        w.stop()
+    with running(workers) as started:
+        yield started
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from shared.protocol import call_claim
 from shared.settings import Settings
 from shared.state import Phase, RunHead
 from tests.conftest import _need_redis
-from tests.harness import RedisServer, WorkerProcess, free_port, wait_until
+from tests.harness import RedisServer, WorkerProcess, free_port, running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -70,15 +70,10 @@ def mcp_cluster(
     ]
     client = Client(Settings(redis_url=server.url, agents_module=AGENTS))
     try:
-        for w in workers:
-            w.start(wait=False)
-        for w in workers:
-            w.wait_ready(timeout=120)
-        yield client, workers
+        with running(workers, timeout=120):
+            yield client, workers
     finally:
         client.close()
-        for w in workers:
-            w.stop()
         server.cleanup()
 
 

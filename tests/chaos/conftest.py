@@ -14,7 +14,7 @@ import pytest
 
 from producer.client import Client
 from tests.broker import Settings
-from tests.chaos.support import RECOVERIES, SOAK_REPORT, Cluster
+from tests.chaos.support import RECOVERIES, RECOVERY_PROPERTY, SOAK_PROPERTY, SOAK_REPORT, Cluster
 from tests.harness import RedisServer
 
 
@@ -74,12 +74,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if RECOVERIES:
-        terminalreporter.section("chaos recovery times (kill -> next committed event)")
-        for case, seconds in RECOVERIES:
-            terminalreporter.write_line(f"{seconds:7.2f} s  {case}")
-    for report in SOAK_REPORT:
-        terminalreporter.section("backlog" if "backlog_runs" in report else "crash soak")
-        for key, value in report.items():
-            terminalreporter.write_line(f"{key}: {value}")
+@pytest.fixture(autouse=True)
+def _measurements(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Hands what the test measured (recoveries, soak figures) to the session's summary through the
+    test's report, which also reaches it from a worker process of a parallel run."""
+    recoveries, soaks = len(RECOVERIES), len(SOAK_REPORT)
+    yield
+    for case, seconds in RECOVERIES[recoveries:]:
+        request.node.user_properties.append((RECOVERY_PROPERTY, [case, seconds]))
+    for report in SOAK_REPORT[soaks:]:
+        request.node.user_properties.append((SOAK_PROPERTY, report))

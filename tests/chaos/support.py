@@ -47,6 +47,9 @@ RUN_TIMEOUT_S = 60.0
 RECOVERIES: list[tuple[str, float]] = []
 #: What each soak did and saw; printed in the terminal summary.
 SOAK_REPORT: list[dict[str, Any]] = []
+#: The names under which a test's report carries them to the summary (see tests/conftest.py).
+RECOVERY_PROPERTY = "chaos_recovery"
+SOAK_PROPERTY = "chaos_soak"
 
 
 def note_recovery(case: str, seconds: float) -> float:

@@ -29,7 +29,7 @@ from shared.tenants import Tenants
 from shared.webhooks import verify
 from tests.api_support import ApiProcess, bearer
 from tests.broker import Settings
-from tests.harness import RedisServer, WorkerProcess, free_port, wait_until
+from tests.harness import RedisServer, WorkerProcess, free_port, running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -95,15 +95,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     threading.Thread(target=http.serve_forever, daemon=True).start()
     log_dir = str(tmp_path_factory.mktemp("callback-workers"))
     workers = [WorkerProcess(f"cb{i}", server.url, concurrency=2, env=ENV, log_dir=log_dir) for i in (1, 2)]
-    for w in workers:
-        w.start(wait=False)
-    for w in workers:
-        w.wait_ready()
     try:
-        yield Setup(server, client, receiver, f"http://127.0.0.1:{http.server_address[1]}/hooks/runs")
+        with running(workers):
+            yield Setup(server, client, receiver, f"http://127.0.0.1:{http.server_address[1]}/hooks/runs")
     finally:
-        for w in workers:
-            w.stop()
         http.shutdown()
         http.server_close()
         client.close()

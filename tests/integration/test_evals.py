@@ -25,7 +25,7 @@ from shared.evals.store import Item, run_id_of
 from tests.agents_evals import CALLS_KEY
 from tests.broker import Settings, broker_env
 from tests.conftest import own_store
-from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
+from tests.harness import ROOT, RedisServer, WorkerProcess, running, wait_until
 from tests.redis_cluster import RedisCluster, broker_redis
 
 pytestmark = pytest.mark.integration
@@ -52,13 +52,8 @@ def pool(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
     workers.append(
         WorkerProcess("eq", server.url, agents=AGENTS, concurrency=1, log_dir=log_dir, queues=EVAL_QUEUE)
     )
-    for w in workers:
-        w.start(wait=False)
-    for w in workers:
-        w.wait_ready()
-    yield workers
-    for w in workers:
-        w.stop()
+    with running(workers) as started:
+        yield started
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 from producer.client import Client
 from shared.tasks import TASK_THINK
 from tests.broker import Settings
-from tests.harness import ROOT, RedisServer, WorkerProcess, free_port, wait_until
+from tests.harness import ROOT, RedisServer, WorkerProcess, free_port, stop_all, wait_until
 from tests.scrape import scrape, total, value
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis_broker]
@@ -81,8 +81,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
         wait_until(lambda: _answers(exporter_port), timeout=30, what="the exporter to serve")
         yield Pool(server, client, exporter_port, workers, ports)
     finally:
-        for worker in workers:
-            worker.stop()
+        stop_all(workers)
         exporter.terminate()
         exporter.wait(timeout=10)
         client.close()

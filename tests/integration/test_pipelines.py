@@ -20,7 +20,7 @@ from shared.pipeline.store import PipelineStore, child_run_id
 from tests.agents_pipelines import CALLS_KEY
 from tests.broker import Settings, broker_env
 from tests.conftest import own_store
-from tests.harness import RedisServer, WorkerProcess, wait_until
+from tests.harness import RedisServer, WorkerProcess, running, wait_until
 from tests.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.integration
@@ -42,13 +42,8 @@ def pool(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
         WorkerProcess(f"p{i}", server.url, agents=AGENTS, concurrency=4, log_dir=log_dir, env=env)
         for i in (1, 2)
     ]
-    for w in workers:
-        w.start(wait=False)
-    for w in workers:
-        w.wait_ready()
-    yield workers
-    for w in workers:
-        w.stop()
+    with running(workers) as started:
+        yield started
 
 
 @pytest.fixture

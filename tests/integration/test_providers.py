@@ -34,7 +34,7 @@ from tests.agents_providers import PROVIDERS, Forecast
 from tests.broker import Settings
 from tests.chaos.support import pending_task_ids
 from tests.fakeproviders import FakeProvider, FakeToolCall, Fault, RecordedRequest, Reply, Split
-from tests.harness import RedisServer, WorkerProcess, wait_until
+from tests.harness import RedisServer, WorkerProcess, running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -139,15 +139,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     ]
     client = Client(Settings(redis_url=server.url, agents_module=AGENTS_MODULE))
     try:
-        for worker in workers:
-            worker.start(wait=False)
-        for worker in workers:
-            worker.wait_ready()
-        yield Cluster(server, workers, client, fakes)
+        with running(workers):
+            yield Cluster(server, workers, client, fakes)
     finally:
         client.close()
-        for worker in workers:
-            worker.stop()
         server.cleanup()
         for fake in fakes.values():
             fake.stop()

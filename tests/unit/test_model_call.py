@@ -13,7 +13,7 @@ import pytest
 from shared.events import Event
 from shared.llm.base import ModelRequest, ModelResponse, StreamPart, TextDelta
 from worker.heartbeat import Held
-from worker.model_call import ClaimLost, ModelCall
+from worker.model_call import ClaimLost, Helpers, ModelCall
 from worker.runtime import Cancelled
 
 
@@ -95,3 +95,66 @@ def test_a_lost_claim_gives_the_call_up() -> None:
 
 
 REQUEST = ModelRequest(model="m", messages=[])
+
+
+def _ran_on(helpers: Helpers, block: threading.Event | None = None) -> threading.Event:
+    """Runs a job on ``helpers``; the event is set once the job ran (after ``block``, if given)."""
+    done = threading.Event()
+
+    def job() -> None:
+        if block is not None:
+            block.wait(30)
+        seen.append(threading.get_ident())
+        done.set()
+
+    helpers.run(job)
+    return done
+
+
+seen: list[int] = []
+
+
+def _wait_idle(helpers: Helpers, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while helpers.idle() != n and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert helpers.idle() == n
+
+
+def test_helpers_are_reused_one_call_after_another() -> None:
+    helpers = Helpers(keep=2)
+    seen.clear()
+    for _ in range(5):
+        assert _ran_on(helpers).wait(10)
+        _wait_idle(helpers, 1)
+    assert len(set(seen)) == 1
+
+
+def test_a_helper_busy_with_an_abandoned_call_is_not_given_the_next() -> None:
+    helpers = Helpers(keep=2)
+    seen.clear()
+    stuck = threading.Event()
+    first = _ran_on(helpers, block=stuck)  # a call nobody waits for any more, still running
+    assert _ran_on(helpers).wait(10)  # runs at once, on another thread
+    stuck.set()
+    assert first.wait(10)
+    assert len(set(seen)) == 2
+    _wait_idle(helpers, 2)
+
+
+def test_at_most_keep_helpers_stay_idle() -> None:
+    helpers = Helpers(keep=1)
+    release = threading.Event()
+    done = [_ran_on(helpers, block=release) for _ in range(3)]
+    release.set()
+    assert all(d.wait(10) for d in done)
+    _wait_idle(helpers, 1)
+
+
+def test_a_forked_process_does_not_hand_calls_to_its_parents_helpers() -> None:
+    helpers = Helpers(keep=2)
+    assert _ran_on(helpers).wait(10)
+    _wait_idle(helpers, 1)
+    helpers._pid = -1  # as a pool child sees the list it inherited: no thread serves it there
+    assert helpers.idle() == 0
+    assert _ran_on(helpers).wait(10)

@@ -12,10 +12,13 @@ from shared.messages import ToolCall
 from shared.queues import check_namespace, namespace_queues
 from shared.request import validate_request
 from shared.settings import Limits
-from shared.state import Callback, Phase, RunHead
+from shared.state import Callback, ChildRun, Phase, RunHead
 from shared.tasks import TASK_CALLBACK, decide_task, start_task, task_for
+from shared.workers import LiveWorker, WorkerRecord
 from worker.commands import consumed_queues
+from worker.exporter import MAX_EXTRA_QUEUES, QUEUES, PoolCollector
 from worker.metrics import queue_of
+from worker.subagents import _child_head
 
 
 def test_a_namespace_is_short_plain_text_and_the_default_one_is_none() -> None:
@@ -90,3 +93,37 @@ def test_an_eval_s_namespace_routes_its_own_tasks_unless_it_names_a_queue() -> N
 def test_a_namespaced_task_s_queue_wait_is_labelled_with_its_own_queue() -> None:
     assert (queue_of("wesichain.think"), queue_of("wesichain.tool")) == ("wesichain.model", "wesichain.tools")
     assert queue_of("wesichain.think", "n") == "n.model" and queue_of("wesichain.tool", "n") == "n.tools"
+
+
+def test_the_exporter_reports_the_depth_of_the_queues_live_workers_consume_besides_the_default() -> None:
+    def live(*queues: str) -> LiveWorker:
+        record = WorkerRecord(
+            id="w@h",
+            host="h",
+            pid=1,
+            queues=list(queues),
+            pool="threads",
+            concurrency=1,
+            agents=[],
+            started_at=0.0,
+            consuming=True,
+            consumer_state="consuming",
+        )
+        return LiveWorker(record=record, age_s=0.0)
+
+    workers = [live("wesichain.model"), live(*namespace_queues("nightly")), live("nightly.model", "other")]
+    assert PoolCollector._queues(workers) == [
+        *QUEUES,
+        "nightly.callbacks",
+        "nightly.model",
+        "nightly.tools",
+        "other",
+    ]
+    many = [live(*(f"n{i}.model" for i in range(100)))]
+    assert len(PoolCollector._queues(many)) == len(QUEUES) + MAX_EXTRA_QUEUES
+
+
+def test_a_subagent_s_child_run_goes_to_its_parent_s_namespace() -> None:
+    parent = _head(Phase.AWAITING_APPROVAL, "n")
+    child = _child_head(parent, ChildRun(call_id="c1", run_id="r1:child", agent="b", input="go"))
+    assert child.namespace == "n" and task_for(child)[0].queue == "n.model"
