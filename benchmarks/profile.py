@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -379,7 +380,15 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster.start()
     title = "CPU samples with py-spy" if not args.no_sample else "CPU and wall time, no sampling"
-    lines = [f"# Workers on the per-transition scenario ({title})", ""]
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = [
+        f"# Workers on the per-transition scenario ({title})",
+        "",
+        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; load average at start {load} (1, 5, 15 min)."
+        " On a loaded machine py-spy also counts time a thread spends in a system call the"
+        " machine is slow to serve: compare shares within one report, not across reports.",
+        "",
+    ]
     if not args.no_sample:
         lines += [
             "py-spy samples the worker from beside it on the same cores, so wall times here run higher"

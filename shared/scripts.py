@@ -48,8 +48,16 @@ def script_source(name: str) -> str:
 
 
 def register_scripts(client: redis.Redis) -> dict[str, Any]:
-    """Every script registered on ``client`` (EVALSHA, reloaded by redis-py after a Redis restart)."""
-    return {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
+    """Every script registered on ``client`` (EVALSHA, reloaded by redis-py after a Redis restart).
+
+    On a cluster they are loaded on every primary at once (``SCRIPT LOAD`` goes to all of them),
+    rather than on each primary's first NOSCRIPT reply; a promoted replica still gets them then.
+    """
+    scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
+    if is_cluster(client):
+        for script in scripts.values():
+            script.sha = client.script_load(script.script)
+    return scripts
 
 
 def is_cluster(client: Any) -> bool:

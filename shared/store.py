@@ -970,11 +970,10 @@ class RunStore:
         return [_s(r) for r in self._run("due", [self.keys.leases(shard)], [limit])]
 
     def due_everywhere(self, limit: int = 100) -> list[list[str]]:
-        """:meth:`due` of every shard, in one pipelined round trip (a list per shard)."""
-        with self.redis.pipeline(transaction=False) as pipe:
-            for shard in range(self.keys.shards):
-                self._scripts["due"](keys=[self.keys.leases(shard)], args=[str(limit)], client=pipe)
-            return [[_s(r) for r in due] for due in pipe.execute()]
+        """:meth:`due` of every shard, in one pipelined round trip (a list per shard; one call per
+        shard on a cluster, whose shards lie on several primaries)."""
+        calls = [([self.keys.leases(shard)], [str(limit)]) for shard in range(self.keys.shards)]
+        return [[_s(r) for r in due] for due in run_many(self.redis, self._scripts["due"], calls)]
 
     def inspect(self, run_id: str) -> Due | Literal["alive", "settled"]:
         """Look at a run whose lease time came (see ``inspect.lua``)."""

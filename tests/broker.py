@@ -20,7 +20,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import amqp
 import redis
+from kombu.connection import Connection
 
 from shared.settings import ENV_BROKER_URL, ENV_REDIS_CLUSTER
 from shared.settings import Settings as RuntimeSettings
@@ -35,6 +37,7 @@ __all__ = [
     "drop_broker_for",
     "is_cluster",
     "on_rabbitmq",
+    "queued",
     "rabbitmq_available",
     "redis_from_env",
     "register_cluster",
@@ -162,3 +165,20 @@ def redis_from_env() -> redis.Redis:
 
         return RedisCluster.from_url(url, decode_responses=True)  # type: ignore[return-value]
     return redis.Redis.from_url(url, decode_responses=True)
+
+
+def queued(redis_url: str, queue: str) -> int:
+    """Messages waiting in ``queue`` on the broker of ``redis_url``'s workers: the length of the
+    Redis broker's list, or the ready messages of the RabbitMQ queue (0 for one not declared yet)."""
+    url = broker_for(redis_url) or redis_url
+    if not url.startswith("amqp"):
+        client = redis.Redis.from_url(url)
+        try:
+            return int(client.llen(queue))
+        finally:
+            client.close()
+    with Connection(url) as conn:
+        try:
+            return int(conn.channel().queue_declare(queue=queue, passive=True).message_count)
+        except amqp.exceptions.NotFound:
+            return 0

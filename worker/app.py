@@ -358,7 +358,8 @@ def _subagent_tasks(app: Celery, holder: RuntimeHolder, retry: dict[str, Any]) -
         run_child_done(holder.get(), outcome)
 
 
-#: Retries of a task through a Redis outage (RabbitMQ broker): at most 30 s apart, about 20 minutes.
+#: Retries of a task through a Redis outage (RabbitMQ broker): waits of 1, 2, 4, 8, 16 s, then 30 s, each
+#: jittered down to a random share of itself: up to about 18 minutes of outage covered.
 OUTAGE_RETRIES = 40
 
 

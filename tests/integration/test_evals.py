@@ -23,10 +23,10 @@ from producer.evals.client import EvalClient
 from shared.evals.errors import EvalSpecError
 from shared.evals.store import Item, run_id_of
 from tests.agents_evals import CALLS_KEY
-from tests.broker import Settings, broker_env
+from tests.broker import Settings, broker_env, queued
 from tests.conftest import own_store
 from tests.harness import ROOT, RedisServer, WorkerProcess, running, wait_until
-from tests.redis_cluster import RedisCluster, broker_redis
+from tests.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.integration
 
@@ -349,9 +349,8 @@ def test_an_eval_in_a_queue_namespace_runs_only_on_the_workers_consuming_that_na
     cases = [{"id": f"n{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 9)]
     spec = write_eval(tmp_path, cases, name="spaced", top={"concurrency": 3})
     eval_id, _ = evals.submit_file(spec, namespace=NAMESPACE)
-    r: redis.Redis = broker_redis(server)
     # Its pump waits in the namespace's model queue, which no worker of the pool consumes.
-    wait_until(lambda: r.llen(f"{NAMESPACE}.model") >= 1, timeout=30, what="its pump queued")
+    wait_until(lambda: queued(server.url, f"{NAMESPACE}.model") >= 1, timeout=30, what="its pump queued")
     progress = evals.progress(eval_id)
     assert (progress.in_flight, progress.recorded, progress.pending) == (0, 0, 8)
     spaced = WorkerProcess("ns", server.url, agents=AGENTS, log_dir=str(tmp_path), namespaces=(NAMESPACE,))

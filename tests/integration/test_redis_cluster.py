@@ -171,3 +171,14 @@ def test_a_replication_wait_without_replicas_gives_up_in_time(store: ClusterStor
         assert client.store.replicate(uuid.uuid4().hex, 50) == 0  # no replica: WAIT times out
     finally:
         client.close()
+
+
+def test_the_sweepers_reads_reach_every_shard(store: ClusterStore) -> None:
+    """What one sweep reads (every shard's due runs) works across the primaries, as every batched
+    read of the store must: a cluster's pipeline refuses scripts."""
+    client = Client(Settings(redis_url=store.url, agents_module="tests.agents_fixture"))
+    try:
+        assert client.store.due_everywhere(10) == [[] for _ in range(client.store.keys.shards)]
+        assert client.store.renew([(uuid.uuid4().hex, "running", "token", True)]) == [(False, False)]
+    finally:
+        client.close()
