@@ -33,6 +33,7 @@ __all__ = [
     "Settings",
     "broker_env",
     "broker_for",
+    "commit_publishes",
     "drop_all",
     "drop_broker_for",
     "is_cluster",
@@ -68,6 +69,12 @@ def unregister_cluster(store_url: str) -> None:
 
 def is_cluster(redis_url: str) -> bool:
     return redis_url in _clusters
+
+
+def commit_publishes(redis_url: str) -> bool:
+    """Whether a commit script can push the next phase's message itself: the broker is the run
+    state's own Redis (not RabbitMQ, nor the standalone broker beside a cluster)."""
+    return not on_rabbitmq() and not is_cluster(redis_url)
 
 
 def _ctl(*args: str) -> None:

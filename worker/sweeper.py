@@ -140,9 +140,11 @@ class Sweeper:
             return
         keys = self.rt.store.keys
         with self.rt.store.redis.pipeline(transaction=False) as pipe:
-            pipe.exists(keys.evals_index(), keys.evals_active())
-            pipe.exists(keys.pipes_index(), keys.pipes_active())
-            evals_there, pipelines_there = pipe.execute()
+            # One key per command: the keys may live on different nodes of a Redis Cluster.
+            for key in (keys.evals_index(), keys.evals_active(), keys.pipes_index(), keys.pipes_active()):
+                pipe.exists(key)
+            found = pipe.execute()
+        evals_there, pipelines_there = any(found[:2]), any(found[2:])
         if self.evals is not None and evals_there:
             self.evals().tick()
         if self.pipelines is not None and pipelines_there:

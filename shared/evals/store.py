@@ -27,7 +27,7 @@ from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult
 from shared.evals.spec import EvalSpec, spec_json
 from shared.keys import Keys
-from shared.scripts import script_source
+from shared.scripts import is_cluster, script_source
 
 __all__ = [
     "BOUND",
@@ -278,7 +278,7 @@ class EvalStore:
             for raw in self.archive.eval_results(eval_id).values():
                 yield CaseResult.model_validate_json(raw)
             return
-        for _, raw in self.redis.hscan_iter(self.keys.eval_results(eval_id), count=500):
+        for raw in _hash_values(self.redis, self.keys.eval_results(eval_id)):
             yield CaseResult.model_validate_json(raw)
 
     def recorded(self, eval_id: str) -> int:
@@ -418,6 +418,22 @@ class EvalStore:
     def now_ms(self) -> float:
         seconds, micros = self.redis.time()
         return float(seconds) * 1000 + float(micros) / 1000
+
+
+def _hash_values(client: Any, key: str) -> Iterator[Any]:
+    """A hash's values, read in batches (HSCAN). On a cluster each batch is read on the client of
+    the primary of ``key``'s slot: redis-py's cluster client fails to route HSCAN by its key."""
+    if not is_cluster(client):
+        for _, raw in client.hscan_iter(key, count=500):
+            yield raw
+        return
+    cursor = 0
+    while True:
+        primary = client.get_redis_connection(client.get_node_from_key(key))
+        cursor, entries = primary.hscan(key, cursor, count=500)
+        yield from entries.values()
+        if int(cursor) == 0:
+            return
 
 
 def _text(value: Any) -> str:

@@ -35,7 +35,7 @@ from shared.tasks import start_task
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer
 from tests.archive_support import BACKENDS, FullRead, archive_url, full_read, set_connections
-from tests.broker import Settings
+from tests.broker import Settings, broker_env
 from tests.harness import ROOT, RedisServer, wait_until
 from tests.unit.test_store import commit, started
 
@@ -109,6 +109,7 @@ def _kill_at(point: str, batch: int, settings: Settings, tmp_path: Path) -> None
         "WESICHAIN_SHARDS": str(settings.shards),
         "WESICHAIN_ARCHIVE_URL": settings.archive_url,
         "WESICHAIN_ARCHIVE_BATCH": str(settings.archive_batch),
+        **broker_env(settings.redis_url),  # the run state's topology (a cluster?) and broker
     }
     victim = subprocess.Popen(
         [sys.executable, "-m", "tests.chaos.archive_victim", point, str(batch), str(marker)],

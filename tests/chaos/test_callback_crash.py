@@ -15,7 +15,7 @@ from producer.client import Client
 from shared.state import Phase
 from shared.tenants import Tenants
 from shared.webhooks import verify
-from tests.broker import on_rabbitmq
+from tests.broker import commit_publishes, on_rabbitmq
 from tests.chaos.faults import fired_key
 from tests.chaos.support import RUN_TIMEOUT_S, Cluster
 from tests.harness import free_port, wait_until
@@ -67,7 +67,7 @@ def test_the_callback_survives_a_crash_between_the_end_and_its_delivery(
         assert state.attempts == 1
         assert [(run_id, signed) for run_id, signed, _ in received] == [(handle.run_id, True)]
         assert received[0][2]["answer"] == "The answer is 42."
-        if commit_publish == "1" and not on_rabbitmq():
+        if commit_publish == "1" and commit_publishes(cluster.server.url):
             assert handle.status().epoch == 0, "the terminal commit queued the callback task itself"
         elif on_rabbitmq():
             # RabbitMQ handed the committing task back at once; its redelivery sent the callback.

@@ -28,7 +28,7 @@ from shared.evals.scoring import EVAL_ITEM
 from shared.evals.store import Item, run_id_of
 from shared.state import Phase, RunHead
 from tests.agents_evals import CALLS_KEY
-from tests.broker import Settings, on_rabbitmq
+from tests.broker import Settings, broker_env, on_rabbitmq
 from tests.chaos.support import CHAOS_ENV
 from tests.eval_scorers import SCORED_KEY
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
@@ -72,7 +72,7 @@ def kill_pool(pool: list[WorkerProcess]) -> None:
 
 
 def test_an_eval_finishes_once_through_two_pool_kills_and_a_dead_submitter(
-    server: RedisServer, pool: list[WorkerProcess], tmp_path: Path
+    server: RedisServer, pool: list[WorkerProcess], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     (tmp_path / "cases.jsonl").write_text(
         "".join(
@@ -87,6 +87,7 @@ def test_an_eval_finishes_once_through_two_pool_kills_and_a_dead_submitter(
         '[[scorers]]\nkind = "custom"\nname = "counted"\nfunction = "tests.eval_scorers:counted"\n'
     )
     client = Client(Settings(redis_url=server.url, agents_module=AGENTS))
+    request.addfinalizer(client.close)
     evals = EvalClient(client)
     log = (tmp_path / "submitter.log").open("wb")
     submitter = subprocess.Popen(
@@ -102,7 +103,7 @@ def test_an_eval_finishes_once_through_two_pool_kills_and_a_dead_submitter(
             server.url,
         ],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **broker_env(server.url)},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -134,7 +135,7 @@ def test_an_eval_finishes_once_through_two_pool_kills_and_a_dead_submitter(
             submitter.wait(timeout=10)
         stop.set()
         sampler.join()
-        client.close()
+    # The client stays open for the reads below: a closed cluster client cannot be used again.
     assert done.meta.status == "completed" and done.recorded == CASES
     assert (done.counts[0].done, done.counts[0].passed, done.counts[0].failed) == (CASES, CASES, 0)
     results = evals.results(eval_id)
