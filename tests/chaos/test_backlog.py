@@ -5,7 +5,7 @@ One tool slot serves many runs, so tool calls wait in the queue many times ``que
 Every run must complete, and every task must be delivered exactly once: no duplicate publishes,
 no sweeper re-publishes (their task ids carry an epoch suffix).
 
-The suite runs a short backlog (240 runs); the full-length one (10,000 runs, about ten minutes
+The suite runs a short backlog (480 runs); the full-length one (10,000 runs, about ten minutes
 of backlog) is marked ``long`` and runs only when asked:
 ``WESICHAIN_LONG=1 pytest -m long tests/chaos/test_backlog.py``.
 """
@@ -29,14 +29,16 @@ pytestmark = [pytest.mark.chaos, pytest.mark.redis_broker]  # reads the Redis qu
 
 TERMINAL = {p.value for p in TERMINAL_PHASES}
 
-SHORT_RUNS = 240
+#: Enough for the backlog to outlast twice the queued lease even on a quiet machine (~60 ms a run).
+SHORT_RUNS = 480
 LONG_RUNS = int(os.environ.get("WESICHAIN_BACKLOG_RUNS", "10000"))
 #: A queued phase is checked after this; the backlog makes tool calls wait many times longer.
 #: A message already handed to a worker is waited for one more check (this plus twice this): a
 #: live worker starved of CPU for longer than that before it claims gets its message handed on
 #: (a dropped duplicate, never a second effect), which a stress run on two hogged cores reached
-#: with 2 s, so the suite leaves that margin wider than any stall it meets.
-QUEUED_LEASE_S = 5
+#: with 2 s and the suite in two processes under load with 5 s, so the suite leaves that margin
+#: (30 s) wider than any stall it meets.
+QUEUED_LEASE_S = 10
 QUEUED_LEASE = {"WESICHAIN_QUEUED_LEASE_S": str(QUEUED_LEASE_S)}
 
 
