@@ -89,7 +89,10 @@ def _check_completed(client: Client, run_id: str) -> None:
     assert_event_invariants(events)
     assert_terminal_matches_events(head, events)
     key = idem(run_id)
-    assert effects(r, key) == 1
+    # A test tool writes its effect to this same Redis: one that finished while Redis was down
+    # (on RabbitMQ the workers run on through the outage) failed on that write, recorded as such.
+    (done,) = [e for e in events if isinstance(e, ToolCompleted)]
+    assert effects(r, key) == (1 if done.ok else 0), done
     if agent == "slow_step":
         assert 1 <= starts(r, key) <= 2
 
