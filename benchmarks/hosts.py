@@ -21,6 +21,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from tests.harness import WorkerProcess
+
 __all__ = ["HostNetwork", "SimulatedHost", "available"]
 
 
@@ -51,6 +53,11 @@ class SimulatedHost:
         """The command line that runs ``args`` inside this host (``ip netns exec`` execs, so the pid
         is the program's own and signals reach it)."""
         return ["ip", "netns", "exec", self.netns, *args]
+
+    def place(self, worker: WorkerProcess) -> WorkerProcess:
+        """``worker``, set to start inside this host (before it is started)."""
+        worker.args = self.wrap(worker.args)
+        return worker
 
 
 @dataclass

@@ -32,7 +32,7 @@ from benchmarks.harness import environment, process_cpu_s
 from benchmarks.hosts import HostNetwork
 from producer.client import Client
 from shared.settings import ENV_BROKER_URL, ENV_PREFIX, ENV_REDIS_CLUSTER, ENV_SHARDS, Settings
-from tests.harness import RedisServer, WorkerProcess
+from tests.harness import RedisServer, WorkerProcess, start_all, stop_all
 from tests.redis_cluster import RedisCluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -74,11 +74,10 @@ def measure(
         ENV_PREFIX: PREFIX,
         ENV_SHARDS: str(key_shards),
     }
-    workers = []
-    for i, host in enumerate(net.hosts, 1):
-        worker = WorkerProcess(f"scale-{shards}-{i}", cluster.url, agents=AGENTS, env=env)
-        worker.args = host.wrap(worker.args)
-        workers.append(worker)
+    workers = [
+        host.place(WorkerProcess(f"scale-{shards}-{i}", cluster.url, agents=AGENTS, env=env))
+        for i, host in enumerate(net.hosts, 1)
+    ]
     settings = Settings(
         redis_url=cluster.url,
         redis_cluster=True,
@@ -89,10 +88,7 @@ def measure(
     )
     client = Client(settings)
     try:
-        for w in workers:
-            w.start(wait=False)
-        for w in workers:
-            w.wait_ready(timeout=90)
+        start_all(workers, timeout=90)
         run_all(client, agent, text, 20)  # warm-up: imports, connections, slot maps
         before, cpu_before = _node_stats(cluster), [process_cpu_s(w) for w in workers]
         broker_before = _cpu_s(broker)
@@ -103,8 +99,7 @@ def measure(
         broker_cpu = _cpu_s(broker) - broker_before
     finally:
         client.close()
-        for w in workers:
-            w.stop()
+        stop_all(workers)
         broker.cleanup()
         cluster.cleanup()
     transitions = sum(h.version - 1 for h in heads) / runs

@@ -17,7 +17,7 @@ from benchmarks.hosts import HostNetwork, available
 from producer.client import Client
 from shared.settings import ENV_BROKER_URL, ENV_REDIS_CLUSTER, Settings
 from shared.state import Phase
-from tests.harness import RedisServer, WorkerProcess
+from tests.harness import RedisServer, WorkerProcess, start_all, stop_all
 from tests.redis_cluster import RedisCluster
 
 pytestmark = [
@@ -43,11 +43,10 @@ def test_workers_on_two_hosts_serve_runs_from_a_cluster_on_the_bridge(
     broker = RedisServer(bind=network.server_ip).start()
     env = {ENV_REDIS_CLUSTER: "1", ENV_BROKER_URL: broker.url}
     log_dir = str(tmp_path_factory.mktemp("host-workers"))
-    workers = []
-    for i, host in enumerate(network.hosts, 1):
-        worker = WorkerProcess(f"host{i}", cluster.url, env=env, log_dir=log_dir)
-        worker.args = host.wrap(worker.args)
-        workers.append(worker)
+    workers = [
+        host.place(WorkerProcess(f"host{i}", cluster.url, env=env, log_dir=log_dir))
+        for i, host in enumerate(network.hosts, 1)
+    ]
     client = Client(
         Settings(
             redis_url=cluster.url,
@@ -57,10 +56,7 @@ def test_workers_on_two_hosts_serve_runs_from_a_cluster_on_the_bridge(
         )
     )
     try:
-        for w in workers:
-            w.start(wait=False)
-        for w in workers:
-            w.wait_ready(timeout=90)
+        start_all(workers, timeout=90)
         heads = [h.wait(TIMEOUT) for h in [client.submit("one_hop", "1+2") for _ in range(12)]]
         assert [h.phase for h in heads] == [Phase.COMPLETED] * 12
         # Every commit was made by a process of one of the two hosts' workers.
@@ -69,7 +65,6 @@ def test_workers_on_two_hosts_serve_runs_from_a_cluster_on_the_bridge(
         assert ran and ran <= pids
     finally:
         client.close()
-        for w in workers:
-            w.stop()
+        stop_all(workers)
         broker.cleanup()
         cluster.cleanup()
