@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
-import redis
 
 from producer.cli import main
 from producer.client import Client
@@ -37,15 +36,27 @@ from tests.chaos.support import (
 )
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.invariants import ONE_HOP
+from tests.redis_cluster import ClusterStore
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.chaos
 
 
-def reset_every_connection(r: redis.Redis) -> int:
-    """CLIENT KILL every connection but this one, normal and pub/sub; returns how many were killed."""
-    killed = int(r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))
-    killed += int(r.execute_command("CLIENT", "KILL", "TYPE", "pubsub", "SKIPME", "yes"))
+def reset_every_connection(server: RedisServer) -> int:
+    """CLIENT KILL every connection but the caller's, normal and pub/sub, on every Redis the worker
+    talks to: the run state's server, or every node of its cluster and the standalone broker.
+    Returns how many were killed."""
+    if isinstance(server, ClusterStore):
+        clients = [node.client() for node in server.cluster.live_nodes()] + [server.broker.client()]
+    else:
+        clients = [server.client()]
+    killed = 0
+    for r in clients:
+        try:
+            killed += int(r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))
+            killed += int(r.execute_command("CLIENT", "KILL", "TYPE", "pubsub", "SKIPME", "yes"))
+        finally:
+            r.close()
     return killed
 
 
@@ -63,7 +74,7 @@ def test_busy_worker_consumes_again_after_every_connection_is_reset(
     for handle in busy:
         wait_tool_started(r, idem(handle.run_id))
 
-    killed = reset_every_connection(r)
+    killed = reset_every_connection(cluster.server)
     reset_at = time.time()
     assert killed >= 3, f"only {killed} connections were reset"
     after = [client.submit("one_hop", "go") for _ in range(3)]
@@ -112,7 +123,7 @@ def test_a_deaf_worker_does_not_look_healthy(cluster: Cluster, client: Client) -
     for handle in [client.submit("slow_step", "go") for _ in range(2)]:
         wait_tool_started(r, idem(handle.run_id))
     assert consuming(client, worker)
-    reset_every_connection(r)
+    reset_every_connection(cluster.server)
 
     def deaf() -> str | None:
         records = {w.record.id: w.record for w in client.workers.live()}
