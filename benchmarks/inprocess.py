@@ -22,6 +22,12 @@ two run counts (the start-up cancels out)::
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python -m benchmarks.inprocess --runs 4
 
 (instructions per transition = difference of the two totals / difference of the transitions).
+
+``--redis-stats`` also reads redis-server's own figures over the counted runs (``CONFIG
+RESETSTAT`` after the warm-up, ``INFO commandstats`` and ``INFO cpu`` after): the scripts' time in
+the server (``usec`` of ``evalsha``) and the server's main-thread CPU per transition, and the calls
+per transition of every command, the scripts' inner ones included. The calls are counts; the
+microseconds are timings, which another process's load moves somewhat.
 ``--profile FILE`` writes a cProfile of the counted runs (CPU time) for ``python -m pstats FILE``.
 """
 
@@ -128,12 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10, help="tool steps per run (3N+1 transitions)")
     p.add_argument("--runs", type=int, default=5, help="runs counted (after one warm-up run)")
     p.add_argument("--profile", metavar="FILE", help="write a cProfile (CPU time) of the counted runs")
+    p.add_argument("--redis-stats", action="store_true", help="add redis-server's figures per transition")
     args = p.parse_args(argv)
     server = RedisServer()
     server.start()
     try:
         one = (wesichain_runs if args.system == "wesichain" else bare_runs)(server.url, args.steps)
         one()
+        stats = redis.Redis.from_url(server.url)
+        if args.redis_stats:
+            stats.config_resetstat()
+            cpu_before = server_cpu_s(stats)
         profiler = cProfile.Profile(time.process_time) if args.profile else None
         if profiler is not None:
             profiler.enable()
@@ -144,20 +155,45 @@ def main(argv: list[str] | None = None) -> int:
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
+        figures: dict[str, Any] = {
+            "system": args.system,
+            "transitions": transitions,
+            "cpu_ms_per_transition": round(1000 * cpu / transitions, 4),
+            "wall_ms_per_transition": round(1000 * wall / transitions, 4),
+        }
+        if args.redis_stats:
+            figures["redis"] = redis_figures(stats, transitions, server_cpu_s(stats) - cpu_before)
     finally:
         server.stop()
-    print(
-        json.dumps(
-            {
-                "system": args.system,
-                "transitions": transitions,
-                "cpu_ms_per_transition": round(1000 * cpu / transitions, 4),
-                "wall_ms_per_transition": round(1000 * wall / transitions, 4),
-                "load_average": [round(x, 2) for x in os.getloadavg()],
-            }
-        )
-    )
+    figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(figures))
     return 0
+
+
+def server_cpu_s(r: redis.Redis) -> float:
+    """redis-server's main-thread CPU so far, in seconds."""
+    cpu = cast(dict[str, Any], r.info("cpu"))
+    return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
+
+
+def redis_figures(r: redis.Redis, transitions: int, cpu_s: float) -> dict[str, Any]:
+    """redis-server's figures since the last ``CONFIG RESETSTAT``, per transition.
+
+    The benchmark's own reads are in them (the ``RPOP`` standing in for the broker's delivery, the
+    final ``HMGET`` of each run), as are a bare hop's in ``--system bare``.
+    """
+    commands = cast(dict[str, dict[str, Any]], r.info("commandstats"))
+    # INFO's own call is counted before its reply: leave it out.
+    commands.pop("cmdstat_info", None)
+    scripts = [v for k, v in commands.items() if k in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall")]
+    return {
+        "cpu_us_per_transition": round(1e6 * cpu_s / transitions, 2),
+        "script_us_per_transition": round(sum(int(v["usec"]) for v in scripts) / transitions, 2),
+        "calls_per_transition": {
+            k.removeprefix("cmdstat_"): round(int(v["calls"]) / transitions, 3)
+            for k, v in sorted(commands.items())
+        },
+    }
 
 
 if __name__ == "__main__":

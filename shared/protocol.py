@@ -14,6 +14,7 @@ whose clocks disagree agree on when a claim expired.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from shared.state import TERMINAL_PHASES, Phase
@@ -167,12 +168,13 @@ _FIELDS = {
 
 _HELPERS = """
 -- Run the broker commands of a publish (ARGV from index 'at': the epoch they were built for, their
--- count, then name, argument count and arguments of each) if the run is still at that epoch.
+-- count, then name, argument count and arguments of each) if the run is still at that epoch
+-- ('epoch': the run's epoch field, which the caller has read).
 -- Returns '1' if it ran them, '0' if the caller must publish (nothing is run then).
 local PUSH_COMMANDS = {lpush = 'LPUSH', publish = 'PUBLISH', pexpire = 'PEXPIRE'}
-local function push_broker(run, at)
+local function push_broker(epoch, at)
   local n = tonumber(ARGV[at + 1])
-  if n == 0 or (redis.call('HGET', run, F_EPOCH) or '0') ~= ARGV[at] then return '0' end
+  if n == 0 or (epoch or '0') ~= ARGV[at] then return '0' end
   local commands, i = {}, at + 2
   for _ = 1, n do
     local command, argc = PUSH_COMMANDS[ARGV[i]], tonumber(ARGV[i + 1])
@@ -248,10 +250,47 @@ end
 """
 
 
-def lua_prelude() -> str:
-    """Field names, phase names and claim helpers, prepended to every script."""
-    lines = [f"local {name} = '{value}'" for name, value in _FIELDS.items()]
-    lines += [f"local P_{p.name} = '{p.value}'" for p in Phase]
+def _definitions() -> list[tuple[str, str]]:
+    """The prelude as (name, Lua source) definitions, each after those it uses."""
+    defs = [(name, f"local {name} = '{value}'") for name, value in _FIELDS.items()]
+    defs += [(f"P_{p.name}", f"local P_{p.name} = '{p.value}'") for p in Phase]
     terminal = ", ".join(f"[P_{p.name}] = true" for p in sorted(TERMINAL_PHASES, key=lambda p: p.value))
-    lines.append(f"local TERMINAL = {{{terminal}}}")
-    return "\n".join(lines) + "\n" + _HELPERS
+    defs.append(("TERMINAL", f"local TERMINAL = {{{terminal}}}"))
+    # A helper starts at a top-level comment or local line once the previous one is complete; its
+    # comment lines belong to it.
+    block: list[str] = []
+    for line in _HELPERS.strip("\n").split("\n"):
+        if block and line.startswith(("--", "local ")) and not block[-1].startswith("--"):
+            defs.append(_helper(block))
+            block = []
+        block.append(line)
+    defs.append(_helper(block))
+    return defs
+
+
+def _helper(lines: list[str]) -> tuple[str, str]:
+    found = next(m for line in lines if (m := re.match(r"local (?:function )?(\w+)", line)))
+    return found.group(1), "\n".join(lines)
+
+
+def lua_prelude(body: str | None = None) -> str:
+    """Field names, phase names and claim helpers, to prepend to a script's ``body``.
+
+    With ``body``, only the definitions it uses (and those they use) are in it: Redis runs the
+    prelude at every call of the script, and each helper it defines is a closure created anew each
+    time, so a script pays only for what it uses. Without, the whole prelude.
+    """
+    defs = _definitions()
+    if body is None:
+        return "\n".join(source for _, source in defs) + "\n"
+    used = _words(body)
+    wanted: set[str] = set()
+    for name, source in reversed(defs):  # each definition comes after what it uses
+        if name in used:
+            wanted.add(name)
+            used |= _words(source)
+    return "".join(source + "\n" for name, source in defs if name in wanted)
+
+
+def _words(source: str) -> set[str]:
+    return set(re.findall(r"\w+", source))

@@ -42,9 +42,9 @@ SCRIPT_NAMES = (
 
 @cache
 def script_source(name: str) -> str:
-    """A script's source as Redis runs it: the prelude (field names, helpers), then its body."""
+    """A script's source as Redis runs it: the prelude it uses (field names, helpers), then its body."""
     body = resources.files("shared").joinpath("lua", f"{name}.lua").read_text()
-    return lua_prelude() + body
+    return lua_prelude(body) + body
 
 
 def register_scripts(client: redis.Redis) -> dict[str, Any]:

@@ -5,28 +5,32 @@
 --   'missing', 'stale' (head: version, phase, step, epoch, outbox, outbox_claimed), 'busy' as for
 --   a phase; 'done' when the call already has its result; 'ok' when claimed (prior as for a phase).
 -- head of 'ok' is {body, request, epoch, cancel}.
+-- One HMGET reads everything the claim checks and returns: the claim's own writes below touch none
+-- of the fields returned in head.
 local run_id, version, epoch, step, call_id, token, holder, lease_ms = unpack(ARGV, 1, 8)
 local run, attempts_key, leases, results_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
-local state = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP, F_EPOCH, F_OUTBOX, F_OUTBOX_CLAIMED, F_CALLS)
+local field = call_claim(step, call_id)
+local state = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP, F_EPOCH, F_OUTBOX, F_OUTBOX_CLAIMED,
+  F_CALLS, field, F_BODY, F_REQUEST, F_CANCEL)
 if not state[1] then return {'missing'} end
+local seen = {state[1], state[2], state[3], state[4], state[5], state[6], state[7]}
 if state[1] ~= version or state[2] ~= P_ACTING or state[3] ~= step or state[4] ~= epoch
     or not has_call(state[7], call_id) then
-  return {'stale', state}
+  return {'stale', seen}
 end
 if redis.call('HEXISTS', results_key, call_id) == 1 then return {'done'} end
 local now = now_ms()
-local field = call_claim(step, call_id)
 local attempts_field = 'v' .. version .. ':' .. field
 local prior = 'none'
 local replay = false
-local current = redis.call('HGET', run, field)
+local current = state[8]
 if current then
   local held_by, deadline = claim_parts(current)
   if held_by == token then
     replay = true
   elseif deadline > now then
-    return {'busy', state}
+    return {'busy', seen}
   else
     prior = 'expired'
   end
@@ -40,6 +44,8 @@ else
   attempts = redis.call('HINCRBY', attempts_key, attempts_field, 1)
 end
 redis.call('ZADD', leases, 'LT', deadline, run_id)
-local head = redis.call('HMGET', run, F_BODY, F_REQUEST, F_EPOCH, F_CANCEL)
-local last_error = redis.call('HGET', attempts_key, 'err:' .. attempts_field) or ''
-return {'ok', head, attempts, prior, last_error}
+-- A last error is written only about a claim counted in attempts (release.lua, recover.lua): the
+-- first claim of this call at this version has none to read.
+local last_error = ''
+if attempts > 1 then last_error = redis.call('HGET', attempts_key, 'err:' .. attempts_field) or '' end
+return {'ok', {state[9], state[10], state[4], state[11]}, attempts, prior, last_error}

@@ -8,26 +8,30 @@
 --   'ok'       claimed (or this delivery's own claim, replayed). prior is 'none', or 'expired' when
 --              an earlier delivery claimed the phase and stopped renewing before it finished.
 -- head of 'ok' is {body, request, epoch, cancel}.
+-- One HMGET reads everything the claim checks and returns: the claim's own writes below touch none
+-- of the fields returned in head.
 local run_id, version, phase, epoch, step, token, holder, lease_ms, messages_from, want_results =
   unpack(ARGV, 1, 10)
 local run, attempts_key, leases, messages_key, results_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
-local state = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP, F_EPOCH, F_OUTBOX, F_OUTBOX_CLAIMED)
+local state = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP, F_EPOCH, F_OUTBOX, F_OUTBOX_CLAIMED,
+  F_RUNNING, F_BODY, F_REQUEST, F_CANCEL)
 if not state[1] then return {'missing'} end
+local seen = {state[1], state[2], state[3], state[4], state[5], state[6]}
 if state[1] ~= version or state[2] ~= phase or state[3] ~= step or state[4] ~= epoch then
-  return {'stale', state}
+  return {'stale', seen}
 end
 local now = now_ms()
 local attempts_field = 'v' .. version .. ':' .. F_RUNNING
 local prior = 'none'
-local current = redis.call('HGET', run, F_RUNNING)
+local current = state[7]
 local replay = false
 if current then
   local held_by, deadline = claim_parts(current)
   if held_by == token then
     replay = true
   elseif deadline > now then
-    return {'busy', state}
+    return {'busy', seen}
   else
     prior = 'expired'
   end
@@ -45,6 +49,8 @@ local messages = {}
 if messages_from ~= '' then messages = redis.call('LRANGE', messages_key, tonumber(messages_from), -1) end
 local results = {}
 if want_results == '1' then results = redis.call('HVALS', results_key) end
-local head = redis.call('HMGET', run, F_BODY, F_REQUEST, F_EPOCH, F_CANCEL)
-local last_error = redis.call('HGET', attempts_key, 'err:' .. attempts_field) or ''
-return {'ok', head, attempts, messages, prior, results, last_error}
+-- A last error is written only about a claim counted in attempts (release.lua, recover.lua): the
+-- first claim of this work at this version has none to read.
+local last_error = ''
+if attempts > 1 then last_error = redis.call('HGET', attempts_key, 'err:' .. attempts_field) or '' end
+return {'ok', {state[8], state[9], state[4], state[10]}, attempts, messages, prior, results, last_error}

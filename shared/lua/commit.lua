@@ -17,41 +17,53 @@ local run_id, op, expected_version, claim_field, claim_token, new_version, phase
 local run, messages_key, checkpoints, events_key, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local registry, inflight, status_from, status_to, ended = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 
-local current = redis.call('HGET', run, F_VERSION)
+-- One HMGET reads every field the checks and the reply need (the commit's writes change none of
+-- the claim's, the cancel's, the epoch's or the creation time's).
+local claim_read = F_RUNNING
+if claim_token ~= '' then claim_read = claim_field end
+local state = redis.call('HMGET', run, F_VERSION, F_OP, claim_read, F_CANCEL, F_EPOCH, F_CREATED)
+local current, epoch = state[1], state[5]
 if current ~= expected_version then
-  if current == new_version and redis.call('HGET', run, F_OP) == op then
-    return {'committed', redis.call('HGET', run, F_EPOCH), '0'}  -- this very commit, replayed
+  if current == new_version and state[2] == op then
+    return {'committed', epoch, '0'}  -- this very commit, replayed
   end
   return {'fenced', current or ''}
 end
 local now = now_ms()
 if claim_token ~= '' then
-  local held = redis.call('HGET', run, claim_field)
+  local held = state[3]
   if not held or (claim_parts(held)) ~= claim_token then return {'fenced', current} end
 else
-  local running = redis.call('HGET', run, F_RUNNING)
+  local running = state[3]
   if running and select(2, claim_parts(running)) > now then return {'fenced', current} end
 end
-if phase ~= P_INTERRUPTED and redis.call('HGET', run, F_CANCEL) == '1' then
+if phase ~= P_INTERRUPTED and state[4] == '1' then
   return {'cancel_pending', current}
 end
 
 local queued_until = now + tonumber(queued_lease_ms)
-if claim_field ~= '' then redis.call('HDEL', run, claim_field) end
-redis.call('HDEL', run, F_RUNNING, F_DECISION)
+if claim_field ~= '' then
+  redis.call('HDEL', run, F_RUNNING, F_DECISION, claim_field)
+else
+  redis.call('HDEL', run, F_RUNNING, F_DECISION)
+end
 redis.call('HSET', run, F_VERSION, new_version, F_PHASE, phase, F_STEP, step, F_BODY, body,
   F_OUTBOX, outbox, F_OUTBOX_CLAIMED, '0', F_CALLS, calls, F_QUEUED_UNTIL, queued_until,
   F_QUEUED_CHECKS, '0', F_OP, op)
 local base = 19
-for i = 1, tonumber(n_messages) do redis.call('RPUSH', messages_key, ARGV[base + i]) end
+-- One RPUSH per chunk of messages, not per message (chunks keep unpack's stack use bounded).
+local last = base + tonumber(n_messages)
+for first = base + 1, last, 100 do
+  redis.call('RPUSH', messages_key, unpack(ARGV, first, math.min(first + 99, last)))
+end
 base = base + tonumber(n_messages)
 for i = 1, tonumber(n_events) do
   redis.call('XADD', events_key, 'MAXLEN', '~', events_maxlen, '*', 'e', ARGV[base + i])
 end
-local pushed = push_broker(run, base + tonumber(n_events) + 1)
+local pushed = push_broker(epoch, base + tonumber(n_events) + 1)
 redis.call('RPUSH', checkpoints, body)
 if status_from ~= status_to then
-  local created = redis.call('HGET', run, F_CREATED) or '0'
+  local created = state[6] or '0'
   redis.call('ZREM', status_from, run_id)
   redis.call('ZADD', status_to, created, run_id)
   redis.call('SADD', registry, status_to)
@@ -70,4 +82,4 @@ if kind == 'terminal' then
   for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
   for i = 11, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
 end
-return {'committed', redis.call('HGET', run, F_EPOCH), pushed}
+return {'committed', epoch, pushed}

@@ -10,10 +10,14 @@ local run_id, op, version, step, call_id, claim_token, result, event, n_calls, o
   observe_body, observe_outbox, queued_lease_ms, events_maxlen = unpack(ARGV, 1, 14)
 local run, results_key, events_key, leases, checkpoints = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
-local state = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP)
+-- One HMGET reads every field of the run hash the script checks or returns (its writes below
+-- change none of them before they are used).
+local field = call_claim(step, call_id)
+local state = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP, F_OP, F_EPOCH, field, F_CALLS)
+local epoch = state[5]
 if state[1] ~= version or state[2] ~= P_ACTING or state[3] ~= step then
-  if state[1] == observe_version and redis.call('HGET', run, F_OP) == op then
-    return {'complete', redis.call('HGET', run, F_EPOCH), '0'}  -- this very fan-in, replayed
+  if state[1] == observe_version and state[4] == op then
+    return {'complete', epoch, '0'}  -- this very fan-in, replayed
   end
   return {'stale'}
 end
@@ -21,18 +25,23 @@ if redis.call('HSETNX', results_key, call_id, result) == 0 then
   if redis.call('HGET', results_key, call_id) == result then return {'recorded'} end  -- replayed
   return {'duplicate'}
 end
-local field = call_claim(step, call_id)
-local held = redis.call('HGET', run, field)
-if held and (claim_parts(held)) == claim_token then redis.call('HDEL', run, field) end
 redis.call('XADD', events_key, 'MAXLEN', '~', events_maxlen, '*', 'e', event)
-if redis.call('HLEN', results_key) < tonumber(n_calls) then return {'recorded'} end
+local held = state[6]
+local own = held and (claim_parts(held)) == claim_token
+if redis.call('HLEN', results_key) < tonumber(n_calls) then
+  if own then redis.call('HDEL', run, field) end
+  return {'recorded'}
+end
 
 -- The step is over: no claim of its calls (live or an expired marker) means anything now.
-for _, id in ipairs(split_calls(redis.call('HGET', run, F_CALLS))) do redis.call('HDEL', run, call_claim(step, id)) end
+local claims = {}
+if own then claims[1] = field end
+for _, id in ipairs(split_calls(state[7])) do claims[#claims + 1] = call_claim(step, id) end
+for first = 1, #claims, 100 do redis.call('HDEL', run, unpack(claims, first, math.min(first + 99, #claims))) end
 local queued_until = now_ms() + tonumber(queued_lease_ms)
 redis.call('HSET', run, F_VERSION, observe_version, F_PHASE, P_OBSERVING, F_BODY, observe_body,
   F_OUTBOX, observe_outbox, F_OUTBOX_CLAIMED, '0', F_QUEUED_UNTIL, queued_until, F_QUEUED_CHECKS, '0',
   F_OP, op)
 redis.call('RPUSH', checkpoints, observe_body)
 redis.call('ZADD', leases, queued_until, run_id)
-return {'complete', redis.call('HGET', run, F_EPOCH), push_broker(run, 15)}
+return {'complete', epoch, push_broker(epoch, 15)}
