@@ -22,9 +22,47 @@ import redis
 
 from shared.store import RunStore
 
-__all__ = ["Heartbeat", "Held"]
+__all__ = ["Flag", "Heartbeat", "Held"]
 
 log = logging.getLogger("wesichain.heartbeat")
+
+
+#: Guards the creation of a :class:`Flag`'s event against a concurrent ``set``.
+_flags_lock = threading.Lock()
+
+
+class Flag:
+    """A :class:`threading.Event` whose event is made only when something waits on it.
+
+    Every phase holds two of these, almost never set and rarely waited on; an Event (a Condition
+    and its lock) costs more to make than the rest of the claim's bookkeeping in this process.
+    """
+
+    __slots__ = ("_event", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with _flags_lock:
+            self._set = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until set or ``timeout`` seconds passed; returns whether it is set."""
+        with _flags_lock:
+            if self._set:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
 
 @dataclass
@@ -36,9 +74,9 @@ class Held:
     token: str
     #: ``time.monotonic()`` past which the claim is no longer extended (None: while the task runs).
     renew_until: float | None = None
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: Flag = field(default_factory=Flag)
     #: Set when the claim was lost (expired and taken over): this delivery's commit will be fenced.
-    lost: threading.Event = field(default_factory=threading.Event)
+    lost: Flag = field(default_factory=Flag)
 
 
 class Heartbeat:

@@ -141,6 +141,9 @@ class Metrics:
         self._agents = BoundedLabel()
         #: Queue names include the runs' namespaces, which producers choose.
         self._queues = BoundedLabel()
+        #: Each metric's children by label values (bounded: every label's values are), so a
+        #: transition does not pay for prometheus-client's ``labels`` lookup each time.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.runs_started = Counter("wesichain_runs_started", "Runs that began thinking", ["agent"])
         self.runs_ended = Counter(
             "wesichain_runs_ended",
@@ -205,34 +208,42 @@ class Metrics:
             "wesichain_tool_call_errors", "Failed tool calls by kind", ["tool", "kind"]
         )
 
+    def _of(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once per process and label values."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     # -- runs --------------------------------------------------------------------------------------
 
     def committed(self, before: RunHead, after: RunHead) -> None:
         """A transition was committed by this process: count starts and ends of runs."""
         agent = self._agents(after.agent)
         if before.phase is Phase.IDLE and after.phase is Phase.THINKING:
-            self.runs_started.labels(agent).inc()
+            self._of(self.runs_started, agent).inc()
         if after.terminal and not before.terminal:
             kind = after.error.kind if after.error is not None else "none"
-            self.runs_ended.labels(agent, after.status, kind).inc()
+            self._of(self.runs_ended, agent, after.status, kind).inc()
             if kind == "PoisonPhase" and after.error is not None:
-                self.poison.labels(str(after.error.details.get("phase", before.phase.value))).inc()
+                self._of(self.poison, str(after.error.details.get("phase", before.phase.value))).inc()
 
     def phase_done(self, phase: Phase, seconds: float) -> None:
-        self.phase_seconds.labels(phase.value).observe(max(0.0, seconds))
+        self._of(self.phase_seconds, phase.value).observe(max(0.0, seconds))
 
     def waited(self, task: str, seconds: float, namespace: str | None = None) -> None:
         """A phase task waited ``seconds`` in its queue (its run's namespace's, if it has one)."""
-        self.queue_wait.labels(self._queues(queue_of(task, namespace))).observe(max(0.0, seconds))
+        self._of(self.queue_wait, self._queues(queue_of(task, namespace))).observe(max(0.0, seconds))
 
     def duplicate(self, task: str, reason: str) -> None:
-        self.duplicates.labels(task, reason).inc()
+        self._of(self.duplicates, task, reason).inc()
 
     def fenced_off(self, phase: Phase) -> None:
-        self.fenced.labels(phase.value).inc()
+        self._of(self.fenced, phase.value).inc()
 
     def takeover(self, reason: str) -> None:
-        self.takeovers.labels(reason).inc()
+        self._of(self.takeovers, reason).inc()
 
     # -- model and tool calls ------------------------------------------------------------------------
 
@@ -241,26 +252,26 @@ class Metrics:
     ) -> None:
         provider, name = split_model(model)
         name = self._models(f"{provider}:{name}").partition(":")[2] or "other"
-        self.model_calls.labels(provider, name, error or "ok").inc()
-        self.model_seconds.labels(provider, name).observe(max(0.0, seconds))
+        self._of(self.model_calls, provider, name, error or "ok").inc()
+        self._of(self.model_seconds, provider, name).observe(max(0.0, seconds))
         if error is not None:
-            self.model_errors.labels(provider, name, error).inc()
+            self._of(self.model_errors, provider, name, error).inc()
         if tokens_in:
-            self.tokens.labels(provider, name, "in").inc(tokens_in)
+            self._of(self.tokens, provider, name, "in").inc(tokens_in)
         if tokens_out:
-            self.tokens.labels(provider, name, "out").inc(tokens_out)
+            self._of(self.tokens, provider, name, "out").inc(tokens_out)
 
     def model_throttled(self, model: str, reason: str) -> None:
         provider, name = split_model(model)
         name = self._models(f"{provider}:{name}").partition(":")[2] or "other"
-        self.throttled.labels(provider, name, reason).inc()
+        self._of(self.throttled, provider, name, reason).inc()
 
     def tool_call(self, tool: str, seconds: float, error_kind: str | None, *, known: bool = True) -> None:
         label = self._tools(tool) if known else "unknown"
-        self.tool_calls.labels(label, "ok" if error_kind is None else "error").inc()
-        self.tool_seconds.labels(label).observe(max(0.0, seconds))
+        self._of(self.tool_calls, label, "ok" if error_kind is None else "error").inc()
+        self._of(self.tool_seconds, label).observe(max(0.0, seconds))
         if error_kind is not None:
-            self.tool_errors.labels(label, error_kind).inc()
+            self._of(self.tool_errors, label, error_kind).inc()
 
 
 _lock = threading.Lock()
