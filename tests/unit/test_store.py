@@ -284,6 +284,16 @@ def test_messages_are_appended(store: RunStore) -> None:
     assert store.load_messages(run_id, 3, 3) == [messages[3]]
 
 
+def test_a_commit_appends_every_message_in_order_past_one_push_of_them(store: RunStore) -> None:
+    """The script pushes a commit's messages 100 at a time: 250 land whole and in order."""
+    idle = fsm.Idle(create(store))
+    sent = [SystemMessage(content="sys"), *(UserMessage(content=f"m{i}") for i in range(249))]
+    t = idle.start(sent, agent_version="1", model="scripted:x", max_steps=100)
+    commit(store, idle, t)
+    assert store.load_messages(idle.head.run_id) == sent
+    assert t.head.message_count == 250
+
+
 def test_commit_cost_does_not_grow_with_history(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
     sizes: list[int] = []
     script = store._scripts["commit"]
@@ -632,6 +642,28 @@ def test_inspect_and_hand_on_an_expired_claim(rds: redis.Redis) -> None:
     assert store.commit(thinking.head, t.head, held.ref, t.messages, t.events).status == "fenced"
     assert isinstance(store.claim_phase(PhaseClaim(run_id, 2, Phase.THINKING, 0, 1), HOLDER), Stale)
     assert isinstance(store.claim_phase(PhaseClaim(run_id, 2, Phase.THINKING, 1, 1), HOLDER), Claim)
+
+
+def test_a_claim_reads_the_last_error_of_the_attempt_before_it(rds: redis.Redis) -> None:
+    """The first claim of a piece of work has no last error; the claim after a lost holder reads
+    why that holder lost it, for a phase and for a tool call alike."""
+    store = make_store(rds, lease_s=0.2)
+    thinking = started(store)
+    run_id = thinking.head.run_id
+    first = claim(store, thinking.head)
+    assert (first.attempts, first.last_error, first.prior) == (1, "", "none")
+    assert store.expire_dead_holder(run_id, 2, protocol.RUNNING, HOLDER, "its worker saw it die")
+    second = claim(store, thinking.head)
+    assert (second.attempts, second.last_error, second.prior) == (2, "its worker saw it die", "expired")
+
+    act = thinking.act("calling", CALLS, Usage(input_tokens=1))
+    assert store.commit(thinking.head, act.head, second.ref, act.messages, act.events).status == "committed"
+    a = call_claim(store, act.head, "a")
+    assert (a.attempts, a.last_error) == (1, "")
+    field = protocol.call_claim(act.head.step, "a")
+    assert store.expire_dead_holder(run_id, act.head.version, field, HOLDER, "the tool's process died")
+    again = call_claim(store, act.head, "a")
+    assert (again.attempts, again.last_error, again.prior) == (2, "the tool's process died", "expired")
 
 
 def test_inspect_a_queued_phase_past_its_time_and_wait(store: RunStore) -> None:
