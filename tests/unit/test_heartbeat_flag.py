@@ -47,7 +47,7 @@ def test_a_set_racing_the_first_wait_is_never_missed() -> None:
     for _ in range(200):
         flag = Flag()
         woke: list[bool] = []
-        thread = threading.Thread(target=lambda f=flag: woke.append(f.wait(30)))
+        thread = threading.Thread(target=lambda f=flag, w=woke: w.append(f.wait(30)))
         thread.start()
         flag.set()
         thread.join(30)

@@ -17,7 +17,7 @@ from shared import events as ev
 from shared import fsm, protocol
 from shared.errors import InternalInvariant, RunErrorInfo
 from shared.llm.base import Usage
-from shared.messages import SystemMessage, ToolCall, ToolMessage, UserMessage
+from shared.messages import Message, SystemMessage, ToolCall, ToolMessage, UserMessage
 from shared.settings import Settings
 from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
 from shared.store import Busy, CallClaim, Claim, ClaimRef, Done, Due, PhaseClaim, RunStore, Stale
@@ -287,7 +287,7 @@ def test_messages_are_appended(store: RunStore) -> None:
 def test_a_commit_appends_every_message_in_order_past_one_push_of_them(store: RunStore) -> None:
     """The script pushes a commit's messages 100 at a time: 250 land whole and in order."""
     idle = fsm.Idle(create(store))
-    sent = [SystemMessage(content="sys"), *(UserMessage(content=f"m{i}") for i in range(249))]
+    sent: list[Message] = [SystemMessage(content="sys"), *(UserMessage(content=f"m{i}") for i in range(249))]
     t = idle.start(sent, agent_version="1", model="scripted:x", max_steps=100)
     commit(store, idle, t)
     assert store.load_messages(idle.head.run_id) == sent
