@@ -66,6 +66,7 @@ __all__ = [
     "RunStore",
     "Stale",
     "TaskState",
+    "new_op",
     "new_token",
 ]
 
