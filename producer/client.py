@@ -302,11 +302,15 @@ class Client:
         pipeline_id: str | None = None,
         tenant: str | None = None,
         check: bool = True,
+        namespace: str | None = None,
     ) -> PipelineHandle:
-        """Start a pipeline run of the agents module's pipeline ``name`` (see ``producer/pipelines.py``)."""
+        """Start a pipeline run of the agents module's pipeline ``name`` (see ``producer/pipelines.py``);
+        ``namespace`` sends its child runs and its own tasks to that queue namespace's queues."""
         from producer.pipelines import submit_pipeline
 
-        return submit_pipeline(self, name, input, pipeline_id=pipeline_id, tenant=tenant, check=check)
+        return submit_pipeline(
+            self, name, input, pipeline_id=pipeline_id, tenant=tenant, check=check, namespace=namespace
+        )
 
     def pipeline(self, pipeline_id: str) -> PipelineHandle:
         from producer.pipelines import PipelineHandle
