@@ -8,16 +8,23 @@ operator, who may name any.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from api.auth import Caller
 from api.errors import ApiError
-from api.limits import SubmitGate
 from shared.errors import InvalidRequest
 from shared.queues import check_namespace
 
-__all__ = ["allowed_namespace"]
+__all__ = ["AllowList", "allowed_namespace"]
 
 
-def allowed_namespace(gate: SubmitGate, who: Caller, raw: str | None) -> str | None:
+class AllowList(Protocol):
+    """Where a tenant's allowed namespaces are read (the API's cached :class:`SubmitGate`)."""
+
+    def namespaces(self, tenant: str) -> tuple[str, ...]: ...
+
+
+def allowed_namespace(gate: AllowList, who: Caller, raw: str | None) -> str | None:
     """The namespace a request names (None: the default one) once the caller may use it; 422 for
     a malformed name, 403 (``forbidden``) for one the caller's tenant is not allowed."""
     try:
