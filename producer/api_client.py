@@ -13,7 +13,8 @@ cancel, approve, deny — with an API key instead of Redis access::
 API's :class:`~api.models.RunView` (with the callback's delivery). Errors the API answers raise
 the same exceptions as the Redis client where one exists (:class:`RunNotFound`,
 :class:`InvalidRequest`, :class:`UnknownAgent`, :class:`RequestConflict`, :class:`StoreFull`),
-else :class:`ApiRequestError`; limits raise :class:`RateLimited` with the server's Retry-After.
+else :class:`ApiRequestError`; limits raise :class:`RateLimited` with the server's Retry-After,
+and a queue namespace the key's tenant is not allowed :class:`Forbidden`.
 """
 
 from __future__ import annotations
