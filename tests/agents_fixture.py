@@ -218,6 +218,9 @@ _add("long_tool", [reply(None, ("slow", {"seconds": 30, "label": "long"})), repl
 _add("poison", [reply(None, ("crash_worker", {})), reply("unreachable")])
 _add("charge_once", [reply(None, ("charge", {"seconds": 3, "label": "pay"})), reply("charged")])
 _add("slow_step", [reply(None, ("slow", {"seconds": 3, "label": "s"})), reply("slow step done")])
+# Mid-call for long enough that a fault started right after the tool began (a rabbitmqctl call
+# takes seconds on a loaded machine) still finds it running.
+_add("slower_step", [reply(None, ("slow", {"seconds": 10, "label": "s"})), reply("slow step done")])
 _add("model_retry_fail", [reply("!transport")], policy=Policy(on_model_error=Retry(n=2)))
 _add("model_fail", [reply("!transport")], policy=Policy(on_model_error=Fail()))
 

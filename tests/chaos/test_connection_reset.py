@@ -9,6 +9,8 @@ dropped, and every tool runs exactly once, the non-retry-safe one included.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -179,6 +181,79 @@ def test_a_deaf_rabbitmq_consumer_does_not_look_healthy(cluster: Cluster, rabbit
         assert worker.alive
     finally:
         proxy.close()
+        client.close()
+
+
+def close_vhost_connections(broker_url: str) -> None:
+    """RabbitMQ closes every client connection of ``broker_url``'s virtual host, as a node restart,
+    a forced close from the management UI or a load balancer's reset does."""
+    name = urlsplit(broker_url).path.lstrip("/")
+    subprocess.run(
+        ["rabbitmqctl", "-q", "close_all_connections", "--vhost", name, "closed by a chaos test"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_rabbitmq_closing_every_connection_of_a_busy_worker_costs_no_run(
+    cluster: Cluster, rabbitmq: str, pool: str
+) -> None:
+    """RabbitMQ drops every connection of the worker while its tools are mid-call. The deliveries
+    it held go back to the queue and come again once it reconnects: they must find their claims
+    held and be dropped, every tool must run once (the non-retry-safe one included), and the
+    worker must consume new runs within seconds."""
+    env = {ENV_BROKER_URL: rabbitmq}
+    client = Client(
+        Settings(redis_url=cluster.server.url, agents_module="tests.agents_fixture", broker_url=rabbitmq)
+    )
+    try:
+        (worker,) = cluster.start(1, concurrency=3, pool=pool, env=env)
+        r = client.store.redis
+        busy = [
+            client.submit("slower_step", "go"),
+            client.submit("slower_step", "go"),
+            client.submit("charge_once", "go"),
+        ]
+        for handle in busy:
+            wait_tool_started(r, idem(handle.run_id))
+
+        close_vhost_connections(rabbitmq)
+        closed_at = time.time()
+        after = [client.submit("one_hop", "go") for _ in range(3)]
+
+        for handle in after:
+            head = handle.wait(RUN_TIMEOUT_S)
+            assert head.phase is Phase.COMPLETED, f"{handle.run_id}: {head.phase} {head.error}"
+            assert kinds(events_of(handle)) == ONE_HOP
+        first = min(e.ts for h in after for e in events_of(h) if e.kind == "RunStarted")
+        seconds = note_recovery(
+            f"RabbitMQ closed every connection of a busy {pool} worker -> consuming again",
+            first - closed_at,
+        )
+        assert seconds < RECOVERY_BOUND_S
+
+        for handle in busy:
+            head = handle.wait(RUN_TIMEOUT_S)
+            events = events_of(handle)
+            key = idem(handle.run_id)
+            assert head.phase is Phase.COMPLETED, f"{head.agent} {handle.run_id}: {head.phase} {head.error}"
+            assert kinds(events) == ONE_HOP
+            assert_event_invariants(events)
+            assert_terminal_matches_events(head, events)
+            assert starts(r, key) == 1, f"{head.agent}: the tool started {starts(r, key)} times"
+            assert effects(r, key) == 1
+        assert worker.alive
+        wait_until(lambda: consuming(client, worker), 30, what="the worker's record to say it consumes")
+        # The fault reached the worker and the deliveries in flight: RabbitMQ handed each slow
+        # tool's out again (the charge may have ended, and been acknowledged, before the close).
+        log = worker.log()
+        assert "CONNECTION_FORCED - closed by a chaos test" in log
+        for handle in busy[:2]:
+            received = len(re.findall(rf"Task wesichain\.tool\[{handle.run_id}:[^\]]*\] received", log))
+            assert received >= 2, f"{handle.run_id}: its tool was delivered {received} time(s)"
+    finally:
         client.close()
 
 
