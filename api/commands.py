@@ -7,7 +7,10 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.tenants import Tenants
 
 __all__ = ["Handler", "api", "keys", "register"]
 
@@ -53,6 +56,17 @@ def register(
     lim.add_argument("--tenant", required=True)
     lim.add_argument("--max-inflight", type=int, help="runs not ended yet")
     lim.add_argument("--submits-per-minute", type=int, help="new runs per minute")
+    ns = ksub.add_parser(
+        "namespaces",
+        parents=[common],
+        help="show or set the queue namespaces a tenant's runs may name (the default one always)",
+    )
+    ns.add_argument("--tenant", required=True)
+    ns.add_argument("--allow", action="append", default=[], metavar="NAME", help="allow NAME (repeatable)")
+    ns.add_argument(
+        "--disallow", action="append", default=[], metavar="NAME", help="take NAME back (repeatable)"
+    )
+    ns.add_argument("--clear", action="store_true", help="allow only the default namespace")
     cb = ksub.add_parser(
         "callback", parents=[common], help="show or set the webhook of a tenant's runs that name none"
     )
@@ -94,7 +108,7 @@ def keys(args: argparse.Namespace) -> int:
     from shared.settings import Settings
     from shared.state import Callback
     from shared.store import RunStore
-    from shared.tenants import TenantLimits, Tenants
+    from shared.tenants import Tenants
 
     settings = Settings.from_env()
     store = RunStore(connect(settings), settings)
@@ -118,20 +132,9 @@ def keys(args: argparse.Namespace) -> int:
             print(f"{r.id}  {state}  {r.name}")
         return 0
     if args.keys_command == "limits":
-        limits = tenants.limits(args.tenant)
-        changes = {
-            name: value
-            for name, value in (
-                ("max_inflight", args.max_inflight),
-                ("submits_per_minute", args.submits_per_minute),
-            )
-            if value is not None
-        }
-        if changes:
-            limits = TenantLimits.model_validate({**limits.model_dump(), **changes})
-            tenants.set_limits(args.tenant, limits)
-        print(limits.model_dump_json())
-        return 0
+        return _limits(tenants, args)
+    if args.keys_command == "namespaces":
+        return _namespaces(tenants, args)
     if args.keys_command == "callback":
         if args.clear:
             tenants.set_default_callback(args.tenant, None)
@@ -146,4 +149,34 @@ def keys(args: argparse.Namespace) -> int:
         print(f"wesichain: tenant {args.tenant!r} has no key {args.key_id!r}", file=sys.stderr)
         return 1
     print(f"revoked {args.key_id}")
+    return 0
+
+
+def _namespaces(tenants: Tenants, args: argparse.Namespace) -> int:
+    """``keys namespaces``: change the tenant's allowed queue namespaces as asked; print them."""
+    allowed = set() if args.clear else set(tenants.namespaces(args.tenant))
+    if args.clear or args.allow or args.disallow:
+        allowed = (allowed | set(args.allow)) - set(args.disallow)
+        tenants.set_namespaces(args.tenant, allowed)
+    print(json.dumps(list(tenants.namespaces(args.tenant))))
+    return 0
+
+
+def _limits(tenants: Tenants, args: argparse.Namespace) -> int:
+    """``keys limits``: change the tenant's limits as asked; print them."""
+    from shared.tenants import TenantLimits
+
+    limits = tenants.limits(args.tenant)
+    changes = {
+        name: value
+        for name, value in (
+            ("max_inflight", args.max_inflight),
+            ("submits_per_minute", args.submits_per_minute),
+        )
+        if value is not None
+    }
+    if changes:
+        limits = TenantLimits.model_validate({**limits.model_dump(), **changes})
+        tenants.set_limits(args.tenant, limits)
+    print(limits.model_dump_json())
     return 0

@@ -18,7 +18,8 @@ __all__ = ["ApiError", "ErrorBody", "ErrorInfo", "error_response", "install_erro
 
 class ErrorInfo(BaseModel):
     kind: str = Field(
-        description="What went wrong: bad_json, invalid_request, unauthorized, not_found, unknown_agent,"
+        description="What went wrong: bad_json, invalid_request, unauthorized, forbidden, not_found,"
+        " unknown_agent,"
         " wrong_state, conflict, body_too_large, rate_limited, store_full, unavailable, internal."
     )
     message: str = Field(description="A sentence for a human.")
@@ -65,6 +66,7 @@ def error_response(
 _KIND_OF_STATUS = {
     400: "bad_request",
     401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
     406: "not_acceptable",

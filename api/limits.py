@@ -3,8 +3,8 @@
 Submits per minute is a sliding window in Redis (one sorted-set entry per admitted submit, by
 Redis's clock), so it holds across every API process. Runs in flight are the counts the create
 and commit scripts keep; they are read before a submit, so concurrent submits at the very edge
-of the limit may pass it by a few. A tenant's limits and default webhook are read at most
-every ``cache_s`` seconds.
+of the limit may pass it by a few. A tenant's limits, default webhook and allowed queue
+namespaces are read at most every ``cache_s`` seconds.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import uuid
 
 from api.errors import ApiError
 from shared.store import RunStore
-from shared.tenants import TenantLimits, Tenants
+from shared.tenants import TenantLimits, Tenants, TenantSettings
 
 __all__ = ["INFLIGHT_RETRY_S", "SubmitGate", "WINDOW_MS"]
 
@@ -31,28 +31,32 @@ class SubmitGate:
         self.tenants = tenants
         self.cache_s = cache_s
         self._window = store.redis.register_script(_window_source())
-        self._cache: dict[str, tuple[float, TenantLimits, str | None]] = {}
+        self._cache: dict[str, tuple[float, TenantSettings]] = {}
         self._lock = threading.Lock()
 
     def limits(self, tenant: str) -> TenantLimits:
-        return self._settings(tenant)[0]
+        return self._settings(tenant).limits
 
     def default_callback(self, tenant: str) -> str | None:
         """The tenant's default webhook URL (read with its limits, as cached)."""
-        return self._settings(tenant)[1]
+        return self._settings(tenant).default_callback
 
-    def _settings(self, tenant: str) -> tuple[TenantLimits, str | None]:
+    def namespaces(self, tenant: str) -> tuple[str, ...]:
+        """The queue namespaces the tenant may name besides the default one (as cached)."""
+        return self._settings(tenant).namespaces
+
+    def _settings(self, tenant: str) -> TenantSettings:
         now = time.monotonic()
         with self._lock:
             cached = self._cache.get(tenant)
         if cached is not None and now - cached[0] < self.cache_s:
-            return cached[1], cached[2]
-        limits, callback = self.tenants.settings(tenant)
+            return cached[1]
+        settings = self.tenants.settings(tenant)
         with self._lock:
             if len(self._cache) > 10_000:  # bounded: tenants come and go
                 self._cache.clear()
-            self._cache[tenant] = (now, limits, callback)
-        return limits, callback
+            self._cache[tenant] = (now, settings)
+        return settings
 
     def admit(self, tenant: str) -> None:
         """Count one submit of ``tenant``; raise a 429 :class:`ApiError` if a limit forbids it."""

@@ -10,6 +10,7 @@ from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import ToolCall
 from shared.pipeline.status import PipelineSummary
+from shared.queues import MAX_NAMESPACE_CHARS, NAMESPACE_PATTERN
 from shared.request import MAX_NAME_CHARS, NAME_PATTERN, NOT_BLANK, RunRequest
 from shared.state import Approval, Callback, CallbackState, PhaseRun, RunHead, RunStatus
 from shared.workers import AgentInfo
@@ -27,8 +28,24 @@ __all__ = [
     "RunList",
     "RunView",
     "SubmitBody",
+    "namespace_field",
     "run_view",
 ]
+
+
+def namespace_field(what: str) -> Any:
+    """The optional ``namespace`` of a body that starts ``what``: its bounds, pattern and rule."""
+    return Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAMESPACE_CHARS,
+        pattern=NAMESPACE_PATTERN,
+        description=f"The queue namespace of {what}: NAME sends every task to NAME.model, NAME.tools"
+        " and NAME.callbacks, served by `wesichain worker --namespace NAME`, instead of the default"
+        " queues (1..48 letters, digits, _ and -; `wesichain` is the default one). A tenant may name"
+        " only the namespaces an operator allowed it (`wesichain keys namespaces`): any other is a"
+        " 403 `forbidden`.",
+    )
 
 
 class SubmitBody(BaseModel):
@@ -65,6 +82,7 @@ class SubmitBody(BaseModel):
     state: dict[str, Any] | None = Field(
         default=None, description=RunRequest.model_fields["state"].description
     )
+    namespace: str | None = namespace_field("the run")
 
 
 class DenyBody(BaseModel):
@@ -99,6 +117,9 @@ class RunView(BaseModel):
     thread_id: str | None
     metadata: dict[str, Any]
     callback: Callback | None
+    namespace: str | None = Field(
+        default=None, description="The run's queue namespace; null: the default queues."
+    )
     pending_calls: list[ToolCall] = Field(
         description="The tool calls of the current step (acting, or parked)."
     )
@@ -139,6 +160,7 @@ def run_view(head: RunHead, callback_delivery: CallbackState | None = None) -> R
         thread_id=head.thread_id,
         metadata=head.metadata,
         callback=head.callback,
+        namespace=head.namespace,
         pending_calls=head.pending_calls,
         approval=head.approval,
         max_steps=head.max_steps,

@@ -1,7 +1,8 @@
 """``/v1/pipelines``: start, list, read, cancel a tenant's pipeline runs, and read their events.
 
 A pipeline run of another tenant answers 404, exactly as one that does not exist. Starting one
-counts as one submit against the tenant's limits; its child runs are the tenant's runs.
+counts as one submit against the tenant's limits; its child runs are the tenant's runs. A
+pipeline run may name a queue namespace its tenant is allowed (as a run may: ``api/namespaces.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pydantic import BaseModel, Field
 
 from api.auth import Caller
 from api.errors import ApiError
-from api.models import PipelineList
+from api.models import PipelineList, namespace_field
+from api.namespaces import allowed_namespace
 from api.runs import ERRORS, MAX_UNIX_S, Svc, Who
 from api.services import Services
 from producer.pipelines import MAX_PIPELINE_ID_CHARS, PipelineConflict, PipelineHandle, UnknownPipeline
@@ -54,6 +56,7 @@ class PipelineSubmit(BaseModel):
         max_length=MAX_PIPELINE_ID_CHARS,
         description="Its id; the same id and request again is the same pipeline run.",
     )
+    namespace: str | None = namespace_field("every child run it starts and of its own tasks")
 
 
 class PipelineEvents(BaseModel):
@@ -81,9 +84,11 @@ def _owned(services: Services, who: Caller, pipeline_id: str) -> PipelineHandle:
     response_model=PipelineStatus,
     summary="Start a pipeline run",
     description="Creates the pipeline run and hands it to the workers. 422 for a pipeline the agents"
-    " module does not register, or an input that does not fit it; 409 for an id taken by another request.",
+    " module does not register, or an input that does not fit it; 409 for an id taken by another"
+    " request; 403 for a ``namespace`` the caller's tenant is not allowed.",
 )
 def submit_pipeline(body: PipelineSubmit, services: Svc, who: Who) -> PipelineStatus:
+    namespace = allowed_namespace(services.gate, who, body.namespace)
     replay = body.pipeline_id is not None and services.client.pipeline(body.pipeline_id).exists()
     if who.tenant is not None and not replay:
         # A retried submit whose pipeline run exists is answered whatever the limits: it starts nothing.
@@ -91,13 +96,22 @@ def submit_pipeline(body: PipelineSubmit, services: Svc, who: Who) -> PipelineSt
     try:
         try:
             handle = services.client.submit_pipeline(
-                body.pipeline, body.input, pipeline_id=body.pipeline_id, tenant=who.tenant
+                body.pipeline,
+                body.input,
+                pipeline_id=body.pipeline_id,
+                tenant=who.tenant,
+                namespace=namespace,
             )
         except ConfigError:
             # This process cannot import the agents module: the workers check the name (an unknown
             # one ends the pipeline run failed, UnknownPipeline).
             handle = services.client.submit_pipeline(
-                body.pipeline, body.input, pipeline_id=body.pipeline_id, tenant=who.tenant, check=False
+                body.pipeline,
+                body.input,
+                pipeline_id=body.pipeline_id,
+                tenant=who.tenant,
+                check=False,
+                namespace=namespace,
             )
     except UnknownPipeline as exc:
         raise ApiError(422, "unknown_pipeline", exc.message, details={"pipeline": body.pipeline}) from None

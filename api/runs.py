@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from api.auth import Caller, caller
 from api.errors import ApiError, ErrorBody
 from api.models import CheckpointList, DecisionBody, DenyBody, RunList, RunView, SubmitBody, run_view
+from api.namespaces import allowed_namespace
 from api.services import Services
 from producer.client import RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from shared.errors import InvalidRequest, StoreFull
@@ -86,7 +87,7 @@ def _view(services: Services, head: RunHead) -> RunView:
     summary="Start a run",
     description="Creates the run (queued) and hands it to the workers. With an ``Idempotency-Key``,"
     " the same request sent again returns the same run instead of starting another; the same key"
-    " with a different request is a 409.",
+    " with a different request is a 409. A ``namespace`` the caller's tenant is not allowed is a 403.",
 )
 def submit(
     body: SubmitBody,
@@ -104,6 +105,7 @@ def submit(
         )
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
+    namespace = allowed_namespace(services.gate, who, body.namespace)
     callback = body.callback
     if callback is None and who.tenant is not None:
         # A run that names no callback gets its tenant's default webhook, if it has one.
@@ -125,6 +127,7 @@ def submit(
             callback=callback,
             idempotency_key=idempotency_key,
             state=body.state,
+            namespace=namespace,
         )
     except UnknownAgent as exc:
         raise ApiError(422, "unknown_agent", exc.message, details={"agent": body.agent}) from None

@@ -13,7 +13,8 @@ cancel, approve, deny — with an API key instead of Redis access::
 API's :class:`~api.models.RunView` (with the callback's delivery). Errors the API answers raise
 the same exceptions as the Redis client where one exists (:class:`RunNotFound`,
 :class:`InvalidRequest`, :class:`UnknownAgent`, :class:`RequestConflict`, :class:`StoreFull`),
-else :class:`ApiRequestError`; limits raise :class:`RateLimited` with the server's Retry-After.
+else :class:`ApiRequestError`; limits raise :class:`RateLimited` with the server's Retry-After,
+and a queue namespace the key's tenant is not allowed :class:`Forbidden`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "AsyncRunHandle",
     "ENV_API_KEY",
     "ENV_API_URL",
+    "Forbidden",
     "RESUME_FOR_S",
     "RateLimited",
 ]
@@ -63,6 +65,11 @@ class ApiRequestError(WesichainError):
         self.kind = kind
         self.message = message
         self.details = details or {}
+
+
+class Forbidden(ApiRequestError):
+    """The caller's tenant may not do this (a queue namespace it is not allowed: ``details``
+    names the namespace and those it is allowed)."""
 
 
 class RateLimited(ApiRequestError):
@@ -94,6 +101,8 @@ def _raise_for(response: httpx.Response) -> None:
         raise RequestConflict(message)
     if kind == "store_full":
         raise StoreFull(message)
+    if kind == "forbidden":
+        raise Forbidden(status, kind, message, details)
     if status == 429:
         raise RateLimited(status, kind, message, details, float(response.headers.get("retry-after", "1")))
     raise ApiRequestError(status, kind, message, details)
@@ -106,9 +115,15 @@ def _submit_body(
     metadata: dict[str, Any] | None,
     model: str | None,
     callback: Callback | dict[str, Any] | None,
+    namespace: str | None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"agent": agent, "input": input}
-    for name, value in (("thread_id", thread_id), ("metadata", metadata), ("model", model)):
+    for name, value in (
+        ("thread_id", thread_id),
+        ("metadata", metadata),
+        ("model", model),
+        ("namespace", namespace),
+    ):
         if value is not None:
             body[name] = value
     if callback is not None:
@@ -244,10 +259,12 @@ class ApiClient:
         model: str | None = None,
         callback: Callback | dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        namespace: str | None = None,
     ) -> ApiRunHandle:
-        """Start a run; with ``idempotency_key`` a retried submit returns the same run."""
+        """Start a run; with ``idempotency_key`` a retried submit returns the same run; with
+        ``namespace``, on that queue namespace (one the key's tenant is allowed: else 403)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        body = _submit_body(agent, input, thread_id, metadata, model, callback)
+        body = _submit_body(agent, input, thread_id, metadata, model, callback, namespace)
         view = RunView.model_validate_json(self._call("POST", "/v1/runs", json=body, headers=headers).content)
         return ApiRunHandle(self, view.run_id)
 
@@ -457,9 +474,10 @@ class AsyncClient:
         model: str | None = None,
         callback: Callback | dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        namespace: str | None = None,
     ) -> AsyncRunHandle:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        body = _submit_body(agent, input, thread_id, metadata, model, callback)
+        body = _submit_body(agent, input, thread_id, metadata, model, callback, namespace)
         response = await self._call("POST", "/v1/runs", json=body, headers=headers)
         return AsyncRunHandle(self, RunView.model_validate_json(response.content).run_id)
 

@@ -75,7 +75,8 @@ def _producer_commands(
     s.add_argument(
         "--namespace",
         metavar="NAME",
-        help="send the run's tasks to the queues NAME.model, NAME.tools, NAME.callbacks (Redis access only)",
+        help="send the run's tasks to the queues NAME.model, NAME.tools, NAME.callbacks (over the API:"
+        " a namespace the key's tenant is allowed)",
     )
 
     st = sub.add_parser("status", parents=runs, help="show a run's state")

@@ -35,6 +35,7 @@ from shared.store import RunPage, RunStore
 from shared.tasks import decide_task, start_task
 from shared.timeline import Timeline, build_timeline
 from shared.timetravel import Checkpoint, checkpoint_of
+from shared.unsent import PUBLISH_ERRORS, mark_unsent
 from shared.workers import AgentInfo, WorkerDirectory
 
 if TYPE_CHECKING:
@@ -175,8 +176,18 @@ class Client:
             if existing.phase is not Phase.IDLE:
                 return RunHandle(self, run_id)
             # Still waiting for its start: the first submit may have died before sending it.
-        self.send_run_task(start)
+        self._send_start(start)
         return RunHandle(self, run_id)
+
+    def _send_start(self, start: TaskSpec) -> None:
+        """Send a new run's start task. The run is created, its start in its outbox: should the
+        broker refuse the task, the run is still accepted, and the workers' sweeper sends the task
+        once the broker takes messages again (``shared/unsent.py``). Raising here instead would
+        have a caller retry, and start a second run beside the first."""
+        try:
+            self.send_run_task(start)
+        except PUBLISH_ERRORS as exc:
+            mark_unsent(self.store, start, exc, delay_s=0)
 
     def send_run_task(self, task: TaskSpec) -> None:
         """Send one of a run's tasks, on its namespace's queue if it names one."""
@@ -244,7 +255,7 @@ class Client:
         start = start_task(new_id, namespace=source.namespace)
         if not self._create(head, start):
             raise InvalidRequest(f"run id {new_id!r} already exists")
-        self.send_run_task(start)
+        self._send_start(start)
         return RunHandle(self, new_id)
 
     @staticmethod
@@ -302,11 +313,15 @@ class Client:
         pipeline_id: str | None = None,
         tenant: str | None = None,
         check: bool = True,
+        namespace: str | None = None,
     ) -> PipelineHandle:
-        """Start a pipeline run of the agents module's pipeline ``name`` (see ``producer/pipelines.py``)."""
+        """Start a pipeline run of the agents module's pipeline ``name`` (see ``producer/pipelines.py``);
+        ``namespace`` sends its child runs and its own tasks to that queue namespace's queues."""
         from producer.pipelines import submit_pipeline
 
-        return submit_pipeline(self, name, input, pipeline_id=pipeline_id, tenant=tenant, check=check)
+        return submit_pipeline(
+            self, name, input, pipeline_id=pipeline_id, tenant=tenant, check=check, namespace=namespace
+        )
 
     def pipeline(self, pipeline_id: str) -> PipelineHandle:
         from producer.pipelines import PipelineHandle

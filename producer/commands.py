@@ -78,9 +78,9 @@ def submit(args: argparse.Namespace) -> int:
     if api is not None:
         if args.no_check:
             raise InvalidRequest("--no-check needs Redis access: the API refuses runs no live worker serves")
-        if args.namespace:
-            raise InvalidRequest("--namespace needs Redis access: the API routes runs to the default queues")
-        handle = api.submit(args.agent, args.text, model=args.model, thread_id=args.thread)
+        handle = api.submit(
+            args.agent, args.text, model=args.model, thread_id=args.thread, namespace=args.namespace
+        )
     else:
         handle = Client.from_env().submit(
             args.agent,

@@ -17,6 +17,7 @@ from typing import Any
 
 from producer.client import Client
 from producer.pipelines import PipelineHandle, PipelineTimeout
+from shared.errors import InvalidRequest
 from shared.pipeline.status import PipelineStatus
 from shared.settings import ENV_AGENTS, ENV_REDIS_URL
 
@@ -41,6 +42,11 @@ def register(
         r.add_argument("input", help="the first step's input")
         r.add_argument("--id", dest="pipeline_id", help="the pipeline run's id (the same id: the same run)")
         r.add_argument("--no-check", action="store_true", help="do not look the pipeline up here first")
+        r.add_argument(
+            "--namespace",
+            metavar="NAME",
+            help="run its child runs and its own tasks on the queues NAME.model, NAME.tools, NAME.callbacks",
+        )
         if verb == "run":
             r.add_argument("--timeout", type=float, default=3600.0)
             r.add_argument("--json", action="store_true")
@@ -63,6 +69,9 @@ def dispatch(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     embedded = args.embedded or not os.environ.get(ENV_REDIS_URL)
+    if embedded and args.namespace:
+        # The pool in this process consumes the default queues only: the run would never start.
+        raise InvalidRequest("--namespace needs a Redis URL and workers serving it, not --embedded")
     context: AbstractContextManager[Client]
     if embedded:
         from worker.embedded import embedded as embedded_pool
@@ -87,7 +96,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def _start(client: Client, args: argparse.Namespace) -> PipelineHandle:
     return client.submit_pipeline(
-        args.name, args.input, pipeline_id=args.pipeline_id, check=not args.no_check
+        args.name,
+        args.input,
+        pipeline_id=args.pipeline_id,
+        check=not args.no_check,
+        namespace=args.namespace,
     )
 
 

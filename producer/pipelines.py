@@ -3,7 +3,9 @@
 Submitting stores the pipeline run (running, at no step) and sends ``wesichain.pipeline.advance``;
 the workers, which import the agents module and so know the pipeline's steps, do the rest. With
 ``check`` the producer imports the agents module too, to refuse an unknown pipeline or an input
-that does not fit at once.
+that does not fit at once. With a queue ``namespace`` (``shared/queues.py``) every child run it
+starts, and every task that moves it on, goes to that namespace's queues: only the workers serving
+the namespace run it.
 """
 
 from __future__ import annotations
@@ -61,12 +63,15 @@ def submit_pipeline(
     pipeline_id: str | None = None,
     tenant: str | None = None,
     check: bool = True,
+    namespace: str | None = None,
 ) -> PipelineHandle:
     """Create the pipeline run and send its first move; the same id and request again is the same
     pipeline run (a retry after a lost answer), the same id with another request an error."""
-    request = validate_request(
-        {"agent": name, "input": input, **({"tenant": tenant} if tenant else {})}, client.settings.limits
-    )
+    fields: dict[str, Any] = {"agent": name, "input": input}
+    for field, value in (("tenant", tenant), ("namespace", namespace)):
+        if value is not None:
+            fields[field] = value
+    request = validate_request(fields, client.settings.limits)
     if check:
         _check(client, name, input)
     pipeline_id = pipeline_id if pipeline_id is not None else uuid.uuid4().hex
@@ -74,17 +79,17 @@ def submit_pipeline(
     if len(pipeline_id) > MAX_PIPELINE_ID_CHARS:
         raise InvalidRequest(f"a pipeline_id is at most {MAX_PIPELINE_ID_CHARS} characters")
     store = PipelineStore(client.store.redis, client.store.keys, client.settings.retention_s)
-    if store.create(pipeline_id, name, request.input, request.tenant):
+    asked = (name, request.input, request.tenant, request.namespace)
+    if store.create(pipeline_id, name, request.input, request.tenant, request.namespace):
         store.add_event(pipeline_id, "pipeline_started", pipeline=name)
     else:
         meta = store.meta(pipeline_id)
-        if meta is None or (meta.name, meta.input, meta.tenant) != (name, request.input, request.tenant):
+        if meta is None or (meta.name, meta.input, meta.tenant, meta.namespace) != asked:
             raise PipelineConflict(f"pipeline run {pipeline_id!r} already exists (for another request)")
         if meta.seq >= 0:
             return PipelineHandle(client, pipeline_id)
         # Not started yet: the first submit may have died before sending its first move.
-    task = advance_task(pipeline_id, -1)
-    client.app.send_task(task.name, kwargs=task.arguments, task_id=task.task_id)
+    client.send_run_task(advance_task(pipeline_id, -1, request.namespace))
     return PipelineHandle(client, pipeline_id)
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "OUTBOX_CLAIMED",
     "PHASE",
     "QUEUED_CHECKS",
+    "QUEUED_UNSENT",
     "QUEUED_UNTIL",
     "REQUEST",
     "RUNNING",
@@ -70,8 +71,12 @@ OUTBOX_CLAIMED = "outbox_claimed"
 CALLS = "calls"
 #: Redis time (ms) until which unclaimed outbox tasks are only waiting in the broker.
 QUEUED_UNTIL = "queued_until"
-#: How many times the sweeper checked the broker for this version's unclaimed tasks (backoff).
+#: How many times the sweeper checked the broker for this version's unclaimed tasks (backoff), or
+#: QUEUED_UNSENT once a publish of them failed.
 QUEUED_CHECKS = "queued_checks"
+#: QUEUED_CHECKS of unclaimed tasks whose publish failed (the broker refused or could not be
+#: reached): the sweeper publishes them again without asking the broker, and counts no loss.
+QUEUED_UNSENT = -1
 CANCEL = "cancel"
 DECISION = "decision"
 #: Id of the last write that succeeded, so a script replayed after a lost reply knows it ran.
@@ -153,6 +158,7 @@ _FIELDS = {
     "F_CALLS": CALLS,
     "F_QUEUED_UNTIL": QUEUED_UNTIL,
     "F_QUEUED_CHECKS": QUEUED_CHECKS,
+    "QUEUED_UNSENT": str(QUEUED_UNSENT),
     "F_CANCEL": CANCEL,
     "F_DECISION": DECISION,
     "F_OP": OP,

@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_NAMESPACE",
     "KINDS",
     "MAX_NAMESPACE_CHARS",
+    "NAMESPACE_PATTERN",
     "check_namespace",
     "namespace_queues",
     "queue_in",
@@ -32,7 +33,9 @@ DEFAULT_NAMESPACE = "wesichain"
 #: The queue kinds of a namespace, by the work their tasks do.
 KINDS = ("model", "tools", "callbacks")
 MAX_NAMESPACE_CHARS = 48
-_NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+#: What a namespace looks like (the API's schemas state it too); no dot: the queue adds ``.KIND``.
+NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
+_NAMESPACE = re.compile(NAMESPACE_PATTERN)
 
 
 def check_namespace(value: object) -> str | None:

@@ -25,6 +25,7 @@ SCRIPT_NAMES = (
     "due",
     "inspect",
     "recover",
+    "unsent",
     "cancel",
     "decide",
     "join_thread",

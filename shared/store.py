@@ -1024,6 +1024,17 @@ class RunStore:
             return None
         return HandedOn(epoch=int(reply[1]), lost=int(reply[2]), tasks=[_s(t) for t in reply[3]])
 
+    def mark_unsent(self, run_id: str, version: int, epoch: int, delay_s: float) -> bool:
+        """A publish of the run's outbox at ``version`` and ``epoch`` failed: the sweeper publishes
+        its unclaimed tasks again after ``delay_s``, without asking the broker for them and
+        without counting them lost (``unsent.lua``). False if the run moved on or is gone."""
+        reply = self._run(
+            "unsent",
+            [self.keys.run(run_id), self.keys.leases_of(run_id)],
+            [run_id, version, epoch, int(delay_s * 1000)],
+        )
+        return _s(reply) == "1"
+
     def _recover(self, due: Due, action: str, missing: Sequence[str], wait_s: float, reason: str) -> Any:
         k, run_id = self.keys, due.run_id
         return self._run(

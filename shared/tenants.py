@@ -2,26 +2,42 @@
 
 A tenant owns the runs started with its keys: it sees, follows, lists, cancels and approves only
 those. Keys are shown once, when created, and stored only as their SHA-256 digest; a key's public
-id is the start of that digest. Each tenant has a webhook signing secret (created on first use) and
-its limits.
+id is the start of that digest. Each tenant has a webhook signing secret (created on first use),
+its limits, and the queue namespaces its runs may name besides the default one (none unless an
+operator allows some), so one tenant cannot put work on the workers another team runs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import redis
 from pydantic import BaseModel, Field
 
+from shared.errors import InvalidRequest
 from shared.keys import Keys
+from shared.queues import check_namespace
 from shared.request import check_name
 from shared.webhooks import new_secret
 
-__all__ = ["KEY_PREFIX", "KeyRecord", "TenantLimits", "Tenants", "digest"]
+__all__ = [
+    "KEY_PREFIX",
+    "MAX_TENANT_NAMESPACES",
+    "KeyRecord",
+    "TenantLimits",
+    "TenantSettings",
+    "Tenants",
+    "digest",
+]
 
 KEY_PREFIX = "wsk_"
+#: Queue namespaces one tenant may be allowed (the default namespace is always allowed besides).
+MAX_TENANT_NAMESPACES = 100
 
 
 def digest(key: str) -> str:
@@ -44,6 +60,17 @@ class TenantLimits(BaseModel):
 
     max_inflight: int = Field(default=1000, ge=1, description="Runs not ended yet.")
     submits_per_minute: int = Field(default=600, ge=1, description="New runs per minute.")
+
+
+@dataclass(frozen=True)
+class TenantSettings:
+    """What the API checks a tenant's submits against, read in one round trip."""
+
+    limits: TenantLimits
+    #: The webhook of its runs that name none.
+    default_callback: str | None
+    #: The queue namespaces its runs may name besides the default one (sorted).
+    namespaces: tuple[str, ...]
 
 
 class Tenants:
@@ -113,11 +140,37 @@ class Tenants:
         raw = self.redis.hget(self.keys.tenant(tenant), "limits")
         return TenantLimits.model_validate_json(raw) if raw else TenantLimits()
 
-    def settings(self, tenant: str) -> tuple[TenantLimits, str | None]:
-        """The tenant's limits and default webhook URL, in one read."""
-        raw_limits, callback = self.redis.hmget(self.keys.tenant(tenant), "limits", "callback_url")
-        limits = TenantLimits.model_validate_json(raw_limits) if raw_limits else TenantLimits()
-        return limits, str(callback) if callback else None
+    def settings(self, tenant: str) -> TenantSettings:
+        """The tenant's limits, default webhook URL and allowed namespaces, in one read."""
+        raw_limits, callback, raw_namespaces = self.redis.hmget(
+            self.keys.tenant(tenant), "limits", "callback_url", "namespaces"
+        )
+        return TenantSettings(
+            limits=TenantLimits.model_validate_json(raw_limits) if raw_limits else TenantLimits(),
+            default_callback=str(callback) if callback else None,
+            namespaces=_namespaces_of(raw_namespaces),
+        )
+
+    def namespaces(self, tenant: str) -> tuple[str, ...]:
+        """The queue namespaces the tenant's runs may name besides the default one (sorted)."""
+        return _namespaces_of(self.redis.hget(self.keys.tenant(tenant), "namespaces"))
+
+    def set_namespaces(self, tenant: str, namespaces: Iterable[str]) -> tuple[str, ...]:
+        """Allow exactly ``namespaces`` (besides the default one, always allowed); returns them
+        sorted. Raises :class:`InvalidRequest` for a malformed name or too many."""
+        check_name("tenant", tenant)
+        allowed = sorted({name for raw in namespaces if (name := check_namespace(raw)) is not None})
+        if len(allowed) > MAX_TENANT_NAMESPACES:
+            raise InvalidRequest(
+                f"a tenant may be allowed at most {MAX_TENANT_NAMESPACES} namespaces, not {len(allowed)}"
+            )
+        key = self.keys.tenant(tenant)
+        if allowed:
+            self.redis.hset(key, "namespaces", json.dumps(allowed))
+        else:
+            self.redis.hdel(key, "namespaces")
+        self.redis.sadd(self.keys.tenants(), tenant)
+        return tuple(allowed)
 
     def set_limits(self, tenant: str, limits: TenantLimits) -> None:
         check_name("tenant", tenant)
@@ -150,3 +203,11 @@ class Tenants:
             self.redis.hdel(self.keys.tenant(tenant), "callback_url")
         else:
             self.redis.hset(self.keys.tenant(tenant), "callback_url", url)
+
+
+def _namespaces_of(raw: object) -> tuple[str, ...]:
+    """The allowed namespaces as stored (a JSON list; absent: none)."""
+    if not raw:
+        return ()
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return tuple(sorted(str(name) for name in json.loads(text)))

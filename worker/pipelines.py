@@ -251,6 +251,7 @@ class PipelinePool:
                 check_agent=False,
                 tenant=meta.tenant,
                 state=state,
+                namespace=meta.namespace,
             )
             created = 1
         except StoreFull as exc:

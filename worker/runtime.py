@@ -23,6 +23,7 @@ from shared.settings import Settings
 from shared.state import Phase, PhaseRun, RunHead, TaskSpec
 from shared.store import BrokerCommand, Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
 from shared.tasks import TASK_CALLBACK, decide_task, task_for, with_epoch
+from shared.unsent import PUBLISH_ERRORS, mark_unsent
 from worker.heartbeat import Heartbeat
 from worker.hooks import Hooks
 from worker.metrics import Metrics, metrics
@@ -103,9 +104,17 @@ class Runtime:
         return [task for spec in outbox for task in self.hooks.outgoing(with_epoch(spec, epoch))]
 
     def publish(self, outbox: Sequence[TaskSpec], epoch: int) -> None:
-        """Send ``outbox`` under the run's current ``epoch``."""
+        """Send ``outbox`` under the run's current ``epoch``.
+
+        Should the broker refuse a task, the outbox is marked unsent (the sweeper sends it again)
+        and the error raised: the delivery that committed it fails as it did.
+        """
         for task in self.outgoing(outbox, epoch):
-            self.send(task)
+            try:
+                self.send(task)
+            except PUBLISH_ERRORS as exc:
+                mark_unsent(self.store, task, exc)
+                raise
 
     def push_for(self, outbox: Sequence[TaskSpec], epoch: int) -> list[BrokerCommand]:
         """The broker commands a commit script runs to publish ``outbox`` under ``epoch`` (none

@@ -26,9 +26,11 @@ import redis
 
 from shared import fsm
 from shared.errors import PoisonPhase
+from shared.protocol import QUEUED_UNSENT
 from shared.scripts import register_scripts
 from shared.store import Due, HandedOn
 from shared.tasks import with_epoch
+from shared.unsent import PUBLISH_ERRORS
 from worker.broker_probe import BrokerProbe, Located
 from worker.runtime import Runtime
 
@@ -182,6 +184,8 @@ class Sweeper:
 
     def _waiting(self, located: Located | None, seen: Due, key: str) -> bool:
         """Is the unclaimed task ``key`` of ``seen`` on its way to a worker?"""
+        if seen.queued_checks == QUEUED_UNSENT:
+            return False  # its publish failed: it never reached the broker
         if located is None:
             # The broker cannot be asked: after a generous total wait, assume the worst.
             return seen.queued_checks < 6
@@ -246,6 +250,10 @@ class Sweeper:
                 self.tick()
             except redis.RedisError as exc:
                 log.warning("sweep failed (will retry): %s", exc)
+            except PUBLISH_ERRORS as exc:
+                # The broker is away: the run being handed on was marked unsent, and the others
+                # wait for the next sweep rather than each failing its own publish now.
+                log.warning("sweep stopped: the broker refused a publish (will retry): %s", exc)
             except Exception:  # the sweeper must outlive any one bad run
                 log.exception("sweep failed (will retry)")
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))

@@ -44,7 +44,12 @@ if not replay then
     if by_key[key] ~= 'unclaimed' then return {'moved'} end
   end
   epoch = tostring(redis.call('HINCRBY', run, F_EPOCH, 1))
-  if #lost_keys > 0 then lost = redis.call('HINCRBY', attempts_key, 'lost:v' .. version, 1) end
+  -- Tasks whose publish failed were never in the broker: sending them again is no sign of poison.
+  if #lost_keys > 0 and redis.call('HGET', run, F_QUEUED_CHECKS) ~= QUEUED_UNSENT then
+    lost = redis.call('HINCRBY', attempts_key, 'lost:v' .. version, 1)
+  elseif #lost_keys > 0 then
+    lost = tonumber(redis.call('HGET', attempts_key, 'lost:v' .. version) or '0')
+  end
   for key, state in pairs(by_key) do
     if state == 'expired' then
       local field = F_RUNNING

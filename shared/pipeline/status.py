@@ -45,6 +45,8 @@ class PipelineStatus(BaseModel):
     status: str
     input: str
     tenant: str | None = None
+    #: The queue namespace of its child runs and tasks; None: the default queues.
+    namespace: str | None = None
     #: The last step's value as JSON (a map's: the list of its values), once completed.
     output: Any = None
     #: Why it failed: the failing child's error, the step, the item and the child's run id.
@@ -71,6 +73,8 @@ class PipelineSummary(BaseModel):
     status: str
     input: str
     tenant: str | None = None
+    #: The queue namespace of its child runs and tasks; None: the default queues.
+    namespace: str | None = None
     #: The step it is at, counting from 0 (branches included; -1: not started yet).
     step: int = Field(description="The step it is at, counting from 0 (branches included; -1: not started).")
     #: The pipeline that step belongs to (a branch moves a run into another pipeline).
@@ -90,6 +94,7 @@ def summary_of(meta: PipelineMeta) -> PipelineSummary:
         status=meta.status,
         input=meta.input,
         tenant=meta.tenant,
+        namespace=meta.namespace,
         step=meta.seq,
         at=meta.target,
         done=meta.done,
@@ -154,6 +159,7 @@ def pipeline_status(store: PipelineStore, pipeline_id: str) -> PipelineStatus | 
         status=meta.status,
         input=meta.input,
         tenant=meta.tenant,
+        namespace=meta.namespace,
         output=meta.output,
         error=meta.error,
         created_at=meta.created_at,

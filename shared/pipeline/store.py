@@ -69,6 +69,8 @@ class PipelineMeta:
     input: str
     tenant: str | None
     status: str
+    #: The queue namespace of its child runs and of its own tasks (None: the default queues).
+    namespace: str | None
     #: The step it is at (-1: not started yet), in which pipeline (a branch moves it to another).
     seq: int
     target: str
@@ -108,7 +110,9 @@ class PipelineStore:
         self.retention_s = retention_s
         self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
 
-    def create(self, pipeline_id: str, name: str, input: str, tenant: str | None) -> bool:
+    def create(
+        self, pipeline_id: str, name: str, input: str, tenant: str | None, namespace: str | None = None
+    ) -> bool:
         """Store a new pipeline run (running, at no step); False if the id is taken."""
         k = self.keys
         now = time.time()
@@ -116,6 +120,7 @@ class PipelineStore:
             "name": name,
             "input": input,
             "tenant": tenant or "",
+            "namespace": namespace or "",
             "status": "running",
             "seq": "-1",
             "target": name,
@@ -399,6 +404,7 @@ def _meta_of(pipeline_id: str, raw: Any) -> PipelineMeta | None:
         input=f["input"],
         tenant=f.get("tenant") or None,
         status=f["status"],
+        namespace=f.get("namespace") or None,
         seq=int(f["seq"]),
         target=f["target"],
         index=int(f["index"]),

@@ -1,5 +1,5 @@
 """Pipelines of runs on a real redis-server and real prefork workers: then, map (its cap), reduce
-(item order), branch, the step policies, cancel, and the CLI.
+(item order), branch, the step policies, cancel, the CLI, and a queue namespace.
 
 The agents (``tests/agents_pipelines.py``) count every model call per (agent, input) in Redis, so a
 test can tell each child run asked its model exactly once.
@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from producer.cli import main
 from producer.client import Client
-from producer.pipelines import UnknownPipeline
+from producer.pipelines import PipelineConflict, UnknownPipeline
 from shared.pipeline.store import PipelineStore, child_run_id
 from tests.agents_pipelines import CALLS_KEY
-from tests.broker import Settings, broker_env
+from tests.broker import Settings, broker_env, queued
 from tests.conftest import own_store
 from tests.harness import RedisServer, WorkerProcess, running, wait_until
 from tests.redis_cluster import RedisCluster
@@ -259,3 +260,40 @@ def test_a_step_starts_from_the_state_the_run_before_it_ended_with(client: Clien
         {"noted": ["first", "then noted first", "x noted then noted first"]},
         {"noted": ["first", "then noted first", "y noted then noted first"]},
     ]
+
+
+NAMESPACE = "pipes-ns"
+
+
+def test_a_pipeline_run_in_a_queue_namespace_waits_for_and_runs_only_on_that_namespace_s_workers(
+    server: RedisServer,
+    pool: list[WorkerProcess],
+    client: Client,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in broker_env(server.url).items():  # the CLI's topology (a cluster?)
+        monkeypatch.setenv(name, value)
+    common = ["--redis", server.url, "--agents", AGENTS]
+    assert main(["pipeline", "submit", "fan", "x,y", "--id", "ns-1", "--namespace", NAMESPACE, *common]) == 0
+    assert capsys.readouterr().out.strip() == "ns-1"
+    # Its first move waits in the namespace's model queue, which no worker of the pool consumes.
+    wait_until(
+        lambda: queued(server.url, f"{NAMESPACE}.model") >= 1, timeout=30, what="its first move queued"
+    )
+    handle = client.pipeline("ns-1")
+    assert handle.status().namespace == NAMESPACE
+    spaced = WorkerProcess("pns", server.url, agents=AGENTS, log_dir=str(tmp_path), namespaces=(NAMESPACE,))
+    with running([spaced]):
+        status = handle.wait(timeout=90)
+    assert status.status == "completed" and status.output == "0:done x | 1:done y", status
+    children = [c.run_id for step in status.steps for c in step.children]
+    assert len(children) == 4
+    assert all(c is not None and client.handle(c).status().namespace == NAMESPACE for c in children)
+    assert spaced.received("ns-1:") and "pipe:ns-1:advance" in spaced.log()
+    assert [w.name for w in pool if w.received("ns-1:") or "pipe:ns-1" in w.log()] == []
+    # The same id in another namespace is another request.
+    with pytest.raises(PipelineConflict):
+        client.submit_pipeline("fan", "x,y", pipeline_id="ns-1")
+    assert client.submit_pipeline("fan", "x,y", pipeline_id="ns-1", namespace=NAMESPACE).pipeline_id == "ns-1"
