@@ -25,7 +25,7 @@ from shared.state import Phase, RunHead
 from tests.agents_fixture import EFFECTS_KEY, PIDS_KEY, STARTS_KEY
 from tests.chaos.faults import pid_key
 from tests.harness import RedisServer, WorkerProcess, wait_until
-from tests.invariants import assert_event_invariants, committed, kinds  # noqa: F401 - re-exported for the chaos tests
+from tests.invariants import assert_event_invariants, committed, kinds
 
 PREFIX = "wesichain:"
 #: Short leases so a dead worker's phase is handed on within seconds.
@@ -209,6 +209,22 @@ def assert_terminal_matches_events(head: RunHead, events: Sequence[Event]) -> No
     assert end.kind == expected[head.phase], f"head is {head.phase} but the last event is {end.kind}"
     if end.kind == "Failed":
         assert end.error == head.error
+
+
+def assert_completed_with_one_tool_run(
+    r: redis.Redis, handles: Iterable[RunHandle], shape: Sequence[str], timeout: float = RUN_TIMEOUT_S
+) -> None:
+    """Each run completed with events of ``shape``, and its tool started and took effect once."""
+    for handle in handles:
+        head = handle.wait(timeout)
+        events = events_of(handle)
+        key = idem(handle.run_id)
+        assert head.phase is Phase.COMPLETED, f"{head.agent} {handle.run_id}: {head.phase} {head.error}"
+        assert kinds(events) == list(shape)
+        assert_event_invariants(events)
+        assert_terminal_matches_events(head, events)
+        assert starts(r, key) == 1, f"{head.agent}: the tool started {starts(r, key)} times"
+        assert effects(r, key) == 1
 
 
 def first_event_after(events: Sequence[Event], t: float) -> Event:

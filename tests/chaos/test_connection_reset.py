@@ -26,14 +26,11 @@ from tests.chaos.support import (
     RECOVERY_BOUND_S,
     RUN_TIMEOUT_S,
     Cluster,
-    assert_event_invariants,
-    assert_terminal_matches_events,
-    effects,
+    assert_completed_with_one_tool_run,
     events_of,
     idem,
     kinds,
     note_recovery,
-    starts,
     wait_tool_started,
 )
 from tests.harness import RedisServer, WorkerProcess, wait_until
@@ -92,17 +89,8 @@ def test_busy_worker_consumes_again_after_every_connection_is_reset(
     )
     assert seconds < RECOVERY_BOUND_S
 
-    for handle in busy:
-        head = handle.wait(RUN_TIMEOUT_S)
-        events = events_of(handle)
-        key = idem(handle.run_id)
-        # The reset interrupted nothing: each tool ran once, to its end, and the run completed.
-        assert head.phase is Phase.COMPLETED, f"{head.agent} {handle.run_id}: {head.phase} {head.error}"
-        assert kinds(events) == ONE_HOP
-        assert_event_invariants(events)
-        assert_terminal_matches_events(head, events)
-        assert starts(r, key) == 1, f"{head.agent}: the tool started {starts(r, key)} times"
-        assert effects(r, key) == 1
+    # The reset interrupted nothing: each tool ran once, to its end, and the run completed.
+    assert_completed_with_one_tool_run(r, busy, ONE_HOP)
     assert worker.alive
     # Its liveness says so too: its record is fresh and it consumes.
     wait_until(lambda: consuming(client, worker), 30, what="the worker's record to say it consumes")
@@ -234,16 +222,7 @@ def test_rabbitmq_closing_every_connection_of_a_busy_worker_costs_no_run(
         )
         assert seconds < RECOVERY_BOUND_S
 
-        for handle in busy:
-            head = handle.wait(RUN_TIMEOUT_S)
-            events = events_of(handle)
-            key = idem(handle.run_id)
-            assert head.phase is Phase.COMPLETED, f"{head.agent} {handle.run_id}: {head.phase} {head.error}"
-            assert kinds(events) == ONE_HOP
-            assert_event_invariants(events)
-            assert_terminal_matches_events(head, events)
-            assert starts(r, key) == 1, f"{head.agent}: the tool started {starts(r, key)} times"
-            assert effects(r, key) == 1
+        assert_completed_with_one_tool_run(r, busy, ONE_HOP)
         assert worker.alive
         wait_until(lambda: consuming(client, worker), 30, what="the worker's record to say it consumes")
         # The fault reached the worker and the deliveries in flight: RabbitMQ handed each slow

@@ -22,14 +22,11 @@ from shared.state import Phase
 from tests.broker import Settings
 from tests.chaos.support import (
     Cluster,
-    assert_event_invariants,
-    assert_terminal_matches_events,
-    effects,
+    assert_completed_with_one_tool_run,
     events_of,
     idem,
     kinds,
     note_recovery,
-    starts,
     wait_tool_started,
 )
 from tests.harness import wait_until
@@ -87,16 +84,7 @@ def test_rabbitmq_node_killed_mid_run_costs_no_run(cluster: Cluster, node: Rabbi
             assert head.phase is Phase.COMPLETED, f"{handle.run_id}: {head.phase} {head.error}"
             assert kinds(events_of(handle)) == ONE_HOP
 
-        for handle in busy:
-            head = handle.wait(RUN_TIMEOUT_S)
-            events = events_of(handle)
-            key = idem(handle.run_id)
-            assert head.phase is Phase.COMPLETED, f"{head.agent} {handle.run_id}: {head.phase} {head.error}"
-            assert kinds(events) == ONE_HOP
-            assert_event_invariants(events)
-            assert_terminal_matches_events(head, events)
-            assert starts(r, key) == 1, f"{head.agent}: the tool started {starts(r, key)} times"
-            assert effects(r, key) == 1
+        assert_completed_with_one_tool_run(r, busy, ONE_HOP)
         for handle in during:
             head = handle.wait(RUN_TIMEOUT_S)
             events = events_of(handle)
