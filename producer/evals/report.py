@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from functools import cache
@@ -21,6 +22,7 @@ from shared.evals.dataset import Case
 from shared.evals.outcome import CaseResult
 from shared.evals.store import EvalMeta, Item
 from shared.evals.summary import VariantSummary, percentile, summarise
+from shared.llm.text import clean_text
 
 __all__ = ["MAX_REPORT_TEXT", "comparison_html", "render_report", "variant_comparisons"]
 
@@ -34,8 +36,34 @@ def _cut(text: str | None, limit: int = MAX_REPORT_TEXT) -> str | None:
     return text[:limit] + "…"
 
 
+#: What may not stand as itself in JSON inside a ``<script>`` element. ``<`` and ``>``: with them
+#: escaped no text can close the element (``</script>``, in any case), open a comment (``<!--``,
+#: after which a ``<script>`` keeps the element open past its end) or end a CDATA section. ``&``:
+#: the data stays the same text where character references are decoded (XHTML, an attribute).
+#: U+2028 and U+2029: line breaks to JavaScript parsers older than ES2019. All of them only occur
+#: inside JSON strings, where ``\uXXXX`` is the same character to ``JSON.parse``.
+_SCRIPT_UNSAFE = re.compile("[<>&\u2028\u2029]")
+
+
+def _u_escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    """``value`` as HTML text or attribute value.
+
+    A lone surrogate (half a character, which the report's data may hold in values of any type)
+    becomes U+FFFD, as a UTF-8 decoder does: no UTF-8 file can hold it.
+    """
+    return html.escape(clean_text(str(value)), quote=True)
+
+
+def _script_json(value: Any) -> str:
+    """``value`` as JSON text to put inside ``<script type="application/json">``, which
+    ``JSON.parse(element.textContent)`` reads back exactly, whatever the texts in it hold (lone
+    surrogates become U+FFFD, as in :func:`_e`)."""
+    text = clean_text(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    return _SCRIPT_UNSAFE.sub(_u_escape, text)
 
 
 def _histogram(values: Sequence[float], width: int = 260, height: int = 70, bins: int = 20) -> str:
@@ -201,6 +229,12 @@ def variant_comparisons(meta: EvalMeta, results: Sequence[CaseResult]) -> list[C
     return [compare(by_variant[names[0]], by_variant[n], names[0], n) for n in names[1:]]
 
 
+def _json_text(value: Any) -> str:
+    """A value shown as JSON (an expected answer, a tool call's arguments): its texts as they are,
+    not as ``\\uXXXX`` escapes."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _data(meta: EvalMeta, cases: dict[int, Case], results: Sequence[CaseResult]) -> dict[str, Any]:
     variants = [v.name for v in meta.spec.variants]
     rows: dict[int, dict[str, Any]] = {}
@@ -214,7 +248,7 @@ def _data(meta: EvalMeta, cases: dict[int, Case], results: Sequence[CaseResult])
                 "i": index,
                 "id": r.case_id,
                 "input": _cut(case.input if case else ""),
-                "expected": _cut(json.dumps(case.expected) if case and case.expected is not None else ""),
+                "expected": _cut(_json_text(case.expected) if case and case.expected is not None else ""),
                 "runs": [],
             },
         )
@@ -232,7 +266,7 @@ def _data(meta: EvalMeta, cases: dict[int, Case], results: Sequence[CaseResult])
                 "steps": r.steps,
                 "sc": [[s(x.name), round(x.value, 4), x.passed, s(x.explanation)] for x in r.scores],
                 "tr": [
-                    [t.kind[0], s(t.tool), s(t.text), s(json.dumps(t.arguments)) if t.arguments else None]
+                    [t.kind[0], s(t.tool), s(t.text), s(_json_text(t.arguments)) if t.arguments else None]
                     for t in r.trajectory
                 ],
             }
@@ -257,8 +291,7 @@ def render_report(
     """The report as one HTML string (write it to a ``.html`` file)."""
     spec = meta.spec
     summaries = summarise(results, [v.name for v in spec.variants], spec.repeats)
-    data = json.dumps(_data(meta, cases, results), ensure_ascii=False, separators=(",", ":"))
-    data = data.replace("</", "<\\/").replace("<!--", "<\\!--")
+    data = _script_json(_data(meta, cases, results))
     title = f"Eval {meta.eval_id}"
     return _PAGE.format(
         title=_e(title),
