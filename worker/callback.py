@@ -32,7 +32,7 @@ from shared.state import Callback, CallbackState, Phase, RunHead, TaskSpec
 from shared.store import Claim, PhaseClaim
 from shared.tasks import task_for
 from shared.tenants import Tenants
-from shared.webhooks import check_url, outcome, outcome_bytes, signed_headers
+from shared.webhooks import outcome, outcome_bytes, signed_headers, webhook_endpoint
 from worker.runtime import Delivery, Runtime
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ __all__ = ["run_callback"]
 log = logging.getLogger("wesichain.callback")
 
 _client_lock = threading.Lock()
-_clients: dict[int, httpx.Client] = {}
+_clients: dict[tuple[int, bool], httpx.Client] = {}
 
 
 def run_callback(rt: Runtime, delivery: Delivery, step: int, phase: str) -> None:
@@ -124,7 +124,9 @@ def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None
         return None, None
     url = callback.url or ""
     try:
-        check_url(url, allow_private=rt.settings.webhook_allow_private)
+        # The URL's form only: its host is resolved and checked by the client, once, for the
+        # connection made to the very addresses checked (shared/webhook_client.py).
+        webhook_endpoint(url)
         secret = _secret(rt, head)
     except InvalidRequest as exc:
         return exc.message, None
@@ -133,7 +135,9 @@ def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None
 
     try:
         response = _client(rt).post(url, content=body, headers=signed_headers(secret, head.run_id, body))
-    except httpx.HTTPError as exc:
+    except InvalidRequest as exc:  # the host reaches a refused address, or does not resolve
+        return exc.message, None
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         return f"{type(exc).__name__}: {exc}"[:500], None
     if 200 <= response.status_code < 300:
         return None, response.status_code
@@ -151,13 +155,16 @@ def _secret(rt: Runtime, head: RunHead) -> str:
 
 
 def _client(rt: Runtime) -> httpx.Client:
-    """One pooled HTTP client per process (prefork children get their own)."""
-    pid = os.getpid()
+    """One pooled HTTP client per process (prefork children get their own) that connects only to
+    checked addresses."""
+    key = (os.getpid(), rt.settings.webhook_allow_private)
     with _client_lock:
-        client = _clients.get(pid)
+        client = _clients.get(key)
         if client is None:
-            import httpx
+            from shared.webhook_client import webhook_client
 
-            client = httpx.Client(timeout=rt.settings.webhook_timeout_s, follow_redirects=False)
-            _clients[pid] = client
+            client = webhook_client(
+                timeout_s=rt.settings.webhook_timeout_s, allow_private=rt.settings.webhook_allow_private
+            )
+            _clients[key] = client
         return client
