@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from api import console, events, meta, pipelines, runs
+from api.auth import LoopbackOnly
 from api.body_limit import BodyLimit
 from api.config import ApiConfig
 from api.errors import install_error_handlers
@@ -52,7 +53,12 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     app.include_router(meta.router)
     app.include_router(console.router)
     app.mount("/console", console.static_files(), name="console")
+    # Starlette runs the middleware added last first. The body limit goes around everything that
+    # could read a body (routes, auth, error handlers); with authentication off, the loopback guard
+    # goes around it, so that a caller it refuses does not get as far as sending a body.
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    if not config.auth:
+        app.add_middleware(LoopbackOnly)
     return app
 
 

@@ -1,17 +1,23 @@
-"""Who is calling: the tenant of the caller's API key (``Authorization: Bearer wsk_...``)."""
+"""Who is calling: the tenant of the caller's API key (``Authorization: Bearer wsk_...``); and,
+with authentication off, the guard that serves only callers on this host."""
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import ApiError
+from api.errors import ApiError, error_response
 from api.services import Services
 
-__all__ = ["Caller", "caller"]
+__all__ = ["Caller", "LoopbackOnly", "caller"]
+
+_log = logging.getLogger("wesichain.api")
 
 
 @dataclass(frozen=True)
@@ -42,3 +48,77 @@ def caller(
     if record is None:
         raise ApiError(401, "unauthorized", "the API key is unknown or revoked", headers=_CHALLENGE)
     return Caller(tenant=record.tenant, key_id=record.id)
+
+
+class LoopbackOnly:
+    """ASGI middleware of an app with authentication off: every request is refused (403) unless it
+    arrived on a loopback address from a loopback address.
+
+    The address the server is bound to cannot be known from inside the app: the lifespan runs
+    before uvicorn binds, and uvicorn may have been started by anyone (``uvicorn --factory
+    api.app:create_app --host 0.0.0.0``) with any environment, so what ``wesichain api`` says about
+    its ``--host`` (``WESICHAIN_API_HOST``, which ``ApiConfig`` checks) is only an early refusal
+    with a clear message. Each connection does show where it actually arrived:
+    ``scope["server"]`` is the local address of its socket, and ``scope["client"]`` the peer's
+    (or, behind a proxy uvicorn trusts, the client the proxy names). A request is served only if
+    both are loopback:
+
+    - bound to a public address, the local address is that address: nothing is served;
+    - bound to all addresses (0.0.0.0, ::), a request from another host arrives on a public address
+      and is refused, one from this host to 127.0.0.1 is served; so the server answers exactly
+      those a loopback bind would;
+    - a forwarded client address cannot let a remote caller in, as it does not change the local
+      address its connection arrived on; and a proxy on this host forwarding someone else's request
+      names that someone, who is refused.
+
+    A connection whose addresses the server does not give (a Unix socket) is refused as well."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._warned = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or self._local(scope):
+            await self.app(scope, receive, send)
+            return
+        if not self._warned:  # once: a flood of refused requests must not flood the log
+            self._warned = True
+            _log.warning(
+                "authentication is off: refusing requests that are not from and to loopback"
+                " (this one arrived on %s from %s); bind to 127.0.0.1 or turn authentication on",
+                _host(scope.get("server")),
+                _host(scope.get("client")),
+            )
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        response = error_response(
+            403,
+            "forbidden",
+            "authentication is off, so this server answers only callers on its own host over a"
+            " loopback address; use an API key on a server with authentication on",
+        )
+        await response(scope, receive, send)
+
+    @staticmethod
+    def _local(scope: Scope) -> bool:
+        return _loopback(_host(scope.get("server"))) and _loopback(_host(scope.get("client")))
+
+
+def _host(address: object) -> str:
+    """The host of an ASGI ``server`` or ``client`` pair ("" when there is none)."""
+    if isinstance(address, (tuple, list)) and address and isinstance(address[0], str):
+        return address[0]
+    return ""
+
+
+def _loopback(host: str) -> bool:
+    # 127.0.0.1 arriving on a dual-stack socket reads ::ffff:127.0.0.1, which Python before 3.13
+    # does not call loopback.
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # "localhost" or a name: a socket's address is never one
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback

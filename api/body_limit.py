@@ -1,16 +1,31 @@
-"""Refuse request bodies over a size before anything reads them whole (413)."""
+"""Refuse request bodies the API must not take, before anything else reads them: a body over the
+size limit (413), one whose framing is ambiguous (400), and JSON holding numbers JSON does not have
+(NaN, Infinity, or a literal too large for a double: 422)."""
 
 from __future__ import annotations
 
 import json
+import math
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BodyLimit"]
+from api.errors import error_response
+
+__all__ = ["BodyLimit", "non_finite_numbers"]
+
+#: A declared length with more digits is over any limit (and is not handed to int()).
+_MAX_LENGTH_DIGITS = 18
 
 
 class BodyLimit:
-    """ASGI middleware: a body over ``max_bytes`` (declared or streamed) is answered with 413."""
+    """ASGI middleware around the whole app (``create_app`` adds it last but for the loopback
+    guard): it reads the body itself, counting the bytes as they arrive, and hands the app the body
+    whole only once it is known to fit and to be acceptable.
+
+    The headers are never taken at their word: a server may frame a body by Transfer-Encoding
+    while it also carries a small Content-Length (h11, uvicorn's parser here, does exactly that), so
+    a declared length is only a reason to refuse early, never a reason to stop counting."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -20,34 +35,40 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and (not value.isdigit() or int(value) > self.max_bytes):
-                await self._refuse(send)
-                return
-        declared = any(name == b"content-length" for name, _ in scope.get("headers", ()))
-        if declared or scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
-            # The server holds a declared length to its word: no more than that is read.
-            await self.app(scope, receive, send)
+        framing, declared = self._framing(scope)
+        if framing is not None:
+            # RFC 9112 §6.1: a request with both headers may be smuggling another one; the
+            # connection is closed after the answer, as its remaining bytes cannot be trusted.
+            await self._answer(scope, receive, send, 400, "bad_request", framing, {}, close=True)
             return
-        # A chunked body: read it here, up to the limit, and hand it on whole.
+        if declared > self.max_bytes:
+            await self._too_large(scope, receive, send)
+            return
         chunks: list[bytes] = []
         seen = 0
-        while True:
+        more = True
+        while more:
             message = await receive()
             if message["type"] != "http.request":
-                return
+                return  # the client went away
             chunk = message.get("body", b"")
             seen += len(chunk)
             if seen > self.max_bytes:
-                await self._refuse(send)
+                await self._too_large(scope, receive, send)
                 return
             chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+            more = message.get("more_body", False)
         body = b"".join(chunks)
+        problems = non_finite_numbers(body)
+        if problems:
+            summary = "; ".join(f"{p['where']}: {p['problem']}" for p in problems[:5])
+            details = {"problems": problems[:20]}
+            await self._answer(scope, receive, send, 422, "invalid_request", summary, details)
+            return
         replayed = False
 
         async def replay() -> Message:
+            # The body once, whole; after it, what the server says next (a disconnect).
             nonlocal replayed
             if not replayed:
                 replayed = True
@@ -56,24 +77,106 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "kind": "body_too_large",
-                    "message": f"the request body is over {self.max_bytes} bytes",
-                    "details": {"max_bytes": self.max_bytes},
-                }
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
+    @staticmethod
+    def _framing(scope: Scope) -> tuple[str | None, int]:
+        """Why the body's framing headers are refused (None if they are not), and the length they
+        declare (0 if none)."""
+        lengths: set[bytes] = set()
+        chunked = False
+        for name, value in scope.get("headers", ()):
+            if name == b"transfer-encoding":
+                chunked = True
+            elif name == b"content-length":
+                lengths.update(part.strip() for part in value.split(b","))
+        if chunked and lengths:
+            return "a request may not carry both Content-Length and Transfer-Encoding", 0
+        if not lengths:
+            return None, 0
+        if len(lengths) > 1:
+            return "the request carries different Content-Length values", 0
+        (length,) = lengths
+        if not length.isdigit():  # ASCII digits only: no sign, no space, no other numerals
+            return "the Content-Length is not a number", 0
+        return None, int(length) if len(length) <= _MAX_LENGTH_DIGITS else 10**_MAX_LENGTH_DIGITS
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The rest of the body is not read: the connection is closed after the answer, or the
+        # server would go on reading (and discarding) whatever the client still sends.
+        await self._answer(
+            scope,
+            receive,
+            send,
+            413,
+            "body_too_large",
+            f"the request body is over {self.max_bytes} bytes",
+            {"max_bytes": self.max_bytes},
+            close=True,
         )
-        await send({"type": "http.response.body", "body": body})
+
+    async def _answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        status: int,
+        kind: str,
+        message: str,
+        details: dict[str, Any],
+        *,
+        close: bool = False,
+    ) -> None:
+        headers = {"Connection": "close"} if close else None
+        await error_response(status, kind, message, details, headers)(scope, receive, send)
+
+
+class _NotFinite:
+    """Where json.loads met a number JSON does not have, and the text of it."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+
+def non_finite_numbers(body: bytes) -> list[dict[str, str]]:
+    """Each place a JSON ``body`` holds NaN, Infinity, -Infinity or a number too large for a
+    double, as ``{"where", "problem"}`` in the shape of the API's validation errors (empty if there
+    is none, or if the body is not JSON at all: the route answers that with its own error).
+
+    Python's json reads all of them, as floats that are not finite, and pydantic then stores them
+    as null: the request would be taken with data other than the client sent."""
+    found = False
+
+    def constant(token: str) -> _NotFinite:
+        nonlocal found
+        found = True
+        return _NotFinite(f"{token} is not a JSON number; send a finite number, a string or null")
+
+    def number(token: str) -> float | _NotFinite:
+        value = float(token)
+        if math.isfinite(value):
+            return value
+        nonlocal found
+        found = True
+        return _NotFinite(f"{token} is too large for a JSON number (a double)")
+
+    if not body:
+        return []
+    try:
+        document = json.loads(body, parse_constant=constant, parse_float=number)
+    except (ValueError, RecursionError):  # not JSON (or not UTF-8, or nested past the stack)
+        return []
+    if not found:
+        return []
+    problems: list[dict[str, str]] = []
+    # Depth first, in document order, without recursion (the nesting is the client's to choose).
+    stack: list[tuple[str, Any]] = [("body", document)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, _NotFinite):
+            problems.append({"where": where, "problem": value.problem})
+        elif isinstance(value, dict):
+            stack.extend((f"{where}.{k}", v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{where}.{i}", v) for i, v in reversed(list(enumerate(value))))
+    return problems

@@ -1,0 +1,341 @@
+"""Requests an attacker would send to a real ``wesichain api`` process: bodies framed to slip past
+the size limit, numbers JSON does not have, and an app started by plain uvicorn without
+authentication on an address others can reach. Raw sockets where httpx would not send the request;
+real uvicorn, real workers, real redis-server."""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.api_support import ApiProcess, bearer
+from tests.harness import RedisServer, WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+MB = 1024 * 1024
+#: What an attack streams: far more than the 256 KiB limit, and more than the API process's RSS.
+ATTACK_BYTES = 300 * MB
+#: How much the API process may grow while one is refused.
+RSS_BOUND = 50 * MB
+LIMIT = 256 * 1024
+#: How long a stalled exchange (nothing read, nothing written) may last before the test fails.
+STALL_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def api(redis_server: RedisServer, workers: list[WorkerProcess]) -> Iterator[ApiProcess]:
+    # Its own process, so that what it grows by is this module's requests.
+    process = ApiProcess(redis_server.url).start()
+    yield process
+    process.stop()
+
+
+@dataclass
+class Exchange:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    #: Bytes of the request written to the socket before the server answered or closed.
+    sent: int
+    #: The largest the API process's RSS was while the request was sent, over what it was before.
+    rss_growth: int
+
+    def error(self) -> dict[str, Any]:
+        error: dict[str, Any] = json.loads(self.body)["error"]
+        return error
+
+
+def chunked(total: int) -> Iterator[bytes]:
+    """A chunked body of ``total`` bytes, made as it is sent (never whole in the test's memory)."""
+    data = b"x" * 65536
+    for _ in range(total // len(data)):
+        yield b"10000\r\n" + data + b"\r\n"
+    yield b"0\r\n\r\n"
+
+
+def plain(total: int) -> Iterator[bytes]:
+    data = b"x" * 65536
+    for _ in range(total // len(data)):
+        yield data
+
+
+def _response(received: bytes) -> tuple[int, dict[str, str], bytes] | None:
+    """The first complete response in ``received`` (it carries a Content-Length), or None."""
+    head, sep, rest = received.partition(b"\r\n\r\n")
+    if not sep:
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    if len(rest) < length:
+        return None
+    return int(lines[0].split()[1]), headers, rest[:length]
+
+
+def exchange(api: ApiProcess, head: bytes, body: Iterator[bytes]) -> Exchange:
+    """Send ``head`` then ``body`` as fast as the API reads it; stop once it answers or closes."""
+    assert api.proc is not None
+    process = psutil.Process(api.proc.pid)
+    before = peak = process.memory_info().rss
+    received = bytearray()
+    sent = 0
+    sampled_at = 0
+    pending = head
+    sending = True
+    with socket.create_connection(("127.0.0.1", api.port), timeout=STALL_S) as sock:
+        sock.setblocking(False)
+        while _response(bytes(received)) is None:
+            readable, writable, _ = select.select([sock], [sock] if sending else [], [], STALL_S)
+            if not readable and not writable:
+                raise TimeoutError(f"the API neither answered nor read for {STALL_S} s ({sent} bytes sent)")
+            if readable:
+                try:
+                    data = sock.recv(65536)
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    break  # closed: what was received is all there is
+                received += data
+            if writable and sending:
+                if not pending:
+                    pending = next(body, b"")
+                    if not pending:
+                        sending = False
+                        continue
+                try:
+                    written = sock.send(pending)
+                except (BrokenPipeError, ConnectionResetError):
+                    sending = False  # the server closed: read what it answered
+                    continue
+                sent += written
+                pending = pending[written:]
+                if sent - sampled_at >= MB:
+                    sampled_at = sent
+                    peak = max(peak, process.memory_info().rss)
+    peak = max(peak, process.memory_info().rss)
+    response = _response(bytes(received))
+    assert response is not None, f"no complete response; received {bytes(received)[:300]!r}"
+    status, headers, answer = response
+    return Exchange(status, headers, answer, sent, peak - before)
+
+
+def post_head(*headers: str, path: str = "/v1/runs") -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: api", "Content-Type: application/json", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def test_a_chunked_body_that_also_declares_a_small_length_is_refused_unread(api: ApiProcess) -> None:
+    # No key: before anything else reads it, the body must be refused for its framing.
+    done = exchange(api, post_head("Content-Length: 10", "Transfer-Encoding: chunked"), chunked(ATTACK_BYTES))
+    assert done.rss_growth < RSS_BOUND, f"the API grew by {done.rss_growth // MB} MB"
+    assert done.sent < ATTACK_BYTES
+    assert done.status == 400, done.body
+    error = done.error()
+    assert error["kind"] == "bad_request"
+    assert "Content-Length and Transfer-Encoding" in error["message"]
+    assert done.headers["connection"] == "close"
+
+
+def test_a_chunked_body_over_the_limit_is_refused_as_it_arrives(api: ApiProcess) -> None:
+    done = exchange(api, post_head("Transfer-Encoding: chunked"), chunked(ATTACK_BYTES))
+    assert done.rss_growth < RSS_BOUND, f"the API grew by {done.rss_growth // MB} MB"
+    assert done.sent < ATTACK_BYTES
+    assert done.status == 413, done.body
+    assert done.error() == {
+        "kind": "body_too_large",
+        "message": f"the request body is over {LIMIT} bytes",
+        "details": {"max_bytes": LIMIT},
+    }
+    assert done.headers["connection"] == "close"
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_it_is_read(api: ApiProcess) -> None:
+    done = exchange(api, post_head(f"Content-Length: {ATTACK_BYTES}"), plain(ATTACK_BYTES))
+    assert done.rss_growth < RSS_BOUND, f"the API grew by {done.rss_growth // MB} MB"
+    assert done.sent < ATTACK_BYTES
+    assert done.status == 413, done.body
+    assert done.error()["kind"] == "body_too_large"
+    assert done.headers["connection"] == "close"
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [("10x",), ("-1",), ("10", "12"), ("10, 12",)],
+    ids=["not-a-number", "negative", "two-headers-differ", "one-header-two-values"],
+)
+def test_malformed_content_lengths_are_refused(api: ApiProcess, lengths: tuple[str, ...]) -> None:
+    # Whether uvicorn's parser or the app refuses it, the body is never taken.
+    head = post_head(*(f"Content-Length: {n}" for n in lengths))
+    done = exchange(api, head, iter([b'{"agent": "direct", "input": "x"}']))
+    assert done.status == 400, done.body
+
+
+@pytest.fixture
+def tenant(api: ApiProcess, redis_server: RedisServer) -> Iterator[httpx.Client]:
+    from shared.keys import Keys
+    from shared.tenants import Tenants
+
+    key, _ = Tenants(redis_server.client(), Keys()).create_key(f"nan-{uuid.uuid4().hex[:6]}")
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as http:
+        yield http
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize(
+    ("template", "where"),
+    [
+        ('{"agent": "direct", "input": %s}', "body.input"),
+        ('{"agent": "direct", "input": "x", "metadata": {"a": {"b": [1, %s]}}}', "body.metadata.a.b.1"),
+        ('{"agent": "direct", "input": "x", "state": {"count": %s}}', "body.state.count"),
+    ],
+    ids=["input", "nested-metadata", "state"],
+)
+def test_numbers_json_does_not_have_are_refused(
+    tenant: httpx.Client, token: str, template: str, where: str
+) -> None:
+    response = tenant.post(
+        "/v1/runs", content=(template % token).encode(), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["kind"] == "invalid_request"
+    assert error["details"]["problems"] == [
+        {"where": where, "problem": f"{token} is not a JSON number; send a finite number, a string or null"}
+    ]
+    assert error["message"] == f"{where}: {error['details']['problems'][0]['problem']}"
+    assert tenant.get("/v1/runs").json()["runs"] == []
+
+
+def test_a_number_too_large_for_a_double_is_refused(tenant: httpx.Client) -> None:
+    # Python reads 1e400 as infinity, which would be stored as null like NaN.
+    body = b'{"agent": "direct", "input": "x", "metadata": {"big": 1e400}}'
+    response = tenant.post("/v1/runs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["details"]["problems"] == [
+        {"where": "body.metadata.big", "problem": "1e400 is too large for a JSON number (a double)"}
+    ]
+
+
+def test_every_json_body_is_checked_and_strings_are_left_alone(tenant: httpx.Client) -> None:
+    for path, body in [
+        ("/v1/runs/no-such-run/deny", b'{"note": "x", "n": NaN}'),
+        ("/v1/runs/no-such-run/approve", b'{"always": Infinity}'),
+        ("/v1/pipelines", b'{"pipeline": "p", "input": {"x": -Infinity}}'),
+    ]:
+        # Without a content type FastAPI reads the body as JSON too.
+        response = tenant.post(path, content=body)
+        assert response.status_code == 422, (path, response.text)
+        assert response.json()["error"]["kind"] == "invalid_request"
+        assert "is not a JSON number" in response.json()["error"]["message"]
+    words = {"note": "NaN and -Infinity are words here", "n": 1.5e300}
+    accepted = tenant.post("/v1/runs", json={"agent": "direct", "input": "x", "metadata": words})
+    assert accepted.status_code == 202, accepted.text
+    assert accepted.json()["metadata"] == words
+
+
+# -- Authentication off under plain uvicorn ---------------------------------------------------
+
+
+def public_address() -> str:
+    """An IPv4 address of this host that is not loopback (others on its network reach it)."""
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return str(address.address)
+    pytest.skip("this host has no IPv4 address besides loopback")
+
+
+class PlainUvicorn(ApiProcess):
+    """The app started by ``uvicorn`` itself (not ``wesichain api``), authentication off.
+    ``WESICHAIN_API_HOST`` claims loopback whatever the bind: the app must not believe it."""
+
+    def __init__(self, redis_url: str, host: str, reach: str) -> None:
+        super().__init__(
+            redis_url,
+            env={"WESICHAIN_API_AUTH": "off", "WESICHAIN_API_HOST": "127.0.0.1"},
+            # Trust X-Forwarded-For from anyone: a spoofed client address must not let one in.
+            args=("--forwarded-allow-ips", "*"),
+        )
+        self.host = host
+        self.reach = reach
+
+    def _args(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "api.app:create_app",
+            "--factory",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            *self.extra_args,
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.reach}:{self.port}"
+
+    def _up(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"uvicorn exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+        try:
+            return httpx.get(self.url + "/healthz", timeout=2).status_code in (200, 403)
+        except httpx.HTTPError:
+            return False
+
+
+def refused(response: httpx.Response) -> None:
+    assert response.status_code == 403, response.text
+    error = response.json()["error"]
+    assert error["kind"] == "forbidden"
+    assert "authentication is off" in error["message"]
+
+
+def test_auth_off_on_a_public_bind_under_plain_uvicorn_serves_nobody(redis_server: RedisServer) -> None:
+    address = public_address()
+    server = PlainUvicorn(redis_server.url, address, address).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            refused(http.get("/healthz"))
+            refused(http.get("/v1/runs"))
+            refused(http.post("/v1/runs", json={"agent": "direct", "input": "x"}))
+            refused(http.get("/v1/runs", headers={"X-Forwarded-For": "127.0.0.1"}))
+    finally:
+        server.stop()
+
+
+def test_auth_off_on_all_addresses_under_plain_uvicorn_serves_loopback_callers_only(
+    redis_server: RedisServer,
+) -> None:
+    address = public_address()
+    server = PlainUvicorn(redis_server.url, "0.0.0.0", "127.0.0.1").start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as local:
+            assert local.get("/v1/runs").status_code == 200
+            # A proxy on this host forwarding someone else's request is someone else.
+            refused(local.get("/v1/runs", headers={"X-Forwarded-For": "203.0.113.9"}))
+        with httpx.Client(base_url=f"http://{address}:{server.port}", timeout=30) as remote:
+            refused(remote.get("/v1/runs"))
+            refused(remote.get("/v1/runs", headers={"X-Forwarded-For": "127.0.0.1"}))
+            refused(remote.get("/console/"))
+    finally:
+        server.stop()
