@@ -16,6 +16,7 @@ __all__ = [
     "ENV_API_KEEPALIVE",
     "ENV_API_MAX_BODY",
     "ENV_API_MAX_STREAMS",
+    "ENV_API_MAX_STREAMS_PER_TENANT",
     "is_loopback",
 ]
 
@@ -25,6 +26,7 @@ ENV_API_AUTH = "WESICHAIN_API_AUTH"
 ENV_API_HOST = "WESICHAIN_API_HOST"
 ENV_API_KEEPALIVE = "WESICHAIN_API_KEEPALIVE_S"
 ENV_API_MAX_STREAMS = "WESICHAIN_API_MAX_STREAMS"
+ENV_API_MAX_STREAMS_PER_TENANT = "WESICHAIN_API_MAX_STREAMS_PER_TENANT"
 ENV_API_MAX_BODY = "WESICHAIN_API_MAX_BODY_BYTES"
 
 
@@ -50,6 +52,9 @@ class ApiConfig:
     keepalive_s: float = 15.0
     #: Event streams one process serves at once (each holds one Redis connection while it waits).
     max_streams: int = 1000
+    #: Event streams one tenant may hold in one process (None: a quarter of ``max_streams``), so
+    #: a tenant that opens streams and never reads them leaves the other tenants theirs.
+    max_streams_per_tenant: int | None = None
 
     def __post_init__(self) -> None:
         if not self.auth and not is_loopback(self.host):
@@ -58,6 +63,15 @@ class ApiConfig:
             )
         if self.max_streams < 1 or self.keepalive_s <= 0 or self.max_body_bytes < 1024:
             raise ConfigError("max_streams >= 1, keepalive_s > 0 and max_body_bytes >= 1024 are required")
+        if self.max_streams_per_tenant is not None and self.max_streams_per_tenant < 1:
+            raise ConfigError("max_streams_per_tenant >= 1 is required")
+
+    @property
+    def streams_per_tenant(self) -> int:
+        """The event streams one tenant may hold in this process."""
+        if self.max_streams_per_tenant is None:
+            return max(1, self.max_streams // 4)
+        return min(self.max_streams_per_tenant, self.max_streams)
 
     @classmethod
     def from_env(cls) -> ApiConfig:
@@ -65,6 +79,7 @@ class ApiConfig:
         auth = env.get(ENV_API_AUTH, "on").strip().lower()
         if auth not in ("on", "off"):
             raise ConfigError(f"{ENV_API_AUTH} is 'on' or 'off', not {auth!r}")
+        per_tenant = env.get(ENV_API_MAX_STREAMS_PER_TENANT, "").strip()
         try:
             return cls(
                 settings=Settings.from_env(),
@@ -72,6 +87,7 @@ class ApiConfig:
                 host=env.get(ENV_API_HOST, "127.0.0.1"),
                 keepalive_s=float(env.get(ENV_API_KEEPALIVE, "15")),
                 max_streams=int(env.get(ENV_API_MAX_STREAMS, "1000")),
+                max_streams_per_tenant=int(per_tenant) if per_tenant else None,
                 max_body_bytes=int(env.get(ENV_API_MAX_BODY, str(256 * 1024))),
             )
         except ValueError as exc:

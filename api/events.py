@@ -9,7 +9,11 @@ While nothing happens a keep-alive comment is sent every ``keepalive_s``.
 
 All the streams of one run in one process share a single reader (:mod:`api.feeds`): one
 ``XREAD BLOCK`` on one Redis connection, its batches handed to every follower's bounded queue. A
-process serves at most ``max_streams`` streams (503 past that).
+process serves at most ``max_streams`` streams (503 past that), and at most ``streams_per_tenant``
+of one tenant (429 ``too_many_streams`` past that: its own limit), so one tenant holding streams
+open without reading them cannot take every stream of the process from the others. A stream's
+place is taken before its answer starts and given back when the answer ends, however it ends
+(run ended, client gone, reader failed).
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError
 from api.feeds import BATCH
+from api.limits import StreamSlot
 from api.models import EventPage
 from api.runs import ERRORS, Svc, Who, owned_run
 from api.services import Services
@@ -92,22 +98,35 @@ async def events(
         services.keys.events(run_id), min=f"({cursor}" if cursor != "0-0" else "-", count=1
     ):
         return Response(status_code=204)
-    if services.open_streams >= services.config.max_streams:
-        raise ApiError(
-            503,
-            "unavailable",
-            f"this API process already serves {services.config.max_streams} event streams",
-            headers={"Retry-After": "5"},
-        )
-    return StreamingResponse(
-        _stream(services, run_id, cursor),
+    # Taken here, with no await between the check and the count, so a burst of requests cannot
+    # all pass the check before any of them is counted.
+    slot = services.streams.take(who.tenant)
+    return _SlotStream(
+        slot,
+        _stream(services, run_id, cursor, slot),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
-async def _stream(services: Services, run_id: str, cursor: str) -> AsyncIterator[str]:
-    services.open_streams += 1
+class _SlotStream(StreamingResponse):
+    """A stream answer that gives its slot back when it ends, also one whose body never started
+    (the client went away first): the body's own ``finally`` would not run then."""
+
+    def __init__(
+        self, slot: StreamSlot, content: AsyncIterator[str], media_type: str, headers: dict[str, str]
+    ) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
+        self.slot = slot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.slot.release()
+
+
+async def _stream(services: Services, run_id: str, cursor: str, slot: StreamSlot) -> AsyncIterator[str]:
     try:
         # A browser waits this long before it reconnects (with Last-Event-ID) after a drop.
         yield "retry: 1000\n\n"
@@ -127,4 +146,4 @@ async def _stream(services: Services, run_id: str, cursor: str) -> AsyncIterator
                 return
             yield ": keep-alive\n\n"
     finally:
-        services.open_streams -= 1
+        slot.release()

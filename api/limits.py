@@ -1,28 +1,120 @@
-"""Per-tenant limits on new runs: runs in flight, and submits per minute (429 with Retry-After).
+"""Per-tenant limits: runs in flight and submits per minute (429 with Retry-After), checked the
+same way by every API process; and each tenant's share of one process's event streams.
 
 Submits per minute is a sliding window in Redis (one sorted-set entry per admitted submit, by
-Redis's clock), so it holds across every API process. Runs in flight are the counts the create
-and commit scripts keep; they are read before a submit, so concurrent submits at the very edge
-of the limit may pass it by a few. A tenant's limits, default webhook and allowed queue
-namespaces are read at most every ``cache_s`` seconds.
+Redis's clock). Runs in flight are the counts the create and commit scripts keep, one hash per
+shard; on Redis Cluster the shards live in different slots, so no one script can read them all
+and create a run too. A submit therefore *reserves* its place before it reads them:
+
+1. one script counts the submit in the window and adds a reservation (an entry of the tenant's
+   reservation set, expiring after ``RESERVE_TTL_MS`` by Redis's clock), answering how many live
+   reservations the tenant has, its own included;
+2. the submit reads the in-flight counts, and goes on only if runs in flight plus reservations fit
+   the limit;
+3. it drops its reservation once its run is created (or its create failed).
+
+This cannot admit one run too many. Take any runs in flight at the same moment, and among their
+submits the last to reserve: every other one reserved before it, and at that moment either still
+held its reservation (counted in step 1), or had dropped it, which it does only after its run was
+created, so that run was in the counts read in step 2 (runs that end only lower them, and an
+ended run is not in flight). That submit counted all the others and itself, so they fit the limit.
+The one assumption: a submit creates its run within ``RESERVE_TTL_MS`` of reserving (it does in
+milliseconds; a process that dies holding a reservation leaves it to expire).
+
+A created run whose reservation is not dropped yet is counted twice, which only errs towards
+waiting: a submit is refused ``too_many_in_flight`` only when the counts alone reach the limit;
+when reservations tip it over, it withdraws (its window entry too) and tries again after a few
+milliseconds, and answers ``503 unavailable`` (Retry-After) if that lasts ``ADMIT_WAIT_S``.
+Admitting costs one script, one read and one delete more than creating the run; no lock is held,
+so one tenant's submits still run side by side.
+
+A tenant's limits, default webhook and allowed queue namespaces are read at most every
+``cache_s`` seconds.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import threading
 import time
 import uuid
+from dataclasses import dataclass
+from importlib import resources
+
+from redis.crc import key_slot
 
 from api.errors import ApiError
+from shared.errors import ConfigError
+from shared.protocol import lua_prelude
+from shared.scripts import is_cluster
 from shared.store import RunStore
 from shared.tenants import TenantLimits, Tenants, TenantSettings
 
-__all__ = ["INFLIGHT_RETRY_S", "SubmitGate", "WINDOW_MS"]
+__all__ = [
+    "ADMIT_WAIT_S",
+    "INFLIGHT_RETRY_S",
+    "RESERVE_TTL_MS",
+    "STREAMS_RETRY_S",
+    "Reservation",
+    "StreamSlots",
+    "SubmitGate",
+    "WINDOW_MS",
+    "reservations_key",
+]
 
 WINDOW_MS = 60_000
 #: What a tenant at its in-flight limit is told to wait: runs end at their own pace.
 INFLIGHT_RETRY_S = 5
+#: How long a reservation outlives a submit that died holding it. Far above the time a submit
+#: takes to create its run, which is all the exactness of the in-flight limit assumes.
+RESERVE_TTL_MS = 30_000
+#: How long a submit retries while other submits' reservations tip the tenant over its limit
+#: (they are created or withdrawn within milliseconds) before it answers 503.
+ADMIT_WAIT_S = 3.0
+#: What a tenant at its share of a process's event streams is told to wait.
+STREAMS_RETRY_S = 5
+
+# The window script as it is, run as a function, then the reservation: one round trip, the two
+# keys in one slot (``reservations_key``).
+_RESERVE_BODY = """
+local function count_in_window()
+--WINDOW--
+end
+local verdict = count_in_window()
+if verdict[1] == 0 then
+  return verdict
+end
+local now, ttl = now_ms(), tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ttl)
+return {1, redis.call('ZCARD', KEYS[2])}
+"""
+
+
+def _reserve_source() -> str:
+    window = resources.files("shared").joinpath("lua", "submit_window.lua").read_text()
+    body = _RESERVE_BODY.replace("--WINDOW--", window)
+    return lua_prelude(body) + body
+
+
+def reservations_key(window_key: str) -> str:
+    """The tenant's reservation set: a key Redis Cluster keeps in the slot of its window's key,
+    so that one script can update both (whatever the prefix, unless it holds a ``}`` that closes
+    no hash tag, such as ``{}``: refused on a cluster)."""
+    start = window_key.find("{")
+    end = window_key.find("}", start + 1) if start >= 0 else -1
+    # A key with a hash tag keeps it when suffixed; one without is its own tag.
+    return window_key + ":reserved" if 0 <= start < end - 1 else "{" + window_key + "}:reserved"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A submit's place under its tenant's in-flight limit, held until its run is created."""
+
+    tenant: str
+    token: str
 
 
 class SubmitGate:
@@ -30,7 +122,12 @@ class SubmitGate:
         self.store = store
         self.tenants = tenants
         self.cache_s = cache_s
-        self._window = store.redis.register_script(_window_source())
+        self._reserve = store.redis.register_script(_reserve_source())
+        window = store.keys.submits("tenant")  # tenants' names hold no braces: one check for all
+        if is_cluster(store.redis) and key_slot(reservations_key(window).encode()) != key_slot(
+            window.encode()
+        ):
+            raise ConfigError(f"the key prefix {store.keys.prefix!r} puts a tenant's keys in different slots")
         self._cache: dict[str, tuple[float, TenantSettings]] = {}
         self._lock = threading.Lock()
 
@@ -59,9 +156,64 @@ class SubmitGate:
         return settings
 
     def admit(self, tenant: str) -> None:
-        """Count one submit of ``tenant``; raise a 429 :class:`ApiError` if a limit forbids it."""
+        """Count one submit of ``tenant`` that creates no run itself; raise a 429 :class:`ApiError`
+        if a limit forbids it."""
+        self.release(self.reserve(tenant))
+
+    def reserve(self, tenant: str) -> Reservation:
+        """Count one submit of ``tenant`` and hold its place under the in-flight limit until
+        :meth:`release` (call it once the run is created, or its create failed); raise a 429
+        :class:`ApiError` if a limit forbids it, a 503 one if the answer stays open too long."""
         limits = self.limits(tenant)
-        inflight = self.store.inflight(tenant)
+        window = self.store.keys.submits(tenant)
+        keys = [window, reservations_key(window)]
+        token = uuid.uuid4().hex
+        deadline = time.monotonic() + ADMIT_WAIT_S
+        pause = 0.002
+        while True:
+            admitted, value = self._reserve(
+                keys=keys, args=[limits.submits_per_minute, WINDOW_MS, token, RESERVE_TTL_MS]
+            )
+            inflight = self.store.inflight(tenant)
+            if not int(admitted):
+                self._refuse_inflight(tenant, limits, inflight)  # the older limit is named first
+                retry_s = max(1, math.ceil(int(value) / 1000))
+                raise ApiError(
+                    429,
+                    "rate_limited",
+                    f"tenant {tenant} may start {limits.submits_per_minute} runs a minute;"
+                    f" retry in {retry_s}s",
+                    details={"limit": limits.submits_per_minute, "retry_after_s": retry_s},
+                    headers={"Retry-After": str(retry_s)},
+                )
+            if inflight + int(value) <= limits.max_inflight:
+                return Reservation(tenant, token)
+            # Over the limit: give the place back (and the window's entry: nothing was started).
+            with self.store.redis.pipeline(transaction=False) as pipe:
+                pipe.zrem(keys[0], token)
+                pipe.zrem(keys[1], token)
+                pipe.execute()
+            self._refuse_inflight(tenant, limits, inflight)
+            # The counts have room: other submits' reservations filled it, and each is created or
+            # withdrawn within milliseconds. Jitter keeps the contenders from meeting again.
+            if time.monotonic() >= deadline:
+                raise ApiError(
+                    503,
+                    "unavailable",
+                    f"too many submits of tenant {tenant} at once near its in-flight limit; retry",
+                    headers={"Retry-After": "1"},
+                )
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, 0.05)
+
+    def release(self, reservation: Reservation | None) -> None:
+        """Drop a reservation: its run is in the in-flight counts now (or was never created)."""
+        if reservation is not None:
+            window = self.store.keys.submits(reservation.tenant)
+            self.store.redis.zrem(reservations_key(window), reservation.token)
+
+    @staticmethod
+    def _refuse_inflight(tenant: str, limits: TenantLimits, inflight: int) -> None:
         if inflight >= limits.max_inflight:
             raise ApiError(
                 429,
@@ -70,22 +222,62 @@ class SubmitGate:
                 details={"limit": limits.max_inflight, "in_flight": inflight},
                 headers={"Retry-After": str(INFLIGHT_RETRY_S)},
             )
-        admitted, wait_ms = self._window(
-            keys=[self.store.keys.submits(tenant)],
-            args=[limits.submits_per_minute, WINDOW_MS, uuid.uuid4().hex],
-        )
-        if not int(admitted):
-            retry_s = max(1, math.ceil(int(wait_ms) / 1000))
+
+
+class StreamSlots:
+    """This process's event streams: ``total`` at most, ``per_tenant`` of them for any one tenant,
+    so a tenant that opens streams it never reads leaves other tenants theirs.
+
+    Taken and given back on the event loop's thread only (no awaits in between: no lock needed).
+    """
+
+    def __init__(self, total: int, per_tenant: int) -> None:
+        self.total = total
+        self.per_tenant = per_tenant
+        self.open = 0
+        self.by_tenant: dict[str | None, int] = {}
+
+    def take(self, tenant: str | None) -> StreamSlot:
+        """A slot for one stream of ``tenant``; a 503 :class:`ApiError` when the process serves
+        its maximum, else a 429 one when the tenant holds its share."""
+        if self.open >= self.total:
+            raise ApiError(
+                503,
+                "unavailable",
+                f"this API process already serves {self.total} event streams",
+                headers={"Retry-After": str(STREAMS_RETRY_S)},
+            )
+        held = self.by_tenant.get(tenant, 0)
+        if held >= self.per_tenant:
             raise ApiError(
                 429,
-                "rate_limited",
-                f"tenant {tenant} may start {limits.submits_per_minute} runs a minute; retry in {retry_s}s",
-                details={"limit": limits.submits_per_minute, "retry_after_s": retry_s},
-                headers={"Retry-After": str(retry_s)},
+                "too_many_streams",
+                f"tenant {tenant} already has {held} event streams open on this API process;"
+                f" its share is {self.per_tenant}",
+                details={"limit": self.per_tenant, "open": held},
+                headers={"Retry-After": str(STREAMS_RETRY_S)},
             )
+        self.open += 1
+        self.by_tenant[tenant] = held + 1
+        return StreamSlot(self, tenant)
 
 
-def _window_source() -> str:
-    from shared.scripts import script_source
+class StreamSlot:
+    """One stream's place; :meth:`release` gives it back (once, however often it is called)."""
 
-    return script_source("submit_window")
+    def __init__(self, slots: StreamSlots, tenant: str | None) -> None:
+        self.slots = slots
+        self.tenant = tenant
+        self.held = True
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        slots = self.slots
+        slots.open -= 1
+        left = slots.by_tenant[self.tenant] - 1
+        if left:
+            slots.by_tenant[self.tenant] = left
+        else:
+            del slots.by_tenant[self.tenant]  # bounded by the tenants streaming now

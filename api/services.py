@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 
 from api.config import ApiConfig
 from api.feeds import FeedHub
-from api.limits import SubmitGate
+from api.limits import StreamSlots, SubmitGate
 from producer.client import Client
 from shared.keys import Keys
 from shared.tenants import Tenants
@@ -56,7 +56,7 @@ class Services:
                 )
             )
         self.feeds = FeedHub(self.aredis, max(1, int(config.keepalive_s * 1000)))
-        self.open_streams = 0
+        self.streams = StreamSlots(config.max_streams, config.streams_per_tenant)
 
     async def close(self) -> None:
         await self.aredis.aclose()

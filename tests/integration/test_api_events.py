@@ -144,7 +144,11 @@ def test_bad_event_ids_are_refused(http: httpx.Client) -> None:
 
 
 def test_streams_per_process_are_bounded(redis_server: RedisServer, workers: list[WorkerProcess]) -> None:
-    small = ApiProcess(redis_server.url, env={"WESICHAIN_API_MAX_STREAMS": "2"}).start()
+    # One tenant may hold every stream here: this is about the process's own bound.
+    small = ApiProcess(
+        redis_server.url,
+        env={"WESICHAIN_API_MAX_STREAMS": "2", "WESICHAIN_API_MAX_STREAMS_PER_TENANT": "2"},
+    ).start()
     try:
         key, _ = Tenants(redis_server.client(), Keys()).create_key(f"cap-{uuid.uuid4().hex[:8]}")
         with httpx.Client(base_url=small.url, headers=bearer(key), timeout=30) as http:

@@ -1,0 +1,51 @@
+"""Each tenant's share of one process's event streams, and where a tenant's reservations live."""
+
+from __future__ import annotations
+
+import pytest
+from redis.crc import key_slot
+
+from api.config import ApiConfig
+from api.errors import ApiError
+from api.limits import StreamSlots, reservations_key
+from shared.errors import ConfigError
+from shared.keys import Keys
+from shared.settings import Settings
+
+
+def config(**fields: int) -> ApiConfig:
+    return ApiConfig(settings=Settings(), **fields)  # type: ignore[arg-type]
+
+
+def test_a_tenants_share_is_a_quarter_of_the_streams_unless_set() -> None:
+    assert config().streams_per_tenant == 250
+    assert config(max_streams=2).streams_per_tenant == 1
+    assert config(max_streams=8, max_streams_per_tenant=3).streams_per_tenant == 3
+    assert config(max_streams=8, max_streams_per_tenant=50).streams_per_tenant == 8
+    with pytest.raises(ConfigError):
+        config(max_streams_per_tenant=0)
+
+
+def test_the_share_and_the_total_are_each_enforced_and_given_back_once() -> None:
+    slots = StreamSlots(total=3, per_tenant=2)
+    a = [slots.take("a"), slots.take("a")]
+    with pytest.raises(ApiError) as at_share:
+        slots.take("a")
+    assert at_share.value.status == 429 and at_share.value.kind == "too_many_streams"
+    assert at_share.value.details == {"limit": 2, "open": 2}
+    b = slots.take("b")
+    with pytest.raises(ApiError) as full:
+        slots.take("c")
+    assert full.value.status == 503 and full.value.kind == "unavailable"
+    a[0].release()
+    a[0].release()  # the response and its body both give it back: counted once
+    assert slots.open == 2 and slots.by_tenant == {"a": 1, "b": 1}
+    slots.take("a")
+    b.release()
+    assert slots.by_tenant == {"a": 2}
+
+
+@pytest.mark.parametrize("prefix", ["wesichain:", "{app}:", "app{:", "a{b}c:"])
+def test_a_tenants_reservations_share_the_slot_of_its_submits_window(prefix: str) -> None:
+    window = Keys(prefix=prefix).submits("billing")
+    assert key_slot(reservations_key(window).encode()) == key_slot(window.encode())
