@@ -29,6 +29,17 @@ def register(
         action="store_true",
         help="serve without API keys (development only: refused unless --host is a loopback address)",
     )
+    a.add_argument(
+        "--max-streams",
+        type=int,
+        help="event streams one process serves at once (default 1000, WESICHAIN_API_MAX_STREAMS)",
+    )
+    a.add_argument(
+        "--max-streams-per-tenant",
+        type=int,
+        help="event streams one tenant may hold in one process (default a quarter of --max-streams,"
+        " WESICHAIN_API_MAX_STREAMS_PER_TENANT)",
+    )
     a.add_argument("--openapi", action="store_true", help="print the OpenAPI document and exit")
     a.add_argument("--log-level", default="info")
 
@@ -67,6 +78,28 @@ def register(
         "--disallow", action="append", default=[], metavar="NAME", help="take NAME back (repeatable)"
     )
     ns.add_argument("--clear", action="store_true", help="allow only the default namespace")
+    cc = ksub.add_parser(
+        "celery-callbacks",
+        parents=[common],
+        help="show or set the Celery tasks and queues a tenant's runs may name as their callback",
+    )
+    cc.add_argument("--tenant", required=True)
+    for what in ("task", "queue"):
+        cc.add_argument(
+            f"--allow-{what}",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help=f"allow {what} NAME (repeatable)",
+        )
+        cc.add_argument(
+            f"--disallow-{what}",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help=f"take {what} NAME back (repeatable)",
+        )
+    cc.add_argument("--clear", action="store_true", help="allow no Celery callback (webhooks only)")
     cb = ksub.add_parser(
         "callback", parents=[common], help="show or set the webhook of a tenant's runs that name none"
     )
@@ -77,7 +110,13 @@ def register(
 
 
 def api(args: argparse.Namespace) -> int:
-    from api.config import ENV_API_AUTH, ENV_API_HOST, ApiConfig
+    from api.config import (
+        ENV_API_AUTH,
+        ENV_API_HOST,
+        ENV_API_MAX_STREAMS,
+        ENV_API_MAX_STREAMS_PER_TENANT,
+        ApiConfig,
+    )
 
     if args.openapi:
         from api.app import openapi_document
@@ -86,6 +125,10 @@ def api(args: argparse.Namespace) -> int:
         return 0
     # Settings travel by environment, so every uvicorn worker process builds the same app.
     os.environ[ENV_API_HOST] = args.host
+    if args.max_streams is not None:
+        os.environ[ENV_API_MAX_STREAMS] = str(args.max_streams)
+    if args.max_streams_per_tenant is not None:
+        os.environ[ENV_API_MAX_STREAMS_PER_TENANT] = str(args.max_streams_per_tenant)
     if args.no_auth:
         os.environ[ENV_API_AUTH] = "off"
     ApiConfig.from_env()  # refuse bad settings (auth off on a public address) before binding
@@ -106,7 +149,6 @@ def api(args: argparse.Namespace) -> int:
 def keys(args: argparse.Namespace) -> int:
     from shared.redis_client import connect
     from shared.settings import Settings
-    from shared.state import Callback
     from shared.store import RunStore
     from shared.tenants import Tenants
 
@@ -131,17 +173,14 @@ def keys(args: argparse.Namespace) -> int:
             state = "revoked" if r.revoked_at is not None else "live"
             print(f"{r.id}  {state}  {r.name}")
         return 0
-    if args.keys_command == "limits":
-        return _limits(tenants, args)
-    if args.keys_command == "namespaces":
-        return _namespaces(tenants, args)
-    if args.keys_command == "callback":
-        if args.clear:
-            tenants.set_default_callback(args.tenant, None)
-        elif args.url:
-            tenants.set_default_callback(args.tenant, Callback(url=args.url).url)
-        print(tenants.default_callback(args.tenant) or "none")
-        return 0
+    settings_commands = {
+        "limits": _limits,
+        "namespaces": _namespaces,
+        "celery-callbacks": _celery_callbacks,
+        "callback": _default_callback,
+    }
+    if args.keys_command in settings_commands:
+        return settings_commands[args.keys_command](tenants, args)
     if args.keys_command == "secret":
         print(tenants.webhook_secret(args.tenant))
         return 0
@@ -159,6 +198,36 @@ def _namespaces(tenants: Tenants, args: argparse.Namespace) -> int:
         allowed = (allowed | set(args.allow)) - set(args.disallow)
         tenants.set_namespaces(args.tenant, allowed)
     print(json.dumps(list(tenants.namespaces(args.tenant))))
+    return 0
+
+
+def _default_callback(tenants: Tenants, args: argparse.Namespace) -> int:
+    """``keys callback``: set or clear the webhook of the tenant's runs that name none; print it."""
+    from shared.state import Callback
+
+    if args.clear:
+        tenants.set_default_callback(args.tenant, None)
+    elif args.url:
+        tenants.set_default_callback(args.tenant, Callback(url=args.url).url)
+    print(tenants.default_callback(args.tenant) or "none")
+    return 0
+
+
+def _celery_callbacks(tenants: Tenants, args: argparse.Namespace) -> int:
+    """``keys celery-callbacks``: change the tenant's allowed callback tasks and queues; print them."""
+    from shared.errors import InvalidRequest
+
+    now = tenants.celery_callbacks(args.tenant)
+    tasks, queues = (set(), set()) if args.clear else (set(now.tasks), set(now.queues))
+    if args.clear or args.allow_task or args.disallow_task or args.allow_queue or args.disallow_queue:
+        tasks = (tasks | set(args.allow_task)) - set(args.disallow_task)
+        queues = (queues | set(args.allow_queue)) - set(args.disallow_queue)
+        try:
+            now = tenants.set_celery_callbacks(args.tenant, tasks, queues)
+        except InvalidRequest as exc:
+            print(f"wesichain: {exc.message}", file=sys.stderr)
+            return 2
+    print(json.dumps({"tasks": list(now.tasks), "queues": list(now.queues)}))
     return 0
 
 

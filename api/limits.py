@@ -49,7 +49,7 @@ from shared.errors import ConfigError
 from shared.protocol import lua_prelude
 from shared.scripts import is_cluster
 from shared.store import RunStore
-from shared.tenants import TenantLimits, Tenants, TenantSettings
+from shared.tenants import CeleryCallbacks, TenantLimits, Tenants, TenantSettings
 
 __all__ = [
     "ADMIT_WAIT_S",
@@ -57,6 +57,7 @@ __all__ = [
     "RESERVE_TTL_MS",
     "STREAMS_RETRY_S",
     "Reservation",
+    "StreamSlot",
     "StreamSlots",
     "SubmitGate",
     "WINDOW_MS",
@@ -141,6 +142,10 @@ class SubmitGate:
     def namespaces(self, tenant: str) -> tuple[str, ...]:
         """The queue namespaces the tenant may name besides the default one (as cached)."""
         return self._settings(tenant).namespaces
+
+    def celery_callbacks(self, tenant: str) -> CeleryCallbacks:
+        """The Celery callback tasks and queues the tenant's runs may name (as cached)."""
+        return self._settings(tenant).callbacks
 
     def _settings(self, tenant: str) -> TenantSettings:
         now = time.monotonic()

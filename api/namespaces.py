@@ -1,9 +1,12 @@
-"""Which queue namespaces a caller may send work to over the API.
+"""Which queue namespaces, and which Celery callbacks, a caller may send work to over the API.
 
 A namespace routes a run's tasks to the workers consuming it (``shared/queues.py``), which are
 often another team's. The default namespace is every caller's; any other only for a tenant an
-operator allowed it (``wesichain keys namespaces``). Without authentication the caller is the
-operator, who may name any.
+operator allowed it (``wesichain keys namespaces``). A Celery completion callback puts a message
+of the tenant's naming on a queue, so its task and queue are allow-listed the same way
+(``wesichain keys celery-callbacks``); a webhook needs no allowance. Without authentication the
+caller is the operator, who may name any (but the runtime's reserved tasks and queues, which no
+request may name: ``shared/request.py``).
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ from api.auth import Caller
 from api.errors import ApiError
 from shared.errors import InvalidRequest
 from shared.queues import check_namespace
+from shared.state import Callback
+from shared.tenants import CeleryCallbacks
 
-__all__ = ["AllowList", "allowed_namespace"]
+__all__ = ["AllowList", "allowed_callback", "allowed_namespace"]
 
 
 class AllowList(Protocol):
-    """Where a tenant's allowed namespaces are read (the API's cached :class:`SubmitGate`)."""
+    """Where a tenant's allow-lists are read (the API's cached :class:`SubmitGate`)."""
 
     def namespaces(self, tenant: str) -> tuple[str, ...]: ...
+
+    def celery_callbacks(self, tenant: str) -> CeleryCallbacks: ...
 
 
 def allowed_namespace(gate: AllowList, who: Caller, raw: str | None) -> str | None:
@@ -42,3 +49,26 @@ def allowed_namespace(gate: AllowList, who: Caller, raw: str | None) -> str | No
             details={"namespace": namespace, "allowed": list(allowed)},
         )
     return namespace
+
+
+def allowed_callback(gate: AllowList, who: Caller, callback: Callback | None) -> None:
+    """Refuse (403 ``forbidden``) a Celery callback whose task, or queue, the caller's tenant was
+    not allowed. The queue is checked whatever the run's namespace: a callback queue is where the
+    message lands, so it is a way around the namespace allow-list otherwise."""
+    if callback is None or callback.task is None or who.tenant is None:
+        return
+    allowed = gate.celery_callbacks(who.tenant)
+    if callback.task not in allowed.tasks:
+        raise ApiError(
+            403,
+            "forbidden",
+            f"tenant {who.tenant} may not name the Celery callback task {callback.task!r}",
+            details={"task": callback.task, "allowed": list(allowed.tasks)},
+        )
+    if callback.queue is not None and callback.queue not in allowed.queues:
+        raise ApiError(
+            403,
+            "forbidden",
+            f"tenant {who.tenant} may not send callbacks to the queue {callback.queue!r}",
+            details={"queue": callback.queue, "allowed": list(allowed.queues)},
+        )

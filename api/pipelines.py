@@ -71,8 +71,8 @@ def _owned(services: Services, who: Caller, pipeline_id: str) -> PipelineHandle:
         check_name("pipeline_id", pipeline_id)
     except InvalidRequest:
         raise ApiError(404, "not_found", f"no pipeline run {pipeline_id[:80]!r}") from None
-    handle = services.client.pipeline(pipeline_id)
-    meta = handle.store.meta(pipeline_id)
+    handle = services.client.pipeline(pipeline_id, tenant=who.tenant)
+    meta = handle.store.meta(handle.pipeline_id)
     if meta is None or meta.tenant != who.tenant:
         raise ApiError(404, "not_found", f"no pipeline run {pipeline_id!r}")
     return handle
@@ -84,12 +84,16 @@ def _owned(services: Services, who: Caller, pipeline_id: str) -> PipelineHandle:
     response_model=PipelineStatus,
     summary="Start a pipeline run",
     description="Creates the pipeline run and hands it to the workers. 422 for a pipeline the agents"
-    " module does not register, or an input that does not fit it; 409 for an id taken by another"
-    " request; 403 for a ``namespace`` the caller's tenant is not allowed.",
+    " module does not register, or an input that does not fit it; 409 for an id the caller's tenant"
+    " used for another request (ids are per tenant: another tenant's same id is another pipeline"
+    " run); 403 for a ``namespace`` the caller's tenant is not allowed.",
 )
 def submit_pipeline(body: PipelineSubmit, services: Svc, who: Who) -> PipelineStatus:
     namespace = allowed_namespace(services.gate, who, body.namespace)
-    replay = body.pipeline_id is not None and services.client.pipeline(body.pipeline_id).exists()
+    replay = (
+        body.pipeline_id is not None
+        and services.client.pipeline(body.pipeline_id, tenant=who.tenant).exists()
+    )
     if who.tenant is not None and not replay:
         # A retried submit whose pipeline run exists is answered whatever the limits: it starts nothing.
         services.gate.admit(who.tenant)
@@ -196,7 +200,7 @@ def pipeline_events(
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
 ) -> PipelineEvents:
     handle = _owned(services, who, pipeline_id)
-    page = handle.store.events(pipeline_id, after=after, count=limit)
+    page = handle.store.events(handle.pipeline_id, after=after, count=limit)
     return PipelineEvents(
         events=[{"id": event_id, **event} for event_id, event in page], last_id=page[-1][0] if page else None
     )

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from api.auth import Caller, caller
 from api.errors import ApiError, ErrorBody
 from api.models import CheckpointList, DecisionBody, DenyBody, RunList, RunView, SubmitBody, run_view
-from api.namespaces import allowed_namespace
+from api.namespaces import allowed_callback, allowed_namespace
 from api.services import Services
 from producer.client import RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from shared.errors import InvalidRequest, StoreFull
@@ -113,9 +113,11 @@ def submit(
         callback = Callback(url=default) if default else None
     if callback is not None and callback.url is not None:
         _check_callback_url(services, callback.url)
+    allowed_callback(services.gate, who, callback)
+    reservation = None
     if who.tenant is not None and not replay:
         # A retried submit whose run exists is answered whatever the limits: it starts nothing.
-        services.gate.admit(who.tenant)
+        reservation = services.gate.reserve(who.tenant)
     try:
         handle = services.client.submit(
             body.agent,
@@ -137,6 +139,9 @@ def submit(
         raise ApiError(422, "invalid_request", exc.message) from None
     except StoreFull as exc:
         raise ApiError(503, "store_full", str(exc), headers={"Retry-After": str(_FULL_RETRY_S)}) from None
+    finally:
+        # Only now: the run is in the in-flight counts (or was not created), see api/limits.py.
+        services.gate.release(reservation)
     head = handle.status()
     return _view(services, head)
 

@@ -13,6 +13,7 @@ worker package, so a producer needs only the agent's name and the Redis URL.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,14 +24,24 @@ from celery import Celery
 
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, Event
-from shared.pipeline.store import PipelinePage, PipelineStore
+from shared.pipeline.store import PipelinePage, PipelineStore, stored_pipeline_id
 from shared.prompts import missing_variables
 from shared.queues import DEFAULT_NAMESPACE, queue_in
 from shared.redis_client import connect
 from shared.request import check_run_id, validate_request
 from shared.retention import MemoryGuard, full_message
 from shared.settings import Settings, celery_config
-from shared.state import Callback, CallbackState, Decision, ForkOrigin, Phase, RunHead, TaskSpec
+from shared.state import (
+    Callback,
+    CallbackState,
+    Decision,
+    EvalLink,
+    ForkOrigin,
+    Phase,
+    PipelineLink,
+    RunHead,
+    TaskSpec,
+)
 from shared.store import RunPage, RunStore
 from shared.tasks import decide_task, start_task
 from shared.timeline import Timeline, build_timeline
@@ -65,6 +76,14 @@ def idempotent_run_id(tenant: str | None, key: str) -> str:
     if not key or len(key) > 255:
         raise InvalidRequest("an idempotency key is 1..255 characters")
     return "idem-" + hashlib.sha256(f"{tenant or '-'}\x00{key}".encode()).hexdigest()[:40]
+
+
+def _canonical_request(created: RunHead) -> str:
+    """What a producer asked for, from a run as it was created (IDLE, version 1), as canonical
+    JSON: the same for the same request however its objects' keys were ordered (and still
+    telling 1, 1.0 and true apart, as a plain comparison of the values would not)."""
+    request = json.loads(created.dump_request(exclude_time=True))
+    return json.dumps({**request, "model": created.model, "state": created.state}, sort_keys=True)
 
 
 #: Events read per round trip when following a run.
@@ -116,6 +135,7 @@ class Client:
         idempotency_key: str | None = None,
         state: dict[str, Any] | None = None,
         namespace: str | None = None,
+        link: PipelineLink | EvalLink | None = None,
     ) -> RunHandle:
         """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request.
 
@@ -128,6 +148,10 @@ class Client:
         With ``idempotency_key``, submitting the same request again (a retry after a lost answer)
         returns the same run instead of starting a second one; the same key with another request
         raises :class:`RequestConflict`. Keys are per tenant and last as long as the run.
+
+        ``link`` is the runtime's own: a pipeline's child run or an eval's case run is created
+        with it (and the runtime's callback task that reports it back); a producer's request
+        never carries one, and its callback may name no reserved task (``shared/request.py``).
         """
         fields: dict[str, Any] = {"agent": agent, "input": input}
         for name, value in (
@@ -141,7 +165,7 @@ class Client:
         ):
             if value is not None:
                 fields[name] = value
-        request = validate_request(fields, self.settings.limits)
+        request = validate_request(fields, self.settings.limits, runtime_callback=link is not None)
         if idempotency_key is not None:
             run_id = idempotent_run_id(request.tenant, idempotency_key)
         run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
@@ -156,6 +180,7 @@ class Client:
             model=request.model,
             tenant=request.tenant,
             callback=request.callback,
+            link=link,
             state=request.state,
             namespace=request.namespace,
         )
@@ -258,9 +283,15 @@ class Client:
         self._send_start(start)
         return RunHandle(self, new_id)
 
-    @staticmethod
-    def _check_same_request(existing: RunHead, head: RunHead, idempotency_key: str) -> None:
-        if existing.dump_request(exclude_time=True) != head.dump_request(exclude_time=True):
+    def _check_same_request(self, existing: RunHead, head: RunHead, idempotency_key: str) -> None:
+        """The same key must carry the same request, compared as JSON values (object keys in any
+        order), the model override and starting state included: those are read from the run's
+        first checkpoint, since the start phase fills them in from the agent."""
+        first = existing
+        if existing.version != 1:
+            created = self.store.checkpoints(existing.run_id, 0, 0)
+            first = created[0] if created else existing
+        if _canonical_request(first) != _canonical_request(head):
             raise RequestConflict(f"idempotency key {idempotency_key!r} was used for another request")
 
     def list_runs(
@@ -323,10 +354,11 @@ class Client:
             self, name, input, pipeline_id=pipeline_id, tenant=tenant, check=check, namespace=namespace
         )
 
-    def pipeline(self, pipeline_id: str) -> PipelineHandle:
+    def pipeline(self, pipeline_id: str, *, tenant: str | None = None) -> PipelineHandle:
+        """The pipeline run ``pipeline_id`` of ``tenant`` (None: a run without a tenant)."""
         from producer.pipelines import PipelineHandle
 
-        return PipelineHandle(self, pipeline_id)
+        return PipelineHandle(self, stored_pipeline_id(tenant, pipeline_id))
 
     def list_pipelines(
         self,

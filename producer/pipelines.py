@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from shared.agents import load_registry
 from shared.errors import ConfigError, InvalidRequest, WesichainError
 from shared.pipeline.status import PipelineStatus, pipeline_status
-from shared.pipeline.store import PipelineStore
+from shared.pipeline.store import PipelineStore, stored_pipeline_id
 from shared.pipeline.tasks import advance_task
 from shared.request import check_name, validate_request
 
@@ -74,18 +74,20 @@ def submit_pipeline(
     request = validate_request(fields, client.settings.limits)
     if check:
         _check(client, name, input)
-    pipeline_id = pipeline_id if pipeline_id is not None else uuid.uuid4().hex
-    check_name("pipeline_id", pipeline_id)
-    if len(pipeline_id) > MAX_PIPELINE_ID_CHARS:
+    public_id = pipeline_id if pipeline_id is not None else uuid.uuid4().hex
+    check_name("pipeline_id", public_id)
+    if len(public_id) > MAX_PIPELINE_ID_CHARS:
         raise InvalidRequest(f"a pipeline_id is at most {MAX_PIPELINE_ID_CHARS} characters")
+    # A tenant's pipeline ids are its own: another tenant's same id is another pipeline run.
+    pipeline_id = stored_pipeline_id(request.tenant, public_id)
     store = PipelineStore(client.store.redis, client.store.keys, client.settings.retention_s)
     asked = (name, request.input, request.tenant, request.namespace)
-    if store.create(pipeline_id, name, request.input, request.tenant, request.namespace):
+    if store.create(pipeline_id, name, request.input, request.tenant, request.namespace, public_id):
         store.add_event(pipeline_id, "pipeline_started", pipeline=name)
     else:
         meta = store.meta(pipeline_id)
         if meta is None or (meta.name, meta.input, meta.tenant, meta.namespace) != asked:
-            raise PipelineConflict(f"pipeline run {pipeline_id!r} already exists (for another request)")
+            raise PipelineConflict(f"pipeline run {public_id!r} already exists (for another request)")
         if meta.seq >= 0:
             return PipelineHandle(client, pipeline_id)
         # Not started yet: the first submit may have died before sending its first move.

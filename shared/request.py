@@ -24,8 +24,11 @@ __all__ = [
     "NAME_PATTERN",
     "NOT_BLANK",
     "MAX_STATE_BYTES",
+    "RESERVED_QUEUE_PREFIXES",
+    "RESERVED_TASK_PREFIXES",
     "RunRequest",
     "StartMessage",
+    "check_callback",
     "check_name",
     "check_run_id",
     "validate_request",
@@ -38,6 +41,15 @@ _NAME = re.compile(NAME_PATTERN)
 MAX_NAME_CHARS = 200
 #: An input must hold something besides white space (a JSON Schema ``pattern`` searches).
 NOT_BLANK = r"\S"
+
+
+#: Task names no producer may name as a callback: the runtime's own protocol tasks (a pipeline's
+#: child-ended handler, an eval's scorer, a subagent's result...) and Celery's built-in tasks.
+#: Those are started only by the runtime, for runs it created itself (``RunHead.link``/``parent``).
+RESERVED_TASK_PREFIXES = ("wesichain.", "celery.")
+#: Queues no producer may send a callback to: the pool's default queues and Celery's own
+#: (the default ``celery`` queue, its events and remote-control exchanges).
+RESERVED_QUEUE_PREFIXES = ("wesichain.", "celery")
 
 
 class RunRequest(BaseModel):
@@ -88,8 +100,12 @@ class StartMessage(BaseModel):
     epoch: int = Field(default=0, description="Always 0 for a new run.")
 
 
-def validate_request(raw: Mapping[str, Any], limits: Limits) -> RunRequest:
-    """Check a request against the limits; raises :class:`InvalidRequest` saying what is wrong."""
+def validate_request(raw: Mapping[str, Any], limits: Limits, *, runtime_callback: bool = False) -> RunRequest:
+    """Check a request against the limits; raises :class:`InvalidRequest` saying what is wrong.
+
+    ``runtime_callback`` is for the runtime's own runs only (a pipeline's child, an eval's case):
+    their callback names one of its reserved tasks, which any other request is refused.
+    """
     if not isinstance(raw, Mapping):
         raise InvalidRequest(f"the request must be a JSON object, got {type(raw).__name__}")
     unknown = sorted(set(raw) - set(RunRequest.model_fields))
@@ -124,20 +140,48 @@ def validate_request(raw: Mapping[str, Any], limits: Limits) -> RunRequest:
         metadata=metadata,
         model=model,
         tenant=tenant,
-        callback=_callback(raw.get("callback")),
+        callback=_callback(raw.get("callback"), runtime_callback),
         state=state,
         namespace=namespace,
     )
 
 
-def _callback(raw: Any) -> Callback | None:
-    if raw is None or isinstance(raw, Callback):
-        return raw
-    try:
-        return Callback.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-        raise InvalidRequest(f"callback: {problems}") from None
+def _callback(raw: Any, runtime_callback: bool) -> Callback | None:
+    if raw is None:
+        return None
+    if isinstance(raw, Callback):
+        callback = raw
+    else:
+        try:
+            callback = Callback.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+            raise InvalidRequest(f"callback: {problems}") from None
+    if not runtime_callback:
+        check_callback(callback)
+    return callback
+
+
+def check_callback(callback: Callback) -> None:
+    """Refuse a producer's callback that names a reserved task or queue (``RESERVED_*``).
+
+    Names are compared case-folded: a broker or a future router that folds case must not turn
+    an accepted name into a reserved one.
+    """
+    if callback.task is not None:
+        check_name("callback task", callback.task)
+        if callback.task.casefold().startswith(RESERVED_TASK_PREFIXES):
+            raise InvalidRequest(
+                f"callback task {callback.task[:80]!r} is reserved: names starting with"
+                f" {' or '.join(RESERVED_TASK_PREFIXES)} are the runtime's own tasks"
+            )
+    if callback.queue is not None:
+        check_name("callback queue", callback.queue)
+        if callback.queue.casefold().startswith(RESERVED_QUEUE_PREFIXES):
+            raise InvalidRequest(
+                f"callback queue {callback.queue[:80]!r} is reserved: queues starting with"
+                f" {' or '.join(RESERVED_QUEUE_PREFIXES)} are the pool's own"
+            )
 
 
 def _check_input(text: Any, limits: Limits) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -31,7 +31,10 @@ __all__ = [
     "ChildRun",
     "Decision",
     "ForkOrigin",
+    "EvalLink",
     "ParentLink",
+    "PipelineLink",
+    "RunLink",
     "Phase",
     "PhaseRun",
     "REQUEST_FIELDS",
@@ -172,6 +175,38 @@ class ParentLink(BaseModel):
     depth: int = 1
 
 
+class PipelineLink(BaseModel):
+    """The pipeline run, step, item and attempt a child run was started for.
+
+    Like :class:`ParentLink` and :class:`EvalLink`, only the runtime sets it, when it creates the
+    run; no producer can (it is not a field of :class:`~shared.request.RunRequest`). What a run
+    reports back to a pipeline is decided by this stored link, never by the run's metadata.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["pipeline"] = "pipeline"
+    pipeline_id: str
+    seq: int
+    item: int
+    attempt: int
+
+
+class EvalLink(BaseModel):
+    """The eval and case item (``Item``'s text form) a case run was started for; runtime-only,
+    as :class:`PipelineLink`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["eval"] = "eval"
+    eval_id: str
+    item: str
+
+
+#: What the runtime started a run for, besides a parent's subagent call (``ParentLink``).
+RunLink = Annotated[PipelineLink | EvalLink, Field(discriminator="kind")]
+
+
 class Summary(BaseModel):
     """The model-written summary of a run's oldest messages, committed once on the run."""
 
@@ -215,6 +250,7 @@ REQUEST_FIELDS = frozenset(
         "callback",
         "fork",
         "parent",
+        "link",
         "namespace",
     }
 )
@@ -281,6 +317,8 @@ class RunHead(BaseModel):
     fork: ForkOrigin | None = None
     #: The run whose subagent call this run is (None: a top-level run).
     parent: ParentLink | None = None
+    #: The pipeline item or eval case the runtime started this run for (None: neither).
+    link: RunLink | None = None
     #: Subagent runs this run has started so far.
     children: int = 0
     #: The summary of the oldest messages (an agent whose context strategy is ``summarise``).
@@ -357,6 +395,7 @@ class RunHead(BaseModel):
         callback: Callback | None = None,
         fork: ForkOrigin | None = None,
         parent: ParentLink | None = None,
+        link: PipelineLink | EvalLink | None = None,
         state: dict[str, Any] | None = None,
         namespace: str | None = None,
     ) -> RunHead:
@@ -375,6 +414,7 @@ class RunHead(BaseModel):
             callback=callback,
             fork=fork,
             parent=parent,
+            link=link,
             state=state,
             namespace=namespace,
             created_at=now,

@@ -4,7 +4,9 @@ A tenant owns the runs started with its keys: it sees, follows, lists, cancels a
 those. Keys are shown once, when created, and stored only as their SHA-256 digest; a key's public
 id is the start of that digest. Each tenant has a webhook signing secret (created on first use),
 its limits, and the queue namespaces its runs may name besides the default one (none unless an
-operator allows some), so one tenant cannot put work on the workers another team runs.
+operator allows some), so one tenant cannot put work on the workers another team runs, and the
+Celery tasks and queues its runs' completion callbacks may name (none unless an operator allows
+some), so one tenant cannot send messages to queues or tasks it was not given.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ from pydantic import BaseModel, Field
 from shared.errors import InvalidRequest
 from shared.keys import Keys
 from shared.queues import check_namespace
-from shared.request import check_name
+from shared.request import check_callback, check_name
+from shared.state import Callback
 from shared.webhooks import new_secret
 
 __all__ = [
     "KEY_PREFIX",
+    "MAX_TENANT_CALLBACKS",
     "MAX_TENANT_NAMESPACES",
+    "CeleryCallbacks",
     "KeyRecord",
     "TenantLimits",
     "TenantSettings",
@@ -38,6 +43,8 @@ __all__ = [
 KEY_PREFIX = "wsk_"
 #: Queue namespaces one tenant may be allowed (the default namespace is always allowed besides).
 MAX_TENANT_NAMESPACES = 100
+#: Celery callback tasks, and queues, one tenant may be allowed (each).
+MAX_TENANT_CALLBACKS = 100
 
 
 def digest(key: str) -> str:
@@ -63,6 +70,15 @@ class TenantLimits(BaseModel):
 
 
 @dataclass(frozen=True)
+class CeleryCallbacks:
+    """The Celery tasks a tenant's runs may name as their completion callback, and the queues
+    they may send them to (a callback that names no queue goes where the pool routes the task)."""
+
+    tasks: tuple[str, ...] = ()
+    queues: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TenantSettings:
     """What the API checks a tenant's submits against, read in one round trip."""
 
@@ -71,6 +87,8 @@ class TenantSettings:
     default_callback: str | None
     #: The queue namespaces its runs may name besides the default one (sorted).
     namespaces: tuple[str, ...]
+    #: The Celery callbacks its runs may name (none: webhooks only).
+    callbacks: CeleryCallbacks = CeleryCallbacks()
 
 
 class Tenants:
@@ -142,14 +160,51 @@ class Tenants:
 
     def settings(self, tenant: str) -> TenantSettings:
         """The tenant's limits, default webhook URL and allowed namespaces, in one read."""
-        raw_limits, callback, raw_namespaces = self.redis.hmget(
-            self.keys.tenant(tenant), "limits", "callback_url", "namespaces"
+        raw_limits, callback, raw_namespaces, raw_tasks, raw_queues = self.redis.hmget(
+            self.keys.tenant(tenant),
+            "limits",
+            "callback_url",
+            "namespaces",
+            "callback_tasks",
+            "callback_queues",
         )
         return TenantSettings(
             limits=TenantLimits.model_validate_json(raw_limits) if raw_limits else TenantLimits(),
             default_callback=str(callback) if callback else None,
             namespaces=_namespaces_of(raw_namespaces),
+            callbacks=CeleryCallbacks(_namespaces_of(raw_tasks), _namespaces_of(raw_queues)),
         )
+
+    def celery_callbacks(self, tenant: str) -> CeleryCallbacks:
+        """The Celery callback tasks and queues the tenant's runs may name."""
+        raw_tasks, raw_queues = self.redis.hmget(
+            self.keys.tenant(tenant), "callback_tasks", "callback_queues"
+        )
+        return CeleryCallbacks(_namespaces_of(raw_tasks), _namespaces_of(raw_queues))
+
+    def set_celery_callbacks(
+        self, tenant: str, tasks: Iterable[str], queues: Iterable[str]
+    ) -> CeleryCallbacks:
+        """Allow exactly ``tasks`` and ``queues`` for the tenant's Celery callbacks; returns them
+        sorted. Raises :class:`InvalidRequest` for a malformed or reserved name, or too many."""
+        check_name("tenant", tenant)
+        allowed_tasks, allowed_queues = sorted(set(tasks)), sorted(set(queues))
+        for task in allowed_tasks:
+            check_callback(Callback(task=task))
+        for queue in allowed_queues:
+            check_callback(Callback(task="any.task", queue=queue))  # the queue's own checks
+        if max(len(allowed_tasks), len(allowed_queues)) > MAX_TENANT_CALLBACKS:
+            raise InvalidRequest(
+                f"a tenant may be allowed at most {MAX_TENANT_CALLBACKS} callback tasks and as many queues"
+            )
+        key = self.keys.tenant(tenant)
+        for field, names in (("callback_tasks", allowed_tasks), ("callback_queues", allowed_queues)):
+            if names:
+                self.redis.hset(key, field, json.dumps(names))
+            else:
+                self.redis.hdel(key, field)
+        self.redis.sadd(self.keys.tenants(), tenant)
+        return CeleryCallbacks(tuple(allowed_tasks), tuple(allowed_queues))
 
     def namespaces(self, tenant: str) -> tuple[str, ...]:
         """The queue namespaces the tenant's runs may name besides the default one (sorted)."""
@@ -206,7 +261,7 @@ class Tenants:
 
 
 def _namespaces_of(raw: object) -> tuple[str, ...]:
-    """The allowed namespaces as stored (a JSON list; absent: none)."""
+    """An allow-list as stored (a JSON list of names; absent: none)."""
     if not raw:
         return ()
     text = raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -36,6 +36,7 @@ from shared.state import RunHead
 __all__ = [
     "SECRET_PREFIX",
     "TOLERANCE_S",
+    "Address",
     "check_url",
     "is_public_address",
     "new_secret",

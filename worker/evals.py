@@ -17,7 +17,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from functools import partial
 from typing import Any, cast
 
 from celery import Celery
@@ -28,14 +27,14 @@ from shared.errors import InvalidRequest, ModelTransport, StoreFull
 from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult, RunOutcome, trajectory
 from shared.evals.scorers import JudgeReply
-from shared.evals.scoring import EVAL_ID, EVAL_ITEM, result_of, run_outcome
+from shared.evals.scoring import result_of, run_outcome
 from shared.evals.store import EvalMeta, EvalStore, Item, run_id_of
 from shared.evals.tasks import TASK_EVAL_SCORE, pump_task
 from shared.limits import Throttled
 from shared.llm.base import ModelRequest
 from shared.llm.resolver import resolve_model
 from shared.messages import SystemMessage, UserMessage
-from shared.state import Callback, RunHead, TaskSpec
+from shared.state import Callback, EvalLink, RunHead, TaskSpec
 from shared.webhooks import outcome
 from worker.metrics import Metrics
 from worker.runtime import Runtime
@@ -146,10 +145,11 @@ class EvalPool:
                 run_id=run_id,
                 model=variant.model,
                 thread_id=f"{run_id}:{case.thread}" if case.thread else None,
-                metadata={**variant.metadata, **case.metadata, EVAL_ID: eval_id, EVAL_ITEM: str(item)},
+                metadata={**variant.metadata, **case.metadata} or None,
                 # Scored in place by the worker that ended the run (on the namespace's queues,
                 # if the eval names one), unless the spec sends scorings to a queue of their own.
                 callback=Callback(task=TASK_EVAL_SCORE, queue=spec.queue),
+                link=EvalLink(eval_id=eval_id, item=str(item)),
                 check_agent=False,
                 namespace=spec.namespace,
             )
@@ -174,29 +174,40 @@ class EvalPool:
     # -- scoring ended runs ----------------------------------------------------------------------
 
     def score(self, ended: dict[str, Any]) -> CaseResult | None:
-        """Score one ended case run (its completion callback); None if another scorer has it."""
-        metadata = ended.get("metadata") or {}
-        eval_id, raw_item = metadata.get(EVAL_ID), metadata.get(EVAL_ITEM)
-        if not isinstance(eval_id, str) or not isinstance(raw_item, str):
-            log.warning("run %s ended with no eval to score it for", ended.get("run_id"))
+        """Score one ended case run (its completion callback); None if another scorer has it.
+
+        Only the run's id is taken from ``ended``: the eval and case are read from the stored
+        run's link, which only this pool sets when it creates the run, and what is scored is the
+        stored run's end. A run that is not this eval's case run is ignored.
+        """
+        run_id = str(ended.get("run_id", ""))
+        head = self.runs.load(run_id) if run_id else None
+        link = head.link if head is not None else None
+        if head is None or not isinstance(link, EvalLink) or not head.terminal:
+            log.warning("run %s is not an ended eval case run; ignored", run_id[:200])
             return None
-        item = Item.parse(raw_item)
+        eval_id = link.eval_id
+        try:
+            item = Item.parse(link.item)
+        except ValueError:
+            return None
+        if run_id != run_id_of(eval_id, item) or head.tenant is not None:
+            # Case runs have the deterministic id of their item, and no tenant (evals are the
+            # operator's): anything else is not a run this pool created.
+            log.warning("run %s is not the case run of eval %s item %s; ignored", run_id, eval_id, item)
+            return None
         if self.evals.claim_scoring(eval_id, item, self.lease_s) != "ok":
             return None  # scored already, or being scored
         try:
             meta = self._meta(eval_id)
         except EvalNotFound:
             return None
-        run_id = str(ended["run_id"])
-        # The run's model (for its cost) is read only when the spec prices models.
-        head = self.runs.load(run_id) if meta.spec.pricing else None
+        ended = outcome(head)
         steps = trajectory(self.runs.load_messages(run_id))
         case = self.evals.case(eval_id, item.case)
         outcome_ = run_outcome(ended, steps)
-        tenant = ended.get("tenant") if isinstance(ended.get("tenant"), str) else None
-        judge = partial(self.judge, tenant=tenant)
         try:
-            result = result_of(meta.spec, item, case, outcome_, head.model if head else "", judge)
+            result = result_of(meta.spec, item, case, outcome_, head.model, self.judge)
         except Throttled as throttled:
             self._score_later(meta, item, ended, throttled)
             return None

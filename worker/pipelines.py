@@ -26,20 +26,12 @@ from producer.client import Client
 from shared.agents import AgentRegistry
 from shared.errors import ConfigError, InvalidRequest, StoreFull
 from shared.pipeline.definition import Step
-from shared.pipeline.store import (
-    PIPELINE_ID,
-    PIPELINE_ITEM,
-    PIPELINE_STEP,
-    PipelineMeta,
-    PipelineStore,
-    child_run_id,
-)
+from shared.pipeline.store import PipelineMeta, PipelineStore, child_run_id
 from shared.pipeline.tasks import CHILD_CALLBACK
 from shared.pipeline.values import as_input, jsonable, value_of
-from shared.state import TaskSpec
-from shared.webhooks import outcome
+from shared.state import Phase, PipelineLink, RunHead, TaskSpec
 
-__all__ = ["MAX_ITEMS", "PIPELINE_ATTEMPT", "PUMP_BATCH", "PipelinePool", "StepError"]
+__all__ = ["MAX_ITEMS", "PUMP_BATCH", "PipelinePool", "StepError"]
 
 log = logging.getLogger("wesichain.pipelines")
 
@@ -47,8 +39,6 @@ log = logging.getLogger("wesichain.pipelines")
 MAX_ITEMS = 10_000
 #: Items one pump takes at a time (it loops until the cap or the items run out).
 PUMP_BATCH = 50
-#: A child run's metadata: its attempt at its item.
-PIPELINE_ATTEMPT = "pipeline_attempt"
 
 
 class StepError(Exception):
@@ -233,6 +223,7 @@ class PipelinePool:
         """Create the item's child run for ``attempt`` unless it exists; 1 if this call created it."""
         pipeline_id, seq = meta.pipeline_id, meta.seq
         run_id = child_run_id(pipeline_id, seq, item, attempt)
+        link = PipelineLink(pipeline_id=pipeline_id, seq=seq, item=item, attempt=attempt)
         text = self.store.item_input(pipeline_id, seq, item) or ""
         created = 0
         try:
@@ -241,13 +232,8 @@ class PipelinePool:
                 step.agent or "",
                 text,
                 run_id=run_id,
-                metadata={
-                    PIPELINE_ID: pipeline_id,
-                    PIPELINE_STEP: seq,
-                    PIPELINE_ITEM: item,
-                    PIPELINE_ATTEMPT: attempt,
-                },
                 callback=CHILD_CALLBACK,
+                link=link,
                 check_agent=False,
                 tenant=meta.tenant,
                 state=state,
@@ -259,9 +245,18 @@ class PipelinePool:
             log.warning("pipeline %s: child run %s not created yet: %s", pipeline_id, run_id, exc)
             return 0
         except InvalidRequest as exc:
-            if self.runs.load(run_id) is None:
+            existing = self.runs.load(run_id)
+            if existing is None:
                 # The item cannot run at all (e.g. its input is too long): it fails, once.
                 error = exc.info().model_dump(mode="json")
+                self._ended(meta.pipeline_id, step, seq, item, attempt, run_id, "failed", None, error, False)
+                return 0
+            if not self._is_child(existing, meta):
+                # Its id was taken by a run this pipeline did not create: never adopt it.
+                error = {
+                    "kind": "RunIdTaken",
+                    "message": f"the child run id {run_id} is taken by a run this pipeline did not start",
+                }
                 self._ended(meta.pipeline_id, step, seq, item, attempt, run_id, "failed", None, error, False)
                 return 0
         # Noted (and announced) once, whoever notes it: its creator may have died right after creating it.
@@ -277,34 +272,51 @@ class PipelinePool:
     # -- learning that a child ended -----------------------------------------------------------
 
     def child_ended(self, ended: dict[str, Any]) -> None:
-        """A child run ended (its completion callback, or the sweeper for a lost one)."""
-        metadata = ended.get("metadata") or {}
-        try:
-            pipeline_id = str(metadata[PIPELINE_ID])
-            seq, item = int(metadata[PIPELINE_STEP]), int(metadata[PIPELINE_ITEM])
-            attempt = int(metadata.get(PIPELINE_ATTEMPT, 0))
-        except (KeyError, TypeError, ValueError):
-            log.warning("run %s ended with no pipeline to tell", ended.get("run_id"))
+        """A child run ended (its completion callback, or the sweeper for a lost one).
+
+        Only the run's id is taken from ``ended``: the pipeline, step, item and attempt are read
+        from the stored run's link, which only this pool sets when it creates the run, and how the
+        run ended is read from the stored run too. A run that is not one of this pipeline's
+        children (no link, another tenant's, or an id that is not the link's child id) is ignored.
+        """
+        run_id = str(ended.get("run_id", ""))
+        head = self.runs.load(run_id) if run_id else None
+        link = head.link if head is not None else None
+        if head is None or not isinstance(link, PipelineLink) or not head.terminal:
+            log.warning("run %s is not an ended pipeline child run; ignored", run_id[:200])
             return
-        step = self._step_of(pipeline_id, seq)
+        meta = self.store.meta(link.pipeline_id)
+        if meta is None or not self._is_child(head, meta):
+            log.warning("run %s is not a child of pipeline run %s; ignored", run_id, link.pipeline_id)
+            return
+        step = self._step_of(link.pipeline_id, link.seq)
         if step is None:
             return
-        run_id = str(ended.get("run_id"))
-        output = None
-        if ended.get("status") == "completed":
-            head = self.runs.load(run_id)
-            output = head.output if head is not None else None
+        answer = (head.answer, head.output) if head.phase is Phase.COMPLETED else None
+        error = head.error.model_dump(mode="json") if head.error is not None else None
         self._ended(
-            pipeline_id,
+            link.pipeline_id,
             step,
-            seq,
-            item,
-            attempt,
+            link.seq,
+            link.item,
+            link.attempt,
             run_id,
-            str(ended.get("status")),
-            (ended.get("answer"), output),
-            ended.get("error"),
+            head.status,
+            answer,
+            error,
             True,
+        )
+
+    @staticmethod
+    def _is_child(head: RunHead, meta: PipelineMeta) -> bool:
+        """Whether ``head`` is a child run this pipeline run created: its runtime-set link names
+        the pipeline, its id is the link's child id, and it belongs to the pipeline's tenant."""
+        link = head.link
+        return (
+            isinstance(link, PipelineLink)
+            and link.pipeline_id == meta.pipeline_id
+            and head.run_id == child_run_id(link.pipeline_id, link.seq, link.item, link.attempt)
+            and head.tenant == meta.tenant
         )
 
     def _ended(
@@ -440,7 +452,7 @@ class PipelinePool:
                 repaired += 1
             elif head is not None and head.terminal and now - head.updated_at > self.grace_s:
                 log.warning("pipeline %s: child run %s ended untold; recording it", pipeline_id, run_id)
-                self.child_ended(outcome(head))
+                self.child_ended({"run_id": run_id})
                 repaired += 1
         if meta.started < meta.total and meta.started - meta.done < meta.cap:
             repaired += int(self.pump(pipeline_id, meta.seq) > 0)

@@ -74,8 +74,10 @@ def run_child_done(rt: Runtime, outcome: dict[str, Any]) -> None:
         log.info("run %s: its parent %s no longer waits for it", child.run_id, link.run_id)
         return
     call = next((c for c in parent.pending_calls if c.id == link.call_id), None)
-    if call is None:
-        return
+    if call is None or not any(
+        c.call_id == link.call_id and c.run_id == child.run_id for c in approval.children
+    ):
+        return  # not the child run this call started
     result = child_result(rt, call.name, link.call_id, child)
     completed = ev.ToolCompleted(
         run_id=parent.run_id,

@@ -11,11 +11,7 @@ from shared.evals.scorers import Judge, run_scorers
 from shared.evals.spec import EvalSpec
 from shared.evals.store import Item
 
-__all__ = ["EVAL_ID", "EVAL_ITEM", "cost_of", "result_of", "run_outcome"]
-
-#: The metadata of a case run that names its eval and work item.
-EVAL_ID = "eval_id"
-EVAL_ITEM = "eval_item"
+__all__ = ["cost_of", "result_of", "run_outcome"]
 
 
 def run_outcome(ended: dict[str, Any], trajectory: list[Step]) -> RunOutcome:

@@ -89,7 +89,7 @@ class PipelineSummary(BaseModel):
 
 def summary_of(meta: PipelineMeta) -> PipelineSummary:
     return PipelineSummary(
-        pipeline_id=meta.pipeline_id,
+        pipeline_id=meta.public_id,
         name=meta.name,
         status=meta.status,
         input=meta.input,
@@ -154,7 +154,7 @@ def pipeline_status(store: PipelineStore, pipeline_id: str) -> PipelineStatus | 
             )
         )
     return PipelineStatus(
-        pipeline_id=pipeline_id,
+        pipeline_id=meta.public_id,
         name=meta.name,
         status=meta.status,
         input=meta.input,

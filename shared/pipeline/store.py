@@ -10,6 +10,7 @@ its next attempt once, moving on to the next step once, ending once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ __all__ = [
     "PipelineStore",
     "child_run_id",
     "parse_cursor",
+    "stored_pipeline_id",
 ]
 
 #: Child runs' metadata: which pipeline run, step and item they belong to.
@@ -55,6 +57,19 @@ _SCRIPTS = (
 )
 
 
+def stored_pipeline_id(tenant: str | None, pipeline_id: str) -> str:
+    """The id a pipeline run is stored under: a tenant's ids are its own (as its threads and
+    idempotency keys are), so two tenants may use the same id, and no tenant can take or even
+    detect another's. A run without a tenant (the operator's) keeps its id as given.
+
+    The prefix is a fixed-length digest of the tenant, so no two (tenant, id) pairs meet, and the
+    stored id stays a valid name for the child run ids built on it.
+    """
+    if tenant is None:
+        return pipeline_id
+    return "t" + hashlib.sha256(tenant.encode()).hexdigest()[:16] + "." + pipeline_id
+
+
 def child_run_id(pipeline_id: str, seq: int, item: int, attempt: int) -> str:
     """The child run of (pipeline run, step, item, attempt): the same four, the same run."""
     return f"{pipeline_id}:s{seq}:i{item}:a{attempt}"
@@ -64,6 +79,7 @@ def child_run_id(pipeline_id: str, seq: int, item: int, attempt: int) -> str:
 class PipelineMeta:
     """A pipeline run's request, status and where it is."""
 
+    #: The id it is stored under (:func:`stored_pipeline_id`): its child runs' ids build on it.
     pipeline_id: str
     name: str
     input: str
@@ -85,6 +101,8 @@ class PipelineMeta:
     created_at: float
     updated_ms: float
     finished_at: float | None
+    #: The id its tenant gave it (or was given), which the API shows and takes.
+    public_id: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -111,12 +129,20 @@ class PipelineStore:
         self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
 
     def create(
-        self, pipeline_id: str, name: str, input: str, tenant: str | None, namespace: str | None = None
+        self,
+        pipeline_id: str,
+        name: str,
+        input: str,
+        tenant: str | None,
+        namespace: str | None = None,
+        public_id: str | None = None,
     ) -> bool:
-        """Store a new pipeline run (running, at no step); False if the id is taken."""
+        """Store a new pipeline run (running, at no step) under ``pipeline_id`` (the stored id),
+        known to its tenant as ``public_id`` (default: the same); False if the id is taken."""
         k = self.keys
         now = time.time()
         fields = {
+            "id": public_id or pipeline_id,
             "name": name,
             "input": input,
             "tenant": tenant or "",
@@ -418,6 +444,7 @@ def _meta_of(pipeline_id: str, raw: Any) -> PipelineMeta | None:
         created_at=float(f["created_at"]),
         updated_ms=float(f.get("updated_ms", "0")),
         finished_at=float(f["finished_ms"]) / 1000 if f.get("finished_ms") else None,
+        public_id=f.get("id") or pipeline_id,
     )
 
 

@@ -24,9 +24,8 @@ import pytest
 
 from producer.client import Client
 from producer.evals.client import EvalClient
-from shared.evals.scoring import EVAL_ITEM
 from shared.evals.store import Item, run_id_of
-from shared.state import Phase, RunHead
+from shared.state import EvalLink, Phase, RunHead
 from tests.agents_evals import CALLS_KEY
 from tests.broker import Settings, broker_env, on_rabbitmq
 from tests.chaos.support import CHAOS_ENV
@@ -141,7 +140,7 @@ def test_an_eval_finishes_once_through_two_pool_kills_and_a_dead_submitter(
     results = evals.results(eval_id)
     assert sorted(r.case_id for r in results) == sorted(f"k{m}" for m in range(1, CASES + 1))
     # One run per case: every run on this server is a case run, named by its work item.
-    runs = Counter(h.metadata.get(EVAL_ITEM) for h in _all_runs(evals))
+    runs = Counter(h.link.item if isinstance(h.link, EvalLink) else None for h in _all_runs(evals))
     assert runs == Counter({str(Item(0, c, 0)): 1 for c in range(CASES)})
     # Model calls: once, or twice where a kill cut the think and it was handed on: the think that
     # ended the run was the second claim of its version. On the Redis broker only the sweeper hands

@@ -57,6 +57,25 @@ def set_limits(redis_server: RedisServer, tenant: str, *flags: str) -> dict[str,
     return limits
 
 
+def allow_celery_callbacks(redis_server: RedisServer, tenant: str, task: str, queue: str) -> None:
+    """What an operator does before a tenant may name a Celery callback (``keys celery-callbacks``)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "keys", "celery-callbacks", "--tenant", tenant]
+        + ["--allow-task", task, "--allow-queue", queue],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env={
+            "WESICHAIN_REDIS_URL": redis_server.url,
+            "PATH": "/usr/bin:/bin",
+            **broker_env(redis_server.url),
+        },
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"tasks": [task], "queues": [queue]}
+
+
 def test_idempotent_resubmit_returns_the_same_run(api: ApiProcess, redis_server: RedisServer) -> None:
     with tenant_client(api, redis_server, f"idem-{uuid.uuid4().hex[:6]}") as http:
         body = {"agent": "direct", "input": "once only", "metadata": {"order": 7}}
@@ -130,7 +149,9 @@ def test_runs_in_flight_are_limited(api: ApiProcess, redis_server: RedisServer) 
 @pytest.mark.redis_broker  # reads the callback's message from kombu's Redis list
 def test_celery_callback_named_in_the_submit_is_sent_once(api: ApiProcess, redis_server: RedisServer) -> None:
     queue = f"billing-{uuid.uuid4().hex[:6]}"
-    with tenant_client(api, redis_server, f"cb-{uuid.uuid4().hex[:6]}") as http:
+    tenant = f"cb-{uuid.uuid4().hex[:6]}"
+    allow_celery_callbacks(redis_server, tenant, "billing.on_agent_done", queue)
+    with tenant_client(api, redis_server, tenant) as http:
         callback = {"task": "billing.on_agent_done", "queue": queue}
         run = http.post("/v1/runs", json={"agent": "direct", "input": "x", "callback": callback}).json()
         assert run["callback"] == {"task": "billing.on_agent_done", "queue": queue, "url": None}
@@ -166,11 +187,13 @@ def test_a_tenants_default_webhook_applies_to_runs_that_name_none(
         [*command, "--url", "http://127.0.0.1:9/hook"], capture_output=True, text=True, cwd=ROOT, env=env
     )
     assert set_default.returncode == 0 and set_default.stdout.strip() == "http://127.0.0.1:9/hook"
+    queue = f"q-{uuid.uuid4().hex[:6]}"
+    allow_celery_callbacks(redis_server, tenant, "billing.on_agent_done", queue)
     with tenant_client(api, redis_server, tenant) as http:
         # The default is checked like a callback of the run's own: this one reaches loopback.
         refused = http.post("/v1/runs", json={"agent": "direct", "input": "x"})
         assert refused.status_code == 422 and "not a public address" in refused.json()["error"]["message"]
-        own = {"task": "billing.on_agent_done", "queue": f"q-{uuid.uuid4().hex[:6]}"}
+        own = {"task": "billing.on_agent_done", "queue": queue}
         accepted = http.post("/v1/runs", json={"agent": "direct", "input": "x", "callback": own})
         assert accepted.status_code == 202 and accepted.json()["callback"]["task"] == "billing.on_agent_done"
         cleared = subprocess.run([*command, "--clear"], capture_output=True, text=True, cwd=ROOT, env=env)

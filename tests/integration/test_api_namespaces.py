@@ -224,15 +224,17 @@ def test_a_pipeline_run_in_a_namespace_runs_every_child_and_move_on_that_namespa
     assert status["status"] == "completed", status
     assert status["output"] == "0:done a | 1:done b | 2:done c"
     children = [child["run_id"] for step in status["steps"] for child in step["children"]]
-    assert children == [child_run_id(pid, 0, 0, 0), *(child_run_id(pid, 1, i, 0) for i in range(3))] + [
-        child_run_id(pid, 2, 0, 0)
+    stored = children[0].removesuffix(":s0:i0:a0")  # the tenant's own id space: t<digest>.ID
+    assert stored.startswith("t") and stored.endswith(f".{pid}")
+    assert children == [child_run_id(stored, 0, 0, 0), *(child_run_id(stored, 1, i, 0) for i in range(3))] + [
+        child_run_id(stored, 2, 0, 0)
     ]
     for run_id in children:
         assert namespace_of(server, run_id) == NAMESPACE
         assert allowed.get(f"/v1/runs/{run_id}").json()["namespace"] == NAMESPACE
-    ran_only_on_the_namespace(pool, pid)  # every child run's tasks
-    assert f"[pipe:{pid}:advance" in pool["spaced"].log()  # its first move too
-    assert f"pipe:{pid}" not in pool["default"].log()
+    ran_only_on_the_namespace(pool, stored)  # every child run's tasks
+    assert f"[pipe:{stored}:advance" in pool["spaced"].log()  # its first move too
+    assert f"pipe:{stored}" not in pool["default"].log()
     listed = allowed.get("/v1/pipelines", params={"pipeline": "fan"}).json()["pipelines"]
     assert [(p["pipeline_id"], p["namespace"]) for p in listed] == [(pid, NAMESPACE)]
     # The same id and request again is the same pipeline run; in another namespace, a conflict.

@@ -81,7 +81,9 @@ def test_pipeline_over_http(tenant_a: httpx.Client, tenant_b: httpx.Client) -> N
     body = ended(tenant_a, pid)
     assert (body["status"], body["output"]) == ("completed", "done again done web")
     # Its children are the tenant's runs; another tenant sees neither them nor the pipeline run.
-    child = child_run_id(pid, 1, 0, 0)
+    stored = body["steps"][0]["children"][0]["run_id"].removesuffix(":s0:i0:a0")
+    assert stored.endswith(f".{pid}")  # ids are the tenant's own: stored under its digest
+    child = child_run_id(stored, 1, 0, 0)
     assert tenant_a.get(f"/v1/runs/{child}").json()["status"] == "completed"
     assert error_kind(tenant_b.get(f"/v1/runs/{child}"), 404) == "not_found"
     assert error_kind(tenant_b.get(f"/v1/pipelines/{pid}"), 404) == "not_found"
@@ -90,7 +92,7 @@ def test_pipeline_over_http(tenant_a: httpx.Client, tenant_b: httpx.Client) -> N
     kinds = [e["kind"] for e in events["events"]]
     assert kinds[0] == "pipeline_started" and kinds[-1] == "pipeline_completed"
     assert [e["run_id"] for e in events["events"] if e["kind"] == "child_started"] == [
-        child_run_id(pid, 0, 0, 0),
+        child_run_id(stored, 0, 0, 0),
         child,
     ]
     after = tenant_a.get(f"/v1/pipelines/{pid}/events", params={"after": events["events"][2]["id"]}).json()

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
@@ -22,7 +23,10 @@ from producer.client import Client
 from producer.evals.client import EvalClient
 from shared.evals.errors import EvalSpecError
 from shared.evals.store import Item, run_id_of
+from shared.keys import Keys
+from shared.tenants import Tenants
 from tests.agents_evals import CALLS_KEY
+from tests.api_support import ApiProcess, bearer, wait_status
 from tests.broker import Settings, broker_env, queued
 from tests.conftest import own_store
 from tests.harness import ROOT, RedisServer, WorkerProcess, running, wait_until
@@ -364,3 +368,45 @@ def test_an_eval_in_a_queue_namespace_runs_only_on_the_workers_consuming_that_na
     assert [h.namespace if h else None for h in heads] == [NAMESPACE] * 8
     assert spaced.received(eval_id)
     assert [w.name for w in pool if w.received(eval_id)] == []
+
+
+def test_a_tenants_run_cannot_forge_an_evals_results(
+    evals: EvalClient, server: RedisServer, tmp_path: Path
+) -> None:
+    """An attacker's run names the eval's case in its metadata and the eval's scoring task as its
+    callback (refused at submit), then a forged scoring message names it: the eval scores only its
+    own case runs, finishes, and frees every slot."""
+    cases = [{"id": f"f{m}", "input": f"slow double {m}", "expected": str(2 * m)} for m in range(1, 5)]
+    spec = write_eval(tmp_path, cases, name="forged", top={"concurrency": 2})
+    eval_id, _ = evals.submit_file(spec)
+    forged = {"eval_id": eval_id, "eval_item": str(Item(0, 0, 0))}
+    api = ApiProcess(server.url, env={"WESICHAIN_AGENTS": AGENTS}).start()
+    try:
+        key, _ = Tenants(server.client(), Keys()).create_key("eval-attacker")
+        with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as http:
+            refused = http.post(
+                "/v1/runs",
+                json={
+                    "agent": "doubler",
+                    "input": "double 500",
+                    "metadata": forged,
+                    "callback": {"task": "wesichain.eval.score"},
+                },
+            )
+            assert refused.status_code == 422 and "reserved" in refused.json()["error"]["message"]
+            own = http.post("/v1/runs", json={"agent": "doubler", "input": "double 500", "metadata": forged})
+            assert own.status_code == 202
+            attacker_run = wait_status(http, own.json()["run_id"], {"completed"}, 60)
+    finally:
+        api.stop()
+    evals.client.app.send_task(
+        "wesichain.eval.score",
+        args=[{**attacker_run, "metadata": forged, "status": "completed", "answer": "1000"}],
+        queue="wesichain.model",
+    )
+    done = evals.wait(eval_id, timeout=120)
+    assert done.meta.status == "completed" and done.recorded == 4 and done.in_flight == 0
+    results = sorted(evals.results(eval_id), key=lambda r: r.case_id)
+    assert [r.case_id for r in results] == ["f1", "f2", "f3", "f4"]
+    assert all(r.passed for r in results)
+    assert [r.run_id for r in results] == [run_id_of(eval_id, Item(0, c, 0)) for c in range(4)]

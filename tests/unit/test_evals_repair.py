@@ -10,17 +10,20 @@ import fakeredis
 from celery import Celery
 
 from producer.client import Client
+from shared import protocol
 from shared.agents import AgentRegistry
 from shared.evals.dataset import Case
 from shared.evals.spec import parse_spec
 from shared.evals.store import BOUND, Item, run_id_of
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
 from shared.limits import Grant, ProviderLimit, RateLimiter
+from shared.llm.base import Usage
 from shared.llm.scripted import ScriptedModel, reply
 from shared.settings import Settings
-from shared.state import Phase, TaskSpec
+from shared.state import EvalLink, Phase, TaskSpec
 from shared.store import RunStore
 from shared.tasks import TASK_START
+from shared.webhooks import outcome
 from worker.evals import EvalPool
 from worker.throttle import ModelGate
 
@@ -68,7 +71,8 @@ def test_a_slot_whose_creator_died_gets_its_run_once_and_the_eval_a_pump() -> No
     assert evals.tick() == 2
     for item in taken:
         head = evals.runs.load(run_id_of("e", item))
-        assert head is not None and head.phase is Phase.IDLE and head.metadata["eval_item"] == str(item)
+        assert head is not None and head.phase is Phase.IDLE
+        assert head.link == EvalLink(eval_id="e", item=str(item)) and head.metadata == {}
     assert sent.names() == [TASK_START, TASK_START]
     assert all(score >= BOUND for _, score in evals.evals.slots("e"))
     # The cap is full, the runs are going: nothing to repair, and nothing is created twice.
@@ -109,6 +113,20 @@ JUDGED = parse_spec(
 )
 
 
+def completed_case_run(evals: EvalPool, eval_id: str, item: Item, answer: str) -> dict[str, Any]:
+    """Create the item's case run as the pool does, then store it completed with ``answer`` (as
+    its last commit would); returns its outcome, what its completion callback carries."""
+    assert evals.start(evals.evals.meta(eval_id), item) == 1
+    run_id = run_id_of(eval_id, item)
+    head = evals.runs.load(run_id)
+    assert head is not None
+    done = head.model_copy(
+        update={"phase": Phase.COMPLETED, "version": 4, "answer": answer, "usage": Usage(input_tokens=1)}
+    )
+    evals.runs.redis.hset(evals.runs.keys.run(run_id), protocol.BODY, done.dump_body())
+    return outcome(done)
+
+
 def test_a_judge_without_provider_capacity_defers_the_scoring_to_a_task_sent_later() -> None:
     evals, sent = pool()
     judged: list[str] = []
@@ -123,14 +141,8 @@ def test_a_judge_without_provider_capacity_defers_the_scoring_to_a_task_sent_lat
     evals.gate = ModelGate(limiter, {"scripted:judge": limit}, renew_s=10.0)
     evals.evals.create("e", JUDGED, [Case(id="c0", input="double 1", expected="2")], "d.jsonl")
     item = Item(0, 0, 0)
-    ended = {
-        "run_id": run_id_of("e", item),
-        "status": "completed",
-        "answer": "2",
-        "tenant": None,
-        "usage": {"input_tokens": 1, "output_tokens": 1},
-        "metadata": {"eval_id": "e", "eval_item": str(item)},
-    }
+    ended = completed_case_run(evals, "e", item, "2")
+    sent.tasks.clear()  # the case run's start
     # Another worker's think holds the only slot of the judge's model: the judge is not asked.
     other = limiter.acquire("scripted:judge", limit, 1)
     assert isinstance(other, Grant)
