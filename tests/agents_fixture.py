@@ -18,6 +18,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from shared.agents import Agent, AgentRegistry
+from shared.errors import ModelTransport
 from shared.llm.base import ModelResponse, RawToolCall, Usage
 from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import AssistantMessage, Message, ToolMessage, UserMessage
@@ -403,5 +404,28 @@ registry.add(
         system_prompt="keeps notes",
         tools=ToolSet([note]),
         state_type=Notebook,
+    )
+)
+
+
+# -- a provider error that quotes the conversation -------------------------------------------------
+
+
+def _echoing_400(messages: Sequence[Message]) -> ModelResponse:
+    """A provider's 400 whose message echoes the user's prompt, as real providers' errors do."""
+    prompt = next(m.content for m in messages if isinstance(m, UserMessage))
+    raise ModelTransport(
+        f"400 invalid request: could not process {prompt!r}", status_code=400, retryable=False
+    )
+
+
+registry.add_model("echoing_400", ScriptedModel(_echoing_400))
+registry.add(
+    Agent(
+        name="echoing_400",
+        model="scripted:echoing_400",
+        system_prompt="fails with a provider error quoting the prompt",
+        tools=TOOLS,
+        policy=Policy(on_model_error=Fail()),
     )
 )

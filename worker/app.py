@@ -338,11 +338,17 @@ def _delivery(task: Task, run_id: str, version: int, epoch: int, **more: object)
 
 
 def _finish(head: RunHead | None) -> None:
-    """A run this delivery ended as failed or interrupted makes its task a failed one."""
+    """A run this delivery ended as failed or interrupted makes its task a failed one.
+
+    The exception names the run, its phase, step and error kind only: Celery records its repr and
+    traceback in the task's events and result, which Flower shows to whoever may look at tasks, and
+    an error's message can hold conversation text (a provider's 400 that echoes the prompt, a
+    tool's exception). The message stays in the run's state and its ``Failed`` event.
+    """
     if head is not None and head.phase in (Phase.FAILED, Phase.INTERRUPTED):
         error = head.error
-        detail = f"{error.kind}: {error.message}" if error is not None else "interrupted"
-        raise RunEnded(f"run {head.run_id} {head.phase.value} at step {head.step}: {detail}"[:1000])
+        kind = error.kind if error is not None else "interrupted"
+        raise RunEnded(f"run {head.run_id} {head.phase.value} at step {head.step}: {kind}"[:1000]) from None
 
 
 def _subagent_tasks(app: Celery, holder: RuntimeHolder, retry: dict[str, Any]) -> None:

@@ -145,7 +145,46 @@ def test_flower_shows_a_failed_run_as_a_failed_task(
 
     (task,) = wait_until(failed, 30, interval=0.5, what="flower to show the failed task")
     assert task["name"] == "wesichain.observe"
-    assert f"run {handle.run_id} failed at step 1: ToolDispatch: RuntimeError: boom" in str(task["exception"])
+    assert f"run {handle.run_id} failed at step 1: ToolDispatch" in str(task["exception"])
+    # The tool's message stays in the run's state, out of Flower.
+    assert "boom" not in f"{task['exception']} {task['traceback']}"
     # The other phase tasks of the run succeeded, and none was retried.
     states = sorted(str(t["state"]) for t in tasks_of(handle.run_id))
     assert states.count("FAILURE") == 1 and "RETRY" not in states
+
+
+def test_flower_never_shows_a_provider_error_that_quotes_the_prompt(
+    flower: str, workers: list[WorkerProcess], client: Client
+) -> None:
+    """A provider's 400 that echoes the prompt fails the run; its task fails in Flower with the
+    error's kind and the run's ids only, in the exception and in the traceback alike."""
+
+    def tasks_of(run_id: str) -> list[dict[str, object]]:
+        reply = httpx.get(
+            f"{flower}/api/tasks", params={"search": f"kwargs:run_id={run_id}"}, auth=AUTH, timeout=10
+        )
+        reply.raise_for_status()
+        return list(reply.json().values())
+
+    def probe_seen() -> bool:
+        probe = client.submit("direct", "probe")
+        probe.wait(30)
+        return bool(tasks_of(probe.run_id))
+
+    wait_until(probe_seen, 45, interval=0.5, what="flower to receive task events")
+    prompt = "the secret merger with Initech closes on 2031-05-04"
+    handle = client.submit("echoing_400", prompt)
+    head = handle.wait(30)
+    assert head.error is not None and head.error.kind == "ModelTransport"
+    assert prompt in head.error.message  # the run itself keeps the whole message
+
+    def failed() -> list[dict[str, object]]:
+        return [t for t in tasks_of(handle.run_id) if t["state"] == "FAILURE"]
+
+    (task,) = wait_until(failed, 30, interval=0.5, what="flower to show the failed task")
+    assert task["name"] == "wesichain.think"
+    assert task["exception"] == f"RunEnded('run {handle.run_id} failed at step 1: ModelTransport')"
+    shown = f"{task['exception']} {task['traceback']} {task.get('result')}"
+    assert "RunEnded" in str(task["traceback"])
+    for secret in (prompt, "Initech", "could not process", "400 invalid request"):
+        assert secret not in shown
