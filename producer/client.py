@@ -28,7 +28,7 @@ from shared.pipeline.store import PipelinePage, PipelineStore, stored_pipeline_i
 from shared.prompts import missing_variables
 from shared.queues import DEFAULT_NAMESPACE, queue_in
 from shared.redis_client import connect
-from shared.request import check_run_id, validate_request
+from shared.request import check_run_id, new_run, validate_request
 from shared.retention import MemoryGuard, full_message
 from shared.settings import Settings, celery_config
 from shared.state import (
@@ -171,19 +171,7 @@ class Client:
         run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         if check_agent:
             self._check_agent(request.agent, request.metadata)
-        head = RunHead.new_idle(
-            run_id,
-            request.agent,
-            request.input,
-            thread_id=request.thread_id,
-            metadata=request.metadata,
-            model=request.model,
-            tenant=request.tenant,
-            callback=request.callback,
-            link=link,
-            state=request.state,
-            namespace=request.namespace,
-        )
+        head = new_run(run_id, request, link=link)
         start = start_task(run_id, namespace=request.namespace)
         if idempotency_key is not None and (archive := self.store.archive) is not None:
             archived = archive.load(run_id)  # the key's run ended and left Redis: still the same run

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from shared.errors import InvalidRequest
 from shared.queues import check_namespace
 from shared.settings import Limits
-from shared.state import Callback
+from shared.state import Callback, EvalLink, PipelineLink, RunHead
 
 __all__ = [
     "MAX_NAME_CHARS",
@@ -31,6 +31,7 @@ __all__ = [
     "check_callback",
     "check_name",
     "check_run_id",
+    "new_run",
     "validate_request",
 ]
 
@@ -144,6 +145,21 @@ def validate_request(raw: Mapping[str, Any], limits: Limits, *, runtime_callback
         state=state,
         namespace=namespace,
     )
+
+
+def new_run(run_id: str, request: RunRequest, *, link: PipelineLink | EvalLink | None = None) -> RunHead:
+    """The new run (IDLE, version 1) a validated request stands for, with every field it holds.
+
+    The one place a request becomes a run: the Python client (and the HTTP API through it) and a
+    bare ``wesichain.start`` message both create their runs here, so a field added to
+    :class:`RunRequest` reaches the run on every path (a field ``RunHead.new_idle`` does not take
+    fails at once, in every test that creates a run). ``link`` is the runtime's own (a pipeline's
+    child, an eval's case): no request carries one.
+    """
+    fields = {
+        name: getattr(request, name) for name in RunRequest.model_fields if name not in ("agent", "input")
+    }
+    return RunHead.new_idle(run_id, request.agent, request.input, link=link, **fields)
 
 
 def _callback(raw: Any, runtime_callback: bool) -> Callback | None:

@@ -18,7 +18,7 @@ from shared.errors import ConfigError, InvalidRequest, RunConfigError, excerpt
 from shared.messages import Message, SystemMessage, UserMessage
 from shared.middleware import Refuse, on_user_message
 from shared.prompts import Prompt
-from shared.request import check_run_id, validate_request
+from shared.request import check_run_id, new_run, validate_request
 from shared.run_state import StateError, initial_state
 from shared.state import ForkOrigin, Phase, RunHead
 from shared.store import Claim, PhaseClaim
@@ -123,17 +123,9 @@ def _create(rt: Runtime, run_id: str, create: dict[str, Any]) -> InvalidRequest 
         return None
     rejected: InvalidRequest | None = None
     try:
-        request = validate_request(create, rt.settings.limits)
-        head = RunHead.new_idle(
-            run_id,
-            request.agent,
-            request.input,
-            thread_id=request.thread_id,
-            metadata=request.metadata,
-            model=request.model,
-            state=request.state,
-            namespace=request.namespace,
-        )
+        # The same run the Python client would create for this request: every field, the tenant
+        # and the callback included (``new_run``).
+        head = new_run(run_id, validate_request(create, rt.settings.limits))
     except InvalidRequest as exc:
         # Record the run anyway, with what can be kept of the request, so the sender can read why.
         rejected = exc

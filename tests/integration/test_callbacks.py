@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -24,7 +25,7 @@ import pytest
 import standardwebhooks
 
 from producer.client import Client, RequestConflict
-from shared.state import Phase
+from shared.state import Callback, Phase
 from shared.tenants import Tenants
 from shared.webhooks import verify
 from tests.api_support import ApiProcess, bearer
@@ -210,6 +211,117 @@ def test_a_celery_callback_reaches_a_plain_celery_app(setup: Setup, tmp_path: Pa
         # have run already: on a loaded machine that record can come a moment later.
         state = wait_until(lambda: _delivered(handle), TIMEOUT, what="the delivery to be recorded")
         assert state.attempts == 1
+    finally:
+        consumer.terminate()
+        consumer.wait(timeout=20)
+        log.close()
+
+
+SENDER = """
+import json, sys
+from celery import Celery
+app = Celery(broker=sys.argv[1])
+for kwargs in json.loads(sys.stdin.read()):
+    app.send_task("wesichain.start", kwargs=kwargs, queue="wesichain.model")
+"""
+
+
+def _plain_python_env() -> dict[str, str]:
+    """An environment in which nothing of this checkout is importable (with ``python -I``)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+@pytest.mark.redis_broker  # the plain apps' broker is the run state's Redis
+def test_a_bare_start_message_keeps_its_tenant_and_callbacks(setup: Setup, tmp_path: Path) -> None:
+    """A service with nothing but Celery starts runs with a tenant and a callback (a Celery task,
+    a webhook): the runs are the tenant's, and each callback arrives once."""
+    out = tmp_path / "outcomes.jsonl"
+    log = open(tmp_path / "consumer.log", "wb")  # closed below
+    consumer = subprocess.Popen(
+        [sys.executable, "-I", "-c", CONSUMER, setup.server.url, str(out)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=_plain_python_env(),
+    )
+    try:
+        wait_until(
+            lambda: b"ready." in (tmp_path / "consumer.log").read_bytes(), TIMEOUT, what="the consumer"
+        )
+        by_task, by_url, flush = (f"bare-{uuid.uuid4().hex}" for _ in range(3))
+        task_callback = {"task": "billing.on_agent_done", "queue": "billing"}
+        messages = [
+            {
+                "run_id": by_task,
+                "create": {
+                    "agent": "one_hop",
+                    "input": "bill me",
+                    "tenant": "acme",
+                    "callback": task_callback,
+                },
+            },
+            {
+                "run_id": by_url,
+                "create": {
+                    "agent": "direct",
+                    "input": "tell me",
+                    "tenant": "acme",
+                    "callback": {"url": setup.url},
+                },
+            },
+        ]
+        sent = subprocess.run(
+            [sys.executable, "-I", "-c", SENDER, setup.server.url],
+            input=json.dumps(messages),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            env=_plain_python_env(),
+        )
+        assert sent.returncode == 0, sent.stderr
+        for run_id in (by_task, by_url):
+
+            def created(run_id: str = run_id) -> bool:
+                return setup.client.store.load(run_id) is not None
+
+            wait_until(created, TIMEOUT, what="the run to be created")
+            head = setup.client.handle(run_id).wait(TIMEOUT)
+            assert head.phase is Phase.COMPLETED and head.tenant == "acme"
+        assert setup.client.handle(by_task).status().callback == Callback(
+            task="billing.on_agent_done", queue="billing"
+        )
+        assert setup.client.handle(by_url).status().callback == Callback(url=setup.url)
+        assert {h.run_id for h in setup.client.list_runs(tenant="acme", limit=500).runs} >= {by_task, by_url}
+
+        # The Celery callback: run once by the plain app, with the tenant in the outcome.
+        wait_until(lambda: out.exists() and out.read_text().strip(), TIMEOUT, what="the callback task to run")
+        wait_until(lambda: _delivered(setup.client.handle(by_task)), TIMEOUT, what="the task to be recorded")
+        # The webhook: refused twice by the receiver, then accepted once, signed with acme's secret.
+        state = wait_until(lambda: _delivered(setup.client.handle(by_url)), TIMEOUT, what="the webhook")
+        assert state.attempts == 3
+        # A later run's callback on the same queue, behind them: nothing more comes for the two.
+        sent = subprocess.run(
+            [sys.executable, "-I", "-c", SENDER, setup.server.url],
+            input=json.dumps(
+                [{"run_id": flush, "create": {"agent": "direct", "input": "x", "callback": task_callback}}]
+            ),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            env=_plain_python_env(),
+        )
+        assert sent.returncode == 0, sent.stderr
+        wait_until(lambda: flush in out.read_text(), TIMEOUT, what="the later run's callback")
+        outcomes = [json.loads(line) for line in out.read_text().splitlines()]
+        (outcome,) = [o for o in outcomes if o["run_id"] == by_task]
+        assert (
+            outcome["tenant"] == "acme"
+            and outcome["status"] == "completed"
+            and outcome["answer"] == "1 + 2 = 3"
+        )
+        deliveries = setup.receiver.of(by_url)
+        assert [d.status for d in deliveries] == [500, 500, 200] and all(d.signed for d in deliveries)
+        assert deliveries[-1].body["tenant"] == "acme" and deliveries[-1].body["run_id"] == by_url
     finally:
         consumer.terminate()
         consumer.wait(timeout=20)

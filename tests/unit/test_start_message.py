@@ -6,7 +6,9 @@ import json
 import re
 from pathlib import Path
 
-from shared.request import StartMessage
+from shared.request import RunRequest, StartMessage, new_run, validate_request
+from shared.settings import Limits
+from shared.state import Phase
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "start-message.md"
 
@@ -29,3 +31,27 @@ def test_the_documented_example_is_a_valid_message() -> None:
     assert '"run_id": "order-4711-refund"' in example.group(1)
     message = StartMessage.model_validate(kwargs)
     assert message.create.agent == "support" and (message.version, message.epoch) == (1, 0)
+
+
+def test_a_new_run_holds_every_field_of_its_request() -> None:
+    """The one function that turns a request into a run (client, API, bare start message) drops
+    nothing: each field of ``RunRequest``, set to something other than its default, is on the run."""
+    request = validate_request(
+        {
+            "agent": "support",
+            "input": "Refund order 4711",
+            "thread_id": "t-1",
+            "metadata": {"order": 4711},
+            "model": "openai:gpt-4o-mini",
+            "tenant": "acme",
+            "callback": {"task": "billing.on_agent_done", "queue": "billing"},
+            "state": {"count": 1},
+            "namespace": "nightly",
+        },
+        Limits(),
+    )
+    assert all(getattr(request, name) != field.default for name, field in RunRequest.model_fields.items())
+    head = new_run("r-1", request)
+    assert (head.run_id, head.phase, head.version, head.link) == ("r-1", Phase.IDLE, 1, None)
+    for name in RunRequest.model_fields:
+        assert getattr(head, name) == getattr(request, name), name
