@@ -22,7 +22,7 @@ def register(
 ) -> dict[str, Handler]:
     a = sub.add_parser("api", parents=[common], help="serve the HTTP API (FastAPI on uvicorn)")
     a.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    a.add_argument("--port", type=int, default=8000)
+    a.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     a.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (default 1)")
     a.add_argument(
         "--no-auth",
@@ -41,30 +41,30 @@ def register(
         " WESICHAIN_API_MAX_STREAMS_PER_TENANT)",
     )
     a.add_argument("--openapi", action="store_true", help="print the OpenAPI document and exit")
-    a.add_argument("--log-level", default="info")
+    a.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
 
     k = sub.add_parser("keys", help="create, list and revoke tenants' API keys")
     ksub = k.add_subparsers(dest="keys_command", required=True)
     c = ksub.add_parser(
         "create", parents=[common], help="create a key (printed once: it is stored only hashed)"
     )
-    c.add_argument("--tenant", required=True)
+    c.add_argument("--tenant", required=True, help="the tenant the key acts for")
     c.add_argument("--name", default="", help="what the key is for")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help="print the key and its id as JSON")
     ls = ksub.add_parser("list", parents=[common], help="a tenant's keys (ids, never the keys)")
-    ls.add_argument("--tenant", required=True)
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--tenant", required=True, help="the tenant whose keys to list")
+    ls.add_argument("--json", action="store_true", help="print them as JSON")
     r = ksub.add_parser(
         "revoke", parents=[common], help="revoke a key by its id (or a prefix of 8+ characters)"
     )
-    r.add_argument("--tenant", required=True)
+    r.add_argument("--tenant", required=True, help="the tenant the key belongs to")
     r.add_argument("key_id")
     s = ksub.add_parser(
         "secret", parents=[common], help="print the tenant's webhook signing secret (made on first use)"
     )
-    s.add_argument("--tenant", required=True)
+    s.add_argument("--tenant", required=True, help="the tenant whose secret to print")
     lim = ksub.add_parser("limits", parents=[common], help="show or set a tenant's limits")
-    lim.add_argument("--tenant", required=True)
+    lim.add_argument("--tenant", required=True, help="the tenant to show or set")
     lim.add_argument("--max-inflight", type=int, help="runs not ended yet")
     lim.add_argument("--submits-per-minute", type=int, help="new runs per minute")
     ns = ksub.add_parser(
@@ -72,7 +72,7 @@ def register(
         parents=[common],
         help="show or set the queue namespaces a tenant's runs may name (the default one always)",
     )
-    ns.add_argument("--tenant", required=True)
+    ns.add_argument("--tenant", required=True, help="the tenant to show or set")
     ns.add_argument("--allow", action="append", default=[], metavar="NAME", help="allow NAME (repeatable)")
     ns.add_argument(
         "--disallow", action="append", default=[], metavar="NAME", help="take NAME back (repeatable)"
@@ -83,7 +83,7 @@ def register(
         parents=[common],
         help="show or set the Celery tasks and queues a tenant's runs may name as their callback",
     )
-    cc.add_argument("--tenant", required=True)
+    cc.add_argument("--tenant", required=True, help="the tenant to show or set")
     for what in ("task", "queue"):
         cc.add_argument(
             f"--allow-{what}",
@@ -103,7 +103,7 @@ def register(
     cb = ksub.add_parser(
         "callback", parents=[common], help="show or set the webhook of a tenant's runs that name none"
     )
-    cb.add_argument("--tenant", required=True)
+    cb.add_argument("--tenant", required=True, help="the tenant to show or set")
     cb.add_argument("--url", help="the webhook URL (http or https)")
     cb.add_argument("--clear", action="store_true", help="remove it")
     return {"api": api, "keys": keys}

@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from shared.errors import ConfigError, InvalidRequest, WesichainError
 from shared.settings import ENV_AGENTS, ENV_BROKER_URL, ENV_REDIS_URL, Settings, redact_url
 from shared.tls import RedisTlsError
 
-__all__ = ["DESCRIPTION", "EXIT_FAILED_RUN", "EXIT_TIMEOUT", "EXIT_USAGE", "Handler", "Register", "main"]
+__all__ = [
+    "DESCRIPTION",
+    "EXIT_BROKEN_PIPE",
+    "EXIT_FAILED_RUN",
+    "EXIT_TIMEOUT",
+    "EXIT_USAGE",
+    "Handler",
+    "Register",
+    "main",
+]
 
 EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
@@ -65,8 +75,10 @@ def _producer_commands(
     s.add_argument("agent")
     s.add_argument("text")
     s.add_argument("--wait", action="store_true", help="follow the run and wait for its end")
-    s.add_argument("--timeout", type=float, default=300.0)
-    s.add_argument("--json", action="store_true")
+    s.add_argument(
+        "--timeout", type=float, default=300.0, help="with --wait: give up after this many seconds"
+    )
+    s.add_argument("--json", action="store_true", help="print the run id (or events and the end) as JSON")
     s.add_argument("--model", help="override the agent's model (PROVIDER:MODEL)")
     s.add_argument("--thread", help="conversation thread id (carries history across runs)")
     s.add_argument(
@@ -81,13 +93,13 @@ def _producer_commands(
 
     st = sub.add_parser("status", parents=runs, help="show a run's state")
     st.add_argument("run_id")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="print the run's state as JSON")
 
     e = sub.add_parser("events", parents=runs, help="print a run's events")
     e.add_argument("run_id")
     e.add_argument("--follow", "-f", action="store_true", help="keep following until the run ends")
     e.add_argument("--after", metavar="ID", default="0-0", help="only events after this stream id (resume)")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true", help="one JSON object per event")
 
     x = sub.add_parser(
         "export", parents=[common], help="write a run whole (Redis or the archive) as one JSON document"
@@ -101,15 +113,17 @@ def _producer_commands(
 
     cp = sub.add_parser("checkpoints", parents=[common], help="list a run's committed heads (to fork from)")
     cp.add_argument("run_id")
-    cp.add_argument("--json", action="store_true")
+    cp.add_argument("--json", action="store_true", help="print them as JSON")
     fk = sub.add_parser("fork", parents=[common], help="start a new run from a checkpoint of another")
     fk.add_argument("run_id")
     fk.add_argument("version", type=int, help="the checkpoint's version (wesichain checkpoints RUN_ID)")
     fk.add_argument("--input", help="replace the last user message with this text")
     fk.add_argument("--model", help="another PROVIDER:MODEL (default: the original's)")
     fk.add_argument("--wait", action="store_true", help="follow the new run and wait for its end")
-    fk.add_argument("--timeout", type=float, default=300.0)
-    fk.add_argument("--json", action="store_true")
+    fk.add_argument(
+        "--timeout", type=float, default=300.0, help="with --wait: give up after this many seconds"
+    )
+    fk.add_argument("--json", action="store_true", help="print the run id (or events and the end) as JSON")
 
     for verb, text in (
         ("approve", "approve what a parked run waits on"),
@@ -131,9 +145,9 @@ def _producer_commands(
     tl.add_argument("--width", type=int, default=72, help="columns of the picture (default 72)")
 
     ag = sub.add_parser("agents", parents=runs, help="list the agents live workers serve")
-    ag.add_argument("--json", action="store_true")
+    ag.add_argument("--json", action="store_true", help="print them as JSON")
     wk = sub.add_parser("workers", parents=[common], help="list live workers and whether they consume")
-    wk.add_argument("--json", action="store_true")
+    wk.add_argument("--json", action="store_true", help="print them as JSON")
     h = sub.add_parser(
         "health", parents=[common], help="exit 0 if this host's workers are live and consuming (a probe)"
     )
@@ -159,6 +173,7 @@ def _parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[s
     """The parser and the handler of each command; for ``command`` (the first argument), when an
     installed group provides it, only the installed groups' commands."""
     p = argparse.ArgumentParser(prog="wesichain", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"wesichain {_version()}")
     common = _common()
     sub = p.add_subparsers(dest="command", required=True)
     handlers: dict[str, Handler] = {}
@@ -180,6 +195,14 @@ def _parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[s
     return p, handlers
 
 
+def _version() -> str:
+    """The installed distribution's version (what ``pip`` installed, not a copy kept in the code)."""
+    try:
+        return version("wesichain")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def _apply_env(args: argparse.Namespace) -> None:
     # Environment variables, not arguments, carry settings into prefork children and into the
     # module-level worker app, so every process of a worker resolves the same settings.
@@ -199,7 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import redis
 
     try:
-        return handlers[args.command](args)
+        status = handlers[args.command](args)
+        # Flushed here, not at exit, so a reader that went away is seen by the handler below.
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        return _reader_gone()
     except ConfigError as exc:
         print(f"wesichain: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -227,6 +255,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+
+
+#: What a shell reports for a command killed by SIGPIPE (128 + 13), as ``yes | head`` does.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
+def _reader_gone() -> int:
+    """Whoever read stdout closed it (``wesichain events ID | head``): stop quietly.
+
+    Python ignores SIGPIPE, so the write raised instead; stdout now points at /dev/null, or the
+    interpreter's own flush at exit would fail again and print about it.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 def _redis_url() -> str:

@@ -43,6 +43,8 @@ EXIT_FAILED_RUN = 1
 EXIT_TIMEOUT = 3
 #: How long a submitted run may sit unclaimed before ``--wait`` says why.
 QUIET_S = 10.0
+#: The width a timeline is drawn at when it goes to a pipe or file: wide enough that nothing wraps.
+UNWRAPPED_WIDTH = 10_000
 
 
 def print_event(event: Event, as_json: bool) -> None:
@@ -189,7 +191,10 @@ def timeline(args: argparse.Namespace) -> int:
 
     from producer.timeline_view import render_timeline
 
-    Console(highlight=False).print(render_timeline(picture, width=max(20, args.width)))
+    # Into a pipe or file rich would assume 80 columns and break the lanes and rows; there nothing
+    # should wrap (a terminal keeps its own width, and $COLUMNS is honoured by rich either way).
+    wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else UNWRAPPED_WIDTH
+    Console(highlight=False, width=wide).print(render_timeline(picture, width=max(20, args.width)))
     return 0
 
 

@@ -48,12 +48,14 @@ def register(
             help="run its child runs and its own tasks on the queues NAME.model, NAME.tools, NAME.callbacks",
         )
         if verb == "run":
-            r.add_argument("--timeout", type=float, default=3600.0)
-            r.add_argument("--json", action="store_true")
+            r.add_argument(
+                "--timeout", type=float, default=3600.0, help="give up waiting after this many seconds"
+            )
+            r.add_argument("--json", action="store_true", help="print events and the end as JSON lines")
             r.add_argument("--embedded", action="store_true", help="run in this process (no server)")
     st = verbs.add_parser("status", parents=[common], help="show a pipeline run, step by step")
     st.add_argument("pipeline_id")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="print the pipeline run as JSON")
     c = verbs.add_parser("cancel", parents=[common], help="cancel a pipeline run and its live child runs")
     c.add_argument("pipeline_id")
     ev = verbs.add_parser("events", parents=[common], help="print a pipeline run's events")

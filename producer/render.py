@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from shared.events import Event
-from shared.state import RunHead
+from shared.state import Phase, RunHead
 
 __all__ = ["render_event", "render_head"]
 
@@ -53,7 +53,38 @@ def render_head(head: RunHead) -> str:
         lines.append(f"state    {json.dumps(head.state, ensure_ascii=False)[:2000]}")
     if head.error is not None:
         lines.append(f"error    {head.error.kind}: {head.error.message}")
+    if head.phase is Phase.AWAITING_APPROVAL and head.approval is not None:
+        lines.extend(_waiting_for(head))
     return "\n".join(lines)
+
+
+def _waiting_for(head: RunHead) -> list[str]:
+    """What a parked run waits on and how to move it on: no worker holds it, so someone must act."""
+    approval = head.approval
+    assert approval is not None
+    run = head.run_id
+    if approval.kind == "children":
+        lines = [f"waiting  for {len(approval.children)} subagent run(s) to end:"]
+        lines += [f"           {c.agent} {c.run_id} (call {c.call_id})" for c in approval.children]
+        lines.append(f"           (nothing to approve; stop it with: wesichain cancel {run})")
+        return lines
+    calls = {c.id: c for c in head.pending_calls}
+    if approval.kind == "unknown_outcome":
+        lines = [f"waiting  for a human: {approval.reason}"]
+    else:
+        lines = [f"waiting  for a human to approve {len(approval.call_ids)} tool call(s): {approval.reason}"]
+    for call_id in approval.call_ids:
+        call = calls.get(call_id)
+        what = f"{call.name}({_short(json.dumps(call.arguments, ensure_ascii=False))})" if call else "?"
+        lines.append(f"           {what} id={call_id}")
+    go_on, stop = (
+        ("accept the outcome and go on", "fail the run")
+        if approval.kind == "unknown_outcome"
+        else ("run them", "the model is told they were denied")
+    )
+    lines.append(f'approve  wesichain approve {run} --note "..."   ({go_on})')
+    lines.append(f'deny     wesichain deny {run} --note "..."      ({stop})')
+    return lines
 
 
 def _short(text: str | None, limit: int = 80) -> str:

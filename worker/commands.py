@@ -56,10 +56,17 @@ def register(
         help="consume the queues of the runs submitted with this queue namespace (NAME.model,"
         " NAME.tools, NAME.callbacks) instead of the default ones; repeatable, adds to --queues",
     )
-    w.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
-    w.add_argument("--concurrency", "-c", type=int, default=None)
+    w.add_argument(
+        "--pool",
+        default="prefork",
+        choices=["prefork", "threads", "solo"],
+        help="Celery's pool: prefork for CPU-bound tools, threads for model phases (default prefork)",
+    )
+    w.add_argument(
+        "--concurrency", "-c", type=int, default=None, help="pool processes or threads (default: CPU count)"
+    )
     w.add_argument("--name", "-n", default=None, help="worker node name, e.g. w1@%%h")
-    w.add_argument("--loglevel", "-l", default="INFO")
+    w.add_argument("--loglevel", "-l", default="INFO", help="log level (default INFO)")
     w.add_argument(
         "--metrics-port",
         type=int,
@@ -82,7 +89,7 @@ def register(
         "gc", parents=[common], help="report and remove what outlived the retention (indexes included)"
     )
     g.add_argument("--dry-run", action="store_true", help="only report what would be removed")
-    g.add_argument("--json", action="store_true")
+    g.add_argument("--json", action="store_true", help="print the report as JSON")
     a = sub.add_parser(
         "archive",
         parents=[common],
@@ -97,14 +104,14 @@ def register(
     )
     a.add_argument("--max", type=int, default=None, metavar="N", help="move at most N runs")
     a.add_argument("--loop", action="store_true", help="keep archiving every $WESICHAIN_ARCHIVE_INTERVAL_S")
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--json", action="store_true", help="print each pass's report as JSON")
     p = sub.add_parser(
         "prune",
         parents=[common],
         help="delete archived runs past their tenant's archive retention (each deletion audited)",
     )
     p.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     r = sub.add_parser(
         "archive-retention",
         parents=[common],

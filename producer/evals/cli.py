@@ -58,7 +58,9 @@ def register(
     r.add_argument(
         "--wait", action="store_true", help="follow it until it completes (CI: exit 1 below threshold)"
     )
-    r.add_argument("--timeout", type=float, default=24 * 3600.0)
+    r.add_argument(
+        "--timeout", type=float, default=24 * 3600.0, help="with --wait: give up after this many seconds"
+    )
     r.add_argument(
         "--id", dest="eval_id", help="the eval's id (default: the spec's name and a content digest)"
     )
@@ -82,15 +84,15 @@ def register(
         v = verbs.add_parser(verb, parents=[common], help=text)
         v.add_argument("eval_id")
         if verb == "status":
-            v.add_argument("--json", action="store_true")
+            v.add_argument("--json", action="store_true", help="print the progress as JSON")
             v.add_argument("--gate", action="store_true", help="exit 1 if a variant is below the threshold")
     res = verbs.add_parser("results", parents=[common], help="one row per case run")
     res.add_argument("eval_id")
-    res.add_argument("--format", choices=FORMATS, default="jsonl")
+    res.add_argument("--format", choices=FORMATS, default="jsonl", help="output format (default jsonl)")
     res.add_argument("--output", "-o", help="write to this file (default stdout)")
     rep = verbs.add_parser("report", parents=[common], help="write the self-contained HTML report")
     rep.add_argument("eval_id")
-    rep.add_argument("--output", "-o", required=True)
+    rep.add_argument("--output", "-o", required=True, help="the HTML file to write")
     cmp = verbs.add_parser(
         "compare",
         parents=[common],
@@ -100,12 +102,12 @@ def register(
     cmp.add_argument("candidate", nargs="?", help="the candidate eval's id (default: the baseline's)")
     cmp.add_argument("--variants", nargs=2, metavar=("BASE", "CANDIDATE"), help="compare these two variants")
     cmp.add_argument("--alpha", type=float, default=ALPHA, help=f"significance level (default {ALPHA})")
-    cmp.add_argument("--json", action="store_true")
+    cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     w = verbs.add_parser("watch", parents=[common], help="a live view: progress, pass rate, cost, ETA")
     w.add_argument("eval_id")
-    w.add_argument("--timeout", type=float, default=24 * 3600.0)
+    w.add_argument("--timeout", type=float, default=24 * 3600.0, help="stop watching after this many seconds")
     ls = verbs.add_parser("list", parents=[common], help="the newest evals")
-    ls.add_argument("--limit", type=int, default=20)
+    ls.add_argument("--limit", type=int, default=20, help="list at most this many (default 20)")
     return {"eval": dispatch}
 
 
