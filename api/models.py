@@ -127,6 +127,10 @@ class RunView(BaseModel):
     max_steps: int
     steps_used: int
     answer: str | None
+    truncated: bool = Field(
+        default=False,
+        description="The answer was cut at the model's output token limit and accepted as it was.",
+    )
     output: Any = Field(
         default=None, description="The answer as JSON, for agents with a structured output type."
     )
@@ -166,6 +170,7 @@ def run_view(head: RunHead, callback_delivery: CallbackState | None = None) -> R
         max_steps=head.max_steps,
         steps_used=head.steps_used,
         answer=head.answer,
+        truncated=head.truncated,
         output=head.output,
         state=head.state,
         error=head.error,

@@ -112,6 +112,8 @@ class ModelResponded(_Event):
     text: str | None = None
     tool_calls: int = 0
     usage: Usage = Field(default_factory=Usage)
+    #: The provider cut the answer at its output token limit (``ModelResponse.truncated``).
+    truncated: bool = False
 
 
 class ToolDispatched(_Event):
@@ -165,6 +167,8 @@ class Completed(_Event):
     kind: Literal["Completed"] = "Completed"
     answer: str
     usage: Usage = Field(default_factory=Usage)
+    #: The answer was cut at the model's output token limit and accepted so (``Policy.on_truncated``).
+    truncated: bool = False
     #: The structured output (an agent with an ``output_type``), as JSON.
     output: Any = None
 

@@ -147,12 +147,16 @@ class Thinking(_Live):
 
     phase: Phase = field(init=False, default=Phase.THINKING)
 
-    def complete(self, answer: str, usage: Usage, output: Any = None) -> Transition[CompletedRun]:
-        """The model's final answer (and its structured ``output``, validated) ends the run."""
+    def complete(
+        self, answer: str, usage: Usage, output: Any = None, truncated: bool = False
+    ) -> Transition[CompletedRun]:
+        """The model's final answer (and its structured ``output``, validated) ends the run;
+        ``truncated``: the provider cut it at its output limit, and the policy accepted it so."""
         total = self.head.usage + usage
         head = self._next(
             Phase.COMPLETED,
             answer=answer,
+            truncated=truncated,
             output=output,
             usage=total,
             message_count=self.head.message_count + 1,
@@ -162,8 +166,17 @@ class Thinking(_Live):
             CompletedRun(head),
             messages=(AssistantMessage(content=answer),),
             events=(
-                ev.ModelResponded(run_id=head.run_id, step=head.step, text=answer, usage=usage),
-                ev.Completed(run_id=head.run_id, step=head.step, answer=answer, usage=total, output=output),
+                ev.ModelResponded(
+                    run_id=head.run_id, step=head.step, text=answer, usage=usage, truncated=truncated
+                ),
+                ev.Completed(
+                    run_id=head.run_id,
+                    step=head.step,
+                    answer=answer,
+                    usage=total,
+                    output=output,
+                    truncated=truncated,
+                ),
             ),
         )
 

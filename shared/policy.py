@@ -24,13 +24,16 @@ __all__ = [
     "Retry",
     "StepAction",
     "StepVerdict",
+    "TRUNCATION_REPROMPTS",
     "ToolFailureMode",
+    "TruncationMode",
     "UnknownOutcomeMode",
     "Verdict",
     "VerdictAction",
     "after_tools",
     "on_invalid_action",
     "on_model_error",
+    "on_truncated",
 ]
 
 MAX_ATTEMPTS = 20
@@ -106,6 +109,10 @@ Action = Fail | Retry | Reprompt | Interrupt
 
 ToolFailureMode = Literal["fail_fast", "append_error_and_continue"]
 UnknownOutcomeMode = Literal["fail", "await_approval"]
+TruncationMode = Literal["accept", "reprompt", "fail"]
+#: Reprompts a run gets for answers cut at the output limit (``on_truncated="reprompt"``): a
+#: model that is cut again would most likely be cut every time.
+TRUNCATION_REPROMPTS = 1
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,11 @@ class Policy:
     on_tool_error: ToolFailureMode = "append_error_and_continue"
     #: A tool that is not retry-safe lost its worker mid-call.
     on_unknown_outcome: UnknownOutcomeMode = "fail"
+    #: A final answer the provider cut at its output token limit: ``accept`` it as the answer (the
+    #: run, its ``ModelResponded`` and ``Completed`` events say ``truncated``), ``reprompt`` the
+    #: model once for a complete, shorter one (accepted, marked truncated, if cut again), or
+    #: ``fail`` the run (``InvalidModelAction``).
+    on_truncated: TruncationMode = "accept"
 
     def __post_init__(self) -> None:
         if not isinstance(self.on_invalid_action, Fail | Reprompt | Interrupt):
@@ -138,9 +150,13 @@ class Policy:
             raise PolicyConfigInvalid(
                 f"on_unknown_outcome must be fail or await_approval, got {self.on_unknown_outcome!r}"
             )
+        if self.on_truncated not in ("accept", "reprompt", "fail"):
+            raise PolicyConfigInvalid(
+                f"on_truncated must be accept, reprompt or fail, got {self.on_truncated!r}"
+            )
 
 
-VerdictAction = Literal["fail", "retry", "reprompt", "interrupt"]
+VerdictAction = Literal["fail", "retry", "reprompt", "interrupt", "accept"]
 
 
 @dataclass(frozen=True)
@@ -172,6 +188,17 @@ def on_model_error(policy: Policy, retries_used: int, retryable: bool) -> Verdic
             return Verdict("retry", action.consume_budget, action.delay_s(retries_used))
         return Verdict("fail")
     return Verdict("interrupt" if isinstance(action, Interrupt) else "fail")
+
+
+def on_truncated(policy: Policy, truncation_reprompts: int, budget_left: int) -> Verdict:
+    """What to do with a final answer cut at the output limit. A reprompt is charged to the step
+    budget (it is another model call for the same answer); once the reprompts are used, or the
+    budget is, the answer is accepted (and recorded as truncated)."""
+    if policy.on_truncated == "fail":
+        return Verdict("fail")
+    if policy.on_truncated == "reprompt" and truncation_reprompts < TRUNCATION_REPROMPTS and budget_left > 0:
+        return Verdict("reprompt", consume_budget=True)
+    return Verdict("accept")
 
 
 StepAction = Literal["next_step", "fail", "park_unknown"]

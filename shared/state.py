@@ -341,6 +341,9 @@ class RunHead(BaseModel):
     #: Model-call retries of the current step (reset when the step advances).
     model_retries: int = 0
     answer: str | None = None
+    #: The final answer was cut at the model's output token limit, and accepted as it was
+    #: (``Policy.on_truncated``).
+    truncated: bool = False
     #: The final answer validated against the agent's ``output_type``, as JSON (None without one).
     output: Any = None
     #: The agent's custom run state (its ``state_type``, as JSON), updated by its tools and

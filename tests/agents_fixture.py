@@ -429,3 +429,36 @@ registry.add(
         policy=Policy(on_model_error=Fail()),
     )
 )
+
+
+# -- answers cut at the output token limit ---------------------------------------------------------
+
+CUT_ANSWER = "The three reasons are: first, the lease; second, the"
+WHOLE_ANSWER = "Three reasons: the lease, the claim and the sweeper."
+
+
+def _cut_until_told(messages: Sequence[Message]) -> ModelResponse:
+    """Cut at the output limit, until the conversation says the answer was cut off."""
+    if any(isinstance(m, UserMessage) and "cut off" in m.content for m in messages):
+        return reply(WHOLE_ANSWER)
+    return ModelResponse(
+        text=CUT_ANSWER, finish_reason="length", truncated=True, usage=Usage(output_tokens=16)
+    )
+
+
+_CUT_POLICIES: dict[str, Policy] = {
+    "cut_accept": Policy(),  # the default: accept, recorded as truncated
+    "cut_reprompt": Policy(on_truncated="reprompt"),
+    "cut_fail": Policy(on_truncated="fail"),
+}
+for _name, _policy in _CUT_POLICIES.items():
+    registry.add_model(_name, ScriptedModel(_cut_until_told))
+    registry.add(
+        Agent(
+            name=_name,
+            model=f"scripted:{_name}",
+            system_prompt="answers cut at the output limit",
+            tools=TOOLS,
+            policy=_policy,
+        )
+    )

@@ -103,6 +103,8 @@ class Reply:
     #: Sent verbatim as a whole (non-stream) answer instead of rendering text and tool calls.
     body: Any = None
     split_characters: Split | None = None
+    #: The answer stops at the output token limit: each provider's own reason for that is sent.
+    truncated: bool = False
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Reply:
@@ -279,7 +281,7 @@ class OpenAIRenderer(Renderer):
                     "index": 0,
                     "message": message,
                     "logprobs": None,
-                    "finish_reason": "tool_calls" if calls else "stop",
+                    "finish_reason": "length" if reply.truncated else "tool_calls" if calls else "stop",
                 }
             ],
             "usage": self._usage(reply),
@@ -322,7 +324,9 @@ class OpenAIRenderer(Renderer):
             )
             for piece in _pieces(call["function"]["arguments"], 5, reply.utf16):
                 events.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
-        events.append(chunk({}, "tool_calls" if reply.tool_calls else "stop"))
+        events.append(
+            chunk({}, "length" if reply.truncated else "tool_calls" if reply.tool_calls else "stop")
+        )
         if include_usage:
             events.append(chunk(None, usage=self._usage(reply)))
         return [*events, b"data: [DONE]\n\n"]
@@ -386,7 +390,11 @@ class AnthropicRenderer(Renderer):
             "role": "assistant",
             "model": model,
             "content": self._blocks(reply, seq),
-            "stop_reason": "tool_use" if reply.tool_calls else "end_turn",
+            "stop_reason": "max_tokens"
+            if reply.truncated
+            else "tool_use"
+            if reply.tool_calls
+            else "end_turn",
             "stop_sequence": None,
             "usage": {
                 "input_tokens": reply.input_tokens,
@@ -425,7 +433,7 @@ class AnthropicRenderer(Renderer):
                     delta = {"type": "input_json_delta", "partial_json": piece}
                     events.append(event({"type": "content_block_delta", "index": index, "delta": delta}))
             events.append(event({"type": "content_block_stop", "index": index}))
-        stop = "tool_use" if reply.tool_calls else "end_turn"
+        stop = "max_tokens" if reply.truncated else "tool_use" if reply.tool_calls else "end_turn"
         events.append(
             event(
                 {
@@ -476,7 +484,7 @@ class OllamaRenderer(Renderer):
         return {
             **self._head(model),
             "message": message,
-            "done_reason": "stop",
+            "done_reason": "length" if reply.truncated else "stop",
             "done": True,
             "total_duration": 1_500_000_000,
             "load_duration": 20_000_000,

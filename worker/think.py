@@ -25,7 +25,7 @@ from shared.llm.resolver import resolve_model
 from shared.messages import Message, SystemMessage, UserMessage
 from shared.middleware import Veto, after_model, before_model
 from shared.output import instructions, parse_output
-from shared.policy import on_invalid_action, on_model_error
+from shared.policy import Verdict, on_invalid_action, on_model_error, on_truncated
 from shared.state import Phase, RunHead, Summary
 from shared.store import Claim, ClaimRef, PhaseClaim
 from shared.subagents import plan_children
@@ -35,7 +35,14 @@ from worker.model_call import ClaimLost
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
 
-__all__ = ["build_request", "correction_for", "run_think"]
+__all__ = ["TRUNCATION_CORRECTION", "build_request", "correction_for", "run_think"]
+
+#: What the model is told after an answer the provider cut at its output limit
+#: (``Policy.on_truncated="reprompt"``); also how the reprompts a run had for that are counted.
+TRUNCATION_CORRECTION = (
+    "Your previous answer was cut off at the output length limit. Answer again, completely and"
+    " more briefly, so that the whole answer fits."
+)
 
 
 def run_think(rt: Runtime, delivery: Delivery, step: int) -> RunHead | None:
@@ -81,7 +88,12 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
     response = _ask(rt, current, ref, held, agent, adapter, request)
     if isinstance(response, _Handled):
         return response.head
-    return _next_move(rt, current, ref, agent, after_model(agent.middleware, ctx, response), response)
+    # Counted from the conversation itself, so no head field is needed to bound the reprompts.
+    cut_before = sum(
+        1 for m in claim.messages if isinstance(m, UserMessage) and m.content == TRUNCATION_CORRECTION
+    )
+    checked = after_model(agent.middleware, ctx, response)
+    return _next_move(rt, current, ref, agent, checked, response, cut_before)
 
 
 class _Handled:
@@ -151,8 +163,13 @@ def _next_move(
     agent: Agent,
     checked: ModelResponse | Veto,
     original: ModelResponse,
+    cut_before: int = 0,
 ) -> RunHead | None:
-    """Commit what the model's (checked) response asks for: tool calls, approval, or the answer."""
+    """Commit what the model's (checked) response asks for: tool calls, approval, or the answer.
+
+    A final answer the provider cut at its output limit goes by ``Policy.on_truncated``
+    (``cut_before``: the reprompts the run had for that already); accepted, it is marked so.
+    """
     head = current.head
     try:
         if isinstance(checked, Veto):
@@ -160,6 +177,10 @@ def _next_move(
         response = checked
         calls = accept_tool_calls(response, agent.tools, head.step, rt.settings.limits)
         children = plan_children(agent, head, calls)
+        if not calls and response.truncated:
+            verdict = on_truncated(agent.policy, cut_before, current.budget_left)
+            if verdict.action != "accept":
+                return _on_truncated(rt, current, ref, response, verdict)
         output = (
             parse_output(response.text, agent.output_type, head.step)
             if agent.output_type is not None and not calls
@@ -178,7 +199,25 @@ def _next_move(
             current, current.act(response.text, calls, response.usage, agent.max_parallel_tools), ref
         )
     answer = (response.text or "")[: rt.settings.limits.max_message_chars]
-    return rt.commit(current, current.complete(answer, response.usage, output), ref)
+    return rt.commit(current, current.complete(answer, response.usage, output, response.truncated), ref)
+
+
+def _on_truncated(
+    rt: Runtime, current: fsm.Thinking, ref: ClaimRef, response: ModelResponse, verdict: Verdict
+) -> RunHead | None:
+    """A cut final answer the policy does not accept: reprompt for a whole one, or fail."""
+    head = current.head
+    error = InvalidModelAction(
+        f"the answer was cut off at the model's output token limit (stop reason {response.finish_reason!r})",
+        step=head.step,
+    ).info()
+    if verdict.action == "reprompt":
+        transition = current.reprompt(
+            error, response.text, TRUNCATION_CORRECTION, response.usage, verdict.consume_budget
+        )
+        return rt.commit(current, transition, ref)
+    failed = ev.StepFailed(run_id=head.run_id, step=head.step, error=error, decision="fail")
+    return rt.fail(current, ref, error, (failed,))
 
 
 def build_request(agent: Agent, adapter: LlmAdapter, model: str, messages: list[Message]) -> ModelRequest:

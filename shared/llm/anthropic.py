@@ -41,6 +41,8 @@ __all__ = [
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
+#: The ``stop_reason`` of an answer cut at ``max_tokens``.
+TRUNCATED = "max_tokens"
 #: In-band error types that may pass on a later attempt.
 RETRYABLE_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
 
@@ -237,6 +239,7 @@ class _StreamAssembler:
             tool_calls=calls,
             usage=Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens),
             finish_reason=self.stop_reason,
+            truncated=self.stop_reason == TRUNCATED,
             raw=raw_output(text, calls),
         )
 
@@ -335,6 +338,7 @@ class AnthropicAdapter(HttpAdapter):
                 output_tokens=message.usage.output_tokens or 0,
             ),
             finish_reason=message.stop_reason,
+            truncated=message.stop_reason == TRUNCATED,
             raw=raw_output(text, calls),
         )
 

@@ -117,6 +117,10 @@ class ModelResponse(BaseModel):
     tool_calls: list[RawToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
     finish_reason: str | None = None
+    #: The provider stopped the answer at its output token limit (OpenAI ``finish_reason: length``,
+    #: Anthropic ``stop_reason: max_tokens``, Ollama ``done_reason: length``): the text is cut off.
+    #: Each adapter maps its provider's reason; the agent's policy says what a cut answer does.
+    truncated: bool = False
     #: The model's raw text (bounded), kept for ``InvalidModelAction.raw`` when parsing fails.
     raw: str | None = None
 

@@ -30,6 +30,8 @@ __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "OllamaAdapter", "parse_host", "wire_
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
 DEFAULT_PORT = 11434
+#: The ``done_reason`` of an answer cut at ``num_predict`` (or the context's end).
+TRUNCATED = "length"
 
 
 def parse_host(value: str | None) -> str:
@@ -150,6 +152,7 @@ class _Answer:
             tool_calls=self.calls,
             usage=Usage(input_tokens=last.prompt_eval_count, output_tokens=last.eval_count),
             finish_reason=last.done_reason,
+            truncated=last.done_reason == TRUNCATED,
             raw=raw_output(text, self.calls),
         )
 

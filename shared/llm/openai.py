@@ -30,6 +30,8 @@ __all__ = ["DEFAULT_BASE_URL", "DONE", "OpenAIAdapter", "wire_message", "wire_to
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DONE = "[DONE]"
+#: The ``finish_reason`` of an answer cut at ``max_completion_tokens`` (or the context's end).
+TRUNCATED = "length"
 
 
 # --- Requests ---------------------------------------------------------------------------------
@@ -178,6 +180,7 @@ class _StreamAssembler:
             tool_calls=calls,
             usage=self.usage,
             finish_reason=self.finish_reason,
+            truncated=self.finish_reason == TRUNCATED,
             raw=raw_output(text, calls),
         )
 
@@ -274,6 +277,7 @@ class OpenAIAdapter(HttpAdapter):
             tool_calls=calls,
             usage=completion.usage.usage() if completion.usage else Usage(),
             finish_reason=choice.finish_reason,
+            truncated=choice.finish_reason == TRUNCATED,
             raw=raw_output(text or None, calls),
         )
 

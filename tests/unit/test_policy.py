@@ -18,6 +18,7 @@ from shared.policy import (
     after_tools,
     on_invalid_action,
     on_model_error,
+    on_truncated,
 )
 from shared.state import ToolResult
 
@@ -51,6 +52,7 @@ def test_defaults() -> None:
     assert p.on_model_error == Retry(n=2)
     assert p.on_tool_error == "append_error_and_continue"
     assert p.on_unknown_outcome == "fail"
+    assert p.on_truncated == "accept"
     assert Retry() == Retry(n=3, consume_budget=False)
     assert Reprompt() == Reprompt(n=2, strategy="explain_error", consume_budget=True)
 
@@ -70,6 +72,9 @@ def test_defaults() -> None:
         ("on_tool_error", None),
         ("on_unknown_outcome", "retry"),
         ("on_unknown_outcome", True),
+        ("on_truncated", "continue"),
+        ("on_truncated", Reprompt(n=1)),
+        ("on_truncated", None),
     ],
 )
 def test_wrong_policy_field_types(field: str, value: Any) -> None:
@@ -201,3 +206,20 @@ def test_policy_objects_are_frozen() -> None:
 def test_consume_budget_must_be_a_bool(make: Any, value: Any) -> None:
     with pytest.raises(PolicyConfigInvalid, match="consume_budget"):
         make(n=1, consume_budget=value)
+
+
+@pytest.mark.parametrize(
+    ("mode", "cut_before", "budget", "expected"),
+    [
+        ("accept", 0, 5, Verdict("accept")),
+        ("fail", 0, 5, Verdict("fail")),
+        ("fail", 3, 0, Verdict("fail")),
+        ("reprompt", 0, 5, Verdict("reprompt", consume_budget=True)),
+        ("reprompt", 0, 1, Verdict("reprompt", consume_budget=True)),
+        # Cut again after the one reprompt, or no budget left for another call: accepted (recorded).
+        ("reprompt", 1, 5, Verdict("accept")),
+        ("reprompt", 0, 0, Verdict("accept")),
+    ],
+)
+def test_on_truncated(mode: Any, cut_before: int, budget: int, expected: Verdict) -> None:
+    assert on_truncated(Policy(on_truncated=mode), cut_before, budget) == expected
