@@ -89,6 +89,30 @@ def charge(args: SleepArgs, ctx: ToolContext) -> SleepResult:
     return SleepResult(label=args.label, pid=os.getpid())
 
 
+#: Directory of the gated charge (``charge_gated``): its counts and the gate it waits for.
+GATE_DIR_ENV = "WESICHAIN_TEST_GATE_DIR"
+
+
+def _count(name: str) -> None:
+    """One more line in ``name`` under the gate directory: counts kept outside Redis, so they are
+    written even while Redis refuses every write."""
+    with open(os.path.join(os.environ[GATE_DIR_ENV], name), "a") as f:
+        f.write(f"{os.getpid()}\n")
+
+
+@tool(retry_safe=False)
+def charge_gated(args: SleepArgs, ctx: ToolContext) -> SleepResult:
+    """A non-retry-safe effect that starts, then ends only once the test opens its gate (a file),
+    counting its starts and effects in files rather than in Redis."""
+    _count(f"{ctx.idempotency_key}.starts")
+    gate = os.path.join(os.environ[GATE_DIR_ENV], "open")
+    deadline = time.monotonic() + args.seconds
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _count(f"{ctx.idempotency_key}.effects")
+    return SleepResult(label=args.label, pid=os.getpid())
+
+
 class NoArgs(BaseModel):
     pass
 
@@ -168,7 +192,18 @@ def charge_hang_in_c(args: HoldArgs, ctx: ToolContext) -> str:
 
 
 TOOLS = ToolSet(
-    [add, slow, charge, crash_worker, boom, charge_holding_gil, swallow_timeout, hang_in_c, charge_hang_in_c]
+    [
+        add,
+        slow,
+        charge,
+        charge_gated,
+        crash_worker,
+        boom,
+        charge_holding_gil,
+        swallow_timeout,
+        hang_in_c,
+        charge_hang_in_c,
+    ]
 )
 registry = AgentRegistry()
 
@@ -219,6 +254,8 @@ _add("long_tool", [reply(None, ("slow", {"seconds": 30, "label": "long"})), repl
 _add("poison", [reply(None, ("crash_worker", {})), reply("unreachable")])
 _add("charge_once", [reply(None, ("charge", {"seconds": 3, "label": "pay"})), reply("charged")])
 _add("slow_step", [reply(None, ("slow", {"seconds": 3, "label": "s"})), reply("slow step done")])
+#: A non-retry-safe call that waits (up to 60 s) for the test to open its gate.
+_add("charge_gated", [reply(None, ("charge_gated", {"seconds": 60, "label": "pay"})), reply("charged")])
 # Mid-call for long enough that a fault started right after the tool began (a rabbitmqctl call
 # takes seconds on a loaded machine) still finds it running.
 _add("slower_step", [reply(None, ("slow", {"seconds": 10, "label": "s"})), reply("slow step done")])

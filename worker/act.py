@@ -25,6 +25,7 @@ from shared.state import Phase, RunHead, ToolResult
 from shared.store import CallClaim, Claim
 from shared.tasks import task_for
 from shared.tools import Tool, ToolContext, validation_summary
+from worker.full import until_room
 from worker.heartbeat import Held
 from worker.logs import annotate
 from worker.runtime import Delivery, Runtime, internal_error, middleware_context, poison_error
@@ -37,7 +38,7 @@ log = logging.getLogger("wesichain.worker")
 
 def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     want = CallClaim(delivery.run_id, delivery.version, delivery.epoch, step, call_id)
-    outcome = rt.store.claim_call(want, rt.holder())
+    outcome = until_room(lambda: rt.store.claim_call(want, rt.holder()), f"the claim of {want.run_id}")
     if not isinstance(outcome, Claim):
         rt.on_unclaimed(outcome, delivery)
         return
@@ -80,7 +81,13 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     observing = current.observe().head
     (observe,) = task_for(observing)
     push = rt.push_for([observe], head.epoch)
-    recorded = rt.store.record_result(head, outcome.ref, result, completed, observing, observe, push)
+    # Under the claim: while a full Redis refuses the result, the heartbeat keeps the call held, so
+    # nothing hands it on and the result is recorded once memory is freed.
+    with rt.heartbeat.hold(head.run_id, outcome.field, outcome.token):
+        recorded = until_room(
+            lambda: rt.store.record_result(head, outcome.ref, result, completed, observing, observe, push),
+            f"the result of {what} of run {head.run_id}",
+        )
     if recorded.status == "complete" and not recorded.pushed:
         rt.publish([observe], recorded.epoch)
 

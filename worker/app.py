@@ -289,6 +289,17 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
     hands their phases on when their leases expire.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A Redis at maxmemory refuses kombu's writes (an ack, the record of a message it hands
+        # out) with OutOfMemoryError, a channel error Celery would not recover from: the consumer
+        # stopped for good while the process stayed up. Treated as a lost connection, the consumer
+        # restarts and consumes again (a BRPOP is served at maxmemory); a refused ack leaves its
+        # message in the unacked hash, and a message popped but not recorded is one the sweeper
+        # finds missing from the broker.
+        errors: tuple[type[BaseException], ...] = getattr(self, "connection_errors", ())
+        self.connection_errors = (*errors, redis.exceptions.OutOfMemoryError)
+
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         connection = self.connection
         if connection is not None:

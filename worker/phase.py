@@ -23,6 +23,7 @@ import redis
 from shared import fsm
 from shared.state import RunHead
 from shared.store import Claim, PhaseClaim
+from worker.full import until_room
 from worker.heartbeat import Held
 from worker.logs import annotate
 from worker.runtime import Cancelled, Delivery, Runtime, internal_error, poison_error
@@ -59,7 +60,7 @@ def run_phase(
     body: PhaseBody[P],
 ) -> RunHead | None:
     """Claim, check and do one phase; returns the head this delivery committed, if any."""
-    outcome = rt.store.claim_phase(want, rt.holder())
+    outcome = until_room(lambda: rt.store.claim_phase(want, rt.holder()), f"the claim of {want.run_id}")
     if not isinstance(outcome, Claim):
         rt.on_unclaimed(outcome, delivery)
         return None

@@ -28,6 +28,7 @@ from typing import Any
 
 import amqp
 import redis
+from celery.bootsteps import CLOSE, TERMINATE
 from celery.worker import state as worker_state
 
 from shared.events import worker_identity
@@ -73,6 +74,9 @@ class ConsumerWatch:
 
     def state(self) -> tuple[bool, str]:
         now = time.monotonic()
+        if getattr(getattr(self.consumer, "blueprint", None), "state", None) in (CLOSE, TERMINATE):
+            # Its consumer stopped (an error Celery does not recover from) while the process lives on.
+            return False, "deaf: its consumer stopped"
         if (
             self._last_tick is not None
             and now - self._last_tick > DEAF_AFTER_S

@@ -24,6 +24,7 @@ from shared.state import Phase, PhaseRun, RunHead, TaskSpec
 from shared.store import BrokerCommand, Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
 from shared.tasks import TASK_CALLBACK, decide_task, task_for, with_epoch
 from shared.unsent import PUBLISH_ERRORS, mark_unsent
+from worker.full import until_room
 from worker.heartbeat import Heartbeat
 from worker.hooks import Hooks
 from worker.metrics import Metrics, metrics
@@ -184,14 +185,18 @@ class Runtime:
             outbox = [s.model_copy(update={"countdown": countdown}) for s in outbox]
         here = self._local_callback(head, outbox)
         sent = [s for s in outbox if s is not here]
-        result = self.store.commit(
-            current.head,
-            head,
-            claim,
-            transition.messages,
-            (*extra_events, *transition.events),
-            outbox,
-            self.push_for(sent, current.head.epoch),
+        push = self.push_for(sent, current.head.epoch)
+        result = until_room(
+            lambda: self.store.commit(
+                current.head,
+                head,
+                claim,
+                transition.messages,
+                (*extra_events, *transition.events),
+                outbox,
+                push,
+            ),
+            f"the commit of run {head.run_id} v{head.version}",
         )
         if result.status == "committed":
             self.metrics.committed(current.head, head)
@@ -241,7 +246,10 @@ class Runtime:
         transition = current.interrupt(reason, error)
         head = _stamped(transition.head, current.phase, claim)
         outbox = task_for(head)  # its completion callback, if it has one (a child run's, say)
-        result = self.store.commit(current.head, head, claim, (), transition.events, outbox)
+        result = until_room(
+            lambda: self.store.commit(current.head, head, claim, (), transition.events, outbox),
+            f"the interruption of run {head.run_id}",
+        )
         if result.status != "committed":
             self.metrics.fenced_off(current.phase)
             return None

@@ -12,6 +12,11 @@ local held_by, _, holder = claim_parts(current)
 if held_by ~= token then return {0, cancel} end
 if extend == '1' then
   local deadline = now_ms() + tonumber(lease_ms)
+  -- HDEL first: at maxmemory (noeviction) Redis refuses a script whose first write may add data
+  -- (HSET) but lets it go on once it wrote, and a renewal only rewrites a value of the same size.
+  -- So claims stay held while Redis is full, and the work under them waits rather than being
+  -- handed on.
+  redis.call('HDEL', run, field)
   redis.call('HSET', run, field, claim_value(token, deadline, holder))
   redis.call('ZADD', leases, 'LT', deadline, run_id)
 end

@@ -47,6 +47,8 @@ class CeleryConsumer:
     connection: KombuConnection
     task_consumer: TaskConsumer | None
     hub: Any = None
+    #: Celery's consumer blueprint; its state says whether the consumer still runs.
+    blueprint: Any = None
 
 
 class Clock:
@@ -145,3 +147,20 @@ def test_a_dropped_connection_is_reconnecting(clock: Clock) -> None:
     c = consumer()
     c.connection.connected = False
     assert ConsumerWatch(c).state() == (False, "not connected to the broker (reconnecting)")
+
+
+@dataclass
+class Blueprint:
+    state: int
+
+
+def test_a_stopped_consumer_is_deaf(clock: Clock) -> None:
+    """A consumer Celery stopped for good (its blueprint closed) while the process lives on."""
+    from celery.bootsteps import CLOSE, RUN
+
+    c = consumer()
+    watch = ConsumerWatch(c)
+    c.blueprint = Blueprint(RUN)
+    assert watch.state() == (True, "consuming")
+    c.blueprint = Blueprint(CLOSE)
+    assert watch.state() == (False, "deaf: its consumer stopped")
