@@ -6,6 +6,7 @@ a tenant cannot even learn that another tenant's run id is taken.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -15,7 +16,7 @@ from api.errors import ApiError, ErrorBody
 from api.models import CheckpointList, DecisionBody, DenyBody, RunList, RunView, SubmitBody, run_view
 from api.namespaces import allowed_callback, allowed_namespace
 from api.services import Services
-from producer.client import RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
+from producer.client import NoLiveWorker, RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from shared.errors import InvalidRequest, StoreFull
 from shared.request import check_name, validate_request
 from shared.state import Callback, CallbackState, Decision, RunHead, RunStatus
@@ -87,7 +88,10 @@ def _view(services: Services, head: RunHead) -> RunView:
     summary="Start a run",
     description="Creates the run (queued) and hands it to the workers. With an ``Idempotency-Key``,"
     " the same request sent again returns the same run instead of starting another; the same key"
-    " with a different request is a 409. A ``namespace`` the caller's tenant is not allowed is a 403.",
+    " with a different request is a 409. A ``namespace`` the caller's tenant is not allowed is a 403."
+    " An agent no live worker serves is a 422 ``unknown_agent``; while no live worker is known at all"
+    " (workers registering again after a Redis restart) it is a 503 ``no_live_worker`` with"
+    " Retry-After: send the same request again.",
 )
 def submit(
     body: SubmitBody,
@@ -133,6 +137,13 @@ def submit(
         )
     except UnknownAgent as exc:
         raise ApiError(422, "unknown_agent", exc.message, details={"agent": body.agent}) from None
+    except NoLiveWorker as exc:
+        # Transient (workers registering again after a Redis restart): the client retries, unlike
+        # for a 422, which says the same request will never be accepted.
+        retry_s = str(max(1, math.ceil(exc.retry_after_s)))
+        raise ApiError(
+            503, "no_live_worker", str(exc), details={"agent": body.agent}, headers={"Retry-After": retry_s}
+        ) from None
     except RequestConflict as exc:
         raise ApiError(409, "conflict", str(exc)) from None
     except InvalidRequest as exc:

@@ -12,7 +12,8 @@ cancel, approve, deny — with an API key instead of Redis access::
 ``status()`` answers the same :class:`~shared.state.RunHead` as the Redis client; ``view()`` the
 API's :class:`~api.models.RunView` (with the callback's delivery). Errors the API answers raise
 the same exceptions as the Redis client where one exists (:class:`RunNotFound`,
-:class:`InvalidRequest`, :class:`UnknownAgent`, :class:`RequestConflict`, :class:`StoreFull`),
+:class:`InvalidRequest`, :class:`UnknownAgent`, :class:`NoLiveWorker` (retryable),
+:class:`RequestConflict`, :class:`StoreFull`),
 else :class:`ApiRequestError`; limits raise :class:`RateLimited` with the server's Retry-After,
 and a queue namespace the key's tenant is not allowed :class:`Forbidden`.
 """
@@ -29,7 +30,7 @@ from typing import Any
 import httpx
 
 from api.models import AgentView, PipelineList, RunList, RunView
-from producer.client import RequestConflict, RunNotFound, RunTimeout, UnknownAgent
+from producer.client import NoLiveWorker, RequestConflict, RunNotFound, RunTimeout, UnknownAgent
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
 from shared.state import Callback, Decision, Phase, RunHead
@@ -95,6 +96,10 @@ def _raise_for(response: httpx.Response) -> None:
         raise RunNotFound(message)
     if kind == "unknown_agent":
         raise UnknownAgent(message)
+    if kind == "no_live_worker":
+        refused = NoLiveWorker(message)
+        refused.retry_after_s = float(response.headers.get("retry-after", "1"))
+        raise refused
     if kind == "invalid_request":
         raise InvalidRequest(message, **details)
     if kind == "conflict":

@@ -17,7 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import redis
 from celery import Celery
@@ -58,6 +58,7 @@ __all__ = [
     "RunHandle",
     "RunNotFound",
     "RunTimeout",
+    "NoLiveWorker",
     "UnknownAgent",
     "idempotent_run_id",
 ]
@@ -68,7 +69,20 @@ class RequestConflict(WesichainError):
 
 
 class UnknownAgent(InvalidRequest):
-    """No live worker serves the agent a run names."""
+    """No live worker serves the agent a run names, while other workers are live: a permanent
+    refusal (a misspelled agent, or one no deployed worker has)."""
+
+
+class NoLiveWorker(WesichainError):
+    """No live worker is known right now that could serve the run (none registered, as for a few
+    seconds after a Redis restart, or those serving its agent are reconnecting to the broker).
+
+    Transient, unlike :class:`UnknownAgent`: the same request is accepted once the workers are
+    back; retry after ``retry_after_s``. Not an :class:`InvalidRequest`.
+    """
+
+    #: How long to wait before submitting again: a worker re-registers within this once Redis answers.
+    retry_after_s = 1.0
 
 
 def idempotent_run_id(tenant: str | None, key: str) -> str:
@@ -144,7 +158,10 @@ class Client:
         workers consuming them run it.
 
         With ``check_agent`` (the default) a run for an agent no live worker serves is refused,
-        naming the agents on offer; without it the run is queued until a worker serves it.
+        naming the agents on offer (:class:`UnknownAgent`); while no live worker is known at all
+        (a Redis restart: the workers register again within moments) or those serving the agent
+        are reconnecting, it raises :class:`NoLiveWorker` instead, to retry. Without
+        ``check_agent`` the run is queued until a worker serves it.
         With ``idempotency_key``, submitting the same request again (a retry after a lost answer)
         returns the same run instead of starting a second one; the same key with another request
         raises :class:`RequestConflict`. Keys are per tenant and last as long as the run.
@@ -309,17 +326,32 @@ class Client:
             self._served_at = now
         served = self._served
         if agent not in served:
-            known = ", ".join(sorted(served)) or "none: no worker is live"
-            raise UnknownAgent(
-                f"no live worker serves agent {agent!r} (agents served now: {known}); submit with"
-                " check_agent=False (--no-check) to queue the run anyway"
-            )
+            self._refuse_unserved(agent, served)
         missing = missing_variables(served[agent].variables, metadata)
         if missing:
             raise InvalidRequest(
                 f"agent {agent!r} fills its prompt from metadata {', '.join(map(repr, missing))}:"
                 " the request has none"
             )
+
+    def _refuse_unserved(self, agent: str, served: dict[str, AgentInfo]) -> NoReturn:
+        """Why no consuming worker serves ``agent`` now: a transient gap, or a name nothing serves."""
+        live = self.workers.live()
+        listed = {a.name for w in live for a in w.record.agents}
+        if not live or agent in listed:
+            # No worker known at all (Redis just came back and the workers have not registered
+            # again yet, or none is up), or the ones that serve it cannot consume right now
+            # (reconnecting): the same request succeeds once they are back, so the caller retries.
+            raise NoLiveWorker(
+                f"no live worker is known right now to serve agent {agent!r}"
+                f" ({'none is registered' if not live else 'its workers are not consuming'});"
+                " retry shortly"
+            )
+        known = ", ".join(sorted(served)) or "none consuming now"
+        raise UnknownAgent(
+            f"no live worker serves agent {agent!r} (agents served now: {known}); submit with"
+            " check_agent=False (--no-check) to queue the run anyway"
+        )
 
     def handle(self, run_id: str) -> RunHandle:
         return RunHandle(self, run_id)

@@ -36,13 +36,17 @@ from shared.scripts import register_scripts
 from shared.workers import WorkerRecord, describe_agents
 from worker.runtime import Runtime
 
-__all__ = ["ConsumerWatch", "DEAF_AFTER_S", "RegistryBeat"]
+__all__ = ["ConsumerWatch", "DEAF_AFTER_S", "RECHECK_S", "RegistryBeat"]
 
 log = logging.getLogger("wesichain.registry")
 
 #: A consumer that has not asked the broker for a message for this long, while it could take one,
 #: is deaf (kombu's BRPOP is answered within a second and sent again at once).
 DEAF_AFTER_S = 10.0
+#: Between beats, how often the registry thread checks that its record is still in Redis. A Redis
+#: that restarted empty, or that was down for longer than a record lives, has lost it: producers
+#: would take this worker for gone until its next beat, so it writes the record again at once.
+RECHECK_S = 0.25
 
 
 class ConsumerWatch:
@@ -227,11 +231,30 @@ class RegistryBeat:
             log.error("worker %s cannot consume: %s", self.worker_id, record.consumer_state)
 
     def run_forever(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        last_beat = time.monotonic()
+        failing = False
+        while not self._stop.wait(min(RECHECK_S, self.interval_s)):
             try:
-                self.beat()
+                # A beat is due every interval, and at once when Redis is back after an outage
+                # (the last beat failed) or lost the record (restarted empty, or the record expired
+                # while Redis was down): the worker is listed again the moment Redis answers.
+                due = (
+                    failing
+                    or time.monotonic() - last_beat >= self.interval_s
+                    or not self.rt.store.redis.exists(self.rt.store.keys.worker(self.worker_id))
+                )
+                if due:
+                    self.beat()
+                    last_beat = time.monotonic()
+                    if failing:
+                        log.info(
+                            "registry heartbeat: Redis answers again, worker %s re-registered", self.worker_id
+                        )
+                    failing = False
             except redis.RedisError as exc:
-                log.warning("registry heartbeat failed (will retry): %s", exc)
+                if not failing:  # said once per outage, not at every recheck
+                    log.warning("registry heartbeat failed (will retry): %s", exc)
+                failing = True
             except Exception:  # the heartbeat must outlive anything one beat runs into
                 log.exception("registry heartbeat failed (will retry)")
 
