@@ -1,0 +1,131 @@
+"""The docs name everything an operator or a client can use: every environment variable the code
+reads is in the settings table of docs/operations.md, and every operation the HTTP API serves is in
+the endpoint table of docs/api.md (and nothing in either table is gone from the code)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import fastapi.routing
+from fastapi.routing import APIRoute
+
+import api.config
+import producer.api_client
+import shared.llm.settings
+import shared.settings
+import worker.embedded
+from api.app import create_app, openapi_document
+from api.config import ApiConfig
+from shared.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The packages whose processes read the environment (the tests and benchmarks are not settings).
+SOURCES = ("shared", "worker", "producer", "api")
+VARIABLE = re.compile(r"^WESICHAIN_[A-Z0-9_]+$")
+
+
+def string_constants() -> dict[str, set[str]]:
+    """Every string constant of the sources that starts with WESICHAIN_ -> the files holding it."""
+    found: dict[str, set[str]] = {}
+    for package in SOURCES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    if node.value.startswith("WESICHAIN_"):
+                        found.setdefault(node.value, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def variables_the_code_reads() -> set[str]:
+    return {name for name in string_constants() if VARIABLE.match(name)}
+
+
+def section(path: Path, heading: str) -> str:
+    """The text of one ``## heading`` section of a Markdown file, up to the next ``## ``."""
+    text = path.read_text()
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def documented_settings() -> set[str]:
+    table = section(ROOT / "docs" / "operations.md", "Settings")
+    return set(re.findall(r"^\| `(WESICHAIN_[A-Z0-9_]+)` \|", table, re.MULTILINE))
+
+
+def test_the_scan_sees_every_variable_the_settings_modules_name() -> None:
+    # Names are string literals, never built from parts (a prefix plus a field name would escape the
+    # scan): every constant that starts with WESICHAIN_ (a name alone, or a message naming one)
+    # starts with a whole name that the code reads as such.
+    read = variables_the_code_reads()
+    leading = {re.sub(r"[^A-Z0-9_].*", "", text, flags=re.DOTALL) for text in string_constants()}
+    assert leading <= read, sorted(leading - read)
+    # Settings.from_env reads exactly its table of (variable, field, parser); it derives no name
+    # from a field's name. Every variable there, and every ENV_ constant of the modules that read
+    # the environment, is found by the scan.
+    table = {variable for variable, _field, _parse in shared.settings._ENVIRONMENT}
+    assert table <= read
+    for module in (shared.settings, shared.llm.settings, api.config, producer.api_client, worker.embedded):
+        constants = {v for k, v in vars(module).items() if k.startswith("ENV_") and isinstance(v, str)}
+        assert {v for v in constants if v.startswith("WESICHAIN_")} <= read, module.__name__
+    assert len(read) >= 50
+
+
+def test_every_variable_the_code_reads_is_in_the_settings_table() -> None:
+    read, documented = variables_the_code_reads(), documented_settings()
+    assert not read - documented, (
+        f"read by the code but not in docs/operations.md, Settings: {sorted(read - documented)}"
+    )
+    assert not documented - read, (
+        f"in docs/operations.md, Settings, but read nowhere: {sorted(documented - read)}"
+    )
+
+
+def _operation(method: str, path: str) -> str:
+    """``GET /v1/runs/{}``: the path without its query, every path parameter's name left out."""
+    template = re.sub(r"\{[^}]*\}", "{}", path.split("?")[0])
+    return f"{method.upper()} {template}"
+
+
+def routes() -> dict[str, bool]:
+    """Every method and path the app routes to an endpoint of its own -> in the OpenAPI document."""
+    app = create_app(ApiConfig(settings=Settings()))
+    # Recent FastAPI keeps an included router as one entry of app.routes and flattens it with
+    # iter_route_contexts; earlier versions list every route in app.routes.
+    flatten = getattr(fastapi.routing, "iter_route_contexts", None)
+    found: dict[str, bool] = {}
+    for entry in flatten(app.routes) if flatten is not None else app.routes:
+        route = getattr(entry, "original_route", entry)
+        if isinstance(route, APIRoute):
+            for method in getattr(entry, "methods", None) or route.methods or ():
+                found[_operation(method, getattr(entry, "path", route.path))] = route.include_in_schema
+    return found
+
+
+def served_operations() -> set[str]:
+    return {operation for operation, in_schema in routes().items() if in_schema}
+
+
+def documented_operations() -> set[str]:
+    table = section(ROOT / "docs" / "api.md", "Endpoints")
+    rows = re.findall(r"^\| `([A-Z]+) (/[^`]*)` \|", table, re.MULTILINE)
+    return {_operation(method, path) for method, path in rows}
+
+
+def test_every_operation_the_api_serves_is_in_the_endpoint_table() -> None:
+    served = served_operations()
+    # The only endpoint left out of the OpenAPI document is the console's page (its static files are
+    # a mount, not an endpoint): a route hidden from the document must be added here knowingly.
+    assert {operation for operation, in_schema in routes().items() if not in_schema} == {"GET /"}
+    document = {
+        _operation(method, path) for path, item in openapi_document()["paths"].items() for method in item
+    }
+    assert served == document
+    assert len(served) == 18
+    documented = documented_operations()
+    assert not served - documented, f"served but not in docs/api.md, Endpoints: {sorted(served - documented)}"
+    assert not documented - served, (
+        f"in docs/api.md, Endpoints, but not served: {sorted(documented - served)}"
+    )
