@@ -181,6 +181,15 @@ class Keys:
         """String: one worker's JSON record (what it serves, whether it consumes); expires with it."""
         return f"{self.prefix}{{workers}}:{worker_id}"
 
+    def lives(self) -> str:
+        """Sorted set: each running worker process (its main process, one entry per start) scored by
+        the Redis time (ms) until which it is alive unless it beats again (``shared/liveness.py``)."""
+        return f"{self.prefix}{{workers}}:lives"
+
+    def held(self, life: str) -> str:
+        """String: the claims the pool of one worker start (a member of :meth:`lives`) works on."""
+        return f"{self.prefix}{{workers}}:held:{life}"
+
     # -- evals: every key of every eval shares one hash tag, so each eval script touches one slot --
 
     def _eval(self, eval_id: str) -> str:

@@ -28,6 +28,7 @@ __all__ = [
     "ENV_BROKER_URL",
     "ENV_HOOKS",
     "ENV_LEASE",
+    "ENV_WORKER_LEASE",
     "ENV_LOGLEVEL",
     "ENV_LOG_FORMAT",
     "ENV_MAX_ATTEMPTS",
@@ -65,6 +66,7 @@ ENV_AGENTS = "WESICHAIN_AGENTS"
 ENV_PREFIX = "WESICHAIN_PREFIX"
 ENV_LEASE = "WESICHAIN_LEASE_S"
 ENV_QUEUED_LEASE = "WESICHAIN_QUEUED_LEASE_S"
+ENV_WORKER_LEASE = "WESICHAIN_WORKER_LEASE_S"
 ENV_MAX_ATTEMPTS = "WESICHAIN_MAX_PHASE_ATTEMPTS"
 ENV_TASK_EVENTS = "WESICHAIN_TASK_EVENTS"
 ENV_SHARDS = "WESICHAIN_SHARDS"
@@ -140,6 +142,10 @@ class Settings:
     agents_module: str = DEFAULT_AGENTS_MODULE
     #: A claimed phase must renew its lease within this; the sweeper recovers it after.
     lease_s: float = 10.0
+    #: A prefork worker's main process says every quarter of this that it is alive and which claims
+    #: its pool processes hold; once it has not for this long (by Redis's clock), the sweeper hands
+    #: those claims on without waiting for their leases (``shared/liveness.py``).
+    worker_lease_s: float = 2.0
     #: How long a committed next phase may wait in the queue before the sweeper re-publishes it
     #: (covers a message lost between broker pop and delivery, and a crash before publish).
     queued_lease_s: float = 30.0
@@ -267,6 +273,8 @@ class Settings:
         self._validate_cluster()
         if self.lease_s <= 0 or self.queued_lease_s <= 0 or self.max_phase_attempts < 1:
             raise ConfigError("lease_s and queued_lease_s must be > 0 and max_phase_attempts >= 1")
+        if self.worker_lease_s <= 0:
+            raise ConfigError(f"{ENV_WORKER_LEASE} must be > 0")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"{ENV_LOG_FORMAT}={self.log_format!r}: use text or json")
         if not 0 < self.submit_max_memory <= 1:
@@ -420,6 +428,7 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_WEBHOOK_ALLOW_PRIVATE, "webhook_allow_private", _parse_switch),
     (ENV_WEBHOOK_RETRY, "webhook_retry_s", _seconds_list),
     (ENV_LEASE, "lease_s", _number(float)),
+    (ENV_WORKER_LEASE, "worker_lease_s", _number(float)),
     (ENV_QUEUED_LEASE, "queued_lease_s", _number(float)),
     (ENV_MAX_ATTEMPTS, "max_phase_attempts", _number(int)),
     (ENV_SHARDS, "shards", _number(int)),

@@ -32,6 +32,7 @@ from shared.store import Due, HandedOn
 from shared.tasks import with_epoch
 from shared.unsent import PUBLISH_ERRORS
 from worker.broker_probe import BrokerProbe, Located
+from worker.liveness import SweepLives
 from worker.runtime import Runtime
 
 __all__ = ["BATCH", "Repairs", "Sweeper", "TRIM_EVERY"]
@@ -74,6 +75,8 @@ class Sweeper:
         self.interval_s = rt.settings.sweep_interval_s
         self.token = uuid.uuid4().hex
         self._lock = register_scripts(rt.store.redis)["lock"]
+        #: Worker starts' liveness: a dead worker's claims handed on at once, a starved one's kept.
+        self.lives = SweepLives(rt)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sweeps = 0
@@ -115,6 +118,10 @@ class Sweeper:
                 store.redis.zremrangebyscore(store.keys.runs_index(shard), "-inf", cutoff_ms)
                 store.trim_indexes(shard, cutoff_ms)
         self._sweeps += 1
+        self.lives.begin()
+        # A dead worker's claims first: its main process stopped saying it is alive long before
+        # its claims' leases run out.
+        handed += self.lives.hand_on_dead(lambda seen, why: self._hand_on(seen, [], why))
         # Every shard's due runs in one round trip: most sweeps find none anywhere.
         for due in store.due_everywhere(BATCH):
             waiting: list[Due] = []
@@ -123,6 +130,8 @@ class Sweeper:
                 if not isinstance(seen, Due):
                     continue
                 if seen.expired:
+                    if self.lives.keep_alive(seen):
+                        continue  # a starved but live pool process: looked at again next sweep
                     handed += self._hand_on(
                         seen, [], "its lease expired: the holder stopped renewing its claim"
                     )

@@ -80,11 +80,13 @@ class Cluster:
         pool: str = "prefork",
         include: tuple[str, ...] = (),
         queues: str | None = None,
+        agents: str = "tests.agents_fixture",
     ) -> list[WorkerProcess]:
         new = [
             WorkerProcess(
                 f"w{len(self.workers) + i + 1}",
                 self.server.url,
+                agents=agents,
                 concurrency=concurrency,
                 pool=pool,
                 env={**CHAOS_ENV, **(env or {})},

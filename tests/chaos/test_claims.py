@@ -8,12 +8,16 @@
 * Time comes from Redis: a worker whose clock runs 20 s ahead or behind the others neither takes
   live phases over nor makes its own look expired.
 * Two recoveries of one expired lease bump the epoch once.
-* A tool that holds the GIL starves its heartbeat and is taken over while still running; a
-  non-retry-safe one then ends as ToolOutcomeUnknown, never a second run.
+* A tool that holds the GIL starves its process's heartbeat thread, not its worker's main
+  process, which vouches for it: it is not handed on while it runs, so it runs once.
+* A whole worker stopped (SIGSTOP) is taken over, and its late work is fenced off: a
+  non-retry-safe call it was making ends as ToolOutcomeUnknown, never a second run.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import uuid
 
@@ -150,11 +154,33 @@ def test_two_recoveries_of_one_expired_lease_bump_the_epoch_once(cluster: Cluste
     assert sum(1 for x in results if x is not None) == 1
 
 
-def test_a_gil_holding_non_retry_safe_tool_taken_over_is_outcome_unknown(
+@pytest.mark.parametrize("agent", ["gil_sleep", "gil_spin"])
+def test_a_retry_safe_tool_holding_the_gil_runs_once(cluster: Cluster, client: Client, agent: str) -> None:
+    """Its heartbeat thread cannot run for four leases, so its claim expires; the worker's main
+    process still lists its pool process as running the call, so the sweeper keeps the claim
+    instead of handing the call on to run again beside it (which, every lease, filled the pool
+    with copies)."""
+    cluster.start(2, concurrency=2, agents="tests.chaos.gil_agents")
+    r = client.store.redis
+    handle = client.submit(agent, "go")
+    key = idem(handle.run_id)
+    head = handle.wait(RUN_TIMEOUT_S)
+    events = events_of(handle)
+    assert head.phase is Phase.COMPLETED and head.answer == "held it", f"{head.phase} {head.error}"
+    assert kinds(events) == ONE_HOP
+    assert_event_invariants(events)
+    wait_until(lambda: not pending_task_ids(r), 30, what="every task of the run to be delivered")
+    ran = starts(r, key)
+    print(f"{agent}: the GIL-holding retry-safe tool ran {ran} time(s)")
+    assert ran == 1 and effects(r, key) == 1, f"the tool ran {ran} times"
+    assert head.epoch == 0, "the call was handed on while its process still ran it"
+
+
+def test_a_gil_holding_non_retry_safe_tool_runs_once_and_its_run_goes_on(
     cluster: Cluster, client: Client
 ) -> None:
-    """Its heartbeat thread cannot run, its claim expires, the sweeper hands the call on: the
-    delivery that gets it must report the outcome unknown, not run the charge a second time."""
+    """Its heartbeat thread cannot run, its claim expires: the claim is kept for its live process,
+    so the call is not handed on (which would end it as ToolOutcomeUnknown) and the run goes on."""
     cluster.start(2, concurrency=2)
     r = client.store.redis
     handle = client.submit("gil_charge", "go")  # holds the GIL for 6 s; the chaos lease is 2 s
@@ -162,11 +188,34 @@ def test_a_gil_holding_non_retry_safe_tool_taken_over_is_outcome_unknown(
     wait_tool_started(r, key)
     head = handle.wait(RUN_TIMEOUT_S)
     events = events_of(handle)
-    assert head.phase is Phase.FAILED and head.error is not None, head.phase
-    assert head.error.kind == "ToolOutcomeUnknown" and head.error.tool == "charge_holding_gil"
-    assert head.epoch >= 1
+    assert head.phase is Phase.COMPLETED and head.answer == "unreachable", f"{head.phase} {head.error}"
+    assert head.epoch == 0
     assert_event_invariants(events)
-    # The original finishes later and its result is a duplicate; the call never started twice.
-    wait_until(lambda: effects(r, key) == 1, 30, what="the original call to finish")
+    wait_until(lambda: not pending_task_ids(r), 30, what="every task of the run to be delivered")
+    assert starts(r, key) == 1 and effects(r, key) == 1
+
+
+def test_a_stopped_worker_is_taken_over_and_its_late_call_fenced(cluster: Cluster, client: Client) -> None:
+    """SIGSTOP of a whole worker (all its processes) mid non-retry-safe call: its main process
+    stops saying it is alive, the sweeper hands the call on, and the delivery that gets it reports
+    the outcome unknown. Resumed, the stopped call ends and its late result is dropped: the charge
+    never starts twice."""
+    cluster.start(2, concurrency=2)
+    r = client.store.redis
+    handle = client.submit("charge_once", "go")  # a 3 s non-retry-safe call
+    key = idem(handle.run_id)
+    victim = cluster.owner(wait_tool_started(r, key))
+    os.killpg(victim.pid, signal.SIGSTOP)
+    try:
+        head = handle.wait(RUN_TIMEOUT_S)
+        assert head.phase is Phase.FAILED and head.error is not None, head.phase
+        assert head.error.kind == "ToolOutcomeUnknown" and head.error.tool == "charge"
+        assert head.epoch == 1
+    finally:
+        os.killpg(victim.pid, signal.SIGCONT)
+    wait_until(lambda: effects(r, key) == 1, 30, what="the stopped call to finish once resumed")
     wait_until(lambda: not pending_task_ids(r), 30, what="every task of the run to be delivered")
     assert starts(r, key) == 1
+    after = handle.status()
+    assert after.phase is Phase.FAILED and after.version == head.version, "the late result was committed"
+    assert_event_invariants(events_of(handle))
