@@ -196,6 +196,11 @@ class Client:
                 self._check_same_request(archived, head, idempotency_key)
                 return RunHandle(self, run_id)
         created = self._create(head, start)
+        if created and head.thread_id is not None:
+            # Take the run's place in its thread now, in submit order: a run waits for the one
+            # before it to end (worker/start.py), so runs submitted one after another run in that
+            # order whichever start is delivered first. (The start joins too, should this be lost.)
+            self.store.join_thread(head.tenant, head.thread_id, run_id)
         if not created:
             if idempotency_key is None:
                 raise InvalidRequest(f"run id {run_id!r} already exists")
