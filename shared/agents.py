@@ -11,8 +11,13 @@ An agents module exposes a module-level ``registry``::
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
+from types import ModuleType
 
 from pydantic import BaseModel
 
@@ -214,12 +219,61 @@ class AgentRegistry:
 
 @cache
 def load_registry(module_path: str) -> AgentRegistry:
-    """Import ``module_path`` and return its ``registry`` (cached per process)."""
+    """Import ``module_path`` and return its ``registry`` (cached per process).
+
+    ``module_path`` is a module's dotted name, found on ``sys.path`` or else in the working
+    directory (as ``celery -A`` finds its app), or the path of a ``.py`` file (``./myagents.py``,
+    ``path/to/agents.py``).
+    """
     try:
-        module = importlib.import_module(module_path)
+        module = _import_agents(module_path)
     except ImportError as exc:
         raise ConfigError(f"cannot import agents module {module_path!r}: {exc}") from exc
     registry = getattr(module, "registry", None)
     if not isinstance(registry, AgentRegistry):
         raise ConfigError(f"agents module {module_path!r} has no module-level `registry = AgentRegistry()`")
     return registry
+
+
+def _import_agents(module_path: str) -> ModuleType:
+    if module_path.endswith(".py") or "/" in module_path or os.sep in module_path:
+        return _import_file(Path(module_path))
+    # A console script's sys.path starts with its own directory, not the working directory: the
+    # user's `--agents myagents` in the directory that holds it would not be found. Appended, not
+    # prepended, so a file there never shadows an installed package (a user's mcp.py, say). Prefork
+    # children inherit the path with the rest of the process.
+    _on_path(os.getcwd())
+    return importlib.import_module(module_path)
+
+
+def _import_file(path: Path) -> ModuleType:
+    """An agents module given by its file, imported under its file's stem (its directory goes on
+    the path, so the modules beside it import as they would from there)."""
+    path = path.resolve()
+    if not path.is_file():
+        raise ImportError(f"no such file: {path}")
+    _on_path(str(path.parent))
+    name = path.stem
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        if Path(getattr(loaded, "__file__", None) or "").resolve() == path:
+            return loaded
+        raise ImportError(f"another module named {name!r} is already imported ({loaded.__file__})")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as an import would: pydantic models and dataclasses in it look
+    # their module up by name.
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _on_path(directory: str) -> None:
+    if directory not in sys.path:
+        sys.path.append(directory)

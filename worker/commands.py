@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import Any
 
+from shared.queues import DEFAULT_NAMESPACE
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
 
 #: What a worker consumes when told nothing: the pool's default queues.
@@ -17,6 +18,7 @@ __all__ = [
     "Handler",
     "archive",
     "consumed_queues",
+    "default_node_name",
     "archive_retention",
     "demo",
     "gc",
@@ -65,7 +67,12 @@ def register(
     w.add_argument(
         "--concurrency", "-c", type=int, default=None, help="pool processes or threads (default: CPU count)"
     )
-    w.add_argument("--name", "-n", default=None, help="worker node name, e.g. w1@%%h")
+    w.add_argument(
+        "--name",
+        "-n",
+        default=None,
+        help="worker node name, e.g. w1@%%h (default: its queues and pid, e.g. tools-4242@HOST)",
+    )
     w.add_argument("--loglevel", "-l", default="INFO", help="log level (default INFO)")
     w.add_argument(
         "--metrics-port",
@@ -153,6 +160,18 @@ def consumed_queues(queues: str | None, namespaces: list[str]) -> str:
     return ",".join(dict.fromkeys(names))
 
 
+def default_node_name(queues: str, pid: int) -> str:
+    """The node name of a worker started without ``--name``: what it consumes and its pid.
+
+    Celery's own default, ``celery@HOST``, is the same for every worker of a host: two of them
+    (one per queue, as deployments run) would share one record in the registry, each overwriting
+    the other's, and the pool would look alternately without model and without tool consumers.
+    The pid keeps two workers of the same queues on one host apart too.
+    """
+    kinds = [q.removeprefix(f"{DEFAULT_NAMESPACE}.") for q in queues.split(",") if q]
+    return f"{'-'.join(kinds) or 'worker'}-{pid}@%h"
+
+
 def worker(args: argparse.Namespace) -> int:
     import os
 
@@ -172,9 +191,12 @@ def worker(args: argparse.Namespace) -> int:
     argv = ["worker", f"--queues={queues}", f"--pool={args.pool}", f"--loglevel={args.loglevel}"]
     if args.concurrency:
         argv.append(f"--concurrency={args.concurrency}")
+    celery_args = [a for a in args.celery_args if a != "--"]
     if args.name:
         argv.append(f"--hostname={args.name}")
-    argv.extend(a for a in args.celery_args if a != "--")
+    elif not any(a.startswith(("-n", "--hostname")) for a in celery_args):
+        argv.append(f"--hostname={default_node_name(queues, os.getpid())}")
+    argv.extend(celery_args)
     app.worker_main(argv)
     return 0
 
