@@ -270,7 +270,12 @@ def _decide(services: Services, who: Caller, run_id: str, decision: Decision) ->
     description="409 unless the run is awaiting approval.",
 )
 def approve(run_id: str, services: Svc, who: Who, body: DecisionBody | None = None) -> RunView:
-    decision = Decision(approve=True, note=body.note, always=body.always) if body else Decision(approve=True)
+    by = _decider(who)
+    decision = (
+        Decision(approve=True, note=body.note, always=body.always, by=by)
+        if body
+        else Decision(approve=True, by=by)
+    )
     return _decide(services, who, run_id, decision)
 
 
@@ -282,4 +287,12 @@ def approve(run_id: str, services: Svc, who: Who, body: DecisionBody | None = No
     description="409 unless the run is awaiting approval.",
 )
 def deny(run_id: str, services: Svc, who: Who, body: DenyBody | None = None) -> RunView:
-    return _decide(services, who, run_id, Decision(approve=False, note=body.note if body else ""))
+    decision = Decision(approve=False, note=body.note if body else "", by=_decider(who))
+    return _decide(services, who, run_id, decision)
+
+
+def _decider(who: Caller) -> str:
+    """Who decided, as the run's events keep it: the API key's tenant and id."""
+    if who.key_id is None:
+        return "api (no auth)"
+    return f"tenant {who.tenant} key {who.key_id}"

@@ -132,6 +132,11 @@ def _producer_commands(
         a = sub.add_parser(verb, parents=runs, help=text)
         a.add_argument("run_id")
         a.add_argument("--note", default="", help="a note the model (and the run's history) will see")
+        a.add_argument(
+            "--by",
+            metavar="WHO",
+            help="who decides, kept in the run's events (default: the OS user; over --api: the key)",
+        )
         if verb == "approve":
             a.add_argument(
                 "--always", action="store_true", help="the same tools need no approval again in this run"

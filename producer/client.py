@@ -503,16 +503,17 @@ class RunHandle:
             self._send_decide(self.status())
         return phase
 
-    def approve(self, note: str = "", *, always: bool = False) -> None:
+    def approve(self, note: str = "", *, always: bool = False, by: str = "") -> None:
         """Approve the tool calls a parked run waits on (or accept an unknown tool outcome).
 
-        ``always``: the tools of these calls need no approval again for the rest of the run.
+        ``always``: the tools of these calls need no approval again for the rest of the run;
+        ``note``: the model reads it with their results; ``by``: who approved (in the run's events).
         """
-        self.decide(Decision(approve=True, note=note, always=always))
+        self.decide(Decision(approve=True, note=note, always=always, by=by))
 
-    def deny(self, note: str = "") -> None:
+    def deny(self, note: str = "", *, by: str = "") -> None:
         """Deny them: the model is told and thinks again (an unknown outcome: the run fails)."""
-        self.decide(Decision(approve=False, note=note))
+        self.decide(Decision(approve=False, note=note, by=by))
 
     def decide(self, decision: Decision) -> None:
         head = self.status()

@@ -228,14 +228,34 @@ def cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _decider(args: argparse.Namespace) -> str:
+    """Who decides, for the run's history: ``--by``, else the OS user (the API names the key)."""
+    if args.by:
+        return str(args.by)
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a uid without a passwd entry (some containers)
+        return f"uid {os.getuid()}"
+
+
 def approve(args: argparse.Namespace) -> int:
-    _handle(args).approve(args.note, always=args.always)
+    handle = _handle(args)
+    if isinstance(handle, RunHandle):
+        handle.approve(args.note, always=args.always, by=_decider(args))
+    else:  # the API records the caller's key as who decided
+        handle.approve(args.note, always=args.always)
     print(f"approved{' for the rest of the run' if args.always else ''}; run {args.run_id} resumes")
     return 0
 
 
 def deny(args: argparse.Namespace) -> int:
-    _handle(args).deny(args.note)
+    handle = _handle(args)
+    if isinstance(handle, RunHandle):
+        handle.deny(args.note, by=_decider(args))
+    else:
+        handle.deny(args.note)
     print(f"denied; run {args.run_id} resumes without the denied calls")
     return 0
 

@@ -29,6 +29,9 @@ def render_event(event: Event) -> str:
             detail = f"{event.error.kind}: {_short(event.error.message)} -> {event.decision}"
         case "AwaitingApproval":
             detail = f"{event.tool} id={event.call_id}: {event.reason}"
+        case "ApprovalDecided":
+            verdict = "approved" if event.approve else "denied"
+            detail = f"{verdict} by {event.by or '?'}" + (f": {event.note}" if event.note else "")
         case "Completed":
             detail = f"tokens in/out {event.usage.input_tokens}/{event.usage.output_tokens}"
         case "Failed":

@@ -20,6 +20,7 @@ from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 
 __all__ = [
+    "ApprovalDecided",
     "AwaitingApproval",
     "Completed",
     "END_EVENTS",
@@ -161,6 +162,16 @@ class AwaitingApproval(_Event):
     reason: str
 
 
+class ApprovalDecided(_Event):
+    """A human approved or denied what the run waited on, with their note and who they were."""
+
+    kind: Literal["ApprovalDecided"] = "ApprovalDecided"
+    approve: bool
+    note: str = ""
+    by: str = ""
+    always: bool = False
+
+
 class Completed(_Event):
     """The run ended with an answer."""
 
@@ -196,6 +207,7 @@ Event = Annotated[
     | ToolCompleted
     | StepFailed
     | AwaitingApproval
+    | ApprovalDecided
     | Completed
     | Failed
     | Interrupted,

@@ -338,6 +338,7 @@ class Observing(_Live):
             pending_calls=[],
             done_calls=[],
             waiting_calls=[],
+            approval_note="",
             message_count=self.head.message_count + len(messages),
         )
         return Transition(
@@ -399,9 +400,11 @@ class Parked(_Live):
 
     phase: Phase = field(init=False, default=Phase.AWAITING_APPROVAL)
 
-    def approve(self, always: bool = False, cap: int | None = None) -> Transition[Acting]:
+    def approve(
+        self, always: bool = False, cap: int | None = None, note: str = "", by: str = ""
+    ) -> Transition[Acting]:
         """Approved tool calls: dispatch them (``always``: their tools need no approval again;
-        ``cap``: at most that many at once)."""
+        ``cap``: at most that many at once; ``note``: told to the model with their results)."""
         approved = self.head.approved_tools
         if always:
             approved = sorted({*approved, *(c.name for c in self.head.pending_calls)})
@@ -410,20 +413,28 @@ class Parked(_Live):
             Phase.ACTING,
             approval=None,
             approved_tools=approved,
+            approval_note=note,
             pending_calls=wave,
             done_calls=[],
             waiting_calls=waiting,
         )
-        return Transition(Acting(head), events=_dispatched(head))
+        decided = ev.ApprovalDecided(
+            run_id=head.run_id, step=head.step, approve=True, note=note, by=by, always=always
+        )
+        return Transition(Acting(head), events=(decided, *_dispatched(head)))
 
-    def deny(self, note: str) -> Transition[Thinking]:
+    def deny(self, note: str, by: str = "") -> Transition[Thinking]:
         """Denied tool calls: none runs, and the model is told so."""
         reason = f"Denied by a human reviewer{': ' + note if note else ''}. The tool call was not executed."
         messages = tuple(
             ToolMessage(tool_call_id=c.id, name=c.name, content=reason, is_error=True)
             for c in self.head.pending_calls
         )
-        return self._continue(messages)
+        decided = ev.ApprovalDecided(
+            run_id=self.head.run_id, step=self.head.step, approve=False, note=note, by=by
+        )
+        moved = self._continue(messages)
+        return Transition(moved.to, messages=moved.messages, events=(decided, *moved.events))
 
     def resume(self, results: Sequence[ToolResult]) -> Transition[Thinking]:
         """An unknown outcome accepted by a human: feed the step's results (unknown included) back."""
@@ -463,8 +474,13 @@ def _tool_messages(head: RunHead, results: Sequence[ToolResult]) -> tuple[Messag
     missing = [c.id for c in calls if c.id not in by_id]
     if missing:
         raise InternalInvariant(f"observe without results for calls {missing}", step=head.step)
+    # A reviewer's note on approving the calls reaches the model with their results: a message of
+    # its own could not sit between the calls and their results, which providers require adjacent.
+    note = f"\n\n[Approved by a human reviewer: {head.approval_note}]" if head.approval_note else ""
     return tuple(
-        ToolMessage(tool_call_id=c.id, name=c.name, content=by_id[c.id].output, is_error=not by_id[c.id].ok)
+        ToolMessage(
+            tool_call_id=c.id, name=c.name, content=by_id[c.id].output + note, is_error=not by_id[c.id].ok
+        )
         for c in calls
     )
 

@@ -235,6 +235,8 @@ class Decision(BaseModel):
     note: str = Field(default="", max_length=2000)
     #: With ``approve``: the tools of these calls need no approval again for the rest of the run.
     always: bool = False
+    #: Who decided: the API key's tenant and id over HTTP, the CLI's ``--by`` or the OS user.
+    by: str = Field(default="", max_length=200)
 
 
 #: The fields of a head that a producer sets when it creates the run and that never change: they
@@ -334,6 +336,8 @@ class RunHead(BaseModel):
     approval: Approval | None = None
     #: Tools a reviewer approved "always for this run": their calls no longer park it.
     approved_tools: list[str] = Field(default_factory=list)
+    #: The note of the human who approved this step's calls: the model reads it with their results.
+    approval_note: str = ""
     max_steps: int = 0
     #: Steps charged against ``max_steps`` (thinks, plus reprompts/retries that consume budget).
     steps_used: int = 0

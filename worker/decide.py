@@ -42,11 +42,12 @@ def run_decide(rt: Runtime, delivery: Delivery, step: int | None = None) -> RunH
             return rt.fail(current, claim.ref, error.info())
         if decision.approve:
             cap = rt.agents.get(head.agent).max_parallel_tools
-            return rt.commit(current, current.approve(decision.always, cap), claim.ref)
+            moved = current.approve(decision.always, cap, note=decision.note, by=decision.by)
+            return rt.commit(current, moved, claim.ref)
         if current.budget_left <= 0:
             spent = BudgetExceeded("step budget spent after the tool calls were denied", step=head.step)
             return rt.fail(current, claim.ref, spent.info())
-        return rt.commit(current, current.deny(decision.note), claim.ref)
+        return rt.commit(current, current.deny(decision.note, by=decision.by), claim.ref)
 
     if step is None:  # sent by an older producer, without the step: claim at the run's own
         head = rt.store.load(delivery.run_id)

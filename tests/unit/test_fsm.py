@@ -270,6 +270,7 @@ def test_approve_dispatches_every_pending_call() -> None:
     assert (after.step, after.steps_used, after.message_count) == (2, 2, 4)
     assert t.messages == ()
     assert [(e.kind, getattr(e, "call_id", None)) for e in t.events] == [
+        ("ApprovalDecided", None),
         ("ToolDispatched", "b"),
         ("ToolDispatched", "a"),
     ]
@@ -292,7 +293,13 @@ def test_deny_tells_the_model_and_starts_a_new_step(note: str, content: str) -> 
     )
     assert (after.step, after.steps_used, after.message_count) == (3, 3, 6)
     assert after.pending_calls == [] and after.approval is None
-    assert kinds(t) == ["StepStarted"] and t.events[0].step == 3
+    assert kinds(t) == ["ApprovalDecided", "StepStarted"] and t.events[1].step == 3
+    decided = t.events[0]
+    assert decided.kind == "ApprovalDecided" and (decided.approve, decided.note, decided.step) == (
+        False,
+        note,
+        2,
+    )
 
 
 def test_park_unknown_outcome() -> None:
