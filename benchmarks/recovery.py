@@ -2,8 +2,9 @@
 
 Two failures, each on real worker processes and a real redis-server:
 
-* ``whole``: the worker's whole process group is SIGKILLed while it is inside a think phase; the
-  run's lease expires and the sweeper in the surviving worker re-publishes it;
+* ``whole``: the worker's whole process group is SIGKILLed while it is inside a think phase; its
+  main process stops saying it is alive (``worker_lease_s``) and the sweeper in the surviving
+  worker hands the phase on without waiting for the run's lease;
 * ``child``: only the prefork child running the phase is SIGKILLed; the worker's main process sees
   its child die and expires the dead process's claim at once, and Celery's
   ``retry_on_worker_lost`` redelivers the task, whose new delivery takes the phase over.
@@ -101,6 +102,7 @@ def main() -> int:
         "benchmark": "recovery",
         "settings": {
             "lease_s": lease,
+            "worker_lease_s": settings.worker_lease_s,
             "sweep_interval_s": settings.sweep_interval_s,
             "heartbeat_interval_s": min(lease / 3, 1.0),
             "celery": "acks_late, prefetch 1, reject_on_worker_lost, retry_on_worker_lost (delay 1 s)",
