@@ -129,3 +129,13 @@ def test_every_operation_the_api_serves_is_in_the_endpoint_table() -> None:
     assert not documented - served, (
         f"in docs/api.md, Endpoints, but not served: {sorted(documented - served)}"
     )
+
+
+def test_the_backlog_figures_quote_the_settings_the_backlog_test_uses() -> None:
+    # The full-length figures were once left from a run with another queued lease than the test's.
+    source = (ROOT / "tests" / "chaos" / "test_backlog.py").read_text()
+    (queued_lease,) = re.findall(r"^QUEUED_LEASE_S = (\d+)$", source, re.MULTILINE)
+    text = " ".join(section(ROOT / "docs" / "guarantees.md", "The sweeper: crash, not backlog").split())
+    quoted = re.findall(r"`queued_lease_s = (\d+)`", text)
+    assert quoted == [queued_lease, queued_lease]
+    assert "The full length, with the same settings (`queued_lease_s = " + queued_lease + "`" in text
