@@ -196,6 +196,10 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 -- A claim is 'token|deadline_ms|holder'.
+-- The deadline of a call claim the sweeper handed on: the claim stays as a marker (the next
+-- delivery of the call must know an earlier one may have had its effect), but it is no longer
+-- expired work to hand on: only a new holder's claim can expire again.
+local HANDED_ON = -1
 local function claim_parts(value)
   local a = string.find(value, '|', 1, true)
   local b = string.find(value, '|', a + 1, true)
@@ -217,17 +221,18 @@ local function task_states(run, results_key, phase, step, calls, now)
   local states, next_live, expired, unclaimed = {}, nil, false, false
   local function classify(key, claim)
     local state = 'unclaimed'
-    if claim then
-      local _, deadline = claim_parts(claim)
-      if deadline > now then
-        state = 'live'
-        if not next_live or deadline < next_live then next_live = deadline end
-      else
-        state = 'expired'
-        expired = true
-      end
-    else
+    local deadline = nil
+    if claim then deadline = select(2, claim_parts(claim)) end
+    if deadline == nil or deadline == HANDED_ON then
+      -- No claim, or the marker a hand-on left: its new message is in the broker (or lost),
+      -- which the broker decides; an expired claim would be handed on again every sweep.
       unclaimed = true
+    elseif deadline > now then
+      state = 'live'
+      if not next_live or deadline < next_live then next_live = deadline end
+    else
+      state = 'expired'
+      expired = true
     end
     states[#states + 1] = key
     states[#states + 1] = state

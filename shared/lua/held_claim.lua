@@ -21,13 +21,14 @@ if not current then return 0 end
 local token, deadline, holder = claim_parts(current)
 local now = now_ms()
 if mode == 'extend' then
-  if holder ~= holders or deadline == 0 or now >= tonumber(fence_ms) then return 0 end
+  if holder ~= holders or deadline <= 0 or now >= tonumber(fence_ms) then return 0 end
   local until_ms = now + tonumber(lease_ms)
   redis.call('HSET', run, field, claim_value(token, until_ms, holder))
   redis.call('ZADD', leases, 'LT', until_ms, run_id)
   return 1
 end
 if not string.find(',' .. holders .. ',', ',' .. holder .. ',', 1, true) then return 0 end
+if deadline == HANDED_ON then return 0 end  -- handed on already
 if deadline ~= 0 and deadline - tonumber(lease_ms) > tonumber(fence_ms) then return 0 end
 redis.call('HSET', run, field, claim_value(token, 0, holder))
 redis.call('ZADD', leases, 'LT', now, run_id)

@@ -59,9 +59,15 @@ if not replay then
         local _, _, holder = claim_parts(redis.call('HGET', run, field))
         redis.call('HSET', attempts_key, err, reason .. ' (held by ' .. holder .. ')')
       end
-      -- The phase claim is dropped; an expired call claim stays, so the next delivery of the call
-      -- knows an earlier one may have had its effect.
-      if key == '' then redis.call('HDEL', run, F_RUNNING) end
+      -- The phase claim is dropped; an expired call claim stays, marked handed on, so the next
+      -- delivery of the call knows an earlier one may have had its effect, and the sweeper does
+      -- not hand it on again while its new message waits in a queue nobody consumes.
+      if key == '' then
+        redis.call('HDEL', run, F_RUNNING)
+      else
+        local token, _, holder = claim_parts(redis.call('HGET', run, field))
+        redis.call('HSET', run, field, claim_value(token, HANDED_ON, holder))
+      end
     end
   end
   redis.call('HSET', run, F_OP, op)

@@ -48,6 +48,7 @@ def test_a_script_gets_what_it_uses_and_what_that_uses() -> None:
     prelude = lua_prelude("local states = task_states(KEYS[1], KEYS[2], 'x', '1', '', 0)\nreturn #states")
     assert _defined(prelude) == {
         "task_states",
+        "HANDED_ON",
         "claim_parts",
         "call_claim",
         "CALL_CLAIM_PREFIX",

@@ -16,10 +16,11 @@ from redis.retry import Retry
 
 from shared import fsm, protocol
 from shared.agents import load_registry
-from shared.messages import SystemMessage, UserMessage
+from shared.llm.base import Usage
+from shared.messages import SystemMessage, ToolCall, UserMessage
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Phase, RunHead, TaskSpec
-from shared.store import Claim, PhaseClaim, RunStore, Stale
+from shared.store import CallClaim, Claim, PhaseClaim, RunStore, Stale
 from shared.tasks import start_task, task_for
 from tests.harness import RedisServer, wait_until
 from worker.broker_probe import Located, RedisQueues
@@ -181,6 +182,52 @@ def test_an_expired_claim_is_handed_on_without_asking_the_broker(rt: Runtime) ->
         "dead:1"
         in rt.store.attempts(head.run_id)[f"err:{protocol.attempts_field(head.version, protocol.RUNNING)}"]
     )
+
+
+def acting_run(rt: Runtime) -> RunHead:
+    """A run at its first step's tool call (``c1``), committed as a think would."""
+    thinking = thinking_run(rt)
+    held = rt.store.claim_phase(PhaseClaim(thinking.run_id, thinking.version, Phase.THINKING, 0, 1), "h:1")
+    assert isinstance(held, Claim)
+    act = fsm.Thinking(thinking).act(
+        None, [ToolCall(id="c1", name="add", arguments={"a": 1, "b": 2})], Usage()
+    )
+    result = rt.store.commit(thinking, act.head, held.ref, act.messages, act.events, task_for(act.head))
+    assert result.status == "committed"
+    return act.head
+
+
+def test_a_call_handed_on_is_not_handed_on_again_while_its_message_waits(rt: Runtime) -> None:
+    """A call whose holder died is handed on once; its expired claim stays (the next delivery must
+    know an earlier one may have had its effect) but is not expired work any more: while the new
+    message waits in a queue nobody consumes (every worker deaf, or a full Redis), the sweeper
+    waits for it in the broker instead of bumping the epoch and publishing it again each sweep."""
+    broker = FakeBroker()
+    head = acting_run(rt)
+    held = rt.store.claim_call(CallClaim(head.run_id, head.version, 0, head.step, "c1"), "dead:1")
+    assert isinstance(held, Claim)
+    sweeper = Sweeper(rt, broker)
+    wait_until(lambda: sweeper.sweep() == 1, 10, what="the call's claim to expire and be handed on")
+    (again,) = sent(rt)
+    assert (again.name, again.arguments["epoch"], again.task_id) == (
+        "wesichain.tool",
+        1,
+        f"{head.run_id}:v{head.version}:tool:c1:e1",
+    )
+    broker.held.add(again.task_id)  # waiting in its queue, consumed by nobody
+    for _ in range(4):
+        queued_time_over(rt, head.run_id)
+        assert sweeper.sweep() == 0
+    assert broker.asked[-1] == {again.task_id}
+    assert len(sent(rt)) == 1 and rt.store.load(head.run_id).epoch == 1  # type: ignore[union-attr]
+    # The next delivery still finds the marker: an earlier delivery may have had the call's effect.
+    claim = rt.store.claim_call(CallClaim(head.run_id, head.version, 1, head.step, "c1"), "live:1")
+    assert isinstance(claim, Claim) and claim.prior == "expired"
+    # Its message gone from the broker too: handed on again, as a lost message.
+    rt.store.redis.hdel(rt.store.keys.run(head.run_id), protocol.call_claim(head.step, "c1"))
+    broker.held.clear()
+    queued_time_over(rt, head.run_id)
+    assert sweeper.sweep() == 1 and rt.store.load(head.run_id).epoch == 2  # type: ignore[union-attr]
 
 
 def test_a_phase_whose_messages_keep_vanishing_is_failed_as_poison(rt: Runtime) -> None:
