@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from shared import events as ev
 from shared import fsm
 from shared.errors import BudgetExceeded, ToolOutcomeUnknown
 from shared.policy import after_tools
@@ -31,15 +32,22 @@ def run_decide(rt: Runtime, delivery: Delivery, step: int | None = None) -> RunH
             rt.store.release(head.run_id, claim.field, claim.token)
             return None
         if approval.kind == "unknown_outcome":
+            # Who decided, and why, is recorded as for approved or denied calls.
+            decided = ev.ApprovalDecided(
+                run_id=head.run_id,
+                step=head.step,
+                approve=decision.approve,
+                note=decision.note,
+                by=decision.by,
+            )
             if decision.approve:
-                return rt.commit(
-                    current, current.resume(rt.store.load_results(head.run_id, head.step)), claim.ref
-                )
+                resumed = current.resume(rt.store.load_results(head.run_id, head.step))
+                return rt.commit(current, resumed, claim.ref, (decided,))
             note = f": {decision.note}" if decision.note else ""
             error = ToolOutcomeUnknown(
                 f"a human declined to continue after an unknown tool outcome{note}", step=head.step
             )
-            return rt.fail(current, claim.ref, error.info())
+            return rt.fail(current, claim.ref, error.info(), (decided,))
         if decision.approve:
             cap = rt.agents.get(head.agent).max_parallel_tools
             moved = current.approve(decision.always, cap, note=decision.note, by=decision.by)

@@ -33,6 +33,7 @@ from tests.chaos.support import (
     wait_paused,
     wait_tool_started,
 )
+from tests.harness import wait_until
 from tests.invariants import ONE_HOP
 
 pytestmark = pytest.mark.chaos
@@ -152,6 +153,39 @@ def test_non_retry_safe_tool_whose_claim_expired_is_not_run(cluster: Cluster, cl
     assert kinds(events) == TOOL_FAILED
     assert_event_invariants(events)
     assert starts(r, idem(handle.run_id)) == 0
+
+
+@pytest.mark.parametrize("approve", [True, False], ids=["accepted", "declined"])
+def test_an_unknown_outcome_parked_for_a_human_records_who_decided(
+    cluster: Cluster, client: Client, approve: bool
+) -> None:
+    """A policy that parks an unknown outcome for a human: the decision, its note and who made it
+    are an ApprovalDecided event, whether the human goes on or declines."""
+    cluster.start(2, env={"WESICHAIN_FAULT": "pause:acting"})
+    r = client.store.redis
+    handle = client.submit("charge_park_unknown", "go")
+    cluster.owner(wait_paused(r, Phase.ACTING, handle.run_id)).kill()
+    parked = wait_until(
+        lambda: (h := handle.status()).phase is Phase.AWAITING_APPROVAL and h,
+        RUN_TIMEOUT_S,
+        what="the unknown outcome to park the run",
+    )
+    assert parked.approval is not None and parked.approval.kind == "unknown_outcome"
+    if approve:
+        handle.approve("checked the ledger: not charged", by="ops@example")
+    else:
+        handle.deny("cannot tell", by="ops@example")
+    head = handle.wait(RUN_TIMEOUT_S)
+    decided = [e for e in events_of(handle) if e.kind == "ApprovalDecided"]
+    assert [(e.approve, e.note, e.by) for e in decided] == [
+        (True, "checked the ledger: not charged", "ops@example")
+        if approve
+        else (False, "cannot tell", "ops@example")
+    ]
+    assert starts(r, idem(handle.run_id)) == 0  # never run again after the unknown outcome
+    if not approve:
+        assert head.phase is Phase.FAILED and head.error is not None
+        assert head.error.kind == "ToolOutcomeUnknown" and "cannot tell" in head.error.message
 
 
 @pytest.mark.parametrize("agent", ["slow_step", "charge_once"])
