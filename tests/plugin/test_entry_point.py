@@ -1,6 +1,6 @@
 """The plugin as a user meets it: loaded by pytest from the installed package, in a project of theirs.
 
-Each test writes a small project (the README's example, read from README.md) and runs pytest on
+Each test writes a small project (the example of docs/testing.md, read from it) and runs pytest on
 it in a subprocess, so the fixtures can only come from the ``pytest11`` entry point.
 """
 
@@ -16,13 +16,13 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+TESTING_DOC = Path(__file__).resolve().parents[2] / "docs" / "testing.md"
 EXAMPLE_BLOCK = re.compile(r"<!-- testing-example: (\S+) -->\n```\w*\n(.*?)```", re.S)
 
 
-def readme_example() -> dict[str, str]:
-    """The files of the README's "Testing your agents" example, by name."""
-    files = {name: body for name, body in EXAMPLE_BLOCK.findall(README.read_text())}
+def doc_example() -> dict[str, str]:
+    """The files of the example in docs/testing.md ("Testing your agents"), by name."""
+    files = {name: body for name, body in EXAMPLE_BLOCK.findall(TESTING_DOC.read_text())}
     assert set(files) == {"myagents.py", "pyproject.toml", "test_support.py"}, sorted(files)
     return files
 
@@ -57,13 +57,13 @@ def test_loading_the_plugin_imports_nothing_of_the_runtime() -> None:
     assert out.splitlines() == ["[]", "['worker', 'worker.pytest_plugin']"]
 
 
-def test_the_readme_example_passes(pytester: pytest.Pytester) -> None:
-    result = run_project(pytester, readme_example())
+def test_the_documented_example_passes(pytester: pytest.Pytester) -> None:
+    result = run_project(pytester, doc_example())
     result.assert_outcomes(passed=2)
 
 
 def test_wrong_expectations_fail_with_readable_messages(pytester: pytest.Pytester) -> None:
-    files = readme_example()
+    files = doc_example()
     files["test_support.py"] = """
 from shared.llm.scripted import reply
 

@@ -139,3 +139,45 @@ def test_the_backlog_figures_quote_the_settings_the_backlog_test_uses() -> None:
     quoted = re.findall(r"`queued_lease_s = (\d+)`", text)
     assert quoted == [queued_lease, queued_lease]
     assert "The full length, with the same settings (`queued_lease_s = " + queued_lease + "`" in text
+
+
+POOL_BLOCK = re.compile(r"```bash\n(export WESICHAIN_REDIS_URL=.*?\nwesichain sweeper .*?)\n```", re.S)
+
+
+def test_the_pool_commands_of_the_running_page_are_the_readmes() -> None:
+    # tests/integration/test_pool_commands.py starts the README's block; docs/running.md shows it too.
+    readme = (ROOT / "README.md").read_text()
+    assert "<!-- pool-commands -->\n```bash\nexport WESICHAIN_REDIS_URL=" in readme
+    (in_readme,) = POOL_BLOCK.findall(readme)
+    (in_running,) = POOL_BLOCK.findall((ROOT / "docs" / "running.md").read_text())
+    assert in_running == in_readme
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (outside code blocks)."""
+    anchors, fenced = set(), False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def test_every_relative_link_of_the_readme_and_docs_reaches_its_file_and_heading() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            path = (page.parent / file).resolve() if file else page
+            if not path.exists():
+                broken.append(f"{page.name}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+                broken.append(f"{page.name}: {target}")
+    assert not broken, broken
+    assert (ROOT / "docs" / "index.md").exists()
