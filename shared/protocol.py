@@ -4,6 +4,10 @@ A run is a hash (see :mod:`shared.keys`) whose fields are named here. The Lua sc
 names, the phase names and the claim format from a generated prelude (:func:`lua_prelude`), so a
 field renamed here is renamed everywhere.
 
+Everything else a script reads or writes is named here too: the callback's states, the fields of
+the attempts hash, of a pipeline run's and an eval's hashes and of a provider limit's state, the
+field of an events stream entry. A script spells none of them itself (``test_lua_protocol``).
+
 A *claim* is a field of the run hash whose value is ``token|deadline_ms|holder``: the token of the
 delivery that holds it, the Redis time (milliseconds) until which it is held unless renewed, and
 the process holding it (``host:pid``). The phase claim of think, observe, start and decide is the
@@ -20,8 +24,12 @@ from dataclasses import dataclass
 from shared.state import TERMINAL_PHASES, Phase
 
 __all__ = [
+    "ATTEMPTS_PREFIX",
     "BODY",
     "CALLBACK",
+    "CALLBACK_DELIVERED",
+    "CALLBACK_GAVE_UP",
+    "CALLBACK_PENDING",
     "CALLBACK_STATE",
     "CALLS",
     "CALL_CLAIM_PREFIX",
@@ -29,26 +37,68 @@ __all__ = [
     "CREATED",
     "ClaimValue",
     "DECISION",
+    "EMPTY_OUTBOX",
     "EPOCH",
+    "EVAL_BUDGET_EXHAUSTED",
+    "EVAL_COMPLETED",
+    "EVAL_COST_MICRO",
+    "EVAL_DONE",
+    "EVAL_FAILED",
+    "EVAL_FINISHED_AT",
+    "EVAL_PASSED",
+    "EVAL_RUNNING",
+    "EVAL_STATUS",
+    "EVAL_TOKENS",
+    "EVENT_FIELD",
+    "LAST_ERROR_PREFIX",
+    "LIMIT_RPM",
+    "LIMIT_RPM_AT",
+    "LIMIT_TPM",
+    "LIMIT_TPM_AT",
+    "LIMIT_UNTIL",
+    "LOST_PREFIX",
+    "MISSING_PHASE_TASK",
     "OP",
     "OUTBOX",
     "OUTBOX_CLAIMED",
     "PHASE",
+    "PIPE_CAP",
+    "PIPE_DONE",
+    "PIPE_ERROR",
+    "PIPE_EVENT_FIELD",
+    "PIPE_FINISHED_MS",
+    "PIPE_INDEX",
+    "PIPE_KIND",
+    "PIPE_OUTPUT",
+    "PIPE_RUNNING",
+    "PIPE_SEQ",
+    "PIPE_STARTED",
+    "PIPE_STATUS",
+    "PIPE_TARGET",
+    "PIPE_TOTAL",
+    "PIPE_UPDATED_MS",
     "QUEUED_CHECKS",
     "QUEUED_UNSENT",
     "QUEUED_UNTIL",
     "REQUEST",
     "RUNNING",
     "STEP",
+    "TASK_DONE",
+    "TASK_EXPIRED",
+    "TASK_LIVE",
+    "TASK_UNCLAIMED",
     "THROTTLED",
+    "THROTTLED_UNTIL",
     "THROTTLES",
     "THROTTLE_OP",
+    "VARIANT_PREFIX",
     "VERSION",
     "attempts_field",
     "call_claim",
     "last_error_field",
     "lost_field",
     "lua_prelude",
+    "variant_field",
 ]
 
 # -- fields of the run hash --------------------------------------------------------------------------
@@ -85,7 +135,8 @@ OP = "op"
 RUNNING = "running"
 #: When the run was created (Redis time, ms): its score in every index.
 CREATED = "created"
-#: A callback still to deliver ("pending"), or how it ended ("delivered", "gave_up").
+#: A callback still to deliver (CALLBACK_PENDING), or how it ended (CALLBACK_DELIVERED,
+#: CALLBACK_GAVE_UP).
 CALLBACK = "callback"
 #: JSON of the callback's delivery: attempts, last error, when it was delivered.
 CALLBACK_STATE = "callback_state"
@@ -101,27 +152,114 @@ THROTTLE_OP = "throttle_op"
 #: Prefix of a tool call's claim field: ``call:<step>:<call_id>``.
 CALL_CLAIM_PREFIX = "call:"
 
+# -- values of run hash fields -------------------------------------------------------------------------
+
+#: The values of CALLBACK.
+CALLBACK_PENDING = "pending"
+CALLBACK_DELIVERED = "delivered"
+CALLBACK_GAVE_UP = "gave_up"
+#: OUTBOX of a run that has none.
+EMPTY_OUTBOX = "[]"
+#: The key of THROTTLED's JSON naming when the think may run again (Redis ms).
+THROTTLED_UNTIL = "until"
+
+# -- the run's events stream ------------------------------------------------------------------------
+
+#: The field of each entry of a run's events stream: the event's JSON.
+EVENT_FIELD = "e"
+
+# -- the sweeper's view of a phase's tasks -----------------------------------------------------------
+
+#: The state of one task of the current phase (``task_states`` in the prelude): its result is in,
+#: its claim is live, its claim expired, or nobody holds it (its message is in the broker, or lost).
+TASK_DONE = "done"
+TASK_LIVE = "live"
+TASK_EXPIRED = "expired"
+TASK_UNCLAIMED = "unclaimed"
+#: The phase claim's task (key '' among the task states) in a list of tasks missing from the broker.
+MISSING_PHASE_TASK = "-"
+
 
 def call_claim(step: int, call_id: str) -> str:
     return f"{CALL_CLAIM_PREFIX}{step}:{call_id}"
 
 
 # -- fields of the attempts hash ---------------------------------------------------------------------
+# The Lua helpers of the same names (in the prelude) build these from the same prefixes.
+
+ATTEMPTS_PREFIX = "v"
+LAST_ERROR_PREFIX = "err:"
+LOST_PREFIX = "lost:"
 
 
 def attempts_field(version: int, claim_field: str) -> str:
     """Claims of one piece of work at one version: deliveries that started it (poison detection)."""
-    return f"v{version}:{claim_field}"
+    return f"{ATTEMPTS_PREFIX}{version}:{claim_field}"
 
 
 def last_error_field(version: int, claim_field: str) -> str:
     """The last thing known to have gone wrong with that work (a lost worker, an expired lease)."""
-    return f"err:v{version}:{claim_field}"
+    return LAST_ERROR_PREFIX + attempts_field(version, claim_field)
 
 
 def lost_field(version: int) -> str:
     """Times the sweeper re-published this version's tasks because they vanished from the broker."""
-    return f"lost:v{version}"
+    return f"{LOST_PREFIX}{ATTEMPTS_PREFIX}{version}"
+
+
+# -- a pipeline run's meta hash (``Keys.pipe_meta``) ---------------------------------------------------
+
+PIPE_STATUS = "status"
+#: The step it is at (-1: not started), in which pipeline (target), at which index of it.
+PIPE_SEQ = "seq"
+PIPE_TARGET = "target"
+PIPE_INDEX = "index"
+PIPE_KIND = "kind"
+#: The current step's cap on live children, its item count, items started and items recorded.
+PIPE_CAP = "cap"
+PIPE_TOTAL = "total"
+PIPE_STARTED = "started"
+PIPE_DONE = "done"
+PIPE_UPDATED_MS = "updated_ms"
+PIPE_OUTPUT = "output"
+PIPE_ERROR = "error"
+PIPE_FINISHED_MS = "finished_ms"
+#: PIPE_STATUS while the pipeline run goes on (any other status is how it ended).
+PIPE_RUNNING = "running"
+#: The field of each entry of a pipeline run's events stream: the event's JSON.
+PIPE_EVENT_FIELD = "event"
+
+# -- an eval's meta and counts hashes (``Keys.eval_meta``, ``Keys.eval_counts``) -----------------------
+
+EVAL_STATUS = "status"
+EVAL_FINISHED_AT = "finished_at"
+#: Values of EVAL_STATUS the scripts write or test.
+EVAL_RUNNING = "running"
+EVAL_COMPLETED = "completed"
+EVAL_BUDGET_EXHAUSTED = "budget_exhausted"
+#: Counts, of the whole eval and per variant (:func:`variant_field`).
+EVAL_DONE = "done"
+EVAL_PASSED = "passed"
+EVAL_FAILED = "failed"
+EVAL_TOKENS = "tokens"
+EVAL_COST_MICRO = "cost_micro"
+VARIANT_PREFIX = "v"
+
+
+def variant_field(variant: int | str, count: str) -> str:
+    """One variant's count in an eval's counts hash: ``v<variant>:<count>``."""
+    return f"{VARIANT_PREFIX}{variant}:{count}"
+
+
+# -- a provider limit's state hash (``shared.limits``) ------------------------------------------------
+
+#: Redis ms until which a provider's back-off stops every grant.
+LIMIT_UNTIL = "until"
+#: Each bucket's level and the Redis ms it was measured at.
+LIMIT_RPM = "rpm"
+LIMIT_RPM_AT = "rpm_at"
+LIMIT_TPM = "tpm"
+LIMIT_TPM_AT = "tpm_at"
 
 
 # -- claims ------------------------------------------------------------------------------------------
@@ -172,6 +310,58 @@ _FIELDS = {
     "CALL_CLAIM_PREFIX": CALL_CLAIM_PREFIX,
 }
 
+#: Every other name, state and format the scripts use, under its Python name.
+_VALUES = {
+    name: globals()[name]
+    for name in (
+        "CALLBACK_PENDING",
+        "CALLBACK_DELIVERED",
+        "CALLBACK_GAVE_UP",
+        "EMPTY_OUTBOX",
+        "THROTTLED_UNTIL",
+        "EVENT_FIELD",
+        "TASK_DONE",
+        "TASK_LIVE",
+        "TASK_EXPIRED",
+        "TASK_UNCLAIMED",
+        "MISSING_PHASE_TASK",
+        "ATTEMPTS_PREFIX",
+        "LAST_ERROR_PREFIX",
+        "LOST_PREFIX",
+        "PIPE_STATUS",
+        "PIPE_SEQ",
+        "PIPE_TARGET",
+        "PIPE_INDEX",
+        "PIPE_KIND",
+        "PIPE_CAP",
+        "PIPE_TOTAL",
+        "PIPE_STARTED",
+        "PIPE_DONE",
+        "PIPE_UPDATED_MS",
+        "PIPE_OUTPUT",
+        "PIPE_ERROR",
+        "PIPE_FINISHED_MS",
+        "PIPE_RUNNING",
+        "PIPE_EVENT_FIELD",
+        "EVAL_STATUS",
+        "EVAL_FINISHED_AT",
+        "EVAL_RUNNING",
+        "EVAL_COMPLETED",
+        "EVAL_BUDGET_EXHAUSTED",
+        "EVAL_DONE",
+        "EVAL_PASSED",
+        "EVAL_FAILED",
+        "EVAL_TOKENS",
+        "EVAL_COST_MICRO",
+        "VARIANT_PREFIX",
+        "LIMIT_UNTIL",
+        "LIMIT_RPM",
+        "LIMIT_RPM_AT",
+        "LIMIT_TPM",
+        "LIMIT_TPM_AT",
+    )
+}
+
 _HELPERS = """
 -- Run the broker commands of a publish (ARGV from index 'at': the epoch they were built for, their
 -- count, then name, argument count and arguments of each) if the run is still at that epoch
@@ -214,13 +404,39 @@ end
 local function has_call(calls, call_id)
   return string.find(',' .. (calls or '') .. ',', ',' .. call_id .. ',', 1, true) ~= nil
 end
--- The state of every task of the current phase: for ACTING one entry per call id ('done', 'live',
--- 'expired' or 'unclaimed'), else one entry '' for the phase claim. Also returns the earliest
--- deadline of a live claim (or nil) and whether any task is expired or unclaimed.
+-- Whether a comma-separated list given in ARGV names item (as has_call for the CALLS field).
+local function listed(list, item)
+  return string.find(',' .. list .. ',', ',' .. item .. ',', 1, true) ~= nil
+end
+-- Fields of the attempts hash, as protocol.py's functions of the same names build them.
+local function attempts_field(version, field)
+  return ATTEMPTS_PREFIX .. version .. ':' .. field
+end
+local function last_error_field(version, field)
+  return LAST_ERROR_PREFIX .. attempts_field(version, field)
+end
+local function lost_field(version)
+  return LOST_PREFIX .. ATTEMPTS_PREFIX .. version
+end
+-- The last error of work whose claim expired under a holder that stopped renewing it.
+local function expired_error(reason, holder)
+  return reason .. ' (held by ' .. holder .. ')'
+end
+-- THROTTLED: the JSON object 'why' with THROTTLED_UNTIL added.
+local function throttled_info(why, until_ms)
+  return string.sub(why, 1, -2) .. ',"' .. THROTTLED_UNTIL .. '":' .. until_ms .. '}'
+end
+-- One variant's count in an eval's counts hash (variant_field in protocol.py).
+local function variant_field(variant, count)
+  return VARIANT_PREFIX .. variant .. ':' .. count
+end
+-- The state of every task of the current phase: for ACTING one entry per call id (TASK_DONE,
+-- TASK_LIVE, TASK_EXPIRED or TASK_UNCLAIMED), else one entry '' for the phase claim. Also returns
+-- the earliest deadline of a live claim (or nil) and whether any task is expired or unclaimed.
 local function task_states(run, results_key, phase, step, calls, now)
   local states, next_live, expired, unclaimed = {}, nil, false, false
   local function classify(key, claim)
-    local state = 'unclaimed'
+    local state = TASK_UNCLAIMED
     local deadline = nil
     if claim then deadline = select(2, claim_parts(claim)) end
     if deadline == nil or deadline == HANDED_ON then
@@ -228,10 +444,10 @@ local function task_states(run, results_key, phase, step, calls, now)
       -- which the broker decides; an expired claim would be handed on again every sweep.
       unclaimed = true
     elseif deadline > now then
-      state = 'live'
+      state = TASK_LIVE
       if not next_live or deadline < next_live then next_live = deadline end
     else
-      state = 'expired'
+      state = TASK_EXPIRED
       expired = true
     end
     states[#states + 1] = key
@@ -241,7 +457,7 @@ local function task_states(run, results_key, phase, step, calls, now)
     for id in string.gmatch(calls or '', '[^,]+') do
       if redis.call('HEXISTS', results_key, id) == 1 then
         states[#states + 1] = id
-        states[#states + 1] = 'done'
+        states[#states + 1] = TASK_DONE
       else
         classify(id, redis.call('HGET', run, call_claim(step, id)))
       end
@@ -263,7 +479,7 @@ end
 
 def _definitions() -> list[tuple[str, str]]:
     """The prelude as (name, Lua source) definitions, each after those it uses."""
-    defs = [(name, f"local {name} = '{value}'") for name, value in _FIELDS.items()]
+    defs = [(name, f"local {name} = '{value}'") for name, value in (_FIELDS | _VALUES).items()]
     defs += [(f"P_{p.name}", f"local P_{p.name} = '{p.value}'") for p in Phase]
     terminal = ", ".join(f"[P_{p.name}] = true" for p in sorted(TERMINAL_PHASES, key=lambda p: p.value))
     defs.append(("TERMINAL", f"local TERMINAL = {{{terminal}}}"))

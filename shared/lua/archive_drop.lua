@@ -8,7 +8,7 @@
 local run_id, version, n_parts = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local run = KEYS[1]
 local head = redis.call('HMGET', run, F_VERSION, F_PHASE, F_CALLBACK)
-if head[1] and (head[1] ~= version or not TERMINAL[head[2]] or head[3] == 'pending') then
+if head[1] and (head[1] ~= version or not TERMINAL[head[2]] or head[3] == CALLBACK_PENDING) then
   return 'changed'
 end
 redis.call('DEL', run)

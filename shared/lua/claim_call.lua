@@ -21,7 +21,7 @@ if state[1] ~= version or state[2] ~= P_ACTING or state[3] ~= step or state[4] ~
 end
 if redis.call('HEXISTS', results_key, call_id) == 1 then return {'done'} end
 local now = now_ms()
-local attempts_field = 'v' .. version .. ':' .. field
+local counted = attempts_field(version, field)
 local prior = 'none'
 local replay = false
 local current = state[8]
@@ -39,13 +39,13 @@ local deadline = now + tonumber(lease_ms)
 redis.call('HSET', run, field, claim_value(token, deadline, holder), F_OUTBOX_CLAIMED, '1')
 local attempts
 if replay then
-  attempts = tonumber(redis.call('HGET', attempts_key, attempts_field) or '1')
+  attempts = tonumber(redis.call('HGET', attempts_key, counted) or '1')
 else
-  attempts = redis.call('HINCRBY', attempts_key, attempts_field, 1)
+  attempts = redis.call('HINCRBY', attempts_key, counted, 1)
 end
 redis.call('ZADD', leases, 'LT', deadline, run_id)
 -- A last error is written only about a claim counted in attempts (release.lua, recover.lua): the
 -- first claim of this call at this version has none to read.
 local last_error = ''
-if attempts > 1 then last_error = redis.call('HGET', attempts_key, 'err:' .. attempts_field) or '' end
+if attempts > 1 then last_error = redis.call('HGET', attempts_key, last_error_field(version, field)) or '' end
 return {'ok', {state[9], state[10], state[4], state[11]}, attempts, prior, last_error}

@@ -22,7 +22,7 @@ if state[1] ~= version or state[2] ~= phase or state[3] ~= step or state[4] ~= e
   return {'stale', seen}
 end
 local now = now_ms()
-local attempts_field = 'v' .. version .. ':' .. F_RUNNING
+local counted = attempts_field(version, F_RUNNING)
 local prior = 'none'
 local current = state[7]
 local replay = false
@@ -40,9 +40,9 @@ local deadline = now + tonumber(lease_ms)
 redis.call('HSET', run, F_RUNNING, claim_value(token, deadline, holder), F_OUTBOX_CLAIMED, '1')
 local attempts
 if replay then
-  attempts = tonumber(redis.call('HGET', attempts_key, attempts_field) or '1')
+  attempts = tonumber(redis.call('HGET', attempts_key, counted) or '1')
 else
-  attempts = redis.call('HINCRBY', attempts_key, attempts_field, 1)
+  attempts = redis.call('HINCRBY', attempts_key, counted, 1)
 end
 redis.call('ZADD', leases, 'LT', deadline, run_id)
 local messages = {}
@@ -52,5 +52,5 @@ if want_results == '1' then results = redis.call('HVALS', results_key) end
 -- A last error is written only about a claim counted in attempts (release.lua, recover.lua): the
 -- first claim of this work at this version has none to read.
 local last_error = ''
-if attempts > 1 then last_error = redis.call('HGET', attempts_key, 'err:' .. attempts_field) or '' end
+if attempts > 1 then last_error = redis.call('HGET', attempts_key, last_error_field(version, F_RUNNING)) or '' end
 return {'ok', {state[8], state[9], state[4], state[10]}, attempts, messages, prior, results, last_error}

@@ -58,7 +58,7 @@ for first = base + 1, last, 100 do
 end
 base = base + tonumber(n_messages)
 for i = 1, tonumber(n_events) do
-  redis.call('XADD', events_key, 'MAXLEN', '~', events_maxlen, '*', 'e', ARGV[base + i])
+  redis.call('XADD', events_key, 'MAXLEN', '~', events_maxlen, '*', EVENT_FIELD, ARGV[base + i])
 end
 local pushed = push_broker(epoch, base + tonumber(n_events) + 1)
 redis.call('RPUSH', checkpoints, body)
@@ -77,7 +77,7 @@ end
 if kind == 'terminal' then
   redis.call('HINCRBY', inflight, tenant, -1)
   redis.call('ZADD', ended, now, run_id)  -- where the archiver finds it
-  if callback == '1' then redis.call('HSET', run, F_CALLBACK, 'pending') end
+  if callback == '1' then redis.call('HSET', run, F_CALLBACK, CALLBACK_PENDING) end
   local ttl = tonumber(retention_s)
   for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
   for i = 11, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end

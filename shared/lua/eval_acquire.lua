@@ -6,11 +6,11 @@
 -- Returns {'ok', item...} | {'stopped'} | {'full'} | {'empty'} | {'budget'}.
 local cap, lease_ms, want = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_tokens, max_cost = tonumber(ARGV[4]), tonumber(ARGV[5])
-if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return {'stopped'} end
-local used_tokens = tonumber(redis.call('HGET', KEYS[4], 'tokens') or '0')
-local used_cost = tonumber(redis.call('HGET', KEYS[4], 'cost_micro') or '0')
+if redis.call('HGET', KEYS[1], EVAL_STATUS) ~= EVAL_RUNNING then return {'stopped'} end
+local used_tokens = tonumber(redis.call('HGET', KEYS[4], EVAL_TOKENS) or '0')
+local used_cost = tonumber(redis.call('HGET', KEYS[4], EVAL_COST_MICRO) or '0')
 if (max_tokens > 0 and used_tokens >= max_tokens) or (max_cost > 0 and used_cost >= max_cost) then
-  redis.call('HSET', KEYS[1], 'status', 'budget_exhausted')
+  redis.call('HSET', KEYS[1], EVAL_STATUS, EVAL_BUDGET_EXHAUSTED)
   if redis.call('ZCARD', KEYS[3]) == 0 then redis.call('SREM', KEYS[5], ARGV[6]) end
   return {'budget'}
 end

@@ -7,22 +7,21 @@ local item, variant = ARGV[1], ARGV[3]
 if redis.call('HSETNX', KEYS[1], item, ARGV[2]) == 0 then return 0 end
 redis.call('ZREM', KEYS[2], item)
 redis.call('ZREM', KEYS[3], item)
-local prefix = 'v' .. variant .. ':'
-redis.call('HINCRBY', KEYS[4], prefix .. 'done', 1)
-redis.call('HINCRBY', KEYS[4], prefix .. 'passed', tonumber(ARGV[4]))
-redis.call('HINCRBY', KEYS[4], prefix .. 'failed', tonumber(ARGV[5]))
-redis.call('HINCRBY', KEYS[4], prefix .. 'tokens', tonumber(ARGV[6]))
-redis.call('HINCRBY', KEYS[4], prefix .. 'cost_micro', tonumber(ARGV[7]))
-redis.call('HINCRBY', KEYS[4], 'tokens', tonumber(ARGV[6]))
-redis.call('HINCRBY', KEYS[4], 'cost_micro', tonumber(ARGV[7]))
+redis.call('HINCRBY', KEYS[4], variant_field(variant, EVAL_DONE), 1)
+redis.call('HINCRBY', KEYS[4], variant_field(variant, EVAL_PASSED), tonumber(ARGV[4]))
+redis.call('HINCRBY', KEYS[4], variant_field(variant, EVAL_FAILED), tonumber(ARGV[5]))
+redis.call('HINCRBY', KEYS[4], variant_field(variant, EVAL_TOKENS), tonumber(ARGV[6]))
+redis.call('HINCRBY', KEYS[4], variant_field(variant, EVAL_COST_MICRO), tonumber(ARGV[7]))
+redis.call('HINCRBY', KEYS[4], EVAL_TOKENS, tonumber(ARGV[6]))
+redis.call('HINCRBY', KEYS[4], EVAL_COST_MICRO, tonumber(ARGV[7]))
 if redis.call('ZCARD', KEYS[2]) == 0 then
   if redis.call('LLEN', KEYS[6]) == 0 then
-    redis.call('HSET', KEYS[5], 'status', 'completed', 'finished_at', ARGV[9])
+    redis.call('HSET', KEYS[5], EVAL_STATUS, EVAL_COMPLETED, EVAL_FINISHED_AT, ARGV[9])
     redis.call('SREM', KEYS[7], ARGV[8])
     for _, key in ipairs({KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8]}) do
       redis.call('PEXPIRE', key, tonumber(ARGV[10]))
     end
-  elseif redis.call('HGET', KEYS[5], 'status') ~= 'running' then
+  elseif redis.call('HGET', KEYS[5], EVAL_STATUS) ~= EVAL_RUNNING then
     -- Stopped (cancelled, or out of budget) and drained: nothing more happens until a resume.
     redis.call('SREM', KEYS[7], ARGV[8])
   end

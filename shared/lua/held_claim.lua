@@ -27,10 +27,10 @@ if mode == 'extend' then
   redis.call('ZADD', leases, 'LT', until_ms, run_id)
   return 1
 end
-if not string.find(',' .. holders .. ',', ',' .. holder .. ',', 1, true) then return 0 end
+if not listed(holders, holder) then return 0 end
 if deadline == HANDED_ON then return 0 end  -- handed on already
 if deadline ~= 0 and deadline - tonumber(lease_ms) > tonumber(fence_ms) then return 0 end
 redis.call('HSET', run, field, claim_value(token, 0, holder))
 redis.call('ZADD', leases, 'LT', now, run_id)
-redis.call('HSET', attempts_key, 'err:v' .. version .. ':' .. field, reason)
+redis.call('HSET', attempts_key, last_error_field(version, field), reason)
 return 1

@@ -20,7 +20,7 @@ if not head[1] then
 end
 local phase = head[2]
 -- An ended run is watched only while its callback is to be delivered (that is its task then).
-if phase == P_AWAITING_APPROVAL or (TERMINAL[phase] and redis.call('HGET', run, F_CALLBACK) ~= 'pending') then
+if phase == P_AWAITING_APPROVAL or (TERMINAL[phase] and redis.call('HGET', run, F_CALLBACK) ~= CALLBACK_PENDING) then
   redis.call('ZREM', leases, run_id)
   return {'settled'}
 end
@@ -29,7 +29,7 @@ local now = now_ms()
 local states, next_live, expired, unclaimed = task_states(run, results_key, phase, head[3], head[6], now)
 local queued_until = tonumber(head[7] or '0')
 if expired or (unclaimed and now >= queued_until) then
-  return {'due', head[1], head[4], phase, head[3], head[5] or '[]', states, head[8] or '0'}
+  return {'due', head[1], head[4], phase, head[3], head[5] or EMPTY_OUTBOX, states, head[8] or '0'}
 end
 local next_time = next_live
 if unclaimed and (not next_time or queued_until < next_time) then next_time = queued_until end

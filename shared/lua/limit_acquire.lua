@@ -12,7 +12,7 @@ local rpm, tpm, conc, want, holder, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[
   tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
 local state, slots = KEYS[1], KEYS[2]
 local now = now_ms()
-local st = redis.call('HMGET', state, 'until', 'rpm', 'rpm_at', 'tpm', 'tpm_at')
+local st = redis.call('HMGET', state, LIMIT_UNTIL, LIMIT_RPM, LIMIT_RPM_AT, LIMIT_TPM, LIMIT_TPM_AT)
 local back_off = tonumber(st[1] or '0')
 if back_off > now then return {'retry_after', back_off - now} end
 if conc > 0 then
@@ -37,8 +37,8 @@ if tpm > 0 then
   local need = math.min(want, tpm)
   if tokens < need then return {'tpm', math.ceil((need - tokens) * 60000 / tpm)} end
 end
-if rpm > 0 then redis.call('HSET', state, 'rpm', tostring(requests - 1), 'rpm_at', now) end
-if tpm > 0 then redis.call('HSET', state, 'tpm', tostring(tokens - want), 'tpm_at', now) end
+if rpm > 0 then redis.call('HSET', state, LIMIT_RPM, tostring(requests - 1), LIMIT_RPM_AT, now) end
+if tpm > 0 then redis.call('HSET', state, LIMIT_TPM, tostring(tokens - want), LIMIT_TPM_AT, now) end
 if conc > 0 then
   redis.call('ZADD', slots, now + lease_ms, holder)
   redis.call('PEXPIRE', slots, lease_ms * 2 + 60000)

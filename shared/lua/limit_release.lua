@@ -9,7 +9,7 @@ local state, slots = KEYS[1], KEYS[2]
 local now = now_ms()
 if holder ~= '' then redis.call('ZREM', slots, holder) end
 if tpm > 0 and extra ~= 0 then
-  local st = redis.call('HMGET', state, 'tpm', 'tpm_at')
+  local st = redis.call('HMGET', state, LIMIT_TPM, LIMIT_TPM_AT)
   local level = tpm
   if st[1] then
     level = tonumber(st[1]) + (now - tonumber(st[2] or now)) * tpm / 60000
@@ -17,13 +17,13 @@ if tpm > 0 and extra ~= 0 then
   end
   level = level - extra
   if level < -tpm then level = -tpm end
-  redis.call('HSET', state, 'tpm', tostring(level), 'tpm_at', now)
+  redis.call('HSET', state, LIMIT_TPM, tostring(level), LIMIT_TPM_AT, now)
   redis.call('PEXPIRE', state, 120000)
 end
 if back_off_ms > 0 then
   local until_ms = now + back_off_ms
-  if until_ms > tonumber(redis.call('HGET', state, 'until') or '0') then
-    redis.call('HSET', state, 'until', until_ms)
+  if until_ms > tonumber(redis.call('HGET', state, LIMIT_UNTIL) or '0') then
+    redis.call('HSET', state, LIMIT_UNTIL, until_ms)
   end
   redis.call('PEXPIRE', state, back_off_ms + 120000)
 end

@@ -3,13 +3,13 @@
 -- total, step JSON, updated_ms, then the items' input texts in item order.
 -- Returns 'ok', or 'stale' (another delivery moved it on, or it ended).
 local meta = KEYS[1]
-if redis.call('HGET', meta, 'status') ~= 'running' then return 'stale' end
-if redis.call('HGET', meta, 'seq') ~= ARGV[1] then return 'stale' end
-if tonumber(ARGV[1]) >= 0 and redis.call('HGET', meta, 'done') ~= redis.call('HGET', meta, 'total') then
+if redis.call('HGET', meta, PIPE_STATUS) ~= PIPE_RUNNING then return 'stale' end
+if redis.call('HGET', meta, PIPE_SEQ) ~= ARGV[1] then return 'stale' end
+if tonumber(ARGV[1]) >= 0 and redis.call('HGET', meta, PIPE_DONE) ~= redis.call('HGET', meta, PIPE_TOTAL) then
   return 'stale'
 end
-redis.call('HSET', meta, 'seq', ARGV[2], 'target', ARGV[3], 'index', ARGV[4], 'kind', ARGV[5],
-  'cap', ARGV[6], 'total', ARGV[7], 'started', '0', 'done', '0', 'updated_ms', ARGV[9])
+redis.call('HSET', meta, PIPE_SEQ, ARGV[2], PIPE_TARGET, ARGV[3], PIPE_INDEX, ARGV[4], PIPE_KIND, ARGV[5],
+  PIPE_CAP, ARGV[6], PIPE_TOTAL, ARGV[7], PIPE_STARTED, '0', PIPE_DONE, '0', PIPE_UPDATED_MS, ARGV[9])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[8])
 local batch = {}
 for i = 10, #ARGV do

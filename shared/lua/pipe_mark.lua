@@ -3,7 +3,7 @@
 -- bound. Returns 1 the first time, 0 if it was noted already.
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[3])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', PIPE_EVENT_FIELD, ARGV[3])
 -- Noted after the pipeline run ended and settled: it expires with the rest of it.
 local ttl = redis.call('PTTL', KEYS[3])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end

@@ -10,5 +10,5 @@ if state[1] ~= P_AWAITING_APPROVAL or state[2] ~= step then return {'stale'} end
 if redis.call('HSETNX', results_key, call_id, result) == 0 then
   return {'duplicate', redis.call('HLEN', results_key)}
 end
-redis.call('XADD', events_key, 'MAXLEN', '~', events_maxlen, '*', 'e', event)
+redis.call('XADD', events_key, 'MAXLEN', '~', events_maxlen, '*', EVENT_FIELD, event)
 return {'recorded', redis.call('HLEN', results_key)}

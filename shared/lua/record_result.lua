@@ -25,7 +25,7 @@ if redis.call('HSETNX', results_key, call_id, result) == 0 then
   if redis.call('HGET', results_key, call_id) == result then return {'recorded'} end  -- replayed
   return {'duplicate'}
 end
-redis.call('XADD', events_key, 'MAXLEN', '~', events_maxlen, '*', 'e', event)
+redis.call('XADD', events_key, 'MAXLEN', '~', events_maxlen, '*', EVENT_FIELD, event)
 local held = state[6]
 local own = held and (claim_parts(held)) == claim_token
 if redis.call('HLEN', results_key) < tonumber(n_calls) then

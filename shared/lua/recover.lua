@@ -14,7 +14,7 @@ local run, leases, attempts_key, results_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4
 
 local head = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP, F_EPOCH, F_CALLS, F_OP, F_CALLBACK)
 if head[1] ~= version or head[3] ~= step or head[2] == P_AWAITING_APPROVAL
-    or (TERMINAL[head[2]] and head[7] ~= 'pending') then
+    or (TERMINAL[head[2]] and head[7] ~= CALLBACK_PENDING) then
   return {'moved'}
 end
 local phase = head[2]
@@ -40,24 +40,24 @@ if not replay then
   local lost_keys = split_calls(missing)
   if not expired and #lost_keys == 0 then return {'moved'} end
   for _, key in ipairs(lost_keys) do
-    if key == '-' then key = '' end
-    if by_key[key] ~= 'unclaimed' then return {'moved'} end
+    if key == MISSING_PHASE_TASK then key = '' end
+    if by_key[key] ~= TASK_UNCLAIMED then return {'moved'} end
   end
   epoch = tostring(redis.call('HINCRBY', run, F_EPOCH, 1))
   -- Tasks whose publish failed were never in the broker: sending them again is no sign of poison.
   if #lost_keys > 0 and redis.call('HGET', run, F_QUEUED_CHECKS) ~= QUEUED_UNSENT then
-    lost = redis.call('HINCRBY', attempts_key, 'lost:v' .. version, 1)
+    lost = redis.call('HINCRBY', attempts_key, lost_field(version), 1)
   elseif #lost_keys > 0 then
-    lost = tonumber(redis.call('HGET', attempts_key, 'lost:v' .. version) or '0')
+    lost = tonumber(redis.call('HGET', attempts_key, lost_field(version)) or '0')
   end
   for key, state in pairs(by_key) do
-    if state == 'expired' then
+    if state == TASK_EXPIRED then
       local field = F_RUNNING
       if key ~= '' then field = call_claim(step, key) end
-      local err = 'err:v' .. version .. ':' .. field
+      local err = last_error_field(version, field)
       if redis.call('HEXISTS', attempts_key, err) == 0 then
         local _, _, holder = claim_parts(redis.call('HGET', run, field))
-        redis.call('HSET', attempts_key, err, reason .. ' (held by ' .. holder .. ')')
+        redis.call('HSET', attempts_key, err, expired_error(reason, holder))
       end
       -- The phase claim is dropped; an expired call claim stays, marked handed on, so the next
       -- delivery of the call knows an earlier one may have had its effect, and the sweeper does
@@ -72,11 +72,11 @@ if not replay then
   end
   redis.call('HSET', run, F_OP, op)
 else
-  lost = tonumber(redis.call('HGET', attempts_key, 'lost:v' .. version) or '0')
+  lost = tonumber(redis.call('HGET', attempts_key, lost_field(version)) or '0')
 end
 local tasks = {}
 for i = 1, #states, 2 do
-  if states[i + 1] ~= 'done' and states[i + 1] ~= 'live' then tasks[#tasks + 1] = states[i] end
+  if states[i + 1] ~= TASK_DONE and states[i + 1] ~= TASK_LIVE then tasks[#tasks + 1] = states[i] end
 end
 local queued_until = now + tonumber(queued_lease_ms)
 redis.call('HSET', run, F_QUEUED_UNTIL, queued_until, F_QUEUED_CHECKS, '0')

@@ -19,5 +19,5 @@ end
 local _, deadline = claim_parts(current)
 if holder ~= token_or_holder or deadline == HANDED_ON then return 0 end  -- not its, or handed on
 redis.call('HSET', run, field, claim_value(held_by, 0, holder))
-if reason ~= '' then redis.call('HSET', attempts_key, 'err:v' .. version .. ':' .. field, reason) end
+if reason ~= '' then redis.call('HSET', attempts_key, last_error_field(version, field), reason) end
 return 1

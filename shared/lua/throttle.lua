@@ -19,11 +19,11 @@ end
 local now = now_ms()
 local due = now + tonumber(wait_ms) + tonumber(queued_ms)
 redis.call('HDEL', run, F_RUNNING)
-local field = 'v' .. version .. ':' .. F_RUNNING
+local field = attempts_field(version, F_RUNNING)
 if tonumber(redis.call('HGET', attempts_key, field) or '0') > 0 then
   redis.call('HINCRBY', attempts_key, field, -1)
 end
-local info = string.sub(why, 1, -2) .. ',"until":' .. (now + tonumber(wait_ms)) .. '}'
+local info = throttled_info(why, now + tonumber(wait_ms))
 redis.call('HSET', run, F_QUEUED_UNTIL, due, F_QUEUED_CHECKS, '0', F_THROTTLED, info, F_THROTTLE_OP, token)
 local count = redis.call('HINCRBY', run, F_THROTTLES, 1)
 redis.call('ZADD', leases, due, run_id)

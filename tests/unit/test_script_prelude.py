@@ -38,6 +38,13 @@ def test_the_prelude_splits_into_every_field_phase_and_helper() -> None:
         "has_call",
         "task_states",
         "split_calls",
+        "attempts_field",
+        "last_error_field",
+        "lost_field",
+        "CALLBACK_PENDING",
+        "PIPE_STATUS",
+        "EVAL_STATUS",
+        "LIMIT_TPM",
     ):
         assert name in PRELUDE_NAMES, name
     # Nothing is lost in the split: the whole prelude is every definition, in order.
@@ -54,6 +61,10 @@ def test_a_script_gets_what_it_uses_and_what_that_uses() -> None:
         "CALL_CLAIM_PREFIX",
         "P_ACTING",
         "F_RUNNING",
+        "TASK_DONE",
+        "TASK_LIVE",
+        "TASK_EXPIRED",
+        "TASK_UNCLAIMED",
     }
     # Definitions keep the prelude's order, each after what it uses.
     order = re.findall(r"^local (?:function )?(\w+)", prelude, flags=re.MULTILINE)
