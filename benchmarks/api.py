@@ -25,7 +25,7 @@ import httpx
 from benchmarks.harness import check, new_prefix, run_and_wait, summary
 from shared.keys import Keys
 from shared.tenants import TenantLimits, Tenants
-from tests.api_support import ApiProcess, bearer
+from worker.testing.api import ApiProcess, bearer
 
 __all__ = ["FANOUT_FOLLOWERS", "OVERHEAD_GOAL_MS", "SSE_LAG_GOAL_MS", "SUBMITS_GOAL", "scenario_api"]
 

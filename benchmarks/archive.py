@@ -27,8 +27,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,37 @@ from shared.archive import Archive
 from shared.archiver import Archiver
 from shared.settings import Settings
 from shared.store import RunStore
-from tests.archive_support import archive_url, ended_run, live_run
-from tests.harness import ROOT, RedisServer
+from worker.testing.harness import ROOT, RedisServer
+from worker.testing.runs import ended_run, live_run
+
+#: The PostgreSQL server of these machines (trust auth); each measurement makes and drops a database.
+POSTGRES = "postgresql://postgres@127.0.0.1:5432"
 
 RESULTS = Path(__file__).resolve().parent / "results" / "archive.json"
 #: Status reads timed (random archived runs).
 READS = 2000
+
+
+def _admin() -> Any:
+    import psycopg  # the postgres extra: only the PostgreSQL backend needs it
+
+    return psycopg.connect(f"{POSTGRES}/postgres", autocommit=True, connect_timeout=5)
+
+
+@contextmanager
+def archive_url(backend: str, directory: Path) -> Iterator[str]:
+    """The archive to measure: a new PostgreSQL database (dropped afterwards) or a SQLite file."""
+    if backend != "postgresql":
+        yield f"sqlite:///{directory / 'archive.db'}"
+        return
+    name = f"wesichain_bench_{uuid.uuid4().hex[:12]}"
+    with _admin() as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{POSTGRES}/{name}"
+    finally:
+        with _admin() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _used(store: RunStore) -> int:

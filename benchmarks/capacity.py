@@ -12,7 +12,7 @@ model in ``docs/scaling.md``. Two cores run everything here, Redis included: the
 costs, not a throughput ceiling.
 
 ``--cluster N`` keeps the run state on a Redis Cluster of ``N`` primaries instead (no replicas,
-started with :class:`tests.redis_cluster.RedisCluster`) and the broker on a standalone
+started with :class:`worker.testing.cluster.RedisCluster`) and the broker on a standalone
 redis-server (or ``--broker``); Redis's counters are then summed over the primaries, the broker's
 reported apart (``broker_redis_*``), and the runs' spread over the primaries is reported too.
 """
@@ -32,8 +32,8 @@ from producer.client import Client
 from shared import protocol
 from shared.settings import ENV_BROKER_URL
 from shared.state import Phase, RunHead
-from tests.harness import RedisServer
-from tests.redis_cluster import ClusterStore, RedisCluster
+from worker.testing.cluster import ClusterStore, RedisCluster
+from worker.testing.harness import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -2,7 +2,7 @@
 
     python -m benchmarks.claim_wait [--n 500]
 
-Starts a cluster of three primaries with a replica each (``tests.redis_cluster``) and times, from
+Starts a cluster of three primaries with a replica each (``worker.testing.cluster``) and times, from
 one client, ``n`` of each: a claim-sized script call (``renew`` of a claim, one EVALSHA on the
 run's primary), and :meth:`RunStore.replicate` (a write and ``WAIT 1`` on that primary), which the
 worker adds before a non-retry-safe tool runs (``WESICHAIN_CLAIM_WAIT_MS``). Prints the median
@@ -22,8 +22,8 @@ from typing import Any
 from shared.redis_client import connect
 from shared.settings import Settings
 from shared.store import RunStore
-from tests.harness import RedisServer
-from tests.redis_cluster import RedisCluster
+from worker.testing.cluster import RedisCluster
+from worker.testing.harness import RedisServer
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:

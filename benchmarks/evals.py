@@ -30,7 +30,7 @@ from shared.evals.outcome import CaseResult, Score, Step
 from shared.evals.spec import parse_spec
 from shared.evals.store import EvalMeta
 from shared.state import Phase
-from tests.harness import wait_until
+from worker.testing.harness import wait_until
 
 RESULTS = Path(__file__).parent / "results" / "evals.json"
 

@@ -1,7 +1,8 @@
 """Processes, clocks and statistics shared by the scenarios.
 
-Everything runs for real: one ``redis-server`` on a free loopback port (``tests.harness.RedisServer``),
-``wesichain worker`` processes and bare ``celery worker`` processes, each in its own process group.
+Everything runs for real: one ``redis-server`` on a free loopback port
+(``worker.testing.harness.RedisServer``), ``wesichain worker`` processes and bare ``celery worker``
+processes, each in its own process group.
 The runtime's workers keep their run state and their broker in Redis database 0, with no broker
 key prefix (the product's default); the bare Celery floor has the same configuration in database 1
 (``benchmarks/bare.py``), so the two never share a queue. Each scenario gets its own run-state key
@@ -35,7 +36,7 @@ from shared.keys import Keys
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings
 from shared.state import Phase, RunHead
 from shared.workers import WorkerDirectory
-from tests.harness import RedisServer, WorkerProcess, wait_until
+from worker.testing.harness import RedisServer, WorkerProcess, wait_until
 
 AGENTS = "benchmarks.agents"
 END_MARKERS = ('"kind":"Completed"', '"kind":"Failed"', '"kind":"Interrupted"')

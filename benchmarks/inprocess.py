@@ -47,7 +47,7 @@ from typing import Any, cast
 import redis
 
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings
-from tests.harness import RedisServer
+from worker.testing.harness import RedisServer
 
 AGENTS = "benchmarks.agents"
 

@@ -40,9 +40,9 @@ from shared.state import Phase, RunHead, ToolResult
 from shared.store import CallClaim, Claim, ClaimRef, PhaseClaim, RunStore
 from shared.tasks import TASK_TOOL, start_task, task_for
 from shared.workers import WorkerDirectory, WorkerRecord, describe_agents
-from tests.harness import RedisServer
 from worker.broker_probe import RedisQueues
 from worker.inline_publish import MessageBuilder, run_commands
+from worker.testing.harness import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HOLDER = "micro:1"

@@ -23,7 +23,7 @@ from typing import Any
 
 from benchmarks.harness import Cluster, new_prefix
 from shared.state import Phase
-from tests.harness import wait_until
+from worker.testing.harness import wait_until
 
 RESULTS = Path(__file__).parent / "results" / "pipelines.json"
 GOAL = 1.05

@@ -29,7 +29,7 @@ from typing import Any
 from benchmarks import bare
 from benchmarks.harness import Cluster, bare_chain, new_prefix, pid_cpu_s, process_cpu_s, run_and_wait
 from shared.state import Phase
-from tests.harness import WorkerProcess
+from worker.testing.harness import WorkerProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -10,7 +10,7 @@ Two failures, each on real worker processes and a real redis-server:
   ``retry_on_worker_lost`` redelivers the task, whose new delivery takes the phase over.
 
 The phase is held open with the chaos suite's ``pause:thinking`` fault, installed as the workers'
-hooks (``WESICHAIN_HOOKS=tests.chaos.faults:ChaosHooks``). Default settings are used unless
+hooks (``WESICHAIN_HOOKS=worker.testing.faults:ChaosHooks``). Default settings are used unless
 overridden (``--lease``), and reported with the results.
 
     python -m benchmarks.recovery --trials 3 --out benchmarks/results/recovery.json
@@ -33,11 +33,13 @@ sys.path.insert(0, str(ROOT))
 from producer.client import Client  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 from shared.state import Phase  # noqa: E402
-from tests.chaos.faults import pid_key  # noqa: E402
-from tests.harness import RedisServer, WorkerProcess, wait_until  # noqa: E402
+from worker.testing.faults import pid_key  # noqa: E402
+from worker.testing.harness import RedisServer, WorkerProcess, wait_until  # noqa: E402
 
 #: The chaos suite's fault hooks, pausing every run once in its think phase.
-HOOKS = "tests.chaos.faults:ChaosHooks"
+#: The agents the workers serve: the suite's fixture, whose slow agent a paused phase holds.
+AGENTS = "tests.agents_fixture"
+HOOKS = "worker.testing.faults:ChaosHooks"
 
 
 def one_trial(kind: str, redis: RedisServer, workers: list[WorkerProcess], client: Client) -> float:
@@ -78,13 +80,13 @@ def main() -> int:
         "WESICHAIN_LEASE_S": str(lease),
     }
     redis = RedisServer().start()
-    workers = [WorkerProcess(f"r{i}", redis.url, env=env, concurrency=1) for i in (1, 2)]
+    workers = [WorkerProcess(f"r{i}", redis.url, agents=AGENTS, env=env, concurrency=1) for i in (1, 2)]
     try:
         for w in workers:
             w.start(wait=False)
         for w in workers:
             w.wait_ready()
-        client = Client(Settings(redis_url=redis.url, agents_module="tests.agents_fixture"))
+        client = Client(Settings(redis_url=redis.url, agents_module=AGENTS))
         results: dict[str, list[float]] = {"whole": [], "child": []}
         for _ in range(args.trials):
             for kind in ("whole", "child"):

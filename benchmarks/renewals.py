@@ -39,7 +39,7 @@ from shared.liveness import HeldClaim, Lives  # noqa: E402
 from shared.redis_client import connect  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 from shared.store import RunStore  # noqa: E402
-from tests.harness import RedisServer  # noqa: E402
+from worker.testing.harness import RedisServer  # noqa: E402
 
 
 def _redis_counters(client: Any) -> tuple[int, float]:

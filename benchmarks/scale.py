@@ -29,11 +29,11 @@ from typing import Any
 
 from benchmarks.capacity import run_all
 from benchmarks.harness import environment, process_cpu_s
-from benchmarks.hosts import HostNetwork
 from producer.client import Client
 from shared.settings import ENV_BROKER_URL, ENV_PREFIX, ENV_REDIS_CLUSTER, ENV_SHARDS, Settings
-from tests.harness import RedisServer, WorkerProcess, start_all, stop_all
-from tests.redis_cluster import RedisCluster
+from worker.testing.cluster import RedisCluster
+from worker.testing.harness import RedisServer, WorkerProcess, start_all, stop_all
+from worker.testing.hosts import HostNetwork
 
 RESULTS = Path(__file__).resolve().parent / "results"
 AGENTS = "benchmarks.agents"

@@ -48,7 +48,7 @@ from producer.client import Client
 from shared import protocol
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS
 from shared.state import Phase, RunHead
-from tests.harness import wait_until
+from worker.testing.harness import wait_until
 
 #: Tasks per step of a one-tool step: think, tool, observe.
 TASKS_PER_TOOL_STEP = 3

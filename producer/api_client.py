@@ -10,7 +10,7 @@ cancel, approve, deny — with an API key instead of Redis access::
         head = await handle.wait(timeout=60)
 
 ``status()`` answers the same :class:`~shared.state.RunHead` as the Redis client; ``view()`` the
-API's :class:`~api.models.RunView` (with the callback's delivery). Errors the API answers raise
+API's :class:`~shared.wire.RunView` (with the callback's delivery). Errors the API answers raise
 the same exceptions as the Redis client where one exists (:class:`RunNotFound`,
 :class:`InvalidRequest`, :class:`UnknownAgent`, :class:`NoLiveWorker` (retryable),
 :class:`RequestConflict`, :class:`StoreFull`),
@@ -29,12 +29,12 @@ from typing import Any
 
 import httpx
 
-from api.models import AgentView, PipelineList, RunList, RunView
 from producer.client import NoLiveWorker, RequestConflict, RunNotFound, RunTimeout, UnknownAgent
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
 from shared.state import Callback, Decision, Phase, RunHead
 from shared.timeline import Timeline
+from shared.wire import AgentView, PipelineList, RunList, RunView
 
 __all__ = [
     "ApiClient",

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import redis
 from celery import Celery
 
+from producer.publishing import PUBLISH_ERRORS
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, Event
 from shared.pipeline.store import PipelinePage, PipelineStore, stored_pipeline_id
@@ -46,7 +47,7 @@ from shared.store import RunPage, RunStore
 from shared.tasks import decide_task, start_task
 from shared.timeline import Timeline, build_timeline
 from shared.timetravel import Checkpoint, checkpoint_of
-from shared.unsent import PUBLISH_ERRORS, mark_unsent
+from shared.unsent import mark_unsent
 from shared.workers import AgentInfo, WorkerDirectory
 
 if TYPE_CHECKING:

@@ -17,6 +17,7 @@ from typing import Any
 
 from producer.client import Client
 from producer.pipelines import PipelineHandle, PipelineTimeout
+from producer.runtimes import run_embedded
 from shared.errors import InvalidRequest
 from shared.pipeline.status import PipelineStatus
 from shared.settings import ENV_AGENTS, ENV_REDIS_URL
@@ -76,9 +77,8 @@ def _run(args: argparse.Namespace) -> int:
         raise InvalidRequest("--namespace needs a Redis URL and workers serving it, not --embedded")
     context: AbstractContextManager[Client]
     if embedded:
-        from worker.embedded import embedded as embedded_pool
-
-        context = embedded_pool(os.environ.get(ENV_AGENTS), concurrency=8, archive=True)
+        # One process: the in-memory broker, the Redis stand-in and a worker (as ``wesichain demo``).
+        context = run_embedded(os.environ.get(ENV_AGENTS), concurrency=8, archive=True)
     else:
         context = nullcontext(Client.from_env())
     with context as client:

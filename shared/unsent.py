@@ -6,7 +6,8 @@ would find out only by asking the broker for the tasks, and a broker that cannot
 (RabbitMQ) gets the whole backlog allowance first (``queued_lease_s`` doubling six times: about 22
 minutes with the defaults). Marking the outbox unsent has the sweeper publish it again at its next
 look once ``UNSENT_RETRY_S`` has passed, and again after every publish that fails, until one goes
-through; a retry is not counted as a lost message (``shared/lua/unsent.lua``).
+through; a retry is not counted as a lost message (``shared/lua/unsent.lua``). What a failed
+publish raises is :data:`producer.publishing.PUBLISH_ERRORS` (kombu's, which ``shared`` does not import).
 """
 
 from __future__ import annotations
@@ -14,18 +15,14 @@ from __future__ import annotations
 import logging
 
 import redis
-from kombu.exceptions import OperationalError
 
 from shared.state import TaskSpec
 from shared.store import RunStore
 
-__all__ = ["PUBLISH_ERRORS", "UNSENT_RETRY_S", "mark_unsent"]
+__all__ = ["UNSENT_RETRY_S", "mark_unsent"]
 
 log = logging.getLogger("wesichain.publish")
 
-#: What a publish raises when the broker cannot take the message (kombu wraps connection errors
-#: of every transport in it, after Celery's own publish retries).
-PUBLISH_ERRORS: tuple[type[Exception], ...] = (OperationalError,)
 #: How long the sweeper waits before publishing an unsent outbox again.
 UNSENT_RETRY_S = 2.0
 

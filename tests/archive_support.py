@@ -17,8 +17,21 @@ from producer.client import Client
 from shared.events import Event
 from shared.messages import Message
 from shared.state import CallbackState, RunHead, ToolResult
-from shared.store import RunStore
-from tests.unit.test_store import CALLS
+
+# Runs made straight on a store live in the testing package (the archive benchmark makes them too).
+from worker.testing.runs import ended_run, live_run
+
+__all__ = [
+    "BACKENDS",
+    "POSTGRES",
+    "FullRead",
+    "archive_url",
+    "ended_run",
+    "full_read",
+    "live_run",
+    "postgres_database",
+    "set_connections",
+]
 
 #: The PostgreSQL server of these machines (trust auth); tests create and drop their own database.
 POSTGRES = "postgresql://postgres@127.0.0.1:5432"
@@ -113,32 +126,3 @@ def full_read(client: Client, run_id: str) -> FullRead:
         listed=listed(agent=status.agent),
         listed_by_status=listed(status=status.status),
     )
-
-
-def ended_run(store: RunStore, tool_steps: int = 1) -> str:
-    """A run taken to COMPLETED through real claims and commits: start, ``tool_steps`` steps of two
-    parallel tool calls (each result recorded, the step observed), then a final answer."""
-    from shared import fsm
-    from shared.llm.base import Usage
-    from tests.unit.test_store import commit, record_all, started
-
-    thinking = started(store)
-    for _ in range(tool_steps):
-        t = thinking.act("calling", CALLS, Usage(input_tokens=10, output_tokens=5))
-        commit(store, thinking, t)
-        record_all(store, t.to)
-        head = store.load(thinking.head.run_id)
-        assert head is not None
-        observing = fsm.Observing(head)
-        nxt = observing.next_step(store.load_results(head.run_id, head.step))
-        commit(store, observing, nxt)
-        thinking = nxt.to
-    commit(store, thinking, thinking.complete("the answer", Usage(input_tokens=20, output_tokens=10)))
-    return thinking.head.run_id
-
-
-def live_run(store: RunStore) -> str:
-    """A run at work: started and thinking."""
-    from tests.unit.test_store import started
-
-    return started(store).head.run_id

@@ -5,8 +5,8 @@
 redis-server a test starts gets a RabbitMQ virtual host of its own, created with ``rabbitmqctl``
 when first asked for and deleted with the server, so tests stay as isolated as their servers make
 them (a worker of one test never consumes another's messages). :class:`Settings` (the runtime's
-settings, as the tests build them) and :class:`tests.harness.WorkerProcess` both take the broker
-of their Redis URL from :func:`broker_for`.
+settings, as the tests build them) and :mod:`worker.testing`'s processes both take the broker
+of their Redis URL from :func:`broker_for`, installed there when this module is imported.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ import amqp
 import redis
 from kombu.connection import Connection
 
-from shared.settings import ENV_BROKER_URL, ENV_REDIS_CLUSTER
+from shared.settings import ENV_REDIS_CLUSTER
 from shared.settings import Settings as RuntimeSettings
+from worker.testing import brokers
+from worker.testing.brokers import broker_env, is_cluster, register_cluster, unregister_cluster
 
 __all__ = [
     "ENV_TEST_BROKER",
@@ -53,22 +55,6 @@ ENV_TEST_BROKER = "WESICHAIN_TEST_BROKER"
 
 _SESSION = uuid.uuid4().hex[:8]
 _created: set[str] = set()
-#: Run-state URLs that are a Redis Cluster -> the standalone redis-server that is their broker.
-_clusters: dict[str, str] = {}
-
-
-def register_cluster(store_url: str, broker_url: str) -> None:
-    """``store_url`` is a Redis Cluster's; its workers and clients use ``broker_url``'s Redis as the
-    broker (or their RabbitMQ virtual host, with ``--broker rabbitmq``)."""
-    _clusters[store_url] = broker_url
-
-
-def unregister_cluster(store_url: str) -> None:
-    _clusters.pop(store_url, None)
-
-
-def is_cluster(redis_url: str) -> bool:
-    return redis_url in _clusters
 
 
 def commit_publishes(redis_url: str) -> bool:
@@ -117,24 +103,17 @@ def broker_for(redis_url: str) -> str:
     """The broker of the workers and clients of one redis-server: empty (that Redis) unless the
     session runs against RabbitMQ, then a virtual host of the server's own."""
     if not on_rabbitmq() or redis_url.startswith("memory://"):
-        return _clusters.get(redis_url, "")
+        return brokers.cluster_broker(redis_url)
     name = _name_for(redis_url)
     return f"{RABBITMQ}/{name}" if name in _created else _create(name)
-
-
-def broker_env(redis_url: str) -> dict[str, str]:
-    """The environment that gives a subprocess the broker of ``redis_url`` (nothing on Redis), and
-    tells it when ``redis_url`` is a Redis Cluster."""
-    url = broker_for(redis_url)
-    env = {ENV_BROKER_URL: url} if url else {}
-    if is_cluster(redis_url):
-        env[ENV_REDIS_CLUSTER] = "1"
-    return env
 
 
 def drop_broker_for(redis_url: str) -> None:
     """Delete the virtual host of a redis-server that is going away (if it had one)."""
     _delete(_name_for(redis_url))
+
+
+brokers.use_brokers(broker_for, drop_broker_for)
 
 
 def drop_all() -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from producer.publishing import PUBLISH_ERRORS
 from shared import fsm
 from shared.agents import AgentRegistry
 from shared.errors import ConfigError, InternalInvariant, PoisonPhase, RunErrorInfo
@@ -23,7 +24,7 @@ from shared.settings import Settings
 from shared.state import Phase, PhaseRun, RunHead, TaskSpec
 from shared.store import BrokerCommand, Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
 from shared.tasks import TASK_CALLBACK, decide_task, task_for, with_epoch
-from shared.unsent import PUBLISH_ERRORS, mark_unsent
+from shared.unsent import mark_unsent
 from worker.full import until_room
 from worker.heartbeat import Heartbeat
 from worker.hooks import Hooks

@@ -24,13 +24,13 @@ from typing import Protocol
 
 import redis
 
+from producer.publishing import PUBLISH_ERRORS
 from shared import fsm
 from shared.errors import PoisonPhase
 from shared.protocol import QUEUED_UNSENT
 from shared.scripts import register_scripts
 from shared.store import Due, HandedOn
 from shared.tasks import with_epoch
-from shared.unsent import PUBLISH_ERRORS
 from worker.broker_probe import BrokerProbe, Located
 from worker.liveness import SweepLives
 from worker.runtime import Runtime

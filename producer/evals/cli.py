@@ -22,6 +22,7 @@ from producer.evals.client import EvalClient, EvalTimeout, Progress
 from producer.evals.export import FORMATS, export
 from producer.evals.report import render_report
 from producer.evals.watch import watch
+from producer.runtimes import run_embedded
 from shared.evals.compare import ALPHA, Comparison, compare
 from shared.evals.outcome import CaseResult
 from shared.settings import ENV_REDIS_URL
@@ -140,9 +141,7 @@ def run(args: argparse.Namespace) -> int:
     context: AbstractContextManager[Client]
     if embedded:
         # One process: the in-memory broker, the Redis stand-in and a worker (as ``wesichain demo``).
-        from worker.embedded import embedded as embedded_pool
-
-        context = embedded_pool(os.environ.get("WESICHAIN_AGENTS"), concurrency=8, archive=True)
+        context = run_embedded(os.environ.get("WESICHAIN_AGENTS"), concurrency=8, archive=True)
     else:
         context = nullcontext(Client.from_env())
     with context as client:

@@ -1,61 +1,8 @@
-"""Fault injection for the chaos suite, installed into test workers as their hooks.
-
-``WESICHAIN_HOOKS=tests.chaos.faults:ChaosHooks`` makes a worker build these; ``WESICHAIN_FAULT`` is
-a comma-separated list of fault points:
-
-* ``crash_after_commit:<phase>`` — SIGKILL the process right after a ``<phase>`` task committed
-  and before it published the next phase (once per run, so recovery can succeed);
-* ``pause:<phase>`` — after claiming a ``<phase>`` task, record this process's pid under
-  :func:`pid_key` and sleep ``WESICHAIN_FAULT_PAUSE_S`` seconds (once per run), so a test can
-  kill the process in the middle of that phase;
-* ``duplicate_publish`` — publish every task twice.
-
-Phases are ``idle`` (start), ``thinking``, ``acting`` (tool) and ``observing``. Each fault that
-fires records the pid it fired in under :func:`fired_key`, so tests can tell which process it hit.
-"""
+"""The chaos suite's fault injection (:mod:`worker.testing.faults`), under the name its tests give
+workers (``WESICHAIN_HOOKS=tests.chaos.faults:ChaosHooks``)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-from collections.abc import Sequence
+from worker.testing.faults import PREFIX, ChaosHooks, fired_key, pid_key
 
-from shared.state import Phase, TaskSpec
-from shared.store import RunStore
-from worker.hooks import Hooks
-
-PREFIX = "test:fault:"
-
-
-def fired_key(name: str, run_id: str) -> str:
-    """String: the pid a fault fired in, for one run (set once)."""
-    return f"{PREFIX}{name}:{run_id}"
-
-
-def pid_key(phase: Phase | str, run_id: str) -> str:
-    """String: the pid a ``pause:<phase>`` fault paused in (tests kill it)."""
-    return f"{PREFIX}pid:{Phase(phase).value}:{run_id}"
-
-
-class ChaosHooks(Hooks):
-    def __init__(self) -> None:
-        self.faults = frozenset(f for f in os.environ.get("WESICHAIN_FAULT", "").split(",") if f)
-        self.pause_s = float(os.environ.get("WESICHAIN_FAULT_PAUSE_S", "5"))
-
-    def _once(self, name: str, store: RunStore, run_id: str) -> bool:
-        return bool(store.redis.set(fired_key(name, run_id), str(os.getpid()), nx=True, ex=3600))
-
-    def on_claimed(self, phase: Phase, run_id: str, store: RunStore) -> None:
-        name = f"pause:{phase.value}"
-        if name in self.faults and self._once(name, store, run_id):
-            store.redis.set(pid_key(phase, run_id), str(os.getpid()), ex=3600)
-            time.sleep(self.pause_s)
-
-    def after_commit(self, phase: Phase, run_id: str, store: RunStore) -> None:
-        name = f"crash_after_commit:{phase.value}"
-        if name in self.faults and self._once(name, store, run_id):
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def outgoing(self, spec: TaskSpec) -> Sequence[TaskSpec]:
-        return (spec, spec) if "duplicate_publish" in self.faults else (spec,)
+__all__ = ["PREFIX", "ChaosHooks", "fired_key", "pid_key"]

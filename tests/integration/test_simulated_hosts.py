@@ -13,12 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from benchmarks.hosts import HostNetwork, available
 from producer.client import Client
 from shared.settings import ENV_BROKER_URL, ENV_REDIS_CLUSTER, Settings
 from shared.state import Phase
 from tests.harness import RedisServer, WorkerProcess, start_all, stop_all
 from tests.redis_cluster import RedisCluster
+from worker.testing.hosts import HostNetwork, available
 
 pytestmark = [
     pytest.mark.integration,

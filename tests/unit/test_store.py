@@ -17,18 +17,27 @@ from shared import events as ev
 from shared import fsm, protocol
 from shared.errors import InternalInvariant, RunErrorInfo
 from shared.llm.base import Usage
-from shared.messages import Message, SystemMessage, ToolCall, ToolMessage, UserMessage
+from shared.messages import Message, SystemMessage, ToolMessage, UserMessage
 from shared.settings import Settings
-from shared.state import Decision, Phase, RunHead, TaskSpec, ToolResult
+from shared.state import Decision, Phase, RunHead, TaskSpec
 from shared.store import Busy, CallClaim, Claim, ClaimRef, Done, Due, PhaseClaim, RunStore, Stale
 from shared.tasks import start_task, task_for
 from tests.harness import RedisServer, wait_until
 
-CALLS = [
-    ToolCall(id="a", name="add", arguments={"a": 1, "b": 2}),
-    ToolCall(id="b", name="add", arguments={"a": 3, "b": 4}),
-]
-HOLDER = "test-host:1"
+# The run-building helpers live in the testing package (benchmarks use them too); the suite's
+# modules keep importing them from here.
+from worker.testing.runs import (
+    CALLS,
+    HOLDER,
+    call_claim,
+    claim,
+    commit,
+    create,
+    record,
+    record_all,
+    started,
+    tool_done,
+)
 
 
 @pytest.fixture
@@ -50,40 +59,6 @@ def store(rds: redis.Redis) -> RunStore:
 def redis_ms(store: RunStore) -> int:
     seconds, micros = store.redis.time()
     return int(seconds) * 1000 + int(micros) // 1000
-
-
-def create(store: RunStore, run_id: str | None = None) -> RunHead:
-    head = RunHead.new_idle(run_id or uuid.uuid4().hex, "agent", "question")
-    assert store.create(head, [start_task(head.run_id)])
-    return head
-
-
-def claim(store: RunStore, head: RunHead, **read: bool) -> Claim:
-    outcome = store.claim_phase(
-        PhaseClaim(head.run_id, head.version, head.phase, head.epoch, head.step, **read), HOLDER
-    )
-    assert isinstance(outcome, Claim), outcome
-    return outcome
-
-
-def commit(store: RunStore, current: fsm.PhaseView, t: fsm.Transition[Any]) -> None:
-    held = claim(store, current.head)
-    assert store.commit(current.head, t.head, held.ref, t.messages, t.events, task_for(t.head)).status == (
-        "committed"
-    )
-
-
-def started(store: RunStore) -> fsm.Thinking:
-    """A run committed through start: THINKING at version 2 with two messages."""
-    idle = fsm.Idle(create(store))
-    t = idle.start(
-        [SystemMessage(content="sys"), UserMessage(content="question")],
-        agent_version="1",
-        model="scripted:x",
-        max_steps=100,
-    )
-    commit(store, idle, t)
-    return t.to
 
 
 def acting(store: RunStore) -> fsm.Acting:
@@ -418,11 +393,6 @@ def test_claim_stale(store: RunStore, version: int, phase: Phase, epoch: int, st
 # -- claiming a tool call ----------------------------------------------------------------------------
 
 
-def call_claim(store: RunStore, head: RunHead, call_id: str, *, step: int | None = None) -> Any:
-    want = CallClaim(head.run_id, head.version, head.epoch, head.step if step is None else step, call_id)
-    return store.claim_call(want, HOLDER)
-
-
 def test_tool_claims_name_the_step_and_the_call(store: RunStore) -> None:
     h = acting(store).head
     a, b = call_claim(store, h, "a"), call_claim(store, h, "b")
@@ -449,26 +419,6 @@ def test_a_call_with_its_result_is_done(store: RunStore) -> None:
 
 
 # -- results and the fan-in ---------------------------------------------------------------------------
-
-
-def tool_done(head: RunHead, call: ToolCall, output: str) -> tuple[ToolResult, ev.ToolCompleted]:
-    result = ToolResult(call_id=call.id, name=call.name, ok=True, output=output)
-    event = ev.ToolCompleted(
-        run_id=head.run_id, step=head.step, call_id=call.id, tool=call.name, ok=True, output=output
-    )
-    return result, event
-
-
-def record(store: RunStore, act: fsm.Acting, held: Claim, call: ToolCall, output: str) -> str:
-    observing = act.observe().head
-    result, event = tool_done(act.head, call, output)
-    return store.record_result(act.head, held.ref, result, event, observing, task_for(observing)[0]).status
-
-
-def record_all(store: RunStore, act: fsm.Acting) -> None:
-    for call, output in zip(CALLS, ("3", "7"), strict=True):
-        held = call_claim(store, act.head, call.id)
-        record(store, act, held, call, output)
 
 
 def same_head(a: RunHead, b: RunHead) -> bool:

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from tests.harness import WorkerProcess
+from worker.testing.harness import WorkerProcess
 
 __all__ = ["HostNetwork", "SimulatedHost", "available"]
 

@@ -1,0 +1,121 @@
+"""The HTTP API's answers that its clients read back: a run, a page of runs or pipeline runs, an agent.
+
+Both sides import them from here: the API (``api``) to answer with them, the HTTP clients
+(``producer.api_client``) to parse what it answered, so neither package imports the other for
+its wire format. ``api.models`` re-exports them with the rest of the API's schemas.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from shared.errors import RunErrorInfo
+from shared.llm.base import Usage
+from shared.messages import ToolCall
+from shared.pipeline.status import PipelineSummary
+from shared.state import Approval, Callback, CallbackState, PhaseRun, RunHead, RunStatus
+from shared.workers import AgentInfo
+
+__all__ = ["AgentView", "PipelineList", "RunList", "RunView", "run_view"]
+
+
+class RunView(BaseModel):
+    """A run as the API shows it."""
+
+    run_id: str
+    agent: str
+    agent_version: str
+    model: str
+    status: RunStatus = Field(
+        description="queued, running, awaiting_approval, completed, failed or interrupted."
+    )
+    phase: str = Field(description="The state machine's phase (finer than status).")
+    step: int
+    version: int = Field(description="Commits so far (a checkpoint per version).")
+    input: str
+    thread_id: str | None
+    metadata: dict[str, Any]
+    callback: Callback | None
+    namespace: str | None = Field(
+        default=None, description="The run's queue namespace; null: the default queues."
+    )
+    pending_calls: list[ToolCall] = Field(
+        description="The tool calls of the current step (acting, or parked)."
+    )
+    approval: Approval | None = Field(description="What a parked run waits on.")
+    max_steps: int
+    steps_used: int
+    answer: str | None
+    truncated: bool = Field(
+        default=False,
+        description="The answer was cut at the model's output token limit and accepted as it was.",
+    )
+    output: Any = Field(
+        default=None, description="The answer as JSON, for agents with a structured output type."
+    )
+    state: dict[str, Any] | None = Field(
+        default=None, description="The run's custom state, for agents that declare a state type."
+    )
+    error: RunErrorInfo | None
+    usage: Usage
+    ran: PhaseRun | None = Field(
+        default=None,
+        description="The phase delivery that committed this version (worker, claim time, attempt).",
+    )
+    created_at: float
+    updated_at: float
+    callback_delivery: CallbackState | None = Field(
+        default=None, description="How the completion callback went so far (attempts, last error)."
+    )
+
+
+def run_view(head: RunHead, callback_delivery: CallbackState | None = None) -> RunView:
+    return RunView(
+        run_id=head.run_id,
+        agent=head.agent,
+        agent_version=head.agent_version,
+        model=head.model,
+        status=head.status,
+        phase=head.phase.value,
+        step=head.step,
+        version=head.version,
+        input=head.input,
+        thread_id=head.thread_id,
+        metadata=head.metadata,
+        callback=head.callback,
+        namespace=head.namespace,
+        pending_calls=head.pending_calls,
+        approval=head.approval,
+        max_steps=head.max_steps,
+        steps_used=head.steps_used,
+        answer=head.answer,
+        truncated=head.truncated,
+        output=head.output,
+        state=head.state,
+        error=head.error,
+        usage=head.usage,
+        ran=head.ran,
+        created_at=head.created_at,
+        updated_at=head.updated_at,
+        callback_delivery=callback_delivery,
+    )
+
+
+class RunList(BaseModel):
+    """A page of runs, newest first."""
+
+    runs: list[RunView]
+    next_cursor: str | None = Field(description="Pass as ``cursor`` for the next page; null: no more.")
+
+
+class PipelineList(BaseModel):
+    """A page of pipeline runs, newest first."""
+
+    pipelines: list[PipelineSummary]
+    next_cursor: str | None = Field(description="Pass as ``cursor`` for the next page; null: no more.")
+
+
+class AgentView(AgentInfo):
+    workers: int = Field(description="Live workers that serve it.")
