@@ -1,8 +1,32 @@
-"""The Lua scripts of the run store, loaded once with the protocol prelude prepended."""
+"""The Lua scripts of the stores, loaded once with the protocol prelude prepended, and their calls.
+
+Every name, state and format a script keeps in Redis comes from :mod:`shared.protocol` (its
+prelude); a script spells only Redis's own words and its own replies and argument modes
+(``tests/unit/test_lua_protocol.py`` reads every ``.lua`` file for quoted literals).
+
+What a script takes is declared once, here: :data:`SPECS` names each script's KEYS and ARGV in
+order (and says what may follow them when a call passes a variable number), and the words of its
+own vocabulary. The declaration is held to both sides of the call:
+
+- the Lua side by ``test_lua_protocol``: where a script names its KEYS or ARGV (``local run,
+  leases = KEYS[1], KEYS[2]``, ``local run_id, op = unpack(ARGV, 1, 2)``) the names and their
+  number are the spec's, and no script reads ``KEYS[i]`` or ``ARGV[i]`` past its spec unless the
+  spec says more may follow;
+- the Python side at every call: a script registered through :func:`register_scripts` or
+  :func:`register_script` refuses (:class:`ScriptCallError`, before anything is sent) a call
+  passing another number of KEYS or ARGV than its spec, so every call the tests make checks its
+  caller.
+
+Typed per-script key and argument classes would check more at type-checking time, but would
+rewrite every call site of every store for a check the count at call time and the names in the
+Lua make as well (a call with its arguments in the wrong order but the right number is still
+left to the stores' tests).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -11,8 +35,200 @@ import redis
 
 from shared.protocol import lua_prelude
 
-__all__ = ["SCRIPT_NAMES", "is_cluster", "register_scripts", "run_many", "script_source"]
+__all__ = [
+    "SCRIPT_NAMES",
+    "SPECS",
+    "Script",
+    "ScriptCallError",
+    "ScriptSpec",
+    "is_cluster",
+    "register_script",
+    "register_scripts",
+    "run_many",
+    "script_source",
+]
 
+
+@dataclass(frozen=True)
+class ScriptSpec:
+    """What one script takes: its KEYS and ARGV by name, in order, and its own words."""
+
+    keys: tuple[str, ...]
+    args: tuple[str, ...]
+    #: What follows the named KEYS (ARGV) in a call that passes more; '' when nothing may.
+    more_keys: str = ""
+    more_args: str = ""
+    #: The literals the script may spell besides Redis's words: its replies and the modes its
+    #: caller passes, none of them kept in Redis (what is kept comes from the prelude).
+    words: frozenset[str] = frozenset()
+
+    def check(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> None:
+        for what, given, named, more in (
+            ("KEYS", keys, self.keys, self.more_keys),
+            ("ARGV", args, self.args, self.more_args),
+        ):
+            if len(given) < len(named) or (len(given) > len(named) and not more):
+                want = f"{len(named)}{' or more' if more else ''}"
+                raise ScriptCallError(
+                    f"{name}.lua takes {want} {what} ({', '.join(named)}), not {len(given)}"
+                )
+
+
+def _spec(
+    keys: str,
+    args: str = "",
+    *,
+    more_keys: str = "",
+    more_args: str = "",
+    words: str = "",
+    phrases: tuple[str, ...] = (),
+) -> ScriptSpec:
+    """A spec from space-separated names and words (``phrases``: words with spaces in them)."""
+    return ScriptSpec(
+        tuple(keys.split()),
+        tuple(args.split()),
+        more_keys,
+        more_args,
+        frozenset(words.split()) | set(phrases),
+    )
+
+
+#: Every script of the stores (``shared/lua/<name>.lua``).
+SPECS: dict[str, ScriptSpec] = {
+    # -- the run store ---------------------------------------------------------------------------
+    "create": _spec(
+        "run checkpoints leases runs_index registry inflight",
+        "run_id op request body outbox queued_lease_ms tenant",
+        more_keys="the index keys to enter the run in",
+        words="created exists",
+    ),
+    "claim_phase": _spec(
+        "run attempts_key leases messages_key results_key",
+        "run_id version phase epoch step token holder lease_ms messages_from want_results",
+        words="missing stale busy ok none expired",
+    ),
+    "claim_call": _spec(
+        "run attempts_key leases results_key",
+        "run_id version epoch step call_id token holder lease_ms",
+        words="missing stale busy done ok none expired",
+    ),
+    "renew": _spec("run leases", "run_id field token lease_ms extend"),
+    "release": _spec("run attempts_key", "field mode token_or_holder version reason", words="token"),
+    "commit": _spec(
+        "run messages_key checkpoints events_key leases registry inflight status_from status_to ended",
+        "run_id op expected_version claim_field claim_token new_version phase step body outbox calls kind"
+        " queued_lease_ms retention_s events_maxlen n_messages n_events tenant callback",
+        more_keys="(terminal commits) the run's other keys, to expire with it",
+        more_args="n_messages messages, n_events events, then the broker commands (push_broker)",
+        words="committed fenced cancel_pending live terminal",
+    ),
+    "record_result": _spec(
+        "run results_key events_key leases checkpoints",
+        "run_id op version step call_id claim_token result event n_calls observe_version observe_body"
+        " observe_outbox queued_lease_ms events_maxlen",
+        more_args="the broker commands that publish observe (push_broker)",
+        words="stale duplicate recorded complete",
+    ),
+    "record_child": _spec(
+        "run results_key events_key",
+        "step call_id result event events_maxlen",
+        words="stale duplicate recorded",
+    ),
+    "due": _spec("leases", "limit"),
+    "inspect": _spec("run leases results_key", "run_id step_hint", words="gone settled moved alive due"),
+    "recover": _spec(
+        "run leases attempts_key results_key",
+        "run_id op action version epoch step missing wait_ms queued_lease_ms reason",
+        words="wait moved waiting handed_on",
+    ),
+    "unsent": _spec("run leases", "run_id version epoch delay_ms"),
+    "cancel": _spec("run", ""),
+    "decide": _spec("run", "version decision"),
+    "join_thread": _spec("thread", "run_id ttl"),
+    "lock": _spec("lock", "token ttl_ms mode", words="release"),
+    "scan_queue": _spec(
+        "queue",
+        "start count",
+        more_args="the task ids looked for",
+        # kombu's message JSON, not ours: how it names a message's task id.
+        phrases=('"id": "([^"]*)"',),
+    ),
+    "worker_beat": _spec("record_key workers", "id record ttl_ms"),
+    "worker_live": _spec("lives held_key", "life ttl_ms mode held", words="set"),
+    "worker_gone": _spec("lives held_key", "life seen"),
+    "held_claim": _spec(
+        "run leases attempts_key",
+        "run_id field holders mode lease_ms fence_ms version reason",
+        words="extend",
+    ),
+    "finish_callback": _spec(
+        "run leases", "run_id token outcome state next_ms queued_lease_ms", words="retry"
+    ),
+    "throttle": _spec("run attempts_key leases", "run_id version token wait_ms queued_ms why"),
+    "limit_acquire": _spec(
+        "state slots",
+        "rpm tpm conc want holder lease_ms",
+        words="ok retry_after concurrency rpm tpm",
+    ),
+    "limit_release": _spec("state slots", "holder tpm extra back_off_ms"),
+    "limit_renew": _spec("slots", "holder lease_ms"),
+    "archive_drop": _spec(
+        "run leases runs_index ended",
+        "run_id version n_parts",
+        more_keys="the run's other keys (n_parts of them), then its listing indexes",
+        words="changed dropped gone",
+    ),
+    # -- the API's submit limits (api/limits.py builds its script around this one) -------------------
+    "submit_window": _spec("window", "limit window member"),
+    # -- pipelines (shared.pipeline.store) -----------------------------------------------------------
+    "pipe_create": _spec(
+        "meta active index tenant_index",
+        "pipeline_id created_ms retention_ms",
+        more_args="meta field/value pairs",
+        words="exists created",
+    ),
+    "pipe_advance": _spec(
+        "meta steps items",
+        "from_seq new_seq target index kind cap total step updated_ms",
+        more_args="the items' input texts, in item order",
+        words="stale ok",
+    ),
+    "pipe_reserve": _spec("meta", "seq want"),
+    "pipe_record": _spec(
+        "meta results attempts events",
+        "seq item attempt result event events_maxlen",
+        words="stale dup ended complete recorded",
+    ),
+    "pipe_retry": _spec("meta attempts", "seq item attempt", words="stale ok"),
+    "pipe_end": _spec(
+        "meta",
+        "seq status output error finished_ms",
+        # '*': end the pipeline run at whatever step it is (an argument mode, not Redis's '*').
+        words="* stale ok",
+    ),
+    "pipe_mark": _spec("children events meta", "item run_id event events_maxlen"),
+    # -- evals (shared.evals.store) ------------------------------------------------------------------
+    "eval_create": _spec(
+        "meta cases pending active index",
+        "eval_id created_ms n_cases n_items",
+        more_args="meta field/value pairs, n_cases case JSONs, n_items work items",
+        words="exists created",
+    ),
+    "eval_acquire": _spec(
+        "meta pending slots counts active",
+        "cap lease_ms want max_tokens max_cost_micro eval_id",
+        words="stopped budget full ok empty",
+    ),
+    "eval_claim": _spec("results scoring", "item lease_ms", words="done busy ok"),
+    "eval_record": _spec(
+        "results slots scoring counts meta pending active cases",
+        "item result variant passed failed tokens cost_micro eval_id finished_ms retention_ms",
+    ),
+    "eval_drop": _spec("meta cases pending slots scoring results counts index active", "eval_id"),
+    "eval_status": _spec("meta active slots", "eval_id status", more_args="the statuses it may move from"),
+}
+
+#: The scripts :func:`register_scripts` registers: the run store's (the features register theirs).
 SCRIPT_NAMES = (
     "create",
     "claim_phase",
@@ -44,6 +260,37 @@ SCRIPT_NAMES = (
 )
 
 
+class ScriptCallError(ValueError):
+    """A script was called with another number of KEYS or ARGV than its spec names."""
+
+
+class Script:
+    """A registered script that refuses a call whose KEYS or ARGV its spec does not take."""
+
+    __slots__ = ("_script", "name", "spec")
+
+    def __init__(self, name: str, script: Any) -> None:
+        self.name = name
+        self.spec = SPECS[name]
+        self._script = script
+
+    @property
+    def sha(self) -> str:
+        return str(self._script.sha)
+
+    @sha.setter
+    def sha(self, value: str) -> None:
+        self._script.sha = value
+
+    @property
+    def script(self) -> str:
+        return str(self._script.script)
+
+    def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = (), client: Any = None) -> Any:
+        self.spec.check(self.name, keys, args)
+        return self._script(keys=keys, args=args, client=client)
+
+
 @cache
 def script_source(name: str) -> str:
     """A script's source as Redis runs it: the prelude it uses (field names, helpers), then its body."""
@@ -51,13 +298,19 @@ def script_source(name: str) -> str:
     return lua_prelude(body) + body
 
 
-def register_scripts(client: redis.Redis) -> dict[str, Any]:
-    """Every script registered on ``client`` (EVALSHA, reloaded by redis-py after a Redis restart).
+def register_script(client: Any, name: str) -> Script:
+    """The script ``name`` registered on ``client`` (EVALSHA), checking each call against its spec."""
+    return Script(name, client.register_script(script_source(name)))
+
+
+def register_scripts(client: redis.Redis) -> dict[str, Script]:
+    """Every script of :data:`SCRIPT_NAMES` registered on ``client`` (EVALSHA, reloaded by redis-py
+    after a Redis restart).
 
     On a cluster they are loaded on every primary at once (``SCRIPT LOAD`` goes to all of them),
     rather than on each primary's first NOSCRIPT reply; a promoted replica still gets them then.
     """
-    scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
+    scripts = {name: register_script(client, name) for name in SCRIPT_NAMES}
     if is_cluster(client):
         for script in scripts.values():
             script.sha = client.script_load(script.script)

@@ -27,7 +27,8 @@ from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult
 from shared.evals.spec import EvalSpec, spec_json
 from shared.keys import Keys
-from shared.scripts import is_cluster, script_source
+from shared.protocol import EVAL_COST_MICRO, EVAL_DONE, EVAL_FAILED, EVAL_PASSED, EVAL_TOKENS, variant_field
+from shared.scripts import is_cluster, register_script
 
 __all__ = [
     "BOUND",
@@ -129,7 +130,7 @@ class EvalStore:
         self.retention_s = retention_s
         #: Where completed evals go after Redis (None: nowhere; they expire after the retention).
         self.archive = archive
-        self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
+        self._scripts = {name: register_script(client, name) for name in _SCRIPTS}
         #: Heads of archived evals read so far (an archived eval never changes).
         self._archived: dict[str, EvalHead] = {}
 
@@ -231,11 +232,11 @@ class EvalStore:
             raw = archived.counts
         return [
             VariantCounts(
-                done=raw.get(f"v{i}:done", 0),
-                passed=raw.get(f"v{i}:passed", 0),
-                failed=raw.get(f"v{i}:failed", 0),
-                tokens=raw.get(f"v{i}:tokens", 0),
-                cost_usd=raw.get(f"v{i}:cost_micro", 0) / 1e6,
+                done=raw.get(variant_field(i, EVAL_DONE), 0),
+                passed=raw.get(variant_field(i, EVAL_PASSED), 0),
+                failed=raw.get(variant_field(i, EVAL_FAILED), 0),
+                tokens=raw.get(variant_field(i, EVAL_TOKENS), 0),
+                cost_usd=raw.get(variant_field(i, EVAL_COST_MICRO), 0) / 1e6,
             )
             for i in range(variants)
         ]

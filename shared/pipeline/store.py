@@ -21,7 +21,7 @@ import redis
 
 from shared.errors import InvalidRequest
 from shared.keys import Keys
-from shared.scripts import script_source
+from shared.scripts import register_script
 
 __all__ = [
     "DEFAULT_RETENTION_S",
@@ -126,7 +126,7 @@ class PipelineStore:
         self.keys = keys
         #: How long an ended pipeline run's keys stay (as an ended run's do: ``Settings.retention_s``).
         self.retention_s = retention_s
-        self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
+        self._scripts = {name: register_script(client, name) for name in _SCRIPTS}
 
     def create(
         self,
