@@ -37,6 +37,7 @@ __all__ = [
     "submit",
     "timeline",
     "workers",
+    "UNWRAPPED_WIDTH",
 ]
 
 EXIT_FAILED_RUN = 1

@@ -28,7 +28,13 @@ import redis
 from shared.keys import Keys
 from shared.scripts import register_scripts
 
-__all__ = ["DeadStart", "HeldClaim", "Lives"]
+__all__ = [
+    "DeadStart",
+    "HeldClaim",
+    "Lives",
+    "dump_held",
+    "parse_held",
+]
 
 
 @dataclass(frozen=True)

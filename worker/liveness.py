@@ -29,7 +29,13 @@ from shared.store import Due, new_token
 from shared.tasks import TASK_TOOL
 from worker.runtime import Runtime
 
-__all__ = ["PoolBeat", "SweepLives", "held_by_pool"]
+__all__ = [
+    "PoolBeat",
+    "SweepLives",
+    "held_by_pool",
+    "BEATS_PER_TTL",
+    "REWRITE_EVERY",
+]
 
 log = logging.getLogger("wesichain.liveness")
 

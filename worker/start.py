@@ -29,7 +29,13 @@ from worker.heartbeat import Held
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
 
-__all__ = ["HISTORY_WINDOW", "render_prompts", "run_start"]
+__all__ = [
+    "HISTORY_WINDOW",
+    "render_prompts",
+    "run_start",
+    "THREAD_WAIT_MAX_S",
+    "THREAD_WAIT_S",
+]
 
 log = logging.getLogger("wesichain.worker")
 

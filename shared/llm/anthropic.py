@@ -36,6 +36,7 @@ __all__ = [
     "RETRYABLE_ERRORS",
     "wire_conversation",
     "wire_tools",
+    "TRUNCATED",
 ]
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"

@@ -26,7 +26,14 @@ from shared.llm.settings import HttpSettings
 from shared.llm.text import SurrogateJoiner
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "OllamaAdapter", "parse_host", "wire_message"]
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "OllamaAdapter",
+    "parse_host",
+    "wire_message",
+    "TRUNCATED",
+]
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
 DEFAULT_PORT = 11434

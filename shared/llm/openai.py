@@ -26,7 +26,14 @@ from shared.llm.text import SurrogateJoiner
 from shared.llm.transport import SecretHeaderAuth
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 
-__all__ = ["DEFAULT_BASE_URL", "DONE", "OpenAIAdapter", "wire_message", "wire_tools"]
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "DONE",
+    "OpenAIAdapter",
+    "wire_message",
+    "wire_tools",
+    "TRUNCATED",
+]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DONE = "[DONE]"

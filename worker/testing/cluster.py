@@ -27,7 +27,14 @@ from redis.cluster import RedisCluster as ClusterClient
 from worker.testing.brokers import drop_broker_for, register_cluster, unregister_cluster
 from worker.testing.harness import RedisServer, wait_until
 
-__all__ = ["NODE_TIMEOUT_MS", "ClusterNode", "ClusterStore", "RedisCluster", "broker_redis", "free_cluster_port"]
+__all__ = [
+    "NODE_TIMEOUT_MS",
+    "ClusterNode",
+    "ClusterStore",
+    "RedisCluster",
+    "broker_redis",
+    "free_cluster_port",
+]
 
 #: How long a primary may be unreachable before the others fail it over (ms): short, so a killed
 #: primary's replica takes over within a few seconds, long enough that a loaded machine's stalls
