@@ -32,7 +32,12 @@ WESICHAIN = [sys.executable, "-m", "producer.cli"]
 
 
 def _env(**more: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WESICHAIN_")}
+    # No terminal size from the test run's own environment either: these commands write to pipes.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("WESICHAIN_") and k not in ("COLUMNS", "LINES")
+    }
     return {**env, "PYTHONPATH": str(ROOT), **more}
 
 

@@ -148,7 +148,8 @@ def test_approval_by_argument_by_risk_and_always_for_this_run(client: Client) ->
     handle.approve()
     head = handle.wait(TIMEOUT)
     assert head.phase is Phase.COMPLETED, head.error
-    assert head.answer == "moved 500, moved 50000, moved 60000, wiped"
+    # The approval's note reached the model with the approved call's result (and only that one).
+    assert head.answer == "moved 500, moved 50000\n\n[Approved by a human reviewer: fine], moved 60000, wiped"
 
 
 @pytest.mark.parametrize(("agent", "cap"), [("capped", 2), ("sequential", 1)])
