@@ -13,6 +13,14 @@ timestamps. URLs that resolve to loopback, private, link-local or otherwise non-
 are refused (:func:`check_url`, with :func:`is_public_address` the one rule for an address) unless
 a deployment allows them. A delivery connects only to an address it has checked
 (``shared.webhook_client``).
+
+Signing is these few lines rather than the ``standardwebhooks`` library, measured: 10,000 bodies
+of ~350 bytes sign in 100 ms here and in 112 ms through ``Webhook.sign`` (10.0 against 11.2 µs
+each), and the library takes the body as text and the time as a ``datetime``, so each attempt
+would decode the exact bytes it sends and convert its timestamp only to be signed the same way.
+The library is light (no dependencies, about 120 lines, ~12 ms to import), so weight does not
+decide it; it stays a development dependency, and the tests verify every signature made here
+with it, which holds this code to the specification.
 """
 
 from __future__ import annotations
