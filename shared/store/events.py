@@ -1,0 +1,65 @@
+"""A run's event stream outside commits: live events appended, read and waited for.
+
+Events that are part of a state change are written by the commit's own script (``claims``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from shared.events import Event, dump_event, load_event
+from shared.store.base import StoreCore, _s
+
+__all__ = [
+    "EventsMixin",
+]
+
+
+class EventsMixin(StoreCore):
+    """Appending, reading and waiting for a run's events."""
+
+    # -- events ----------------------------------------------------------------------------
+
+    def emit(self, run_id: str, events: Sequence[Event]) -> None:
+        """Append events that are not part of a commit (live token deltas)."""
+        if not events:
+            return
+        key = self.keys.events(run_id)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for e in events:
+                pipe.xadd(
+                    key, {"e": dump_event(e)}, maxlen=self.settings.limits.events_maxlen, approximate=True
+                )
+            pipe.execute()
+
+    def read_events(self, run_id: str, after: str = "0-0", count: int = 1000) -> list[tuple[str, Event]]:
+        raw = self.redis.xrange(
+            self.keys.events(run_id), min=f"({after}" if after != "0-0" else "-", count=count
+        )
+        if not raw and (archive := self._archived(run_id)) is not None:
+            return archive.events(run_id, after, count)
+        return _entries(raw)
+
+    def wait_events(self, run_id: str, after: str, timeout_s: float) -> list[tuple[str, Event]]:
+        """Block up to ``timeout_s`` for events after ``after`` (XREAD BLOCK; polled when embedded)."""
+        key = self.keys.events(run_id)
+        if self.settings.embedded:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if batch := self.read_events(run_id, after):
+                    return batch
+                time.sleep(0.01)
+            return []
+        reply: Any = self.redis.xread({key: after}, count=500, block=max(1, int(timeout_s * 1000)))
+        return _entries(reply[0][1] if reply else [])
+
+
+def _entries(raw: Any) -> list[tuple[str, Event]]:
+    entries = []
+    for eid, fields in raw:
+        event = load_event(fields["e"])
+        event.stream_id = _s(eid)
+        entries.append((event.stream_id, event))
+    return entries

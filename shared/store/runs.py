@@ -1,0 +1,127 @@
+"""A run's own state: creating it, and reading its head, conversation, results and checkpoints.
+
+Every read of a run that is no longer in Redis is answered from the archive (when there is one),
+in the same types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import redis
+
+from shared import protocol
+from shared.errors import InternalInvariant
+from shared.messages import MESSAGE_ADAPTER, Message
+from shared.state import Phase, RunHead, TaskSpec, ToolResult
+from shared.store.base import StoreCore, _dump_outbox, _s, new_op
+
+__all__ = [
+    "RunsMixin",
+]
+
+
+class RunsMixin(StoreCore):
+    """Creating a run and reading it."""
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def load(self, run_id: str) -> RunHead | None:
+        head = self._load_redis(run_id)
+        if head is None and (archive := self.archive) is not None:
+            return archive.load(run_id)
+        return head
+
+    def _load_redis(self, run_id: str) -> RunHead | None:
+        raw = self.redis.hmget(self.keys.run(run_id), protocol.BODY, protocol.REQUEST, protocol.EPOCH)
+        if raw[0] is None:
+            return None
+        return RunHead.compose(_s(raw[0]), _s(raw[1]), int(raw[2] or 0))
+
+    def load_raw(self, run_id: str) -> dict[str, str]:
+        raw = self.redis.hgetall(self.keys.run(run_id))
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    def load_messages(self, run_id: str, start: int = 0, end: int = -1) -> list[Message]:
+        raw = self.redis.lrange(self.keys.messages(run_id), start, end)
+        if not raw and (archive := self._archived(run_id)) is not None:
+            return archive.messages(run_id, start, end)
+        return [MESSAGE_ADAPTER.validate_json(m) for m in raw]
+
+    def load_results(self, run_id: str, step: int) -> list[ToolResult]:
+        raw = self.redis.hvals(self.keys.results(run_id, step))
+        if not raw and (archive := self._archived(run_id)) is not None:
+            return archive.results(run_id, step)
+        return [ToolResult.model_validate_json(r) for r in raw]
+
+    def checkpoints(self, run_id: str, start: int = 0, end: int = -1) -> list[RunHead]:
+        """Every committed head, in version order (epochs are not part of a checkpoint: 0).
+
+        ``start`` and ``end`` (inclusive, -1: the last) bound the versions read, as indexes
+        (version - 1), so a long run's checkpoints can be read a page at a time.
+        """
+        request = self.redis.hget(self.keys.run(run_id), protocol.REQUEST)
+        if request is None:
+            archive = self.archive
+            archived = archive.checkpoints(run_id) if archive is not None else []
+            return archived[start : None if end == -1 else end + 1]
+        bodies = self.redis.lrange(self.keys.checkpoints(run_id), start, end)
+        return [RunHead.compose(_s(b), _s(request), 0) for b in bodies]
+
+    def attempts(self, run_id: str) -> dict[str, str]:
+        raw = self.redis.hgetall(self.keys.attempts(run_id))
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    def persistence(self) -> str:
+        """How durably Redis keeps what it acknowledged (see docs/guarantees.md, "Durability").
+
+        ``aof-always`` (each write on disk before the reply), ``aof-everysec``, ``aof-no``, ``none``
+        (no AOF: a restart loses everything since the last snapshot), or ``unknown`` when Redis
+        will not say (CONFIG is often renamed away on managed services).
+        """
+        if self.settings.embedded:
+            return "none"
+        try:
+            config = self.redis.config_get("append*")
+        except redis.ResponseError:
+            return "unknown"
+        if str(config.get("appendonly", "no")) != "yes":
+            return "none"
+        return f"aof-{config.get('appendfsync', 'everysec')}"
+
+    def cancel_requested(self, run_id: str) -> bool:
+        return _s(self.redis.hget(self.keys.run(run_id), protocol.CANCEL) or b"") == "1"
+
+    # -- creating --------------------------------------------------------------------------
+
+    def create(self, head: RunHead, outbox: Sequence[TaskSpec]) -> bool:
+        """Create an IDLE run at version 1; False if a run with this id already exists."""
+        if head.version != 1 or head.phase is not Phase.IDLE:
+            raise InternalInvariant(f"a run is created IDLE at version 1, not {head.phase} v{head.version}")
+        k, run_id, tenant = self.keys, head.run_id, head.tenant
+        indexes = [k.index_of(run_id, tenant), k.index_of(run_id, tenant, "agent", head.agent)]
+        indexes.append(k.index_of(run_id, tenant, "status", head.status))
+        if head.thread_id is not None:
+            indexes.append(k.index_of(run_id, tenant, "thread", head.thread_id))
+        reply = self._run(
+            "create",
+            [
+                k.run(run_id),
+                k.checkpoints(run_id),
+                k.leases_of(run_id),
+                k.runs_index_of(run_id),
+                k.indexes_of(run_id),
+                k.inflight_of(run_id),
+                *indexes,
+            ],
+            [
+                run_id,
+                new_op(),
+                head.dump_request(),
+                head.dump_body(),
+                _dump_outbox(outbox),
+                self._queued_ms,
+                tenant or "-",
+            ],
+        )
+        return _s(reply) == "created"
