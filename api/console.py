@@ -14,7 +14,7 @@ from starlette.staticfiles import StaticFiles
 from api.auth import Caller
 from api.runs import ERRORS, Svc, Who, owned_run
 from api.services import Services
-from shared.events import Event
+from shared.events import read_all_events
 from shared.timeline import Timeline, build_timeline
 
 __all__ = ["STATIC", "Identity", "index", "router", "static_files", "timeline", "whoami"]
@@ -61,9 +61,5 @@ async def timeline(run_id: str, services: Svc, who: Who) -> Timeline:
 def _timeline(services: Services, who: Caller, run_id: str) -> Timeline:
     head = owned_run(services, who, run_id)
     store = services.store
-    events: list[Event] = []
-    cursor = "0-0"
-    while batch := store.read_events(run_id, cursor, 1000):
-        events.extend(event for _, event in batch)
-        cursor = batch[-1][0]
+    events = [event for _, event in read_all_events(store, run_id)]
     return build_timeline(head, store.checkpoints(run_id), events)

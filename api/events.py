@@ -35,7 +35,7 @@ from api.models import EventPage
 from api.runs import ERRORS, Svc, Who, owned_run
 from api.services import Services
 from shared import protocol
-from shared.events import END_EVENTS
+from shared.events import END_EVENTS, stream_after
 from shared.state import Phase
 
 __all__ = ["events", "router", "sse_frame"]
@@ -95,7 +95,7 @@ async def events(
         return Response(page.model_dump_json(), media_type="application/json")
     cursor = _cursor(last_event_id if last_event_id is not None else after)
     if head.terminal and not await services.aredis.xrange(
-        services.keys.events(run_id), min=f"({cursor}" if cursor != "0-0" else "-", count=1
+        services.keys.events(run_id), min=stream_after(cursor), count=1
     ):
         return Response(status_code=204)
     # Taken here, with no await between the check and the count, so a burst of requests cannot

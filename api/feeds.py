@@ -27,6 +27,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from shared.events import stream_after
+
 __all__ = ["BATCH", "Entry", "Feed", "FeedHub", "MAX_QUEUED", "after"]
 
 log = logging.getLogger("wesichain.api")
@@ -131,7 +133,7 @@ class FeedHub:
         without any (the caller may stop or go on). Ends when the feed drops this follower."""
         async with self.subscribe(key) as (_, queue):
             while True:  # catch up on what came before the feed's first read
-                raw = await self.redis.xrange(key, min=f"({cursor}" if cursor != "0-0" else "-", count=BATCH)
+                raw = await self.redis.xrange(key, min=stream_after(cursor), count=BATCH)
                 if not raw:
                     break
                 batch = _entries(raw)

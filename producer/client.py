@@ -24,7 +24,7 @@ from celery import Celery
 
 from producer.publishing import PUBLISH_ERRORS
 from shared.errors import InvalidRequest, StoreFull, WesichainError
-from shared.events import END_EVENTS, Event
+from shared.events import END_EVENTS, Event, follow_events, read_all_events
 from shared.pipeline.store import PipelinePage, PipelineStore, stored_pipeline_id
 from shared.prompts import missing_variables
 from shared.queues import DEFAULT_NAMESPACE, queue_in
@@ -99,10 +99,6 @@ def _canonical_request(created: RunHead) -> str:
     telling 1, 1.0 and true apart, as a plain comparison of the values would not)."""
     request = json.loads(created.dump_request(exclude_time=True))
     return json.dumps({**request, "model": created.model, "state": created.state}, sort_keys=True)
-
-
-#: Events read per round trip when following a run.
-_EVENTS_PAGE = 500
 
 
 class RunTimeout(WesichainError, TimeoutError):
@@ -432,31 +428,12 @@ class RunHandle:
         ``idle_timeout`` ends following when nothing arrived for that long.
         """
         store = self.client.store
-        cursor = after
-        idle_since = time.monotonic()
-        while True:
-            batch = store.read_events(self.run_id, after=cursor, count=_EVENTS_PAGE)
-            if not batch and follow:
-                batch = store.wait_events(self.run_id, after=cursor, timeout_s=0.5)
-            for event_id, event in batch:
-                cursor = event_id
-                yield event
-                if event.kind in END_EVENTS:
-                    return
-            if not follow:
-                if len(batch) < _EVENTS_PAGE:
-                    return
-                continue  # a full page: there may be more
-            if batch:
-                idle_since = time.monotonic()
-                continue
-            # Nothing new: the end event is committed atomically with the terminal head, so a
-            # terminal run with nothing left to read has had its stream trimmed or expired.
-            head = store.load(self.run_id)
-            if head is None or head.terminal:
-                yield from (event for _, event in store.read_events(self.run_id, after=cursor))
-                return
-            if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
+        if follow:
+            yield from (event for _, event in follow_events(store, self.run_id, after, idle_timeout))
+            return
+        for _, event in read_all_events(store, self.run_id, after):
+            yield event
+            if event.kind in END_EVENTS:
                 return
 
     def timeline(self) -> Timeline:

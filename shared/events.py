@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Iterator
 from functools import cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -24,8 +25,10 @@ __all__ = [
     "AwaitingApproval",
     "Completed",
     "END_EVENTS",
+    "EVENTS_PAGE",
     "EVENT_ADAPTER",
     "Event",
+    "EventLog",
     "Failed",
     "Interrupted",
     "ModelResponded",
@@ -38,7 +41,10 @@ __all__ = [
     "WorkerId",
     "configure_worker_identity",
     "dump_event",
+    "follow_events",
     "load_event",
+    "read_all_events",
+    "stream_after",
     "this_worker",
     "worker_identity",
 ]
@@ -224,3 +230,73 @@ def dump_event(event: Event) -> str:
 
 def load_event(raw: str | bytes) -> Event:
     return EVENT_ADAPTER.validate_json(raw)
+
+
+# -- reading a run's events ------------------------------------------------------------------------
+
+#: Events read per round trip when reading a run's events whole.
+EVENTS_PAGE = 500
+#: How long one blocking read waits for new events while following.
+_WAIT_S = 0.5
+
+
+def stream_after(after: str) -> str:
+    """The ``XRANGE`` lower bound for the entries after stream id ``after`` (``0-0``: all)."""
+    return f"({after}" if after != "0-0" else "-"
+
+
+class _Head(Protocol):
+    @property
+    def terminal(self) -> bool: ...
+
+
+class EventLog(Protocol):
+    """Where a run's events are read (``RunStore``): a page after an id, Redis first and the
+    archive once Redis has none; a blocking wait for new ones; the run's head."""
+
+    def read_events(self, run_id: str, after: str = ..., count: int = ...) -> list[tuple[str, Event]]: ...
+
+    def wait_events(self, run_id: str, after: str, timeout_s: float) -> list[tuple[str, Event]]: ...
+
+    def load(self, run_id: str) -> _Head | None: ...
+
+
+def read_all_events(
+    log: EventLog, run_id: str, after: str = "0-0", page: int = EVENTS_PAGE
+) -> Iterator[tuple[str, Event]]:
+    """Every stored event of the run after ``after``, with its stream id, a page at a time."""
+    while True:
+        batch = log.read_events(run_id, after=after, count=page)
+        yield from batch
+        if len(batch) < page:
+            return
+        after = batch[-1][0]  # a full page: there may be more
+
+
+def follow_events(
+    log: EventLog, run_id: str, after: str = "0-0", idle_timeout: float | None = None
+) -> Iterator[tuple[str, Event]]:
+    """The run's events after ``after``, live until its end event (``idle_timeout``: or until
+    nothing arrived for that long), each with its stream id."""
+    cursor = after
+    idle_since = time.monotonic()
+    while True:
+        batch = log.read_events(run_id, after=cursor, count=EVENTS_PAGE)
+        if not batch:
+            batch = log.wait_events(run_id, after=cursor, timeout_s=_WAIT_S)
+        for event_id, event in batch:
+            cursor = event_id
+            yield event_id, event
+            if event.kind in END_EVENTS:
+                return
+        if batch:
+            idle_since = time.monotonic()
+            continue
+        # Nothing new: the end event is committed atomically with the terminal head, so a
+        # terminal run with nothing left to read has had its stream trimmed or expired.
+        head = log.load(run_id)
+        if head is None or head.terminal:
+            yield from log.read_events(run_id, after=cursor)
+            return
+        if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
+            return

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from shared.events import Event
+from shared.events import Event, read_all_events
 from shared.messages import Message
 from shared.state import CallbackState, RunHead, ToolResult
 from shared.store import RunStore
@@ -21,9 +21,6 @@ from shared.store import RunStore
 __all__ = ["EXPORT_FORMAT", "ExportedEvent", "ExportedResult", "RunExport", "export_run"]
 
 EXPORT_FORMAT: Literal["wesichain.run.v1"] = "wesichain.run.v1"
-
-#: Events read per round trip.
-_PAGE = 1000
 
 
 class ExportedEvent(BaseModel):
@@ -53,14 +50,9 @@ def export_run(store: RunStore, run_id: str) -> RunExport | None:
     head = store.load(run_id)
     if head is None:
         return None
-    events: list[ExportedEvent] = []
-    after = "0-0"
-    while True:
-        batch = store.read_events(run_id, after=after, count=_PAGE)
-        events += [ExportedEvent(stream_id=stream_id, event=event) for stream_id, event in batch]
-        if len(batch) < _PAGE:
-            break
-        after = batch[-1][0]
+    events = [
+        ExportedEvent(stream_id=stream_id, event=event) for stream_id, event in read_all_events(store, run_id)
+    ]
     callback = store.callback_state(run_id)
     return RunExport(
         exported_at=time.time(),
