@@ -24,14 +24,15 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from typing import Any, NamedTuple, TypeVar
 
 import httpx
 
 from producer.client import NoLiveWorker, RequestConflict, RunNotFound, RunTimeout, UnknownAgent
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
+from shared.llm.framing import SseParser
 from shared.state import Callback, Decision, Phase, RunHead
 from shared.timeline import Timeline
 from shared.wire import AgentView, PipelineList, RunList, RunView
@@ -150,29 +151,6 @@ def _list_params(**filters: Any) -> dict[str, Any]:
     return {k: v for k, v in filters.items() if v is not None}
 
 
-def _event(data: str) -> Event:
-    raw = json.loads(data)
-    event = EVENT_ADAPTER.validate_python(raw)
-    event.stream_id = str(raw["id"])
-    return event
-
-
-class _SseParser:
-    """Server-Sent Events from lines: the ``data`` of each message, and the last ``id`` seen."""
-
-    def __init__(self) -> None:
-        self.data: list[str] = []
-
-    def feed(self, line: str) -> str | None:
-        """A message's data when ``line`` ends one."""
-        if line == "":
-            data, self.data = "\n".join(self.data), []
-            return data or None
-        if line.startswith("data:"):
-            self.data.append(line[5:].removeprefix(" "))
-        return None
-
-
 def _decision_path(run_id: str, decision: Decision) -> str:
     return f"/v1/runs/{run_id}/{'approve' if decision.approve else 'deny'}"
 
@@ -223,17 +201,219 @@ def _env(url: str | None, key: str | None) -> tuple[str, str | None]:
     return url.rstrip("/"), key if key is not None else os.environ.get(ENV_API_KEY)
 
 
+# -- requests and their answers, for both clients --------------------------------------------------
+
+_T = TypeVar("_T")
+
+
+class _Request(NamedTuple):
+    """One request to the API: what ``httpx``'s ``request`` takes."""
+
+    method: str
+    path: str
+    kwargs: dict[str, Any] = {}
+
+
+#: An operation of the API, written once for both clients: a generator that yields the requests
+#: it needs (each is sent the answer, errors already raised) or seconds to pause, and returns its
+#: result. ``ApiClient`` runs it with blocking calls, ``AsyncClient`` awaiting them.
+_Op = Generator[_Request | float, Any, _T]
+
+
+def _parsed(request: _Request, parse: Callable[[httpx.Response], _T]) -> _Op[_T]:
+    response = yield request
+    return parse(response)
+
+
+class _ClientBase:
+    """What both clients share: the URL and key, the requests and how their answers read."""
+
+    def __init__(
+        self, url: str | None, key: str | None, timeout: float, httpx_options: dict[str, Any]
+    ) -> None:
+        self.url, key = _env(url, key)
+        self._http_options: dict[str, Any] = {
+            "base_url": self.url,
+            "headers": _headers(key),
+            "timeout": timeout,
+            **httpx_options,
+        }
+
+    def _submit(
+        self,
+        agent: str,
+        input: str,
+        thread_id: str | None,
+        metadata: dict[str, Any] | None,
+        model: str | None,
+        callback: Callback | dict[str, Any] | None,
+        idempotency_key: str | None,
+        namespace: str | None,
+    ) -> _Op[str]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        body = _submit_body(agent, input, thread_id, metadata, model, callback, namespace)
+        request = _Request("POST", "/v1/runs", {"json": body, "headers": headers})
+        return _parsed(request, lambda r: RunView.model_validate_json(r.content).run_id)
+
+    @staticmethod
+    def _list_runs(**filters: Any) -> _Op[RunList]:
+        request = _Request("GET", "/v1/runs", {"params": _list_params(**filters)})
+        return _parsed(request, lambda r: RunList.model_validate_json(r.content))
+
+    @staticmethod
+    def _list_pipelines(**filters: Any) -> _Op[PipelineList]:
+        request = _Request("GET", "/v1/pipelines", {"params": _list_params(**filters)})
+        return _parsed(request, lambda r: PipelineList.model_validate_json(r.content))
+
+    @staticmethod
+    def _agents() -> _Op[list[AgentView]]:
+        return _parsed(
+            _Request("GET", "/v1/agents"), lambda r: [AgentView.model_validate(a) for a in r.json()["agents"]]
+        )
+
+
+class _RunOps:
+    """One run's operations over the API, for both run handles."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+    def _view(self) -> _Op[RunView]:
+        return _parsed(
+            _Request("GET", f"/v1/runs/{self.run_id}"), lambda r: RunView.model_validate_json(r.content)
+        )
+
+    def _status(self) -> _Op[RunHead]:
+        return _head((yield from self._view()))
+
+    def _checkpoints(self) -> _Op[list[RunHead]]:
+        heads: list[RunHead] = []
+        after: int | None = 0
+        while after is not None:
+            response = yield _Request(
+                "GET", f"/v1/runs/{self.run_id}/checkpoints", {"params": {"after_version": after}}
+            )
+            page = response.json()
+            heads.extend(_head(RunView.model_validate(c)) for c in page["checkpoints"])
+            after = page["next_after_version"]
+        return heads
+
+    def _timeline(self) -> _Op[Timeline]:
+        return _parsed(
+            _Request("GET", f"/v1/runs/{self.run_id}/timeline"),
+            lambda r: Timeline.model_validate_json(r.content),
+        )
+
+    def _wait(self, timeout: float) -> _Op[RunHead]:
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            head = yield from self._status()
+            if head.terminal:
+                return head
+            if time.monotonic() >= deadline:
+                raise RunTimeout(f"run {self.run_id} still {head.phase.value} after {timeout}s")
+            yield min(delay, max(0.0, deadline - time.monotonic()))
+            delay = min(delay * 2, 0.2)
+
+    def _cancel(self) -> _Op[Phase | None]:
+        return _parsed(
+            _Request("POST", f"/v1/runs/{self.run_id}/cancel"),
+            lambda r: Phase(RunView.model_validate_json(r.content).phase),
+        )
+
+    def _decide(self, decision: Decision) -> _Op[None]:
+        yield _Request("POST", _decision_path(self.run_id, decision), {"json": _decision_body(decision)})
+
+    def _page(self, cursor: str) -> _Request:
+        """A page of stored events after ``cursor`` (the JSON mode of the events endpoint)."""
+        return _Request("GET", f"/v1/runs/{self.run_id}/events", {"params": {"after": cursor, "limit": 500}})
+
+
+def _page_events(response: httpx.Response) -> tuple[list[Event], bool]:
+    """A page's events, and whether it was the last."""
+    page = response.json()
+    events = []
+    for raw in page["events"]:
+        event = EVENT_ADAPTER.validate_python(raw)
+        event.stream_id = str(raw["id"])
+        events.append(event)
+    return events, bool(page["ended"] or not page["events"])
+
+
+def _sse_event(data: str) -> Event:
+    raw = json.loads(data)
+    event = EVENT_ADAPTER.validate_python(raw)
+    event.stream_id = str(raw["id"])
+    return event
+
+
+class _Follow:
+    """Following a run's event stream, without the I/O: each attempt's request, its answer's
+    events, and whether (and after how long) a failed attempt is resumed."""
+
+    #: What ends an attempt to be resumed (or, for ``ReadTimeout``, ends following).
+    RETRIED = (httpx.ReadTimeout, *_DROPPED, ApiRequestError)
+
+    def __init__(
+        self, run_id: str, after: str, connect_timeout: float | None, idle_timeout: float | None
+    ) -> None:
+        self.path = f"/v1/runs/{run_id}/events"
+        self.run_id = run_id
+        self.cursor = after
+        self.timeout = httpx.Timeout(connect_timeout, read=idle_timeout)
+        self.resumer = _Resumer()
+        self.ended = False
+        self.parser = SseParser()
+
+    def headers(self) -> dict[str, str]:
+        return {"Accept": "text/event-stream", "Last-Event-ID": self.cursor}
+
+    def opened(self, response: httpx.Response) -> bool:
+        """Whether the stream has events to read (its body read already when it is an error)."""
+        if response.status_code == 204:
+            return False  # resumed after the end event
+        _raise_for(response)
+        self.resumer.ok()
+        self.parser = SseParser()
+        return True
+
+    def events(self, chunk: bytes) -> Iterator[Event]:
+        """The events completed by ``chunk``, up to the run's end event."""
+        for message in self.parser.feed(chunk):
+            event = _sse_event(message.data)
+            self.cursor = event.stream_id or self.cursor
+            yield event
+            if event.kind in END_EVENTS:
+                self.ended = True
+                return
+
+    def ended_early(self) -> _StreamEnded:
+        # Ended before the end event. If the run ended and its remaining events were trimmed,
+        # the resume is answered 204; otherwise it carries on.
+        return _StreamEnded(f"the event stream of run {self.run_id} ended early")
+
+    def pause(self, exc: Exception) -> float | None:
+        """Seconds to wait before resuming after ``exc``; None: stop (idle for ``idle_timeout``).
+        Re-raises what is not a drop to resume after."""
+        if isinstance(exc, httpx.ReadTimeout):
+            return None
+        if isinstance(exc, ApiRequestError) and not _resumable(exc):
+            raise exc
+        return self.resumer.pause(exc)
+
+
 # -- sync ------------------------------------------------------------------------------------------
 
 
-class ApiClient:
+class ApiClient(_ClientBase):
     """The HTTP API, synchronously: the Redis client's surface with an API key."""
 
     def __init__(
         self, url: str | None = None, key: str | None = None, *, timeout: float = 30.0, **httpx_options: Any
     ) -> None:
-        self.url, key = _env(url, key)
-        self.http = httpx.Client(base_url=self.url, headers=_headers(key), timeout=timeout, **httpx_options)
+        super().__init__(url, key, timeout, httpx_options)
+        self.http = httpx.Client(**self._http_options)
 
     @classmethod
     def from_env(cls) -> ApiClient:
@@ -254,6 +434,20 @@ class ApiClient:
         _raise_for(response)
         return response
 
+    def _run(self, op: _Op[_T]) -> _T:
+        answer: httpx.Response | None = None
+        try:
+            while True:
+                step = op.send(answer)
+                if isinstance(step, _Request):
+                    answer = self._call(step.method, step.path, **step.kwargs)
+                else:
+                    answer = None
+                    time.sleep(step)
+        except StopIteration as done:
+            result: _T = done.value
+            return result
+
     def submit(
         self,
         agent: str,
@@ -268,10 +462,8 @@ class ApiClient:
     ) -> ApiRunHandle:
         """Start a run; with ``idempotency_key`` a retried submit returns the same run; with
         ``namespace``, on that queue namespace (one the key's tenant is allowed: else 403)."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        body = _submit_body(agent, input, thread_id, metadata, model, callback, namespace)
-        view = RunView.model_validate_json(self._call("POST", "/v1/runs", json=body, headers=headers).content)
-        return ApiRunHandle(self, view.run_id)
+        op = self._submit(agent, input, thread_id, metadata, model, callback, idempotency_key, namespace)
+        return ApiRunHandle(self, self._run(op))
 
     def handle(self, run_id: str) -> ApiRunHandle:
         return ApiRunHandle(self, run_id)
@@ -286,10 +478,11 @@ class ApiClient:
         cursor: str | None = None,
         limit: int = 50,
     ) -> RunList:
-        params = _list_params(
-            agent=agent, status=status, thread_id=thread_id, since=since, cursor=cursor, limit=limit
+        return self._run(
+            self._list_runs(
+                agent=agent, status=status, thread_id=thread_id, since=since, cursor=cursor, limit=limit
+            )
         )
-        return RunList.model_validate_json(self._call("GET", "/v1/runs", params=params).content)
 
     def list_pipelines(
         self,
@@ -301,58 +494,47 @@ class ApiClient:
         limit: int = 50,
     ) -> PipelineList:
         """The caller's pipeline runs, newest first (``pipeline``: only runs of that pipeline)."""
-        params = _list_params(pipeline=pipeline, status=status, since=since, cursor=cursor, limit=limit)
-        return PipelineList.model_validate_json(self._call("GET", "/v1/pipelines", params=params).content)
+        return self._run(
+            self._list_pipelines(pipeline=pipeline, status=status, since=since, cursor=cursor, limit=limit)
+        )
 
     def agents(self) -> list[AgentView]:
-        return [AgentView.model_validate(a) for a in self._call("GET", "/v1/agents").json()["agents"]]
+        return self._run(self._agents())
 
 
-class ApiRunHandle:
+class ApiRunHandle(_RunOps):
     """One run over the API: its status, its events, and the cancel and approval verbs."""
 
     def __init__(self, client: ApiClient, run_id: str) -> None:
+        super().__init__(run_id)
         self.client = client
-        self.run_id = run_id
 
     def __repr__(self) -> str:
         return f"ApiRunHandle({self.run_id!r})"
 
     def view(self) -> RunView:
-        return RunView.model_validate_json(self.client._call("GET", f"/v1/runs/{self.run_id}").content)
+        return self.client._run(self._view())
 
     def status(self) -> RunHead:
-        return _head(self.view())
+        return self.client._run(self._status())
 
     def checkpoints(self) -> list[RunHead]:
         """Every committed state, in version order (read a page at a time)."""
-        heads: list[RunHead] = []
-        after: int | None = 0
-        while after is not None:
-            page = self.client._call(
-                "GET", f"/v1/runs/{self.run_id}/checkpoints", params={"after_version": after}
-            ).json()
-            heads.extend(_head(RunView.model_validate(c)) for c in page["checkpoints"])
-            after = page["next_after_version"]
-        return heads
+        return self.client._run(self._checkpoints())
 
     def timeline(self) -> Timeline:
         """Where the run's time went (see ``RunHandle.timeline``)."""
-        return Timeline.model_validate_json(
-            self.client._call("GET", f"/v1/runs/{self.run_id}/timeline").content
-        )
+        return self.client._run(self._timeline())
 
     def _paged(self, cursor: str) -> Iterator[Event]:
         """The stored events after ``cursor``, page by page (the JSON mode of the events endpoint)."""
         while True:
-            page = self.client._call(
-                "GET", f"/v1/runs/{self.run_id}/events", params={"after": cursor, "limit": 500}
-            ).json()
-            for raw in page["events"]:
-                event = EVENT_ADAPTER.validate_python(raw)
-                event.stream_id = cursor = str(raw["id"])
+            request = self._page(cursor)
+            events, last = _page_events(self.client._call(request.method, request.path, **request.kwargs))
+            for event in events:
+                cursor = event.stream_id or cursor
                 yield event
-            if page["ended"] or not page["events"]:
+            if last:
                 return
 
     def events(
@@ -366,54 +548,29 @@ class ApiRunHandle:
         if not follow:
             yield from self._paged(after)
             return
-        cursor = after
-        timeout = httpx.Timeout(self.client.http.timeout.connect, read=idle_timeout)
-        resumer = _Resumer()
+        f = _Follow(self.run_id, after, self.client.http.timeout.connect, idle_timeout)
         while True:
-            headers = {"Accept": "text/event-stream", "Last-Event-ID": cursor}
             try:
                 with self.client.http.stream(
-                    "GET", f"/v1/runs/{self.run_id}/events", headers=headers, timeout=timeout
+                    "GET", f.path, headers=f.headers(), timeout=f.timeout
                 ) as response:
-                    if response.status_code == 204:
-                        return
                     if response.status_code >= 400:
                         response.read()
-                        _raise_for(response)
-                    resumer.ok()
-                    parser = _SseParser()
-                    for line in response.iter_lines():
-                        data = parser.feed(line)
-                        if data is None:
-                            continue
-                        event = _event(data)
-                        cursor = event.stream_id or cursor
-                        yield event
-                        if event.kind in END_EVENTS:
+                    if not f.opened(response):
+                        return
+                    for chunk in response.iter_bytes():
+                        yield from f.events(chunk)
+                        if f.ended:
                             return
-                    # Ended before the end event. If the run ended and its remaining events were
-                    # trimmed, the resume is answered 204; otherwise it carries on.
-                    raise _StreamEnded(f"the event stream of run {self.run_id} ended early")
-            except httpx.ReadTimeout:
-                return  # idle for idle_timeout
-            except _DROPPED as exc:
-                time.sleep(resumer.pause(exc))  # dropped: resume after the last event received
-            except ApiRequestError as exc:
-                if not _resumable(exc):
-                    raise
-                time.sleep(resumer.pause(exc))
+                    raise f.ended_early()
+            except _Follow.RETRIED as exc:
+                pause = f.pause(exc)
+                if pause is None:
+                    return
+                time.sleep(pause)  # dropped: resume after the last event received
 
     def wait(self, timeout: float = 60.0) -> RunHead:
-        deadline = time.monotonic() + timeout
-        delay = 0.01
-        while True:
-            head = self.status()
-            if head.terminal:
-                return head
-            if time.monotonic() >= deadline:
-                raise RunTimeout(f"run {self.run_id} still {head.phase.value} after {timeout}s")
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 0.2)
+        return self.client._run(self._wait(timeout))
 
     def why_waiting(self) -> str | None:
         """Only operators (on Redis) can see the workers: nothing to say over the API."""
@@ -421,10 +578,7 @@ class ApiRunHandle:
 
     def cancel(self) -> Phase | None:
         """Ask the run to stop; the phase it was in (an ended run raises :class:`ApiRequestError`)."""
-        view = RunView.model_validate_json(
-            self.client._call("POST", f"/v1/runs/{self.run_id}/cancel").content
-        )
-        return Phase(view.phase)
+        return self.client._run(self._cancel())
 
     def approve(self, note: str = "", *, always: bool = False) -> None:
         """``always``: the tools of these calls need no approval again for the rest of the run."""
@@ -434,22 +588,20 @@ class ApiRunHandle:
         self.decide(Decision(approve=False, note=note))
 
     def decide(self, decision: Decision) -> None:
-        self.client._call("POST", _decision_path(self.run_id, decision), json=_decision_body(decision))
+        self.client._run(self._decide(decision))
 
 
 # -- async -----------------------------------------------------------------------------------------
 
 
-class AsyncClient:
+class AsyncClient(_ClientBase):
     """The HTTP API for asyncio services: the same surface as :class:`ApiClient`, awaited."""
 
     def __init__(
         self, url: str | None = None, key: str | None = None, *, timeout: float = 30.0, **httpx_options: Any
     ) -> None:
-        self.url, key = _env(url, key)
-        self.http = httpx.AsyncClient(
-            base_url=self.url, headers=_headers(key), timeout=timeout, **httpx_options
-        )
+        super().__init__(url, key, timeout, httpx_options)
+        self.http = httpx.AsyncClient(**self._http_options)
 
     @classmethod
     def from_env(cls) -> AsyncClient:
@@ -469,6 +621,20 @@ class AsyncClient:
         _raise_for(response)
         return response
 
+    async def _run(self, op: _Op[_T]) -> _T:
+        answer: httpx.Response | None = None
+        try:
+            while True:
+                step = op.send(answer)
+                if isinstance(step, _Request):
+                    answer = await self._call(step.method, step.path, **step.kwargs)
+                else:
+                    answer = None
+                    await asyncio.sleep(step)
+        except StopIteration as done:
+            result: _T = done.value
+            return result
+
     async def submit(
         self,
         agent: str,
@@ -481,10 +647,8 @@ class AsyncClient:
         idempotency_key: str | None = None,
         namespace: str | None = None,
     ) -> AsyncRunHandle:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        body = _submit_body(agent, input, thread_id, metadata, model, callback, namespace)
-        response = await self._call("POST", "/v1/runs", json=body, headers=headers)
-        return AsyncRunHandle(self, RunView.model_validate_json(response.content).run_id)
+        op = self._submit(agent, input, thread_id, metadata, model, callback, idempotency_key, namespace)
+        return AsyncRunHandle(self, await self._run(op))
 
     def handle(self, run_id: str) -> AsyncRunHandle:
         return AsyncRunHandle(self, run_id)
@@ -499,10 +663,11 @@ class AsyncClient:
         cursor: str | None = None,
         limit: int = 50,
     ) -> RunList:
-        params = _list_params(
-            agent=agent, status=status, thread_id=thread_id, since=since, cursor=cursor, limit=limit
+        return await self._run(
+            self._list_runs(
+                agent=agent, status=status, thread_id=thread_id, since=since, cursor=cursor, limit=limit
+            )
         )
-        return RunList.model_validate_json((await self._call("GET", "/v1/runs", params=params)).content)
 
     async def list_pipelines(
         self,
@@ -513,100 +678,65 @@ class AsyncClient:
         cursor: str | None = None,
         limit: int = 50,
     ) -> PipelineList:
-        params = _list_params(pipeline=pipeline, status=status, since=since, cursor=cursor, limit=limit)
-        response = await self._call("GET", "/v1/pipelines", params=params)
-        return PipelineList.model_validate_json(response.content)
+        return await self._run(
+            self._list_pipelines(pipeline=pipeline, status=status, since=since, cursor=cursor, limit=limit)
+        )
 
     async def agents(self) -> list[AgentView]:
-        body = (await self._call("GET", "/v1/agents")).json()
-        return [AgentView.model_validate(a) for a in body["agents"]]
+        return await self._run(self._agents())
 
 
-class AsyncRunHandle:
+class AsyncRunHandle(_RunOps):
     def __init__(self, client: AsyncClient, run_id: str) -> None:
+        super().__init__(run_id)
         self.client = client
-        self.run_id = run_id
 
     def __repr__(self) -> str:
         return f"AsyncRunHandle({self.run_id!r})"
 
     async def view(self) -> RunView:
-        response = await self.client._call("GET", f"/v1/runs/{self.run_id}")
-        return RunView.model_validate_json(response.content)
+        return await self.client._run(self._view())
 
     async def status(self) -> RunHead:
-        return _head(await self.view())
+        return await self.client._run(self._status())
 
     async def checkpoints(self) -> list[RunHead]:
         """Every committed state, in version order (read a page at a time)."""
-        heads: list[RunHead] = []
-        after: int | None = 0
-        while after is not None:
-            response = await self.client._call(
-                "GET", f"/v1/runs/{self.run_id}/checkpoints", params={"after_version": after}
-            )
-            page = response.json()
-            heads.extend(_head(RunView.model_validate(c)) for c in page["checkpoints"])
-            after = page["next_after_version"]
-        return heads
+        return await self.client._run(self._checkpoints())
 
     async def timeline(self) -> Timeline:
         """Where the run's time went (see ``RunHandle.timeline``)."""
-        response = await self.client._call("GET", f"/v1/runs/{self.run_id}/timeline")
-        return Timeline.model_validate_json(response.content)
+        return await self.client._run(self._timeline())
 
     async def events(self, *, after: str = "0-0", idle_timeout: float | None = None) -> AsyncIterator[Event]:
         """Every event after ``after``, live until the end event, resumed after a dropped stream."""
-        cursor = after
-        timeout = httpx.Timeout(self.client.http.timeout.connect, read=idle_timeout)
-        resumer = _Resumer()
+        f = _Follow(self.run_id, after, self.client.http.timeout.connect, idle_timeout)
         while True:
-            headers = {"Accept": "text/event-stream", "Last-Event-ID": cursor}
             try:
                 async with self.client.http.stream(
-                    "GET", f"/v1/runs/{self.run_id}/events", headers=headers, timeout=timeout
+                    "GET", f.path, headers=f.headers(), timeout=f.timeout
                 ) as response:
-                    if response.status_code == 204:
-                        return
                     if response.status_code >= 400:
                         await response.aread()
-                        _raise_for(response)
-                    resumer.ok()
-                    parser = _SseParser()
-                    async for line in response.aiter_lines():
-                        data = parser.feed(line)
-                        if data is None:
-                            continue
-                        event = _event(data)
-                        cursor = event.stream_id or cursor
-                        yield event
-                        if event.kind in END_EVENTS:
+                    if not f.opened(response):
+                        return
+                    async for chunk in response.aiter_bytes():
+                        for event in f.events(chunk):
+                            yield event
+                        if f.ended:
                             return
-                    raise _StreamEnded(f"the event stream of run {self.run_id} ended early")
-            except httpx.ReadTimeout:
-                return
-            except _DROPPED as exc:
-                await asyncio.sleep(resumer.pause(exc))
-            except ApiRequestError as exc:
-                if not _resumable(exc):
-                    raise
-                await asyncio.sleep(resumer.pause(exc))
+                    raise f.ended_early()
+            except _Follow.RETRIED as exc:
+                pause = f.pause(exc)
+                if pause is None:
+                    return
+                await asyncio.sleep(pause)
 
     async def wait(self, timeout: float = 60.0) -> RunHead:
-        deadline = time.monotonic() + timeout
-        delay = 0.01
-        while True:
-            head = await self.status()
-            if head.terminal:
-                return head
-            if time.monotonic() >= deadline:
-                raise RunTimeout(f"run {self.run_id} still {head.phase.value} after {timeout}s")
-            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 0.2)
+        return await self.client._run(self._wait(timeout))
 
     async def cancel(self) -> Phase | None:
-        response = await self.client._call("POST", f"/v1/runs/{self.run_id}/cancel")
-        return Phase(RunView.model_validate_json(response.content).phase)
+        return await self.client._run(self._cancel())
 
     async def approve(self, note: str = "", *, always: bool = False) -> None:
         await self.decide(Decision(approve=True, note=note, always=always))
@@ -615,4 +745,4 @@ class AsyncRunHandle:
         await self.decide(Decision(approve=False, note=note))
 
     async def decide(self, decision: Decision) -> None:
-        await self.client._call("POST", _decision_path(self.run_id, decision), json=_decision_body(decision))
+        await self.client._run(self._decide(decision))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,8 +120,13 @@ class SseEvent:
 @dataclass
 class SseParser:
     """Server-sent events as the WHATWG spec frames them: fields per line, blank line dispatches,
-    ``:`` comments ignored, multi-line ``data`` joined with newlines."""
+    ``:`` comments skipped (or handed to ``on_comment``), multi-line ``data`` joined with newlines.
 
+    The one SSE parser of the code base: the model providers' streams, the API clients' run event
+    streams and the tests' reading of the API's streams all go through it."""
+
+    #: Called with each comment's text (the API's ``: keep-alive``), for a reader that counts them.
+    on_comment: Callable[[str], None] | None = None
     _lines: LineSplitter = field(default_factory=LineSplitter)
     _event: str = ""
     _data: list[str] = field(default_factory=list)
@@ -143,6 +149,8 @@ class SseParser:
         if line == "":
             return self._dispatch()
         if line.startswith(":"):
+            if self.on_comment is not None:
+                self.on_comment(line[1:].strip())
             return None
         name, _, value = line.partition(":")
         value = value.removeprefix(" ")
