@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from shared.events import Event, dump_event, load_event
+from shared.events import Event, dump_event, load_event, stream_after
 from shared.store.base import StoreCore, _s
 
 __all__ = [
@@ -35,9 +35,7 @@ class EventsMixin(StoreCore):
             pipe.execute()
 
     def read_events(self, run_id: str, after: str = "0-0", count: int = 1000) -> list[tuple[str, Event]]:
-        raw = self.redis.xrange(
-            self.keys.events(run_id), min=f"({after}" if after != "0-0" else "-", count=count
-        )
+        raw = self.redis.xrange(self.keys.events(run_id), min=stream_after(after), count=count)
         if not raw and (archive := self._archived(run_id)) is not None:
             return archive.events(run_id, after, count)
         return _entries(raw)
