@@ -17,7 +17,7 @@ import json
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from benchmarks.harness import Cluster, new_prefix, run_and_wait
 from benchmarks.scenarios import _run_bytes
@@ -56,8 +56,9 @@ def measure(cluster: Cluster) -> dict[str, Any]:
         direct, _ = run_and_wait(client, "direct", "hi")
         direct_bytes = _run_bytes(client, direct.run_id)
         r, keys = client.store.redis, client.store.keys
-        messages = r.lrange(keys.messages(last), 0, -1)
-        events = r.xrange(keys.events(last))
+        # The store's client decodes its replies: text, never bytes.
+        messages = cast(list[str], r.lrange(keys.messages(last), 0, -1))
+        events = cast(list[tuple[str, dict[str, str]]], r.xrange(keys.events(last)))
         message_json = sum(len(m.encode()) for m in messages)
         event_json = sum(len(fields["e"].encode()) for _, fields in events)
         kinds = sorted({load_event(fields["e"]).kind for _, fields in events})

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -10,7 +13,7 @@ import tests.broker  # noqa: F401  (installs the session's broker rule)
 from tests.harness import wait_until
 from worker.testing.api import ApiProcess, bearer
 
-__all__ = ["ApiProcess", "bearer", "wait_status"]
+__all__ = ["END", "SSE", "ApiProcess", "Frame", "bearer", "frames", "wait_status"]
 
 
 def wait_status(http: httpx.Client, run_id: str, statuses: set[str], timeout: float = 60) -> dict[str, Any]:
@@ -26,3 +29,39 @@ def wait_status(http: httpx.Client, run_id: str, statuses: set[str], timeout: fl
         reached, timeout=timeout, interval=0.05, what=f"run {run_id} to be {statuses}"
     )
     return run
+
+
+# -- Server-Sent Events ---------------------------------------------------------------------------
+
+END = {"Completed", "Failed", "Interrupted"}
+SSE = {"accept": "text/event-stream"}
+
+
+@dataclass
+class Frame:
+    id: str | None = None
+    data: str = ""
+    comments: list[str] = field(default_factory=list)
+
+    @property
+    def event(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.data)
+        return value
+
+
+def frames(response: httpx.Response) -> Iterator[Frame]:
+    """The SSE messages of a response (comments and retry hints as frames without data)."""
+    frame = Frame()
+    for line in response.iter_lines():
+        if line == "":
+            yield frame
+            frame = Frame()
+        elif line.startswith(":"):
+            frame.comments.append(line[1:].strip())
+        else:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "id":
+                frame.id = value
+            elif name == "data":
+                frame.data += value

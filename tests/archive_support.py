@@ -14,9 +14,13 @@ from typing import Any
 import pytest
 
 from producer.client import Client
-from shared.events import Event
-from shared.messages import Message
-from shared.state import CallbackState, RunHead, ToolResult
+from shared.archive import RunRecord
+from shared.errors import RunErrorInfo
+from shared.evals.store import EvalStore
+from shared.events import Completed, Event, RunStarted, StepStarted
+from shared.llm.base import Usage
+from shared.messages import AssistantMessage, Message, SystemMessage, UserMessage
+from shared.state import CallbackState, Phase, RunHead, ToolResult
 
 # Runs made straight on a store live in the testing package (the archive benchmark makes them too).
 from worker.testing.runs import ended_run, live_run
@@ -27,7 +31,10 @@ __all__ = [
     "FullRead",
     "archive_url",
     "ended_run",
+    "eval_keys",
     "full_read",
+    "sample_record",
+    "stamped",
     "live_run",
     "postgres_database",
     "set_connections",
@@ -125,4 +132,75 @@ def full_read(client: Client, run_id: str) -> FullRead:
         callback=handle.callback(),
         listed=listed(agent=status.agent),
         listed_by_status=listed(status=status.status),
+    )
+
+
+# -- records and evals as the archive holds them -------------------------------------------------
+
+
+def stamped(stream_id: str, event: Event) -> tuple[str, Event]:
+    event.stream_id = stream_id
+    return stream_id, event
+
+
+def sample_record(
+    run_id: str,
+    created_ms: int,
+    *,
+    tenant: str | None = "acme",
+    agent: str = "a",
+    thread_id: str | None = None,
+    **head: object,
+) -> RunRecord:
+    start = RunHead.new_idle(run_id, agent, "question", tenant=tenant, thread_id=thread_id)
+    done = start.model_copy(
+        update={"phase": Phase.COMPLETED, "version": 3, "step": 1, "answer": "42", **head}
+    )
+    return RunRecord(
+        head=done,
+        created_ms=created_ms,
+        messages=[
+            SystemMessage(content="sys"),
+            UserMessage(content="question"),
+            AssistantMessage(content="42"),
+        ],
+        checkpoints=[start, start.model_copy(update={"version": 2}), done.model_copy(update={"epoch": 0})],
+        events=[
+            stamped(
+                f"{created_ms}-0",
+                RunStarted(run_id=run_id, step=0, agent=agent, agent_version="1", model="m"),
+            ),
+            stamped(f"{created_ms}-1", StepStarted(run_id=run_id, step=1)),
+            stamped(f"{created_ms + 5}-0", Completed(run_id=run_id, step=1, answer="42", usage=Usage())),
+        ],
+        results=[
+            (1, ToolResult(call_id="b", name="add", ok=True, output="3")),
+            (
+                1,
+                ToolResult(
+                    call_id="a",
+                    name="add",
+                    ok=False,
+                    output="",
+                    error=RunErrorInfo(kind="ToolDispatch", message="no"),
+                ),
+            ),
+        ],
+        callback_state=CallbackState(status="delivered", attempts=2).model_dump_json(),
+    )
+
+
+def eval_keys(store: EvalStore, eval_id: str) -> int:
+    """How many of the eval's keys Redis holds."""
+    k = store.keys
+    return int(
+        store.redis.exists(
+            k.eval_meta(eval_id),
+            k.eval_cases(eval_id),
+            k.eval_pending(eval_id),
+            k.eval_slots(eval_id),
+            k.eval_scoring(eval_id),
+            k.eval_results(eval_id),
+            k.eval_counts(eval_id),
+        )
     )

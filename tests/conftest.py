@@ -60,7 +60,43 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[ENV_TEST_BROKER] = "rabbitmq"
 
 
+#: The lane of each directory of tests/ (docs/testing.md): its marker, applied to every test there,
+#: so ``-m unit`` or ``-m "not chaos"`` selects by directory. A module never restates its lane; its
+#: own marks add meaning (``redis_broker``, ``standalone_redis``, ``long``, ``soak``).
+LANES = {
+    "unit": "unit",
+    "integration": "integration",
+    "chaos": "chaos",
+    "console": "browser",
+    "capabilities": "capabilities",
+    "plugin": "plugin",
+    "inprocess": "inprocess",
+    "docker": "docker",
+}
+#: The modules at the top of tests/: the CLI, the embedded mode and the bundled examples as a user
+#: runs them; the eval report's module drives the browser as the console's do.
+LOOSE_LANE = "cli"
+LOOSE_LANES = {"test_eval_report.py": "browser"}
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def lane_of(path: str) -> str | None:
+    """The lane of a test module, from where it lies under tests/ (None outside tests/)."""
+    parts = os.path.relpath(os.path.abspath(path), TESTS).split(os.sep)
+    if parts[0] == os.pardir:
+        return None
+    if len(parts) == 1:
+        return LOOSE_LANES.get(parts[0], LOOSE_LANE)
+    if parts[0] not in LANES:
+        raise pytest.UsageError(f"tests/{parts[0]}/ has no lane: add it to LANES in tests/conftest.py")
+    return LANES[parts[0]]
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if (lane := lane_of(str(item.path))) is not None:
+            item.add_marker(getattr(pytest.mark, lane))
     skips: list[tuple[str, pytest.MarkDecorator]] = []
     if config.getoption("--broker", "redis") == "rabbitmq":
         skips.append(

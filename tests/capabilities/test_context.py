@@ -6,8 +6,6 @@ import os
 import signal
 import uuid
 
-import pytest
-
 from producer.client import Client
 from shared.context import exchanges
 from shared.messages import AssistantMessage, ToolMessage
@@ -21,8 +19,6 @@ from tests.agents_capabilities import (
     SUMMARY_CALLS_KEY,
 )
 from tests.harness import WorkerProcess, wait_until
-
-pytestmark = pytest.mark.integration
 
 TIMEOUT = 240
 

@@ -21,8 +21,6 @@ from shared.state import Phase, RunHead
 from tests.conftest import _need_redis
 from tests.harness import RedisServer, WorkerProcess, free_port, running, wait_until
 
-pytestmark = pytest.mark.integration
-
 AGENTS = "tests.agents_mcp"
 TIMEOUT = 90
 

@@ -22,8 +22,6 @@ from tests.agents_capabilities import (
 from tests.agents_fixture import EFFECTS_KEY
 from tests.harness import WorkerProcess, wait_until
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 60
 REFUSED = (
     "Error: the call was refused by BlockArguments:"

@@ -17,8 +17,6 @@ from shared.state import Phase
 from tests.agents_capabilities import HANG_FIRST, MODEL_CALLS_KEY, MODEL_PIDS_KEY, Verdict
 from tests.harness import WorkerProcess, wait_until
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 60
 
 

@@ -5,16 +5,12 @@ from __future__ import annotations
 import os
 import signal
 
-import pytest
-
 from producer.client import Client
 from shared.state import ParentLink, Phase
 from shared.subagents import child_run_id
 from tests.agents_capabilities import HANG_FIRST, MODEL_CALLS_KEY, MODEL_PIDS_KEY
 from tests.agents_fixture import EFFECTS_KEY
 from tests.harness import WorkerProcess, wait_until
-
-pytestmark = pytest.mark.integration
 
 TIMEOUT = 60
 

@@ -13,8 +13,6 @@ from shared.settings import ENV_AGENTS, ENV_REDIS_URL
 from shared.state import ForkOrigin, Phase
 from tests.harness import RedisServer
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 60
 PHASES = [
     "idle",

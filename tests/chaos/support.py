@@ -23,6 +23,7 @@ from producer.client import Client, RunHandle
 from shared.events import Event
 from shared.state import Phase, RunHead
 from tests.agents_fixture import EFFECTS_KEY, PIDS_KEY, STARTS_KEY
+from tests.broker import on_rabbitmq
 from tests.chaos.faults import pid_key
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.invariants import assert_event_invariants, committed, kinds
@@ -38,8 +39,6 @@ CHAOS_ENV = {
     "WESICHAIN_FAULT_PAUSE_S": "120",
     "WESICHAIN_HOOKS": "tests.chaos.faults:ChaosHooks",
 }
-#: Recovery must happen within the lease plus a few seconds; generous for a loaded 2-core box.
-RECOVERY_BOUND_S = 15.0
 #: How long a whole run may take, chaos included.
 RUN_TIMEOUT_S = 60.0
 
@@ -309,3 +308,73 @@ def wait_delivered(r: redis.Redis, task_ids: Iterable[str], timeout: float = 30)
 
 def monotonic_deadline(seconds: float) -> float:
     return time.monotonic() + seconds
+
+
+# -- runs of the duplicate-delivery shapes, and a Redis outage ------------------------------------
+
+
+def hop_kinds(calls_per_step: list[int]) -> list[str]:
+    """The committed events of a run whose steps make these many tool calls, then answer."""
+    out = ["RunStarted"]
+    for n in calls_per_step:
+        out += ["StepStarted", "ModelResponded", *["ToolDispatched"] * n, *["ToolCompleted"] * n]
+    return [*out, "StepStarted", "ModelResponded", "Completed"]
+
+
+SHAPES = {"one_hop": [1], "chain": [1, 1, 1], "parallel": [4], "late_delivery": [1, 1]}
+ANSWERS = {
+    "one_hop": "1 + 2 = 3",
+    "chain": "done after three hops",
+    "parallel": "all four done",
+    "late_delivery": "late deliveries changed nothing",
+}
+
+
+def check_clean_run(client: Client, run_id: str, agent: str) -> None:
+    """Completed exactly as a run without faults would: same events, each effect once."""
+    r = client.store.redis
+    handle = client.handle(run_id)
+    head = handle.wait(RUN_TIMEOUT_S)
+    events = events_of(handle)
+    assert head.phase is Phase.COMPLETED and head.answer == ANSWERS[agent], f"{run_id}: {head.phase}"
+    assert kinds(events) == hop_kinds(SHAPES[agent])
+    assert_event_invariants(events)
+    assert_terminal_matches_events(head, events)
+    for step, n in enumerate(SHAPES[agent], start=1):
+        for i in range(n):
+            key = idem(run_id, step, f"call_{i}")
+            assert effects(r, key) == 1, f"{key}: effect recorded {effects(r, key)} times"
+            assert starts(r, key) in (0, 1), f"{key}: started {starts(r, key)} times"  # add records no start
+        assert len(client.store.load_results(run_id, step)) == n
+
+
+LOST = "Connection to broker lost"
+#: What a worker logs when the run state's Redis does not answer its registry heartbeat.
+STATE_LOST = "registry heartbeat failed"
+
+
+def noticed(text: str) -> bool:
+    """Whether a worker's log says it lost Redis: as its broker (Celery's consumer), or, with
+    RabbitMQ as the broker, as its run state (its registry heartbeat failed)."""
+    return (STATE_LOST if on_rabbitmq() else LOST) in text
+
+
+def outage(server: RedisServer, workers: list[WorkerProcess]) -> float:
+    """Stop Redis, keep it down until every worker noticed (and had its chance to fail), start it again.
+
+    Returns when the server stopped.
+    """
+    offsets = {w.name: len(w.log()) for w in workers}
+
+    def reacted(w: WorkerProcess) -> bool:
+        text = w.log()[offsets[w.name] :]
+        if on_rabbitmq():  # its consumer is on RabbitMQ: nothing reconnects, it must stay up
+            return noticed(text) or not w.alive
+        # Either it is already trying to reconnect, or it died handling the loss.
+        return noticed(text) and ("Cannot connect" in text or not w.alive)
+
+    stopped_at = time.time()
+    server.stop()
+    wait_until(lambda: all(reacted(w) for w in workers), 30, what="every worker to notice the outage")
+    server.start()
+    return stopped_at

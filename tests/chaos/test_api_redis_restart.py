@@ -23,11 +23,10 @@ from shared.keys import Keys
 from shared.state import Phase
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess
-from tests.chaos.support import RUN_TIMEOUT_S, Cluster, idem, wait_tool_started
-from tests.chaos.test_redis_restart import outage
+from tests.chaos.support import RUN_TIMEOUT_S, Cluster, idem, outage, wait_tool_started
 from tests.harness import RedisServer, wait_until
 
-pytestmark = [pytest.mark.chaos, pytest.mark.standalone_redis]  # stops and restarts the one Redis
+pytestmark = pytest.mark.standalone_redis  # stops and restarts the one Redis
 
 FOLLOWERS = 3
 

@@ -37,9 +37,7 @@ from tests.api_support import ApiProcess, bearer
 from tests.archive_support import BACKENDS, FullRead, archive_url, full_read, set_connections
 from tests.broker import Settings, broker_env
 from tests.harness import ROOT, RedisServer, wait_until
-from tests.unit.test_store import commit, started
-
-pytestmark = pytest.mark.chaos
+from worker.testing.runs import commit, started
 
 RUNS = 25
 BATCH = 10

@@ -25,7 +25,7 @@ from tests.chaos.support import SOAK_REPORT, Cluster, pending_task_ids, queue_ke
 from tests.delivery_probe import DELIVERIES_KEY
 from tests.harness import wait_until
 
-pytestmark = [pytest.mark.chaos, pytest.mark.redis_broker]  # reads the Redis queue lists
+pytestmark = pytest.mark.redis_broker  # reads the Redis queue lists
 
 TERMINAL = {p.value for p in TERMINAL_PHASES}
 

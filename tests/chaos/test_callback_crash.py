@@ -20,8 +20,6 @@ from tests.chaos.faults import fired_key
 from tests.chaos.support import RUN_TIMEOUT_S, Cluster
 from tests.harness import free_port, wait_until
 
-pytestmark = pytest.mark.chaos
-
 
 @pytest.mark.parametrize("commit_publish", ["1", "0"], ids=["commit+publish", "commit-then-publish"])
 def test_the_callback_survives_a_crash_between_the_end_and_its_delivery(

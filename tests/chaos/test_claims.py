@@ -44,8 +44,6 @@ from tests.chaos.support import (
 from tests.harness import wait_until
 from tests.invariants import ONE_HOP
 
-pytestmark = pytest.mark.chaos
-
 
 def test_a_forged_worker_lost_redelivery_cannot_steal_a_live_claim(cluster: Cluster, client: Client) -> None:
     cluster.start(2, concurrency=2)

@@ -37,8 +37,6 @@ from tests.conftest import _need_redis
 from tests.harness import wait_until
 from tests.redis_cluster import ClusterStore, RedisCluster
 
-pytestmark = pytest.mark.chaos
-
 #: Runs of each kind placed on the doomed primary.
 RUNS = 2
 

@@ -19,14 +19,12 @@ from shared.state import Phase
 from tests.broker import Settings
 from tests.chaos.support import (
     RUN_TIMEOUT_S,
+    SHAPES,
     Cluster,
     RunSnapshot,
-    assert_event_invariants,
-    assert_terminal_matches_events,
+    check_clean_run,
     effects,
-    events_of,
     idem,
-    kinds,
     pending_task_ids,
     snapshot,
     starts,
@@ -38,45 +36,8 @@ from tests.conftest import _need_redis
 from tests.delivery_probe import DELIVERIES_KEY
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
-pytestmark = pytest.mark.chaos
-
 #: Leases long enough that no sweeper takeover mixes into the pure-duplicate test.
 CALM_ENV = {"WESICHAIN_LEASE_S": "10", "WESICHAIN_QUEUED_LEASE_S": "30"}
-
-
-def hop_kinds(calls_per_step: list[int]) -> list[str]:
-    """The committed events of a run whose steps make these many tool calls, then answer."""
-    out = ["RunStarted"]
-    for n in calls_per_step:
-        out += ["StepStarted", "ModelResponded", *["ToolDispatched"] * n, *["ToolCompleted"] * n]
-    return [*out, "StepStarted", "ModelResponded", "Completed"]
-
-
-SHAPES = {"one_hop": [1], "chain": [1, 1, 1], "parallel": [4], "late_delivery": [1, 1]}
-ANSWERS = {
-    "one_hop": "1 + 2 = 3",
-    "chain": "done after three hops",
-    "parallel": "all four done",
-    "late_delivery": "late deliveries changed nothing",
-}
-
-
-def check_clean_run(client: Client, run_id: str, agent: str) -> None:
-    """Completed exactly as a run without faults would: same events, each effect once."""
-    r = client.store.redis
-    handle = client.handle(run_id)
-    head = handle.wait(RUN_TIMEOUT_S)
-    events = events_of(handle)
-    assert head.phase is Phase.COMPLETED and head.answer == ANSWERS[agent], f"{run_id}: {head.phase}"
-    assert kinds(events) == hop_kinds(SHAPES[agent])
-    assert_event_invariants(events)
-    assert_terminal_matches_events(head, events)
-    for step, n in enumerate(SHAPES[agent], start=1):
-        for i in range(n):
-            key = idem(run_id, step, f"call_{i}")
-            assert effects(r, key) == 1, f"{key}: effect recorded {effects(r, key)} times"
-            assert starts(r, key) in (0, 1), f"{key}: started {starts(r, key)} times"  # add records no start
-        assert len(client.store.load_results(run_id, step)) == n
 
 
 #: Tasks a run of each agent needs without faults: start, then per step think + its calls + observe,

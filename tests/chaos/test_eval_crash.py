@@ -32,8 +32,6 @@ from tests.chaos.support import CHAOS_ENV
 from tests.eval_scorers import SCORED_KEY
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 
-pytestmark = pytest.mark.chaos
-
 AGENTS = "tests.agents_evals"
 CASES = 120
 CAP = 8

@@ -23,8 +23,6 @@ from tests.broker import Settings
 from tests.chaos.support import CHAOS_ENV, wait_paused
 from tests.harness import RedisServer, WorkerProcess
 
-pytestmark = pytest.mark.chaos
-
 AGENTS = "tests.agents_evals"
 NAMESPACE = "nightly-chaos"
 CASES = 6

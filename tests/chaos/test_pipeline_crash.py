@@ -23,8 +23,6 @@ from tests.broker import Settings
 from tests.chaos.support import CHAOS_ENV
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
-pytestmark = pytest.mark.chaos
-
 AGENTS = "tests.agents_pipelines"
 ITEMS = 30
 CAP = 6

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import redis
 
 from producer.client import Client, RunHandle
@@ -24,18 +23,17 @@ from tests.agents_fixture import ATTEMPT_PIDS_KEY
 from tests.broker import Settings
 from tests.chaos.support import (
     RUN_TIMEOUT_S,
+    SHAPES,
     Cluster,
     assert_event_invariants,
     assert_terminal_matches_events,
+    check_clean_run,
     events_of,
     idem,
     is_running,
     kinds,
     starts,
 )
-from tests.chaos.test_duplicates import SHAPES, check_clean_run
-
-pytestmark = pytest.mark.chaos
 
 BYSTANDERS = ["one_hop", "chain", "parallel", "one_hop", "chain", "one_hop"]
 POISONED = ["RunStarted", "StepStarted", "ModelResponded", "ToolDispatched"]

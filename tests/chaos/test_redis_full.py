@@ -37,7 +37,7 @@ from tests.harness import RedisServer, wait_until
 from tests.invariants import ONE_HOP
 from worker.inline_publish import MessageBuilder
 
-pytestmark = [pytest.mark.chaos, pytest.mark.standalone_redis]  # sets the one Redis's maxmemory
+pytestmark = pytest.mark.standalone_redis  # sets the one Redis's maxmemory
 
 #: How long Redis is kept full.
 FULL_FOR_S = 25.0

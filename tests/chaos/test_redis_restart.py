@@ -12,16 +12,13 @@ claim renewal and heartbeat failing until Redis is back.
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 
 from producer.client import Client
 from shared.events import ToolCompleted
 from shared.state import Phase
-from tests.broker import on_rabbitmq
 from tests.chaos.support import (
-    RECOVERY_BOUND_S,
     RUN_TIMEOUT_S,
     Cluster,
     assert_event_invariants,
@@ -31,44 +28,15 @@ from tests.chaos.support import (
     idem,
     kinds,
     note_recovery,
+    noticed,
+    outage,
     starts,
     wait_tool_started,
 )
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.invariants import ONE_HOP
 
-pytestmark = [pytest.mark.chaos, pytest.mark.standalone_redis]  # stops and restarts the one Redis
-
-LOST = "Connection to broker lost"
-#: What a worker logs when the run state's Redis does not answer its registry heartbeat.
-STATE_LOST = "registry heartbeat failed"
-
-
-def noticed(text: str) -> bool:
-    """Whether a worker's log says it lost Redis: as its broker (Celery's consumer), or, with
-    RabbitMQ as the broker, as its run state (its registry heartbeat failed)."""
-    return (STATE_LOST if on_rabbitmq() else LOST) in text
-
-
-def outage(server: RedisServer, workers: list[WorkerProcess]) -> float:
-    """Stop Redis, keep it down until every worker noticed (and had its chance to fail), start it again.
-
-    Returns when the server stopped.
-    """
-    offsets = {w.name: len(w.log()) for w in workers}
-
-    def reacted(w: WorkerProcess) -> bool:
-        text = w.log()[offsets[w.name] :]
-        if on_rabbitmq():  # its consumer is on RabbitMQ: nothing reconnects, it must stay up
-            return noticed(text) or not w.alive
-        # Either it is already trying to reconnect, or it died handling the loss.
-        return noticed(text) and ("Cannot connect" in text or not w.alive)
-
-    stopped_at = time.time()
-    server.stop()
-    wait_until(lambda: all(reacted(w) for w in workers), 30, what="every worker to notice the outage")
-    server.start()
-    return stopped_at
+pytestmark = pytest.mark.standalone_redis  # stops and restarts the one Redis
 
 
 def _submit_slow_runs_and_wait_for_their_tools(client: Client, n: int) -> list[str]:
@@ -115,10 +83,7 @@ def test_runs_complete_across_a_redis_restart(
         _check_completed(aof_client, run_id)
     for run_id in before:
         done = next(e for e in events_of(aof_client.handle(run_id)) if e.kind == "ToolCompleted")
-        seconds = note_recovery(
-            "redis stopped under a running 3 s tool, then restarted", done.ts - stopped_at
-        )
-        assert seconds < RECOVERY_BOUND_S
+        note_recovery("redis stopped under a running 3 s tool, then restarted", done.ts - stopped_at)
 
 
 def test_workers_reconnect_after_a_redis_restart(

@@ -25,17 +25,19 @@ from producer.client import Client
 from shared.state import Phase
 from tests.agents_fixture import EFFECTS_KEY, STARTS_KEY
 from tests.chaos.support import (
+    ANSWERS,
+    SHAPES,
     SOAK_REPORT,
     Cluster,
     assert_event_invariants,
     assert_terminal_matches_events,
     events_of,
+    hop_kinds,
     kinds,
 )
-from tests.chaos.test_duplicates import ANSWERS, SHAPES, hop_kinds
 from tests.harness import WorkerProcess
 
-pytestmark = [pytest.mark.chaos, pytest.mark.soak]
+pytestmark = pytest.mark.soak
 
 SOAK_S = float(os.environ.get("WESICHAIN_SOAK_S", "45"))
 SOAK_RUNS = int(os.environ.get("WESICHAIN_SOAK_RUNS", str(max(100, int(2.5 * SOAK_S)))))

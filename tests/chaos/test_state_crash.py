@@ -16,8 +16,6 @@ from tests.agents_fixture import Notebook
 from tests.chaos.faults import fired_key
 from tests.chaos.support import Cluster, wait_paused, wait_terminal
 
-pytestmark = pytest.mark.chaos
-
 #: The state after each observe of the ``notebook`` agent, as a run without crashes commits it
 #: (tests/integration/test_run_state.py): step 2's two calls both start from step 1's state.
 MOVES = [

@@ -25,8 +25,6 @@ from tests.chaos.support import (
 )
 from tests.invariants import ONE_HOP
 
-pytestmark = pytest.mark.chaos
-
 
 @pytest.mark.parametrize("agent", ["swallowing", "hanging"])
 def test_a_tool_past_its_timeout_is_stopped_and_the_run_goes_on(

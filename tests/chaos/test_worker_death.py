@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from producer.client import Client
 from shared import protocol
 from shared.state import Phase
@@ -32,8 +30,6 @@ from tests.chaos.support import (
     wait_tool_started,
 )
 from tests.invariants import ONE_HOP
-
-pytestmark = pytest.mark.chaos
 
 #: The shipped leases: only the fault hooks of the chaos suite are kept.
 DEFAULTS = {"WESICHAIN_LEASE_S": "10", "WESICHAIN_QUEUED_LEASE_S": "30"}

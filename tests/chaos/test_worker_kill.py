@@ -17,7 +17,6 @@ from producer.client import Client
 from shared.state import Phase
 from shared.timeline import TASK_OF_PHASE, Timeline
 from tests.chaos.support import (
-    RECOVERY_BOUND_S,
     RUN_TIMEOUT_S,
     Cluster,
     assert_event_invariants,
@@ -35,8 +34,6 @@ from tests.chaos.support import (
 )
 from tests.harness import wait_until
 from tests.invariants import ONE_HOP
-
-pytestmark = pytest.mark.chaos
 
 TOOL_FAILED = ["RunStarted", "StepStarted", "ModelResponded", "ToolDispatched", "ToolCompleted", "Failed"]
 #: The first event the recovered phase commits.
@@ -73,8 +70,7 @@ def test_whole_worker_killed_mid_phase(cluster: Cluster, client: Client, phase: 
     recovered = first_event_after(events, killed_at)
     assert recovered.kind == NEXT_EVENT[phase]
     assert recovered.worker.host != victim.name, "the killed worker cannot have committed after its death"
-    seconds = note_recovery(f"whole worker killed in {phase.value}", recovered.ts - killed_at)
-    assert seconds < RECOVERY_BOUND_S
+    note_recovery(f"whole worker killed in {phase.value}", recovered.ts - killed_at)
     if phase is not Phase.ACTING:  # a tool call's takeover shows as its claim, not a phase bar
         _assert_timeline_shows_takeover(handle.timeline(), TASK_OF_PHASE[phase], victim.name)
 
@@ -107,8 +103,7 @@ def test_whole_worker_killed_inside_retry_safe_tool(cluster: Cluster, client: Cl
     completed = next(e for e in events if e.kind == "ToolCompleted")
     assert completed.ok and completed.worker.host != victim.name
     # Recovery here includes running the 3 s tool again.
-    seconds = note_recovery("whole worker killed inside a 3 s retry-safe tool", completed.ts - killed_at)
-    assert seconds < RECOVERY_BOUND_S
+    note_recovery("whole worker killed inside a 3 s retry-safe tool", completed.ts - killed_at)
 
 
 def test_whole_worker_killed_inside_non_retry_safe_tool(cluster: Cluster, client: Client) -> None:
@@ -134,8 +129,7 @@ def test_whole_worker_killed_inside_non_retry_safe_tool(cluster: Cluster, client
     completed = next(e for e in events if e.kind == "ToolCompleted")
     assert not completed.ok and completed.error is not None
     assert completed.error.kind == "ToolOutcomeUnknown"
-    seconds = note_recovery("whole worker killed inside a non-retry-safe tool", completed.ts - killed_at)
-    assert seconds < RECOVERY_BOUND_S
+    note_recovery("whole worker killed inside a non-retry-safe tool", completed.ts - killed_at)
 
 
 def test_non_retry_safe_tool_whose_claim_expired_is_not_run(cluster: Cluster, client: Client) -> None:
@@ -217,8 +211,7 @@ def test_prefork_child_killed_inside_tool(cluster: Cluster, client: Client, agen
         assert kinds(events) == TOOL_FAILED
         assert starts(r, key) == 1
         assert effects(r, key) == 0
-    seconds = note_recovery(f"prefork child killed inside tool ({agent})", completed.ts - killed_at)
-    assert seconds < RECOVERY_BOUND_S
+    note_recovery(f"prefork child killed inside tool ({agent})", completed.ts - killed_at)
 
 
 def test_prefork_child_killed_mid_think(cluster: Cluster, client: Client) -> None:
@@ -239,8 +232,7 @@ def test_prefork_child_killed_mid_think(cluster: Cluster, client: Client) -> Non
     assert effects(r, idem(handle.run_id)) == 1
     recovered = first_event_after(events, killed_at)
     assert recovered.kind == "ModelResponded" and recovered.worker.pid != pid
-    seconds = note_recovery("prefork child killed in thinking", recovered.ts - killed_at)
-    assert seconds < RECOVERY_BOUND_S
+    note_recovery("prefork child killed in thinking", recovered.ts - killed_at)
 
 
 def test_whole_worker_killed_during_a_parallel_fan_out(cluster: Cluster, client: Client) -> None:
@@ -279,7 +271,4 @@ def test_whole_worker_killed_during_a_parallel_fan_out(cluster: Cluster, client:
         assert starts(r, key) == (2 if rerun else 1), key
     assert any(finished_by[key] != victim.name for key in doomed), "the kill interrupted no call"
     last = max(e.ts for e in events if e.kind == "ToolCompleted")
-    seconds = note_recovery(
-        "whole worker killed during a 4 x 1 s fan-out (its calls re-run)", last - killed_at
-    )
-    assert seconds < RECOVERY_BOUND_S
+    note_recovery("whole worker killed during a 4 x 1 s fan-out (its calls re-run)", last - killed_at)

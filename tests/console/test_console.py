@@ -28,8 +28,6 @@ from tests.api_support import ApiProcess, bearer, wait_status
 from tests.chaos.support import Cluster, wait_paused
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
-pytestmark = pytest.mark.browser
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
     pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)

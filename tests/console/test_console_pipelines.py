@@ -18,8 +18,6 @@ from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer
 from tests.harness import RedisServer, WorkerProcess
 
-pytestmark = pytest.mark.browser
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
     pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)

@@ -23,8 +23,6 @@ from tests.api_support import ApiProcess, bearer, wait_status
 from tests.broker import broker_env
 from tests.harness import ROOT, RedisServer, WorkerProcess
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 60
 
 

@@ -18,8 +18,6 @@ from shared.tenants import TenantLimits, Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.harness import RedisServer, WorkerProcess
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 60
 LIMIT = 10
 SUBMITS = 60

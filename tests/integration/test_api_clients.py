@@ -24,8 +24,6 @@ from tests.api_support import ApiProcess
 from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 60
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,44 +15,10 @@ from jsonschema import Draft202012Validator
 
 from shared.keys import Keys
 from shared.tenants import Tenants
-from tests.api_support import ApiProcess, bearer, wait_status
+from tests.api_support import SSE, ApiProcess, Frame, bearer, frames, wait_status
 from tests.harness import ROOT, RedisServer, WorkerProcess
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 60
-END = {"Completed", "Failed", "Interrupted"}
-SSE = {"accept": "text/event-stream"}
-
-
-@dataclass
-class Frame:
-    id: str | None = None
-    data: str = ""
-    comments: list[str] = field(default_factory=list)
-
-    @property
-    def event(self) -> dict[str, Any]:
-        value: dict[str, Any] = json.loads(self.data)
-        return value
-
-
-def frames(response: httpx.Response) -> Iterator[Frame]:
-    """The SSE messages of a response (comments and retry hints as frames without data)."""
-    frame = Frame()
-    for line in response.iter_lines():
-        if line == "":
-            yield frame
-            frame = Frame()
-        elif line.startswith(":"):
-            frame.comments.append(line[1:].strip())
-        else:
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "id":
-                frame.id = value
-            elif name == "data":
-                frame.data += value
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,6 @@ from api.feeds import FeedHub
 from tests.broker import is_cluster
 from tests.harness import RedisServer
 
-pytestmark = pytest.mark.integration
-
 EVENTS = 400
 
 

@@ -21,8 +21,6 @@ import pytest
 from tests.api_support import ApiProcess, bearer
 from tests.harness import RedisServer, WorkerProcess
 
-pytestmark = pytest.mark.integration
-
 MB = 1024 * 1024
 #: What an attack streams: far more than the 256 KiB limit, and more than the API process's RSS.
 ATTACK_BYTES = 300 * MB

@@ -22,8 +22,6 @@ from tests.api_support import ApiProcess, bearer, wait_status
 from tests.broker import Settings, broker_env
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 60
 
 

@@ -20,8 +20,6 @@ from tests.conftest import own_store
 from tests.harness import RedisServer, WorkerProcess
 from tests.redis_cluster import RedisCluster
 
-pytestmark = pytest.mark.integration
-
 AGENTS = "tests.agents_pipelines"
 
 

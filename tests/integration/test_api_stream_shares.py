@@ -13,11 +13,8 @@ import pytest
 
 from shared.keys import Keys
 from shared.tenants import Tenants
-from tests.api_support import ApiProcess, bearer, wait_status
+from tests.api_support import END, SSE, ApiProcess, bearer, frames, wait_status
 from tests.harness import RedisServer, WorkerProcess, wait_until
-from tests.integration.test_api_events import END, SSE, frames
-
-pytestmark = pytest.mark.integration
 
 TIMEOUT = 60
 SHARE = 2

@@ -17,8 +17,6 @@ from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer
 from tests.harness import RedisServer
 
-pytestmark = pytest.mark.integration
-
 FORM = "callback: a webhook url must be http(s)://host[:port]/..., got "
 BAD_HOST = "callback: a webhook url's host is not a valid host name or IP address, got "
 

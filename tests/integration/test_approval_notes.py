@@ -10,8 +10,6 @@ from producer.client import Client
 from shared.state import Phase
 from tests.harness import WorkerProcess, wait_until
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 30
 
 

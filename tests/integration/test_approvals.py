@@ -9,8 +9,6 @@ from shared.state import Phase
 from tests.agents_fixture import EFFECTS_KEY
 from tests.harness import WorkerProcess, wait_until
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 30
 
 

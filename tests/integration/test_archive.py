@@ -32,14 +32,10 @@ from shared.state import Callback, CallbackState, ForkOrigin, Phase, RunHead
 from shared.tasks import TASK_ARCHIVE, start_task
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
-from tests.archive_support import BACKENDS, FullRead, archive_url, full_read
+from tests.archive_support import BACKENDS, FullRead, archive_url, eval_keys, full_read, sample_record
 from tests.broker import Settings, broker_env
 from tests.harness import RedisServer, WorkerProcess, wait_until
-from tests.unit.test_archive_sql import sample_record
-from tests.unit.test_eval_archive import eval_keys
-from tests.unit.test_store import commit
-
-pytestmark = pytest.mark.integration
+from worker.testing.runs import commit
 
 TIMEOUT = 60
 

@@ -19,8 +19,6 @@ from tests.broker import Settings
 from tests.conftest import _need_redis
 from tests.harness import RedisServer, wait_until
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def rds() -> Iterator[redis.Redis]:

@@ -20,7 +20,7 @@ from producer.client import Client
 from shared.state import Phase
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.redis_broker]
+pytestmark = pytest.mark.redis_broker
 
 TIMEOUT = 30
 

@@ -14,7 +14,7 @@ import pytest
 from shared.settings import QUEUE_MODEL
 from tests.harness import ROOT, RedisServer, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.redis_broker]  # reads the Redis queue list
+pytestmark = pytest.mark.redis_broker  # reads the Redis queue list
 
 
 def test_beat_schedules_the_sweep_task(tmp_path: Path) -> None:

@@ -32,8 +32,6 @@ from tests.api_support import ApiProcess, bearer
 from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess, free_port, running, wait_until
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 60
 ENV = {"WESICHAIN_WEBHOOK_ALLOW_PRIVATE": "1", "WESICHAIN_WEBHOOK_RETRY_S": "0.2,0.5,1"}
 

@@ -14,8 +14,6 @@ from tests.agents_fixture import SLOW_MODEL_S
 from tests.harness import WorkerProcess, wait_until
 from tests.invariants import assert_event_invariants, kinds
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.mark.parametrize("agent", ["slow_answer", "slow_answer_stream"])
 def test_cancel_ends_a_run_during_its_model_call(

@@ -28,7 +28,7 @@ from tests.harness import RedisServer, WorkerProcess, wait_until
 from worker.app import create_app
 from worker.inline_publish import MessageBuilder, run_commands
 
-pytestmark = [pytest.mark.integration, pytest.mark.redis_broker]
+pytestmark = pytest.mark.redis_broker
 
 SPECS = [
     TaskSpec(

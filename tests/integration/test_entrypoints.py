@@ -11,8 +11,6 @@ from shared.messages import AssistantMessage, SystemMessage, UserMessage
 from shared.state import Phase
 from tests.harness import WorkerProcess, wait_until
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 30
 
 

@@ -32,8 +32,6 @@ from tests.conftest import own_store
 from tests.harness import ROOT, RedisServer, WorkerProcess, running, wait_until
 from tests.redis_cluster import RedisCluster
 
-pytestmark = pytest.mark.integration
-
 AGENTS = "tests.agents_evals"
 EVAL_QUEUE = "evals-test"
 

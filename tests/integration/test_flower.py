@@ -16,8 +16,6 @@ from producer.client import Client
 from tests.broker import broker_env
 from tests.harness import ROOT, RedisServer, WorkerProcess, free_port, wait_until
 
-pytestmark = pytest.mark.integration
-
 AUTH = ("ops", "s3cret-flower")
 
 

@@ -22,8 +22,6 @@ from shared.state import Phase
 from tests.broker import broker_for, on_rabbitmq, queued
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 60
 
 

@@ -7,15 +7,11 @@ import contextlib
 import json
 from typing import Any
 
-import pytest
-
 from producer.client import Client
 from shared.settings import ENV_BROKER_URL
 from shared.state import Phase
 from tests.broker import Settings, broker_for, vhost
 from tests.harness import RedisServer, WorkerProcess
-
-pytestmark = pytest.mark.integration
 
 FIELDS = {"run_id", "step", "phase", "task_id", "worker", "tenant"}
 

@@ -30,8 +30,6 @@ from tests.fakeproviders import FakeProvider, FakeToolCall, Reply
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.redis_cluster import RedisCluster
 
-pytestmark = pytest.mark.integration
-
 AGENTS = "tests.agents_limits"
 
 

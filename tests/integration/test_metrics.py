@@ -23,7 +23,7 @@ from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, WorkerProcess, free_port, stop_all, wait_until
 from tests.scrape import scrape, total, value
 
-pytestmark = [pytest.mark.integration, pytest.mark.redis_broker]
+pytestmark = pytest.mark.redis_broker
 
 TIMEOUT = 60
 #: The runs submitted, by agent (tests/agents_fixture.py), and what each does.

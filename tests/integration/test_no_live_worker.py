@@ -29,7 +29,7 @@ from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess, running, wait_until
 from worker.registry import RegistryBeat
 
-pytestmark = [pytest.mark.integration, pytest.mark.standalone_redis]  # restarts its own Redis
+pytestmark = pytest.mark.standalone_redis  # restarts its own Redis
 
 TIMEOUT = 30
 

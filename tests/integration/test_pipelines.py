@@ -25,8 +25,6 @@ from tests.conftest import own_store
 from tests.harness import RedisServer, WorkerProcess, running, wait_until
 from tests.redis_cluster import RedisCluster
 
-pytestmark = pytest.mark.integration
-
 AGENTS = "tests.agents_pipelines"
 
 

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
-
 from producer.client import Client
 from shared.state import Phase
 from tests.agents_fixture import FLAKY_FAILURES, MODEL_CALLS_KEY
 from tests.broker import Settings
 from tests.harness import WorkerProcess
-
-pytestmark = pytest.mark.integration
 
 TIMEOUT = 60
 

@@ -25,7 +25,7 @@ from tests.api_support import ApiProcess
 from tests.broker import broker_env
 from tests.harness import ROOT, RedisServer, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.standalone_redis]
+pytestmark = pytest.mark.standalone_redis
 
 TIMEOUT = 60
 #: The console script pip installed beside the interpreter: what a user's shell runs.

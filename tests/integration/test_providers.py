@@ -36,8 +36,6 @@ from tests.chaos.support import pending_task_ids
 from tests.fakeproviders import FakeProvider, FakeToolCall, Fault, RecordedRequest, Reply, Split
 from tests.harness import RedisServer, WorkerProcess, running, wait_until
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 30
 OPENAI_KEY = "sk-test-SECRET-1234567890"
 ANTHROPIC_KEY = "sk-ant-test-SECRET-0987654321"

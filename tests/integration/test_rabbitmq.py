@@ -11,7 +11,7 @@ back at once, and its redelivery publishes the outbox.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,12 +22,10 @@ from shared.settings import ENV_BROKER_URL, QUEUE_MODEL, QUEUE_TOOLS
 from shared.state import Phase
 from tests.broker import Settings, rabbitmq_available, vhost
 from tests.chaos.faults import fired_key
-from tests.chaos.support import CHAOS_ENV, RECOVERY_BOUND_S, Cluster, committed, events_of, kinds
+from tests.chaos.support import CHAOS_ENV, RECOVERY_PROPERTY, Cluster, committed, events_of, kinds
 from tests.conftest import _need_redis
 from tests.harness import RedisServer
 from tests.invariants import ONE_HOP
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
@@ -104,7 +102,7 @@ def test_a_countdown_travels_through_delayed_delivery(cluster: Cluster, client: 
 
 
 def test_a_worker_killed_between_commit_and_publish_loses_nothing(
-    cluster: Cluster, client: Client, broker: str
+    cluster: Cluster, client: Client, broker: str, record_property: Callable[[str, object], None]
 ) -> None:
     fault = {"WESICHAIN_FAULT": "crash_after_commit:thinking", "WESICHAIN_QUEUED_LEASE_S": "60"}
     workers = cluster.start(2, pool="solo", env={**CHAOS_ENV, **fault, ENV_BROKER_URL: broker})
@@ -119,7 +117,9 @@ def test_a_worker_killed_between_commit_and_publish_loses_nothing(
     # found the run moved on with its outbox unclaimed and published it: no hand-on, no wait for
     # the queued lease (60 s).
     assert head.epoch == 0
-    assert events[4].ts - events[3].ts < RECOVERY_BOUND_S
+    # The redelivery's delay is reported in the session's summary of recovery times, not bounded.
+    case = "crash between commit and publish, RabbitMQ broker -> redelivery publishes"
+    record_property(RECOVERY_PROPERTY, [case, round(events[4].ts - events[3].ts, 3)])
 
 
 def test_a_run_in_a_queue_namespace_goes_through_that_namespace_s_quorum_queues(

@@ -31,8 +31,6 @@ from tests.harness import RedisServer, WorkerProcess
 from tests.invariants import ONE_HOP, assert_event_invariants, committed, kinds
 from tests.redis_cluster import ClusterStore, RedisCluster
 
-pytestmark = pytest.mark.integration
-
 #: Runs placed on each primary.
 PER_PRIMARY = 2
 

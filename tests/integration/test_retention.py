@@ -25,9 +25,8 @@ from shared.state import Phase
 from shared.store import RunStore
 from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess, wait_until
-from tests.unit.test_store import commit, make_store, started
-
-pytestmark = pytest.mark.integration
+from tests.store_support import make_store
+from worker.testing.runs import commit, started
 
 
 @pytest.fixture

@@ -3,14 +3,10 @@ write, checkpointed with every commit, visible in the run's status, and set at s
 
 from __future__ import annotations
 
-import pytest
-
 from producer.client import Client
 from shared.state import Phase
 from tests.agents_fixture import Notebook
 from tests.harness import WorkerProcess
-
-pytestmark = pytest.mark.integration
 
 TIMEOUT = 30
 

@@ -12,8 +12,6 @@ from tests.agents_fixture import EFFECTS_KEY
 from tests.harness import WorkerProcess, wait_until
 from tests.invariants import ONE_HOP, assert_event_invariants, kinds
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 30
 
 

@@ -21,7 +21,6 @@ from tests.redis_cluster import RedisCluster
 from worker.testing.hosts import HostNetwork, available
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.skipif(available() is not None, reason=f"no simulated hosts here: {available()}"),
 ]
 

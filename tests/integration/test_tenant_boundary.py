@@ -33,8 +33,6 @@ from tests.conftest import own_store
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 from tests.redis_cluster import RedisCluster
 
-pytestmark = pytest.mark.integration
-
 AGENTS = "tests.agents_pipelines"
 TIMEOUT = 60
 

@@ -6,14 +6,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import pytest
-
 from producer.client import Client
 from shared.messages import AssistantMessage, ToolMessage
 from shared.state import Phase
 from tests.harness import WorkerProcess, wait_until
-
-pytestmark = pytest.mark.integration
 
 TIMEOUT = 30
 

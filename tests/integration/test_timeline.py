@@ -8,15 +8,11 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from producer.client import Client
 from shared.state import Phase
 from shared.timeline import Timeline
 from tests.broker import broker_env
 from tests.harness import WorkerProcess
-
-pytestmark = pytest.mark.integration
 
 TIMEOUT = 30
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +28,9 @@ from shared.state import Phase
 from shared.tls import RedisTlsError
 from tests.broker import Settings
 from tests.harness import RedisServer, ServerTls, WorkerProcess, free_port, wait_until
+from tests.tls_support import issue, make_ca
 
-pytestmark = [pytest.mark.integration, pytest.mark.redis_broker]
+pytestmark = pytest.mark.redis_broker
 
 TIMEOUT = 60
 PASSWORD = "hunter2-tls"
@@ -48,48 +48,18 @@ class Pki:
     client_key: str
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
-
-
-def _make_ca(directory: Path, name: str) -> tuple[str, str]:
-    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
-    _openssl(
-        "req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN=Wesichain test {name}",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-    )  # fmt: skip
-    return str(cert), str(key)
-
-
-def _issue(directory: Path, name: str, ca: tuple[str, str], extensions: str) -> tuple[str, str]:
-    cert, key, csr = directory / f"{name}.pem", directory / f"{name}.key", directory / f"{name}.csr"
-    ext = directory / f"{name}.ext"
-    ext.write_text(extensions)
-    _openssl(
-        "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={name}",
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", str(csr), "-CA", ca[0], "-CAkey", ca[1],
-        "-set_serial", "0x" + name.encode().hex(), "-days", "2", "-out", str(cert), "-extfile", str(ext),
-    )  # fmt: skip
-    return str(cert), str(key)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
     directory = tmp_path_factory.mktemp("pki")
-    ca = _make_ca(directory, "ca")
-    other_ca, _ = _make_ca(directory, "other-ca")
+    ca = make_ca(directory, "ca")
+    other_ca, _ = make_ca(directory, "other-ca")
     usage = "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-    server = _issue(
+    server = issue(
         directory, "server", ca, usage + "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"
     )
-    client = _issue(directory, "client", ca, usage + "extendedKeyUsage=clientAuth\n")
+    client = issue(directory, "client", ca, usage + "extendedKeyUsage=clientAuth\n")
     return Pki(ca[0], other_ca, server[0], server[1], client[0], client[1])
 
 

@@ -3,15 +3,11 @@ one: the run and its events say so, and the agent's policy accepts it, reprompts
 
 from __future__ import annotations
 
-import pytest
-
 from producer.client import Client
 from shared import events as ev
 from shared.state import Phase
 from tests.agents_fixture import CUT_ANSWER, WHOLE_ANSWER
 from tests.harness import WorkerProcess
-
-pytestmark = pytest.mark.integration
 
 TIMEOUT = 30
 

@@ -20,8 +20,6 @@ from tests.broker import Settings, on_rabbitmq
 from tests.harness import RedisServer, WorkerProcess, free_port
 from tests.invariants import ONE_HOP, kinds
 
-pytestmark = pytest.mark.integration
-
 #: The shared workers' sweeper asks the broker about an unclaimed task after 30 s (the default
 #: queued lease): a start the broker never had must be sent well before that.
 SENT_WITHIN_S = 20.0

@@ -20,8 +20,6 @@ from shared.state import Phase
 from tests.broker import Settings
 from tests.harness import ROOT, RedisServer, WorkerProcess, free_port, wait_until
 
-pytestmark = pytest.mark.integration
-
 TIMEOUT = 60
 
 

@@ -8,68 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from shared.archive import ListingFilter, RunRecord, RunSummary, open_archive
+from shared.archive import ListingFilter, RunSummary, open_archive
 from shared.archive.databases import sqlite_path
 from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE
 from shared.archive.sql import SqlArchive
 from shared.errors import ArchiveUnavailable, ConfigError, RunErrorInfo
-from shared.events import Completed, Event, Failed, RunStarted, StepStarted
-from shared.llm.base import Usage
-from shared.messages import AssistantMessage, SystemMessage, UserMessage
+from shared.events import Failed
 from shared.settings import Settings
-from shared.state import CallbackState, Phase, RunHead, ToolResult
-
-
-def _ev(stream_id: str, event: Event) -> tuple[str, Event]:
-    event.stream_id = stream_id
-    return stream_id, event
-
-
-def sample_record(
-    run_id: str,
-    created_ms: int,
-    *,
-    tenant: str | None = "acme",
-    agent: str = "a",
-    thread_id: str | None = None,
-    **head: object,
-) -> RunRecord:
-    start = RunHead.new_idle(run_id, agent, "question", tenant=tenant, thread_id=thread_id)
-    done = start.model_copy(
-        update={"phase": Phase.COMPLETED, "version": 3, "step": 1, "answer": "42", **head}
-    )
-    return RunRecord(
-        head=done,
-        created_ms=created_ms,
-        messages=[
-            SystemMessage(content="sys"),
-            UserMessage(content="question"),
-            AssistantMessage(content="42"),
-        ],
-        checkpoints=[start, start.model_copy(update={"version": 2}), done.model_copy(update={"epoch": 0})],
-        events=[
-            _ev(
-                f"{created_ms}-0",
-                RunStarted(run_id=run_id, step=0, agent=agent, agent_version="1", model="m"),
-            ),
-            _ev(f"{created_ms}-1", StepStarted(run_id=run_id, step=1)),
-            _ev(f"{created_ms + 5}-0", Completed(run_id=run_id, step=1, answer="42", usage=Usage())),
-        ],
-        results=[
-            (1, ToolResult(call_id="b", name="add", ok=True, output="3")),
-            (
-                1,
-                ToolResult(
-                    call_id="a",
-                    name="add",
-                    ok=False,
-                    output="",
-                    error=RunErrorInfo(kind="ToolDispatch", message="no"),
-                ),
-            ),
-        ],
-        callback_state=CallbackState(status="delivered", attempts=2).model_dump_json(),
-    )
+from shared.state import CallbackState, Phase
+from tests.archive_support import sample_record, stamped
 
 
 @pytest.fixture
@@ -180,7 +127,7 @@ def test_a_failed_run_keeps_its_error(archive: SqlArchive) -> None:
     error = RunErrorInfo(kind="ToolDispatch", message="boom")
     record = sample_record("f", 10, phase=Phase.FAILED, error=error)
     failed = Failed(run_id="f", step=1, error=error)
-    record.events.append(_ev("20-0", failed))
+    record.events.append(stamped("20-0", failed))
     archive.put([record])
     head = archive.load("f")
     assert head is not None and head.error == error and head.status == "failed"

@@ -19,6 +19,7 @@ from shared.evals.outcome import CaseResult, Score
 from shared.evals.spec import parse_spec
 from shared.evals.store import EvalStore, Item, run_id_of
 from shared.keys import Keys
+from tests.archive_support import eval_keys
 
 SPEC = parse_spec(
     {
@@ -43,22 +44,6 @@ def stores(archive: Archive) -> tuple[EvalStore, EvalStore]:
     """The store without an archive (what the pool uses) and one reading through to it."""
     client = fakeredis.FakeRedis(decode_responses=True)
     return EvalStore(client, Keys(), 3600), EvalStore(client, Keys(), 3600, archive=archive)
-
-
-def eval_keys(store: EvalStore, eval_id: str) -> int:
-    """How many of the eval's keys Redis holds."""
-    k = store.keys
-    return int(
-        store.redis.exists(
-            k.eval_meta(eval_id),
-            k.eval_cases(eval_id),
-            k.eval_pending(eval_id),
-            k.eval_slots(eval_id),
-            k.eval_scoring(eval_id),
-            k.eval_results(eval_id),
-            k.eval_counts(eval_id),
-        )
-    )
 
 
 def complete(store: EvalStore, eval_id: str) -> list[CaseResult]:

@@ -28,7 +28,8 @@ from shared.messages import UserMessage
 from shared.settings import Settings
 from shared.state import RunHead
 from tests.harness import RedisServer
-from tests.unit.test_store import claim, make_store, redis_ms, started
+from tests.store_support import make_store, redis_ms
+from worker.testing.runs import claim, started
 from worker.throttle import ModelGate, estimate_tokens
 
 

@@ -18,14 +18,13 @@ from shared import fsm, protocol
 from shared.errors import InternalInvariant, RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import Message, SystemMessage, ToolMessage, UserMessage
-from shared.settings import Settings
 from shared.state import Decision, Phase, RunHead, TaskSpec
 from shared.store import Busy, CallClaim, Claim, ClaimRef, Done, Due, PhaseClaim, RunStore, Stale
 from shared.tasks import start_task, task_for
 from tests.harness import RedisServer, wait_until
+from tests.store_support import make_store, redis_ms
 
-# The run-building helpers live in the testing package (benchmarks use them too); the suite's
-# modules keep importing them from here.
+# The run-building helpers live in the testing package (benchmarks use them too).
 from worker.testing.runs import (
     CALLS,
     HOLDER,
@@ -47,18 +46,9 @@ def rds(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
-def make_store(rds: redis.Redis, **settings: Any) -> RunStore:
-    return RunStore(rds, Settings(prefix=f"t-{uuid.uuid4().hex[:10]}:", retention_s=3600, **settings))
-
-
 @pytest.fixture
 def store(rds: redis.Redis) -> RunStore:
     return make_store(rds)
-
-
-def redis_ms(store: RunStore) -> int:
-    seconds, micros = store.redis.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def acting(store: RunStore) -> fsm.Acting:

@@ -28,7 +28,7 @@ from shared.settings import Settings
 from shared.state import Callback, Phase, RunHead
 from shared.webhook_client import webhook_client
 from shared.webhooks import new_secret, verify
-from tests.integration.test_tls import _issue, _make_ca
+from tests.tls_support import issue, make_ca
 from worker import callback
 from worker.runtime import Runtime
 
@@ -216,9 +216,9 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, st
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
     directory = tmp_path_factory.mktemp("webhook-pki")
-    ca = _make_ca(Path(directory), "ca")
+    ca = make_ca(Path(directory), "ca")
     usage = "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-    cert, key = _issue(
+    cert, key = issue(
         Path(directory),
         "hooks",
         ca,
