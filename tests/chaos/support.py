@@ -20,7 +20,7 @@ import psutil
 import redis
 
 from producer.client import Client, RunHandle
-from shared.events import Event
+from shared.events import Event, read_all_events
 from shared.state import Phase, RunHead
 from tests.agents_fixture import EFFECTS_KEY, PIDS_KEY, STARTS_KEY
 from tests.broker import on_rabbitmq
@@ -191,13 +191,7 @@ def effects(r: redis.Redis, key: str) -> int:
 
 
 def events_of(handle: RunHandle) -> list[Event]:
-    events: list[Event] = []
-    store = handle.client.store
-    after = "0-0"
-    while batch := store.read_events(handle.run_id, after=after, count=500):
-        events += [e for _, e in batch]
-        after = batch[-1][0]
-    return events
+    return [event for _, event in read_all_events(handle.client.store, handle.run_id)]
 
 
 def wait_terminal(handle: RunHandle, timeout: float = RUN_TIMEOUT_S) -> RunHead:
