@@ -6,7 +6,6 @@ COPY pyproject.toml README.md ./
 COPY shared shared
 COPY worker worker
 COPY producer producer
-COPY api api
 # postgres: the archive profile's driver; mcp: tools from MCP servers (shared/mcp_tools.py);
 # otel: WESICHAIN_OTEL=1. Each is imported only when used.
 RUN pip install --no-cache-dir ".[postgres,mcp,otel]"

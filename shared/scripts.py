@@ -178,7 +178,7 @@ SPECS: dict[str, ScriptSpec] = {
         more_keys="the run's other keys (n_parts of them), then its listing indexes",
         words="changed dropped gone",
     ),
-    # -- the API's submit limits (api/limits.py builds its script around this one) -------------------
+    # -- the API's submit limits (producer/api/limits.py builds its script around this one) ----------
     "submit_window": _spec("window", "limit window member"),
     # -- pipelines (shared.pipeline.store) -----------------------------------------------------------
     "pipe_create": _spec(

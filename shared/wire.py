@@ -1,8 +1,8 @@
 """The HTTP API's answers that its clients read back: a run, a page of runs or pipeline runs, an agent.
 
-Both sides import them from here: the API (``api``) to answer with them, the HTTP clients
-(``producer.api_client``) to parse what it answered, so neither package imports the other for
-its wire format. ``api.models`` re-exports them with the rest of the API's schemas.
+Both sides import them from here: the API (``producer.api``) to answer with them, the HTTP clients
+(``producer.api_client``) to parse what it answered, so neither imports the other for its wire
+format. ``producer.api.models`` re-exports them with the rest of the API's schemas.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from typing import cast
 import pytest
 import redis.asyncio as aioredis
 
-from api import feeds
-from api.feeds import FeedHub
+from producer.api import feeds
+from producer.api.feeds import FeedHub
 from tests.broker import is_cluster
 from tests.harness import RedisServer
 

@@ -276,7 +276,7 @@ class PlainUvicorn(ApiProcess):
             sys.executable,
             "-m",
             "uvicorn",
-            "api.app:create_app",
+            "producer.api.app:create_app",
             "--factory",
             "--host",
             self.host,

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from starlette.types import Message
 
-from api.app import create_app
-from api.body_limit import non_finite_numbers
-from api.config import ApiConfig
+from producer.api.app import create_app
+from producer.api.body_limit import non_finite_numbers
+from producer.api.config import ApiConfig
 from shared.settings import Settings
 
 SETTINGS = Settings(redis_url="redis://127.0.0.1:1/0")

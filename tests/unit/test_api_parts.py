@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from api.app import create_app
-from api.config import ApiConfig, is_loopback
-from api.events import sse_frame
-from api.feeds import after
+from producer.api.app import create_app
+from producer.api.config import ApiConfig, is_loopback
+from producer.api.events import sse_frame
+from producer.api.feeds import after
 from shared.errors import ConfigError
 from shared.settings import Settings
 

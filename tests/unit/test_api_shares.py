@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from redis.crc import key_slot
 
-from api.config import ApiConfig
-from api.errors import ApiError
-from api.limits import StreamSlots, reservations_key
+from producer.api.config import ApiConfig
+from producer.api.errors import ApiError
+from producer.api.limits import StreamSlots, reservations_key
 from shared.errors import ConfigError
 from shared.keys import Keys
 from shared.settings import Settings

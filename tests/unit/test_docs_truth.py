@@ -11,18 +11,18 @@ from pathlib import Path
 import fastapi.routing
 from fastapi.routing import APIRoute
 
-import api.config
+import producer.api.config
 import producer.api_client
 import shared.llm.settings
 import shared.settings
 import worker.embedded
-from api.app import create_app, openapi_document
-from api.config import ApiConfig
+from producer.api.app import create_app, openapi_document
+from producer.api.config import ApiConfig
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The packages whose processes read the environment (the tests and benchmarks are not settings).
-SOURCES = ("shared", "worker", "producer", "api")
+SOURCES = ("shared", "worker", "producer")
 #: Nor is the testing package: what its fault hooks read configures a test, not a deployment.
 NOT_SETTINGS = ROOT / "worker" / "testing"
 VARIABLE = re.compile(r"^WESICHAIN_[A-Z0-9_]+$")
@@ -71,7 +71,13 @@ def test_the_scan_sees_every_variable_the_settings_modules_name() -> None:
     # the environment, is found by the scan.
     table = {variable for variable, _field, _parse in shared.settings._ENVIRONMENT}
     assert table <= read
-    for module in (shared.settings, shared.llm.settings, api.config, producer.api_client, worker.embedded):
+    for module in (
+        shared.settings,
+        shared.llm.settings,
+        producer.api.config,
+        producer.api_client,
+        worker.embedded,
+    ):
         constants = {v for k, v in vars(module).items() if k.startswith("ENV_") and isinstance(v, str)}
         assert {v for v in constants if v.startswith("WESICHAIN_")} <= read, module.__name__
     assert len(read) >= 50

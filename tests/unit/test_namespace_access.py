@@ -11,13 +11,13 @@ import fakeredis
 import pytest
 from pydantic import ValidationError
 
-from api.app import openapi_document
-from api.auth import Caller
-from api.commands import _namespaces
-from api.errors import ApiError
-from api.models import SubmitBody
-from api.namespaces import allowed_namespace
-from api.pipelines import PipelineSubmit
+from producer.api.app import openapi_document
+from producer.api.auth import Caller
+from producer.api.commands import _namespaces
+from producer.api.errors import ApiError
+from producer.api.models import SubmitBody
+from producer.api.namespaces import allowed_namespace
+from producer.api.pipelines import PipelineSubmit
 from shared.errors import InvalidRequest
 from shared.keys import Keys
 from shared.pipeline.status import summary_of

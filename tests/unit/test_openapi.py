@@ -7,7 +7,7 @@ from pathlib import Path
 
 from openapi_spec_validator import validate
 
-from api.app import openapi_document
+from producer.api.app import openapi_document
 
 DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 

@@ -11,9 +11,9 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.staticfiles import StaticFiles
 
-from api.auth import Caller
-from api.runs import ERRORS, Svc, Who, owned_run
-from api.services import Services
+from producer.api.auth import Caller
+from producer.api.runs import ERRORS, Svc, Who, owned_run
+from producer.api.services import Services
 from shared.events import read_all_events
 from shared.timeline import Timeline, build_timeline
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import error_response
+from producer.api.errors import error_response
 
 __all__ = ["BodyLimit", "non_finite_numbers"]
 

@@ -110,7 +110,7 @@ def register(
 
 
 def api(args: argparse.Namespace) -> int:
-    from api.config import (
+    from producer.api.config import (
         ENV_API_AUTH,
         ENV_API_HOST,
         ENV_API_MAX_STREAMS,
@@ -119,7 +119,7 @@ def api(args: argparse.Namespace) -> int:
     )
 
     if args.openapi:
-        from api.app import openapi_document
+        from producer.api.app import openapi_document
 
         print(json.dumps(openapi_document(), indent=2, sort_keys=True))
         return 0
@@ -135,7 +135,7 @@ def api(args: argparse.Namespace) -> int:
     import uvicorn
 
     uvicorn.run(
-        "api.app:create_app",
+        "producer.api.app:create_app",
         factory=True,
         host=args.host,
         port=args.port,

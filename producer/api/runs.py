@@ -11,11 +11,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 
-from api.auth import Caller, caller
-from api.errors import ApiError, ErrorBody
-from api.models import CheckpointList, DecisionBody, DenyBody, RunList, RunView, SubmitBody, run_view
-from api.namespaces import allowed_callback, allowed_namespace
-from api.services import Services
+from producer.api.auth import Caller, caller
+from producer.api.errors import ApiError, ErrorBody
+from producer.api.models import CheckpointList, DecisionBody, DenyBody, RunList, RunView, SubmitBody, run_view
+from producer.api.namespaces import allowed_callback, allowed_namespace
+from producer.api.services import Services
 from producer.client import NoLiveWorker, RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from shared.errors import InvalidRequest, StoreFull
 from shared.request import check_name, validate_request
@@ -151,7 +151,7 @@ def submit(
     except StoreFull as exc:
         raise ApiError(503, "store_full", str(exc), headers={"Retry-After": str(_FULL_RETRY_S)}) from None
     finally:
-        # Only now: the run is in the in-flight counts (or was not created), see api/limits.py.
+        # Only now: the run is in the in-flight counts (or was not created), see producer/api/limits.py.
         services.gate.release(reservation)
     head = handle.status()
     return _view(services, head)

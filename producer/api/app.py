@@ -9,12 +9,12 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from api import console, events, meta, pipelines, runs
-from api.auth import LoopbackOnly
-from api.body_limit import BodyLimit
-from api.config import ApiConfig
-from api.errors import install_error_handlers
-from api.services import Services
+from producer.api import console, events, meta, pipelines, runs
+from producer.api.auth import LoopbackOnly
+from producer.api.body_limit import BodyLimit
+from producer.api.config import ApiConfig
+from producer.api.errors import install_error_handlers
+from producer.api.services import Services
 
 __all__ = ["API_VERSION", "create_app", "openapi_document"]
 

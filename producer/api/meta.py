@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from api.models import AgentList, AgentView, Health, Readiness
-from api.runs import ERRORS, Svc, Who
+from producer.api.models import AgentList, AgentView, Health, Readiness
+from producer.api.runs import ERRORS, Svc, Who
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
 from shared.workers import AgentInfo
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from api.auth import Caller
-from api.errors import ApiError
+from producer.api.auth import Caller
+from producer.api.errors import ApiError
 from shared.errors import InvalidRequest
 from shared.queues import check_namespace
 from shared.state import Callback

@@ -12,8 +12,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import ApiError, error_response
-from api.services import Services
+from producer.api.errors import ApiError, error_response
+from producer.api.services import Services
 
 __all__ = ["Caller", "LoopbackOnly", "caller"]
 
@@ -56,7 +56,7 @@ class LoopbackOnly:
 
     The address the server is bound to cannot be known from inside the app: the lifespan runs
     before uvicorn binds, and uvicorn may have been started by anyone (``uvicorn --factory
-    api.app:create_app --host 0.0.0.0``) with any environment, so what ``wesichain api`` says about
+    producer.api.app:create_app --host 0.0.0.0``) with any environment, so what ``wesichain api`` says about
     its ``--host`` (``WESICHAIN_API_HOST``, which ``ApiConfig`` checks) is only an early refusal
     with a clear message. Each connection does show where it actually arrived:
     ``scope["server"]`` is the local address of its socket, and ``scope["client"]`` the peer's

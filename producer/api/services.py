@@ -6,9 +6,9 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from api.config import ApiConfig
-from api.feeds import FeedHub
-from api.limits import StreamSlots, SubmitGate
+from producer.api.config import ApiConfig
+from producer.api.feeds import FeedHub
+from producer.api.limits import StreamSlots, SubmitGate
 from producer.client import Client
 from shared.keys import Keys
 from shared.tenants import Tenants

@@ -44,7 +44,7 @@ from importlib import resources
 
 from redis.crc import key_slot
 
-from api.errors import ApiError
+from producer.api.errors import ApiError
 from shared.errors import ConfigError
 from shared.protocol import lua_prelude
 from shared.scripts import is_cluster

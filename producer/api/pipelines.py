@@ -2,7 +2,7 @@
 
 A pipeline run of another tenant answers 404, exactly as one that does not exist. Starting one
 counts as one submit against the tenant's limits; its child runs are the tenant's runs. A
-pipeline run may name a queue namespace its tenant is allowed (as a run may: ``api/namespaces.py``).
+pipeline run may name a queue namespace its tenant is allowed (as a run may: ``producer/api/namespaces.py``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from api.auth import Caller
-from api.errors import ApiError
-from api.models import PipelineList, namespace_field
-from api.namespaces import allowed_namespace
-from api.runs import ERRORS, MAX_UNIX_S, Svc, Who
-from api.services import Services
+from producer.api.auth import Caller
+from producer.api.errors import ApiError
+from producer.api.models import PipelineList, namespace_field
+from producer.api.namespaces import allowed_namespace
+from producer.api.runs import ERRORS, MAX_UNIX_S, Svc, Who
+from producer.api.services import Services
 from producer.pipelines import MAX_PIPELINE_ID_CHARS, PipelineConflict, PipelineHandle, UnknownPipeline
 from shared.errors import ConfigError, InvalidRequest, StoreFull
 from shared.pipeline.status import PipelineStatus, summary_of

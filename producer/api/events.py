@@ -7,7 +7,7 @@ The stream ends after the run's end event (Completed, Failed or Interrupted); a 
 end is answered ``204 No Content``, which tells a browser's ``EventSource`` to stop reconnecting.
 While nothing happens a keep-alive comment is sent every ``keepalive_s``.
 
-All the streams of one run in one process share a single reader (:mod:`api.feeds`): one
+All the streams of one run in one process share a single reader (:mod:`producer.api.feeds`): one
 ``XREAD BLOCK`` on one Redis connection, its batches handed to every follower's bounded queue. A
 process serves at most ``max_streams`` streams (503 past that), and at most ``streams_per_tenant``
 of one tenant (429 ``too_many_streams`` past that: its own limit), so one tenant holding streams
@@ -28,12 +28,12 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from api.errors import ApiError
-from api.feeds import BATCH
-from api.limits import StreamSlot
-from api.models import EventPage
-from api.runs import ERRORS, Svc, Who, owned_run
-from api.services import Services
+from producer.api.errors import ApiError
+from producer.api.feeds import BATCH
+from producer.api.limits import StreamSlot
+from producer.api.models import EventPage
+from producer.api.runs import ERRORS, Svc, Who, owned_run
+from producer.api.services import Services
 from shared import protocol
 from shared.events import END_EVENTS, stream_after
 from shared.state import Phase
