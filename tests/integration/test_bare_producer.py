@@ -14,10 +14,14 @@ import sys
 import uuid
 from typing import Any
 
+import httpx
 import pytest
 
 from producer.client import Client
+from shared.keys import Keys
 from shared.state import Phase
+from shared.tenants import Tenants
+from tests.api_support import ApiProcess, bearer
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.redis_broker
@@ -105,3 +109,48 @@ def test_a_bad_request_fails_visibly(
     # Nothing oversized was stored on the way to saying so.
     assert len(head.input) <= client.settings.limits.max_input_chars
     assert len(json.dumps(head.metadata)) <= client.settings.limits.max_metadata_chars
+
+
+def test_the_client_the_api_and_a_bare_message_create_the_same_run(
+    redis_server: RedisServer, workers: list[WorkerProcess], client: Client
+) -> None:
+    """Run creation exists once (``shared.request.new_run``): the same request sent through the
+    Python client, the HTTP API and a bare ``wesichain.start`` message becomes the same run, every
+    field the producer set kept (tenant, thread, metadata, model, Celery callback)."""
+    tenant = f"same-{uuid.uuid4().hex[:6]}"
+    tenants = Tenants(redis_server.client(), Keys())
+    key, _ = tenants.create_key(tenant)
+    tenants.set_celery_callbacks(tenant, ["billing.done"], ["billing-same"])
+    request: dict[str, Any] = {
+        "agent": "direct",
+        "input": "the same request",
+        "thread_id": f"thread-{uuid.uuid4().hex[:6]}",
+        "metadata": {"order": 7, "tags": ["a", "b"]},
+        "model": "scripted:direct",
+        "callback": {"task": "billing.done", "queue": "billing-same"},
+    }
+    by_client = client.submit(**request, tenant=tenant, check_agent=False).run_id
+    api = ApiProcess(redis_server.url).start()
+    try:
+        answer = httpx.post(f"{api.url}/v1/runs", json=request, headers=bearer(key), timeout=30)
+        assert answer.status_code == 202, answer.text
+        by_api = answer.json()["run_id"]
+    finally:
+        api.stop()
+    by_message = uuid.uuid4().hex
+    send_from_another_process(redis_server.url, start(by_message, **request, tenant=tenant))
+    wait_until(lambda: client.store.load(by_message) is not None, TIMEOUT, what="the bare run to be created")
+
+    def as_created(run_id: str) -> dict[str, Any]:
+        first = client.store.checkpoints(run_id, 0, 0)[0]  # version 1: the run as it was created
+        created: dict[str, Any] = json.loads(first.dump_request(exclude_time=True))
+        return {**created, "model": first.model, "state": first.state, "phase": first.phase.value}
+
+    runs = [as_created(run_id) for run_id in (by_client, by_api, by_message)]
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0]["tenant"] == tenant and runs[0]["callback"] == {**request["callback"], "url": None}
+    assert (runs[0]["thread_id"], runs[0]["metadata"], runs[0]["model"]) == (
+        request["thread_id"],
+        request["metadata"],
+        "scripted:direct",
+    )
