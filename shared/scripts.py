@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import redis
@@ -40,11 +41,14 @@ __all__ = [
     "SPECS",
     "Script",
     "ScriptCallError",
+    "ScriptNameError",
     "ScriptSpec",
     "is_cluster",
     "register_script",
     "register_scripts",
     "run_many",
+    "script_body",
+    "script_files",
     "script_source",
 ]
 
@@ -93,7 +97,8 @@ def _spec(
     )
 
 
-#: Every script of the stores (``shared/lua/<name>.lua``).
+#: Every script of the stores: ``shared/lua/<name>.lua``, or a feature's ``shared/<feature>/lua/<name>.lua``
+#: (:func:`script_files` finds each by its name).
 SPECS: dict[str, ScriptSpec] = {
     # -- the run store ---------------------------------------------------------------------------
     "create": _spec(
@@ -264,6 +269,10 @@ class ScriptCallError(ValueError):
     """A script was called with another number of KEYS or ARGV than its spec names."""
 
 
+class ScriptNameError(RuntimeError):
+    """Two Lua files share a name: a script is found by its name alone, wherever it lives."""
+
+
 class Script:
     """A registered script that refuses a call whose KEYS or ARGV its spec does not take."""
 
@@ -292,9 +301,44 @@ class Script:
 
 
 @cache
+def script_files() -> dict[str, Traversable]:
+    """Every script's file, by name: the run protocol's in ``shared/lua/``, a feature's beside its
+    package (``shared/<feature>/lua/``, e.g. ``shared/pipeline/lua/pipe_create.lua``).
+
+    A script is called by its name alone, so a name is one file wherever it lives: two files
+    of one name are refused (:class:`ScriptNameError`).
+    """
+    return _find_scripts(resources.files("shared"))
+
+
+def _find_scripts(root: Traversable) -> dict[str, Traversable]:
+    """The ``.lua`` files of ``root/lua/`` and of each ``root/<sub-package>/lua/``, by name."""
+    packages = sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.name)
+    dirs = [root / "lua"] + [d / "lua" for d in packages if (d / "lua").is_dir()]
+    files: dict[str, Traversable] = {}
+    for d in dirs:
+        for f in sorted(d.iterdir(), key=lambda f: f.name):
+            if not f.name.endswith(".lua") or not f.is_file():
+                continue
+            name = f.name.removesuffix(".lua")
+            if name in files:
+                raise ScriptNameError(f"two Lua scripts are named {name!r}: {files[name]} and {f}")
+            files[name] = f
+    return files
+
+
+def script_body(name: str) -> str:
+    """A script's own text, as its file holds it (no prelude)."""
+    try:
+        return script_files()[name].read_text()
+    except KeyError:
+        raise KeyError(f"no Lua script named {name!r} in shared/lua/ or shared/*/lua/") from None
+
+
+@cache
 def script_source(name: str) -> str:
     """A script's source as Redis runs it: the prelude it uses (field names, helpers), then its body."""
-    body = resources.files("shared").joinpath("lua", f"{name}.lua").read_text()
+    body = script_body(name)
     return lua_prelude(body) + body
 
 

@@ -40,14 +40,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from importlib import resources
 
 from redis.crc import key_slot
 
 from producer.api.errors import ApiError
 from shared.errors import ConfigError
 from shared.protocol import lua_prelude
-from shared.scripts import is_cluster
+from shared.scripts import is_cluster, script_body
 from shared.store import RunStore
 from shared.tenants import CeleryCallbacks, TenantLimits, Tenants, TenantSettings
 
@@ -95,7 +94,7 @@ return {1, redis.call('ZCARD', KEYS[2])}
 
 
 def _reserve_source() -> str:
-    window = resources.files("shared").joinpath("lua", "submit_window.lua").read_text()
+    window = script_body("submit_window")
     body = _RESERVE_BODY.replace("--WINDOW--", window)
     return lua_prelude(body) + body
 

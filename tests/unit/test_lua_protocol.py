@@ -8,7 +8,9 @@ the script's own replies and argument modes (its ``ScriptSpec.words`` in :mod:`s
 
 from __future__ import annotations
 
+import fnmatch
 import re
+import tomllib
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -18,7 +20,15 @@ import redis
 
 from shared import protocol
 from shared.protocol import _definitions
-from shared.scripts import SPECS, ScriptCallError, register_script, script_source
+from shared.scripts import (
+    SPECS,
+    ScriptCallError,
+    ScriptNameError,
+    _find_scripts,
+    register_script,
+    script_files,
+    script_source,
+)
 from tests.harness import RedisServer
 
 #: Redis's commands and their option keywords: they name no data of ours.
@@ -260,3 +270,42 @@ def test_the_python_side_reads_the_task_states_the_prelude_writes() -> None:
         protocol.TASK_EXPIRED,
         protocol.TASK_UNCLAIMED,
     }
+
+
+def test_the_loader_finds_every_lua_file_of_the_package_by_its_name() -> None:
+    # A script placed where script_files() does not look (shared/lua/, shared/<feature>/lua/)
+    # would be in the package but never loaded.
+    assert {name: str(path) for name, path in lua_files().items()} == {
+        name: str(f) for name, f in script_files().items()
+    }
+    assert set(script_files()) == set(SPECS)
+    assert "pipe_create" in {
+        p.stem for p in (Path(str(resources.files("shared.pipeline"))) / "lua").iterdir()
+    }
+
+
+def test_two_lua_files_of_one_name_are_refused(tmp_path: Path) -> None:
+    for where in ("lua", "pipeline/lua", "evals/lua", "evals/lua/nested"):
+        (tmp_path / where).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "lua" / "create.lua").write_text("return 1")
+    (tmp_path / "evals" / "lua" / "eval_create.lua").write_text("return 1")
+    (tmp_path / "evals" / "lua" / "nested" / "create.lua").write_text("return 1")
+    (tmp_path / "pipeline" / "lua" / "notes.txt").write_text("not a script")
+    assert sorted(_find_scripts(tmp_path)) == ["create", "eval_create"]
+    (tmp_path / "pipeline" / "lua" / "create.lua").write_text("return 2")
+    with pytest.raises(ScriptNameError, match="two Lua scripts are named 'create'"):
+        _find_scripts(tmp_path)
+
+
+def test_a_non_editable_install_carries_every_lua_file() -> None:
+    # setuptools copies package data only where pyproject.toml's globs say.
+    globs = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["shared"]
+    root = Path(str(resources.files("shared")))
+    missed = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.lua")
+        if not any(fnmatch.fnmatchcase(p.relative_to(root).as_posix(), g) for g in globs)
+    ]
+    assert not missed, f"Lua files left out of package-data: {missed}"

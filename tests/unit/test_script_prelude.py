@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import re
-from importlib import resources
 
 from shared.protocol import _definitions, lua_prelude
-from shared.scripts import script_source
+from shared.scripts import script_body, script_files, script_source
 
 PRELUDE_NAMES = [name for name, _ in _definitions()]
 
 
 def _lua_files() -> list[str]:
-    return sorted(
-        p.name.removesuffix(".lua")
-        for p in resources.files("shared").joinpath("lua").iterdir()
-        if p.name.endswith(".lua")
-    )
+    return sorted(script_files())
 
 
 def _defined(source: str) -> set[str]:
@@ -77,7 +72,7 @@ def test_a_script_gets_what_it_uses_and_what_that_uses() -> None:
 def test_every_prelude_name_a_script_uses_is_defined_in_its_source() -> None:
     for name in _lua_files():
         source = script_source(name)
-        body = resources.files("shared").joinpath("lua", f"{name}.lua").read_text()
+        body = script_body(name)
         used = set(re.findall(r"\w+", body)) & set(PRELUDE_NAMES)
         assert used <= _defined(source), f"{name}.lua uses {sorted(used - _defined(source))} undefined"
 
