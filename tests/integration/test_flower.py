@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -115,11 +115,8 @@ def test_flower_shows_phase_tasks_by_run_id(
         assert task["state"] == "SUCCESS"
 
 
-def test_flower_shows_a_failed_run_as_a_failed_task(
-    flower: str, workers: list[WorkerProcess], client: Client
-) -> None:
-    """The delivery that ends a run FAILED ends its task in FAILURE, with the run's error; the
-    message is acknowledged (the task is never retried or delivered again)."""
+def flower_tasks(flower: str) -> Callable[[str], list[dict[str, object]]]:
+    """The tasks Flower lists for a run (by the ``run_id`` in their arguments)."""
 
     def tasks_of(run_id: str) -> list[dict[str, object]]:
         reply = httpx.get(
@@ -128,12 +125,29 @@ def test_flower_shows_a_failed_run_as_a_failed_task(
         reply.raise_for_status()
         return list(reply.json().values())
 
+    return tasks_of
+
+
+def wait_until_flower_sees_tasks(flower: str, client: Client) -> None:
+    """Flower receives task events from the workers: a probe run's tasks show up in it."""
+    tasks_of = flower_tasks(flower)
+
     def probe_seen() -> bool:
         probe = client.submit("direct", "probe")
         probe.wait(30)
         return bool(tasks_of(probe.run_id))
 
     wait_until(probe_seen, 45, interval=0.5, what="flower to receive task events")
+
+
+def test_flower_shows_a_failed_run_as_a_failed_task(
+    flower: str, workers: list[WorkerProcess], client: Client
+) -> None:
+    """The delivery that ends a run FAILED ends its task in FAILURE, with the run's error; the
+    message is acknowledged (the task is never retried or delivered again)."""
+
+    tasks_of = flower_tasks(flower)
+    wait_until_flower_sees_tasks(flower, client)
     handle = client.submit("tool_error_fail", "go")  # the tool raises; fail_fast fails the run
     head = handle.wait(30)
     assert head.error is not None and head.error.kind == "ToolDispatch"
@@ -157,19 +171,8 @@ def test_flower_never_shows_a_provider_error_that_quotes_the_prompt(
     """A provider's 400 that echoes the prompt fails the run; its task fails in Flower with the
     error's kind and the run's ids only, in the exception and in the traceback alike."""
 
-    def tasks_of(run_id: str) -> list[dict[str, object]]:
-        reply = httpx.get(
-            f"{flower}/api/tasks", params={"search": f"kwargs:run_id={run_id}"}, auth=AUTH, timeout=10
-        )
-        reply.raise_for_status()
-        return list(reply.json().values())
-
-    def probe_seen() -> bool:
-        probe = client.submit("direct", "probe")
-        probe.wait(30)
-        return bool(tasks_of(probe.run_id))
-
-    wait_until(probe_seen, 45, interval=0.5, what="flower to receive task events")
+    tasks_of = flower_tasks(flower)
+    wait_until_flower_sees_tasks(flower, client)
     prompt = "the secret merger with Initech closes on 2031-05-04"
     handle = client.submit("echoing_400", prompt)
     head = handle.wait(30)
