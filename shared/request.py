@@ -29,6 +29,8 @@ __all__ = [
     "RunRequest",
     "StartMessage",
     "check_callback",
+    "check_callback_queue",
+    "check_callback_task",
     "check_name",
     "check_run_id",
     "new_run",
@@ -179,25 +181,35 @@ def _callback(raw: Any, runtime_callback: bool) -> Callback | None:
 
 
 def check_callback(callback: Callback) -> None:
-    """Refuse a producer's callback that names a reserved task or queue (``RESERVED_*``).
+    """Refuse a producer's callback that names a reserved task or queue (``RESERVED_*``)."""
+    if callback.task is not None:
+        check_callback_task(callback.task)
+    if callback.queue is not None:
+        check_callback_queue(callback.queue)
+
+
+def check_callback_task(task: str) -> None:
+    """Refuse a callback task name that is malformed or reserved (the runtime's, or Celery's).
 
     Names are compared case-folded: a broker or a future router that folds case must not turn
     an accepted name into a reserved one.
     """
-    if callback.task is not None:
-        check_name("callback task", callback.task)
-        if callback.task.casefold().startswith(RESERVED_TASK_PREFIXES):
-            raise InvalidRequest(
-                f"callback task {callback.task[:80]!r} is reserved: names starting with"
-                f" {' or '.join(RESERVED_TASK_PREFIXES)} are the runtime's own tasks"
-            )
-    if callback.queue is not None:
-        check_name("callback queue", callback.queue)
-        if callback.queue.casefold().startswith(RESERVED_QUEUE_PREFIXES):
-            raise InvalidRequest(
-                f"callback queue {callback.queue[:80]!r} is reserved: queues starting with"
-                f" {' or '.join(RESERVED_QUEUE_PREFIXES)} are the pool's own"
-            )
+    check_name("callback task", task)
+    if task.casefold().startswith(RESERVED_TASK_PREFIXES):
+        raise InvalidRequest(
+            f"callback task {task[:80]!r} is reserved: names starting with"
+            f" {' or '.join(RESERVED_TASK_PREFIXES)} are the runtime's own tasks"
+        )
+
+
+def check_callback_queue(queue: str) -> None:
+    """Refuse a callback queue that is malformed or reserved (the pool's, or Celery's), case-folded."""
+    check_name("callback queue", queue)
+    if queue.casefold().startswith(RESERVED_QUEUE_PREFIXES):
+        raise InvalidRequest(
+            f"callback queue {queue[:80]!r} is reserved: queues starting with"
+            f" {' or '.join(RESERVED_QUEUE_PREFIXES)} are the pool's own"
+        )
 
 
 def _check_input(text: Any, limits: Limits) -> None:

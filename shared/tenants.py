@@ -24,8 +24,7 @@ from pydantic import BaseModel, Field
 from shared.errors import InvalidRequest
 from shared.keys import Keys
 from shared.queues import check_namespace
-from shared.request import check_callback, check_name
-from shared.state import Callback
+from shared.request import check_callback_queue, check_callback_task, check_name
 from shared.webhooks import new_secret
 
 __all__ = [
@@ -171,16 +170,13 @@ class Tenants:
         return TenantSettings(
             limits=TenantLimits.model_validate_json(raw_limits) if raw_limits else TenantLimits(),
             default_callback=str(callback) if callback else None,
-            namespaces=_namespaces_of(raw_namespaces),
-            callbacks=CeleryCallbacks(_namespaces_of(raw_tasks), _namespaces_of(raw_queues)),
+            namespaces=_names_of(raw_namespaces),
+            callbacks=CeleryCallbacks(_names_of(raw_tasks), _names_of(raw_queues)),
         )
 
     def celery_callbacks(self, tenant: str) -> CeleryCallbacks:
         """The Celery callback tasks and queues the tenant's runs may name."""
-        raw_tasks, raw_queues = self.redis.hmget(
-            self.keys.tenant(tenant), "callback_tasks", "callback_queues"
-        )
-        return CeleryCallbacks(_namespaces_of(raw_tasks), _namespaces_of(raw_queues))
+        return self.settings(tenant).callbacks
 
     def set_celery_callbacks(
         self, tenant: str, tasks: Iterable[str], queues: Iterable[str]
@@ -190,9 +186,9 @@ class Tenants:
         check_name("tenant", tenant)
         allowed_tasks, allowed_queues = sorted(set(tasks)), sorted(set(queues))
         for task in allowed_tasks:
-            check_callback(Callback(task=task))
+            check_callback_task(task)
         for queue in allowed_queues:
-            check_callback(Callback(task="any.task", queue=queue))  # the queue's own checks
+            check_callback_queue(queue)
         if max(len(allowed_tasks), len(allowed_queues)) > MAX_TENANT_CALLBACKS:
             raise InvalidRequest(
                 f"a tenant may be allowed at most {MAX_TENANT_CALLBACKS} callback tasks and as many queues"
@@ -208,7 +204,7 @@ class Tenants:
 
     def namespaces(self, tenant: str) -> tuple[str, ...]:
         """The queue namespaces the tenant's runs may name besides the default one (sorted)."""
-        return _namespaces_of(self.redis.hget(self.keys.tenant(tenant), "namespaces"))
+        return _names_of(self.redis.hget(self.keys.tenant(tenant), "namespaces"))
 
     def set_namespaces(self, tenant: str, namespaces: Iterable[str]) -> tuple[str, ...]:
         """Allow exactly ``namespaces`` (besides the default one, always allowed); returns them
@@ -260,7 +256,7 @@ class Tenants:
             self.redis.hset(self.keys.tenant(tenant), "callback_url", url)
 
 
-def _namespaces_of(raw: object) -> tuple[str, ...]:
+def _names_of(raw: object) -> tuple[str, ...]:
     """An allow-list as stored (a JSON list of names; absent: none)."""
     if not raw:
         return ()
