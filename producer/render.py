@@ -32,6 +32,9 @@ def render_event(event: Event) -> str:
         case "ApprovalDecided":
             verdict = "approved" if event.approve else "denied"
             detail = f"{verdict} by {event.by or '?'}" + (f": {event.note}" if event.note else "")
+        case "HandedOff":
+            moved = f"{event.from_agent} -> {event.to_agent} v{event.to_version}"
+            detail = f"{moved} id={event.call_id} ({event.history} history)"
         case "Completed":
             detail = f"tokens in/out {event.usage.input_tokens}/{event.usage.output_tokens}"
         case "Failed":
@@ -50,6 +53,13 @@ def render_head(head: RunHead) -> str:
         f"phase    {head.phase.value}  step {head.step}/{head.max_steps}  version {head.version}",
         f"usage    {head.usage.input_tokens} in / {head.usage.output_tokens} out",
     ]
+    if head.handoffs:
+        lines.append(
+            f"now      {head.active_agent} v{head.agent_version} (handed off {len(head.handoffs)} time(s))"
+        )
+        lines += [
+            f"handoff  step {h.step}: {h.from_agent} -> {h.to_agent} v{h.to_version}" for h in head.handoffs
+        ]
     if head.answer is not None:
         lines.append(f"answer   {head.answer}")
     if head.state is not None:

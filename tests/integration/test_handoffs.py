@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from producer.client import Client
+from producer.render import render_head
 from shared.handoffs import conversation_of
 from shared.keys import Keys
 from shared.messages import SystemMessage, ToolMessage
@@ -84,6 +85,12 @@ def test_a_run_handed_off_goes_on_under_the_target(client: Client) -> None:
     seen = conversation_of(head.handoffs, stored)
     assert isinstance(seen[0], SystemMessage) and seen[0].content == BILLING_PROMPT
     assert sum(isinstance(m, SystemMessage) for m in seen) == 1 and len(seen) == len(stored) - 1
+    # The timeline flags the handoff, on the lane of the worker that committed it; the CLI shows it.
+    (marker,) = [m for m in handle.timeline().markers if m.kind == "handoff"]
+    assert marker.text == "handed off from triage to billing v7 (step 1)" and marker.lane is not None
+    shown = render_head(head)
+    assert "now      billing v7 (handed off 1 time(s))" in shown
+    assert "handoff  step 1: triage -> billing v7" in shown
 
 
 def test_a_handoff_wins_over_the_calls_beside_it(client: Client) -> None:
