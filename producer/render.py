@@ -49,7 +49,10 @@ def render_event(event: Event) -> str:
 def render_head(head: RunHead) -> str:
     lines = [
         f"run      {head.run_id}",
-        f"agent    {head.agent} v{head.agent_version}  model {head.model}",
+        # After a handoff the version and model are the current agent's (the ``now`` line).
+        f"agent    {head.agent}"
+        + (" (started the run)" if head.handoffs else f" v{head.agent_version}")
+        + f"  model {head.model}",
         f"phase    {head.phase.value}  step {head.step}/{head.max_steps}  version {head.version}",
         f"usage    {head.usage.input_tokens} in / {head.usage.output_tokens} out",
     ]
