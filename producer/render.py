@@ -32,6 +32,9 @@ def render_event(event: Event) -> str:
         case "ApprovalDecided":
             verdict = "approved" if event.approve else "denied"
             detail = f"{verdict} by {event.by or '?'}" + (f": {event.note}" if event.note else "")
+        case "HandedOff":
+            moved = f"{event.from_agent} -> {event.to_agent} v{event.to_version}"
+            detail = f"{moved} id={event.call_id} ({event.history} history)"
         case "Completed":
             detail = f"tokens in/out {event.usage.input_tokens}/{event.usage.output_tokens}"
         case "Failed":
@@ -46,10 +49,20 @@ def render_event(event: Event) -> str:
 def render_head(head: RunHead) -> str:
     lines = [
         f"run      {head.run_id}",
-        f"agent    {head.agent} v{head.agent_version}  model {head.model}",
+        # After a handoff the version and model are the current agent's (the ``now`` line).
+        f"agent    {head.agent}"
+        + (" (started the run)" if head.handoffs else f" v{head.agent_version}")
+        + f"  model {head.model}",
         f"phase    {head.phase.value}  step {head.step}/{head.max_steps}  version {head.version}",
         f"usage    {head.usage.input_tokens} in / {head.usage.output_tokens} out",
     ]
+    if head.handoffs:
+        lines.append(
+            f"now      {head.active_agent} v{head.agent_version} (handed off {len(head.handoffs)} time(s))"
+        )
+        lines += [
+            f"handoff  step {h.step}: {h.from_agent} -> {h.to_agent} v{h.to_version}" for h in head.handoffs
+        ]
     if head.answer is not None:
         lines.append(f"answer   {head.answer}")
     if head.state is not None:

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from shared.context import ContextBudget
 from shared.errors import ConfigError
+from shared.handoffs import MAX_HANDOFFS_CEILING, Handoff, normalised
 from shared.limits import ProviderLimit
 from shared.llm.base import LlmAdapter, OutputFormat
 from shared.messages import ToolCall
@@ -34,7 +35,7 @@ from shared.policy import Policy
 from shared.prompts import INPUT_VARIABLE, Prompt
 from shared.tools import RISKS, Risk, ToolSet
 
-__all__ = ["Agent", "AgentRegistry", "load_registry"]
+__all__ = ["Agent", "AgentRegistry", "load_registry", "pin_version"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,11 @@ class Agent:
     #: The prompt-token budget of its model requests, and how to stay under it (``shared/context.py``);
     #: None: the whole conversation is sent.
     context: ContextBudget | None = None
+    #: Agents this one may hand the conversation to (``shared/handoffs.py``), as :class:`Handoff`
+    #: values or plain agent names: the model sees one ``transfer_to_<agent>`` tool per target.
+    handoffs: tuple[Handoff | str, ...] = ()
+    #: Handoffs a run may have had when this agent's model asks for one more (a cycle counts too).
+    max_handoffs: int = 5
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
@@ -107,6 +113,23 @@ class Agent:
             raise ConfigError(f"agent {self.name!r}: max_subagent_depth in 0..10, max_children in 0..1000")
         if self.approval_risk is not None and self.approval_risk not in RISKS:
             raise ConfigError(f"agent {self.name!r}: approval_risk must be one of {', '.join(RISKS)}")
+        self._check_handoffs()
+
+    def _check_handoffs(self) -> None:
+        if not isinstance(self.handoffs, tuple | list):
+            raise ConfigError(f"agent {self.name!r}: handoffs must be a tuple of Handoff values or names")
+        # Stored as Handoff values, whatever was declared (a frozen dataclass: set once, here).
+        object.__setattr__(self, "handoffs", normalised(self.name, self.handoffs))
+        if not 0 <= self.max_handoffs <= MAX_HANDOFFS_CEILING:
+            raise ConfigError(f"agent {self.name!r}: max_handoffs must be in 0..{MAX_HANDOFFS_CEILING}")
+        clash = {h.name for h in self.handoff_targets} & set(self.tools.names)
+        if clash:
+            raise ConfigError(f"agent {self.name!r}: handoff tools {sorted(clash)} clash with its tools")
+
+    @property
+    def handoff_targets(self) -> tuple[Handoff, ...]:
+        """The declared handoffs, each as a :class:`Handoff`."""
+        return tuple(h for h in self.handoffs if isinstance(h, Handoff))
 
     def needs_approval(self, call: ToolCall) -> bool:
         """Whether a human must approve ``call`` (validated) before it runs: the tool is listed in
@@ -148,6 +171,12 @@ class Agent:
             if isinstance(template, Prompt):
                 names |= template.variables
         return frozenset(names - {INPUT_VARIABLE})
+
+
+def pin_version(agent: Agent) -> str:
+    """The version of ``agent`` a run is pinned to when it starts under it, or is handed to it:
+    the one place that choice is made (the start phase and a handoff both ask here)."""
+    return agent.version
 
 
 class AgentRegistry:

@@ -30,6 +30,7 @@ __all__ = [
     "Event",
     "EventLog",
     "Failed",
+    "HandedOff",
     "Interrupted",
     "ModelResponded",
     "RunStarted",
@@ -178,6 +179,19 @@ class ApprovalDecided(_Event):
     always: bool = False
 
 
+class HandedOff(_Event):
+    """The conversation was handed to another agent (``shared/handoffs.py``): the run goes on under
+    ``to_agent`` (at ``to_version``) from the next step. Committed with the handoff, once."""
+
+    kind: Literal["HandedOff"] = "HandedOff"
+    from_agent: str
+    to_agent: str
+    to_version: str
+    call_id: str
+    #: The history the target sees: "kept" as it was, or "filtered" by the handoff's input filter.
+    history: str = "kept"
+
+
 class Completed(_Event):
     """The run ended with an answer."""
 
@@ -214,6 +228,7 @@ Event = Annotated[
     | StepFailed
     | AwaitingApproval
     | ApprovalDecided
+    | HandedOff
     | Completed
     | Failed
     | Interrupted,

@@ -4,6 +4,7 @@
                     │ └─act→ ACTING ─observe→ OBSERVING ─next_step→ THINKING …
                     │                                   └─finish→ COMPLETED (a tool ended the run)
                     ├─reprompt / retry→ THINKING
+                    ├─hand_off / refuse_handoff→ THINKING (the next step; under the target agent)
                     ├─park→ AWAITING_APPROVAL ─approve→ ACTING, ─deny→ THINKING
                     └─delegate→ AWAITING_APPROVAL (subagents) ─resume→ THINKING
     OBSERVING ─park_unknown→ AWAITING_APPROVAL ─resume→ THINKING
@@ -29,8 +30,8 @@ from typing import Any, Generic, TypeVar
 from shared import events as ev
 from shared.errors import InternalInvariant, RunErrorInfo
 from shared.llm.base import Usage
-from shared.messages import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
-from shared.state import Approval, ChildRun, Phase, RunHead, Summary, ToolResult
+from shared.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolMessage, UserMessage
+from shared.state import Approval, ChildRun, HandoffRecord, Phase, RunHead, Summary, ToolResult
 
 __all__ = [
     "Acting",
@@ -267,6 +268,91 @@ class Thinking(_Live):
             messages=(AssistantMessage(content=text, tool_calls=list(calls)),),
             events=(responded, *dispatched),
         )
+
+    def hand_off(
+        self,
+        text: str | None,
+        calls: Sequence[ToolCall],
+        usage: Usage,
+        answers: Sequence[ToolMessage],
+        handoff: HandoffRecord,
+        conversation: Sequence[Message],
+        *,
+        model: str,
+        max_steps: int,
+    ) -> Transition[Thinking]:
+        """The model asked to hand the conversation over: the reply, its calls answered (none ran),
+        then the target's ``conversation`` (its system prompt first, at ``handoff.at``), and the
+        next step thinks under the target, with ``max_steps`` more steps of its own."""
+        reply = AssistantMessage(content=text, tool_calls=list(calls))
+        messages: tuple[Message, ...] = (reply, *answers, *conversation)
+        at = self.head.message_count + 1 + len(answers)
+        if handoff.at != at or not conversation or not isinstance(conversation[0], SystemMessage):
+            raise InternalInvariant(
+                "a handoff's conversation must start with its system prompt", step=self.head.step
+            )
+        step = self.head.step + 1
+        head = self._next(
+            Phase.THINKING,
+            step=step,
+            steps_used=self.head.steps_used + 1,
+            max_steps=self.head.steps_used + max_steps,
+            agent_version=handoff.to_version,
+            model=model,
+            handoffs=[*self.head.handoffs, handoff],
+            # The target's policy counts its own reprompts and retries, and a summary of the
+            # conversation before stands for messages the target does not see as they were.
+            reprompts=0,
+            model_retries=0,
+            summary=None,
+            usage=self.head.usage + usage,
+            message_count=self.head.message_count + len(messages),
+        )
+        events: tuple[ev.Event, ...] = (
+            ev.ModelResponded(
+                run_id=head.run_id, step=self.head.step, text=text, tool_calls=len(calls), usage=usage
+            ),
+            ev.HandedOff(
+                run_id=head.run_id,
+                step=self.head.step,
+                from_agent=handoff.from_agent,
+                to_agent=handoff.to_agent,
+                to_version=handoff.to_version,
+                call_id=handoff.call_id,
+                history=handoff.history,
+            ),
+            ev.StepStarted(run_id=head.run_id, step=step),
+        )
+        return Transition(Thinking(head), messages=messages, events=events)
+
+    def refuse_handoff(
+        self,
+        text: str | None,
+        calls: Sequence[ToolCall],
+        usage: Usage,
+        answers: Sequence[ToolMessage],
+        error: RunErrorInfo,
+    ) -> Transition[Thinking]:
+        """A handoff the runtime refuses (unknown target, past the limit): the model reads why in
+        the transfer's answer, and the next step thinks under the same agent."""
+        messages: tuple[Message, ...] = (AssistantMessage(content=text, tool_calls=list(calls)), *answers)
+        step = self.head.step + 1
+        head = self._next(
+            Phase.THINKING,
+            step=step,
+            steps_used=self.head.steps_used + 1,
+            model_retries=0,
+            usage=self.head.usage + usage,
+            message_count=self.head.message_count + len(messages),
+        )
+        events: tuple[ev.Event, ...] = (
+            ev.ModelResponded(
+                run_id=head.run_id, step=self.head.step, text=text, tool_calls=len(calls), usage=usage
+            ),
+            ev.StepFailed(run_id=head.run_id, step=self.head.step, error=error, decision="continue"),
+            ev.StepStarted(run_id=head.run_id, step=step),
+        )
+        return Transition(Thinking(head), messages=messages, events=events)
 
     def reprompt(
         self, error: RunErrorInfo, raw_reply: str | None, correction: str, usage: Usage, consume_budget: bool

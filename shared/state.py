@@ -32,6 +32,7 @@ __all__ = [
     "Decision",
     "ForkOrigin",
     "EvalLink",
+    "HandoffRecord",
     "ParentLink",
     "PipelineLink",
     "RunLink",
@@ -161,6 +162,25 @@ class ChildRun(BaseModel):
     run_id: str
     agent: str
     input: str
+
+
+class HandoffRecord(BaseModel):
+    """One handoff of a run: the agent that handed the conversation over, the one that took it
+    (and the version it runs at), the step and the transfer call (``shared/handoffs.py``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    from_agent: str
+    to_agent: str
+    to_version: str
+    #: The step whose reply asked for it (the target's first step is the next one).
+    step: int
+    call_id: str
+    #: Where the target's system prompt is in the stored conversation: its conversation starts there.
+    at: int
+    #: "kept": the target sees the conversation as it was; "filtered": the handoff's input filter's
+    #: result, stored after the system prompt.
+    history: Literal["kept", "filtered"] = "kept"
 
 
 class ParentLink(BaseModel):
@@ -323,6 +343,9 @@ class RunHead(BaseModel):
     link: RunLink | None = None
     #: Subagent runs this run has started so far.
     children: int = 0
+    #: The run's handoffs, oldest first (``shared/handoffs.py``): the last one's target is the agent
+    #: the run goes on under (:attr:`active_agent`). Bounded by the agents' ``max_handoffs``.
+    handoffs: list[HandoffRecord] = Field(default_factory=list)
     #: The summary of the oldest messages (an agent whose context strategy is ``summarise``).
     summary: Summary | None = None
     message_count: int = 0
@@ -364,6 +387,11 @@ class RunHead(BaseModel):
     @property
     def terminal(self) -> bool:
         return self.phase.terminal
+
+    @property
+    def active_agent(self) -> str:
+        """The agent the run goes on under: the one it was started for, or its last handoff's target."""
+        return self.handoffs[-1].to_agent if self.handoffs else self.agent
 
     def output_as(self, output_type: type[M]) -> M | None:
         """The run's structured output as ``output_type`` (None while it has none)."""

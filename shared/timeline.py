@@ -66,10 +66,10 @@ class Wait(BaseModel):
 
 
 class Marker(BaseModel):
-    """A moment worth a flag: a takeover, a park for approval, the end."""
+    """A moment worth a flag: a takeover, a park for approval, a handoff to another agent, the end."""
 
     at: float
-    kind: Literal["takeover", "parked", "end"]
+    kind: Literal["takeover", "parked", "handoff", "end"]
     text: str
     lane: str | None = None
 
@@ -100,8 +100,16 @@ def build_timeline(head: RunHead, checkpoints: Sequence[RunHead], events: Sequen
     committed_thinks: set[tuple[int, str]] = set()
 
     previous_commit = head.created_at
+    handoffs = 0
     for version in checkpoints:
         ran = version.ran
+        if len(version.handoffs) > handoffs:
+            # The commit that handed the conversation over (one per version at most).
+            h = version.handoffs[-1]
+            lane_of_commit = f"{ran.host}:{ran.pid}" if ran is not None else None
+            text = f"handed off from {h.from_agent} to {h.to_agent} v{h.to_version} (step {h.step})"
+            markers.append(Marker(at=version.updated_at, kind="handoff", text=text, lane=lane_of_commit))
+        handoffs = len(version.handoffs)
         if ran is not None:
             lane = f"{ran.host}:{ran.pid}"
             name, step = TASK_OF_PHASE.get(ran.phase, ran.phase.value), _step_of_phase(version, ran.phase)

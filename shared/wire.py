@@ -18,7 +18,17 @@ from shared.pipeline.status import PipelineSummary
 from shared.state import Approval, Callback, CallbackState, PhaseRun, RunHead, RunStatus
 from shared.workers import AgentInfo
 
-__all__ = ["AgentView", "PipelineList", "RunList", "RunView", "run_view"]
+__all__ = ["AgentView", "HandoffView", "PipelineList", "RunList", "RunView", "run_view"]
+
+
+class HandoffView(BaseModel):
+    """One handoff of a run, as the API shows it (``docs/agents.md#handoffs``)."""
+
+    from_agent: str
+    to_agent: str
+    to_version: str = Field(description="The version of the target agent the run went on at.")
+    step: int = Field(description="The step whose reply asked for it; the target's first step is the next.")
+    call_id: str = Field(description="The model's transfer call.")
 
 
 class RunView(BaseModel):
@@ -38,6 +48,13 @@ class RunView(BaseModel):
     thread_id: str | None
     metadata: dict[str, Any]
     callback: Callback | None
+    current_agent: str = Field(
+        default="",
+        description="The agent the run goes on under: ``agent``, or its last handoff's target.",
+    )
+    handoffs: list[HandoffView] = Field(
+        default_factory=list, description="The run's handoffs between agents, oldest first."
+    )
     namespace: str | None = Field(
         default=None, description="The run's queue namespace; null: the default queues."
     )
@@ -85,6 +102,17 @@ def run_view(head: RunHead, callback_delivery: CallbackState | None = None) -> R
         thread_id=head.thread_id,
         metadata=head.metadata,
         callback=head.callback,
+        current_agent=head.active_agent,
+        handoffs=[
+            HandoffView(
+                from_agent=h.from_agent,
+                to_agent=h.to_agent,
+                to_version=h.to_version,
+                step=h.step,
+                call_id=h.call_id,
+            )
+            for h in head.handoffs
+        ],
         namespace=head.namespace,
         pending_calls=head.pending_calls,
         approval=head.approval,

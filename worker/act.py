@@ -94,7 +94,7 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
 
 def _middleware(rt: Runtime, head: RunHead) -> tuple[Middleware, ...]:
     try:
-        return rt.agents.get(head.agent).middleware
+        return rt.agents.get(head.active_agent).middleware
     except ConfigError:
         return ()
 
@@ -102,7 +102,7 @@ def _middleware(rt: Runtime, head: RunHead) -> tuple[Middleware, ...]:
 def _known(rt: Runtime, head: RunHead, name: str) -> bool:
     """Whether the run's agent has this tool (a name the model made up is not a metric label)."""
     try:
-        return rt.agents.get(head.agent).tools.get(name) is not None
+        return rt.agents.get(head.active_agent).tools.get(name) is not None
     except ConfigError:
         return False
 
@@ -123,7 +123,7 @@ def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str) -> ToolResult
             ToolDispatch("the run was cancelled before the tool started", step=step, tool=call.name).info(),
         )
     try:
-        agent = rt.agents.get(head.agent)
+        agent = rt.agents.get(head.active_agent)
         tool = agent.tools.get(call.name)
     except ConfigError as exc:
         return _error_result(call, ToolDispatch(str(exc), step=step, tool=call.name).info())

@@ -41,6 +41,9 @@ def register(
     d.add_argument("question", nargs="?", help="what to ask")
     d.add_argument("--json", action="store_true", help="print events and the final state as JSON lines")
     d.add_argument("--model", help="override the agent's model (PROVIDER:MODEL)")
+    d.add_argument(
+        "--agent", default="research", help="the agent to ask (research-desk: a handoff to research)"
+    )
 
     w = sub.add_parser("worker", parents=[common], help="run a Celery worker for the phase tasks")
     w.add_argument(
@@ -228,7 +231,7 @@ def demo(args: argparse.Namespace) -> int:
                 "Asking the research assistant (embedded: in-process broker, Redis stand-in and worker):\n"
                 f"  {question}\n"
             )
-        handle = client.submit("research", question, model=args.model)
+        handle = client.submit(args.agent, question, model=args.model)
         for event in handle.events():
             if event.kind == "TokenDelta" and not args.json:
                 continue  # shown as the final answer below; --json prints every delta

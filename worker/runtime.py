@@ -279,7 +279,7 @@ class Runtime:
         if head.phase is not Phase.ACTING:
             return {}
         try:
-            tools = self.agents.get(head.agent).tools
+            tools = self.agents.get(head.active_agent).tools
         except ConfigError:
             return {}
         return {
@@ -291,7 +291,7 @@ def middleware_context(head: RunHead) -> MiddlewareContext:
     """What the agent's middleware is told about the run of ``head``."""
     return MiddlewareContext(
         run_id=head.run_id,
-        agent=head.agent,
+        agent=head.active_agent,
         step=head.step,
         tenant=head.tenant,
         metadata=head.metadata,

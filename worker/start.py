@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from shared import fsm
-from shared.agents import Agent
+from shared.agents import Agent, pin_version
 from shared.errors import ConfigError, InvalidRequest, RunConfigError, excerpt
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 from shared.middleware import Refuse, on_user_message
@@ -75,7 +75,7 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
             return rt.fail(current, claim.ref, InvalidRequest(exc.message, step=0).info())
         transition = current.start(
             messages,
-            agent_version=agent.version,
+            agent_version=pin_version(agent),
             model=head.model or agent.model,
             max_steps=agent.max_steps,
             state=state,

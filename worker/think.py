@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from shared import events as ev
 from shared import fsm
@@ -19,6 +20,7 @@ from shared.context import (
     with_summary,
 )
 from shared.errors import ConfigError, InvalidModelAction, ModelTransport, RunConfigError, RunError
+from shared.handoffs import choose_handoff, conversation_of, offered_tools
 from shared.limits import Throttled
 from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse
 from shared.llm.resolver import resolve_model
@@ -29,6 +31,7 @@ from shared.policy import Verdict, on_invalid_action, on_model_error, on_truncat
 from shared.state import Phase, RunHead, Summary
 from shared.store import Claim, ClaimRef, PhaseClaim
 from shared.subagents import plan_children
+from worker.handoffs import hand_off
 from worker.heartbeat import Held
 from worker.limited_call import call_model, requeue_throttled
 from worker.model_call import ClaimLost
@@ -60,7 +63,7 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
     head = current.head
     ref = claim.ref
     try:
-        agent = rt.agents.get(head.agent)
+        agent = rt.agents.get(head.active_agent)
         # A model string named by the agent itself is trusted; one a producer set per run is not.
         adapter = resolve_model(
             head.model, rt.agents, trusted=head.model == agent.model, settings=rt.settings.llm
@@ -69,11 +72,13 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
         # This worker cannot build the run's model (unknown provider, missing API key): no
         # redelivery can change that, so the run fails now instead of crashing every attempt.
         return rt.fail(current, ref, RunConfigError(str(exc), step=head.step).info())
-    request = build_request(agent, adapter, head.model, claim.messages)
+    # The conversation the current agent sees: after a handoff, the target's (``shared/handoffs.py``).
+    conversation = conversation_of(head.handoffs, claim.messages)
+    request = build_request(agent, adapter, head.model, conversation)
     if agent.context is not None:
         counter = counter_for(head.model, agent.context.chars_per_token)
         due = (
-            summary_due(agent.context, claim.messages, head.summary, request.tools, counter)
+            summary_due(agent.context, conversation, head.summary, request.tools, counter)
             if agent.context.strategy == "summarise"
             else None
         )
@@ -90,10 +95,10 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
         return response.head
     # Counted from the conversation itself, so no head field is needed to bound the reprompts.
     cut_before = sum(
-        1 for m in claim.messages if isinstance(m, UserMessage) and m.content == TRUNCATION_CORRECTION
+        1 for m in conversation if isinstance(m, UserMessage) and m.content == TRUNCATION_CORRECTION
     )
     checked = after_model(agent.middleware, ctx, response)
-    return _next_move(rt, current, ref, agent, checked, response, cut_before)
+    return _next_move(rt, current, ref, agent, checked, response, cut_before, conversation)
 
 
 class _Handled:
@@ -164,6 +169,7 @@ def _next_move(
     checked: ModelResponse | Veto,
     original: ModelResponse,
     cut_before: int = 0,
+    conversation: Sequence[Message] = (),
 ) -> RunHead | None:
     """Commit what the model's (checked) response asks for: tool calls, approval, or the answer.
 
@@ -175,8 +181,9 @@ def _next_move(
         if isinstance(checked, Veto):
             raise InvalidModelAction(f"the reply was vetoed by {checked.reason}", step=head.step)
         response = checked
-        calls = accept_tool_calls(response, agent.tools, head.step, rt.settings.limits)
-        children = plan_children(agent, head, calls)
+        calls = accept_tool_calls(response, offered_tools(agent), head.step, rt.settings.limits)
+        handoff = choose_handoff(agent, calls)
+        children = plan_children(agent, head, calls) if handoff is None else []
         if not calls and response.truncated:
             verdict = on_truncated(agent.policy, cut_before, current.budget_left)
             if verdict.action != "accept":
@@ -188,6 +195,9 @@ def _next_move(
         )
     except InvalidModelAction as exc:
         return _on_invalid(rt, current, ref, agent, exc, original if isinstance(checked, Veto) else checked)
+    if handoff is not None:
+        # A handoff wins over the rest of its reply: none of the reply's other calls runs.
+        return hand_off(rt, current, ref, agent, response, calls, handoff, conversation)
     if children:
         return rt.commit(current, current.delegate(response.text, calls, response.usage, children), ref)
     approved = set(head.approved_tools)
@@ -237,7 +247,7 @@ def build_request(agent: Agent, adapter: LlmAdapter, model: str, messages: list[
     return ModelRequest(
         model=model.partition(":")[2],
         messages=messages,
-        tools=agent.tools.specs(),
+        tools=offered_tools(agent).specs(),
         output=fmt if native else None,
     )
 

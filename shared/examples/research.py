@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from shared.agents import Agent, AgentRegistry
 from shared.examples.research_eval import guess_script, plan_script
 from shared.examples.research_pipeline import register_pipeline
+from shared.handoffs import Handoff, remove_tool_calls
 from shared.llm.base import ModelResponse
 from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import Message, ToolMessage, UserMessage
@@ -260,6 +261,11 @@ def _demo_script(messages: Sequence[Message]) -> ModelResponse:
     return reply(" ".join(parts) or "I could not find an answer.")
 
 
+def _desk_script(messages: Sequence[Message]) -> ModelResponse:
+    """The front desk hands every question to the research assistant."""
+    return reply("A research question: handing you to the research assistant.", ("transfer_to_research", {}))
+
+
 # -- the structured-output variant: the same research, answered as a Brief ------------------------
 
 
@@ -338,6 +344,25 @@ registry.add(
                 [ArgumentRule("search", "query", r"(?i)password|api[ _-]?key", "no searching for secrets")]
             ),
         ),
+    )
+)
+#: ``research-desk``: a front desk that hands the conversation to ``research`` (``wesichain demo
+#: --agent research-desk``): the run goes on under ``research``, which sees the question without the
+#: desk's transfer call.
+registry.add_model("research-desk", ScriptedModel(_desk_script, chunk=6))
+registry.add(
+    Agent(
+        name="research-desk",
+        model="scripted:research-desk",
+        system_prompt="You are the front desk. Hand research questions to the research assistant.",
+        handoffs=(
+            Handoff(
+                "research",
+                description="Hand over to the research assistant (questions needing sources or sums).",
+                input_filter=remove_tool_calls,
+            ),
+        ),
+        max_steps=2,
     )
 )
 #: ``research-split``: the question split, one research run per part across the pool, one answer.

@@ -24,9 +24,10 @@ from shared.fsm import (
 )
 from shared.llm.base import Usage
 from shared.messages import ToolCall, UserMessage
-from shared.state import Phase, RunHead, Summary, ToolResult
+from shared.state import HandoffRecord, Phase, RunHead, Summary, ToolResult
 
 HEAD = RunHead.new_idle("r", "agent", "question")
+HANDOFF = HandoffRecord(from_agent="a", to_agent="b", to_version="1", step=1, call_id="c", at=1)
 ERR = RunErrorInfo(kind="InternalInvariant", message="x")
 CALL = ToolCall(id="c", name="t", arguments={})
 """
@@ -56,6 +57,15 @@ ILLEGAL: dict[str, tuple[str, str]] = {
     ),
     # The phase travels through the transition's type: what ``start`` returns cannot observe.
     "thinking_approve": ("Thinking(HEAD).approve()", '"Thinking" has no attribute "approve"'),
+    # Only a thinking run hands off: an acting one has its calls out already.
+    "acting_hand_off": (
+        'Acting(HEAD).hand_off(None, [CALL], Usage(), [], HANDOFF, [], model="m:x", max_steps=1)',
+        '"Acting" has no attribute "hand_off"',
+    ),
+    "observing_refuse_handoff": (
+        "Observing(HEAD).refuse_handoff(None, [CALL], Usage(), [], ERR)",
+        '"Observing" has no attribute "refuse_handoff"',
+    ),
     "acting_park": (
         "Acting(HEAD).park(None, [CALL], Usage(), [])",
         '"Acting" has no attribute "park"',
@@ -103,6 +113,8 @@ TERMINAL_CALLS = {
     "next_wave": "next_wave(None)",
     "park": "park(None, [CALL], Usage(), [])",
     "delegate": "delegate(None, [CALL], Usage(), [])",
+    "hand_off": 'hand_off(None, [CALL], Usage(), [], HANDOFF, [], model="m:x", max_steps=1)',
+    "refuse_handoff": "refuse_handoff(None, [CALL], Usage(), [], ERR)",
     "park_unknown": "park_unknown([])",
     "finish": 'finish([], "x")',
     "approve": "approve()",

@@ -219,6 +219,10 @@ function renderHead(run) {
     ["Tokens", `${run.usage.input_tokens ?? 0} in / ${run.usage.output_tokens ?? 0} out`],
   ];
   if (run.thread_id) facts.push(["Thread", run.thread_id]);
+  if (run.handoffs && run.handoffs.length) {
+    facts.push(["Now with", run.current_agent]);
+    facts.push(["Handoffs", run.handoffs.map((h) => `step ${h.step}: ${h.from_agent} → ${h.to_agent} v${h.to_version}`).join("; ")]);
+  }
   if (run.approval) facts.push(["Waiting on", `${run.approval.kind}: ${run.approval.reason}`]);
   if (run.answer) facts.push(["Answer", run.answer]);
   if (run.error) facts.push(["Error", `${run.error.kind}: ${run.error.message}`]);
@@ -239,6 +243,7 @@ function addToConversation(event) {
       kind = `tool result ${event.call_id} (${seconds(event.duration_s)})`; cls = event.ok ? "" : "bad"; break;
     case "StepFailed": body = `${event.error.kind}: ${event.error.message} → ${event.decision}`; cls = "bad"; break;
     case "AwaitingApproval": body = `${event.tool} ${event.call_id}: ${event.reason}`; cls = "parked"; break;
+    case "HandedOff": body = `${event.from_agent} → ${event.to_agent} v${event.to_version} (${event.history} history)`; kind = "handoff"; cls = "handoff"; break;
     case "Completed": body = event.answer; break;
     case "Failed": body = `${event.error.kind}: ${event.error.message}`; cls = "bad"; break;
     case "Interrupted": body = event.reason; cls = "bad"; break;
@@ -364,6 +369,13 @@ function drawTimeline(box, t, ended) {
     const tri = svg("path", { d: `M${cx - 6},${cy} L${cx + 6},${cy} L${cx},${cy + 9} Z`, fill: "#d63a3a", class: "takeover" });
     tri.append(svg("title", {}, m.text));
     root.append(tri);
+  }
+  for (const m of t.markers.filter((m) => m.kind === "handoff")) {
+    // A diamond on the lane that committed the handoff (on the first lane if none is known).
+    const cx = x(m.at), cy = y(m.lane || lanes[0]) + laneH / 2;
+    const mark = svg("path", { d: `M${cx},${cy - 7} L${cx + 7},${cy} L${cx},${cy + 7} L${cx - 7},${cy} Z`, fill: "#7a3fd6", class: "handoff" });
+    mark.append(svg("title", {}, m.text));
+    root.append(mark);
   }
   box.replaceChildren(root);
 }
