@@ -197,14 +197,18 @@ class ProgressArgs(BaseModel):
     hold_s: float = Field(default=0, ge=0, le=60)
 
 
+#: idempotency key -> pid of the first attempt of a ``progress`` call (the one that may hold).
+PROGRESS_FIRST_KEY = "test:progress_first"
+
+
 @tool
 def progress(args: ProgressArgs, ctx: ToolContext) -> str:
     """Report ``steps`` progress events (retry-safe); its first attempt may then hold, to be killed."""
-    first = _redis().hincrby(STARTS_KEY, ctx.idempotency_key, 1) == 1
+    first = bool(_redis().hsetnx(PROGRESS_FIRST_KEY, ctx.idempotency_key, os.getpid()))
     for done in range(1, args.steps + 1):
         ctx.emit("progress", {"done": done, "of": args.steps, "pid": os.getpid()})
+    _record(STARTS_KEY, ctx)  # after the events: a test that saw the start sees every event
     if first and args.hold_s:
-        _redis().hset(PIDS_KEY, ctx.idempotency_key, os.getpid())
         deadline = time.monotonic() + args.hold_s
         while time.monotonic() < deadline and not ctx.cancelled():
             time.sleep(0.02)
