@@ -49,7 +49,7 @@ __all__ = [
 log = logging.getLogger("wesichain.custom_events")
 
 #: A custom event's name: a short identifier, as a stream mode or a metric label would be.
-NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]{0,63}$")
+NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
 #: Names a tool may not use: the runtime's own event kinds (and their lower-case spellings), so a
 #: reader that filters on names never mistakes a tool's event for the runtime's.
 RESERVED_NAMES = frozenset(kind.lower() for kind in EVENT_KINDS)
@@ -62,7 +62,7 @@ Writer = Callable[[Event], bool]
 def check_custom(name: object, data: object, max_bytes: int) -> Any:
     """``data`` as the JSON value it will be stored as; ``ValueError`` for a name that is not a
     short identifier or a reserved one, data that is not JSON, or data over ``max_bytes``."""
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ValueError(
             "a custom event's name must be a short identifier (a letter, then up to 63 letters,"
             f" digits or _.:-), got {str(name)[:70]!r}"
