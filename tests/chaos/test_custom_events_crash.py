@@ -8,7 +8,7 @@ import time
 
 from producer.client import Client
 from shared.custom_events import void_attempts
-from shared.events import CustomEvent, CustomEventsVoided, ToolCompleted
+from shared.events import CustomEvent, CustomEventsVoided, ToolCompleted, ToolDispatched
 from shared.state import Phase
 from tests.chaos.support import (
     RUN_TIMEOUT_S,
@@ -47,11 +47,11 @@ def test_a_killed_deliverys_custom_events_are_voided_and_the_rerun_reports_live_
     assert_terminal_matches_events(head, events)
     assert starts(r, key) == 2 and effects(r, key) == 1
 
-    (dispatched,) = [e for e in events if e.kind == "ToolDispatched"]
+    (dispatched,) = [e for e in events if isinstance(e, ToolDispatched)]
     (completed,) = [e for e in events if isinstance(e, ToolCompleted)]
-    call = [e for e in events if e.kind.startswith("Custom")]
+    call = [e for e in events if isinstance(e, CustomEvent | CustomEventsVoided)]
     # Exactly: the dead delivery's three, the takeover's mark, the rerun's three, then the result.
-    assert [(e.kind, getattr(e, "attempt", None)) for e in call] == [
+    assert [(e.kind, e.attempt) for e in call] == [
         ("CustomEvent", 1),
         ("CustomEvent", 1),
         ("CustomEvent", 1),

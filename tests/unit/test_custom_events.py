@@ -4,7 +4,7 @@ the tool; Redis trouble swallowed; and the append fenced in Redis by the call's 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -29,7 +29,9 @@ class Clock:
         return self.now
 
 
-def emitter(write: object = None, **limits: float) -> tuple[CustomEmitter, list[ev.Event], Clock]:
+def emitter(
+    write: Callable[[ev.Event], bool] | None = None, limits: Limits | None = None
+) -> tuple[CustomEmitter, list[ev.Event], Clock]:
     written: list[ev.Event] = []
     clock = Clock()
 
@@ -38,13 +40,13 @@ def emitter(write: object = None, **limits: float) -> tuple[CustomEmitter, list[
         return True
 
     e = CustomEmitter(
-        write if callable(write) else keep,  # type: ignore[arg-type]
+        write or keep,
         run_id="r1",
         step=2,
         call_id="c1",
         tool="fetch",
         attempt=1,
-        limits=Limits(**limits),  # type: ignore[arg-type]
+        limits=limits or Limits(),
         clock=clock,
     )
     return e, written, clock
@@ -105,7 +107,7 @@ def test_the_token_bucket_allows_a_burst_then_the_rate() -> None:
 
 
 def test_events_over_the_rate_are_dropped_and_counted_once_when_the_tool_returns() -> None:
-    e, written, clock = emitter(custom_events_per_s=5)
+    e, written, clock = emitter(limits=Limits(custom_events_per_s=5))
     sent = [e.emit("progress", {"i": i}) for i in range(25)]
     assert sent == [True] * 10 + [False] * 15  # a burst of twice the rate
     clock.now = 1.0
@@ -134,7 +136,7 @@ def test_events_over_the_rate_are_dropped_and_counted_once_when_the_tool_returns
 
 
 def test_events_over_the_count_are_dropped() -> None:
-    e, written, clock = emitter(max_custom_events_per_call=3, custom_events_per_s=1000)
+    e, written, clock = emitter(limits=Limits(max_custom_events_per_call=3, custom_events_per_s=1000))
     assert [e.emit("progress", i) for i in range(5)] == [True] * 3 + [False] * 2
     e.finish()
     assert [w.kind for w in written] == ["CustomEvent"] * 3 + ["CustomEventsDropped"]
