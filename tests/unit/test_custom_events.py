@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
+from producer.render import render_event
 from shared import events as ev
 from shared import protocol
 from shared.custom_events import CustomEmitter, TokenBucket, check_custom, void_attempts
@@ -226,3 +227,21 @@ def test_only_the_delivery_holding_the_call_appends_and_nothing_after_its_result
     assert record(store, act, second, CALLS[0], "3") == "recorded"
     assert not store.emit_custom(run_id, 1, "a", second.token, _custom(run_id, 7, attempt=2))
     assert _customs(store, run_id) == [(1, 1), (2, 6)]
+
+
+# -- the CLI's rendering --------------------------------------------------------------------------
+
+
+def test_the_cli_renders_custom_events_on_one_line() -> None:
+    custom = ev.CustomEvent(
+        run_id="r", step=1, call_id="c1", tool="fetch", attempt=2, name="progress", data={"done": "a\nb"}
+    )
+    dropped = ev.CustomEventsDropped(run_id="r", step=1, call_id="c1", tool="fetch", attempt=2, dropped=7)
+    voided = ev.CustomEventsVoided(
+        run_id="r", step=1, call_id="c1", tool="fetch", attempt=1, reason="taken_over"
+    )
+    lines = [render_event(e) for e in (custom, dropped, voided)]
+    assert 'fetch progress {"done": "a\\nb"} id=c1 attempt=2' in lines[0]
+    assert "fetch id=c1 attempt=2: 7 dropped" in lines[1]
+    assert "custom events of attempt 1 and earlier are void (taken over)" in lines[2]
+    assert all("\n" not in line for line in lines)
