@@ -42,6 +42,7 @@ __all__ = [
     "NAME_PATTERN",
     "RESERVED_NAMES",
     "TokenBucket",
+    "Writer",
     "check_custom",
     "void_attempts",
 ]
