@@ -24,7 +24,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator
 from typing import Any, NamedTuple, TypeVar
 
 import httpx
@@ -356,9 +356,16 @@ class _Follow:
     RETRIED = (httpx.ReadTimeout, *_DROPPED, ApiRequestError)
 
     def __init__(
-        self, run_id: str, after: str, connect_timeout: float | None, idle_timeout: float | None
+        self,
+        run_id: str,
+        after: str,
+        connect_timeout: float | None,
+        idle_timeout: float | None,
+        kinds: Collection[str] | None = None,
     ) -> None:
-        self.path = f"/v1/runs/{run_id}/events"
+        # The server sends only these kinds, and the end event, which ends following as ever.
+        only = f"?kinds={','.join(sorted(kinds))}" if kinds is not None else ""
+        self.path = f"/v1/runs/{run_id}/events{only}"
         self.run_id = run_id
         self.cursor = after
         self.timeout = httpx.Timeout(connect_timeout, read=idle_timeout)
@@ -538,17 +545,24 @@ class ApiRunHandle(_RunOps):
                 return
 
     def events(
-        self, *, follow: bool = True, after: str = "0-0", idle_timeout: float | None = None
+        self,
+        *,
+        follow: bool = True,
+        after: str = "0-0",
+        idle_timeout: float | None = None,
+        kinds: Collection[str] | None = None,
     ) -> Iterator[Event]:
         """Every event after ``after``, in order; with ``follow``, live until the end event.
 
         A dropped stream is resumed after the last event received (``Last-Event-ID``), so no event
         is lost or repeated. ``idle_timeout`` ends following when nothing arrived for that long.
+        ``kinds``: only events of these kinds (e.g. ``{"CustomEvent"}``), and the run's end event.
         """
         if not follow:
-            yield from self._paged(after)
+            wanted = set(kinds) | set(END_EVENTS) if kinds is not None else None
+            yield from (e for e in self._paged(after) if wanted is None or e.kind in wanted)
             return
-        f = _Follow(self.run_id, after, self.client.http.timeout.connect, idle_timeout)
+        f = _Follow(self.run_id, after, self.client.http.timeout.connect, idle_timeout, kinds)
         while True:
             try:
                 with self.client.http.stream(
@@ -708,9 +722,12 @@ class AsyncRunHandle(_RunOps):
         """Where the run's time went (see ``RunHandle.timeline``)."""
         return await self.client._run(self._timeline())
 
-    async def events(self, *, after: str = "0-0", idle_timeout: float | None = None) -> AsyncIterator[Event]:
-        """Every event after ``after``, live until the end event, resumed after a dropped stream."""
-        f = _Follow(self.run_id, after, self.client.http.timeout.connect, idle_timeout)
+    async def events(
+        self, *, after: str = "0-0", idle_timeout: float | None = None, kinds: Collection[str] | None = None
+    ) -> AsyncIterator[Event]:
+        """Every event after ``after``, live until the end event, resumed after a dropped stream
+        (``kinds``: only those, and the end event)."""
+        f = _Follow(self.run_id, after, self.client.http.timeout.connect, idle_timeout, kinds)
         while True:
             try:
                 async with self.client.http.stream(

@@ -16,7 +16,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import redis
@@ -420,13 +420,27 @@ class RunHandle:
         return head
 
     def events(
-        self, *, follow: bool = True, after: str = "0-0", idle_timeout: float | None = None
+        self,
+        *,
+        follow: bool = True,
+        after: str = "0-0",
+        idle_timeout: float | None = None,
+        kinds: Collection[str] | None = None,
     ) -> Iterator[Event]:
         """Every event of the run, in order; with ``follow``, live until the run's end event.
 
         Each event carries its ``stream_id``: pass the last one seen as ``after`` to resume.
-        ``idle_timeout`` ends following when nothing arrived for that long.
+        ``idle_timeout`` ends following when nothing arrived for that long. ``kinds``: only events
+        of these kinds (e.g. ``{"CustomEvent"}``), and the run's end event.
         """
+        if kinds is not None:
+            wanted = set(kinds) | set(END_EVENTS)
+            yield from (
+                e
+                for e in self.events(follow=follow, after=after, idle_timeout=idle_timeout)
+                if e.kind in wanted
+            )
+            return
         store = self.client.store
         if follow:
             yield from (event for _, event in follow_events(store, self.run_id, after, idle_timeout))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from shared.events import Event
+from shared.events import CustomEvent, CustomEventsDropped, CustomEventsVoided, Event
 from shared.state import Phase, RunHead
 
 __all__ = ["render_event", "render_head"]
@@ -25,6 +25,8 @@ def render_event(event: Event) -> str:
         case "ToolCompleted":
             status = "ok" if event.ok else "ERROR"
             detail = f"{event.tool} {status} {_short(event.output)} ({event.duration_s * 1000:.1f} ms)"
+        case "CustomEvent" | "CustomEventsDropped" | "CustomEventsVoided":
+            detail = _custom_detail(event)
         case "StepFailed":
             detail = f"{event.error.kind}: {_short(event.error.message)} -> {event.decision}"
         case "AwaitingApproval":
@@ -44,6 +46,20 @@ def render_event(event: Event) -> str:
         case _:
             detail = ""
     return f"{prefix} {detail}  <{who}>"
+
+
+def _custom_detail(event: CustomEvent | CustomEventsDropped | CustomEventsVoided) -> str:
+    """What a tool reported, dropped or had voided, on one line (the data as JSON, shortened)."""
+    where = f"{event.tool} id={event.call_id}"
+    match event:
+        case CustomEvent():
+            data = _short(json.dumps(event.data, ensure_ascii=False))
+            return f"{event.tool} {event.name} {data} id={event.call_id} attempt={event.attempt}"
+        case CustomEventsDropped():
+            return f"{where} attempt={event.attempt}: {event.dropped} dropped (over its bounds)"
+        case CustomEventsVoided():
+            why = event.reason.replace("_", " ")
+            return f"{where}: custom events of attempt {event.attempt} and earlier are void ({why})"
 
 
 def render_head(head: RunHead) -> str:

@@ -13,7 +13,7 @@ import socket
 import time
 from collections.abc import Iterator
 from functools import cache
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, get_args
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -23,12 +23,18 @@ from shared.llm.base import Usage
 __all__ = [
     "ApprovalDecided",
     "AwaitingApproval",
+    "CUSTOM_EVENTS",
     "Completed",
+    "CustomEvent",
+    "CustomEventsDropped",
+    "CustomEventsVoided",
     "END_EVENTS",
     "EVENTS_PAGE",
     "EVENT_ADAPTER",
+    "EVENT_KINDS",
     "Event",
     "EventLog",
+    "LIVE_EVENTS",
     "Failed",
     "HandedOff",
     "Interrupted",
@@ -151,6 +157,49 @@ class ToolCompleted(_Event):
     child_run_id: str | None = None
 
 
+class CustomEvent(_Event):
+    """What a tool reported while it ran (``ctx.emit(name, data)``): appended at once, not with a
+    commit, tagged with the call and the delivery (``attempt``) that emitted it.
+
+    It is void when a later ``CustomEventsVoided`` of the same call names an ``attempt`` at or
+    above this one: that delivery was fenced off, and its result is not the call's.
+    """
+
+    kind: Literal["CustomEvent"] = "CustomEvent"
+    call_id: str
+    tool: str
+    #: The claim of the call that emitted it, as counted for ``ToolCompleted.attempt``.
+    attempt: int
+    #: The tool's own short identifier for what it reports ("progress", "partial", ...).
+    name: str
+    #: The tool's JSON value (bounded: ``Limits.max_custom_event_bytes``).
+    data: Any = None
+
+
+class CustomEventsDropped(_Event):
+    """A delivery of a call emitted more custom events than its bounds allow: this many were not
+    appended (written once, when the tool returns)."""
+
+    kind: Literal["CustomEventsDropped"] = "CustomEventsDropped"
+    call_id: str
+    tool: str
+    attempt: int
+    dropped: int
+
+
+class CustomEventsVoided(_Event):
+    """Every ``CustomEvent`` (and ``CustomEventsDropped``) of this call with an ``attempt`` at or
+    below ``attempt`` is void: those deliveries were fenced off and their results are not the
+    call's. Appended when another delivery takes the call over (``taken_over``) or when a
+    delivery's result is refused because the call already had one (``result_refused``)."""
+
+    kind: Literal["CustomEventsVoided"] = "CustomEventsVoided"
+    call_id: str
+    tool: str
+    attempt: int
+    reason: Literal["taken_over", "result_refused"]
+
+
 class StepFailed(_Event):
     """Something went wrong in a step, and what the policy decided."""
 
@@ -225,6 +274,9 @@ Event = Annotated[
     | ModelResponded
     | ToolDispatched
     | ToolCompleted
+    | CustomEvent
+    | CustomEventsDropped
+    | CustomEventsVoided
     | StepFailed
     | AwaitingApproval
     | ApprovalDecided
@@ -235,8 +287,14 @@ Event = Annotated[
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+#: Every event kind, in the union's order.
+EVENT_KINDS: tuple[str, ...] = tuple(t.model_fields["kind"].default for t in get_args(get_args(Event)[0]))
 
 END_EVENTS = ("Completed", "Failed", "Interrupted")
+#: The events a tool's ``ctx.emit`` leads to: live, outside commits (``shared/custom_events.py``).
+CUSTOM_EVENTS = ("CustomEvent", "CustomEventsDropped", "CustomEventsVoided")
+#: The events appended outside commits (may repeat after a crash); every other kind is committed.
+LIVE_EVENTS = ("TokenDelta", *CUSTOM_EVENTS)
 
 
 def dump_event(event: Event) -> str:

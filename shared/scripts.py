@@ -134,6 +134,7 @@ SPECS: dict[str, ScriptSpec] = {
         more_args="the broker commands that publish observe (push_broker)",
         words="stale duplicate recorded complete",
     ),
+    "emit_custom": _spec("run results_key events_key", "step call_id claim_token event events_maxlen"),
     "record_child": _spec(
         "run results_key events_key",
         "step call_id result event events_maxlen",
@@ -242,6 +243,7 @@ SCRIPT_NAMES = (
     "release",
     "commit",
     "record_result",
+    "emit_custom",
     "record_child",
     "due",
     "inspect",

@@ -117,6 +117,12 @@ class Limits:
     max_event_payload_chars: int = 16_000
     max_metadata_chars: int = 8_000
     events_maxlen: int = 10_000
+    #: A tool's custom event (``ctx.emit``): its data as JSON, at most this many bytes (UTF-8).
+    max_custom_event_bytes: int = 8_192
+    #: Custom events one delivery of a call may append; the rest are dropped and counted.
+    max_custom_events_per_call: int = 500
+    #: Their rate, per delivery of a call: a token bucket this many per second, bursts of twice it.
+    custom_events_per_s: float = 20.0
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,11 @@ from typing import Any, Literal, get_type_hints, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from shared.custom_events import CustomEmitter, check_custom
 from shared.errors import ConfigError
 from shared.llm.base import ToolSpec
 from shared.policy import Retry
+from shared.settings import Limits
 
 __all__ = [
     "RISKS",
@@ -71,6 +73,8 @@ class ToolContext:
     state: BaseModel | None = None
     #: This call's changes to the state, recorded with its result if it succeeds.
     state_update: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: Appends this delivery's custom events (set by the act phase; None: checked, then dropped).
+    _emitter: CustomEmitter | None = field(default=None, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -88,6 +92,20 @@ class ToolContext:
         except ValidationError as exc:
             raise InvalidStateUpdate(f"state update refused: {validation_summary(exc)}") from None
         self.state_update.update({name: checked[name] for name in changes})
+
+    def emit(self, name: str, data: Any = None) -> bool:
+        """Report progress or a partial result to whoever follows the run, at once: a
+        ``CustomEvent`` with this call's id, ``name`` a short identifier of the tool's choosing
+        and ``data`` any JSON value (bounded: ``Limits.max_custom_event_bytes``).
+
+        A bad name or data raises ``ValueError``. Events past the call's count or rate bounds are
+        dropped and counted, never failing the tool; so is an event Redis could not take, or one
+        from a delivery that was fenced off. Returns whether the event was appended.
+        """
+        if self._emitter is None:
+            check_custom(name, data, Limits().max_custom_event_bytes)
+            return False
+        return self._emitter.emit(name, data)
 
     def cancelled(self) -> bool:
         """True once the run was cancelled; a long tool should check it and return early."""

@@ -191,9 +191,35 @@ def charge_hang_in_c(args: HoldArgs, ctx: ToolContext) -> str:
     return "charged after hanging"
 
 
+class ProgressArgs(BaseModel):
+    steps: int = Field(ge=0, le=50)
+    #: The first attempt of the call waits this long after its events (a test kills it meanwhile).
+    hold_s: float = Field(default=0, ge=0, le=60)
+
+
+#: idempotency key -> pid of the first attempt of a ``progress`` call (the one that may hold).
+PROGRESS_FIRST_KEY = "test:progress_first"
+
+
+@tool
+def progress(args: ProgressArgs, ctx: ToolContext) -> str:
+    """Report ``steps`` progress events (retry-safe); its first attempt may then hold, to be killed."""
+    first = bool(_redis().hsetnx(PROGRESS_FIRST_KEY, ctx.idempotency_key, os.getpid()))
+    for done in range(1, args.steps + 1):
+        ctx.emit("progress", {"done": done, "of": args.steps, "pid": os.getpid()})
+    _record(STARTS_KEY, ctx)  # after the events: a test that saw the start sees every event
+    if first and args.hold_s:
+        deadline = time.monotonic() + args.hold_s
+        while time.monotonic() < deadline and not ctx.cancelled():
+            time.sleep(0.02)
+    _record(EFFECTS_KEY, ctx)
+    return f"{args.steps} steps done"
+
+
 TOOLS = ToolSet(
     [
         add,
+        progress,
         slow,
         charge,
         charge_gated,
@@ -238,6 +264,9 @@ _add(
         reply("all four done"),
     ],
 )
+_add("progress", [reply(None, ("progress", {"steps": 5})), reply("progress reported")])
+#: Its call's first attempt emits, then holds for 30 s: a chaos test kills it there.
+_add("progress_held", [reply(None, ("progress", {"steps": 3, "hold_s": 30})), reply("progress reported")])
 _add("unknown_tool", [_raw("does_not_exist", "{}")])
 _add("bad_json", [_raw("add", '{"a": 1, "b": ')])
 _add("bad_args", [_raw("add", {"a": "one", "b": 2})])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.events import Event
+from shared.events import LIVE_EVENTS, Event
 from worker.pytest_plugin import assert_event_invariants
 
 __all__ = ["ONE_HOP", "assert_event_invariants", "committed", "kinds"]
@@ -27,9 +27,10 @@ ONE_HOP = [
 
 
 def kinds(events: Iterable[Event]) -> list[str]:
-    return [e.kind for e in events if e.kind != "TokenDelta"]
+    return [e.kind for e in events if e.kind not in LIVE_EVENTS]
 
 
 def committed(events: Iterable[Event]) -> list[Event]:
-    """The events written by commits (token deltas are streamed outside them, and may repeat)."""
-    return [e for e in events if e.kind != "TokenDelta"]
+    """The events written by commits (token deltas and tools' custom events are appended outside
+    them, and may repeat)."""
+    return [e for e in events if e.kind not in LIVE_EVENTS]

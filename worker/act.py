@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Literal
 
 import redis
 from pydantic import BaseModel, ValidationError
 
 from shared import events as ev
 from shared import fsm
+from shared.custom_events import CustomEmitter
 from shared.errors import ConfigError, RunErrorInfo, ToolDispatch, ToolOutcomeUnknown
 from shared.messages import ToolCall
 from shared.middleware import Middleware, Refuse, after_tool, before_tool
@@ -51,11 +53,15 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     if outcome.attempts == 1 and outcome.prior == "none":
         rt.metrics.waited(delivery.task, time.time() - head.updated_at, head.namespace)
     annotate(tenant=head.tenant, step=step, phase=Phase.ACTING.value)
+    if outcome.prior == "expired" and outcome.attempts > 1:
+        _void_custom_events(rt, head, call, outcome.attempts - 1, "taken_over")
+    emitter = _emitter(rt, head, call, outcome)
     started = time.perf_counter()
     attributes = {"wesichain.step": step, "wesichain.phase": "acting", "wesichain.call_id": call_id}
     with rt.tracing.span("wesichain.acting", head.run_id, **attributes):
         try:
-            result = _outcome(rt, outcome, call, what)
+            result = _outcome(rt, outcome, call, what, emitter)
+            emitter.finish()
             result = after_tool(_middleware(rt, head), middleware_context(head), call, result)
         except redis.RedisError:
             raise  # Redis trouble: the lease hands the call on
@@ -90,6 +96,42 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
         )
     if recorded.status == "complete" and not recorded.pushed:
         rt.publish([observe], recorded.epoch)
+    elif recorded.status in ("duplicate", "stale") and emitter.emitted:
+        # Another delivery's result is the call's: what this one reported is void. A run that
+        # ended (or is gone) meanwhile gets nothing after its end.
+        now = rt.store.load(head.run_id) if recorded.status == "stale" else head
+        if now is not None and not now.terminal:
+            _void_custom_events(rt, head, call, outcome.attempts, "result_refused")
+
+
+def _emitter(rt: Runtime, head: RunHead, call: ToolCall, claim: Claim) -> CustomEmitter:
+    """This delivery's custom events: appended only while it holds the call (``emit_custom.lua``)."""
+    step, token = head.step, claim.token
+
+    def write(event: ev.Event) -> bool:
+        return rt.store.emit_custom(head.run_id, step, call.id, token, event)
+
+    return CustomEmitter(
+        write,
+        run_id=head.run_id,
+        step=step,
+        call_id=call.id,
+        tool=call.name,
+        attempt=claim.attempts,
+        limits=rt.settings.limits,
+    )
+
+
+def _void_custom_events(
+    rt: Runtime, head: RunHead, call: ToolCall, attempt: int, reason: Literal["taken_over", "result_refused"]
+) -> None:
+    """Mark the custom events of this call's deliveries up to ``attempt`` void (they were fenced off)."""
+    voided = ev.CustomEventsVoided(
+        run_id=head.run_id, step=head.step, call_id=call.id, tool=call.name, attempt=attempt, reason=reason
+    )
+    until_room(
+        lambda: rt.store.emit(head.run_id, [voided]), f"the voided events of {call.id} of run {head.run_id}"
+    )
 
 
 def _middleware(rt: Runtime, head: RunHead) -> tuple[Middleware, ...]:
@@ -107,7 +149,7 @@ def _known(rt: Runtime, head: RunHead, name: str) -> bool:
         return False
 
 
-def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str) -> ToolResult:
+def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str, emitter: CustomEmitter) -> ToolResult:
     """Run the call, or say why it is not run."""
     head, step = claim.head, claim.head.step
     limit = rt.settings.max_phase_attempts
@@ -150,7 +192,7 @@ def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str) -> ToolResult
     renew_until = time.monotonic() + hard_limit_s(tool.attempt_limit_s)
     with rt.heartbeat.hold(head.run_id, claim.field, claim.token, renew_until) as held:
         rt.hooks.on_claimed(Phase.ACTING, head.run_id, rt.store)
-        return invoke(rt, tool, checked, head, held, agent.state_type)
+        return invoke(rt, tool, checked, head, held, agent.state_type, emitter)
 
 
 def _replicate_claim(rt: Runtime, run_id: str, what: str) -> None:
@@ -180,6 +222,7 @@ def invoke(
     head: RunHead,
     held: Held,
     state_type: type[BaseModel] | None = None,
+    emitter: CustomEmitter | None = None,
 ) -> ToolResult:
     """Validate the arguments and run the tool, retrying it as its ``retry`` says; its failures
     become data.
@@ -198,7 +241,7 @@ def invoke(
     state = head.state_as(state_type) if state_type is not None else None
     attempt = 0
     while True:
-        result = _attempt(rt, tool, call, head, held, args, started, state)
+        result = _attempt(rt, tool, call, head, held, args, started, state, emitter)
         retryable = result.error is not None and result.error.kind == "ToolDispatch"
         if result.ok or not retryable or attempt >= retries or tool.retry is None:
             if attempt and result.error is not None:
@@ -219,8 +262,10 @@ def _attempt(
     args: BaseModel,
     started: float,
     state: BaseModel | None,
+    emitter: CustomEmitter | None = None,
 ) -> ToolResult:
-    """One run of the tool within its timeout (``state``: the run's state as the tool sees it)."""
+    """One run of the tool within its timeout (``state``: the run's state as the tool sees it;
+    ``emitter``: where its custom events go)."""
     ctx = ToolContext(
         run_id=head.run_id,
         step=head.step,
@@ -228,6 +273,7 @@ def _attempt(
         deadline=time.time() + tool.timeout_s,
         _cancel_check=held.cancelled.is_set,
         state=state,
+        _emitter=emitter,
     )
     try:
         with rt.tracing.span("wesichain.tool", head.run_id, **{"wesichain.tool": call.name}) as span:

@@ -88,8 +88,10 @@ def _embedded(agents_module: str | None) -> AbstractContextManager[Client]:
 
 
 def event_kinds(events: Iterable[Event]) -> list[str]:
-    """The kinds of the committed events, in order (streamed ``TokenDelta`` events left out)."""
-    return [e.kind for e in events if e.kind != "TokenDelta"]
+    """The kinds of the committed events, in order (live ``TokenDelta`` and custom events left out)."""
+    from shared.events import LIVE_EVENTS
+
+    return [e.kind for e in events if e.kind not in LIVE_EVENTS]
 
 
 def tool_calls(events: Iterable[Event]) -> list[tuple[str, dict[str, Any]]]:
@@ -105,9 +107,9 @@ def assert_event_invariants(events: Sequence[Event]) -> None:
     ``Interrupted``) and nothing is committed after it.
     """
     __tracebackhide__ = True
-    from shared.events import END_EVENTS
+    from shared.events import END_EVENTS, LIVE_EVENTS
 
-    committed = [e for e in events if e.kind != "TokenDelta"]
+    committed = [e for e in events if e.kind not in LIVE_EVENTS]
     started: set[int] = set()
     for e in committed:
         if e.kind == "StepStarted":

@@ -35,7 +35,7 @@ from producer.api.models import EventPage
 from producer.api.runs import ERRORS, Svc, Who, owned_run
 from producer.api.services import Services
 from shared import protocol
-from shared.events import END_EVENTS, stream_after
+from shared.events import END_EVENTS, EVENT_KINDS, stream_after
 from shared.state import Phase
 
 __all__ = ["events", "router", "sse_frame"]
@@ -48,6 +48,27 @@ _STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 def sse_frame(event_id: str, raw: str) -> str:
     """One event as an SSE message: its stream id as ``id``, the event's JSON (with ``id``) as data."""
     return f'id: {event_id}\ndata: {{"id":"{event_id}",{raw[1:]}\n\n'
+
+
+def _kinds(value: str | None) -> frozenset[str] | None:
+    """The kinds asked for (``kinds=CustomEvent,ToolCompleted``); None: every kind."""
+    if value is None or value == "":
+        return None
+    asked = frozenset(k.strip() for k in value.split(",") if k.strip())
+    unknown = sorted(asked - set(EVENT_KINDS))
+    if unknown:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"kinds: {unknown[0][:40]!r} is not an event kind (one of {', '.join(EVENT_KINDS)})",
+        )
+    return asked
+
+
+def _wanted(kinds: frozenset[str] | None, kind: str) -> bool:
+    """Whether an event of ``kind`` is sent: every kind asked for, and always the end event, which
+    says the stream is over."""
+    return kinds is None or kind in kinds or kind in END_EVENTS
 
 
 def _cursor(value: str | None) -> str:
@@ -81,14 +102,23 @@ async def events(
     after: Annotated[str | None, Query(max_length=45, description="Events after this id.")] = None,
     limit: Annotated[int, Query(ge=1, le=BATCH)] = 200,
     last_event_id: Annotated[str | None, Header(max_length=45)] = None,
+    kinds: Annotated[
+        str | None,
+        Query(
+            max_length=400,
+            description="Only events of these kinds, comma-separated (e.g. ``CustomEvent``); the run's"
+            " end event is always sent.",
+        ),
+    ] = None,
 ) -> Response:
     head = await run_in_threadpool(owned_run, services, who, run_id)
+    only = _kinds(kinds)
     if "text/event-stream" not in request.headers.get("accept", ""):
         cursor = _cursor(after)
         batch = await run_in_threadpool(services.store.read_events, run_id, cursor, limit)
         ended = any(e.kind in END_EVENTS for _, e in batch) or (len(batch) < limit and head.terminal)
         page = EventPage(
-            events=[{"id": eid, **e.model_dump(mode="json")} for eid, e in batch],
+            events=[{"id": eid, **e.model_dump(mode="json")} for eid, e in batch if _wanted(only, e.kind)],
             next_after=batch[-1][0] if batch else cursor,
             ended=ended,
         )
@@ -103,7 +133,7 @@ async def events(
     slot = services.streams.take(who.tenant)
     return _SlotStream(
         slot,
-        _stream(services, run_id, cursor, slot),
+        _stream(services, run_id, cursor, slot, only),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -126,7 +156,9 @@ class _SlotStream(StreamingResponse):
             self.slot.release()
 
 
-async def _stream(services: Services, run_id: str, cursor: str, slot: StreamSlot) -> AsyncIterator[str]:
+async def _stream(
+    services: Services, run_id: str, cursor: str, slot: StreamSlot, only: frozenset[str] | None = None
+) -> AsyncIterator[str]:
     try:
         # A browser waits this long before it reconnects (with Last-Event-ID) after a drop.
         yield "retry: 1000\n\n"
@@ -135,8 +167,10 @@ async def _stream(services: Services, run_id: str, cursor: str, slot: StreamSlot
         ):
             if batch is not None:
                 for event_id, raw in batch:
-                    yield sse_frame(event_id, raw)
-                    if json.loads(raw).get("kind") in END_EVENTS:
+                    kind = json.loads(raw).get("kind")
+                    if _wanted(only, kind):
+                        yield sse_frame(event_id, raw)
+                    if kind in END_EVENTS:
                         return
                 continue
             # Nothing for a while. The end event is committed with the terminal phase, so a run

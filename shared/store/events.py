@@ -23,7 +23,7 @@ class EventsMixin(StoreCore):
     # -- events ----------------------------------------------------------------------------
 
     def emit(self, run_id: str, events: Sequence[Event]) -> None:
-        """Append events that are not part of a commit (live token deltas)."""
+        """Append events that are not part of a commit (live token deltas, custom events voided)."""
         if not events:
             return
         key = self.keys.events(run_id)
@@ -33,6 +33,17 @@ class EventsMixin(StoreCore):
                     key, {"e": dump_event(e)}, maxlen=self.settings.limits.events_maxlen, approximate=True
                 )
             pipe.execute()
+
+    def emit_custom(self, run_id: str, step: int, call_id: str, claim_token: str, event: Event) -> bool:
+        """Append a tool's custom event if the delivery holding ``claim_token`` still holds the call
+        and the call has no result yet (``emit_custom.lua``); False: fenced off, nothing appended."""
+        k = self.keys
+        appended = self._run(
+            "emit_custom",
+            [k.run(run_id), k.results(run_id, step), k.events(run_id)],
+            [step, call_id, claim_token, dump_event(event), self.settings.limits.events_maxlen],
+        )
+        return int(appended) == 1
 
     def read_events(self, run_id: str, after: str = "0-0", count: int = 1000) -> list[tuple[str, Event]]:
         raw = self.redis.xrange(self.keys.events(run_id), min=stream_after(after), count=count)

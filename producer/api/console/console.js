@@ -241,6 +241,16 @@ function addToConversation(event) {
     case "ToolCompleted":
       body = event.ok ? event.output : `${event.error ? event.error.kind + ": " + event.error.message : event.output}`;
       kind = `tool result ${event.call_id} (${seconds(event.duration_s)})`; cls = event.ok ? "" : "bad"; break;
+    case "CustomEvent":
+      body = JSON.stringify(event.data); kind = `${event.name} · ${event.tool} ${event.call_id} (attempt ${event.attempt})`;
+      cls = "custom"; break;
+    case "CustomEventsDropped":
+      body = `${event.dropped} custom event(s) dropped: over the call's bounds`; kind = `${event.tool} ${event.call_id} (attempt ${event.attempt})`;
+      cls = "custom"; break;
+    case "CustomEventsVoided":
+      voidCustomEvents(event);
+      body = `custom events of attempt ${event.attempt} and earlier are void (${event.reason.replace("_", " ")})`;
+      kind = `${event.tool} ${event.call_id}`; cls = "custom void"; break;
     case "StepFailed": body = `${event.error.kind}: ${event.error.message} → ${event.decision}`; cls = "bad"; break;
     case "AwaitingApproval": body = `${event.tool} ${event.call_id}: ${event.reason}`; cls = "parked"; break;
     case "HandedOff": body = `${event.from_agent} → ${event.to_agent} v${event.to_version} (${event.history} history)`; kind = "handoff"; cls = "handoff"; break;
@@ -250,8 +260,21 @@ function addToConversation(event) {
     default: body = JSON.stringify(event);
   }
   const worker = event.worker ? `${event.worker.host}:${event.worker.pid}` : "";
-  $("#conversation").append(el("li", { class: cls, "data-kind": event.kind },
-    el("div", { class: "kind" }, `${kind} · step ${event.step} · ${worker}`), el("div", { class: "body" }, body)));
+  const item = el("li", { class: cls, "data-kind": event.kind },
+    el("div", { class: "kind" }, `${kind} · step ${event.step} · ${worker}`), el("div", { class: "body" }, body));
+  if (event.kind === "CustomEvent" || event.kind === "CustomEventsDropped") {
+    // Kept as properties, not attributes or selectors: the ids are the run's data.
+    item.customCall = [event.step, event.call_id, event.attempt];
+  }
+  $("#conversation").append(item);
+}
+
+// A delivery of the call was fenced off: what it reported before is struck through, not removed.
+function voidCustomEvents(voided) {
+  for (const item of $("#conversation").children) {
+    const [step, call, attempt] = item.customCall || [];
+    if (step === voided.step && call === voided.call_id && attempt <= voided.attempt) item.classList.add("void");
+  }
 }
 
 function renderCheckpoints(checkpoints, timeline) {
