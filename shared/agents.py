@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -33,6 +34,7 @@ from shared.pipeline.definition import Pipeline, Step
 from shared.policy import Policy
 from shared.prompts import INPUT_VARIABLE, Prompt
 from shared.tools import RISKS, Risk, ToolSet
+from shared.versions import MigrateFn, VersionPolicy
 
 __all__ = ["Agent", "AgentRegistry", "load_registry"]
 
@@ -81,6 +83,12 @@ class Agent:
     #: The prompt-token budget of its model requests, and how to stay under it (``shared/context.py``);
     #: None: the whole conversation is sent.
     context: ContextBudget | None = None
+    #: Older versions whose runs this code serves as they are (``shared/versions.py``): a worker of
+    #: this version takes their phases too, and re-pins them to this version.
+    compatible_versions: tuple[str, ...] = ()
+    #: Older versions whose runs this code takes over through a migration of their custom state
+    #: (version -> function; ``shared/versions.py``), applied once at their next model phase.
+    migrate_from: Mapping[str, MigrateFn] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
@@ -93,6 +101,9 @@ class Agent:
         if ":" not in self.model:
             raise ConfigError(f"agent {self.name!r}: model {self.model!r} must look like PROVIDER:MODEL")
         self._check_output_type()
+        if not isinstance(self.compatible_versions, tuple):
+            raise ConfigError(f"agent {self.name!r}: compatible_versions must be a tuple")
+        self.versions.check()
         if self.state_type is not None and not (
             isinstance(self.state_type, type) and issubclass(self.state_type, BaseModel)
         ):
@@ -134,6 +145,11 @@ class Agent:
             )
         if fmt.schema_.get("type") != "object":
             raise ConfigError(f"agent {self.name!r}: output_type's JSON schema must be an object")
+
+    @property
+    def versions(self) -> VersionPolicy:
+        """Which runs this code serves: its own version's, and the older ones it opts in to."""
+        return VersionPolicy(self.name, self.version, self.compatible_versions, self.migrate_from)
 
     @property
     def output(self) -> OutputFormat | None:

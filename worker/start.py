@@ -28,6 +28,7 @@ from shared.timetravel import checkpoint_of, fork_conversation
 from worker.heartbeat import Held
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
+from worker.versions import pin
 
 __all__ = [
     "HISTORY_WINDOW",
@@ -75,7 +76,7 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
             return rt.fail(current, claim.ref, InvalidRequest(exc.message, step=0).info())
         transition = current.start(
             messages,
-            agent_version=agent.version,
+            agent_version=pin(rt, head, agent),
             model=head.model or agent.model,
             max_steps=agent.max_steps,
             state=state,
