@@ -40,13 +40,18 @@ from shared.state import Phase
 
 if TYPE_CHECKING:
     from shared.store import RunStore
+    from shared.workers import LiveWorker
 
 __all__ = [
+    "MAX_LABEL_CHARS",
     "MAX_VERSION_CHARS",
     "Migration",
     "MigrateFn",
     "PinnedCount",
     "PinnedRuns",
+    "VersionLoad",
+    "drain_target",
+    "version_loads",
     "Upgrade",
     "VERSION_PATTERN",
     "VersionPolicy",
@@ -234,7 +239,8 @@ class PinnedRuns:
             found.append((agent, version))
         return sorted(found)
 
-    def count(self, agent: str, version: str) -> PinnedCount:
+    def count(self, agent: str, version: str, tenant: str | None | Literal["*"] = "*") -> PinnedCount:
+        """The live runs pinned to ``agent`` ``version`` (of ``tenant`` only, unless ``"*"``)."""
         key = self.keys.pinned(agent, version)
         active = parked = 0
         gone: list[str] = []
@@ -246,6 +252,8 @@ class PinnedRuns:
                 head = self.store.load(run_id)
                 if head is None or head.terminal or head.agent_version not in ("", version):
                     gone.append(run_id)
+                elif tenant != "*" and head.tenant != tenant:
+                    continue
                 elif head.phase is Phase.AWAITING_APPROVAL:
                     parked += 1
                 else:
@@ -257,3 +265,53 @@ class PinnedRuns:
         if not active and not parked and not self.redis.exists(key):
             self.redis.srem(self.keys.pinned_versions(), f"{agent}:{version}")
         return PinnedCount(agent, version, active, parked)
+
+
+def drain_target(worker: str | None = None, agent: str | None = None, version: str | None = None) -> str:
+    """The field of the drains hash that asks ``worker``, or every worker of ``agent`` ``version``,
+    to drain."""
+    if worker:
+        return f"worker:{worker}"
+    if agent and version:
+        return f"version:{agent}:{check_version(version)}"
+    raise ConfigError("drain a worker (its node name) or an agent version (AGENT:VERSION)")
+
+
+@dataclass(frozen=True)
+class VersionLoad:
+    """One agent version: the live workers serving it and the live runs pinned to it."""
+
+    agent: str
+    version: str
+    #: Live, consuming workers whose code serves its runs (its own, or one declaring it compatible
+    #: or migrating from it).
+    workers: int
+    #: Of those, the ones draining.
+    draining: int
+    active: int
+    parked: int
+
+    @property
+    def waiting(self) -> bool:
+        """Runs of it are queued and no live worker serves it: they wait for one."""
+        return self.active > 0 and self.workers == 0
+
+
+def version_loads(
+    pinned: PinnedRuns, live: Sequence[LiveWorker], tenant: str | None | Literal["*"] = "*"
+) -> list[VersionLoad]:
+    """Every agent version live workers serve or live runs are pinned to, with both counts."""
+    serving: dict[tuple[str, str], list[bool]] = {}
+    for worker in live:
+        record = worker.record
+        if not (record.consuming or record.consumer_state == "saturated"):
+            continue
+        for agent in record.agents:
+            for v in dict.fromkeys([agent.version, *agent.compatible_versions, *agent.migrates_from]):
+                serving.setdefault((agent.name, v), []).append(record.draining)
+    loads = []
+    for agent, version in sorted(set(serving) | set(pinned.versions())):
+        count = pinned.count(agent, version, tenant)
+        workers = serving.get((agent, version), [])
+        loads.append(VersionLoad(agent, version, len(workers), sum(workers), count.active, count.parked))
+    return loads

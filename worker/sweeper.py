@@ -182,7 +182,8 @@ class Sweeper:
         )
         handed = 0
         settings = self.rt.settings
-        unserved = self._unserved_version_queues(queues)
+        # A broker that cannot be asked (RabbitMQ) would have such a task published again and again.
+        unserved = self._unserved_version_queues(queues) if located is None else set()
         for seen in waiting:
             missing = [
                 key
@@ -222,9 +223,9 @@ class Sweeper:
 
     @staticmethod
     def _parked_on(unserved: set[str], seen: Due, key: str) -> bool:
-        """A task sent to a version queue no live worker consumes waits there for one: handing it on
-        would only pile copies on the queue (and count them towards poison) until one comes. A task
-        whose publish failed is sent again all the same."""
+        """A task sent to a version queue no live worker consumes waits there for one, on a broker
+        that cannot be asked: handing it on would only pile copies on the queue (and count them
+        towards poison) until one comes. A task whose publish failed is sent again all the same."""
         spec = seen.task_of(key)
         return spec is not None and spec.queue in unserved and seen.queued_checks != QUEUED_UNSENT
 

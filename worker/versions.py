@@ -44,6 +44,7 @@ from shared.tasks import decide_task, task_for
 from shared.versions import (
     Migration,
     PinnedRuns,
+    drain_target,
     is_version_queue,
     upgrade_path,
     version_queues_of,
@@ -59,6 +60,8 @@ __all__ = [
     "add_version_queues",
     "check_version",
     "pin",
+    "registry_of",
+    "served_queues",
 ]
 
 log = logging.getLogger("wesichain.worker")
@@ -185,14 +188,6 @@ def _give_back(rt: Runtime, head: RunHead, claim: Claim) -> None:
 # -- draining ---------------------------------------------------------------------------------------
 
 
-def drain_key_of_worker(worker_id: str) -> str:
-    return f"worker:{worker_id}"
-
-
-def drain_key_of_version(agent: str, version: str) -> str:
-    return f"version:{agent}:{version}"
-
-
 class Drain:
     """One worker's draining, checked at each registry beat (see the module doc)."""
 
@@ -212,7 +207,7 @@ class Drain:
     def requested(self) -> bool:
         asked = self.rt.store.redis.hmget(
             self.rt.store.keys.drains(),
-            [drain_key_of_worker(self.worker_id), *(drain_key_of_version(a, v) for a, v in self._own)],
+            [drain_target(worker=self.worker_id), *(drain_target(agent=a, version=v) for a, v in self._own)],
         )
         return any(a is not None for a in asked)
 
