@@ -306,9 +306,9 @@ def version_loads(
         record = worker.record
         if not (record.consuming or record.consumer_state == "saturated"):
             continue
-        for agent in record.agents:
-            for v in dict.fromkeys([agent.version, *agent.compatible_versions, *agent.migrates_from]):
-                serving.setdefault((agent.name, v), []).append(record.draining)
+        for info in record.agents:
+            for v in dict.fromkeys([info.version, *info.compatible_versions, *info.migrates_from]):
+                serving.setdefault((info.name, v), []).append(record.draining)
     loads = []
     for agent, version in sorted(set(serving) | set(pinned.versions())):
         count = pinned.count(agent, version, tenant)

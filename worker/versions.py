@@ -28,13 +28,12 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery
 
 from shared import fsm
-from shared.agents import Agent, AgentRegistry, load_registry
+from shared.agents import Agent, AgentRegistry
 from shared.errors import ConfigError, RunConfigError
 from shared.events import VersionUpgraded
 from shared.run_state import StateError, check_state
@@ -60,8 +59,6 @@ __all__ = [
     "add_version_queues",
     "check_version",
     "pin",
-    "registry_of",
-    "served_queues",
 ]
 
 log = logging.getLogger("wesichain.worker")
@@ -244,12 +241,3 @@ class Drain:
             if not is_version_queue(queue) and queue not in self._cancelled:
                 self._cancelled.add(queue)
                 self.consumer.call_soon(self.consumer.cancel_task_queue, queue)
-
-
-def served_queues(queues: Iterable[str]) -> list[str]:
-    """The version queues among ``queues``."""
-    return [q for q in queues if is_version_queue(q)]
-
-
-def registry_of(app: Celery) -> AgentRegistry:
-    return load_registry(app.wesichain_runtime.settings.agents_module)
