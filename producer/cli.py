@@ -151,8 +151,28 @@ def _producer_commands(
 
     ag = sub.add_parser("agents", parents=runs, help="list the agents live workers serve")
     ag.add_argument("--json", action="store_true", help="print them as JSON")
-    wk = sub.add_parser("workers", parents=[common], help="list live workers and whether they consume")
+    wk = sub.add_parser(
+        "workers",
+        parents=[common],
+        help="list live workers, the agent versions they serve and the runs each version holds",
+    )
     wk.add_argument("--json", action="store_true", help="print them as JSON")
+    wks = wk.add_subparsers(dest="workers_command")
+    vs = wks.add_parser(
+        "versions", parents=[common], help="each live agent version: its workers and the runs pinned to it"
+    )
+    vs.add_argument("--json", action="store_true", help="print them as JSON")
+    dr = wks.add_parser(
+        "drain",
+        parents=[common],
+        help="stop a worker (or every worker of an agent version) taking new runs; it exits once"
+        " no queued or running run of its versions is left",
+    )
+    dr.add_argument("worker", nargs="?", help="the worker's node name (as `wesichain workers` lists it)")
+    dr.add_argument(
+        "--version", dest="agent_version", metavar="AGENT:N", help="every worker of this agent version"
+    )
+    dr.add_argument("--cancel", action="store_true", help="take the request back (a draining worker goes on)")
     h = sub.add_parser(
         "health", parents=[common], help="exit 0 if this host's workers are live and consuming (a probe)"
     )

@@ -17,7 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import Collection, Iterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import redis
 from celery import Celery
@@ -48,6 +48,14 @@ from shared.tasks import decide_task, start_task
 from shared.timeline import Timeline, build_timeline
 from shared.timetravel import Checkpoint, checkpoint_of
 from shared.unsent import mark_unsent
+from shared.versions import (
+    PinnedRuns,
+    VersionLoad,
+    drain_target,
+    version_loads,
+    version_queue,
+    waiting_reason,
+)
 from shared.workers import AgentInfo, WorkerDirectory
 
 if TYPE_CHECKING:
@@ -398,6 +406,29 @@ class Client:
         store = PipelineStore(self.store.redis, self.store.keys, self.settings.retention_s)
         return store.list_pipelines(tenant, name=name, status=status, since=since, cursor=cursor, limit=limit)
 
+    def versions(self, tenant: str | None | Literal["*"] = "*") -> list[VersionLoad]:
+        """Every live agent version: the workers serving it and the live runs pinned to it (of
+        ``tenant`` only, unless ``"*"``): see ``shared/versions.py``."""
+        return version_loads(PinnedRuns(self.store), self.workers.live(), tenant)
+
+    def drain(
+        self,
+        worker: str | None = None,
+        *,
+        agent: str | None = None,
+        version: str | None = None,
+        cancel: bool = False,
+    ) -> str:
+        """Ask a worker (by node name), or every worker of ``agent`` ``version``, to drain: it takes
+        no new runs and stops once no queued or running run is pinned to its versions (``cancel``:
+        take the request back; a worker already draining goes on). Returns what was asked."""
+        target = drain_target(worker, agent, version)
+        if cancel:
+            self.store.redis.hdel(self.store.keys.drains(), target)
+        else:
+            self.store.redis.hset(self.store.keys.drains(), target, f"{time.time():.3f}")
+        return target
+
     def close(self) -> None:
         self.store.close_archive()
         self.store.redis.close()
@@ -481,6 +512,11 @@ class RunHandle:
             return None
         kind = "tools" if head.phase is Phase.ACTING else "model"
         queue = queue_in(head.namespace or DEFAULT_NAMESPACE, kind)
+        if head.agent_version and head.phase is not Phase.IDLE:
+            pinned = version_queue(head.namespace, kind, head.active_agent, head.agent_version)
+            if not any(pinned in w.record.queues for w in self.client.workers.live()):
+                return waiting_reason(head.active_agent, head.agent_version)
+            return None
         if not self.client.workers.consumers_of(queue):
             return (
                 f"is {head.phase.value}, and no live worker consumes queue {queue}: it waits until one does"

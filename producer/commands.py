@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 import time
+from dataclasses import asdict
 
 from producer.api_client import ENV_API_URL, ApiClient, ApiRunHandle
 from producer.client import Client, RunHandle, RunNotFound
@@ -15,6 +16,7 @@ from producer.render import render_event, render_head
 from shared.errors import InvalidRequest
 from shared.events import END_EVENTS, Event
 from shared.state import Phase, RunHead
+from shared.versions import VersionLoad, waiting_reason
 from shared.workers import AgentInfo
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "cancel",
     "checkpoints",
     "deny",
+    "drain",
     "events",
     "export",
     "fork",
@@ -308,16 +311,52 @@ def _agents_over_api(api: ApiClient, as_json: bool) -> int:
 
 
 def workers(args: argparse.Namespace) -> int:
-    live = Client.from_env().workers.live()
+    command = getattr(args, "workers_command", None)
+    if command == "drain":
+        return drain(args)
+    client = Client.from_env()
+    if command == "versions":
+        listed = client.versions()
+        if args.json:
+            print(json.dumps([{**asdict(v), "waiting": v.waiting} for v in listed]))
+        else:
+            _print_versions(listed)
+        return 0
+    live = client.workers.live()
     if args.json:
         print(json.dumps([{**w.record.model_dump(mode="json"), "age_s": round(w.age_s, 2)} for w in live]))
         return 0
     for w in live:
         r = w.record
+        served = " ".join(f"{a.name}:v{a.version}" for a in r.agents) or "no agents"
         print(
-            f"{r.id}  {r.pool} x{r.concurrency}  queues {','.join(r.queues)}  {r.consumer_state}"
-            f"  (seen {w.age_s:.1f}s ago)"
+            f"{r.id}  {r.pool} x{r.concurrency}  serves {served}  {r.consumer_state}"
+            f"{'  DRAINING' if r.draining else ''}  (seen {w.age_s:.1f}s ago)"
         )
+    print()
+    _print_versions(client.versions())
+    return 0
+
+
+def _print_versions(loads: list[VersionLoad]) -> None:
+    print(f"{'agent version':<32} {'workers':>7} {'draining':>8} {'active runs':>11} {'parked':>6}")
+    for v in loads:
+        label = f"{v.agent} v{v.version}"
+        note = f"  {waiting_reason(v.agent, v.version)}" if v.waiting else ""
+        print(f"{label:<32} {v.workers:>7} {v.draining:>8} {v.active:>11} {v.parked:>6}{note}")
+
+
+def drain(args: argparse.Namespace) -> int:
+    """``wesichain workers drain``: ask a worker, or an agent version's workers, to drain."""
+    agent = version = None
+    if args.agent_version:
+        agent, _, version = str(args.agent_version).rpartition(":")
+        if not agent or not version:
+            raise InvalidRequest("--version takes AGENT:VERSION, e.g. research:1")
+    if bool(args.worker) == bool(agent):
+        raise InvalidRequest("name a worker, or give --version AGENT:VERSION (one of them)")
+    target = Client.from_env().drain(args.worker, agent=agent, version=version, cancel=args.cancel)
+    print(f"drain {'cancelled' if args.cancel else 'requested'}: {target}")
     return 0
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 from shared.events import CustomEvent, CustomEventsDropped, CustomEventsVoided, Event
 from shared.state import Phase, RunHead
@@ -13,39 +15,47 @@ __all__ = ["render_event", "render_head"]
 def render_event(event: Event) -> str:
     who = f"{event.worker.host}/{event.worker.pid}"
     prefix = f"[step {event.step}] {event.kind:<15}"
-    match event.kind:
-        case "RunStarted":
-            detail = f"agent={event.agent} v{event.agent_version} model={event.model}"
-        case "TokenDelta":
-            detail = repr(event.text)
-        case "ModelResponded":
-            detail = f"text={_short(event.text)} tool_calls={event.tool_calls}"
-        case "ToolDispatched":
-            detail = f"{event.tool}({_short(str(event.arguments))}) id={event.call_id}"
-        case "ToolCompleted":
-            status = "ok" if event.ok else "ERROR"
-            detail = f"{event.tool} {status} {_short(event.output)} ({event.duration_s * 1000:.1f} ms)"
-        case "CustomEvent" | "CustomEventsDropped" | "CustomEventsVoided":
-            detail = _custom_detail(event)
-        case "StepFailed":
-            detail = f"{event.error.kind}: {_short(event.error.message)} -> {event.decision}"
-        case "AwaitingApproval":
-            detail = f"{event.tool} id={event.call_id}: {event.reason}"
-        case "ApprovalDecided":
-            verdict = "approved" if event.approve else "denied"
-            detail = f"{verdict} by {event.by or '?'}" + (f": {event.note}" if event.note else "")
-        case "HandedOff":
-            moved = f"{event.from_agent} -> {event.to_agent} v{event.to_version}"
-            detail = f"{moved} id={event.call_id} ({event.history} history)"
-        case "Completed":
-            detail = f"tokens in/out {event.usage.input_tokens}/{event.usage.output_tokens}"
-        case "Failed":
-            detail = f"{event.error.kind}: {event.error.message}"
-        case "Interrupted":
-            detail = event.reason
-        case _:
-            detail = ""
+    detail = _DETAILS.get(event.kind, _no_detail)(event)
     return f"{prefix} {detail}  <{who}>"
+
+
+def _no_detail(event: Any) -> str:
+    return ""
+
+
+def _tool_completed(event: Any) -> str:
+    status = "ok" if event.ok else "ERROR"
+    return f"{event.tool} {status} {_short(event.output)} ({event.duration_s * 1000:.1f} ms)"
+
+
+def _approval_decided(event: Any) -> str:
+    verdict = "approved" if event.approve else "denied"
+    return f"{verdict} by {event.by or '?'}" + (f": {event.note}" if event.note else "")
+
+
+def _handed_off(event: Any) -> str:
+    moved = f"{event.from_agent} -> {event.to_agent} v{event.to_version}"
+    return f"{moved} id={event.call_id} ({event.history} history)"
+
+
+#: How each kind of event is told on one line, after its step and kind (the rest: kind only).
+_DETAILS: dict[str, Callable[[Any], str]] = {
+    "RunStarted": lambda e: f"agent={e.agent} v{e.agent_version} model={e.model}",
+    "TokenDelta": lambda e: repr(e.text),
+    "ModelResponded": lambda e: f"text={_short(e.text)} tool_calls={e.tool_calls}",
+    "ToolDispatched": lambda e: f"{e.tool}({_short(str(e.arguments))}) id={e.call_id}",
+    "ToolCompleted": _tool_completed,
+    "CustomEvent": lambda e: _custom_detail(e),
+    "CustomEventsDropped": lambda e: _custom_detail(e),
+    "CustomEventsVoided": lambda e: _custom_detail(e),
+    "StepFailed": lambda e: f"{e.error.kind}: {_short(e.error.message)} -> {e.decision}",
+    "AwaitingApproval": lambda e: f"{e.tool} id={e.call_id}: {e.reason}",
+    "ApprovalDecided": _approval_decided,
+    "HandedOff": _handed_off,
+    "Completed": lambda e: f"tokens in/out {e.usage.input_tokens}/{e.usage.output_tokens}",
+    "Failed": lambda e: f"{e.error.kind}: {e.error.message}",
+    "Interrupted": lambda e: str(e.reason),
+}
 
 
 def _custom_detail(event: CustomEvent | CustomEventsDropped | CustomEventsVoided) -> str:

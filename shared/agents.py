@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -34,8 +35,9 @@ from shared.pipeline.definition import Pipeline, Step
 from shared.policy import Policy
 from shared.prompts import INPUT_VARIABLE, Prompt
 from shared.tools import RISKS, Risk, ToolSet
+from shared.versions import MigrateFn, VersionPolicy
 
-__all__ = ["Agent", "AgentRegistry", "load_registry", "pin_version"]
+__all__ = ["Agent", "AgentRegistry", "load_registry"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,12 @@ class Agent:
     handoffs: tuple[Handoff | str, ...] = ()
     #: Handoffs a run may have had when this agent's model asks for one more (a cycle counts too).
     max_handoffs: int = 5
+    #: Older versions whose runs this code serves as they are (``shared/versions.py``): a worker of
+    #: this version takes their phases too, and re-pins them to this version.
+    compatible_versions: tuple[str, ...] = ()
+    #: Older versions whose runs this code takes over through a migration of their custom state
+    #: (version -> function; ``shared/versions.py``), applied once at their next model phase.
+    migrate_from: Mapping[str, MigrateFn] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
@@ -99,6 +107,9 @@ class Agent:
         if ":" not in self.model:
             raise ConfigError(f"agent {self.name!r}: model {self.model!r} must look like PROVIDER:MODEL")
         self._check_output_type()
+        if not isinstance(self.compatible_versions, tuple):
+            raise ConfigError(f"agent {self.name!r}: compatible_versions must be a tuple")
+        self.versions.check()
         if self.state_type is not None and not (
             isinstance(self.state_type, type) and issubclass(self.state_type, BaseModel)
         ):
@@ -159,6 +170,11 @@ class Agent:
             raise ConfigError(f"agent {self.name!r}: output_type's JSON schema must be an object")
 
     @property
+    def versions(self) -> VersionPolicy:
+        """Which runs this code serves: its own version's, and the older ones it opts in to."""
+        return VersionPolicy(self.name, self.version, self.compatible_versions, self.migrate_from)
+
+    @property
     def output(self) -> OutputFormat | None:
         """The final answer's format, or None for free text."""
         return output_format(self.output_type) if self.output_type is not None else None
@@ -171,12 +187,6 @@ class Agent:
             if isinstance(template, Prompt):
                 names |= template.variables
         return frozenset(names - {INPUT_VARIABLE})
-
-
-def pin_version(agent: Agent) -> str:
-    """The version of ``agent`` a run is pinned to when it starts under it, or is handed to it:
-    the one place that choice is made (the start phase and a handoff both ask here)."""
-    return agent.version
 
 
 class AgentRegistry:

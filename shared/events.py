@@ -45,6 +45,7 @@ __all__ = [
     "TokenDelta",
     "ToolCompleted",
     "ToolDispatched",
+    "VersionUpgraded",
     "WorkerId",
     "configure_worker_identity",
     "dump_event",
@@ -260,6 +261,18 @@ class Failed(_Event):
     error: RunErrorInfo
 
 
+class VersionUpgraded(_Event):
+    """The run moved forward to a newer version of its agent's code (``shared/versions.py``): the
+    author declared the old version compatible, or gave a migration of its state."""
+
+    kind: Literal["VersionUpgraded"] = "VersionUpgraded"
+    agent: str
+    from_version: str
+    to_version: str
+    #: ``compatible`` (served as it was) or ``migrated`` (its state mapped by the migration).
+    how: str
+
+
 class Interrupted(_Event):
     """The run was cancelled, or halted by its policy."""
 
@@ -283,7 +296,8 @@ Event = Annotated[
     | HandedOff
     | Completed
     | Failed
-    | Interrupted,
+    | Interrupted
+    | VersionUpgraded,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

@@ -181,6 +181,19 @@ class Keys:
         """String: one worker's JSON record (what it serves, whether it consumes); expires with it."""
         return f"{self.prefix}{{workers}}:{worker_id}"
 
+    def pinned(self, agent: str, version: str) -> str:
+        """Set: ids of the runs pinned to ``agent`` ``version`` (``shared/versions.py``), added
+        before the commit that pins them; an ended or re-pinned run is dropped when it is read."""
+        return f"{self.prefix}{{workers}}:pinned:{agent}:{version}"
+
+    def pinned_versions(self) -> str:
+        """Set: ``AGENT:VERSION`` of every version some live run may be pinned to."""
+        return f"{self.prefix}{{workers}}:pinned"
+
+    def drains(self) -> str:
+        """Hash: what operators asked to drain (``worker:ID`` or ``version:AGENT:N``) -> when (s)."""
+        return f"{self.prefix}{{workers}}:drains"
+
     def lives(self) -> str:
         """Sorted set: each running worker process (its main process, one entry per start) scored by
         the Redis time (ms) until which it is alive unless it beats again (``shared/liveness.py``)."""

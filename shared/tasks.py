@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 from shared.queues import queue_in
 from shared.state import Phase, RunHead, TaskSpec
+from shared.versions import version_queue
 
 __all__ = [
     "PHASE_TASKS",
@@ -32,7 +33,9 @@ __all__ = [
     "TASK_SWEEP",
     "TASK_THINK",
     "TASK_TOOL",
+    "VERSIONED_TASKS",
     "decide_task",
+    "kind_of",
     "routed",
     "start_task",
     "task_for",
@@ -55,18 +58,34 @@ TASK_CHILD_DONE = "wesichain.child_done"
 
 #: Every phase task, by name (the sweep is not a phase).
 PHASE_TASKS = (TASK_START, TASK_THINK, TASK_TOOL, TASK_OBSERVE, TASK_DECIDE)
+#: The tasks of a run that run its agent's code: sent to the queue of the version the run is
+#: pinned to (``shared/versions.py``) once it has started.
+VERSIONED_TASKS = frozenset({TASK_THINK, TASK_TOOL, TASK_OBSERVE, TASK_DECIDE, TASK_SPAWN})
 
 
 def _task_id(run_id: str, version: int, what: str, epoch: int) -> str:
     return f"{run_id}:v{version}:{what}" + (f":e{epoch}" if epoch else "")
 
 
+def kind_of(task: str) -> str:
+    """The queue kind a task goes to: its tool calls to tools, callbacks to callbacks, the rest model."""
+    return "tools" if task == TASK_TOOL else "callbacks" if task == TASK_CALLBACK else "model"
+
+
 def routed(spec: TaskSpec, namespace: str | None) -> TaskSpec:
     """``spec`` sent to its kind's queue in ``namespace`` (unchanged for the default namespace)."""
     if namespace is None:
         return spec
-    kind = "tools" if spec.name == TASK_TOOL else "callbacks" if spec.name == TASK_CALLBACK else "model"
-    return spec.model_copy(update={"queue": queue_in(namespace, kind)})
+    return spec.model_copy(update={"queue": queue_in(namespace, kind_of(spec.name))})
+
+
+def _route(spec: TaskSpec, head: RunHead) -> TaskSpec:
+    """``spec`` of the run of ``head`` on its queue: its agent version's once the run is pinned to
+    one and the task runs agent code, else its namespace's."""
+    if head.agent_version and spec.name in VERSIONED_TASKS:
+        queue = version_queue(head.namespace, kind_of(spec.name), head.active_agent, head.agent_version)
+        return spec.model_copy(update={"queue": queue})
+    return routed(spec, head.namespace)
 
 
 def task_for(head: RunHead, time_limits: Mapping[str, float] | None = None) -> list[TaskSpec]:
@@ -75,7 +94,7 @@ def task_for(head: RunHead, time_limits: Mapping[str, float] | None = None) -> l
 
     ``time_limits`` maps a tool name to the hard time limit of its calls.
     """
-    return [routed(spec, head.namespace) for spec in _next_tasks(head, time_limits or {})]
+    return [_route(spec, head) for spec in _next_tasks(head, time_limits or {})]
 
 
 def _next_tasks(head: RunHead, limits: Mapping[str, float]) -> list[TaskSpec]:
@@ -142,7 +161,7 @@ def decide_task(head: RunHead) -> TaskSpec:
         task_id=_task_id(head.run_id, head.version, "decide", head.epoch),
         arguments={"run_id": head.run_id, "version": head.version, "epoch": head.epoch, "step": head.step},
     )
-    return routed(spec, head.namespace)
+    return _route(spec, head)
 
 
 def with_epoch(spec: TaskSpec, epoch: int) -> TaskSpec:

@@ -44,6 +44,10 @@ class AgentInfo(BaseModel):
     variables: list[str] = Field(default_factory=list)
     #: The JSON schema of its final answer (``output_type``), None for free text.
     output_schema: dict[str, Any] | None = None
+    #: Older versions whose runs this code serves as they are (``shared/versions.py``).
+    compatible_versions: list[str] = Field(default_factory=list)
+    #: Older versions whose runs this code takes over through a migration of their state.
+    migrates_from: list[str] = Field(default_factory=list)
 
 
 class WorkerRecord(BaseModel):
@@ -64,6 +68,9 @@ class WorkerRecord(BaseModel):
     consumer_state: str
     #: How durably the run state's Redis keeps acknowledged writes (``RunStore.persistence``).
     redis_persistence: str = "unknown"
+    #: Asked to drain (``wesichain workers drain``): it takes no new runs, and stops once no queued
+    #: or running run is pinned to a version it serves.
+    draining: bool = False
 
 
 class LiveWorker(BaseModel):
@@ -97,6 +104,8 @@ def describe_agents(registry: AgentRegistry) -> list[AgentInfo]:
                 approval_required=sorted(agent.approval_required),
                 variables=sorted(agent.variables),
                 output_schema=agent.output.schema_ if agent.output is not None else None,
+                compatible_versions=list(agent.compatible_versions),
+                migrates_from=sorted(agent.migrate_from or {}),
             )
         )
     return agents

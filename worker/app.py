@@ -80,6 +80,7 @@ from worker.sweeper import Sweeper
 from worker.think import run_think
 from worker.throttle import model_gate
 from worker.tracing import Tracing
+from worker.versions import add_version_queues
 
 if TYPE_CHECKING:
     # Imported when first used: a worker whose pool runs no eval and no pipeline never loads them
@@ -299,6 +300,11 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
         # finds missing from the broker.
         errors: tuple[type[BaseException], ...] = getattr(self, "connection_errors", ())
         self.connection_errors = (*errors, redis.exceptions.OutOfMemoryError)
+        # The version queues of the agents this worker serves, beside each kind queue it consumes
+        # (``worker/versions.py``): every way a worker starts goes through here.
+        holder: RuntimeHolder | None = getattr(self.app, "wesichain_runtime", None)
+        if holder is not None:
+            add_version_queues(self.app, load_registry(holder.settings.agents_module))
 
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         connection = self.connection

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from shared import events as ev
 from shared import fsm
-from shared.agents import Agent, pin_version
+from shared.agents import Agent
 from shared.errors import BudgetExceeded, ConfigError, InternalInvariant, InvalidModelAction
 from shared.handoffs import HandoffChoice, answers, history_for_target, paired
 from shared.llm.base import ModelResponse
@@ -24,6 +24,7 @@ from shared.state import HandoffRecord, RunHead
 from shared.store import ClaimRef
 from worker.runtime import Runtime
 from worker.start import render_prompts
+from worker.versions import pin
 
 __all__ = ["hand_off"]
 
@@ -71,7 +72,7 @@ def hand_off(
     record = HandoffRecord(
         from_agent=agent.name,
         to_agent=target.name,
-        to_version=pin_version(target),
+        to_version=pin(rt, head, target),
         step=head.step,
         call_id=choice.call.id,
         at=head.message_count + 1 + len(replies),

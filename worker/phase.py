@@ -4,7 +4,9 @@
    held by another live claim, does nothing (see ``Runtime.on_unclaimed``).
 2. Past the attempt limit, fail the run as poison instead of crashing another worker on it.
 3. A cancel requested before the phase started ends the run now.
-4. Do the phase under a heartbeat that keeps the claim alive, then commit as the claim's holder.
+4. A run pinned to an agent version not served here is given back to its version queue; one this
+   code takes over is carried forward by the phase's commit (``worker/versions.py``).
+5. Do the phase under a heartbeat that keeps the claim alive, then commit as the claim's holder.
 
 An exception the runtime did not expect is a bug, not a crash: it ends the run at once as
 ``InternalInvariant`` with the exception and a short traceback, and the task is done. Only Redis
@@ -27,6 +29,7 @@ from worker.full import until_room
 from worker.heartbeat import Held
 from worker.logs import annotate
 from worker.runtime import Cancelled, Delivery, Runtime, internal_error, poison_error
+from worker.versions import check_version
 
 __all__ = ["PhaseBody", "run_phase"]
 
@@ -75,6 +78,10 @@ def run_phase(
         return rt.fail(current, claim, error)
     if outcome.cancel_requested:
         return rt.interrupt(current, claim, "cancelled")
+    checked = check_version(rt, current, outcome)
+    if not checked.run:
+        return checked.head
+    current = checked.current
     annotate(tenant=outcome.head.tenant, step=want.step, phase=want.phase.value)
     started = time.perf_counter()
     with (
@@ -92,4 +99,5 @@ def run_phase(
             log.exception("run %s: %s failed with an unexpected error", want.run_id, what)
             return rt.fail(current, claim, internal_error(exc, what, want.phase, want.step))
         finally:
+            rt.carried.pop(want.run_id, None)  # committed with its phase, or not at all
             rt.metrics.phase_done(want.phase, time.perf_counter() - started)

@@ -35,6 +35,7 @@ from shared.events import worker_identity
 from shared.scripts import register_scripts
 from shared.workers import WorkerRecord, describe_agents
 from worker.runtime import Runtime
+from worker.versions import Drain
 
 __all__ = ["ConsumerWatch", "DEAF_AFTER_S", "RECHECK_S", "RegistryBeat"]
 
@@ -198,6 +199,7 @@ class RegistryBeat:
         self._agents = describe_agents(rt.agents)
         self.watch = ConsumerWatch(consumer)
         self.persistence = _persistence(rt)
+        self.drain = Drain(rt, consumer, self.worker_id)
 
     def record(self) -> WorkerRecord:
         consuming, state = self.watch.state()
@@ -218,9 +220,11 @@ class RegistryBeat:
             consuming=consuming,
             consumer_state=state,
             redis_persistence=self.persistence,
+            draining=self.drain.draining,
         )
 
     def beat(self) -> None:
+        self.drain.check()
         record = self.record()
         keys = self.rt.store.keys
         self._beat(

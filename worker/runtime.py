@@ -96,6 +96,13 @@ class Runtime:
     #: Delivers a run's callback task in this process (``worker.callback.run_callback``); set by
     #: the app. A local callback then runs right after the terminal commit instead of being sent.
     deliver_callback: Callable[[Runtime, TaskSpec], None] | None = None
+    #: Events the next commit of a run carries besides its transition's (a version upgrade made
+    #: before its phase ran: ``worker/versions.py``), by run id.
+    carried: dict[str, list[Event]] = field(default_factory=dict)
+
+    def carry_events(self, run_id: str, *events: Event) -> None:
+        """Have the next commit of ``run_id`` by this process carry ``events`` too."""
+        self.carried.setdefault(run_id, []).extend(events)
 
     def holder(self) -> str:
         """This process, as claims name their holder (read per call: prefork children fork)."""
@@ -181,6 +188,7 @@ class Runtime:
         the commit was fenced off (another delivery won, or this one lost its claim).
         """
         head = _stamped(transition.head, current.phase, claim)
+        extra_events = (*self.carried.pop(head.run_id, ()), *extra_events)
         outbox = task_for(head, self.tool_time_limits(head))
         if countdown:
             outbox = [s.model_copy(update={"countdown": countdown}) for s in outbox]
@@ -247,8 +255,9 @@ class Runtime:
         transition = current.interrupt(reason, error)
         head = _stamped(transition.head, current.phase, claim)
         outbox = task_for(head)  # its completion callback, if it has one (a child run's, say)
+        events = (*self.carried.pop(head.run_id, ()), *transition.events)
         result = until_room(
-            lambda: self.store.commit(current.head, head, claim, (), transition.events, outbox),
+            lambda: self.store.commit(current.head, head, claim, (), events, outbox),
             f"the interruption of run {head.run_id}",
         )
         if result.status != "committed":

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from shared import fsm
-from shared.agents import Agent, pin_version
+from shared.agents import Agent
 from shared.errors import ConfigError, InvalidRequest, RunConfigError, excerpt
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 from shared.middleware import Refuse, on_user_message
@@ -28,6 +28,7 @@ from shared.timetravel import checkpoint_of, fork_conversation
 from worker.heartbeat import Held
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
+from worker.versions import pin
 
 __all__ = [
     "HISTORY_WINDOW",
@@ -75,7 +76,7 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
             return rt.fail(current, claim.ref, InvalidRequest(exc.message, step=0).info())
         transition = current.start(
             messages,
-            agent_version=pin_version(agent),
+            agent_version=pin(rt, head, agent),
             model=head.model or agent.model,
             max_steps=agent.max_steps,
             state=state,

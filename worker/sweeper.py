@@ -31,6 +31,8 @@ from shared.protocol import QUEUED_UNSENT
 from shared.scripts import register_scripts
 from shared.store import Due, HandedOn
 from shared.tasks import with_epoch
+from shared.versions import is_version_queue
+from shared.workers import WorkerDirectory
 from worker.broker_probe import BrokerProbe, Located
 from worker.liveness import SweepLives
 from worker.runtime import Runtime
@@ -180,8 +182,14 @@ class Sweeper:
         )
         handed = 0
         settings = self.rt.settings
+        # A broker that cannot be asked (RabbitMQ) would have such a task published again and again.
+        unserved = self._unserved_version_queues(queues) if located is None else set()
         for seen in waiting:
-            missing = [key for key in seen.unclaimed if not self._waiting(located, seen, key)]
+            missing = [
+                key
+                for key in seen.unclaimed
+                if not self._waiting(located, seen, key) and not self._parked_on(unserved, seen, key)
+            ]
             if missing:
                 handed += self._hand_on(seen, missing, "its message was missing from the broker")
             else:
@@ -202,6 +210,24 @@ class Sweeper:
         if task_id in located.queued:
             return True
         return task_id in located.delivered and seen.queued_checks == 0
+
+    def _unserved_version_queues(self, queues: set[str]) -> set[str]:
+        """The version queues among ``queues`` that no live worker consumes (``shared/versions.py``)."""
+        versioned = {q for q in queues if is_version_queue(q)}
+        if not versioned:
+            return set()
+        settings = self.rt.settings
+        directory = WorkerDirectory(self.rt.store.redis, self.rt.store.keys, settings.registry_interval_s)
+        consumed = {q for w in directory.live() for q in w.record.queues}
+        return versioned - consumed
+
+    @staticmethod
+    def _parked_on(unserved: set[str], seen: Due, key: str) -> bool:
+        """A task sent to a version queue no live worker consumes waits there for one, on a broker
+        that cannot be asked: handing it on would only pile copies on the queue (and count them
+        towards poison) until one comes. A task whose publish failed is sent again all the same."""
+        spec = seen.task_of(key)
+        return spec is not None and spec.queue in unserved and seen.queued_checks != QUEUED_UNSENT
 
     @staticmethod
     def _task_id(seen: Due, key: str) -> str:

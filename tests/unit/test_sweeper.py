@@ -161,11 +161,12 @@ def test_a_run_in_a_queue_namespace_is_looked_for_and_published_again_in_its_que
     broker = FakeBroker()
     head = thinking_run(rt, namespace="nightly")
     queued_time_over(rt, head.run_id)
-    # Missing from the broker (looked for in its namespace's queue too): sent again, there.
+    # Missing from the broker (looked for in its namespace's queue of the run's agent version
+    # too): sent again, there.
     assert Sweeper(rt, broker).sweep() == 1
-    assert broker.queues == [{"nightly.model"}]
+    assert broker.queues == [{"nightly.model.direct-v1"}]
     assert [(s.name, s.queue, s.arguments["epoch"]) for s in sent(rt)] == [
-        ("wesichain.think", "nightly.model", 1)
+        ("wesichain.think", "nightly.model.direct-v1", 1)
     ]
 
 
