@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from shared.agents import AgentRegistry
 from shared.keys import Keys
+from shared.state import DEFAULT_THREAD_POLICY, ThreadPolicy
 
 __all__ = ["AgentInfo", "LiveWorker", "ToolInfo", "WorkerDirectory", "WorkerRecord", "describe_agents"]
 
@@ -44,6 +45,8 @@ class AgentInfo(BaseModel):
     variables: list[str] = Field(default_factory=list)
     #: The JSON schema of its final answer (``output_type``), None for free text.
     output_schema: dict[str, Any] | None = None
+    #: Its thread policy, for the runs whose request names none (``Agent.thread_policy``).
+    thread_policy: ThreadPolicy = DEFAULT_THREAD_POLICY
 
 
 class WorkerRecord(BaseModel):
@@ -97,6 +100,7 @@ def describe_agents(registry: AgentRegistry) -> list[AgentInfo]:
                 approval_required=sorted(agent.approval_required),
                 variables=sorted(agent.variables),
                 output_schema=agent.output.schema_ if agent.output is not None else None,
+                thread_policy=agent.thread_policy,
             )
         )
     return agents
