@@ -82,7 +82,12 @@ def submit(args: argparse.Namespace) -> int:
         if args.no_check:
             raise InvalidRequest("--no-check needs Redis access: the API refuses runs no live worker serves")
         handle = api.submit(
-            args.agent, args.text, model=args.model, thread_id=args.thread, namespace=args.namespace
+            args.agent,
+            args.text,
+            model=args.model,
+            thread_id=args.thread,
+            namespace=args.namespace,
+            thread_policy=args.thread_policy,
         )
     else:
         handle = Client.from_env().submit(
@@ -92,6 +97,7 @@ def submit(args: argparse.Namespace) -> int:
             thread_id=args.thread,
             check_agent=not args.no_check,
             namespace=args.namespace,
+            thread_policy=args.thread_policy,
         )
     return _started(handle, args)
 

@@ -16,7 +16,7 @@ import pytest
 
 from producer.client import Client, RunHandle
 from shared.errors import ThreadBusy
-from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
+from shared.messages import AssistantMessage, Message, SystemMessage, UserMessage
 from shared.state import Phase, ThreadPolicy
 from tests.agents_fixture import GATE_DIR_ENV
 from tests.harness import RedisServer, WorkerProcess, running, wait_until
