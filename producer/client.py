@@ -61,7 +61,6 @@ __all__ = [
     "RunNotFound",
     "RunTimeout",
     "NoLiveWorker",
-    "ThreadBusy",
     "UnknownAgent",
     "idempotent_run_id",
 ]

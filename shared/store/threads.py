@@ -24,7 +24,7 @@ from shared import protocol
 from shared.state import THREAD_POLICIES, ThreadPolicy
 from shared.store.base import StoreCore, _s
 
-__all__ = ["HeldThread", "ThreadTurn", "ThreadsMixin"]
+__all__ = ["HeldThread", "ThreadTurn", "ThreadsMixin", "Verdict"]
 
 Verdict = Literal["go", "wait", "busy", "ended"]
 
