@@ -176,6 +176,10 @@ def status(args: argparse.Namespace) -> int:
                 f"throttled: {info.get('reason')} on {info.get('limit')}, waiting for provider capacity"
                 f" ({count} time(s) so far)"
             )
+    waiting = client.store.thread_wait(head.run_id) if head.thread_id is not None else None
+    if not args.json and waiting is not None and not head.terminal:
+        previous = waiting["waiting_for"]
+        print(f"waiting for run {previous} of thread {head.thread_id} to end (parked, no worker held)")
     return 0
 
 

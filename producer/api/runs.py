@@ -78,7 +78,11 @@ def owned_run(services: Services, who: Caller, run_id: str) -> RunHead:
 
 def _view(services: Services, head: RunHead) -> RunView:
     raw = services.store.callback_state(head.run_id) if head.callback is not None else None
-    return run_view(head, CallbackState.model_validate_json(raw) if raw is not None else None)
+    wait = (
+        services.store.thread_wait(head.run_id) if head.thread_id is not None and not head.terminal else None
+    )
+    delivery = CallbackState.model_validate_json(raw) if raw is not None else None
+    return run_view(head, delivery, str(wait["waiting_for"]) if wait is not None else None)
 
 
 @router.post(

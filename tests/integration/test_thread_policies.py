@@ -94,7 +94,11 @@ def test_enqueue_runs_every_message_in_thread_order_each_on_the_whole_history(
     assert len(order) == SUBMITS
     # Parked without a worker: each waits, IDLE, for the one just before it.
     for previous, run_id in zip([blocker.run_id, *order], order, strict=False):
-        wait_until(lambda r=run_id: client.store.thread_wait(r), TIMEOUT, what="the run to park")
+
+        def parked(r: str = run_id) -> dict[str, str] | None:
+            return client.store.thread_wait(r)
+
+        wait_until(parked, TIMEOUT, what="the run to park")
         assert client.store.thread_wait(run_id) == {"thread_id": thread, "waiting_for": previous}
         assert client.handle(run_id).status().phase is Phase.IDLE
     _open(gate)

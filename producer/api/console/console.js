@@ -218,7 +218,8 @@ function renderHead(run) {
     ["Created", when(run.created_at)], ["Updated", when(run.updated_at)], ["Input", run.input],
     ["Tokens", `${run.usage.input_tokens ?? 0} in / ${run.usage.output_tokens ?? 0} out`],
   ];
-  if (run.thread_id) facts.push(["Thread", run.thread_id]);
+  if (run.thread_id) facts.push(["Thread", run.thread_policy ? `${run.thread_id} (policy ${run.thread_policy})` : run.thread_id]);
+  if (run.waiting_for) facts.push(["Waiting for", `run ${run.waiting_for} of its thread to end`]);
   if (run.approval) facts.push(["Waiting on", `${run.approval.kind}: ${run.approval.reason}`]);
   if (run.answer) facts.push(["Answer", run.answer]);
   if (run.error) facts.push(["Error", `${run.error.kind}: ${run.error.message}`]);
