@@ -30,10 +30,10 @@ from typing import Any, NamedTuple, TypeVar
 import httpx
 
 from producer.client import NoLiveWorker, RequestConflict, RunNotFound, RunTimeout, UnknownAgent
-from shared.errors import InvalidRequest, StoreFull, WesichainError
+from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
 from shared.llm.framing import SseParser
-from shared.state import Callback, Decision, Phase, RunHead
+from shared.state import Callback, Decision, Phase, RunHead, ThreadPolicy
 from shared.timeline import Timeline
 from shared.wire import AgentView, PipelineList, RunList, RunView
 
@@ -105,6 +105,8 @@ def _raise_for(response: httpx.Response) -> None:
         raise InvalidRequest(message, **details)
     if kind == "conflict":
         raise RequestConflict(message)
+    if kind == "thread_busy":
+        raise ThreadBusy(str(details.get("thread_id", "")), str(details.get("run_id", "")))
     if kind == "store_full":
         raise StoreFull(message)
     if kind == "forbidden":
@@ -122,10 +124,12 @@ def _submit_body(
     model: str | None,
     callback: Callback | dict[str, Any] | None,
     namespace: str | None,
+    thread_policy: ThreadPolicy | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"agent": agent, "input": input}
     for name, value in (
         ("thread_id", thread_id),
+        ("thread_policy", thread_policy),
         ("metadata", metadata),
         ("model", model),
         ("namespace", namespace),
@@ -249,9 +253,10 @@ class _ClientBase:
         callback: Callback | dict[str, Any] | None,
         idempotency_key: str | None,
         namespace: str | None,
+        thread_policy: ThreadPolicy | None = None,
     ) -> _Op[str]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        body = _submit_body(agent, input, thread_id, metadata, model, callback, namespace)
+        body = _submit_body(agent, input, thread_id, metadata, model, callback, namespace, thread_policy)
         request = _Request("POST", "/v1/runs", {"json": body, "headers": headers})
         return _parsed(request, lambda r: RunView.model_validate_json(r.content).run_id)
 
@@ -466,10 +471,14 @@ class ApiClient(_ClientBase):
         callback: Callback | dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         namespace: str | None = None,
+        thread_policy: ThreadPolicy | None = None,
     ) -> ApiRunHandle:
         """Start a run; with ``idempotency_key`` a retried submit returns the same run; with
-        ``namespace``, on that queue namespace (one the key's tenant is allowed: else 403)."""
-        op = self._submit(agent, input, thread_id, metadata, model, callback, idempotency_key, namespace)
+        ``namespace``, on that queue namespace (one the key's tenant is allowed: else 403); with
+        ``thread_policy`` ``reject`` on a busy thread, raises :class:`ThreadBusy` naming the busy run."""
+        op = self._submit(
+            agent, input, thread_id, metadata, model, callback, idempotency_key, namespace, thread_policy
+        )
         return ApiRunHandle(self, self._run(op))
 
     def handle(self, run_id: str) -> ApiRunHandle:
@@ -660,8 +669,11 @@ class AsyncClient(_ClientBase):
         callback: Callback | dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         namespace: str | None = None,
+        thread_policy: ThreadPolicy | None = None,
     ) -> AsyncRunHandle:
-        op = self._submit(agent, input, thread_id, metadata, model, callback, idempotency_key, namespace)
+        op = self._submit(
+            agent, input, thread_id, metadata, model, callback, idempotency_key, namespace, thread_policy
+        )
         return AsyncRunHandle(self, await self._run(op))
 
     def handle(self, run_id: str) -> AsyncRunHandle:

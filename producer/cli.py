@@ -14,14 +14,16 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, entry_points, version
 
-from shared.errors import ConfigError, InvalidRequest, WesichainError
+from shared.errors import ConfigError, InvalidRequest, ThreadBusy, WesichainError
 from shared.settings import ENV_AGENTS, ENV_BROKER_URL, ENV_REDIS_URL, Settings, redact_url
+from shared.state import THREAD_POLICIES
 from shared.tls import RedisTlsError
 
 __all__ = [
     "DESCRIPTION",
     "EXIT_BROKEN_PIPE",
     "EXIT_FAILED_RUN",
+    "EXIT_THREAD_BUSY",
     "EXIT_TIMEOUT",
     "EXIT_USAGE",
     "Handler",
@@ -32,6 +34,8 @@ __all__ = [
 EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 3
+#: A submit with thread policy ``reject`` found its thread busy (the message names the busy run).
+EXIT_THREAD_BUSY = 4
 
 Handler = Callable[[argparse.Namespace], int]
 #: What a command group adds: its subcommands, and the handler of each.
@@ -81,6 +85,13 @@ def _producer_commands(
     s.add_argument("--json", action="store_true", help="print the run id (or events and the end) as JSON")
     s.add_argument("--model", help="override the agent's model (PROVIDER:MODEL)")
     s.add_argument("--thread", help="conversation thread id (carries history across runs)")
+    s.add_argument(
+        "--thread-policy",
+        choices=THREAD_POLICIES,
+        help="while another run of the thread has not ended: reject (exit 4, naming it), enqueue (wait"
+        " its turn), interrupt (stop it, keep its messages), rollback (cancel it, drop its messages);"
+        " default: the agent's",
+    )
     s.add_argument(
         "--no-check", action="store_true", help="submit even if no live worker serves the agent (queue it)"
     )
@@ -259,6 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidRequest as exc:
         print(f"wesichain: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ThreadBusy as exc:  # names the busy run; submitting again once it ended is accepted
+        print(f"wesichain: {exc}", file=sys.stderr)
+        return EXIT_THREAD_BUSY
     except RedisTlsError as exc:  # it names the URL and what failed
         print(f"wesichain: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -23,7 +23,7 @@ import redis
 from celery import Celery
 
 from producer.publishing import PUBLISH_ERRORS
-from shared.errors import InvalidRequest, StoreFull, WesichainError
+from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, Event, follow_events, read_all_events
 from shared.pipeline.store import PipelinePage, PipelineStore, stored_pipeline_id
 from shared.prompts import missing_variables
@@ -42,8 +42,9 @@ from shared.state import (
     PipelineLink,
     RunHead,
     TaskSpec,
+    ThreadPolicy,
 )
-from shared.store import RunPage, RunStore
+from shared.store import RunPage, RunStore, ThreadTurn
 from shared.tasks import decide_task, start_task
 from shared.timeline import Timeline, build_timeline
 from shared.timetravel import Checkpoint, checkpoint_of
@@ -155,6 +156,7 @@ class Client:
         state: dict[str, Any] | None = None,
         namespace: str | None = None,
         link: PipelineLink | EvalLink | None = None,
+        thread_policy: ThreadPolicy | None = None,
     ) -> RunHandle:
         """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request.
 
@@ -171,6 +173,11 @@ class Client:
         returns the same run instead of starting a second one; the same key with another request
         raises :class:`RequestConflict`. Keys are per tenant and last as long as the run.
 
+        ``thread_policy`` (``reject | enqueue | interrupt | rollback``; None: the agent's, by default
+        ``enqueue``) says what the run does while another run of its thread has not ended
+        (``docs/agents.md``, "Threads and a second message"); ``reject`` raises
+        :class:`~shared.errors.ThreadBusy` naming the busy run, and creates nothing.
+
         ``link`` is the runtime's own: a pipeline's child run or an eval's case run is created
         with it (and the runtime's callback task that reports it back); a producer's request
         never carries one, and its callback may name no reserved task (``shared/request.py``).
@@ -184,6 +191,7 @@ class Client:
             ("callback", callback),
             ("state", state),
             ("namespace", namespace),
+            ("thread_policy", thread_policy),
         ):
             if value is not None:
                 fields[name] = value
@@ -200,12 +208,7 @@ class Client:
             if archived is not None:
                 self._check_same_request(archived, head, idempotency_key)
                 return RunHandle(self, run_id)
-        created = self._create(head, start)
-        if created and head.thread_id is not None:
-            # Take the run's place in its thread now, in submit order: a run waits for the one
-            # before it to end (worker/start.py), so runs submitted one after another run in that
-            # order whichever start is delivered first. (The start joins too, should this be lost.)
-            self.store.join_thread(head.tenant, head.thread_id, run_id)
+        created = self._create_in_thread(head, start, check_agent)
         if not created:
             if idempotency_key is None:
                 raise InvalidRequest(f"run id {run_id!r} already exists")
@@ -218,6 +221,42 @@ class Client:
             # Still waiting for its start: the first submit may have died before sending it.
         self._send_start(start)
         return RunHandle(self, run_id)
+
+    def _create_in_thread(self, head: RunHead, start: TaskSpec, check_agent: bool) -> bool:
+        """Take the run's turn in its thread (if it has one), then create it; False if its id is taken."""
+        turn = self._take_thread_turn(head, check_agent)
+        try:
+            created = self._create(head, start)
+        except Exception:
+            if turn is not None and head.thread_id is not None:
+                self.store.hand_thread_on(head.tenant, head.thread_id, head.run_id)  # never created
+            raise
+        if turn is not None:
+            self._stop_runs(turn.ahead)
+        return created
+
+    def _take_thread_turn(self, head: RunHead, check_agent: bool) -> ThreadTurn | None:
+        """Admit a new run to its thread now, in submit order, under its thread policy: the
+        request's, else the agent's as its live workers describe it. Raises :class:`ThreadBusy`
+        (``reject``) before anything is written. None when the policy is not known here (no
+        agent check): the run's start admits it, with the agent's policy, on the worker."""
+        if head.thread_id is None:
+            return None
+        policy = head.thread_policy
+        if policy is None and check_agent and head.agent in self._served:
+            policy = self._served[head.agent].thread_policy
+        if policy is None:
+            return None
+        turn = self.store.admit_to_thread(head.tenant, head.thread_id, head.run_id, policy)
+        if turn.verdict == "busy":
+            raise ThreadBusy(head.thread_id, turn.holder)
+        return turn
+
+    def _stop_runs(self, run_ids: tuple[str, ...]) -> None:
+        """Ask the runs ahead in the thread to stop (``interrupt``, ``rollback``): each ends at its
+        next safe boundary, or before it starts (the new run's start asks again, should this die)."""
+        for run_id in run_ids:
+            RunHandle(self, run_id).cancel()
 
     def _send_start(self, start: TaskSpec) -> None:
         """Send a new run's start task. The run is created, its start in its outbox: should the

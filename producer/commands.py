@@ -85,7 +85,12 @@ def submit(args: argparse.Namespace) -> int:
         if args.no_check:
             raise InvalidRequest("--no-check needs Redis access: the API refuses runs no live worker serves")
         handle = api.submit(
-            args.agent, args.text, model=args.model, thread_id=args.thread, namespace=args.namespace
+            args.agent,
+            args.text,
+            model=args.model,
+            thread_id=args.thread,
+            namespace=args.namespace,
+            thread_policy=args.thread_policy,
         )
     else:
         handle = Client.from_env().submit(
@@ -95,6 +100,7 @@ def submit(args: argparse.Namespace) -> int:
             thread_id=args.thread,
             check_agent=not args.no_check,
             namespace=args.namespace,
+            thread_policy=args.thread_policy,
         )
     return _started(handle, args)
 
@@ -173,6 +179,10 @@ def status(args: argparse.Namespace) -> int:
                 f"throttled: {info.get('reason')} on {info.get('limit')}, waiting for provider capacity"
                 f" ({count} time(s) so far)"
             )
+    waiting = client.store.thread_wait(head.run_id) if head.thread_id is not None else None
+    if not args.json and waiting is not None and not head.terminal:
+        previous = waiting["waiting_for"]
+        print(f"waiting for run {previous} of thread {head.thread_id} to end (parked, no worker held)")
     return 0
 
 

@@ -34,6 +34,7 @@ from shared.pipeline.check import check_pipeline
 from shared.pipeline.definition import Pipeline, Step
 from shared.policy import Policy
 from shared.prompts import INPUT_VARIABLE, Prompt
+from shared.state import DEFAULT_THREAD_POLICY, THREAD_POLICIES, ThreadPolicy
 from shared.tools import RISKS, Risk, ToolSet
 from shared.versions import MigrateFn, VersionPolicy
 
@@ -95,6 +96,9 @@ class Agent:
     #: Older versions whose runs this code takes over through a migration of their custom state
     #: (version -> function; ``shared/versions.py``), applied once at their next model phase.
     migrate_from: Mapping[str, MigrateFn] | None = None
+    #: What a run of this agent does when another run of its thread has not ended, unless its
+    #: request chooses (``docs/agents.md``, "Threads and a second message").
+    thread_policy: ThreadPolicy = DEFAULT_THREAD_POLICY
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
@@ -122,6 +126,9 @@ class Agent:
             raise ConfigError(f"agent {self.name!r}: max_parallel_tools must be in 1..100 (or None)")
         if not 0 <= self.max_subagent_depth <= 10 or not 0 <= self.max_children <= 1000:
             raise ConfigError(f"agent {self.name!r}: max_subagent_depth in 0..10, max_children in 0..1000")
+        if self.thread_policy not in THREAD_POLICIES:
+            choices = ", ".join(THREAD_POLICIES)
+            raise ConfigError(f"agent {self.name!r}: thread_policy must be one of {choices}")
         if self.approval_risk is not None and self.approval_risk not in RISKS:
             raise ConfigError(f"agent {self.name!r}: approval_risk must be one of {', '.join(RISKS)}")
         self._check_handoffs()

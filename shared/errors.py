@@ -41,6 +41,7 @@ __all__ = [
     "RunError",
     "RunErrorInfo",
     "StoreFull",
+    "ThreadBusy",
     "ToolDispatch",
     "ToolOutcomeUnknown",
     "WesichainError",
@@ -58,6 +59,7 @@ ErrorKind = Literal[
     "PolicyConfigInvalid",
     "InternalInvariant",
     "Config",
+    "ThreadBusy",
 ]
 
 #: Bound on any excerpt of untrusted text copied into an error (model output, HTTP bodies).
@@ -132,6 +134,31 @@ class InvalidRequest(RunError, ValueError):
     """
 
     kind = "InvalidRequest"
+
+
+class ThreadBusy(RunError):
+    """A run was submitted with the ``reject`` thread policy while another run of its thread has
+    not ended (``docs/agents.md``, "Threads and a second message").
+
+    ``run_id`` names the busy run. Retrying later makes sense (``retryable``): the thread takes a
+    new run once that one ends. The run was not created (a bare start message, which nobody
+    answers, records its run failed with this kind instead).
+    """
+
+    kind = "ThreadBusy"
+    retryable = True
+
+    def __init__(self, thread_id: str, run_id: str, *, step: int | None = None) -> None:
+        super().__init__(
+            f"thread {thread_id!r} is busy with run {run_id} (thread policy 'reject'): submit again once"
+            " it has ended, or choose another thread policy",
+            step=step,
+            thread_id=thread_id,
+            run_id=run_id,
+            retryable=True,
+        )
+        self.thread_id = thread_id
+        self.run_id = run_id
 
 
 class ModelTransport(RunError):

@@ -169,9 +169,30 @@ class Keys:
         """Sorted set: holders of a provider limit's concurrent calls, by lease deadline (Redis ms)."""
         return f"{self.prefix}{{limit:{scope}}}:slots"
 
+    def _thread(self, tenant: str | None, thread_id: str) -> str:
+        # Every key of one thread shares its hash tag: each thread script touches one slot.
+        return f"{self.prefix}{{thread:{tenant or '-'}:{thread_id}}}"
+
     def thread(self, tenant: str | None, thread_id: str) -> str:
-        """List: run ids of one conversation thread of one tenant, oldest first."""
-        return f"{self.prefix}thread:{tenant or '-'}:{thread_id}"
+        """List: run ids of one conversation thread of one tenant, oldest first (the thread order)."""
+        return self._thread(tenant, thread_id)
+
+    def thread_state(self, tenant: str | None, thread_id: str) -> str:
+        """Hash: the run holding the thread and since when (fields in :mod:`shared.protocol`)."""
+        return self._thread(tenant, thread_id) + ":state"
+
+    def thread_waiting(self, tenant: str | None, thread_id: str) -> str:
+        """List: run ids waiting for the thread, in thread order (each starts when the one before ends)."""
+        return self._thread(tenant, thread_id) + ":waiting"
+
+    def thread_rolled_back(self, tenant: str | None, thread_id: str) -> str:
+        """Set: runs of the thread rolled back (``rollback``): later runs' history skips them."""
+        return self._thread(tenant, thread_id) + ":rolled_back"
+
+    def threads_held(self) -> str:
+        """Sorted set: the threads some run may hold (JSON ``[tenant, thread_id]``), scored by a
+        change counter: the sweeper's backstop for a thread whose hand-on was lost."""
+        return f"{self.prefix}{{threads}}:held"
 
     def workers(self) -> str:
         """Sorted set: worker ids scored by their last heartbeat (Redis time, ms)."""

@@ -91,6 +91,9 @@ __all__ = [
     "THROTTLED_UNTIL",
     "THROTTLES",
     "THROTTLE_OP",
+    "THREAD_ACTIVE",
+    "THREAD_SINCE",
+    "THREAD_WAIT",
     "VARIANT_PREFIX",
     "VERSION",
     "attempts_field",
@@ -149,8 +152,19 @@ THROTTLES = "throttles"
 #: Token of the claim whose throttle was written last (a replayed throttle script recognises it).
 THROTTLE_OP = "throttle_op"
 
+#: JSON while the run waits, parked without a worker, for its thread's previous run to end
+#: (``thread_id``, ``waiting_for``: that run's id); removed when the run is woken.
+THREAD_WAIT = "thread_wait"
+
 #: Prefix of a tool call's claim field: ``call:<step>:<call_id>``.
 CALL_CLAIM_PREFIX = "call:"
+
+# -- fields of a thread's state hash (``Keys.thread_state``) ------------------------------------------
+
+#: The run that holds the thread: the one running, or the next to start ('' or absent: none).
+THREAD_ACTIVE = "active"
+#: When that run was given the thread (Redis ms).
+THREAD_SINCE = "since"
 
 # -- values of run hash fields -------------------------------------------------------------------------
 
@@ -307,6 +321,9 @@ _FIELDS = {
     "F_THROTTLED": THROTTLED,
     "F_THROTTLES": THROTTLES,
     "F_THROTTLE_OP": THROTTLE_OP,
+    "F_THREAD_WAIT": THREAD_WAIT,
+    "F_THREAD_ACTIVE": THREAD_ACTIVE,
+    "F_THREAD_SINCE": THREAD_SINCE,
     "CALL_CLAIM_PREFIX": CALL_CLAIM_PREFIX,
 }
 

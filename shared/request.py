@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from shared.errors import InvalidRequest
 from shared.queues import check_namespace
 from shared.settings import Limits
-from shared.state import Callback, EvalLink, PipelineLink, RunHead
+from shared.state import THREAD_POLICIES, Callback, EvalLink, PipelineLink, RunHead, ThreadPolicy
 
 __all__ = [
     "MAX_NAME_CHARS",
@@ -32,6 +32,7 @@ __all__ = [
     "check_callback_queue",
     "check_callback_task",
     "check_name",
+    "check_thread_policy",
     "check_run_id",
     "new_run",
     "validate_request",
@@ -64,6 +65,13 @@ class RunRequest(BaseModel):
     input: str = Field(description="The user's message.")
     thread_id: str | None = Field(
         default=None, description="A conversation thread: runs of one thread see the earlier runs' messages."
+    )
+    thread_policy: ThreadPolicy | None = Field(
+        default=None,
+        description="What the run does when another run of its thread has not ended: reject (refused,"
+        " naming the busy run), enqueue (waits its turn), interrupt (the runs ahead stop at their next"
+        " safe boundary, their messages kept), rollback (the runs ahead are cancelled and their"
+        " messages dropped from the thread). None: the agent's default (enqueue unless it sets one).",
     )
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="Free-form JSON stored with the run (bounded)."
@@ -124,6 +132,7 @@ def validate_request(raw: Mapping[str, Any], limits: Limits, *, runtime_callback
     thread_id = raw.get("thread_id")
     if thread_id is not None:
         check_name("thread_id", thread_id)
+    thread_policy = check_thread_policy(raw.get("thread_policy"))
     metadata = raw.get("metadata") or {}
     _check_metadata(metadata, limits)
     model = raw.get("model")
@@ -140,6 +149,7 @@ def validate_request(raw: Mapping[str, Any], limits: Limits, *, runtime_callback
         agent=agent,
         input=text,
         thread_id=thread_id,
+        thread_policy=thread_policy,
         metadata=metadata,
         model=model,
         tenant=tenant,
@@ -245,6 +255,17 @@ def _check_state(state: Any) -> None:
         raise InvalidRequest(f"state is not JSON: {exc}") from None
     if size > MAX_STATE_BYTES:
         raise InvalidRequest(f"state is {size} bytes of JSON; the limit is {MAX_STATE_BYTES}")
+
+
+def check_thread_policy(value: Any) -> ThreadPolicy | None:
+    """A thread policy a producer chose (None: the agent's default); refuses any other value."""
+    if value is None:
+        return None
+    for policy in THREAD_POLICIES:
+        if value == policy:
+            return policy
+    shown = value[:40] if isinstance(value, str) else type(value).__name__
+    raise InvalidRequest(f"thread_policy must be one of {', '.join(THREAD_POLICIES)}, got {shown!r}")
 
 
 def check_name(field: str, value: Any) -> None:

@@ -25,6 +25,9 @@ from shared.messages import ToolCall
 M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
+    "DEFAULT_THREAD_POLICY",
+    "THREAD_POLICIES",
+    "ThreadPolicy",
     "Approval",
     "Callback",
     "CallbackState",
@@ -274,8 +277,17 @@ REQUEST_FIELDS = frozenset(
         "parent",
         "link",
         "namespace",
+        "thread_policy",
     }
 )
+
+#: What a run does when another run of its thread has not ended (``docs/agents.md``, "Threads and
+#: a second message"): be refused, wait its turn, interrupt it, or cancel it and roll its messages
+#: out of the thread.
+ThreadPolicy = Literal["reject", "enqueue", "interrupt", "rollback"]
+THREAD_POLICIES: tuple[ThreadPolicy, ...] = ("reject", "enqueue", "interrupt", "rollback")
+#: The policy of an agent that names none.
+DEFAULT_THREAD_POLICY: ThreadPolicy = "enqueue"
 
 
 class ForkOrigin(BaseModel):
@@ -326,6 +338,8 @@ class RunHead(BaseModel):
     epoch: int = 0
     input: str
     thread_id: str | None = None
+    #: The thread policy the producer chose for this run (None: its agent's, ``Agent.thread_policy``).
+    thread_policy: ThreadPolicy | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     #: Whose run it is (set by the service API from the caller's key); None for runs started
     #: directly on Redis or the broker, which only operators can do.
@@ -433,6 +447,7 @@ class RunHead(BaseModel):
         link: PipelineLink | EvalLink | None = None,
         state: dict[str, Any] | None = None,
         namespace: str | None = None,
+        thread_policy: ThreadPolicy | None = None,
     ) -> RunHead:
         """A run as a producer creates it: version 1, IDLE, waiting for the start phase."""
         now = time.time()
@@ -452,6 +467,7 @@ class RunHead(BaseModel):
             link=link,
             state=state,
             namespace=namespace,
+            thread_policy=thread_policy,
             created_at=now,
             updated_at=now,
         )

@@ -15,7 +15,7 @@ from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import ToolCall
 from shared.pipeline.status import PipelineSummary
-from shared.state import Approval, Callback, CallbackState, PhaseRun, RunHead, RunStatus
+from shared.state import Approval, Callback, CallbackState, PhaseRun, RunHead, RunStatus, ThreadPolicy
 from shared.workers import AgentInfo
 
 __all__ = ["AgentView", "HandoffView", "PipelineList", "RunList", "RunView", "run_view"]
@@ -46,6 +46,13 @@ class RunView(BaseModel):
     version: int = Field(description="Commits so far (a checkpoint per version).")
     input: str
     thread_id: str | None
+    thread_policy: ThreadPolicy | None = Field(
+        default=None, description="The thread policy the request chose; null: the agent's."
+    )
+    waiting_for: str | None = Field(
+        default=None,
+        description="While the run waits, parked, for its thread's previous run to end: that run's id.",
+    )
     metadata: dict[str, Any]
     callback: Callback | None
     current_agent: str = Field(
@@ -88,7 +95,9 @@ class RunView(BaseModel):
     )
 
 
-def run_view(head: RunHead, callback_delivery: CallbackState | None = None) -> RunView:
+def run_view(
+    head: RunHead, callback_delivery: CallbackState | None = None, waiting_for: str | None = None
+) -> RunView:
     return RunView(
         run_id=head.run_id,
         agent=head.agent,
@@ -100,6 +109,8 @@ def run_view(head: RunHead, callback_delivery: CallbackState | None = None) -> R
         version=head.version,
         input=head.input,
         thread_id=head.thread_id,
+        thread_policy=head.thread_policy,
+        waiting_for=waiting_for,
         metadata=head.metadata,
         callback=head.callback,
         current_agent=head.active_agent,

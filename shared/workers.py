@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from shared.agents import AgentRegistry
 from shared.keys import Keys
+from shared.state import DEFAULT_THREAD_POLICY, ThreadPolicy
 
 __all__ = ["AgentInfo", "LiveWorker", "ToolInfo", "WorkerDirectory", "WorkerRecord", "describe_agents"]
 
@@ -48,6 +49,8 @@ class AgentInfo(BaseModel):
     compatible_versions: list[str] = Field(default_factory=list)
     #: Older versions whose runs this code takes over through a migration of their state.
     migrates_from: list[str] = Field(default_factory=list)
+    #: Its thread policy, for the runs whose request names none (``Agent.thread_policy``).
+    thread_policy: ThreadPolicy = DEFAULT_THREAD_POLICY
 
 
 class WorkerRecord(BaseModel):
@@ -106,6 +109,7 @@ def describe_agents(registry: AgentRegistry) -> list[AgentInfo]:
                 output_schema=agent.output.schema_ if agent.output is not None else None,
                 compatible_versions=list(agent.compatible_versions),
                 migrates_from=sorted(agent.migrate_from or {}),
+                thread_policy=agent.thread_policy,
             )
         )
     return agents

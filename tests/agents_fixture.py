@@ -302,6 +302,17 @@ registry.add_model("echo", ScriptedModel(_echo_conversation))
 registry.add(Agent(name="echo", model="scripted:echo", system_prompt="echo", tools=TOOLS))
 
 
+def _charge_on_each_message(messages: Sequence[Message]) -> ModelResponse:
+    """A gated, non-retry-safe charge for each new user message (whatever history a thread gave it)."""
+    if isinstance(messages[-1], UserMessage):
+        return reply(None, ("charge_gated", {"seconds": 60, "label": "pay"}))
+    return reply("charged")
+
+
+registry.add_model("thread_charge", ScriptedModel(_charge_on_each_message))
+registry.add(Agent(name="thread_charge", model="scripted:thread_charge", system_prompt="charge", tools=TOOLS))
+
+
 # -- approvals -------------------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ from worker.full import until_room
 from worker.heartbeat import Heartbeat
 from worker.hooks import Hooks
 from worker.metrics import Metrics, metrics
+from worker.threads import hand_thread_on
 from worker.throttle import ModelGate
 from worker.timeouts import hard_limit_s
 from worker.tracing import Tracing
@@ -214,6 +215,8 @@ class Runtime:
                 self.publish(sent, result.epoch)
             if here is not None:
                 self._run_here(here, result.epoch)
+            if head.terminal:
+                hand_thread_on(self, head)
             return head
         if result.status == "cancel_pending":
             return self.interrupt(current, claim, "cancelled", head.error)
@@ -265,6 +268,7 @@ class Runtime:
             return None
         self.metrics.committed(current.head, head)
         self.publish(outbox, result.epoch)
+        hand_thread_on(self, head)
         return head
 
     def cancel_children(self, head: RunHead) -> None:

@@ -9,7 +9,6 @@ becomes a run, failed with ``InvalidRequest``, so its sender can read why.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -22,20 +21,20 @@ from shared.prompts import Prompt
 from shared.request import check_run_id, new_run, validate_request
 from shared.run_state import StateError, initial_state
 from shared.state import ForkOrigin, Phase, RunHead
-from shared.store import Claim, ClaimRef, PhaseClaim
-from shared.tasks import start_task, task_for
+from shared.store import Claim, PhaseClaim
+from shared.tasks import start_task
 from shared.timetravel import checkpoint_of, fork_conversation
 from worker.heartbeat import Held
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
+from worker.threads import take_thread_turn
 from worker.versions import pin
 
 __all__ = [
     "HISTORY_WINDOW",
     "render_prompts",
     "run_start",
-    "THREAD_WAIT_MAX_S",
-    "THREAD_WAIT_S",
+    "THREAD_LOOKBACK",
 ]
 
 log = logging.getLogger("wesichain.worker")
@@ -43,10 +42,9 @@ log = logging.getLogger("wesichain.worker")
 #: Messages of earlier runs in the same thread carried into a new run (an agent with a context
 #: budget sets its own, its requests trimmed by tokens).
 HISTORY_WINDOW = 40
-#: A run whose thread's previous run has not ended waits for it (it must not see a step in the
-#: middle): its start is given back and published again after this, doubling up to the most.
-THREAD_WAIT_S = 0.25
-THREAD_WAIT_MAX_S = 5.0
+#: Earlier runs of a thread looked at for the conversation a new run continues: the last one kept
+#: (not rolled back) that has messages (a run interrupted before it started has none).
+THREAD_LOOKBACK = 100
 
 
 def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = None) -> RunHead | None:
@@ -56,14 +54,15 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
         if rejected is not None:
             return rt.fail(current, claim.ref, rejected.info())
         head = current.head
-        previous = _unended_predecessor(rt, head)
-        if previous is not None:
-            _wait_for(rt, head, claim.ref, previous)
-            return None
         try:
             agent = rt.agents.get(head.agent)
         except ConfigError as exc:
             return rt.fail(current, claim.ref, RunConfigError(str(exc), step=0).info())
+        if head.thread_id is not None and head.fork is None:
+            # A fork starts from its own checkpoint: it takes no turn in a thread.
+            starts, committed = take_thread_turn(rt, current, claim.ref, agent.thread_policy)
+            if not starts:
+                return committed
         try:
             state = initial_state(agent.state_type, head.state)
         except StateError as exc:
@@ -165,51 +164,21 @@ def _earlier_in_thread(rt: Runtime, head: RunHead) -> list[str]:
     return ids[: ids.index(head.run_id)] if head.run_id in ids else ids
 
 
-def _unended_predecessor(rt: Runtime, head: RunHead) -> str | None:
-    """The run just before this one in its thread, while it has not ended (None: none, or ended).
-
-    Each run waits for the one before it only: so the runs of a thread start in thread order,
-    however many wait. A fork starts from its own checkpoint and waits for nothing.
-    """
-    if head.thread_id is None or head.fork is not None:
-        return None
-    earlier = _earlier_in_thread(rt, head)
-    if not earlier:
-        return None
-    previous = rt.store.load(earlier[-1])
-    return earlier[-1] if previous is not None and not previous.terminal else None
-
-
-def _wait_for(rt: Runtime, head: RunHead, claim: ClaimRef, previous: str) -> None:
-    """Give the start back and publish it again after a countdown: the run stays queued, holding no
-    worker, until the thread's previous run has ended. The claim is released with its attempt
-    uncounted and the run's queued time pushed past the countdown (``throttle.lua``, as for a
-    think waiting for provider capacity), so the sweeper neither takes the wait for a lost
-    message nor counts it towards poison, and sends the start again should the message be lost."""
-    waited = rt.store.throttled(head.run_id)
-    wait = min(THREAD_WAIT_S * 2 ** min(waited[1] if waited else 0, 8), THREAD_WAIT_MAX_S)
-    why = json.dumps(
-        {
-            "version": head.version,
-            "step": head.step,
-            "limit": f"thread {head.thread_id}",
-            "reason": f"waiting for the thread's previous run {previous} to end",
-        }
-    )
-    if rt.store.throttle(head.run_id, head.version, claim.token, wait, why) == 0:
-        return  # taken over meanwhile: the new holder goes on
-    log.info("run %s: waits for run %s of its thread to end; again in %.2fs", head.run_id, previous, wait)
-    (spec,) = task_for(head)
-    rt.publish([spec.model_copy(update={"countdown": wait})], head.epoch)
-
-
 def _thread_history(rt: Runtime, head: RunHead, window_size: int) -> list[Message]:
+    """The thread's conversation so far: the messages of the last earlier run that is kept (not
+    rolled back) and has any, which begin with the conversation it continued itself."""
     earlier = _earlier_in_thread(rt, head)
-    if not earlier:
+    if not earlier or head.thread_id is None:
         return []
-    previous: list[Message] = _answered(
-        [m for m in rt.store.load_messages(earlier[-1]) if not isinstance(m, SystemMessage)]
-    )
+    rolled_back = rt.store.rolled_back(head.tenant, head.thread_id)
+    previous: list[Message] = []
+    for run_id in reversed(earlier[-THREAD_LOOKBACK:]):
+        if run_id in rolled_back:
+            continue
+        previous = [m for m in rt.store.load_messages(run_id) if not isinstance(m, SystemMessage)]
+        if previous:
+            break
+    previous = _answered(previous)
     window: list[Message] = previous[-window_size:] if window_size else []
     # Never start the window mid-exchange (e.g. with a tool result whose call was cut off).
     while window and not isinstance(window[0], UserMessage):

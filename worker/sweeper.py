@@ -36,6 +36,7 @@ from shared.workers import WorkerDirectory
 from worker.broker_probe import BrokerProbe, Located
 from worker.liveness import SweepLives
 from worker.runtime import Runtime
+from worker.threads import repair_threads
 
 __all__ = ["BATCH", "Repairs", "Sweeper", "TRIM_EVERY"]
 
@@ -140,6 +141,8 @@ class Sweeper:
                 else:
                     waiting.append(seen)
             handed += self._check_queued(waiting)
+        # Threads whose hand-on to their next run was lost (a kill right after a terminal commit).
+        handed += repair_threads(self.rt)
         self._repair()
         return handed
 

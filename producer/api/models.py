@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.queues import MAX_NAMESPACE_CHARS, NAMESPACE_PATTERN
 from shared.request import MAX_NAME_CHARS, NAME_PATTERN, NOT_BLANK, RunRequest
-from shared.state import Callback
+from shared.state import Callback, ThreadPolicy
 
 # The answers the HTTP clients read too live in shared.wire (the clients may not import the API);
 # they stay importable from here, where the rest of the API's schemas are (explicit re-exports).
@@ -64,6 +64,9 @@ class SubmitBody(BaseModel):
         max_length=MAX_NAME_CHARS,
         pattern=NAME_PATTERN,
         description=RunRequest.model_fields["thread_id"].description,
+    )
+    thread_policy: ThreadPolicy | None = Field(
+        default=None, description=RunRequest.model_fields["thread_policy"].description
     )
     metadata: dict[str, Any] | None = Field(
         default=None, description=RunRequest.model_fields["metadata"].description

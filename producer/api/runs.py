@@ -17,7 +17,7 @@ from producer.api.models import CheckpointList, DecisionBody, DenyBody, RunList,
 from producer.api.namespaces import allowed_callback, allowed_namespace
 from producer.api.services import Services
 from producer.client import NoLiveWorker, RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
-from shared.errors import InvalidRequest, StoreFull
+from shared.errors import InvalidRequest, StoreFull, ThreadBusy
 from shared.request import check_name, validate_request
 from shared.state import Callback, CallbackState, Decision, RunHead, RunStatus
 from shared.store import CURSOR_PATTERN
@@ -78,7 +78,11 @@ def owned_run(services: Services, who: Caller, run_id: str) -> RunHead:
 
 def _view(services: Services, head: RunHead) -> RunView:
     raw = services.store.callback_state(head.run_id) if head.callback is not None else None
-    return run_view(head, CallbackState.model_validate_json(raw) if raw is not None else None)
+    wait = (
+        services.store.thread_wait(head.run_id) if head.thread_id is not None and not head.terminal else None
+    )
+    delivery = CallbackState.model_validate_json(raw) if raw is not None else None
+    return run_view(head, delivery, str(wait["waiting_for"]) if wait is not None else None)
 
 
 @router.post(
@@ -88,7 +92,9 @@ def _view(services: Services, head: RunHead) -> RunView:
     summary="Start a run",
     description="Creates the run (queued) and hands it to the workers. With an ``Idempotency-Key``,"
     " the same request sent again returns the same run instead of starting another; the same key"
-    " with a different request is a 409. A ``namespace`` the caller's tenant is not allowed is a 403."
+    " with a different request is a 409, and so is a ``thread_policy`` of ``reject`` while another"
+    " run of the thread has not ended (kind ``thread_busy``, naming that run in ``details.run_id``)."
+    " A ``namespace`` the caller's tenant is not allowed is a 403."
     " An agent no live worker serves is a 422 ``unknown_agent``; while no live worker is known at all"
     " (workers registering again after a Redis restart) it is a 503 ``no_live_worker`` with"
     " Retry-After: send the same request again.",
@@ -134,7 +140,12 @@ def submit(
             idempotency_key=idempotency_key,
             state=body.state,
             namespace=namespace,
+            thread_policy=body.thread_policy,
         )
+    except ThreadBusy as exc:
+        # The caller's own thread (thread ids are per tenant): the busy run is its own to name.
+        details = {"thread_id": exc.thread_id, "run_id": exc.run_id, "retryable": True}
+        raise ApiError(409, "thread_busy", exc.message, details=details) from None
     except UnknownAgent as exc:
         raise ApiError(422, "unknown_agent", exc.message, details={"agent": body.agent}) from None
     except NoLiveWorker as exc:

@@ -23,6 +23,7 @@ The store is one class made of one part per concern, each a mixin over :class:`~
 * ``claims.py`` — the fenced write path: claims, renewals, releases, commits and tool results;
 * ``listing.py`` — listings over the indexes, their cursors, and threads;
 * ``sweeping.py`` — due runs, their inspection and hand-on, queued waits and unsent publishes;
+* ``threads.py`` — admission to conversation threads, parking and waking their runs;
 * ``decisions.py`` — human decisions, cancels, completion callbacks and throttling;
 * ``events.py`` — a run's event stream outside commits.
 
@@ -55,6 +56,7 @@ from shared.store.decisions import DecisionsMixin
 from shared.store.events import EventsMixin
 from shared.store.listing import CURSOR_PATTERN, ListingMixin, RunPage
 from shared.store.sweeping import Due, HandedOn, SweepingMixin, TaskState
+from shared.store.threads import HeldThread, ThreadsMixin, ThreadTurn
 
 __all__ = [
     "CURSOR_PATTERN",
@@ -70,6 +72,7 @@ __all__ = [
     "Done",
     "Due",
     "HandedOn",
+    "HeldThread",
     "MessageCache",
     "PhaseClaim",
     "RecordStatus",
@@ -78,12 +81,13 @@ __all__ = [
     "RunStore",
     "Stale",
     "TaskState",
+    "ThreadTurn",
     "new_op",
     "new_token",
 ]
 
 
-class RunStore(ClaimsMixin, ListingMixin, SweepingMixin, DecisionsMixin, EventsMixin):
+class RunStore(ClaimsMixin, ListingMixin, SweepingMixin, DecisionsMixin, EventsMixin, ThreadsMixin):
     """Reads and atomic writes of run state in one Redis (or Redis Cluster, key layout permitting).
 
     With an archive (``Settings.archive_url``), every read of a run that is no longer in Redis is

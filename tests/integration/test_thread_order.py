@@ -25,14 +25,14 @@ def test_a_run_on_a_busy_thread_waits_for_the_previous_one(
     assert parked_call.tool_calls
     second = client.submit("echo", "what happened?", thread_id=thread)
     third = client.submit("echo", "and then?", thread_id=thread)
-    # Each start found the run before it not ended, and was given back to wait for it.
+    # Each start found the run before it not ended, and was parked to wait for it.
     for waiting, previous in ((second, first), (third, second)):
 
-        def waits(run_id: str = waiting.run_id) -> tuple[dict[str, Any], int] | None:
-            return client.store.throttled(run_id)
+        def waits(run_id: str = waiting.run_id) -> dict[str, Any] | None:
+            return client.store.thread_wait(run_id)
 
         noted = wait_until(waits, TIMEOUT, what="the start to wait")
-        assert noted[0]["reason"] == f"waiting for the thread's previous run {previous.run_id} to end"
+        assert noted == {"thread_id": thread, "waiting_for": previous.run_id}
     # Still queued while the first is parked: nothing of theirs ran.
     for waiting in (second, third):
         head = waiting.status()

@@ -51,6 +51,7 @@ REDIS_WORDS = frozenset(
         "LPOP",
         "LPOS",
         "LRANGE",
+        "LREM",
         "PEXPIRE",
         "PTTL",
         "RPUSH",

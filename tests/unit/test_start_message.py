@@ -41,6 +41,7 @@ def test_a_new_run_holds_every_field_of_its_request() -> None:
             "agent": "support",
             "input": "Refund order 4711",
             "thread_id": "t-1",
+            "thread_policy": "reject",
             "metadata": {"order": 4711},
             "model": "openai:gpt-4o-mini",
             "tenant": "acme",

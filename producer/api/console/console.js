@@ -218,7 +218,8 @@ function renderHead(run) {
     ["Created", when(run.created_at)], ["Updated", when(run.updated_at)], ["Input", run.input],
     ["Tokens", `${run.usage.input_tokens ?? 0} in / ${run.usage.output_tokens ?? 0} out`],
   ];
-  if (run.thread_id) facts.push(["Thread", run.thread_id]);
+  if (run.thread_id) facts.push(["Thread", run.thread_policy ? `${run.thread_id} (policy ${run.thread_policy})` : run.thread_id]);
+  if (run.waiting_for) facts.push(["Waiting for", `run ${run.waiting_for} of its thread to end`]);
   if (run.handoffs && run.handoffs.length) {
     facts.push(["Now with", run.current_agent]);
     facts.push(["Handoffs", run.handoffs.map((h) => `step ${h.step}: ${h.from_agent} → ${h.to_agent} v${h.to_version}`).join("; ")]);

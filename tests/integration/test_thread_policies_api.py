@@ -1,0 +1,112 @@
+"""Thread policies through the HTTP API, as a tenant and as an attacker would use them: a real
+``wesichain api``, real workers and a real redis-server.
+
+``reject`` on a busy thread is a 409 ``thread_busy`` naming the busy run; thread ids are per
+tenant, so another tenant naming the same thread id with ``reject``, ``interrupt`` or ``rollback``
+neither finds it busy nor stops or rolls back the victim's run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shared.keys import Keys
+from shared.tenants import Tenants
+from tests.agents_fixture import GATE_DIR_ENV
+from tests.api_support import ApiProcess, bearer, wait_status
+from tests.harness import RedisServer, WorkerProcess, wait_until
+
+AGENTS = "tests.agents_fixture"
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gate")
+
+
+@pytest.fixture(scope="module")
+def api(
+    redis_server: RedisServer, gate: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ApiProcess]:
+    log_dir = str(tmp_path_factory.mktemp("w"))
+    worker = WorkerProcess(
+        "tpa1", redis_server.url, agents=AGENTS, concurrency=3, log_dir=log_dir, env={GATE_DIR_ENV: str(gate)}
+    ).start()
+    process = ApiProcess(redis_server.url, env={"WESICHAIN_AGENTS": AGENTS}).start()
+    yield process
+    process.stop()
+    worker.stop()
+
+
+def _tenant(api: ApiProcess, server: RedisServer) -> Iterator[httpx.Client]:
+    key, _ = Tenants(server.client(), Keys()).create_key(f"t-{uuid.uuid4().hex[:8]}", "test")
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as http:
+        yield http
+
+
+@pytest.fixture
+def victim(api: ApiProcess, redis_server: RedisServer) -> Iterator[httpx.Client]:
+    yield from _tenant(api, redis_server)
+
+
+@pytest.fixture
+def attacker(api: ApiProcess, redis_server: RedisServer) -> Iterator[httpx.Client]:
+    yield from _tenant(api, redis_server)
+
+
+def _starts(gate: Path, run_id: str) -> int:
+    path = gate / f"{run_id}:1:call_0.starts"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_reject_is_a_409_naming_the_busy_run_and_other_tenants_cannot_touch_the_thread(
+    api: ApiProcess, victim: httpx.Client, attacker: httpx.Client, gate: Path, redis_server: RedisServer
+) -> None:
+    (gate / "open").unlink(missing_ok=True)
+    thread = f"shared-name-{uuid.uuid4().hex[:6]}"
+    made = victim.post("/v1/runs", json={"agent": "thread_charge", "input": "charge me", "thread_id": thread})
+    assert made.status_code == 202, made.text
+    busy_id = made.json()["run_id"]
+    wait_until(lambda: _starts(gate, busy_id) == 1, TIMEOUT, what="the victim's charge to start")
+
+    refused = victim.post(
+        "/v1/runs", json={"agent": "echo", "input": "again?", "thread_id": thread, "thread_policy": "reject"}
+    )
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert error["kind"] == "thread_busy"
+    assert error["details"] == {"thread_id": thread, "run_id": busy_id, "retryable": True}
+    assert busy_id in error["message"]
+
+    bad = victim.post(
+        "/v1/runs", json={"agent": "echo", "input": "x", "thread_id": thread, "thread_policy": "skip"}
+    )
+    assert bad.status_code == 422, bad.text
+
+    # The attacker names the victim's thread id under every policy: its own thread, free each time.
+    for policy in ("reject", "interrupt", "rollback", "enqueue"):
+        mine = attacker.post(
+            "/v1/runs", json={"agent": "echo", "input": policy, "thread_id": thread, "thread_policy": policy}
+        )
+        assert mine.status_code == 202, mine.text
+        assert wait_status(attacker, mine.json()["run_id"], {"completed"}, TIMEOUT)["status"] == "completed"
+    # Nor can it read, cancel or roll back the victim's run by its id.
+    assert attacker.get(f"/v1/runs/{busy_id}").status_code == 404
+    assert attacker.post(f"/v1/runs/{busy_id}/cancel").status_code == 404
+
+    # The victim's run was not asked to stop: it is still in its charge, then completes.
+    raw = redis_server.client().hget(Keys().run(busy_id), "cancel")
+    assert raw is None
+    assert victim.get(f"/v1/runs/{busy_id}").json()["status"] == "running"
+    (gate / "open").touch()
+    assert wait_status(victim, busy_id, {"completed"}, TIMEOUT)["status"] == "completed"
+    after = victim.post(
+        "/v1/runs", json={"agent": "echo", "input": "now?", "thread_id": thread, "thread_policy": "reject"}
+    )
+    assert after.status_code == 202, after.text
