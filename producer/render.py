@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from shared.events import Event
+from shared.events import Event, SignalApplied, SignalReceived
 from shared.state import Phase, RunHead
 
 __all__ = ["render_event", "render_head"]
@@ -38,9 +38,18 @@ def render_event(event: Event) -> str:
             detail = f"{event.error.kind}: {event.error.message}"
         case "Interrupted":
             detail = event.reason
+        case "SignalReceived" | "SignalApplied":
+            detail = _signal_detail(event)
         case _:
             detail = ""
     return f"{prefix} {detail}  <{who}>"
+
+
+def _signal_detail(event: SignalReceived | SignalApplied) -> str:
+    if event.kind == "SignalReceived":
+        return f"{event.signal} #{event.seq}" + (f" from {event.by}" if event.by else "")
+    verdict = "accepted" if event.accepted else f"REJECTED: {_short(event.error or '')}"
+    return f"{event.signal} #{event.seq} {verdict}"
 
 
 def render_head(head: RunHead) -> str:

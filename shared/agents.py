@@ -81,6 +81,10 @@ class Agent:
     #: The prompt-token budget of its model requests, and how to stay under it (``shared/context.py``);
     #: None: the whole conversation is sent.
     context: ContextBudget | None = None
+    #: A message sent into a run parked for a human's approval of tool calls wakes it: the calls
+    #: are denied (not run) and the model thinks again with the message (``shared/signals.py``).
+    #: False: the message waits for the decision.
+    wake_on_message: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():

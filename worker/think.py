@@ -34,6 +34,7 @@ from worker.limited_call import call_model, requeue_throttled
 from worker.model_call import ClaimLost
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
+from worker.signals import NothingPending, absorb_signals
 
 __all__ = ["TRUNCATION_CORRECTION", "build_request", "correction_for", "run_think"]
 
@@ -69,6 +70,9 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
         # This worker cannot build the run's model (unknown provider, missing API key): no
         # redelivery can change that, so the run fails now instead of crashing every attempt.
         return rt.fail(current, ref, RunConfigError(str(exc), step=head.step).info())
+    absorbed = absorb_signals(rt, current, claim, agent)  # messages and updates sent in come first
+    if not isinstance(absorbed, NothingPending):
+        return absorbed
     request = build_request(agent, adapter, head.model, claim.messages)
     if agent.context is not None:
         counter = counter_for(head.model, agent.context.chars_per_token)
