@@ -4,6 +4,7 @@ as an attacker would."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -11,7 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
+from producer.api_client import ApiClient, AsyncClient
+from producer.client import RequestConflict
 from shared.keys import Keys
+from shared.signals import SignalView
 from shared.tenants import Tenants
 from tests.agents_fixture import HOLDING_KEY, RELEASE_KEY
 from tests.api_support import ApiProcess, bearer, wait_status
@@ -154,3 +158,36 @@ def test_another_tenants_run_is_not_found(
     _release(redis_server, run_id)
     run = wait_status(owner, run_id, {"completed"})
     assert run["answer"] == "heard: for the owner only" and run["state"] == {"priority": 0, "tags": []}
+
+
+def test_the_http_clients_send_and_wait(api: ApiProcess, redis_server: RedisServer) -> None:
+    key, _ = Tenants(redis_server.client(), Keys()).create_key(f"c-{uuid.uuid4().hex[:8]}", "test")
+    with ApiClient(api.url, key) as client:
+        handle = client.submit("inbox", "go")
+        run_id = handle.run_id
+        wait_until(lambda: redis_server.client().exists(HOLDING_KEY + run_id), TIMEOUT, what="the hold call")
+        sent = handle.send_message("from the sync client", key="s1")
+        assert (sent.id, sent.status, handle.send_message("from the sync client", key="s1").duplicate) == (
+            1,
+            "pending",
+            True,
+        )
+        with pytest.raises(RequestConflict, match="s1"):  # the HTTP clients raise what Client raises
+            handle.send_message("other", key="s1")
+        pending = handle.update({"priority": 4}, wait=None)
+        assert pending.status == "pending"
+
+        async def from_async() -> tuple[SignalView, SignalView]:
+            async with AsyncClient(api.url, key) as aclient:
+                ahandle = aclient.handle(run_id)
+                await ahandle.send_message("from the async client")
+                _release(redis_server, run_id)
+                rejected = await ahandle.update({"priority": -1}, wait=TIMEOUT)
+                return rejected, await ahandle.signal(pending.id, wait=TIMEOUT)
+
+        rejected, accepted = asyncio.run(from_async())
+        assert rejected.status == "rejected" and rejected.error is not None
+        assert accepted.status == "accepted"
+        head = handle.wait(TIMEOUT)
+        assert head.answer == "heard: from the sync client | from the async client"
+        assert head.state == {"priority": 4, "tags": []}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from producer.client import Client, RequestConflict, SignalRefused
+from producer.client import Client, RequestConflict, RunHandle, SignalRefused
 from shared.errors import InvalidRequest
 from shared.messages import UserMessage
 from shared.state import Phase
@@ -23,6 +23,10 @@ def _holding(client: Client, run_id: str) -> None:
 
 def _release(client: Client, run_id: str) -> None:
     client.store.redis.set(RELEASE_KEY + run_id, "1", ex=3600)
+
+
+def _parked(handle: RunHandle) -> None:
+    wait_until(lambda: handle.status().phase is Phase.AWAITING_APPROVAL, TIMEOUT, what="the run to park")
 
 
 def test_messages_sent_while_a_tool_runs_are_seen_by_the_next_think_in_order(
@@ -135,9 +139,9 @@ def test_a_message_wakes_a_parked_run_whose_agent_allows_it(
 ) -> None:
     waking = client.submit("wakes_on_message", "please refund")
     waiting = client.submit("waits_for_decision", "please refund")
-    for h in (waking, waiting):
-        wait_until(lambda h=h: h.status().phase is Phase.AWAITING_APPROVAL, TIMEOUT, what="the run to park")
-        h.send_message("never mind, cancel the refund")
+    for parked in (waking, waiting):
+        _parked(parked)
+        parked.send_message("never mind, cancel the refund")
     head = waking.wait(TIMEOUT)
     assert head.phase is Phase.COMPLETED
     assert head.answer == "woken by never mind, cancel the refund; denied"
