@@ -543,15 +543,16 @@ def _inbox_model(messages: Sequence[Message]) -> ModelResponse:
 
 
 registry.add_model("inbox", ScriptedModel(_inbox_model))
-registry.add(
-    Agent(
-        name="inbox",
-        model="scripted:inbox",
-        system_prompt="signals test agent",
-        tools=ToolSet([hold]),
-        state_type=Inbox,
+for _name, _state in (("inbox", Inbox), ("inbox_stateless", None)):
+    registry.add(
+        Agent(
+            name=_name,
+            model="scripted:inbox",
+            system_prompt="signals test agent",
+            tools=ToolSet([hold]),
+            state_type=_state,
+        )
     )
-)
 
 
 def _woken_model(messages: Sequence[Message]) -> ModelResponse:

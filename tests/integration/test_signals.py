@@ -5,11 +5,16 @@ message when its agent allows it."""
 
 from __future__ import annotations
 
+import json
+import threading
+
 import pytest
 
+from producer.cli import main
 from producer.client import Client, RequestConflict, RunHandle, SignalRefused
 from shared.errors import InvalidRequest
 from shared.messages import UserMessage
+from shared.signals import SignalView
 from shared.state import Phase
 from tests.agents_fixture import EFFECTS_KEY, HOLDING_KEY, RELEASE_KEY, Inbox
 from tests.harness import WorkerProcess, wait_until
@@ -75,22 +80,31 @@ def test_an_update_is_validated_committed_and_answered(workers: list[WorkerProce
     assert moved.version == accepted.version
 
 
-def test_update_waits_for_its_outcome(workers: list[WorkerProcess], client: Client) -> None:
-    handle = client.submit("inbox", "go")
+def _stored(client: Client, run_id: str, seq: int) -> None:
+    inbox = client.store.keys.inbox(run_id)
+    wait_until(
+        lambda: client.store.redis.hexists(inbox, f"s:{seq}"), TIMEOUT, what=f"signal {seq} to be stored"
+    )
+
+
+@pytest.mark.parametrize(
+    ("agent", "want", "error"),
+    [("inbox", "accepted", None), ("inbox_stateless", "rejected", "declares no state_type")],
+)
+def test_update_waits_for_its_outcome(
+    workers: list[WorkerProcess], client: Client, agent: str, want: str, error: str | None
+) -> None:
+    handle = client.submit(agent, "go")
     _holding(client, handle.run_id)
-    _release(client, handle.run_id)
-    # Sent while the run moves on; the call returns once a think applied it.
-    answered = handle.update({"tags": ["late"]}, wait=TIMEOUT)
-    assert answered.status in ("accepted", "discarded")  # the run may end before its next think
-    stateless = client.submit("echo", "hi")
-    try:
-        outcome = stateless.update({"x": 1}, wait=TIMEOUT)
-    except SignalRefused as refused:
-        assert refused.code == "run_ended"
-    else:
-        assert outcome.status in ("rejected", "discarded")
-        if outcome.status == "rejected":
-            assert outcome.error is not None and "declares no state_type" in outcome.error
+    answers: list[SignalView] = []
+    waiting = threading.Thread(target=lambda: answers.append(handle.update({"tags": ["late"]}, wait=TIMEOUT)))
+    waiting.start()
+    _stored(client, handle.run_id, 1)
+    _release(client, handle.run_id)  # the call returns once the next think applied it
+    waiting.join(TIMEOUT)
+    (answer,) = answers
+    assert answer.status == want, answer
+    assert (answer.error is None) if error is None else (answer.error is not None and error in answer.error)
 
 
 def test_signals_are_idempotent_by_key(workers: list[WorkerProcess], client: Client) -> None:
@@ -155,3 +169,30 @@ def test_a_message_wakes_a_parked_run_whose_agent_allows_it(
     done = waiting.wait(TIMEOUT)
     assert done.answer == "woken by never mind, cancel the refund; ran"
     assert waiting.signal(1).status == "accepted"
+
+
+def test_cli_send_and_update(
+    workers: list[WorkerProcess], client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    handle = client.submit("inbox", "go")
+    _holding(client, handle.run_id)
+    url = ["--redis", client.settings.redis_url, "--agents", "tests.agents_fixture"]
+    assert main(["send", handle.run_id, "from the terminal", "--idempotency-key", "t1", *url]) == 0
+    assert capsys.readouterr().out == f"message #1 of run {handle.run_id}: pending\n"
+    assert main(["send", handle.run_id, "from the terminal", "--idempotency-key", "t1", "--json", *url]) == 0
+    assert json.loads(capsys.readouterr().out)["duplicate"] is True
+    assert main(["update", handle.run_id, "{not json", *url]) == 2
+    assert "not JSON" in capsys.readouterr().err
+    # The update waits for its outcome: the run applies it once released, after it was stored.
+    exits: list[int] = []
+    waiting = threading.Thread(
+        target=lambda: exits.append(main(["update", handle.run_id, '{"priority": 11}', "--wait", "60", *url]))
+    )
+    waiting.start()
+    _stored(client, handle.run_id, 2)
+    _release(client, handle.run_id)
+    waiting.join(TIMEOUT)
+    out = capsys.readouterr().out
+    assert exits == [1] and out.startswith(f"update #2 of run {handle.run_id}: rejected: "), out
+    assert "priority" in out
+    assert handle.wait(TIMEOUT).answer == "heard: from the terminal"
