@@ -46,6 +46,8 @@ __all__ = [
     "SignalStatus",
     "SignalView",
     "absorb",
+    "body_digest",
+    "body_json",
     "new_signal",
     "signal_status",
 ]

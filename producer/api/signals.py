@@ -82,7 +82,7 @@ def _key(header: str | None, body_key: str | None) -> str | None:
     return header if header is not None else body_key
 
 
-IdempotencyKey = Annotated[str | None, Header(min_length=1, max_length=MAX_SIGNAL_KEY_CHARS)]
+_IdempotencyKey = Annotated[str | None, Header(min_length=1, max_length=MAX_SIGNAL_KEY_CHARS)]
 
 _SENT = (
     " Answers 202 with the signal's id and status (``pending`` until the run's next think applies"
@@ -101,7 +101,7 @@ _SENT = (
     " whose agent has ``wake_on_message`` is woken by it (the calls are denied, not run)." + _SENT,
 )
 def send_message(
-    run_id: str, body: MessageBody, services: Svc, who: Who, idempotency_key: IdempotencyKey = None
+    run_id: str, body: MessageBody, services: Svc, who: Who, idempotency_key: _IdempotencyKey = None
 ) -> SignalView:
     return _send(services, who, run_id, "message", body.text, _key(idempotency_key, body.key))
 
@@ -117,7 +117,7 @@ def send_message(
     " ``GET /v1/runs/{id}/signals/{signal_id}?wait=SECONDS``." + _SENT,
 )
 def send_update(
-    run_id: str, body: UpdateBody, services: Svc, who: Who, idempotency_key: IdempotencyKey = None
+    run_id: str, body: UpdateBody, services: Svc, who: Who, idempotency_key: _IdempotencyKey = None
 ) -> SignalView:
     return _send(services, who, run_id, "update", body.patch, _key(idempotency_key, body.key))
 
