@@ -565,6 +565,31 @@ def _woken_model(messages: Sequence[Message]) -> ModelResponse:
 
 
 registry.add_model("woken", ScriptedModel(_woken_model))
+
+
+def _held_then_woken(messages: Sequence[Message]) -> ModelResponse:
+    """As ``woken``, but its first answer waits until the test releases it (keys named by the run's
+    input), so a message can arrive while the think that parks the run asks the model."""
+    if not any(isinstance(m, ToolMessage) for m in messages):
+        token = next(m.content for m in messages if isinstance(m, UserMessage))
+        _redis().set(HOLDING_KEY + token, os.getpid(), ex=3600)
+        deadline = time.monotonic() + 120
+        while not _redis().exists(RELEASE_KEY + token) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return _woken_model(messages)
+
+
+registry.add_model("held_then_woken", ScriptedModel(_held_then_woken))
+registry.add(
+    Agent(
+        name="wakes_after_held_think",
+        model="scripted:held_then_woken",
+        system_prompt="wake test agent",
+        tools=TOOLS,
+        approval_required=frozenset({"charge"}),
+        wake_on_message=True,
+    )
+)
 for _name, _wakes in (("wakes_on_message", True), ("waits_for_decision", False)):
     registry.add(
         Agent(

@@ -7,11 +7,20 @@ from shared import events as ev
 from shared import fsm
 from shared.agents import Agent
 from shared.signals import absorb
-from shared.state import Decision, RunHead
+from shared.state import Decision, Phase, RunHead
 from shared.store import Claim
+from shared.tasks import decide_task
 from worker.runtime import Runtime
 
-__all__ = ["NOTHING_PENDING", "WAKE_NOTE", "WOKEN_BY", "NothingPending", "absorb_signals", "wake_for_message"]
+__all__ = [
+    "NOTHING_PENDING",
+    "WAKE_NOTE",
+    "WOKEN_BY",
+    "NothingPending",
+    "absorb_signals",
+    "wake_after_park",
+    "wake_for_message",
+]
 
 #: What the model reads for each call of a parked step that a message woke the run from.
 WAKE_NOTE = "the user sent a new message instead of deciding on these calls"
@@ -71,3 +80,16 @@ def wake_for_message(rt: Runtime, head: RunHead) -> Decision | None:
         return None
     rt.store.submit_decision(head.run_id, head.version, Decision(approve=False, note=WAKE_NOTE, by=WOKEN_BY))
     return rt.store.load_decision(head.run_id)
+
+
+def wake_after_park(rt: Runtime, parked: RunHead | None, agent: Agent) -> None:
+    """A message that came in while the think asked the model is still pending when the think parks
+    the run for approval, and its sender sent no wake (it saw a thinking run): the think that parked
+    sends it, so the message wakes the run as one sent a moment later would."""
+    if parked is None or parked.phase is not Phase.AWAITING_APPROVAL or not agent.wake_on_message:
+        return
+    if not any(s.kind == "message" for s in rt.store.pending_signals(parked.run_id, parked.signals_applied)):
+        return
+    head = rt.store.load(parked.run_id)
+    if head is not None and head.phase is Phase.AWAITING_APPROVAL and head.version == parked.version:
+        rt.publish([decide_task(head)], head.epoch)

@@ -34,7 +34,7 @@ from worker.limited_call import call_model, requeue_throttled
 from worker.model_call import ClaimLost
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
-from worker.signals import NothingPending, absorb_signals
+from worker.signals import NothingPending, absorb_signals, wake_after_park
 
 __all__ = ["TRUNCATION_CORRECTION", "build_request", "correction_for", "run_think"]
 
@@ -197,7 +197,9 @@ def _next_move(
     approved = set(head.approved_tools)
     needs_approval = sorted({c.name for c in calls if c.name not in approved and agent.needs_approval(c)})
     if needs_approval:
-        return rt.commit(current, current.park(response.text, calls, response.usage, needs_approval), ref)
+        parked = rt.commit(current, current.park(response.text, calls, response.usage, needs_approval), ref)
+        wake_after_park(rt, parked, agent)
+        return parked
     if calls:
         return rt.commit(
             current, current.act(response.text, calls, response.usage, agent.max_parallel_tools), ref

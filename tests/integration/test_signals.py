@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 
 import pytest
 
@@ -169,6 +170,19 @@ def test_a_message_wakes_a_parked_run_whose_agent_allows_it(
     done = waiting.wait(TIMEOUT)
     assert done.answer == "woken by never mind, cancel the refund; ran"
     assert waiting.signal(1).status == "accepted"
+
+
+def test_a_message_sent_while_the_parking_think_asks_the_model_wakes_the_run(
+    workers: list[WorkerProcess], client: Client
+) -> None:
+    token = uuid.uuid4().hex
+    handle = client.submit("wakes_after_held_think", token)
+    wait_until(lambda: client.store.redis.exists(HOLDING_KEY + token), TIMEOUT, what="the model call")
+    sent = handle.send_message("stop, wrong order")  # the run is thinking: the sender wakes nothing
+    client.store.redis.set(RELEASE_KEY + token, "1", ex=3600)
+    head = handle.wait(TIMEOUT)  # the think that parked it saw the message pending and woke it
+    assert head.answer == "woken by stop, wrong order; denied"
+    assert handle.signal(sent.id).status == "accepted"
 
 
 def test_cli_send_and_update(
