@@ -33,6 +33,7 @@ from producer.client import NoLiveWorker, RequestConflict, RunNotFound, RunTimeo
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
 from shared.llm.framing import SseParser
+from shared.signals import MAX_WAIT_S, SignalView
 from shared.state import Callback, Decision, Phase, RunHead, ThreadPolicy
 from shared.timeline import Timeline
 from shared.wire import AgentView, PipelineList, RunList, RunView
@@ -330,6 +331,32 @@ class _RunOps:
     def _decide(self, decision: Decision) -> _Op[None]:
         yield _Request("POST", _decision_path(self.run_id, decision), {"json": _decision_body(decision)})
 
+    def _send_signal(self, path: str, body: dict[str, Any], key: str | None) -> _Op[SignalView]:
+        headers = {"Idempotency-Key": key} if key else {}
+        request = _Request("POST", f"/v1/runs/{self.run_id}/{path}", {"json": body, "headers": headers})
+        return _parsed(request, lambda r: SignalView.model_validate_json(r.content))
+
+    def _signal(self, signal_id: int, wait: float) -> _Op[SignalView]:
+        """One signal's outcome; the server waits at most its limit a request, so a longer ``wait``
+        asks again until it is no longer pending or the time is up."""
+        deadline = time.monotonic() + max(wait, 0.0)
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            request = _Request(
+                "GET",
+                f"/v1/runs/{self.run_id}/signals/{signal_id}",
+                {"params": {"wait": min(left, MAX_WAIT_S)}},
+            )
+            view = yield from _parsed(request, lambda r: SignalView.model_validate_json(r.content))
+            if view.status != "pending" or time.monotonic() >= deadline:
+                return view
+
+    def _update(self, patch: dict[str, Any], key: str | None, wait: float | None) -> _Op[SignalView]:
+        sent = yield from self._send_signal("updates", {"patch": patch}, key)
+        if wait is None or sent.status != "pending":
+            return sent
+        return (yield from self._signal(sent.id, wait))
+
     def _page(self, cursor: str) -> _Request:
         """A page of stored events after ``cursor`` (the JSON mode of the events endpoint)."""
         return _Request("GET", f"/v1/runs/{self.run_id}/events", {"params": {"after": cursor, "limit": 500}})
@@ -613,6 +640,20 @@ class ApiRunHandle(_RunOps):
     def decide(self, decision: Decision) -> None:
         self.client._run(self._decide(decision))
 
+    def send_message(self, text: str, *, key: str | None = None) -> SignalView:
+        """Send a user message into the run (its next think sees it); ``key``: idempotent."""
+        return self.client._run(self._send_signal("messages", {"text": text}, key))
+
+    def update(
+        self, patch: dict[str, Any], *, key: str | None = None, wait: float | None = 30.0
+    ) -> SignalView:
+        """Send a state update; wait up to ``wait`` seconds (None: not at all) for its outcome."""
+        return self.client._run(self._update(patch, key, wait))
+
+    def signal(self, signal_id: int, *, wait: float = 0.0) -> SignalView:
+        """What became of one signal of the run; ``wait``: seconds to wait while it is pending."""
+        return self.client._run(self._signal(signal_id, wait))
+
 
 # -- async -----------------------------------------------------------------------------------------
 
@@ -775,3 +816,14 @@ class AsyncRunHandle(_RunOps):
 
     async def decide(self, decision: Decision) -> None:
         await self.client._run(self._decide(decision))
+
+    async def send_message(self, text: str, *, key: str | None = None) -> SignalView:
+        return await self.client._run(self._send_signal("messages", {"text": text}, key))
+
+    async def update(
+        self, patch: dict[str, Any], *, key: str | None = None, wait: float | None = 30.0
+    ) -> SignalView:
+        return await self.client._run(self._update(patch, key, wait))
+
+    async def signal(self, signal_id: int, *, wait: float = 0.0) -> SignalView:
+        return await self.client._run(self._signal(signal_id, wait))

@@ -153,6 +153,28 @@ def _producer_commands(
                 "--always", action="store_true", help="the same tools need no approval again in this run"
             )
 
+    sd = sub.add_parser("send", parents=runs, help="send a user message into a running run")
+    sd.add_argument("run_id")
+    sd.add_argument("text", help="the message; the run's next think sees it")
+    sd.add_argument(
+        "--idempotency-key", metavar="KEY", help="a client key: sending again under it sends nothing new"
+    )
+    sd.add_argument("--json", action="store_true", help="print the signal as JSON")
+    sd.add_argument("--by", metavar="WHO", help="who sends it, in the run's events (default: the OS user)")
+    up = sub.add_parser(
+        "update", parents=runs, help="send a state update into a running run and wait for its outcome"
+    )
+    up.add_argument("run_id")
+    up.add_argument("patch", metavar="JSON", help="state fields to merge, e.g. '{\"priority\": 3}'")
+    up.add_argument(
+        "--idempotency-key", metavar="KEY", help="a client key: sending again under it sends nothing new"
+    )
+    up.add_argument(
+        "--wait", type=float, default=30.0, help="seconds to wait for the outcome (default 30; 0: do not)"
+    )
+    up.add_argument("--json", action="store_true", help="print the signal as JSON")
+    up.add_argument("--by", metavar="WHO", help="who sends it, in the run's events (default: the OS user)")
+
     tl = sub.add_parser(
         "timeline", parents=runs, help="show where a run's time went, per worker (phases, tools, waits)"
     )
@@ -198,6 +220,8 @@ def _producer_commands(
         "fork": commands.fork,
         "approve": commands.approve,
         "deny": commands.deny,
+        "send": commands.send,
+        "update": commands.update,
         "timeline": commands.timeline,
         "agents": commands.agents,
         "workers": commands.workers,

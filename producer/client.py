@@ -32,6 +32,7 @@ from shared.redis_client import connect
 from shared.request import check_run_id, new_run, validate_request
 from shared.retention import MemoryGuard, full_message
 from shared.settings import Settings, celery_config
+from shared.signals import SignalKind, SignalView, new_signal, signal_status
 from shared.state import (
     Callback,
     CallbackState,
@@ -63,11 +64,13 @@ if TYPE_CHECKING:
     from producer.pipelines import PipelineHandle
 
 __all__ = [
+    "SignalRefused",
     "Client",
     "RequestConflict",
     "RunHandle",
     "RunNotFound",
     "RunTimeout",
+    "signal_view",
     "NoLiveWorker",
     "UnknownAgent",
     "idempotent_run_id",
@@ -592,3 +595,97 @@ class RunHandle:
 
     def _send_decide(self, head: RunHead) -> None:
         self.client.send_run_task(decide_task(head))
+
+    # -- signals: messages and state updates into the running run (shared/signals.py) --------
+
+    def send_message(self, text: str, *, key: str | None = None, by: str = "") -> SignalView:
+        """Send a user message into the run: stored at once, seen by the run's next think.
+
+        ``key`` makes the send idempotent: sending again under it answers the same signal (the
+        same key with another text raises :class:`RequestConflict`). A run parked for approval
+        whose agent has ``wake_on_message`` is woken (its calls denied, the model told the message).
+        Raises :class:`SignalRefused` (the run ended, or took all the signals it may),
+        :class:`InvalidRequest` (a bad message), :class:`RunNotFound`.
+        """
+        return self._send_signal("message", text, key, by)
+
+    def update(
+        self, patch: dict[str, Any], *, key: str | None = None, wait: float | None = 30.0, by: str = ""
+    ) -> SignalView:
+        """Send a state update: ``patch``'s fields are merged over the run's state at its next
+        think, validated against its agent's ``state_type``, and committed with it (or rejected).
+
+        Waits up to ``wait`` seconds (None: not at all) for the outcome: ``accepted``, or
+        ``rejected`` with the validation error in ``error``; still ``pending`` if the run did not
+        think in that time. ``key`` as for :meth:`send_message`.
+        """
+        sent = self._send_signal("update", patch, key, by)
+        if wait is None or sent.status != "pending":
+            return sent
+        return self.signal(sent.id, wait=wait)
+
+    def signal(self, signal_id: int, *, wait: float = 0.0) -> SignalView:
+        """What became of one signal of the run; ``wait``: seconds to wait while it is pending."""
+        deadline = time.monotonic() + max(wait, 0.0)
+        delay = 0.005
+        while True:
+            view = signal_view(self.client.store, self.run_id, signal_id)
+            if view is None:
+                raise RunNotFound(f"no signal {signal_id} in run {self.run_id!r}")
+            if view.status != "pending" or time.monotonic() >= deadline:
+                return view
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.1)
+
+    def _send_signal(self, kind: SignalKind, body: Any, key: str | None, by: str) -> SignalView:
+        signal = new_signal(
+            kind,
+            body,
+            key=key,
+            by=by,
+            at=time.time(),
+            max_message_chars=self.client.settings.limits.max_message_chars,
+        )
+        taken = self.client.store.send_signal(self.run_id, signal)
+        match taken.status:
+            case "missing":
+                raise RunNotFound(f"no run {self.run_id!r}")
+            case "conflict":
+                raise RequestConflict(f"key {key!r} was used for another signal (#{taken.seq}) of this run")
+            case "ended":
+                raise SignalRefused(
+                    f"run {self.run_id} has ended ({taken.phase}); it takes no signals", "run_ended"
+                )
+            case "full":
+                raise SignalRefused(
+                    f"run {self.run_id} has taken as many signals as it may ({taken.limit})", "inbox_full"
+                )
+        if kind == "message" and taken.phase is Phase.AWAITING_APPROVAL:
+            # No worker holds a parked run: wake one to see whether the message wakes the run (its
+            # agent decides). A retry under the same key sends it again, should this send be lost.
+            head = self.status()
+            if head.phase is Phase.AWAITING_APPROVAL and head.approval is not None:
+                if head.approval.kind == "tool_calls":
+                    self._send_decide(head)
+        view = signal_view(self.client.store, self.run_id, taken.seq)
+        if view is None:  # the run expired this very moment
+            raise RunNotFound(f"no run {self.run_id!r}")
+        return view.model_copy(update={"duplicate": taken.status == "duplicate"})
+
+
+class SignalRefused(WesichainError):
+    """The run takes no more signals: it has ended (``run_ended``), or it took as many as a run
+    may (``inbox_full``)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def signal_view(store: RunStore, run_id: str, signal_id: int) -> SignalView | None:
+    """One signal of a run as producers see it (None: no such run or signal)."""
+    found = store.load_signal(run_id, signal_id)
+    head = store.load(run_id) if found is not None else None
+    if found is None or head is None:
+        return None
+    return signal_status(found[0], head, found[1])

@@ -15,6 +15,7 @@ from producer.client import Client, RunHandle, RunNotFound
 from producer.render import render_event, render_head
 from shared.errors import InvalidRequest
 from shared.events import END_EVENTS, Event
+from shared.signals import SignalView
 from shared.state import Phase, RunHead
 from shared.versions import VersionLoad, waiting_reason
 from shared.workers import AgentInfo
@@ -29,6 +30,8 @@ __all__ = [
     "checkpoints",
     "deny",
     "drain",
+    "send",
+    "update",
     "events",
     "export",
     "fork",
@@ -272,6 +275,41 @@ def deny(args: argparse.Namespace) -> int:
         handle.deny(args.note)
     print(f"denied; run {args.run_id} resumes without the denied calls")
     return 0
+
+
+def send(args: argparse.Namespace) -> int:
+    """Send a user message into a running run; prints the signal's id."""
+    handle = _handle(args)
+    if isinstance(handle, RunHandle):
+        sent = handle.send_message(args.text, key=args.idempotency_key, by=_decider(args))
+    else:  # the API records the caller's key as the sender
+        sent = handle.send_message(args.text, key=args.idempotency_key)
+    return _print_signal(sent, args.json)
+
+
+def update(args: argparse.Namespace) -> int:
+    """Send a state update and wait for its outcome; exit 1 when it was rejected (or discarded)."""
+    try:
+        patch = json.loads(args.patch)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"the update is not JSON: {exc}") from None
+    wait = args.wait if args.wait > 0 else None
+    handle = _handle(args)
+    if isinstance(handle, RunHandle):
+        sent = handle.update(patch, key=args.idempotency_key, wait=wait, by=_decider(args))
+    else:
+        sent = handle.update(patch, key=args.idempotency_key, wait=wait)
+    return _print_signal(sent, args.json)
+
+
+def _print_signal(sent: SignalView, as_json: bool) -> int:
+    if as_json:
+        print(sent.model_dump_json())
+    else:
+        again = " (sent before under this key)" if sent.duplicate else ""
+        error = f": {sent.error}" if sent.error else ""
+        print(f"{sent.kind} #{sent.id} of run {sent.run_id}: {sent.status}{again}{error}")
+    return EXIT_FAILED_RUN if sent.status in ("rejected", "discarded") else 0
 
 
 def agents(args: argparse.Namespace) -> int:

@@ -6,7 +6,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from shared.events import CustomEvent, CustomEventsDropped, CustomEventsVoided, Event
+from shared.events import (
+    CustomEvent,
+    CustomEventsDropped,
+    CustomEventsVoided,
+    Event,
+    SignalApplied,
+    SignalReceived,
+)
 from shared.state import Phase, RunHead
 
 __all__ = ["render_event", "render_head"]
@@ -55,6 +62,8 @@ _DETAILS: dict[str, Callable[[Any], str]] = {
     "Completed": lambda e: f"tokens in/out {e.usage.input_tokens}/{e.usage.output_tokens}",
     "Failed": lambda e: f"{e.error.kind}: {e.error.message}",
     "Interrupted": lambda e: str(e.reason),
+    "SignalReceived": lambda e: _signal_detail(e),
+    "SignalApplied": lambda e: _signal_detail(e),
 }
 
 
@@ -70,6 +79,13 @@ def _custom_detail(event: CustomEvent | CustomEventsDropped | CustomEventsVoided
         case CustomEventsVoided():
             why = event.reason.replace("_", " ")
             return f"{where}: custom events of attempt {event.attempt} and earlier are void ({why})"
+
+
+def _signal_detail(event: SignalReceived | SignalApplied) -> str:
+    if event.kind == "SignalReceived":
+        return f"{event.signal} #{event.seq}" + (f" from {event.by}" if event.by else "")
+    verdict = "accepted" if event.accepted else f"REJECTED: {_short(event.error or '')}"
+    return f"{event.signal} #{event.seq} {verdict}"
 
 
 def render_head(head: RunHead) -> str:

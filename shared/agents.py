@@ -99,6 +99,10 @@ class Agent:
     #: What a run of this agent does when another run of its thread has not ended, unless its
     #: request chooses (``docs/agents.md``, "Threads and a second message").
     thread_policy: ThreadPolicy = DEFAULT_THREAD_POLICY
+    #: A message sent into a run parked for a human's approval of tool calls wakes it: the calls
+    #: are denied (not run) and the model thinks again with the message (``shared/signals.py``).
+    #: False: the message waits for the decision.
+    wake_on_message: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():

@@ -40,6 +40,8 @@ __all__ = [
     "Interrupted",
     "ModelResponded",
     "RunStarted",
+    "SignalApplied",
+    "SignalReceived",
     "StepFailed",
     "StepStarted",
     "TokenDelta",
@@ -280,6 +282,30 @@ class Interrupted(_Event):
     reason: str
 
 
+class SignalReceived(_Event):
+    """A message or a state update was sent into the run and is pending (``shared/signals.py``).
+
+    Appended by the script that takes the signal, so it is in the stream exactly when the signal is
+    in the inbox. ``step`` is 0: a signal belongs to no step until it is applied.
+    """
+
+    kind: Literal["SignalReceived"] = "SignalReceived"
+    seq: int
+    signal: Literal["message", "update"]
+    by: str = ""
+
+
+class SignalApplied(_Event):
+    """A signal was applied by the commit this event belongs to: accepted, or (an update that does
+    not fit the run's state type) rejected with the error."""
+
+    kind: Literal["SignalApplied"] = "SignalApplied"
+    seq: int
+    signal: Literal["message", "update"]
+    accepted: bool
+    error: str | None = None
+
+
 Event = Annotated[
     RunStarted
     | StepStarted
@@ -297,7 +323,9 @@ Event = Annotated[
     | Completed
     | Failed
     | Interrupted
-    | VersionUpgraded,
+    | VersionUpgraded
+    | SignalReceived
+    | SignalApplied,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

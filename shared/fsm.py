@@ -3,7 +3,7 @@
     IDLE ─start→ THINKING ─complete→ COMPLETED
                     │ └─act→ ACTING ─observe→ OBSERVING ─next_step→ THINKING …
                     │                                   └─finish→ COMPLETED (a tool ended the run)
-                    ├─reprompt / retry→ THINKING
+                    ├─reprompt / retry / absorb (signals)→ THINKING
                     ├─hand_off / refuse_handoff→ THINKING (the next step; under the target agent)
                     ├─park→ AWAITING_APPROVAL ─approve→ ACTING, ─deny→ THINKING
                     └─delegate→ AWAITING_APPROVAL (subagents) ─resume→ THINKING
@@ -382,6 +382,23 @@ class Thinking(_Live):
         """The oldest messages were summarised (committed once); think again with the summary."""
         head = self._next(Phase.THINKING, summary=summary, usage=self.head.usage + usage)
         return Transition(Thinking(head))
+
+    def absorb(
+        self,
+        messages: Sequence[Message],
+        state: dict[str, Any] | None,
+        applied_upto: int,
+        events: Sequence[ev.Event],
+    ) -> Transition[Thinking]:
+        """Signals sent into the run were applied before the model is asked: their messages
+        appended, the state updated, the cursor past them; the same step is thought again."""
+        head = self._next(
+            Phase.THINKING,
+            message_count=self.head.message_count + len(messages),
+            state=state,
+            signals_applied=applied_upto,
+        )
+        return Transition(Thinking(head), messages=tuple(messages), events=tuple(events))
 
     def retry(self, error: RunErrorInfo, consume_budget: bool) -> Transition[Thinking]:
         """Call the model again for the same step (the failed call left no messages behind)."""

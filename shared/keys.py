@@ -59,6 +59,11 @@ class Keys:
         """Hash: call_id -> tool result JSON for one step; HSETNX makes each result once."""
         return f"{self._run(run_id)}:step:{step}:results"
 
+    def inbox(self, run_id: str) -> str:
+        """Hash: the signals sent into the run (by sequence number), their client keys and their
+        outcomes (field names in :mod:`shared.protocol`, ``INBOX_*``)."""
+        return self._run(run_id) + ":inbox"
+
     def attempts(self, run_id: str) -> str:
         """Hash: claims per piece of work and version, last errors, lost publishes (poison detection)."""
         return self._run(run_id) + ":attempts"

@@ -50,6 +50,12 @@ __all__ = [
     "EVAL_STATUS",
     "EVAL_TOKENS",
     "EVENT_FIELD",
+    "INBOX_BYTES",
+    "INBOX_DIGEST_PREFIX",
+    "INBOX_KEY_PREFIX",
+    "INBOX_NEXT",
+    "INBOX_OUTCOME_PREFIX",
+    "INBOX_SIGNAL_PREFIX",
     "LAST_ERROR_PREFIX",
     "LIMIT_RPM",
     "LIMIT_RPM_AT",
@@ -201,6 +207,21 @@ def call_claim(step: int, call_id: str) -> str:
 # -- fields of the attempts hash ---------------------------------------------------------------------
 # The Lua helpers of the same names (in the prelude) build these from the same prefixes.
 
+# -- fields of a run's inbox (``Keys.inbox``): the signals sent into it ---------------------------
+
+#: The last sequence number given to a signal of the run.
+INBOX_NEXT = "next"
+#: The bytes of every signal body taken so far (bounded per run).
+INBOX_BYTES = "bytes"
+#: ``s:<seq>``: the signal as JSON.
+INBOX_SIGNAL_PREFIX = "s:"
+#: ``k:<client key>``: the sequence number of the signal sent under that key.
+INBOX_KEY_PREFIX = "k:"
+#: ``d:<seq>``: the digest of a keyed signal's body (the same key with another body conflicts).
+INBOX_DIGEST_PREFIX = "d:"
+#: ``o:<seq>``: what applying the signal gave, as JSON (read once the head's cursor covers it).
+INBOX_OUTCOME_PREFIX = "o:"
+
 ATTEMPTS_PREFIX = "v"
 LAST_ERROR_PREFIX = "err:"
 LOST_PREFIX = "lost:"
@@ -343,6 +364,11 @@ _VALUES = {
         "TASK_UNCLAIMED",
         "MISSING_PHASE_TASK",
         "ATTEMPTS_PREFIX",
+        "INBOX_NEXT",
+        "INBOX_BYTES",
+        "INBOX_SIGNAL_PREFIX",
+        "INBOX_KEY_PREFIX",
+        "INBOX_DIGEST_PREFIX",
         "LAST_ERROR_PREFIX",
         "LOST_PREFIX",
         "PIPE_STATUS",

@@ -127,6 +127,11 @@ SPECS: dict[str, ScriptSpec] = {
         more_args="n_messages messages, n_events events, then the broker commands (push_broker)",
         words="committed fenced cancel_pending live terminal",
     ),
+    "signal": _spec(
+        "run inbox events_key",
+        "key digest record_head record_tail event_head event_tail size max_count max_bytes events_maxlen",
+        words="stored duplicate conflict ended full missing",
+    ),
     "record_result": _spec(
         "run results_key events_key leases checkpoints",
         "run_id op version step call_id claim_token result event n_calls observe_version observe_body"
@@ -260,6 +265,7 @@ SCRIPT_NAMES = (
     "unsent",
     "cancel",
     "decide",
+    "signal",
     "join_thread",
     "thread_admit",
     "thread_release",

@@ -363,6 +363,9 @@ class RunHead(BaseModel):
     #: The summary of the oldest messages (an agent whose context strategy is ``summarise``).
     summary: Summary | None = None
     message_count: int = 0
+    #: The sequence number of the last signal (message or state update sent into the run) that a
+    #: commit applied; later ones are pending (``shared/signals.py``).
+    signals_applied: int = 0
     #: The accepted tool calls of the current step (ACTING / OBSERVING): with a cap on parallel
     #: calls (``Agent.max_parallel_tools``), the wave running now.
     pending_calls: list[ToolCall] = Field(default_factory=list)

@@ -539,3 +539,105 @@ for _name, _policy in _CUT_POLICIES.items():
             policy=_policy,
         )
     )
+
+
+# -- signals: messages and state updates sent into a running run ------------------------------------
+
+#: String per run: set by a test to let the run's ``hold`` call return.
+RELEASE_KEY = "test:release:"
+#: String per run: the pid of the process whose ``hold`` call is waiting.
+HOLDING_KEY = "test:holding:"
+
+
+class ReleaseArgs(BaseModel):
+    label: str = ""
+
+
+@tool
+def hold(args: ReleaseArgs, ctx: ToolContext) -> str:
+    """Wait until the test releases the run (so signals can be sent while a tool runs)."""
+    _redis().set(HOLDING_KEY + ctx.run_id, os.getpid(), ex=3600)
+    deadline = time.monotonic() + 120
+    while not _redis().exists(RELEASE_KEY + ctx.run_id):
+        if time.monotonic() > deadline:
+            raise TimeoutError("never released")
+        time.sleep(0.02)
+    return "released"
+
+
+class Inbox(BaseModel):
+    priority: int = Field(default=0, ge=0, le=10)
+    tags: list[str] = []
+
+
+def heard(messages: Sequence[Message]) -> list[str]:
+    """The user messages after the run's input: the messages sent into the run, in order."""
+    return [m.content for m in messages if isinstance(m, UserMessage)][1:]
+
+
+def _inbox_model(messages: Sequence[Message]) -> ModelResponse:
+    """Hold once; then answer with every message sent into the run, in the order seen."""
+    if not any(isinstance(m, ToolMessage) for m in messages):
+        return reply(None, ("hold", {"label": "h"}))
+    return reply("heard: " + " | ".join(heard(messages)))
+
+
+registry.add_model("inbox", ScriptedModel(_inbox_model))
+for _name, _state in (("inbox", Inbox), ("inbox_stateless", None)):
+    registry.add(
+        Agent(
+            name=_name,
+            model="scripted:inbox",
+            system_prompt="signals test agent",
+            tools=ToolSet([hold]),
+            state_type=_state,
+        )
+    )
+
+
+def _woken_model(messages: Sequence[Message]) -> ModelResponse:
+    """Ask for a charge (it parks for approval); once woken, answer with the message and the denial."""
+    results = [m for m in messages if isinstance(m, ToolMessage)]
+    if not results:
+        return reply(None, ("charge", {"seconds": 0, "label": "refund"}))
+    said = heard(messages)
+    return reply(f"woken by {said[-1] if said else '-'}; {'denied' if results[-1].is_error else 'ran'}")
+
+
+registry.add_model("woken", ScriptedModel(_woken_model))
+
+
+def _held_then_woken(messages: Sequence[Message]) -> ModelResponse:
+    """As ``woken``, but its first answer waits until the test releases it (keys named by the run's
+    input), so a message can arrive while the think that parks the run asks the model."""
+    if not any(isinstance(m, ToolMessage) for m in messages):
+        token = next(m.content for m in messages if isinstance(m, UserMessage))
+        _redis().set(HOLDING_KEY + token, os.getpid(), ex=3600)
+        deadline = time.monotonic() + 120
+        while not _redis().exists(RELEASE_KEY + token) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return _woken_model(messages)
+
+
+registry.add_model("held_then_woken", ScriptedModel(_held_then_woken))
+registry.add(
+    Agent(
+        name="wakes_after_held_think",
+        model="scripted:held_then_woken",
+        system_prompt="wake test agent",
+        tools=TOOLS,
+        approval_required=frozenset({"charge"}),
+        wake_on_message=True,
+    )
+)
+for _name, _wakes in (("wakes_on_message", True), ("waits_for_decision", False)):
+    registry.add(
+        Agent(
+            name=_name,
+            model="scripted:woken",
+            system_prompt="wake test agent",
+            tools=TOOLS,
+            approval_required=frozenset({"charge"}),
+            wake_on_message=_wakes,
+        )
+    )

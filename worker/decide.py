@@ -1,5 +1,6 @@
 """The decide phase: a parked run (AWAITING_APPROVAL) goes on once a human's decision is stored, or
-(parked for subagents) once every child run of its step has ended."""
+(parked for subagents) once every child run of its step has ended; an agent with
+``wake_on_message`` is also woken from an approval by a message sent into the run."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from shared.store import Claim, PhaseClaim
 from worker.heartbeat import Held
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime
+from worker.signals import wake_for_message
 
 __all__ = ["run_decide"]
 
@@ -25,7 +27,7 @@ def run_decide(rt: Runtime, delivery: Delivery, step: int | None = None) -> RunH
         head = current.head
         if head.approval is not None and head.approval.kind == "children":
             return _children_ended(rt, current, claim)
-        decision = rt.store.load_decision(head.run_id)
+        decision = rt.store.load_decision(head.run_id) or wake_for_message(rt, head)
         approval = head.approval
         if decision is None or approval is None:
             log.warning("run %s: decide without a stored decision; still waiting", head.run_id)

@@ -37,6 +37,7 @@ from worker.limited_call import call_model, requeue_throttled
 from worker.model_call import ClaimLost
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
+from worker.signals import NothingPending, absorb_signals, wake_after_park
 
 __all__ = ["TRUNCATION_CORRECTION", "build_request", "correction_for", "run_think"]
 
@@ -72,6 +73,9 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
         # This worker cannot build the run's model (unknown provider, missing API key): no
         # redelivery can change that, so the run fails now instead of crashing every attempt.
         return rt.fail(current, ref, RunConfigError(str(exc), step=head.step).info())
+    absorbed = absorb_signals(rt, current, claim, agent)  # messages and updates sent in come first
+    if not isinstance(absorbed, NothingPending):
+        return absorbed
     # The conversation the current agent sees: after a handoff, the target's (``shared/handoffs.py``).
     conversation = conversation_of(head.handoffs, claim.messages)
     request = build_request(agent, adapter, head.model, conversation)
@@ -203,7 +207,9 @@ def _next_move(
     approved = set(head.approved_tools)
     needs_approval = sorted({c.name for c in calls if c.name not in approved and agent.needs_approval(c)})
     if needs_approval:
-        return rt.commit(current, current.park(response.text, calls, response.usage, needs_approval), ref)
+        parked = rt.commit(current, current.park(response.text, calls, response.usage, needs_approval), ref)
+        wake_after_park(rt, parked, agent)
+        return parked
     if calls:
         return rt.commit(
             current, current.act(response.text, calls, response.usage, agent.max_parallel_tools), ref

@@ -25,7 +25,8 @@ The store is one class made of one part per concern, each a mixin over :class:`~
 * ``sweeping.py`` — due runs, their inspection and hand-on, queued waits and unsent publishes;
 * ``threads.py`` — admission to conversation threads, parking and waking their runs;
 * ``decisions.py`` — human decisions, cancels, completion callbacks and throttling;
-* ``events.py`` — a run's event stream outside commits.
+* ``events.py`` — a run's event stream outside commits;
+* ``signals.py`` — a run's inbox: messages and state updates sent into it.
 
 Mixins rather than collaborator objects: every caller keeps calling ``store.<method>`` on the one
 :class:`RunStore`, and the parts share one client and one script registry without passing them
@@ -55,6 +56,7 @@ from shared.store.claims import (
 from shared.store.decisions import DecisionsMixin
 from shared.store.events import EventsMixin
 from shared.store.listing import CURSOR_PATTERN, ListingMixin, RunPage
+from shared.store.signals import SignalsMixin, SignalTaken
 from shared.store.sweeping import Due, HandedOn, SweepingMixin, TaskState
 from shared.store.threads import HeldThread, ThreadsMixin, ThreadTurn
 
@@ -79,6 +81,8 @@ __all__ = [
     "Recorded",
     "RunPage",
     "RunStore",
+    "SignalTaken",
+    "SignalsMixin",
     "Stale",
     "TaskState",
     "ThreadTurn",
@@ -87,7 +91,9 @@ __all__ = [
 ]
 
 
-class RunStore(ClaimsMixin, ListingMixin, SweepingMixin, DecisionsMixin, EventsMixin, ThreadsMixin):
+class RunStore(
+    ClaimsMixin, ListingMixin, SweepingMixin, DecisionsMixin, EventsMixin, ThreadsMixin, SignalsMixin
+):
     """Reads and atomic writes of run state in one Redis (or Redis Cluster, key layout permitting).
 
     With an archive (``Settings.archive_url``), every read of a run that is no longer in Redis is

@@ -403,7 +403,8 @@ class ClaimsMixin(RunsMixin):
         ]
         # A finished run's per-step keys expire with it (bounded: steps <= max_steps).
         extra = (
-            [k.attempts(run_id)] + [k.results(run_id, step) for step in range(1, head.step + 1)]
+            [k.attempts(run_id), k.inbox(run_id)]
+            + [k.results(run_id, step) for step in range(1, head.step + 1)]
             if kind == "terminal"
             else []
         )

@@ -24,6 +24,7 @@ from shared.keys import Keys
 from shared.state import Phase
 from shared.tenants import Tenants
 from shared.timeline import Timeline
+from tests.agents_fixture import HOLDING_KEY, RELEASE_KEY
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.chaos.support import Cluster, wait_paused
 from tests.harness import RedisServer, WorkerProcess, wait_until
@@ -207,3 +208,24 @@ def test_cli_timeline_over_the_api(http: httpx.Client, api: ApiProcess, key: str
     ]  # fmt: skip
     refused = subprocess.run([*cli[:-1], "wsk_not-a-key"], capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "unknown or revoked" in refused.stderr
+
+
+def test_a_message_is_sent_from_a_running_runs_page(
+    page: Page, http: httpx.Client, api: ApiProcess, server: RedisServer
+) -> None:
+    run_id = submit(http, "inbox")  # holds in its tool until released
+    r = server.client()
+    wait_until(lambda: r.exists(HOLDING_KEY + run_id), 60, what="the hold call")
+    page.goto(f"{api.url}/#/runs/{run_id}")
+    page.wait_for_selector("#send-form:not([hidden])")
+    text = "<b>not markup</b> from the console"
+    page.fill("#send-text", text)
+    page.click("#send")
+    page.wait_for_selector('#send-result:text("message #1: pending")')
+    page.wait_for_selector('#conversation li[data-kind="SignalReceived"]')
+    r.set(RELEASE_KEY + run_id, "1", ex=3600)
+    page.wait_for_selector("#run-status.badge.completed")
+    page.wait_for_selector('#conversation li[data-kind="SignalApplied"]')
+    assert f"heard: {text}" in (page.text_content("#run-facts") or "")  # shown as text, not markup
+    assert page.query_selector("#run-facts b") is None
+    assert page.is_hidden("#send-form")

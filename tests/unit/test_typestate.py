@@ -108,6 +108,7 @@ TERMINAL_CALLS = {
     "reprompt": 'reprompt(ERR, None, "fix", Usage(), True)',
     "retry": "retry(ERR, False)",
     "summarised": 'summarised(Summary(upto=1, text="s"), Usage())',
+    "absorb": "absorb([], None, 1, [])",
     "observe": "observe()",
     "next_step": "next_step([])",
     "next_wave": "next_wave(None)",

@@ -183,6 +183,21 @@ function runView(runId) {
   $("#approve").onclick = () => act("approve");
   $("#deny").onclick = () => act("deny");
   $("#cancel").onclick = () => act("cancel");
+  $("#send-text").value = "";
+  $("#send-result").textContent = "";
+  $("#send-form").onsubmit = async (e) => {
+    e.preventDefault();
+    const text = $("#send-text").value;
+    if (!text.trim()) return;
+    try {
+      const sent = await api(`/v1/runs/${runId}/messages`, { method: "POST", body: { text } });
+      $("#send-text").value = "";
+      $("#send-result").textContent = `message #${sent.id}: ${sent.status}`;
+      soon();
+    } catch (err) {
+      handleError(err, "#run-error");
+    }
+  };
 
   refresh().then(() => follow(runId, controller.signal, onEvent).catch((err) => {
     if (!stopped && err.name !== "AbortError") handleError(err, "#run-error");
@@ -213,6 +228,7 @@ function renderHead(run) {
   $("#deny").hidden = !parked;
   $("#note").hidden = !parked;
   $("#cancel").hidden = TERMINAL.has(run.status);
+  $("#send-form").hidden = TERMINAL.has(run.status);
   const facts = [
     ["Agent", `${run.agent} v${run.agent_version}`], ["Model", run.model], ["Step", `${run.step} (${run.steps_used} of ${run.max_steps} used)`],
     ["Created", when(run.created_at)], ["Updated", when(run.updated_at)], ["Input", run.input],
@@ -258,6 +274,10 @@ function addToConversation(event) {
     case "Completed": body = event.answer; break;
     case "Failed": body = `${event.error.kind}: ${event.error.message}`; cls = "bad"; break;
     case "Interrupted": body = event.reason; cls = "bad"; break;
+    case "SignalReceived": body = `${event.signal} #${event.seq} received${event.by ? " from " + event.by : ""}`; kind = "sent in"; break;
+    case "SignalApplied":
+      body = `${event.signal} #${event.seq} ${event.accepted ? "applied" : "rejected: " + (event.error || "")}`;
+      kind = "sent in"; cls = event.accepted ? "" : "bad"; break;
     default: body = JSON.stringify(event);
   }
   const worker = event.worker ? `${event.worker.host}:${event.worker.pid}` : "";
