@@ -19,8 +19,9 @@ from producer.api.services import Services
 from producer.client import NoLiveWorker, RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from shared.errors import InvalidRequest, StoreFull
 from shared.request import check_name, validate_request
-from shared.state import Callback, CallbackState, Decision, RunHead, RunStatus
+from shared.state import Callback, CallbackState, Decision, Phase, RunHead, RunStatus
 from shared.store import CURSOR_PATTERN
+from shared.versions import waiting_for
 from shared.webhooks import check_url
 
 #: The latest time a listing filter may name (Unix seconds, the year 2286): bounds the arithmetic.
@@ -78,7 +79,17 @@ def owned_run(services: Services, who: Caller, run_id: str) -> RunHead:
 
 def _view(services: Services, head: RunHead) -> RunView:
     raw = services.store.callback_state(head.run_id) if head.callback is not None else None
-    return run_view(head, CallbackState.model_validate_json(raw) if raw is not None else None)
+    callback = CallbackState.model_validate_json(raw) if raw is not None else None
+    return run_view(head, callback, _waiting_for(services, [head]).get(head.run_id))
+
+
+def _waiting_for(services: Services, heads: list[RunHead]) -> dict[str, str]:
+    """Why each of these runs is not moving, if something can be said (one read of the workers)."""
+    moving = [h for h in heads if not h.terminal and h.phase is not Phase.AWAITING_APPROVAL]
+    if not moving:
+        return {}
+    live = services.client.workers.live()
+    return {h.run_id: reason for h in moving if (reason := waiting_for(h, live)) is not None}
 
 
 @router.post(
@@ -201,7 +212,10 @@ def list_runs(
         )
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
-    return RunList(runs=[run_view(h) for h in page.runs], next_cursor=page.next_cursor)
+    waiting = _waiting_for(services, page.runs)
+    return RunList(
+        runs=[run_view(h, waiting_for=waiting.get(h.run_id)) for h in page.runs], next_cursor=page.next_cursor
+    )
 
 
 @router.get(
