@@ -506,7 +506,11 @@ class RunHandle:
     def why_waiting(self) -> str | None:
         """Why the run is not moving, when something can be said: no live worker consumes the queue
         its next task waits in (a pinned run: its version's), see ``shared/versions.py``."""
-        return waiting_for(self.status(), self.client.workers.live())
+        head = self.status()
+        decided = (
+            head.phase is Phase.AWAITING_APPROVAL and self.client.store.load_decision(head.run_id) is not None
+        )
+        return waiting_for(head, self.client.workers.live(), decided)
 
     def cancel(self) -> Phase | None:
         """Ask the run to stop; it ends INTERRUPTED at its next phase boundary (or cooperative check)."""

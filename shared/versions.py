@@ -206,12 +206,12 @@ def _serves(worker: LiveWorker) -> bool:
     return worker.record.consuming or worker.record.consumer_state == "saturated"
 
 
-def waiting_for(head: RunHead, live: Sequence[LiveWorker]) -> str | None:
+def waiting_for(head: RunHead, live: Sequence[LiveWorker], decided: bool = False) -> str | None:
     """Why a queued or running run is not moving, when the worker registry can tell: no live worker
     consumes the queue its next task waits in (for a pinned run, its version's queue). None for a
-    run that ended or is parked (a human or its subagents move it, not a worker), and for one that
-    some live worker can take."""
-    if head.terminal or head.phase is Phase.AWAITING_APPROVAL:
+    run that ended, or is parked undecided (a human or its subagents move it, not a worker; a
+    ``decided`` one waits for the worker that resumes it), and for one some live worker can take."""
+    if head.terminal or (head.phase is Phase.AWAITING_APPROVAL and not decided):
         return None
     kind = "tools" if head.phase is Phase.ACTING else "model"
     consumed = {q for w in live if _serves(w) for q in w.record.queues}

@@ -56,7 +56,7 @@ def mark(args: Mark, ctx: ToolContext) -> str:
 
 
 def _script(messages: Sequence[Message]) -> ModelResponse:
-    if not any(isinstance(m, ToolMessage) for m in messages):
+    if not any(isinstance(m, ToolMessage) and m.name == "mark" for m in messages):
         return reply(None, ("mark", {}))
     return reply(f"answered by v{VERSION}")
 

@@ -80,16 +80,18 @@ def owned_run(services: Services, who: Caller, run_id: str) -> RunHead:
 def _view(services: Services, head: RunHead) -> RunView:
     raw = services.store.callback_state(head.run_id) if head.callback is not None else None
     callback = CallbackState.model_validate_json(raw) if raw is not None else None
-    return run_view(head, callback, _waiting_for(services, [head]).get(head.run_id))
+    decided = head.phase is Phase.AWAITING_APPROVAL and services.store.load_decision(head.run_id) is not None
+    return run_view(head, callback, _waiting_for(services, [head], decided).get(head.run_id))
 
 
-def _waiting_for(services: Services, heads: list[RunHead]) -> dict[str, str]:
-    """Why each of these runs is not moving, if something can be said (one read of the workers)."""
-    moving = [h for h in heads if not h.terminal and h.phase is not Phase.AWAITING_APPROVAL]
+def _waiting_for(services: Services, heads: list[RunHead], decided: bool = False) -> dict[str, str]:
+    """Why each of these runs is not moving, if something can be said (one read of the workers).
+    ``decided``: the one parked run given has a decision stored, its resumption waits for a worker."""
+    moving = [h for h in heads if not h.terminal and (decided or h.phase is not Phase.AWAITING_APPROVAL)]
     if not moving:
         return {}
     live = services.client.workers.live()
-    return {h.run_id: reason for h in moving if (reason := waiting_for(h, live)) is not None}
+    return {h.run_id: reason for h in moving if (reason := waiting_for(h, live, decided)) is not None}
 
 
 @router.post(
