@@ -21,7 +21,7 @@ import pytest
 
 from producer.client import Client
 from shared import protocol
-from shared.events import read_all_events
+from shared.events import VersionUpgraded, read_all_events
 from shared.keys import Keys
 from shared.state import Phase
 from shared.tenants import Tenants
@@ -127,7 +127,8 @@ def test_a_run_whose_version_no_live_worker_serves_waits_visibly_and_finishes_on
             head = client.store.load(run_id)
             assert head is not None
             assert (head.phase, head.error, head.epoch, head.agent_version) == (Phase.ACTING, None, 0, "1")
-            assert not any(f.startswith(protocol.LOST_PREFIX) for f in r.hkeys(client.store.keys.run(run_id)))
+            fields = [str(f) for f in r.hkeys(client.store.keys.run(run_id))]
+            assert not any(f.startswith(protocol.LOST_PREFIX) for f in fields)
 
             # Every surface says what it waits for.
             assert client.handle(run_id).why_waiting() == WAITING
@@ -230,8 +231,8 @@ def test_a_worker_compatible_with_v1_takes_parked_v1_runs_over_once_v1_is_gone(
             run_id
         )
         assert r.lrange(RAN_KEY.format(run_id), 0, -1) == ["2"]
-        upgrades = [e for _, e in read_all_events(client.store, run_id) if e.kind == "VersionUpgraded"]
-        assert [(e.from_version, e.to_version, e.how) for e in upgrades] == [("1", "2", "compatible")]  # type: ignore[attr-defined]
+        upgrades = [e for _, e in read_all_events(client.store, run_id) if isinstance(e, VersionUpgraded)]
+        assert [(e.from_version, e.to_version, e.how) for e in upgrades] == [("1", "2", "compatible")]
 
 
 def test_a_handoff_goes_on_in_the_target_agent_s_version_queues(
