@@ -36,7 +36,7 @@ from shared.llm.framing import SseParser
 from shared.signals import MAX_WAIT_S, SignalView
 from shared.state import Callback, Decision, Phase, RunHead, ThreadPolicy
 from shared.timeline import Timeline
-from shared.wire import AgentView, PipelineList, RunList, RunView
+from shared.wire import AgentView, PipelineList, RunList, RunView, VersionView
 
 __all__ = [
     "ApiClient",
@@ -149,7 +149,9 @@ def _headers(key: str | None) -> dict[str, str]:
 
 
 def _head(view: RunView) -> RunHead:
-    return RunHead.model_validate(view.model_dump(exclude={"status", "callback_delivery"}))
+    return RunHead.model_validate(
+        view.model_dump(exclude={"status", "callback_delivery", "waiting_for", "waiting_for_run"})
+    )
 
 
 def _list_params(**filters: Any) -> dict[str, Any]:
@@ -275,6 +277,13 @@ class _ClientBase:
     def _agents() -> _Op[list[AgentView]]:
         return _parsed(
             _Request("GET", "/v1/agents"), lambda r: [AgentView.model_validate(a) for a in r.json()["agents"]]
+        )
+
+    @staticmethod
+    def _versions() -> _Op[list[VersionView]]:
+        return _parsed(
+            _Request("GET", "/v1/versions"),
+            lambda r: [VersionView.model_validate(v) for v in r.json()["versions"]],
         )
 
 
@@ -544,6 +553,10 @@ class ApiClient(_ClientBase):
     def agents(self) -> list[AgentView]:
         return self._run(self._agents())
 
+    def versions(self) -> list[VersionView]:
+        """Agent versions live in the pool, and how many of this tenant's runs each holds."""
+        return self._run(self._versions())
+
 
 class ApiRunHandle(_RunOps):
     """One run over the API: its status, its events, and the cancel and approval verbs."""
@@ -623,8 +636,8 @@ class ApiRunHandle(_RunOps):
         return self.client._run(self._wait(timeout))
 
     def why_waiting(self) -> str | None:
-        """Only operators (on Redis) can see the workers: nothing to say over the API."""
-        return None
+        """Why the run is not moving, as the API says it (its view's ``waiting_for``)."""
+        return self.client._run(self._view()).waiting_for
 
     def cancel(self) -> Phase | None:
         """Ask the run to stop; the phase it was in (an ended run raises :class:`ApiRequestError`)."""
@@ -752,6 +765,10 @@ class AsyncClient(_ClientBase):
     async def agents(self) -> list[AgentView]:
         return await self._run(self._agents())
 
+    async def versions(self) -> list[VersionView]:
+        """Agent versions live in the pool, and how many of this tenant's runs each holds."""
+        return await self._run(self._versions())
+
 
 class AsyncRunHandle(_RunOps):
     def __init__(self, client: AsyncClient, run_id: str) -> None:
@@ -763,6 +780,10 @@ class AsyncRunHandle(_RunOps):
 
     async def view(self) -> RunView:
         return await self.client._run(self._view())
+
+    async def why_waiting(self) -> str | None:
+        """Why the run is not moving, as the API says it (its view's ``waiting_for``)."""
+        return (await self.view()).waiting_for
 
     async def status(self) -> RunHead:
         return await self.client._run(self._status())

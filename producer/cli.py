@@ -192,7 +192,10 @@ def _producer_commands(
     wk.add_argument("--json", action="store_true", help="print them as JSON")
     wks = wk.add_subparsers(dest="workers_command")
     vs = wks.add_parser(
-        "versions", parents=[common], help="each live agent version: its workers and the runs pinned to it"
+        "versions",
+        parents=runs,
+        help="each live agent version: its workers and the runs pinned to it (over the API: the"
+        " key's tenant's runs only)",
     )
     vs.add_argument("--json", action="store_true", help="print them as JSON")
     dr = wks.add_parser(

@@ -27,7 +27,6 @@ from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, Event, follow_events, read_all_events
 from shared.pipeline.store import PipelinePage, PipelineStore, stored_pipeline_id
 from shared.prompts import missing_variables
-from shared.queues import DEFAULT_NAMESPACE, queue_in
 from shared.redis_client import connect
 from shared.request import check_run_id, new_run, validate_request
 from shared.retention import MemoryGuard, full_message
@@ -55,8 +54,7 @@ from shared.versions import (
     VersionLoad,
     drain_target,
     version_loads,
-    version_queue,
-    waiting_reason,
+    waiting_for,
 )
 from shared.workers import AgentInfo, WorkerDirectory
 
@@ -548,22 +546,15 @@ class RunHandle:
         return CallbackState.model_validate_json(raw) if raw is not None else None
 
     def why_waiting(self) -> str | None:
-        """Why the run is not moving, when something can be said: no worker consumes its queue."""
+        """Why the run is not moving, when something can be said: no live worker consumes the queue
+        its next task waits in (a pinned run: its version's), see ``shared/versions.py``."""
         head = self.status()
-        if head.terminal or head.phase is Phase.AWAITING_APPROVAL:
-            return None
-        kind = "tools" if head.phase is Phase.ACTING else "model"
-        queue = queue_in(head.namespace or DEFAULT_NAMESPACE, kind)
-        if head.agent_version and head.phase is not Phase.IDLE:
-            pinned = version_queue(head.namespace, kind, head.active_agent, head.agent_version)
-            if not any(pinned in w.record.queues for w in self.client.workers.live()):
-                return waiting_reason(head.active_agent, head.agent_version)
-            return None
-        if not self.client.workers.consumers_of(queue):
-            return (
-                f"is {head.phase.value}, and no live worker consumes queue {queue}: it waits until one does"
-            )
-        return None
+        decided = (
+            head.phase is Phase.AWAITING_APPROVAL and self.client.store.load_decision(head.run_id) is not None
+        )
+        wait = self.client.store.thread_wait(head.run_id) if head.phase is Phase.IDLE else None
+        previous = str(wait["waiting_for"]) if wait is not None else None
+        return waiting_for(head, self.client.workers.live(), decided, previous)
 
     def cancel(self) -> Phase | None:
         """Ask the run to stop; it ends INTERRUPTED at its next phase boundary (or cooperative check)."""

@@ -17,7 +17,7 @@ from shared.errors import InvalidRequest
 from shared.events import END_EVENTS, Event
 from shared.signals import SignalView
 from shared.state import Phase, RunHead
-from shared.versions import VersionLoad, waiting_reason
+from shared.versions import VersionLoad, waiting_for, waiting_reason
 from shared.workers import AgentInfo
 
 __all__ = [
@@ -168,12 +168,17 @@ def _follow(handle: RunHandle | ApiRunHandle, timeout: float, as_json: bool) -> 
 def status(args: argparse.Namespace) -> int:
     api = over_api(args)
     if api is not None:
-        head = api.handle(args.run_id).status()
+        handle = api.handle(args.run_id)
+        head = handle.status()
         print(head.model_dump_json() if args.json else render_head(head))
+        if not args.json and (reason := handle.why_waiting()) is not None:
+            print(f"waiting  {reason}")
         return 0
     client = Client.from_env()
     head = client.handle(args.run_id).status()
     print(head.model_dump_json() if args.json else render_head(head))
+    if not args.json and (reason := waiting_for(head, client.workers.live())) is not None:
+        print(f"waiting  {reason}")
     throttled = client.store.throttled(head.run_id)
     if not args.json and throttled is not None and not head.terminal:
         info, count = throttled
@@ -362,6 +367,8 @@ def workers(args: argparse.Namespace) -> int:
     command = getattr(args, "workers_command", None)
     if command == "drain":
         return drain(args)
+    if command == "versions" and (api := over_api(args)) is not None:
+        return _versions_over_api(api, args.json)
     client = Client.from_env()
     if command == "versions":
         listed = client.versions()
@@ -383,6 +390,19 @@ def workers(args: argparse.Namespace) -> int:
         )
     print()
     _print_versions(client.versions())
+    return 0
+
+
+def _versions_over_api(api: ApiClient, as_json: bool) -> int:
+    """``wesichain workers versions --api``: the versions live in the pool, with the key's tenant's
+    runs only (the API's ``GET /v1/versions``)."""
+    listed = api.versions()
+    if as_json:
+        print(json.dumps([v.model_dump(mode="json") for v in listed]))
+        return 0
+    _print_versions(
+        [VersionLoad(v.agent, v.version, v.workers, v.draining, v.active_runs, v.parked_runs) for v in listed]
+    )
     return 0
 
 

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from shared.errors import ConfigError
 from shared.messages import Message
-from shared.queues import DEFAULT_NAMESPACE, KINDS
-from shared.state import Phase
+from shared.queues import DEFAULT_NAMESPACE, KINDS, queue_in
+from shared.state import Phase, RunHead
 
 if TYPE_CHECKING:
     from shared.store import RunStore
@@ -61,6 +61,8 @@ __all__ = [
     "version_queue",
     "version_queues_of",
     "version_to_pin",
+    "waiting_for",
+    "waiting_loads",
     "waiting_reason",
 ]
 
@@ -199,6 +201,34 @@ def waiting_reason(agent: str, version: str) -> str:
     return f"waiting for a worker serving {agent} v{version}"
 
 
+def _serves(worker: LiveWorker) -> bool:
+    """Whether a live worker takes messages (every slot busy still counts: it will)."""
+    return worker.record.consuming or worker.record.consumer_state == "saturated"
+
+
+def waiting_for(
+    head: RunHead, live: Sequence[LiveWorker], decided: bool = False, thread_previous: str | None = None
+) -> str | None:
+    """Why a queued or running run is not moving, when it can be told: parked until the run before
+    it in its thread ends (``thread_previous``, read from the store by the caller), or no live
+    worker consumes the queue its next task waits in (for a pinned run, its version's queue). None
+    for a run that ended, or is parked undecided (a human or its subagents move it, not a worker; a
+    ``decided`` one waits for the worker that resumes it), and for one some live worker can take."""
+    if head.terminal or (head.phase is Phase.AWAITING_APPROVAL and not decided):
+        return None
+    if thread_previous is not None:
+        return f"waiting for run {thread_previous} of its thread to end (parked, no worker held)"
+    kind = "tools" if head.phase is Phase.ACTING else "model"
+    consumed = {q for w in live if _serves(w) for q in w.record.queues}
+    if head.agent_version and head.phase is not Phase.IDLE:
+        pinned = version_queue(head.namespace, kind, head.active_agent, head.agent_version)
+        return None if pinned in consumed else waiting_reason(head.active_agent, head.agent_version)
+    queue = queue_in(head.namespace or DEFAULT_NAMESPACE, kind)
+    if queue in consumed:
+        return None
+    return f"is {head.phase.value}, and no live worker consumes queue {queue}: it waits until one does"
+
+
 @dataclass(frozen=True)
 class PinnedCount:
     """The live runs pinned to one agent version."""
@@ -302,21 +332,44 @@ class VersionLoad:
         return self.active > 0 and self.workers == 0
 
 
-def version_loads(
-    pinned: PinnedRuns, live: Sequence[LiveWorker], tenant: str | None | Literal["*"] = "*"
-) -> list[VersionLoad]:
-    """Every agent version live workers serve or live runs are pinned to, with both counts."""
+def _serving(live: Sequence[LiveWorker]) -> dict[tuple[str, str], list[bool]]:
+    """Each agent version live workers serve: whether each of its workers is draining."""
     serving: dict[tuple[str, str], list[bool]] = {}
     for worker in live:
         record = worker.record
-        if not (record.consuming or record.consumer_state == "saturated"):
+        if not _serves(worker):
             continue
         for info in record.agents:
             for v in dict.fromkeys([info.version, *info.compatible_versions, *info.migrates_from]):
                 serving.setdefault((info.name, v), []).append(record.draining)
+    return serving
+
+
+def version_loads(
+    pinned: PinnedRuns, live: Sequence[LiveWorker], tenant: str | None | Literal["*"] = "*"
+) -> list[VersionLoad]:
+    """Every agent version live workers serve or live runs are pinned to, with both counts."""
+    serving = _serving(live)
     loads = []
     for agent, version in sorted(set(serving) | set(pinned.versions())):
         count = pinned.count(agent, version, tenant)
         workers = serving.get((agent, version), [])
         loads.append(VersionLoad(agent, version, len(workers), sum(workers), count.active, count.parked))
+    return loads
+
+
+def waiting_loads(pinned: PinnedRuns, live: Sequence[LiveWorker]) -> list[VersionLoad]:
+    """The agent versions whose queued or running runs wait because no live worker serves them.
+
+    Only the versions no live worker serves are counted, so the usual answer (every version with
+    runs is served) costs one read of the pinned versions, whatever the number of runs.
+    """
+    serving = _serving(live)
+    loads = []
+    for agent, version in pinned.versions():
+        if (agent, version) in serving:
+            continue
+        count = pinned.count(agent, version)
+        if count.active:
+            loads.append(VersionLoad(agent, version, 0, 0, count.active, count.parked))
     return loads

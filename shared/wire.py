@@ -18,7 +18,16 @@ from shared.pipeline.status import PipelineSummary
 from shared.state import Approval, Callback, CallbackState, PhaseRun, RunHead, RunStatus, ThreadPolicy
 from shared.workers import AgentInfo
 
-__all__ = ["AgentView", "HandoffView", "PipelineList", "RunList", "RunView", "run_view"]
+__all__ = [
+    "AgentView",
+    "HandoffView",
+    "PipelineList",
+    "RunList",
+    "RunView",
+    "VersionList",
+    "VersionView",
+    "run_view",
+]
 
 
 class HandoffView(BaseModel):
@@ -49,7 +58,7 @@ class RunView(BaseModel):
     thread_policy: ThreadPolicy | None = Field(
         default=None, description="The thread policy the request chose; null: the agent's."
     )
-    waiting_for: str | None = Field(
+    waiting_for_run: str | None = Field(
         default=None,
         description="While the run waits, parked, for its thread's previous run to end: that run's id.",
     )
@@ -93,10 +102,21 @@ class RunView(BaseModel):
     callback_delivery: CallbackState | None = Field(
         default=None, description="How the completion callback went so far (attempts, last error)."
     )
+    waiting_for: str | None = Field(
+        default=None,
+        description="Why a queued or running run is not moving, when the worker registry can tell"
+        " (e.g. `waiting for run R of its thread to end` (see `waiting_for_run`), or `waiting for a"
+        " worker serving research v1`: no live worker serves the agent version the run is pinned"
+        " to, so it waits, holding nothing, until one does); null: nothing to say"
+        " (a live worker can take it, or it ended, or it is parked). Not filled in checkpoints.",
+    )
 
 
 def run_view(
-    head: RunHead, callback_delivery: CallbackState | None = None, waiting_for: str | None = None
+    head: RunHead,
+    callback_delivery: CallbackState | None = None,
+    waiting_for: str | None = None,
+    waiting_for_run: str | None = None,
 ) -> RunView:
     return RunView(
         run_id=head.run_id,
@@ -110,7 +130,7 @@ def run_view(
         input=head.input,
         thread_id=head.thread_id,
         thread_policy=head.thread_policy,
-        waiting_for=waiting_for,
+        waiting_for_run=waiting_for_run,
         metadata=head.metadata,
         callback=head.callback,
         current_agent=head.active_agent,
@@ -139,6 +159,7 @@ def run_view(
         created_at=head.created_at,
         updated_at=head.updated_at,
         callback_delivery=callback_delivery,
+        waiting_for=waiting_for,
     )
 
 
@@ -158,3 +179,29 @@ class PipelineList(BaseModel):
 
 class AgentView(AgentInfo):
     workers: int = Field(description="Live workers that serve it.")
+
+
+class VersionView(BaseModel):
+    """One agent version in the pool: its live workers and the caller's live runs pinned to it."""
+
+    agent: str
+    version: str
+    workers: int = Field(
+        description="Live workers that serve its runs (its own code, or code declaring it compatible"
+        " or migrating from it)."
+    )
+    draining: int = Field(description="Of those, the ones draining (they take no new runs).")
+    active_runs: int = Field(description="The caller's queued or running runs pinned to it.")
+    parked_runs: int = Field(
+        description="The caller's parked runs pinned to it (awaiting approval or subagents)."
+    )
+    waiting: bool = Field(
+        description="The caller has queued or running runs of it and no live worker serves it: they"
+        " wait for one."
+    )
+
+
+class VersionList(BaseModel):
+    """Every agent version live workers serve or the caller's live runs are pinned to."""
+
+    versions: list[VersionView]

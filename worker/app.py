@@ -80,7 +80,7 @@ from worker.sweeper import Sweeper
 from worker.think import run_think
 from worker.throttle import model_gate
 from worker.tracing import Tracing
-from worker.versions import add_version_queues
+from worker.versions import DelayedQueues, add_version_queues
 
 if TYPE_CHECKING:
     # Imported when first used: a worker whose pool runs no eval and no pipeline never loads them
@@ -155,6 +155,8 @@ class RuntimeHolder:
         app = self.app
         builder = MessageBuilder(app) if broker_is_store(settings) else None
 
+        delayed = DelayedQueues(app)
+
         def send(spec: TaskSpec) -> None:
             if builder is not None:
                 # Celery's message, pushed on the store's client: no Redis client per publish.
@@ -165,6 +167,8 @@ class RuntimeHolder:
                 # RabbitMQ's delayed delivery counts whole seconds, and Celery 5.7 raises on a
                 # countdown that truncates to 0 ("countdown must be a positive number").
                 countdown = max(1.0, countdown)
+                if spec.queue is not None:
+                    delayed.ensure(spec.queue)
             app.send_task(
                 spec.name,
                 args=spec.args or None,

@@ -4,8 +4,9 @@ Each worker serves what it did (``worker/metrics.py``); this exporter serves wha
 whole pool at the moment of the scrape, which no single worker knows and which must be counted
 once: how deep each queue is, how many messages workers hold unacknowledged, how many runs are in
 flight or parked for approval (per tenant), how many leases the sweeper watches and how many are
-due, how many workers are live and consuming, and how many slots of each configured provider
-limit are in use. Run one per deployment. A scrape reads a bounded number of keys (a few per
+due, how many workers are live and consuming, how many runs wait for an agent version no live
+worker serves, and how many slots of each configured provider limit are in use. Run one per
+deployment. A scrape reads a bounded number of keys (a few per
 shard, queue and tenant); it never scans the key space.
 """
 
@@ -22,9 +23,18 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from shared.limits import scope_of
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.store import RunStore
+from shared.versions import PinnedRuns, VersionLoad, waiting_loads
 from shared.workers import LiveWorker, WorkerDirectory
 
-__all__ = ["MAX_EXTRA_QUEUES", "MAX_TENANT_LABELS", "PoolCollector", "PRIORITY_STEPS", "QUEUES", "serve_pool"]
+__all__ = [
+    "MAX_EXTRA_QUEUES",
+    "MAX_TENANT_LABELS",
+    "MAX_VERSION_LABELS",
+    "PoolCollector",
+    "PRIORITY_STEPS",
+    "QUEUES",
+    "serve_pool",
+]
 
 log = logging.getLogger("wesichain.exporter")
 
@@ -35,6 +45,9 @@ MAX_EXTRA_QUEUES = 64
 PRIORITY_STEPS = (0, 3, 6, 9)
 #: Tenants given a label of their own; the rest are summed under ``other``.
 MAX_TENANT_LABELS = 200
+#: Agent versions given a label of their own among those runs wait for; the rest are summed under
+#: ``other`` (versions come from deployed code, not producers, but a pool may keep many).
+MAX_VERSION_LABELS = 50
 
 
 class PoolCollector(Collector):
@@ -127,6 +140,7 @@ class PoolCollector(Collector):
         workers.add_metric(["true"], sum(1 for w in live if w.record.consuming))
         workers.add_metric(["false"], sum(1 for w in live if not w.record.consuming))
         yield workers
+        yield _waiting_for_versions(waiting_loads(PinnedRuns(self.store), live))
 
         slots = GaugeMetricFamily(
             "wesichain_provider_slots_in_use",
@@ -160,6 +174,20 @@ def _per_tenant(name: str, documentation: str, values: dict[str, int]) -> GaugeM
         family.add_metric([tenant], value)
     if other:
         family.add_metric(["other"], other)
+    return family
+
+
+def _waiting_for_versions(loads: list[VersionLoad]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "wesichain_runs_waiting_for_version",
+        "Queued or running runs pinned to an agent version no live worker serves: they wait for one",
+        labels=["agent", "version"],
+    )
+    ranked = sorted(loads, key=lambda v: (-v.active, v.agent, v.version))
+    for load in ranked[:MAX_VERSION_LABELS]:
+        family.add_metric([load.agent, load.version], load.active)
+    if other := sum(v.active for v in ranked[MAX_VERSION_LABELS:]):
+        family.add_metric(["other", "other"], other)
     return family
 
 

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -53,6 +54,7 @@ from shared.versions import (
 from worker.runtime import Runtime
 
 __all__ = [
+    "DelayedQueues",
     "Drain",
     "REROUTE_S",
     "VersionCheck",
@@ -76,8 +78,41 @@ def add_version_queues(app: Celery, registry: AgentRegistry) -> list[str]:
     added = version_queues_of(consumed, (registry.get(n).versions for n in registry.names))
     for name in added:
         if name not in (queues.consume_from or {}):
-            queues.select_add(name)
+            # Built as Celery builds a queue a publish names (``queues[name]``: on RabbitMQ a quorum
+            # queue), so a queue a publish declared first is the same queue, not a conflicting one.
+            queues.select_add(queues[name])
     return added
+
+
+class DelayedQueues:
+    """Makes sure a queue can receive a countdown's message on RabbitMQ before one is sent to it.
+
+    A countdown travels through RabbitMQ's delayed-delivery exchanges, and Celery then neither
+    declares the target queue nor binds it to the exchange that delivers it when due: only a worker
+    consuming the queue did, when it started. A version queue no live worker consumes (a task given
+    back to its version, a retry of a run whose workers are gone) would lose the message. So the
+    queue is declared, as Celery declares a missing queue (quorum, its topic exchange), and bound,
+    once per process and queue, before the first countdown to it.
+    """
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._ready: set[str] = set()
+        self._lock = threading.Lock()
+
+    def ensure(self, name: str) -> None:
+        if name in self._ready:
+            return
+        from kombu.transport.native_delayed_delivery import bind_queue_to_native_delayed_delivery_exchange
+
+        with self._lock:
+            if name in self._ready:
+                return
+            queue = self.app.amqp.queues[name]  # Celery's missing-queue settings (shared/settings.py)
+            with self.app.connection_for_write() as connection:
+                queue.bind(connection.default_channel).declare()
+                bind_queue_to_native_delayed_delivery_exchange(connection, queue)
+            self._ready.add(name)
 
 
 def pin(rt: Runtime, head: RunHead, agent: Agent) -> str:

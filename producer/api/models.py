@@ -16,6 +16,8 @@ from shared.wire import AgentView as AgentView
 from shared.wire import PipelineList as PipelineList
 from shared.wire import RunList as RunList
 from shared.wire import RunView as RunView
+from shared.wire import VersionList as VersionList
+from shared.wire import VersionView as VersionView
 from shared.wire import run_view as run_view
 
 __all__ = [

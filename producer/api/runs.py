@@ -19,8 +19,9 @@ from producer.api.services import Services
 from producer.client import NoLiveWorker, RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy
 from shared.request import check_name, validate_request
-from shared.state import Callback, CallbackState, Decision, RunHead, RunStatus
+from shared.state import Callback, CallbackState, Decision, Phase, RunHead, RunStatus
 from shared.store import CURSOR_PATTERN
+from shared.versions import waiting_for
 from shared.webhooks import check_url
 
 #: The latest time a listing filter may name (Unix seconds, the year 2286): bounds the arithmetic.
@@ -78,11 +79,40 @@ def owned_run(services: Services, who: Caller, run_id: str) -> RunHead:
 
 def _view(services: Services, head: RunHead) -> RunView:
     raw = services.store.callback_state(head.run_id) if head.callback is not None else None
-    wait = (
-        services.store.thread_wait(head.run_id) if head.thread_id is not None and not head.terminal else None
-    )
-    delivery = CallbackState.model_validate_json(raw) if raw is not None else None
-    return run_view(head, delivery, str(wait["waiting_for"]) if wait is not None else None)
+    callback = CallbackState.model_validate_json(raw) if raw is not None else None
+    decided = head.phase is Phase.AWAITING_APPROVAL and services.store.load_decision(head.run_id) is not None
+    previous = _thread_previous(services, [head]).get(head.run_id)
+    reason = _waiting_for(services, [head], decided, {head.run_id: previous} if previous else {})
+    return run_view(head, callback, reason.get(head.run_id), previous)
+
+
+def _thread_previous(services: Services, heads: list[RunHead]) -> dict[str, str]:
+    """The run each of these, parked for its thread, waits for (one read per queued thread run)."""
+    found = {}
+    for head in heads:
+        if head.thread_id is not None and head.phase is Phase.IDLE:
+            wait = services.store.thread_wait(head.run_id)
+            if wait is not None:
+                found[head.run_id] = str(wait["waiting_for"])
+    return found
+
+
+def _waiting_for(
+    services: Services, heads: list[RunHead], decided: bool = False, previous: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Why each of these runs is not moving, if something can be said (one read of the workers).
+    ``decided``: the one parked run given has a decision stored, its resumption waits for a worker;
+    ``previous``: the runs parked for their thread, and the run each waits for."""
+    moving = [h for h in heads if not h.terminal and (decided or h.phase is not Phase.AWAITING_APPROVAL)]
+    if not moving:
+        return {}
+    live = services.client.workers.live()
+    previous = previous or {}
+    return {
+        h.run_id: reason
+        for h in moving
+        if (reason := waiting_for(h, live, decided, previous.get(h.run_id))) is not None
+    }
 
 
 @router.post(
@@ -212,7 +242,15 @@ def list_runs(
         )
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
-    return RunList(runs=[run_view(h) for h in page.runs], next_cursor=page.next_cursor)
+    previous = _thread_previous(services, page.runs)
+    waiting = _waiting_for(services, page.runs, previous=previous)
+    return RunList(
+        runs=[
+            run_view(h, waiting_for=waiting.get(h.run_id), waiting_for_run=previous.get(h.run_id))
+            for h in page.runs
+        ],
+        next_cursor=page.next_cursor,
+    )
 
 
 @router.get(

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from producer.client import Client
+from shared.events import VersionUpgraded, read_all_events
 from shared.state import Phase
-from tests.agents_versions import RAN_KEY
+from tests.agents_versions import MIGRATED_KEY, RAN_KEY
 from tests.broker import Settings
 from tests.chaos.support import CHAOS_ENV, pause_pid, wait_paused
 from tests.harness import RedisServer, WorkerProcess, start_all, wait_until
@@ -35,7 +36,12 @@ def client(server: RedisServer) -> Iterator[Client]:
 
 
 def _workers(
-    server: RedisServer, tmp_path: Path, version: str, names: tuple[str, ...], **env: str
+    server: RedisServer,
+    tmp_path: Path,
+    version: str,
+    names: tuple[str, ...],
+    queues: str | None = None,
+    **env: str,
 ) -> list[WorkerProcess]:
     return [
         WorkerProcess(
@@ -46,6 +52,7 @@ def _workers(
             concurrency=4,
             env={**LEASES, "AGENT_VERSION": version, **env},
             log_dir=str(tmp_path),
+            queues=queues,
         )
         for name in names
     ]
@@ -117,3 +124,60 @@ def test_a_deploy_finishes_v1_runs_on_v1_and_starts_new_runs_on_v2(
         # The killed worker's think was taken over by the other v1 worker, never by v2.
         victim = victims[0]
         assert v1a.received(victim) and v1b.received(victim)
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["migrate", "sigkill-mid-migration"])
+def test_a_migration_to_v2_is_committed_once_by_the_worker_that_commits_the_phase(
+    server: RedisServer, client: Client, tmp_path: Path, kill: bool
+) -> None:
+    # v1's model worker takes the runs to their tool calls and stops; v1's tool worker runs them;
+    # their observe (a model phase) is v2's, which migrates from v1. With ``kill``, the first v2
+    # worker migrates each run's state, pauses in the phase and is SIGKILLed there: the other v2
+    # worker takes the phase over, migrates afresh and commits; the migration is committed once.
+    v1_model = _workers(server, tmp_path, "1", ("v1-model",), queues="wesichain.model")[0]
+    v1_tools = _workers(server, tmp_path, "1", ("v1-tools",), queues="wesichain.tools")[0]
+    fault = {**CHAOS_ENV, "WESICHAIN_FAULT": "pause:observing"} if kill else {}
+    v2a = _workers(server, tmp_path, "2", ("v2-a",), AGENT_MIGRATE_FROM="1", **fault)[0]
+    v2b = _workers(server, tmp_path, "2", ("v2-b",), AGENT_MIGRATE_FROM="1")[0]
+    r = server.client()
+    try:
+        start_all([v1_model])
+        runs = [client.submit("deploy", f"old {i}").run_id for i in range(3)]
+        wait_until(
+            lambda: all((h := client.store.load(i)) is not None and h.phase is Phase.ACTING for i in runs),
+            TIMEOUT_S,
+            what="the v1 runs to wait for their tool calls",
+        )
+        v1_model.stop()
+        start_all([v2a, v1_tools])
+        if kill:
+            for run_id in runs:
+                wait_paused(r, Phase.OBSERVING, run_id, timeout=TIMEOUT_S)
+            start_all([v2b])
+            v2a.kill()
+        heads = {i: client.handle(i).wait(timeout=TIMEOUT_S) for i in runs}
+    finally:
+        for w in (v1_model, v1_tools, v2a, v2b):
+            w.kill()
+            w.stop()
+    committer = v2b if kill else v2a
+    for run_id, head in heads.items():
+        assert (head.phase, head.agent_version, head.answer) == (Phase.COMPLETED, "2", "answered by v2"), (
+            run_id
+        )
+        assert head.state == {"migrated_from": "1"}
+        # The tool call of v1's step ran on v1's code; the upgrade came at the step's boundary.
+        assert r.lrange(RAN_KEY.format(run_id), 0, -1) == ["1"]
+        upgrades = [e for _, e in read_all_events(client.store, run_id) if isinstance(e, VersionUpgraded)]
+        assert [(e.from_version, e.to_version, e.how) for e in upgrades] == [("1", "2", "migrated")]
+        # The checkpoint that moved the run to v2 is the observe's own commit, by the worker that
+        # committed the phase, with the migrated state.
+        moved = [h for h in client.store.checkpoints(run_id) if h.agent_version == "2"][0]
+        assert moved.ran is not None and moved.ran.phase is Phase.OBSERVING
+        assert (moved.ran.pid, moved.state) == (committer.main_pids[0], {"migrated_from": "1"})
+        calls = r.lrange(MIGRATED_KEY.format(run_id), 0, -1)
+        if kill:
+            # Migrated twice (the killed delivery's migration was never committed), committed once.
+            assert calls == [f"2:{v2a.main_pids[0]}", f"2:{v2b.main_pids[0]}"]
+        else:
+            assert calls == [f"2:{v2a.main_pids[0]}"]

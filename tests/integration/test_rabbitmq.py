@@ -24,7 +24,7 @@ from tests.broker import Settings, rabbitmq_available, vhost
 from tests.chaos.faults import fired_key
 from tests.chaos.support import CHAOS_ENV, RECOVERY_PROPERTY, Cluster, committed, events_of, kinds
 from tests.conftest import _need_redis
-from tests.harness import RedisServer
+from tests.harness import RedisServer, wait_until
 from tests.invariants import ONE_HOP
 
 
@@ -135,3 +135,27 @@ def test_a_run_in_a_queue_namespace_goes_through_that_namespace_s_quorum_queues(
     declared = _queues(broker)
     assert declared[f"{namespace}.model"] == ("quorum", 0) and declared[f"{namespace}.tools"] == ("quorum", 0)
     assert [declared.get(q, ("", 0))[1] for q in (QUEUE_MODEL, QUEUE_TOOLS)] == [0, 0]  # none went there
+
+
+def test_a_version_queue_no_worker_declared_keeps_the_phase_published_to_it(
+    cluster: Cluster, broker: str
+) -> None:
+    # v1's only worker consumes its model phases: nothing has declared v1's tools queue when the
+    # run's tool call is published to it. The publish declares it (quorum), the message waits there,
+    # and a v1 tools worker started later runs it: nothing lost.
+    settings = Settings(
+        redis_url=cluster.server.url, agents_module="tests.agents_versions", broker_url=broker
+    )
+    client = Client(settings)
+    env = {ENV_BROKER_URL: broker, "WESICHAIN_AGENTS": "tests.agents_versions", "AGENT_VERSION": "1"}
+    try:
+        cluster.start(1, env=env, queues=QUEUE_MODEL, agents="tests.agents_versions")
+        handle = client.submit("deploy", "old")
+        tools_v1 = "wesichain.tools.deploy-v1"
+        wait_until(lambda: _queues(broker).get(tools_v1) == ("quorum", 1), 60, what="the v1 tool call queued")
+        assert handle.status().phase is Phase.ACTING
+        cluster.start(1, env=env, queues=QUEUE_TOOLS, agents="tests.agents_versions")
+        head = handle.wait(60)
+        assert (head.phase, head.agent_version, head.answer) == (Phase.COMPLETED, "1", "answered by v1")
+    finally:
+        client.close()

@@ -90,7 +90,7 @@ function listView() {
       el("td", {}, `${run.step}`),
       el("td", {}, when(run.created_at)),
       el("td", {}, seconds(run.updated_at - run.created_at)),
-      el("td", { class: "clip" }, run.error ? `${run.error.kind}: ${run.error.message}` : short(run.answer)));
+      el("td", { class: "clip" }, run.error ? `${run.error.kind}: ${run.error.message}` : run.waiting_for || short(run.answer)));
 
   async function load(append) {
     const q = params();
@@ -119,9 +119,22 @@ function listView() {
     box.replaceChildren(...boxes);
   }
 
+  // Agent versions live in the pool and this tenant's runs on each (GET /v1/versions).
+  async function versions() {
+    const listed = (await api("/v1/versions")).versions;
+    $("#versions tbody").replaceChildren(...listed.map((v) =>
+      el("tr", { "data-version": `${v.agent}:${v.version}` },
+        el("td", {}, `${v.agent} v${v.version}`),
+        el("td", {}, `${v.workers}`),
+        el("td", {}, `${v.draining}`),
+        el("td", {}, `${v.active_runs}`),
+        el("td", {}, `${v.parked_runs}`),
+        el("td", {}, v.waiting ? `waiting for a worker serving ${v.agent} v${v.version}` : v.workers ? "live" : "no workers"))));
+  }
+
   async function refresh() {
     try {
-      await Promise.all([load(false), counts()]);
+      await Promise.all([load(false), counts(), versions()]);
     } catch (err) {
       handleError(err, "#list-error");
     }
@@ -235,12 +248,12 @@ function renderHead(run) {
     ["Tokens", `${run.usage.input_tokens ?? 0} in / ${run.usage.output_tokens ?? 0} out`],
   ];
   if (run.thread_id) facts.push(["Thread", run.thread_policy ? `${run.thread_id} (policy ${run.thread_policy})` : run.thread_id]);
-  if (run.waiting_for) facts.push(["Waiting for", `run ${run.waiting_for} of its thread to end`]);
   if (run.handoffs && run.handoffs.length) {
     facts.push(["Now with", run.current_agent]);
     facts.push(["Handoffs", run.handoffs.map((h) => `step ${h.step}: ${h.from_agent} → ${h.to_agent} v${h.to_version}`).join("; ")]);
   }
   if (run.approval) facts.push(["Waiting on", `${run.approval.kind}: ${run.approval.reason}`]);
+  if (run.waiting_for) facts.push(["Waiting for", run.waiting_for]);
   if (run.answer) facts.push(["Answer", run.answer]);
   if (run.error) facts.push(["Error", `${run.error.kind}: ${run.error.message}`]);
   $("#run-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
