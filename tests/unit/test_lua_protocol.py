@@ -62,6 +62,7 @@ REDIS_WORDS = frozenset(
         "ZADD",
         "ZCARD",
         "ZRANGE",
+        "ZRANGEBYLEX",
         "ZRANGEBYSCORE",
         "ZREM",
         "ZREMRANGEBYSCORE",
