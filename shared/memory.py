@@ -56,6 +56,7 @@ __all__ = [
     "MAX_KEY_CHARS",
     "MAX_LABEL_CHARS",
     "MAX_LIMIT",
+    "MAX_NAMESPACES",
     "MAX_TTL_S",
     "MAX_VALUE_BYTES",
     "MAX_WRITES_PER_CALL",
@@ -65,12 +66,13 @@ __all__ = [
     "Item",
     "Memory",
     "MemoryFull",
-    "MemoryWrite",
     "PhaseMemory",
     "SearchResult",
     "check_key",
     "check_namespace",
+    "check_ttl",
     "check_value",
+    "memory_of",
 ]
 
 log = logging.getLogger("wesichain.memory")
@@ -404,11 +406,19 @@ class CallMemory:
     """``ctx.memory`` of one tool call: reads see the store as it is; ``put`` and ``delete`` are
     checked now and held until the call's result is recorded (see the module's rules)."""
 
-    def __init__(self, memory: Memory, write_prefix: str) -> None:
-        self._memory = memory
+    def __init__(self, open_memory: Callable[[], Memory], write_prefix: str) -> None:
+        # Opened on first use: most tool calls never touch memory.
+        self._open = open_memory
+        self._opened: Memory | None = None
         self._prefix = write_prefix
         self.pending: list[MemoryWrite] = []
         self._bytes = 0
+
+    @property
+    def _memory(self) -> Memory:
+        if self._opened is None:
+            self._opened = self._open()
+        return self._opened
 
     def get(self, namespace: Sequence[str], key: str) -> Item | None:
         return self._memory.get(namespace, key)
