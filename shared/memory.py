@@ -60,6 +60,7 @@ __all__ = [
     "MAX_TTL_S",
     "MAX_VALUE_BYTES",
     "MAX_WRITES_PER_CALL",
+    "NAMESPACE_SCAN",
     "SCAN_BYTES",
     "SCAN_ITEMS",
     "CallMemory",
@@ -96,7 +97,7 @@ SCAN_ITEMS = 2000
 SCAN_BYTES = 2 * 1024 * 1024
 #: Namespaces listed at most per page, and index entries a listing walks.
 MAX_NAMESPACES = 1000
-_NAMESPACE_SCAN = 20_000
+NAMESPACE_SCAN = 20_000
 #: How long an applied write id is remembered (a re-apply comes within the step that wrote it).
 APPLIED_KEEP_S = 7 * 86400
 #: Expired items removed per write script, at most (the rest on later writes; reads skip them).
@@ -289,10 +290,10 @@ class Memory:
         start = check_namespace(prefix, prefix=True)
         if max_depth is not None and (isinstance(max_depth, bool) or not 1 <= max_depth <= MAX_DEPTH):
             raise InvalidRequest(f"max_depth is 1..{MAX_DEPTH}")
-        if not 1 <= limit <= MAX_NAMESPACES or not 0 <= offset <= _NAMESPACE_SCAN:
-            raise InvalidRequest(f"limit is 1..{MAX_NAMESPACES}, offset 0..{_NAMESPACE_SCAN}")
+        if not 1 <= limit <= MAX_NAMESPACES or not 0 <= offset <= NAMESPACE_SCAN:
+            raise InvalidRequest(f"limit is 1..{MAX_NAMESPACES}, offset 0..{NAMESPACE_SCAN}")
         low, high = _range(_prefix_of(start))
-        entries = self.redis.zrangebylex(self._keys[4], low, high, 0, _NAMESPACE_SCAN)
+        entries = self.redis.zrangebylex(self._keys[4], low, high, 0, NAMESPACE_SCAN)
         found: set[tuple[str, ...]] = set()
         for entry in entries:
             labels, _ = _parse_entry(entry.decode() if isinstance(entry, bytes) else str(entry))

@@ -19,7 +19,7 @@ __all__ = ["ApiError", "ErrorBody", "ErrorInfo", "error_response", "install_erro
 class ErrorInfo(BaseModel):
     kind: str = Field(
         description="What went wrong: bad_json, invalid_request, unauthorized, forbidden, not_found,"
-        " unknown_agent,"
+        " unknown_agent, quota_exceeded,"
         " wrong_state, conflict, body_too_large, rate_limited, store_full, unavailable, internal."
     )
     message: str = Field(description="A sentence for a human.")
