@@ -109,10 +109,10 @@ def _invalid(exc: InvalidRequest) -> ApiError:
     return ApiError(422, "invalid_request", exc.message)
 
 
-Namespace = Annotated[
+_Namespace = Annotated[
     list[str], Query(min_length=1, max_length=MAX_DEPTH, description="The item's namespace, one label each.")
 ]
-Key = Annotated[str, Query(min_length=1, max_length=MAX_KEY_CHARS)]
+_Key = Annotated[str, Query(min_length=1, max_length=MAX_KEY_CHARS)]
 
 
 @router.put(
@@ -138,7 +138,7 @@ def put_item(body: MemoryPut, services: Svc, who: Who) -> Item:
     summary="Read an item",
     description="404 when the caller's tenant has no such item (or it expired).",
 )
-def get_item(services: Svc, who: Who, namespace: Namespace, key: Key) -> Item:
+def get_item(services: Svc, who: Who, namespace: _Namespace, key: _Key) -> Item:
     try:
         item = _memory(services, who).get(namespace, key)
     except InvalidRequest as exc:
@@ -149,7 +149,7 @@ def get_item(services: Svc, who: Who, namespace: Namespace, key: Key) -> Item:
 
 
 @router.delete("/items", response_model=DeletedItem, summary="Delete an item")
-def delete_item(services: Svc, who: Who, namespace: Namespace, key: Key) -> DeletedItem:
+def delete_item(services: Svc, who: Who, namespace: _Namespace, key: _Key) -> DeletedItem:
     try:
         return DeletedItem(deleted=_memory(services, who).delete(namespace, key))
     except InvalidRequest as exc:
