@@ -50,8 +50,8 @@ def register(
     se.add_argument("prefix", nargs="?", default="")
     se.add_argument("--query", "-q", help="every word must appear in the value (any case)")
     se.add_argument("--filter", help='top-level fields the value must equal, as JSON: {"kind": "fact"}')
-    se.add_argument("--limit", type=int, default=10)
-    se.add_argument("--offset", type=int, default=0)
+    se.add_argument("--limit", type=int, default=10, help="items to print, at most 100 (default 10)")
+    se.add_argument("--offset", type=int, default=0, help="matches to skip first (default 0)")
     return {"memory": memory}
 
 
