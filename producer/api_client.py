@@ -24,7 +24,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import httpx
@@ -33,6 +33,7 @@ from producer.client import NoLiveWorker, RequestConflict, RunNotFound, RunTimeo
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
 from shared.llm.framing import SseParser
+from shared.memory import Item, MemoryFull, SearchResult
 from shared.signals import MAX_WAIT_S, SignalView
 from shared.state import Callback, Decision, Phase, RunHead, ThreadPolicy
 from shared.timeline import Timeline
@@ -40,6 +41,7 @@ from shared.wire import AgentView, PipelineList, RunList, RunView, VersionView
 
 __all__ = [
     "ApiClient",
+    "ApiMemory",
     "ApiRequestError",
     "ApiRunHandle",
     "AsyncClient",
@@ -110,6 +112,8 @@ def _raise_for(response: httpx.Response) -> None:
         raise ThreadBusy(str(details.get("thread_id", "")), str(details.get("run_id", "")))
     if kind == "store_full":
         raise StoreFull(message)
+    if kind == "quota_exceeded" and "max_memory_items" in details:
+        raise MemoryFull(int(details["max_memory_items"]))
     if kind == "forbidden":
         raise Forbidden(status, kind, message, details)
     if status == 429:
@@ -454,6 +458,59 @@ class _Follow:
 # -- sync ------------------------------------------------------------------------------------------
 
 
+class ApiMemory:
+    """The key's tenant's long-term memory over ``/v1/memory`` (``Memory``'s surface)."""
+
+    def __init__(self, call: Callable[..., httpx.Response]) -> None:
+        self._call = call
+
+    def put(
+        self, namespace: Sequence[str], key: str, value: dict[str, Any], *, ttl_s: float | None = None
+    ) -> Item:
+        body = {"namespace": list(namespace), "key": key, "value": value, "ttl_s": ttl_s}
+        return Item.model_validate_json(self._call("PUT", "/v1/memory/items", json=body).content)
+
+    def get(self, namespace: Sequence[str], key: str) -> Item | None:
+        try:
+            response = self._call(
+                "GET", "/v1/memory/items", params={"namespace": list(namespace), "key": key}
+            )
+        except RunNotFound:
+            return None
+        return Item.model_validate_json(response.content)
+
+    def delete(self, namespace: Sequence[str], key: str) -> bool:
+        params = {"namespace": list(namespace), "key": key}
+        return bool(self._call("DELETE", "/v1/memory/items", params=params).json()["deleted"])
+
+    def search(
+        self,
+        namespace_prefix: Sequence[str] = (),
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> SearchResult:
+        body = {
+            "namespace_prefix": list(namespace_prefix),
+            "query": query,
+            "filter": filter,
+            "limit": limit,
+            "offset": offset,
+        }
+        return SearchResult.model_validate_json(
+            self._call("POST", "/v1/memory/items/search", json=body).content
+        )
+
+    def list_namespaces(
+        self, *, prefix: Sequence[str] = (), max_depth: int | None = None, limit: int = 100, offset: int = 0
+    ) -> list[tuple[str, ...]]:
+        body = {"prefix": list(prefix), "max_depth": max_depth, "limit": limit, "offset": offset}
+        found = self._call("POST", "/v1/memory/namespaces", json=body).json()["namespaces"]
+        return [tuple(ns) for ns in found]
+
+
 class ApiClient(_ClientBase):
     """The HTTP API, synchronously: the Redis client's surface with an API key."""
 
@@ -476,6 +533,11 @@ class ApiClient(_ClientBase):
 
     def close(self) -> None:
         self.http.close()
+
+    @property
+    def memory(self) -> ApiMemory:
+        """The long-term memory of the key's tenant."""
+        return ApiMemory(self._call)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = self.http.request(method, path, **kwargs)

@@ -255,6 +255,9 @@ def _parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[s
     from producer.pipeline_cli import register as register_pipelines
 
     handlers.update(register_pipelines(sub, common))
+    from producer.memory_cli import register as register_memory
+
+    handlers.update(register_memory(sub, common))
     return p, handlers
 
 

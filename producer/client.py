@@ -25,10 +25,11 @@ from celery import Celery
 from producer.publishing import PUBLISH_ERRORS
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, Event, follow_events, read_all_events
+from shared.memory import Memory, memory_of
 from shared.pipeline.store import PipelinePage, PipelineStore, stored_pipeline_id
 from shared.prompts import missing_variables
 from shared.redis_client import connect
-from shared.request import check_run_id, new_run, validate_request
+from shared.request import check_name, check_run_id, new_run, validate_request
 from shared.retention import MemoryGuard, full_message
 from shared.settings import Settings, celery_config
 from shared.signals import SignalKind, SignalView, new_signal, signal_status
@@ -133,9 +134,20 @@ class Client:
         self.store = store or RunStore(connect(settings), settings)
         self.workers = WorkerDirectory(self.store.redis, self.store.keys, settings.registry_interval_s)
         #: Refuses new runs while Redis is nearly at its maxmemory (see ``shared/retention.py``).
-        self.memory = MemoryGuard(self.store.redis, settings)
+        self.memory_guard = MemoryGuard(self.store.redis, settings)
         self._served: dict[str, AgentInfo] = {}
         self._served_at = -1e9
+
+    @property
+    def memory(self) -> Memory:
+        """The long-term memory of runs without a tenant (``shared/memory.py``); a tenant's is
+        :meth:`memory_for`."""
+        return memory_of(self.store.redis, self.store.keys, None)
+
+    def memory_for(self, tenant: str) -> Memory:
+        """The long-term memory of ``tenant`` (its runs' tools read and write it)."""
+        check_name("tenant", tenant)
+        return memory_of(self.store.redis, self.store.keys, tenant)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Client:
@@ -276,11 +288,13 @@ class Client:
     def _create(self, head: RunHead, start: TaskSpec) -> bool:
         """Write the new run (IDLE, its start task in its outbox); False if its id is taken."""
         if not self.settings.embedded:
-            self.memory.check()
+            self.memory_guard.check()
         try:
             return self.store.create(head, [start])
         except redis.exceptions.OutOfMemoryError:
-            raise StoreFull(full_message(self.memory.state(), self.settings.submit_max_memory)) from None
+            raise StoreFull(
+                full_message(self.memory_guard.state(), self.settings.submit_max_memory)
+            ) from None
 
     def checkpoints(self, run_id: str) -> list[Checkpoint]:
         """Every committed head of a run, oldest first: version, step, phase, time, worker."""

@@ -119,6 +119,12 @@ class Keys:
     def sync_of(self, run_id: str) -> str:
         return self.sync(self.shard(run_id))
 
+    def memory(self, tenant: str | None, part: str) -> str:
+        """One part of a tenant's long-term memory (``shared/memory.py``): every part of one tenant
+        shares the hash tag ``{m:<tenant>}``, so its scripts touch one slot (tenant names hold no
+        braces; ``~``, which no tenant name holds, stands for runs without a tenant)."""
+        return f"{self.prefix}{{m:{tenant or '~'}}}:memory:{part}"
+
     def inflight(self, shard: int) -> str:
         """Hash: tenant -> runs of the shard not ended yet (summed over the shards for limits)."""
         return self._tag(shard) + "inflight"

@@ -33,6 +33,7 @@ from typing import Any
 
 from shared.errors import ConfigError
 from shared.llm.base import ModelRequest, ModelResponse
+from shared.memory import PhaseMemory
 from shared.messages import ToolCall
 from shared.state import ToolResult
 
@@ -68,6 +69,9 @@ class MiddlewareContext:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     #: The run's custom state as JSON (None for an agent without a ``state_type``).
     state: Mapping[str, Any] | None = None
+    #: The run's tenant's long-term memory; a write is made at once, once per phase version and
+    #: hook, so a hook that runs again after a crash writes nothing twice (None outside a worker).
+    memory: PhaseMemory | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

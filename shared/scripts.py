@@ -140,6 +140,13 @@ SPECS: dict[str, ScriptSpec] = {
         words="stale duplicate recorded complete",
     ),
     "emit_custom": _spec("run results_key events_key", "step call_id claim_token event events_maxlen"),
+    "memory_write": _spec(
+        "values versions created updated index expiry applied",
+        "quota applied_keep_ms purge_limit",
+        more_args="five per write: write_id op entry value ttl_ms",
+        words="put delete deleted absent duplicate full",
+    ),
+    "memory_scan": _spec("values versions created updated index expiry", "low high most most_bytes"),
     "record_child": _spec(
         "run results_key events_key",
         "step call_id result event events_maxlen",

@@ -48,6 +48,7 @@ __all__ = [
     "TERMINAL_PHASES",
     "Summary",
     "TaskSpec",
+    "MemoryWrite",
     "ToolResult",
     "status_of",
 ]
@@ -144,6 +145,19 @@ class CallbackState(BaseModel):
     next_attempt_at: float | None = None
 
 
+class MemoryWrite(BaseModel):
+    """One long-term memory put or delete of a tool call (``ctx.memory``), carried in its result
+    until it is applied to the tenant's memory, once per ``write_id`` (``shared/memory.py``)."""
+
+    op: Literal["put", "delete"]
+    namespace: list[str]
+    key: str
+    value: dict[str, Any] | None = None
+    ttl_s: float | None = None
+    #: ``run:step:call:n``: applied once, however often the call's result is applied.
+    write_id: str
+
+
 class ToolResult(BaseModel):
     """The recorded outcome of one tool call, written once per (run, step, call_id)."""
 
@@ -156,6 +170,9 @@ class ToolResult(BaseModel):
     #: The changes the call made to the run's state (``ToolContext.update_state``), applied by the
     #: observe phase in call order; None when it changed nothing.
     state_update: dict[str, Any] | None = None
+    #: The call's writes to the tenant's long-term memory (``ToolContext.memory``), applied once
+    #: the result is recorded; None when it wrote nothing.
+    memory_writes: list[MemoryWrite] | None = None
 
 
 class ChildRun(BaseModel):

@@ -66,6 +66,9 @@ class TenantLimits(BaseModel):
 
     max_inflight: int = Field(default=1000, ge=1, description="Runs not ended yet.")
     submits_per_minute: int = Field(default=600, ge=1, description="New runs per minute.")
+    max_memory_items: int = Field(
+        default=10_000, ge=1, le=10_000_000, description="Items in its long-term memory."
+    )
 
 
 @dataclass(frozen=True)

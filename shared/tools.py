@@ -30,6 +30,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from shared.custom_events import CustomEmitter, check_custom
 from shared.errors import ConfigError
 from shared.llm.base import ToolSpec
+from shared.memory import CallMemory
 from shared.policy import Retry
 from shared.settings import Limits
 
@@ -75,6 +76,8 @@ class ToolContext:
     state_update: dict[str, Any] = field(default_factory=dict, repr=False)
     #: Appends this delivery's custom events (set by the act phase; None: checked, then dropped).
     _emitter: CustomEmitter | None = field(default=None, repr=False)
+    #: The run's tenant's long-term memory for this call (set by the act phase).
+    _memory: CallMemory | None = field(default=None, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -106,6 +109,15 @@ class ToolContext:
             check_custom(name, data, Limits().max_custom_event_bytes)
             return False
         return self._emitter.emit(name, data)
+
+    @property
+    def memory(self) -> CallMemory:
+        """The long-term memory of the run's tenant (``shared/memory.py``): ``get``, ``search``
+        and ``list_namespaces`` read it as it is; ``put`` and ``delete`` are applied once the
+        call's result is recorded, exactly once, and only if the call succeeds."""
+        if self._memory is None:
+            raise RuntimeError("this tool context has no memory store (it was not made by a worker)")
+        return self._memory
 
     def cancelled(self) -> bool:
         """True once the run was cancelled; a long tool should check it and return early."""

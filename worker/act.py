@@ -21,6 +21,7 @@ from shared import events as ev
 from shared import fsm
 from shared.custom_events import CustomEmitter
 from shared.errors import ConfigError, RunErrorInfo, ToolDispatch, ToolOutcomeUnknown
+from shared.memory import CallMemory
 from shared.messages import ToolCall
 from shared.middleware import Middleware, Refuse, after_tool, before_tool
 from shared.state import Phase, RunHead, ToolResult
@@ -62,7 +63,8 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
         try:
             result = _outcome(rt, outcome, call, what, emitter)
             emitter.finish()
-            result = after_tool(_middleware(rt, head), middleware_context(head), call, result)
+            hooks = middleware_context(head, rt.phase_memory(head, f"after_tool:{call_id}"))
+            result = after_tool(_middleware(rt, head), hooks, call, result)
         except redis.RedisError:
             raise  # Redis trouble: the lease hands the call on
         except Exception as exc:
@@ -94,6 +96,10 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
             lambda: rt.store.record_result(head, outcome.ref, result, completed, observing, observe, push),
             f"the result of {what} of run {head.run_id}",
         )
+    if recorded.status in ("recorded", "complete"):
+        # The call's memory writes are recorded with its result: apply them now (observe applies
+        # them again before it commits, a no-op unless this process dies first).
+        rt.apply_memory(head, [result])
     if recorded.status == "complete" and not recorded.pushed:
         rt.publish([observe], recorded.epoch)
     elif recorded.status in ("duplicate", "stale") and emitter.emitted:
@@ -183,7 +189,8 @@ def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str, emitter: Cust
             last_error=claim.last_error or None,
         )
         return _error_result(call, error.info())
-    checked = before_tool(_middleware(rt, head), middleware_context(head), call)
+    hooks = middleware_context(head, rt.phase_memory(head, f"before_tool:{call.id}"))
+    checked = before_tool(_middleware(rt, head), hooks, call)
     if isinstance(checked, Refuse):
         message = f"the call was refused by {checked.reason}"
         return _error_result(call, ToolDispatch(message, step=step, tool=call.name).info())
@@ -274,6 +281,7 @@ def _attempt(
         _cancel_check=held.cancelled.is_set,
         state=state,
         _emitter=emitter,
+        _memory=CallMemory(lambda: rt.memory(head), f"{head.run_id}:{head.step}:{call.id}"),
     )
     try:
         with rt.tracing.span("wesichain.tool", head.run_id, **{"wesichain.tool": call.name}) as span:
@@ -308,6 +316,7 @@ def _attempt(
         output=_printable(output),
         duration_s=round(time.perf_counter() - started, 6),
         state_update=ctx.state_update or None,
+        memory_writes=ctx.memory.pending or None,
     )
 
 

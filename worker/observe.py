@@ -27,6 +27,9 @@ def run_observe(rt: Runtime, delivery: Delivery, step: int) -> RunHead | None:
 
     def body(current: fsm.Observing, claim: Claim, held: Held) -> RunHead | None:
         head = current.head
+        # Before the commit: a call's memory writes are applied once its result is recorded, even
+        # when the delivery that recorded it died before it could apply them (each write id once).
+        rt.apply_memory(head, claim.results)
         agent = rt.agents.get(head.active_agent)
         try:
             state = apply_updates(agent.state_type, head.state, head.pending_calls, claim.results)

@@ -19,9 +19,10 @@ from shared.agents import AgentRegistry
 from shared.errors import ConfigError, InternalInvariant, PoisonPhase, RunErrorInfo
 from shared.events import Event, this_worker, worker_identity
 from shared.fsm import Transition
+from shared.memory import Memory, PhaseMemory, memory_of
 from shared.middleware import MiddlewareContext
 from shared.settings import Settings
-from shared.state import Phase, PhaseRun, RunHead, TaskSpec
+from shared.state import Phase, PhaseRun, RunHead, TaskSpec, ToolResult
 from shared.store import BrokerCommand, Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
 from shared.tasks import TASK_CALLBACK, decide_task, task_for, with_epoch
 from shared.unsent import mark_unsent
@@ -104,6 +105,21 @@ class Runtime:
     def carry_events(self, run_id: str, *events: Event) -> None:
         """Have the next commit of ``run_id`` by this process carry ``events`` too."""
         self.carried.setdefault(run_id, []).extend(events)
+
+    def memory(self, head: RunHead) -> Memory:
+        """The long-term memory of the run's tenant (a run names no other)."""
+        return memory_of(self.store.redis, self.store.keys, head.tenant)
+
+    def phase_memory(self, head: RunHead, hook: str) -> PhaseMemory:
+        """What middleware hook(s) ``hook`` of the phase of ``head`` write memory through: each
+        write's id names the run, its version and the hook, so a redelivered phase writes once."""
+        return PhaseMemory(lambda: self.memory(head), f"{head.run_id}:v{head.version}:{hook}")
+
+    def apply_memory(self, head: RunHead, results: Sequence[ToolResult]) -> None:
+        """Apply the memory writes of recorded tool results (each write id once)."""
+        writes = [w for r in results if r.ok and r.memory_writes for w in r.memory_writes]
+        if writes:
+            self.memory(head).apply(writes)
 
     def holder(self) -> str:
         """This process, as claims name their holder (read per call: prefork children fork)."""
@@ -300,8 +316,9 @@ class Runtime:
         }
 
 
-def middleware_context(head: RunHead) -> MiddlewareContext:
-    """What the agent's middleware is told about the run of ``head``."""
+def middleware_context(head: RunHead, memory: PhaseMemory | None = None) -> MiddlewareContext:
+    """What the agent's middleware is told about the run of ``head`` (``memory``: where its hooks
+    write long-term memory, ``Runtime.phase_memory``)."""
     return MiddlewareContext(
         run_id=head.run_id,
         agent=head.active_agent,
@@ -309,6 +326,7 @@ def middleware_context(head: RunHead) -> MiddlewareContext:
         tenant=head.tenant,
         metadata=head.metadata,
         state=head.state,
+        memory=memory,
     )
 
 

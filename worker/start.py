@@ -88,7 +88,7 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
 
 def _initial_conversation(rt: Runtime, agent: Agent, head: RunHead) -> list[Message]:
     """The conversation a run starts thinking from: a fork's replayed one, or a fresh one."""
-    ctx = middleware_context(head)
+    ctx = middleware_context(head, rt.phase_memory(head, "start"))
     if head.fork is not None:
         replayed = _forked_conversation(rt, head.fork)
         if replayed:

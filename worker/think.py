@@ -92,7 +92,7 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
             with_summary(request.messages, head.summary), request.tools, agent.context.max_tokens, counter
         )
         request = request.model_copy(update={"messages": fitted})
-    ctx = middleware_context(head)
+    ctx = middleware_context(head, rt.phase_memory(head, "think"))
     request = before_model(agent.middleware, ctx, request)
     response = _ask(rt, current, ref, held, agent, adapter, request)
     if isinstance(response, _Handled):

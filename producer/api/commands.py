@@ -67,6 +67,7 @@ def register(
     lim.add_argument("--tenant", required=True, help="the tenant to show or set")
     lim.add_argument("--max-inflight", type=int, help="runs not ended yet")
     lim.add_argument("--submits-per-minute", type=int, help="new runs per minute")
+    lim.add_argument("--max-memory-items", type=int, help="items in its long-term memory")
     ns = ksub.add_parser(
         "namespaces",
         parents=[common],
@@ -241,6 +242,7 @@ def _limits(tenants: Tenants, args: argparse.Namespace) -> int:
         for name, value in (
             ("max_inflight", args.max_inflight),
             ("submits_per_minute", args.submits_per_minute),
+            ("max_memory_items", args.max_memory_items),
         )
         if value is not None
     }

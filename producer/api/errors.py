@@ -19,8 +19,8 @@ __all__ = ["ApiError", "ErrorBody", "ErrorInfo", "error_response", "install_erro
 class ErrorInfo(BaseModel):
     kind: str = Field(
         description="What went wrong: bad_json, invalid_request, unauthorized, forbidden, not_found,"
-        " unknown_agent, wrong_state, conflict, thread_busy, run_ended, inbox_full, body_too_large,"
-        " rate_limited, store_full, unavailable, internal."
+        " unknown_agent, quota_exceeded, wrong_state, conflict, thread_busy, run_ended, inbox_full,"
+        " body_too_large, rate_limited, store_full, unavailable, internal."
     )
     message: str = Field(description="A sentence for a human.")
     details: dict[str, Any] = Field(default_factory=dict, description="Machine-readable specifics.")

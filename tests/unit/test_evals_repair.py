@@ -46,7 +46,7 @@ def pool() -> tuple[EvalPool, Sent]:
     store = RunStore(fakeredis.FakeRedis(decode_responses=True), settings)
     sent = Sent()
     client = Client(settings, app=cast(Celery, sent), store=store)
-    client.memory.check = lambda: None  # type: ignore[method-assign]  # no INFO on the stand-in
+    client.memory_guard.check = lambda: None  # type: ignore[method-assign]  # no INFO on the stand-in
     return EvalPool(client, sent.tasks.append, AgentRegistry()), sent
 
 

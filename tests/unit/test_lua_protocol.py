@@ -63,6 +63,7 @@ REDIS_WORDS = frozenset(
         "ZADD",
         "ZCARD",
         "ZRANGE",
+        "ZRANGEBYLEX",
         "ZRANGEBYSCORE",
         "ZREM",
         "ZREMRANGEBYSCORE",

@@ -53,7 +53,7 @@ const seconds = (s) => (s < 1 ? `${(s * 1000).toFixed(0)} ms` : s < 120 ? `${s.t
 const short = (text, n = 140) => (text && text.length > n ? `${text.slice(0, n)}…` : text || "");
 
 function show(section) {
-  for (const id of ["login", "list-view", "run-view", "pipeline-view"]) $(`#${id}`).hidden = id !== section;
+  for (const id of ["login", "list-view", "run-view", "pipeline-view", "memory-view"]) $(`#${id}`).hidden = id !== section;
 }
 
 function needKey(message) {
@@ -499,6 +499,36 @@ function drawPipeline(p) {
   $("#pipeline-graph").replaceChildren(...boxes);
 }
 
+// -- long-term memory: the tenant's namespaces and the items a search finds, values as text ----
+
+function memoryView() {
+  show("memory-view");
+  const form = $("#memory-form");
+  const labels = (text) => text.split("/").filter((label) => label);
+  async function search() {
+    $("#memory-error").textContent = "";
+    const prefix = labels(form.prefix.value);
+    const query = form.query.value.trim() || null;
+    try {
+      const listed = await api("/v1/memory/namespaces", { method: "POST", body: { prefix } });
+      const names = listed.namespaces.map((ns) => ns.join("/"));
+      $("#memory-namespaces").textContent = names.length ? `Namespaces: ${names.join(", ")}` : "No items.";
+      const found = await api("/v1/memory/items/search", { method: "POST", body: { namespace_prefix: prefix, query, limit: 100 } });
+      $("#memory-items tbody").replaceChildren(...found.items.map((item) => el("tr", {},
+        el("td", {}, item.namespace.join("/")),
+        el("td", {}, item.key),
+        el("td", {}, item.version),
+        el("td", {}, when(item.updated_at)),
+        el("td", {}, item.expires_at ? when(item.expires_at) : "never"),
+        el("td", { class: "value" }, short(JSON.stringify(item.value), 400)))));
+      $("#memory-note").textContent = found.truncated ? "The search stopped at its scan bound: narrow the prefix." : "";
+    } catch (err) { handleError(err, "#memory-error"); }
+  }
+  form.onsubmit = (e) => { e.preventDefault(); search(); };
+  search();
+  return { stop() {} };
+}
+
 // -- routing ---------------------------------------------------------------------------------
 
 async function route() {
@@ -514,7 +544,8 @@ async function route() {
     $("#whoami").textContent = err.message;
   }
   const pipeline = location.hash.match(/^#\/pipelines\/([A-Za-z0-9_.:@\/-]+)$/);
-  view = match ? runView(match[1]) : pipeline ? pipelineView(pipeline[1]) : listView();
+  if (location.hash === "#/memory") view = memoryView();
+  else view = match ? runView(match[1]) : pipeline ? pipelineView(pipeline[1]) : listView();
 }
 
 $("#login-form").onsubmit = (e) => {

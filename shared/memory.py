@@ -1,0 +1,513 @@
+"""Long-term memory: a tenant's store of JSON items under namespaces the agent chooses.
+
+Modelled on LangGraph's ``BaseStore``: an item is a JSON object under a *namespace* (a tuple of
+short labels, ``("users", "u-42", "preferences")``) and a *key*; ``put``, ``get``, ``delete``,
+``search`` under a namespace prefix (a text query, a filter on top-level fields) and
+``list_namespaces``. Items outlive runs and threads: what one thread wrote, another recalls.
+
+Scope. Every item belongs to one tenant (the run's, the API key's); the tenant is part of every
+Redis key and is never named by a caller of :class:`Memory` methods, so a tool, a middleware or an
+HTTP caller cannot reach another tenant's items.
+
+Layout. All of a tenant's items live under one Redis Cluster hash tag (``{m:<tenant>}``): a put
+checks the tenant's quota (its item count) and a search walks a namespace prefix across
+namespaces, each atomically in one script, which an index per namespace spread over slots could
+not do. The price is that one tenant's memory sits on one node; the quota
+(``TenantLimits.max_memory_items``) and the value bound keep that small.
+
+Writes from tools are made once. A tool's ``ctx.memory.put``/``delete`` is buffered in its call
+(:class:`CallMemory`) and carried in the call's :class:`~shared.state.ToolResult`, so it is
+recorded atomically with the result, exactly once per call, and only if the call succeeds. Each
+write has an id ``run:step:call:n``; applying writes (:meth:`Memory.apply`, ``memory_write.lua``)
+skips an id already applied. The delivery that recorded the result applies them at once, and the
+observe phase of the step applies them again before it commits (a no-op unless the first delivery
+died in between). So a delivery killed after writing applies nothing, the delivery whose result is
+recorded applies its writes exactly once, and reads in a tool see the store as it is (a call's own
+writes take effect when its result is recorded). Middleware writes at once through
+:class:`PhaseMemory`, with ids from the run's version and the hook, so a phase that runs again after
+a crash writes nothing twice.
+
+Bounds: namespace depth and label length, key length, value bytes, writes per call, search page
+and scan (a search looks at a bounded number of items and bytes of a prefix and says when it
+stopped short: ``SearchResult.truncated``), items per tenant. There is no vector search.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import redis
+from pydantic import BaseModel, Field
+
+from shared.errors import InvalidRequest, WesichainError
+from shared.keys import Keys
+from shared.scripts import Script, register_script
+from shared.state import MemoryWrite
+from shared.tenants import TenantLimits, Tenants
+
+__all__ = [
+    "APPLIED_KEEP_S",
+    "MAX_CALL_WRITE_BYTES",
+    "MAX_DEPTH",
+    "MAX_KEY_CHARS",
+    "MAX_LABEL_CHARS",
+    "MAX_LIMIT",
+    "MAX_NAMESPACES",
+    "MAX_TTL_S",
+    "MAX_VALUE_BYTES",
+    "MAX_WRITES_PER_CALL",
+    "NAMESPACE_SCAN",
+    "SCAN_BYTES",
+    "SCAN_ITEMS",
+    "CallMemory",
+    "Item",
+    "Memory",
+    "MemoryFull",
+    "PhaseMemory",
+    "SearchResult",
+    "check_key",
+    "check_namespace",
+    "check_ttl",
+    "check_value",
+    "memory_of",
+]
+
+log = logging.getLogger("wesichain.memory")
+
+#: A namespace is 1..MAX_DEPTH labels of 1..MAX_LABEL_CHARS of these characters.
+MAX_DEPTH = 8
+MAX_LABEL_CHARS = 64
+_LABEL = re.compile(r"[A-Za-z0-9_.:@+=-]{1,64}")
+MAX_KEY_CHARS = 256
+#: A value is a JSON object of at most this many bytes (UTF-8, compact).
+MAX_VALUE_BYTES = 16 * 1024
+MAX_TTL_S = 366 * 86400
+#: What one tool call may write: this many puts and deletes, this many bytes of values in all
+#: (they travel in its recorded result).
+MAX_WRITES_PER_CALL = 32
+MAX_CALL_WRITE_BYTES = 64 * 1024
+#: Items a search answers at most, per page.
+MAX_LIMIT = 100
+#: What one search (or listing) looks at, at most: items of the prefix, and bytes of their values.
+SCAN_ITEMS = 2000
+SCAN_BYTES = 2 * 1024 * 1024
+#: Namespaces listed at most per page, and index entries a listing walks.
+MAX_NAMESPACES = 1000
+NAMESPACE_SCAN = 20_000
+#: How long an applied write id is remembered (a re-apply comes within the step that wrote it).
+APPLIED_KEEP_S = 7 * 86400
+#: Expired items removed per write script, at most (the rest on later writes; reads skip them).
+_PURGE_PER_WRITE = 100
+
+# An item's entry in the tenant's index: each label then _SEP, then _END, then the key. Labels and
+# keys hold no control characters, so a namespace prefix is a prefix of its items' entries.
+_SEP = "\x1f"
+_END = "\x1e"
+
+#: The parts of a tenant's memory in Redis (``Keys.memory``), in the order the scripts take them.
+_PARTS = ("values", "versions", "created", "updated", "index", "expiry")
+
+
+class MemoryFull(WesichainError):
+    """The tenant holds as many items as its quota allows (``TenantLimits.max_memory_items``)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the tenant's memory holds its limit of {limit} items: delete some first")
+        self.limit = limit
+
+
+class Item(BaseModel):
+    """One stored item."""
+
+    namespace: list[str] = Field(description="The labels it is stored under.")
+    key: str
+    value: dict[str, Any] = Field(description="A JSON object.")
+    created_at: float = Field(description="When the key was first written (Unix seconds).")
+    updated_at: float = Field(description="When it was last written (Unix seconds).")
+    expires_at: float | None = Field(default=None, description="When it expires (none: never).")
+    version: int = Field(description="Writes applied to the key since it was created.")
+
+
+class SearchResult(BaseModel):
+    """A page of items matching a search."""
+
+    items: list[Item]
+    #: The search stopped at its scan bound before the end of the prefix: narrow the prefix to see
+    #: items past it.
+    truncated: bool = False
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+
+def check_namespace(namespace: object, *, prefix: bool = False) -> tuple[str, ...]:
+    """The namespace as a tuple; :class:`InvalidRequest` unless it is 1..MAX_DEPTH labels (0.. for
+    a ``prefix``) of 1..MAX_LABEL_CHARS letters, digits and ``_ . : @ + = -``."""
+    if isinstance(namespace, str) or not isinstance(namespace, Iterable):
+        raise InvalidRequest("a namespace is a list of labels, e.g. ['users', 'u-42']")
+    labels = tuple(namespace)
+    if len(labels) > MAX_DEPTH or (not labels and not prefix):
+        raise InvalidRequest(f"a namespace has 1 to {MAX_DEPTH} labels, not {len(labels)}")
+    for label in labels:
+        if not isinstance(label, str) or not _LABEL.fullmatch(label):
+            shown = label[:80] if isinstance(label, str) else type(label).__name__
+            raise InvalidRequest(
+                f"namespace label {shown!r} must be 1..{MAX_LABEL_CHARS} letters, digits and _ . : @ + = -"
+            )
+    return labels
+
+
+def check_key(key: object) -> str:
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_CHARS or not key.isprintable():
+        raise InvalidRequest(f"a memory key is 1..{MAX_KEY_CHARS} printable characters")
+    return key
+
+
+def check_value(value: object) -> str:
+    """The value as compact JSON text; :class:`InvalidRequest` unless it is a JSON object of at
+    most MAX_VALUE_BYTES (the message never quotes the value: it is tenant content)."""
+    if not isinstance(value, Mapping):
+        raise InvalidRequest(f"a memory value is a JSON object, not {type(value).__name__}")
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        size = len(text.encode("utf-8"))
+    except (TypeError, ValueError, UnicodeEncodeError) as exc:
+        raise InvalidRequest(f"a memory value must be JSON ({exc.__class__.__name__})") from None
+    if size > MAX_VALUE_BYTES:
+        raise InvalidRequest(f"a memory value is {size} bytes of JSON, over the {MAX_VALUE_BYTES} allowed")
+    return text
+
+
+def check_ttl(ttl_s: object) -> float | None:
+    if ttl_s is None:
+        return None
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s <= MAX_TTL_S:
+        raise InvalidRequest(f"a memory TTL is more than 0 and at most {MAX_TTL_S} seconds")
+    return float(ttl_s)
+
+
+def _prefix_of(namespace: Sequence[str]) -> str:
+    return "".join(label + _SEP for label in namespace)
+
+
+def _entry(namespace: Sequence[str], key: str) -> str:
+    return _prefix_of(namespace) + _END + key
+
+
+def _parse_entry(entry: str) -> tuple[list[str], str]:
+    names, _, key = entry.partition(_END)
+    return names.split(_SEP)[:-1], key
+
+
+def _range(prefix: str) -> tuple[bytes, bytes]:
+    """The ZRANGEBYLEX bounds of every entry that starts with ``prefix`` (0xff follows any UTF-8)."""
+    if not prefix:
+        return b"-", b"+"
+    raw = prefix.encode()
+    return b"[" + raw, b"(" + raw + b"\xff"
+
+
+def _matches(value: dict[str, Any], text: str, tokens: Sequence[str], where: Mapping[str, Any]) -> bool:
+    if any(value.get(field, _MISSING) != wanted for field, wanted in where.items()):
+        return False
+    lowered = text.lower()
+    return all(token in lowered for token in tokens)
+
+
+_MISSING = object()
+
+
+# -- the store ------------------------------------------------------------------------------------
+
+
+class Memory:
+    """One tenant's memory (``tenant`` None: the memory of runs without a tenant).
+
+    ``quota`` gives the tenant's item limit, read at each put (an operator's change applies at
+    once). Reads skip expired items; writes purge them.
+    """
+
+    def __init__(self, client: redis.Redis, keys: Keys, tenant: str | None, quota: Callable[[], int]) -> None:
+        self.redis = client
+        self.keys = keys
+        self.tenant = tenant
+        self.quota = quota
+        self._keys = [keys.memory(tenant, part) for part in _PARTS]
+        self._applied = keys.memory(tenant, "applied")
+        self._write: Script = register_script(client, "memory_write")
+        self._scan: Script = register_script(client, "memory_scan")
+
+    # reads
+
+    def get(self, namespace: Sequence[str], key: str) -> Item | None:
+        entry = _entry(check_namespace(namespace), check_key(key))
+        raw = entry.encode()
+        items, _ = self._read(b"[" + raw, b"[" + raw, 1)
+        return items[0][0] if items else None
+
+    def search(
+        self,
+        namespace_prefix: Sequence[str] = (),
+        *,
+        query: str | None = None,
+        filter: Mapping[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> SearchResult:
+        """Items under ``namespace_prefix`` (in namespace and key order) whose value holds every
+        word of ``query`` (case-insensitive, anywhere in its JSON text) and whose top-level fields
+        equal those of ``filter``; ``offset`` of them skipped, ``limit`` answered."""
+        prefix = check_namespace(namespace_prefix, prefix=True)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+            raise InvalidRequest(f"limit is 1..{MAX_LIMIT}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= SCAN_ITEMS:
+            raise InvalidRequest(f"offset is 0..{SCAN_ITEMS}")
+        if query is not None and (not isinstance(query, str) or len(query) > 1000):
+            raise InvalidRequest("a search query is text of at most 1000 characters")
+        where = dict(filter or {})
+        if len(where) > 32:
+            raise InvalidRequest("a search filter names at most 32 fields")
+        check_value(where)
+        tokens = (query or "").lower().split()
+        low, high = _range(_prefix_of(prefix))
+        scanned, truncated = self._read(low, high, SCAN_ITEMS)
+        matched = [item for item, text in scanned if _matches(item.value, text, tokens, where)]
+        return SearchResult(items=matched[offset : offset + limit], truncated=truncated)
+
+    def list_namespaces(
+        self,
+        *,
+        prefix: Sequence[str] = (),
+        max_depth: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[tuple[str, ...]]:
+        """The namespaces holding items under ``prefix``, cut to ``max_depth`` labels, sorted."""
+        start = check_namespace(prefix, prefix=True)
+        if max_depth is not None and (isinstance(max_depth, bool) or not 1 <= max_depth <= MAX_DEPTH):
+            raise InvalidRequest(f"max_depth is 1..{MAX_DEPTH}")
+        if not 1 <= limit <= MAX_NAMESPACES or not 0 <= offset <= NAMESPACE_SCAN:
+            raise InvalidRequest(f"limit is 1..{MAX_NAMESPACES}, offset 0..{NAMESPACE_SCAN}")
+        low, high = _range(_prefix_of(start))
+        entries = self.redis.zrangebylex(self._keys[4], low, high, 0, NAMESPACE_SCAN)
+        found: set[tuple[str, ...]] = set()
+        for entry in entries:
+            labels, _ = _parse_entry(entry.decode() if isinstance(entry, bytes) else str(entry))
+            found.add(tuple(labels[:max_depth] if max_depth else labels))
+        return sorted(found)[offset : offset + limit]
+
+    def count(self) -> int:
+        """Items held (expired ones not purged yet included): what the quota counts."""
+        return int(self.redis.hlen(self._keys[0]))
+
+    # writes
+
+    def put(
+        self, namespace: Sequence[str], key: str, value: Mapping[str, Any], *, ttl_s: float | None = None
+    ) -> Item:
+        """Store ``value`` under ``(namespace, key)``, replacing what was there; it expires after
+        ``ttl_s`` (None: never; a put sets the TTL anew). :class:`MemoryFull` past the quota."""
+        write = MemoryWrite(
+            op="put",
+            namespace=list(check_namespace(namespace)),
+            key=check_key(key),
+            value=json.loads(check_value(value)),
+            ttl_s=check_ttl(ttl_s),
+            write_id="",
+        )
+        ((status, item),) = self._apply([write])
+        if status == "full" or item is None:
+            raise MemoryFull(self.quota())
+        return item
+
+    def delete(self, namespace: Sequence[str], key: str) -> bool:
+        """Remove the item; False if there was none."""
+        write = MemoryWrite(
+            op="delete", namespace=list(check_namespace(namespace)), key=check_key(key), write_id=""
+        )
+        ((status, _),) = self._apply([write])
+        return status == "deleted"
+
+    def apply(self, writes: Sequence[MemoryWrite]) -> list[str]:
+        """Apply recorded writes, each id once (``duplicate`` for one applied before); a put past
+        the quota is dropped (``full``) and logged by its id. Returns each write's status."""
+        if not writes:
+            return []
+        statuses = [status for status, _ in self._apply(writes)]
+        for write, status in zip(writes, statuses, strict=True):
+            if status == "full":
+                # The call's result is recorded already: nothing can be told to the tool any more.
+                log.warning("memory write %s was dropped: the tenant's memory is full", write.write_id)
+        return statuses
+
+    def _apply(self, writes: Sequence[MemoryWrite]) -> list[tuple[str, Item | None]]:
+        args: list[Any] = [self.quota(), APPLIED_KEEP_S * 1000, _PURGE_PER_WRITE]
+        for w in writes:
+            value = "" if w.value is None else check_value(w.value)
+            ttl_ms = "" if w.ttl_s is None else int(w.ttl_s * 1000)
+            args += [w.write_id, w.op, _entry(w.namespace, w.key), value, ttl_ms]
+        replies = self._write([*self._keys, self._applied], args)
+        out: list[tuple[str, Item | None]] = []
+        for w, reply in zip(writes, replies, strict=True):
+            status = _text(reply[0])
+            item = None
+            if status == "put" and w.value is not None:
+                version, created, updated, expires = (_text(part) for part in reply[1:5])
+                item = Item(
+                    namespace=w.namespace,
+                    key=w.key,
+                    value=w.value,
+                    created_at=int(created) / 1000,
+                    updated_at=int(updated) / 1000,
+                    expires_at=int(expires) / 1000 if expires else None,
+                    version=int(version),
+                )
+            out.append((status, item))
+        return out
+
+    def _read(self, low: bytes, high: bytes, most: int) -> tuple[list[tuple[Item, str]], bool]:
+        """Live items whose entries lie in [low, high], at most ``most`` and SCAN_BYTES of values,
+        with their values' JSON text; and whether the range held more."""
+        reply = self._scan(self._keys, [low, high, most, SCAN_BYTES])
+        more, rows = reply[0], reply[1:]
+        items: list[tuple[Item, str]] = []
+        for row in rows:
+            entry, text, version, created, updated, expires = (_text(part) for part in row)
+            labels, key = _parse_entry(entry)
+            items.append(
+                (
+                    Item(
+                        namespace=labels,
+                        key=key,
+                        value=json.loads(text),
+                        created_at=int(created) / 1000,
+                        updated_at=int(updated) / 1000,
+                        expires_at=int(expires) / 1000 if expires else None,
+                        version=int(version),
+                    ),
+                    text,
+                )
+            )
+        return items, _text(more) == "1"
+
+
+def _text(raw: object) -> str:
+    if raw is None:
+        return ""
+    if isinstance(raw, bytes):
+        return raw.decode()
+    return str(raw)
+
+
+class CallMemory:
+    """``ctx.memory`` of one tool call: reads see the store as it is; ``put`` and ``delete`` are
+    checked now and held until the call's result is recorded (see the module's rules)."""
+
+    def __init__(self, open_memory: Callable[[], Memory], write_prefix: str) -> None:
+        # Opened on first use: most tool calls never touch memory.
+        self._open = open_memory
+        self._opened: Memory | None = None
+        self._prefix = write_prefix
+        self.pending: list[MemoryWrite] = []
+        self._bytes = 0
+
+    @property
+    def _memory(self) -> Memory:
+        if self._opened is None:
+            self._opened = self._open()
+        return self._opened
+
+    def get(self, namespace: Sequence[str], key: str) -> Item | None:
+        return self._memory.get(namespace, key)
+
+    def search(
+        self,
+        namespace_prefix: Sequence[str] = (),
+        *,
+        query: str | None = None,
+        filter: Mapping[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> SearchResult:
+        return self._memory.search(namespace_prefix, query=query, filter=filter, limit=limit, offset=offset)
+
+    def list_namespaces(
+        self, *, prefix: Sequence[str] = (), max_depth: int | None = None, limit: int = 100, offset: int = 0
+    ) -> list[tuple[str, ...]]:
+        return self._memory.list_namespaces(prefix=prefix, max_depth=max_depth, limit=limit, offset=offset)
+
+    def put(
+        self, namespace: Sequence[str], key: str, value: Mapping[str, Any], *, ttl_s: float | None = None
+    ) -> None:
+        """Store ``value`` when the call's result is recorded (if the call succeeds).
+        ``ValueError`` (:class:`InvalidRequest`) for a bad namespace, key, value or TTL, or past
+        the call's bounds; :class:`MemoryFull` if the tenant is at its quota already."""
+        text = check_value(value)
+        self._hold("put", namespace, key, json.loads(text), check_ttl(ttl_s), len(text.encode()))
+        if self._memory.count() >= self._memory.quota():
+            self.pending.pop()
+            raise MemoryFull(self._memory.quota())
+
+    def delete(self, namespace: Sequence[str], key: str) -> None:
+        """Remove the item when the call's result is recorded (if the call succeeds)."""
+        self._hold("delete", namespace, key, None, None, 0)
+
+    def _hold(
+        self,
+        op: Literal["put", "delete"],
+        namespace: Sequence[str],
+        key: str,
+        value: dict[str, Any] | None,
+        ttl_s: float | None,
+        size: int,
+    ) -> None:
+        labels, checked_key = check_namespace(namespace), check_key(key)
+        if len(self.pending) >= MAX_WRITES_PER_CALL:
+            raise InvalidRequest(f"a tool call writes memory at most {MAX_WRITES_PER_CALL} times")
+        if self._bytes + size > MAX_CALL_WRITE_BYTES:
+            raise InvalidRequest(f"a tool call writes at most {MAX_CALL_WRITE_BYTES} bytes of memory values")
+        self._bytes += size
+        write_id = f"{self._prefix}:{len(self.pending)}"
+        self.pending.append(
+            MemoryWrite(
+                op=op, namespace=list(labels), key=checked_key, value=value, ttl_s=ttl_s, write_id=write_id
+            )
+        )
+
+
+class PhaseMemory(CallMemory):
+    """``ctx.memory`` of a middleware hook: writes are made at once, each with an id from the run's
+    version and the hook (``write_prefix``), so a phase that runs again after a crash, calling its
+    hooks again in the same order, writes nothing twice."""
+
+    def put(
+        self, namespace: Sequence[str], key: str, value: Mapping[str, Any], *, ttl_s: float | None = None
+    ) -> None:
+        text = check_value(value)
+        self._hold("put", namespace, key, json.loads(text), check_ttl(ttl_s), 0)
+        self._flush()
+
+    def delete(self, namespace: Sequence[str], key: str) -> None:
+        self._hold("delete", namespace, key, None, None, 0)
+        self._flush()
+
+    def _flush(self) -> None:
+        write = self.pending[-1]
+        if self._memory.apply([write]) == ["full"]:
+            raise MemoryFull(self._memory.quota())
+
+
+def memory_of(client: redis.Redis, keys: Keys, tenant: str | None) -> Memory:
+    """The memory of ``tenant``, its quota read from the tenant's limits at each put."""
+    tenants = Tenants(client, keys)
+
+    def quota() -> int:
+        if tenant is None:
+            return TenantLimits().max_memory_items
+        return tenants.limits(tenant).max_memory_items
+
+    return Memory(client, keys, tenant, quota)
