@@ -22,6 +22,7 @@ from types import ModuleType
 
 from pydantic import BaseModel
 
+from shared.assistants import Configurable
 from shared.context import ContextBudget
 from shared.errors import ConfigError
 from shared.handoffs import MAX_HANDOFFS_CEILING, Handoff, normalised
@@ -95,6 +96,9 @@ class Agent:
     #: Older versions whose runs this code takes over through a migration of their custom state
     #: (version -> function; ``shared/versions.py``), applied once at their next model phase.
     migrate_from: Mapping[str, MigrateFn] | None = None
+    #: What assistants may configure of this agent (``shared/assistants.py``); None: no assistant
+    #: can name it.
+    configurable: Configurable | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
@@ -125,6 +129,10 @@ class Agent:
         if self.approval_risk is not None and self.approval_risk not in RISKS:
             raise ConfigError(f"agent {self.name!r}: approval_risk must be one of {', '.join(RISKS)}")
         self._check_handoffs()
+        if self.configurable is not None:
+            if not isinstance(self.configurable, Configurable):
+                raise ConfigError(f"agent {self.name!r}: configurable must be a Configurable")
+            self.configurable.check(self.name)
 
     def _check_handoffs(self) -> None:
         if not isinstance(self.handoffs, tuple | list):

@@ -16,6 +16,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from shared.agents import AgentRegistry
+from shared.assistants import ConfigSchema, schema_of
 from shared.keys import Keys
 
 __all__ = ["AgentInfo", "LiveWorker", "ToolInfo", "WorkerDirectory", "WorkerRecord", "describe_agents"]
@@ -48,6 +49,8 @@ class AgentInfo(BaseModel):
     compatible_versions: list[str] = Field(default_factory=list)
     #: Older versions whose runs this code takes over through a migration of their state.
     migrates_from: list[str] = Field(default_factory=list)
+    #: What assistants may configure of it (``shared/assistants.py``); None: nothing.
+    configurable: ConfigSchema | None = None
 
 
 class WorkerRecord(BaseModel):
@@ -106,6 +109,7 @@ def describe_agents(registry: AgentRegistry) -> list[AgentInfo]:
                 output_schema=agent.output.schema_ if agent.output is not None else None,
                 compatible_versions=list(agent.compatible_versions),
                 migrates_from=sorted(agent.migrate_from or {}),
+                configurable=schema_of(agent),
             )
         )
     return agents

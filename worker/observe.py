@@ -27,7 +27,7 @@ def run_observe(rt: Runtime, delivery: Delivery, step: int) -> RunHead | None:
 
     def body(current: fsm.Observing, claim: Claim, held: Held) -> RunHead | None:
         head = current.head
-        agent = rt.agents.get(head.active_agent)
+        agent = rt.agent_of(head)
         try:
             state = apply_updates(agent.state_type, head.state, head.pending_calls, claim.results)
         except StateError as exc:
