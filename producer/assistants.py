@@ -87,15 +87,15 @@ class Assistants:
         """An assistant's versions, newest first."""
         return self.store.versions(tenant, name, before=before, limit=limit)
 
+    def diff(self, name: str, before: int, after: int, *, tenant: str | None = None) -> list[FieldChange]:
+        """The fields that differ from version ``before`` to version ``after``."""
+        return self.store.diff(tenant, name, before, after)
+
     def list(
         self, *, tenant: str | None = None, after: str | None = None, limit: int = 100
     ) -> list[AssistantSummary]:
         """The tenant's assistants, in name order."""
         return self.store.list(tenant, after=after, limit=limit)
-
-    def diff(self, name: str, before: int, after: int, *, tenant: str | None = None) -> list[FieldChange]:
-        """The fields that differ from version ``before`` to version ``after``."""
-        return self.store.diff(tenant, name, before, after)
 
     def _check(self, agent: str, config: AssistantConfig) -> None:
         check_config(agent, config, self._client.served(agent).configurable)

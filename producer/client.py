@@ -24,10 +24,10 @@ from celery import Celery
 
 from producer.assistants import Assistants
 from producer.publishing import PUBLISH_ERRORS
+from shared.assistants import AssistantVersion
 from shared.errors import InvalidRequest, StoreFull, WesichainError
 from shared.events import END_EVENTS, Event, follow_events, read_all_events
 from shared.pipeline.store import PipelinePage, PipelineStore, stored_pipeline_id
-from shared.assistants import AssistantVersion
 from shared.prompts import Prompt, missing_variables
 from shared.queues import DEFAULT_NAMESPACE, queue_in
 from shared.redis_client import connect
@@ -209,12 +209,12 @@ class Client:
                 fields[name] = value
         request = validate_request(fields, self.settings.limits, runtime_callback=link is not None)
         asked_version = request.assistant_version
-        request, assistant_version = self.assistants.store.pin(request)
+        request, pinned_to = self.assistants.store.pin(request)
         if idempotency_key is not None:
             run_id = idempotent_run_id(request.tenant, idempotency_key)
         run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         if check_agent:
-            self._check_agent(request.agent, request.metadata, assistant_version)
+            self._check_agent(request.agent, request.metadata, pinned_to)
         head = new_run(run_id, request, link=link)
         start = start_task(run_id, namespace=request.namespace)
         if idempotency_key is not None and (archive := self.store.archive) is not None:

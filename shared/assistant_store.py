@@ -112,7 +112,26 @@ class AssistantStore:
         raws = self.redis.lrange(key, low - 1, top - 1)
         return [_parse(name, raw, low + i) for i, raw in enumerate(raws)][::-1]
 
-    def list(self, tenant: str | None, *, after: str | None = None, limit: int = 100) -> list[AssistantSummary]:
+    def pin(self, request: RunRequest) -> tuple[RunRequest, AssistantVersion | None]:
+        """A run's request with its assistant resolved to a version of its tenant's (the current
+        one unless it names one), and that version; :class:`UnknownAssistant` for a name the
+        tenant has not, :class:`AssistantInvalid` for an assistant of another agent."""
+        if request.assistant is None:
+            return request, None
+        found = self.get(request.tenant, request.assistant, request.assistant_version)
+        if found.agent != request.agent:
+            raise AssistantInvalid(
+                "agent", f"assistant {found.name!r} configures agent {found.agent!r}, not {request.agent!r}"
+            )
+        return request.model_copy(update={"assistant_version": found.version}), found
+
+    def diff(self, tenant: str | None, name: str, before: int, after: int) -> list[FieldChange]:
+        """The fields that differ from version ``before`` to version ``after``."""
+        return diff_configs(self.get(tenant, name, before).config, self.get(tenant, name, after).config)
+
+    def list(
+        self, tenant: str | None, *, after: str | None = None, limit: int = 100
+    ) -> list[AssistantSummary]:
         """The tenant's assistants in name order, ``limit`` of them after the name ``after``."""
         if not 1 <= limit <= 500:
             raise InvalidRequest(f"limit must be in 1..500, got {limit}")
@@ -133,23 +152,6 @@ class AssistantStore:
                 found.append(AssistantSummary(name, current.agent, current.version, current.created_at))
         return found
 
-    def pin(self, request: RunRequest) -> tuple[RunRequest, AssistantVersion | None]:
-        """A run's request with its assistant resolved to a version of its tenant's (the current
-        one unless it names one), and that version; :class:`UnknownAssistant` for a name the
-        tenant has not, :class:`AssistantInvalid` for an assistant of another agent."""
-        if request.assistant is None:
-            return request, None
-        found = self.get(request.tenant, request.assistant, request.assistant_version)
-        if found.agent != request.agent:
-            raise AssistantInvalid(
-                "agent", f"assistant {found.name!r} configures agent {found.agent!r}, not {request.agent!r}"
-            )
-        return request.model_copy(update={"assistant_version": found.version}), found
-
-    def diff(self, tenant: str | None, name: str, before: int, after: int) -> list[FieldChange]:
-        """The fields that differ from version ``before`` to version ``after``."""
-        return diff_configs(self.get(tenant, name, before).config, self.get(tenant, name, after).config)
-
     def _append(
         self,
         tenant: str | None,
@@ -164,7 +166,14 @@ class AssistantStore:
         record = _Record(agent=agent, config=config, created_at=created_at, restored_from=restored_from)
         status, number = self._put(
             [self.keys.assistant_versions(tenant, name), self.keys.assistants(tenant)],
-            [name, mode, record.dump(), "" if if_version is None else if_version, MAX_VERSIONS, MAX_ASSISTANTS],
+            [
+                name,
+                mode,
+                record.dump(),
+                "" if if_version is None else if_version,
+                MAX_VERSIONS,
+                MAX_ASSISTANTS,
+            ],
         )
         status, number = _text(status), int(number)
         if status == "exists":
@@ -200,7 +209,11 @@ class _Record:
 
     def dump(self) -> str:
         return AssistantVersion(
-            name="", agent=self.agent, version=0, config=self.config, created_at=self.created_at,
+            name="",
+            agent=self.agent,
+            version=0,
+            config=self.config,
+            created_at=self.created_at,
             restored_from=self.restored_from,
         ).model_dump_json(exclude={"name", "version"})
 

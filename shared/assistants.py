@@ -24,7 +24,7 @@ import dataclasses
 import json
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -104,7 +104,8 @@ def check_assistant_name(name: Any) -> str:
     if not isinstance(name, str) or not _ASSISTANT_NAME.match(name):
         shown = name[:80] if isinstance(name, str) else type(name).__name__
         raise InvalidRequest(
-            f"assistant name {shown!r} must be 1..100 letters, digits and . _ - (starting with a letter or digit)"
+            f"assistant name {shown!r} must be 1..100 letters, digits and . _ -"
+            " (starting with a letter or digit)"
         )
     return name
 
@@ -143,7 +144,8 @@ class Configurable:
         unknown = sorted(set(self.policy) - set(POLICY_CHOICES))
         if unknown:
             raise ConfigError(
-                f"agent {agent!r}: configurable policy fields {unknown} are not among {sorted(POLICY_CHOICES)}"
+                f"agent {agent!r}: configurable policy fields {unknown}"
+                f" are not among {sorted(POLICY_CHOICES)}"
             )
 
 
@@ -212,10 +214,14 @@ class AssistantConfig(BaseModel):
                 raise AssistantInvalid(field, f"config {loc}: {first['msg']}") from None
         size = len(config.model_dump_json(exclude_none=True))
         if size > MAX_CONFIG_CHARS:
-            raise AssistantInvalid("config", f"config is {size} chars of JSON; the limit is {MAX_CONFIG_CHARS}")
+            raise AssistantInvalid(
+                "config", f"config is {size} chars of JSON; the limit is {MAX_CONFIG_CHARS}"
+            )
         for name, value in (config.template_values or {}).items():
             if len(value) > MAX_VALUE_CHARS:
-                raise AssistantInvalid("template_values", f"template value {name[:80]!r} is over {MAX_VALUE_CHARS} chars")
+                raise AssistantInvalid(
+                    "template_values", f"template value {name[:80]!r} is over {MAX_VALUE_CHARS} chars"
+                )
         return config
 
     def fields_set(self) -> dict[str, Any]:
@@ -264,48 +270,80 @@ def check_config(agent: str, config: AssistantConfig, schema: ConfigSchema | Non
     """Refuse a configuration ``agent``'s schema does not allow, naming the first field at fault."""
     if schema is None:
         raise AssistantInvalid("agent", f"agent {agent!r} declares nothing an assistant may configure")
+    for field, check in _CHECKS:
+        if getattr(config, field) is not None:
+            why = check(config, schema)
+            if why is not None:
+                raise AssistantInvalid(field, f"agent {agent!r}: {field}: {why}")
 
-    def refuse(field: str, why: str) -> None:
-        raise AssistantInvalid(field, f"agent {agent!r}: {field}: {why}")
 
-    if config.model is not None:
-        if schema.model is False:
-            refuse("model", "not configurable")
-        elif isinstance(schema.model, list) and config.model not in schema.model:
-            refuse("model", f"{config.model[:80]!r} is not one of {', '.join(schema.model)}")
-    if config.system_prompt is not None:
-        if not schema.system_prompt:
-            refuse("system_prompt", "not configurable")
-        try:
-            Prompt(config.system_prompt)
-        except ConfigError as exc:
-            refuse("system_prompt", str(exc))
+def _model_allowed(config: AssistantConfig, schema: ConfigSchema) -> str | None:
+    assert config.model is not None
+    if schema.model is False:
+        return "not configurable"
+    if isinstance(schema.model, list) and config.model not in schema.model:
+        return f"{config.model[:80]!r} is not one of {', '.join(schema.model)}"
+    return None
+
+
+def _prompt_allowed(config: AssistantConfig, schema: ConfigSchema) -> str | None:
+    if not schema.system_prompt:
+        return "not configurable"
+    try:
+        Prompt(config.system_prompt or "")
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _values_allowed(config: AssistantConfig, schema: ConfigSchema) -> str | None:
     for name in config.template_values or {}:
         if name not in schema.template_values:
             allowed = ", ".join(schema.template_values) or "none"
-            refuse("template_values", f"{name[:80]!r} is not configurable (configurable: {allowed})")
-    if config.tools is not None:
-        if schema.tools is None:
-            refuse("tools", "not configurable")
-        else:
-            unknown = [t for t in config.tools if t not in schema.tools]
-            if unknown:
-                refuse("tools", f"{unknown[0][:80]!r} is not one of the agent's tools")
-            if len(set(config.tools)) != len(config.tools):
-                refuse("tools", "names a tool twice")
-    if config.max_steps is not None:
-        if schema.max_steps is None:
-            refuse("max_steps", "not configurable")
-        else:
-            low, high = schema.max_steps
-            if not low <= config.max_steps <= high:
-                refuse("max_steps", f"{config.max_steps} is not in {low}..{high}")
+            return f"{name[:80]!r} is not configurable (configurable: {allowed})"
+    return None
+
+
+def _tools_allowed(config: AssistantConfig, schema: ConfigSchema) -> str | None:
+    chosen = config.tools or []
+    if schema.tools is None:
+        return "not configurable"
+    unknown = [t for t in chosen if t not in schema.tools]
+    if unknown:
+        return f"{unknown[0][:80]!r} is not one of the agent's tools"
+    if len(set(chosen)) != len(chosen):
+        return "names a tool twice"
+    return None
+
+
+def _steps_allowed(config: AssistantConfig, schema: ConfigSchema) -> str | None:
+    if schema.max_steps is None:
+        return "not configurable"
+    low, high = schema.max_steps
+    if not low <= (config.max_steps or 0) <= high:
+        return f"{config.max_steps} is not in {low}..{high}"
+    return None
+
+
+def _policy_allowed(config: AssistantConfig, schema: ConfigSchema) -> str | None:
     for name, value in (config.policy or {}).items():
         if name not in schema.policy:
             allowed = ", ".join(schema.policy) or "none"
-            refuse("policy", f"{name[:80]!r} is not configurable (configurable: {allowed})")
-        elif value not in schema.policy[name]:
-            refuse("policy", f"{name} must be one of {', '.join(schema.policy[name])}, not {value[:80]!r}")
+            return f"{name[:80]!r} is not configurable (configurable: {allowed})"
+        if value not in schema.policy[name]:
+            return f"{name} must be one of {', '.join(schema.policy[name])}, not {value[:80]!r}"
+    return None
+
+
+#: Each field's check, in field order: the first field at fault is the one named.
+_CHECKS: tuple[tuple[str, Callable[[AssistantConfig, ConfigSchema], str | None]], ...] = (
+    ("model", _model_allowed),
+    ("system_prompt", _prompt_allowed),
+    ("template_values", _values_allowed),
+    ("tools", _tools_allowed),
+    ("max_steps", _steps_allowed),
+    ("policy", _policy_allowed),
+)
 
 
 def apply_config(agent: Agent, config: AssistantConfig) -> Agent:
@@ -316,7 +354,9 @@ def apply_config(agent: Agent, config: AssistantConfig) -> Agent:
     """
     changes: dict[str, Any] = {}
     values = config.template_values or {}
-    system: str | Prompt = Prompt(config.system_prompt) if config.system_prompt is not None else agent.system_prompt
+    system: str | Prompt = (
+        Prompt(config.system_prompt) if config.system_prompt is not None else agent.system_prompt
+    )
     if values:
         system = prefill(system, values) if isinstance(system, Prompt) else system
         if agent.input_template is not None:
@@ -331,7 +371,8 @@ def apply_config(agent: Agent, config: AssistantConfig) -> Agent:
         changes["max_steps"] = config.max_steps
     if config.policy:
         try:
-            changes["policy"] = dataclasses.replace(agent.policy, **config.policy)
+            updates: dict[str, Any] = dict(config.policy)
+            changes["policy"] = dataclasses.replace(agent.policy, **updates)
         except (TypeError, PolicyConfigInvalid) as exc:
             raise ConfigError(f"assistant policy: {exc}") from None
     return dataclasses.replace(agent, **changes) if changes else agent
@@ -370,5 +411,7 @@ def diff_configs(before: AssistantConfig, after: AssistantConfig) -> list[FieldC
 def _change(changes: list[FieldChange], field: str, a: Any, b: Any) -> None:
     if json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True):
         return
-    kind: Literal["added", "removed", "changed"] = "added" if a is None else "removed" if b is None else "changed"
+    kind: Literal["added", "removed", "changed"] = (
+        "added" if a is None else "removed" if b is None else "changed"
+    )
     changes.append(FieldChange(field=field, before=a, after=b, change=kind))

@@ -151,8 +151,14 @@ def validate_request(raw: Mapping[str, Any], limits: Limits, *, runtime_callback
     if assistant_version is not None:
         if assistant is None:
             raise InvalidRequest("assistant_version goes with an assistant")
-        if not isinstance(assistant_version, int) or isinstance(assistant_version, bool) or assistant_version < 1:
-            raise InvalidRequest(f"assistant_version must be a number from 1, got {str(assistant_version)[:20]!r}")
+        if (
+            not isinstance(assistant_version, int)
+            or isinstance(assistant_version, bool)
+            or assistant_version < 1
+        ):
+            raise InvalidRequest(
+                f"assistant_version must be a number from 1, got {str(assistant_version)[:20]!r}"
+            )
     return RunRequest(
         agent=agent,
         input=text,

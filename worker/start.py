@@ -15,12 +15,12 @@ from typing import Any
 
 from shared import fsm
 from shared.agents import Agent
+from shared.assistant_store import AssistantStore
 from shared.assistants import check_config, schema_of
 from shared.errors import ConfigError, InvalidRequest, RunConfigError, excerpt
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 from shared.middleware import Refuse, on_user_message
 from shared.prompts import Prompt
-from shared.assistant_store import AssistantStore
 from shared.request import check_run_id, new_run, validate_request
 from shared.run_state import StateError, initial_state
 from shared.state import ForkOrigin, Phase, RunHead

@@ -134,6 +134,8 @@ def submit(
             idempotency_key=idempotency_key,
             state=body.state,
             namespace=namespace,
+            assistant=body.assistant,
+            assistant_version=body.assistant_version,
         )
     except UnknownAgent as exc:
         raise ApiError(422, "unknown_agent", exc.message, details={"agent": body.agent}) from None

@@ -140,9 +140,14 @@ def test_apply_derives_the_runs_agent_and_leaves_the_registered_one_alone() -> N
     assert isinstance(derived.system_prompt, Prompt)
     # The value is filled in (its braces literal), the variable it did not set stays the run's.
     assert derived.system_prompt.variables == frozenset({"tone"})
-    assert derived.system_prompt.render("hi", {"tone": "warm"}) == "You help guests of the {Ritz} in a warm tone."
+    assert (
+        derived.system_prompt.render("hi", {"tone": "warm"})
+        == "You help guests of the {Ritz} in a warm tone."
+    )
     assert agent.tools.names == ["lookup", "book"] and agent.max_steps == 10
-    replaced = apply_config(agent, AssistantConfig(system_prompt="You are {name}.", template_values={"name": "Ana"}))
+    replaced = apply_config(
+        agent, AssistantConfig(system_prompt="You are {name}.", template_values={"name": "Ana"})
+    )
     assert isinstance(replaced.system_prompt, Prompt)
     assert replaced.system_prompt.render("hi", {}) == "You are Ana."
     assert apply_config(agent, AssistantConfig()) is agent
@@ -189,10 +194,16 @@ def test_diff_is_field_level() -> None:
 
 def test_a_run_request_carries_its_assistant_into_the_stored_request() -> None:
     assert {"assistant", "assistant_version"} <= REQUEST_FIELDS
-    request = validate_request({"agent": "a", "input": "hi", "assistant": "bot", "assistant_version": 2}, Limits())
+    request = validate_request(
+        {"agent": "a", "input": "hi", "assistant": "bot", "assistant_version": 2}, Limits()
+    )
     head = new_run("r1", request)
     assert (head.assistant, head.assistant_version) == ("bot", 2)
-    for bad in ({"assistant": "no/slash"}, {"assistant_version": 1}, {"assistant": "b", "assistant_version": 0}):
+    for bad in (
+        {"assistant": "no/slash"},
+        {"assistant_version": 1},
+        {"assistant": "b", "assistant_version": 0},
+    ):
         with pytest.raises(InvalidRequest):
             validate_request({"agent": "a", "input": "hi", **bad}, Limits())
 
