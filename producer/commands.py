@@ -84,10 +84,15 @@ def submit(args: argparse.Namespace) -> int:
     if api is not None:
         if args.no_check:
             raise InvalidRequest("--no-check needs Redis access: the API refuses runs no live worker serves")
+        if args.assistant or args.tenant:
+            raise InvalidRequest("--assistant and --tenant go straight to Redis (without --api)")
         handle = api.submit(
             args.agent, args.text, model=args.model, thread_id=args.thread, namespace=args.namespace
         )
     else:
+        name, _, version = (args.assistant or "").partition("@")
+        if version and not version.isdigit():
+            raise InvalidRequest(f"--assistant {args.assistant!r}: the version after @ is a number")
         handle = Client.from_env().submit(
             args.agent,
             args.text,
@@ -95,6 +100,9 @@ def submit(args: argparse.Namespace) -> int:
             thread_id=args.thread,
             check_agent=not args.no_check,
             namespace=args.namespace,
+            tenant=args.tenant,
+            assistant=name or None,
+            assistant_version=int(version) if version else None,
         )
     return _started(handle, args)
 

@@ -1,7 +1,7 @@
 """SIGKILL a whole worker in the middle of a run of an assistant, while the assistant is updated:
 the run was pinned to version 1 when it was created, so the worker that takes it over builds the
-agent from version 1 too (read from Redis by the version the run records, never "the current one"). Every model call of
-the run, before and after the kill, received version 1's model, prompt and tool subset; the run
+agent from version 1 too (read by the version the run records, never "the current one"). Every
+model call of the run, before and after the kill, received version 1's model, prompt and tool subset; the run
 finishes with version 1's answer, while a run started after the update gets version 2."""
 
 from __future__ import annotations
