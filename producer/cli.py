@@ -28,6 +28,7 @@ __all__ = [
     "EXIT_USAGE",
     "Handler",
     "Register",
+    "assistants_command",
     "main",
 ]
 
@@ -101,6 +102,14 @@ def _producer_commands(
         help="send the run's tasks to the queues NAME.model, NAME.tools, NAME.callbacks (over the API:"
         " a namespace the key's tenant is allowed)",
     )
+
+    s.add_argument(
+        "--assistant",
+        metavar="NAME[@VERSION]",
+        help="run the agent as this assistant configures it (its current version, or VERSION)",
+    )
+    s.add_argument("--tenant", help="the run's tenant (straight to Redis; over the API the key's)")
+    _assistant_commands(sub, common)
 
     st = sub.add_parser("status", parents=runs, help="show a run's state")
     st.add_argument("run_id")
@@ -229,7 +238,45 @@ def _producer_commands(
         "agents": commands.agents,
         "workers": commands.workers,
         "health": commands.health,
+        "assistants": assistants_command,
     }
+
+
+def _assistant_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    a = sub.add_parser(
+        "assistants", parents=[common], help="create, change, show, compare and roll back assistants"
+    )
+    a.add_argument("--tenant", help="whose assistants (default: the tenant-less runs')")
+    a.add_argument("--json", action="store_true", help="print JSON")
+    acts = a.add_subparsers(dest="assistants_command", required=True)
+    c = acts.add_parser("create", help="a new assistant: its version 1")
+    c.add_argument("name")
+    c.add_argument("--agent", required=True, help="the agent it configures")
+    c.add_argument("--config", default="{}", help="the configuration as JSON, or @FILE")
+    u = acts.add_parser("update", help="a new version with this configuration (as a whole)")
+    u.add_argument("name")
+    u.add_argument("--config", required=True, help="the configuration as JSON, or @FILE")
+    u.add_argument("--if-version", type=int, help="only while this is the current version")
+    sh = acts.add_parser("show", help="its current version, or --version N")
+    sh.add_argument("name")
+    sh.add_argument("--version", type=int, help="this version instead of the current one")
+    sh.add_argument("--versions", action="store_true", help="every version, newest first")
+    acts.add_parser("ls", help="the tenant's assistants")
+    d = acts.add_parser("diff", help="what changed from one version to another")
+    d.add_argument("name")
+    d.add_argument("before", type=int)
+    d.add_argument("after", type=int)
+    r = acts.add_parser("rollback", help="a new version equal to VERSION")
+    r.add_argument("name")
+    r.add_argument("version", type=int)
+
+
+def assistants_command(args: argparse.Namespace) -> int:
+    from producer.assistant_cli import run_assistants
+
+    return run_assistants(args)
 
 
 def _parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, Handler]]:

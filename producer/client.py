@@ -22,12 +22,14 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 import redis
 from celery import Celery
 
+from producer.assistants import Assistants
 from producer.publishing import PUBLISH_ERRORS
+from shared.assistants import AssistantVersion
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, Event, follow_events, read_all_events
 from shared.memory import Memory, memory_of
 from shared.pipeline.store import PipelinePage, PipelineStore, stored_pipeline_id
-from shared.prompts import missing_variables
+from shared.prompts import Prompt, missing_variables
 from shared.redis_client import connect
 from shared.request import check_name, check_run_id, new_run, validate_request
 from shared.retention import MemoryGuard, full_message
@@ -112,6 +114,14 @@ def _canonical_request(created: RunHead) -> str:
     return json.dumps({**request, "model": created.model, "state": created.state}, sort_keys=True)
 
 
+def _as_pinned(head: RunHead, existing: RunHead, asked_version: int | None) -> RunHead:
+    """A resubmitted run as the one it repeats was pinned: a request that named its assistant but
+    no version is the same request whichever version is current now."""
+    if asked_version is None and head.assistant is not None and existing.assistant == head.assistant:
+        return head.model_copy(update={"assistant_version": existing.assistant_version})
+    return head
+
+
 class RunTimeout(WesichainError, TimeoutError):
     """``RunHandle.wait`` ran out of time; the run goes on."""
 
@@ -136,6 +146,8 @@ class Client:
         #: Refuses new runs while Redis is nearly at its maxmemory (see ``shared/retention.py``).
         self.memory_guard = MemoryGuard(self.store.redis, settings)
         self._served: dict[str, AgentInfo] = {}
+        #: The tenants' assistants (``producer/assistants.py``).
+        self.assistants = Assistants(self)
         self._served_at = -1e9
 
     @property
@@ -170,6 +182,8 @@ class Client:
         namespace: str | None = None,
         link: PipelineLink | EvalLink | None = None,
         thread_policy: ThreadPolicy | None = None,
+        assistant: str | None = None,
+        assistant_version: int | None = None,
     ) -> RunHandle:
         """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request.
 
@@ -190,6 +204,9 @@ class Client:
         ``enqueue``) says what the run does while another run of its thread has not ended
         (``docs/agents.md``, "Threads and a second message"); ``reject`` raises
         :class:`~shared.errors.ThreadBusy` naming the busy run, and creates nothing.
+        ``assistant`` runs the agent as the tenant's assistant of that name configures it
+        (``client.assistants``), pinned to its current version now (or to ``assistant_version``):
+        updating the assistant later changes nothing of this run.
 
         ``link`` is the runtime's own: a pipeline's child run or an eval's case run is created
         with it (and the runtime's callback task that reports it back); a producer's request
@@ -205,21 +222,25 @@ class Client:
             ("state", state),
             ("namespace", namespace),
             ("thread_policy", thread_policy),
+            ("assistant", assistant),
+            ("assistant_version", assistant_version),
         ):
             if value is not None:
                 fields[name] = value
         request = validate_request(fields, self.settings.limits, runtime_callback=link is not None)
+        asked_version = request.assistant_version
+        request, pinned_to = self.assistants.store.pin(request)
         if idempotency_key is not None:
             run_id = idempotent_run_id(request.tenant, idempotency_key)
         run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         if check_agent:
-            self._check_agent(request.agent, request.metadata)
+            self._check_agent(request.agent, request.metadata, pinned_to)
         head = new_run(run_id, request, link=link)
         start = start_task(run_id, namespace=request.namespace)
         if idempotency_key is not None and (archive := self.store.archive) is not None:
             archived = archive.load(run_id)  # the key's run ended and left Redis: still the same run
             if archived is not None:
-                self._check_same_request(archived, head, idempotency_key)
+                self._check_same_request(archived, _as_pinned(head, archived, asked_version), idempotency_key)
                 return RunHandle(self, run_id)
         created = self._create_in_thread(head, start, check_agent)
         if not created:
@@ -228,7 +249,7 @@ class Client:
             existing = self.store.load(run_id)
             if existing is None:
                 raise RequestConflict(f"idempotency key {idempotency_key!r} was used for another request")
-            self._check_same_request(existing, head, idempotency_key)
+            self._check_same_request(existing, _as_pinned(head, existing, asked_version), idempotency_key)
             if existing.phase is not Phase.IDLE:
                 return RunHandle(self, run_id)
             # Still waiting for its start: the first submit may have died before sending it.
@@ -345,6 +366,8 @@ class Client:
             tenant=source.tenant,
             fork=ForkOrigin(run_id=run_id, version=at_version, edited_input=input is not None),
             namespace=source.namespace,
+            assistant=source.assistant,
+            assistant_version=source.assistant_version,
         )
         start = start_task(new_id, namespace=source.namespace)
         if not self._create(head, start):
@@ -381,7 +404,9 @@ class Client:
             tenant, agent=agent, status=status, thread_id=thread_id, since=since, cursor=cursor, limit=limit
         )
 
-    def _check_agent(self, agent: str, metadata: dict[str, Any]) -> None:
+    def served(self, agent: str) -> AgentInfo:
+        """What the live workers advertise of ``agent``; :class:`UnknownAgent` or
+        :class:`NoLiveWorker` when none serves it now."""
         # The registry changes slowly: a bulk submitter asks it at most once per registry interval,
         # and again at once when an agent is missing (it may have just appeared).
         now = time.monotonic()
@@ -391,7 +416,19 @@ class Client:
         served = self._served
         if agent not in served:
             self._refuse_unserved(agent, served)
-        missing = missing_variables(served[agent].variables, metadata)
+        return served[agent]
+
+    def _check_agent(
+        self, agent: str, metadata: dict[str, Any], assistant: AssistantVersion | None = None
+    ) -> None:
+        variables = set(self.served(agent).variables)
+        if assistant is not None:
+            # The assistant's values fill variables; a system prompt of its own needs its own.
+            config = assistant.config
+            if config.system_prompt is not None:
+                variables = set(Prompt(config.system_prompt).variables)
+            variables -= set(config.template_values or {})
+        missing = missing_variables(frozenset(variables), metadata)
         if missing:
             raise InvalidRequest(
                 f"agent {agent!r} fills its prompt from metadata {', '.join(map(repr, missing))}:"

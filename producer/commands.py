@@ -87,6 +87,8 @@ def submit(args: argparse.Namespace) -> int:
     if api is not None:
         if args.no_check:
             raise InvalidRequest("--no-check needs Redis access: the API refuses runs no live worker serves")
+        if args.assistant or args.tenant:
+            raise InvalidRequest("--assistant and --tenant go straight to Redis (without --api)")
         handle = api.submit(
             args.agent,
             args.text,
@@ -96,6 +98,9 @@ def submit(args: argparse.Namespace) -> int:
             thread_policy=args.thread_policy,
         )
     else:
+        name, _, version = (args.assistant or "").partition("@")
+        if version and not version.isdigit():
+            raise InvalidRequest(f"--assistant {args.assistant!r}: the version after @ is a number")
         handle = Client.from_env().submit(
             args.agent,
             args.text,
@@ -104,6 +109,9 @@ def submit(args: argparse.Namespace) -> int:
             check_agent=not args.no_check,
             namespace=args.namespace,
             thread_policy=args.thread_policy,
+            tenant=args.tenant,
+            assistant=name or None,
+            assistant_version=int(version) if version else None,
         )
     return _started(handle, args)
 

@@ -22,6 +22,7 @@ from types import ModuleType
 
 from pydantic import BaseModel
 
+from shared.assistants import Configurable
 from shared.context import ContextBudget
 from shared.errors import ConfigError
 from shared.handoffs import MAX_HANDOFFS_CEILING, Handoff, normalised
@@ -103,6 +104,9 @@ class Agent:
     #: are denied (not run) and the model thinks again with the message (``shared/signals.py``).
     #: False: the message waits for the decision.
     wake_on_message: bool = False
+    #: What assistants may configure of this agent (``shared/assistants.py``); None: no assistant
+    #: can name it.
+    configurable: Configurable | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
@@ -115,9 +119,7 @@ class Agent:
         if ":" not in self.model:
             raise ConfigError(f"agent {self.name!r}: model {self.model!r} must look like PROVIDER:MODEL")
         self._check_output_type()
-        if not isinstance(self.compatible_versions, tuple):
-            raise ConfigError(f"agent {self.name!r}: compatible_versions must be a tuple")
-        self.versions.check()
+        self._check_runtime_features()
         if self.state_type is not None and not (
             isinstance(self.state_type, type) and issubclass(self.state_type, BaseModel)
         ):
@@ -130,12 +132,22 @@ class Agent:
             raise ConfigError(f"agent {self.name!r}: max_parallel_tools must be in 1..100 (or None)")
         if not 0 <= self.max_subagent_depth <= 10 or not 0 <= self.max_children <= 1000:
             raise ConfigError(f"agent {self.name!r}: max_subagent_depth in 0..10, max_children in 0..1000")
+        if self.approval_risk is not None and self.approval_risk not in RISKS:
+            raise ConfigError(f"agent {self.name!r}: approval_risk must be one of {', '.join(RISKS)}")
+
+    def _check_runtime_features(self) -> None:
+        """Versions, thread policy, handoffs and what assistants may configure."""
+        if not isinstance(self.compatible_versions, tuple):
+            raise ConfigError(f"agent {self.name!r}: compatible_versions must be a tuple")
+        self.versions.check()
         if self.thread_policy not in THREAD_POLICIES:
             choices = ", ".join(THREAD_POLICIES)
             raise ConfigError(f"agent {self.name!r}: thread_policy must be one of {choices}")
-        if self.approval_risk is not None and self.approval_risk not in RISKS:
-            raise ConfigError(f"agent {self.name!r}: approval_risk must be one of {', '.join(RISKS)}")
         self._check_handoffs()
+        if self.configurable is not None:
+            if not isinstance(self.configurable, Configurable):
+                raise ConfigError(f"agent {self.name!r}: configurable must be a Configurable")
+            self.configurable.check(self.name)
 
     def _check_handoffs(self) -> None:
         if not isinstance(self.handoffs, tuple | list):

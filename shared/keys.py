@@ -235,6 +235,16 @@ class Keys:
         """String: the claims the pool of one worker start (a member of :meth:`lives`) works on."""
         return f"{self.prefix}{{workers}}:held:{life}"
 
+    # -- assistants: every key of one tenant's assistants shares the tenant's hash tag -----------
+
+    def assistant_versions(self, tenant: str | None, name: str) -> str:
+        """List: one assistant's versions as JSON, oldest first (index = version - 1), append-only."""
+        return f"{self.prefix}{{asst:{tenant or '-'}}}:{name}:versions"
+
+    def assistants(self, tenant: str | None) -> str:
+        """Sorted set: the names of a tenant's assistants (score 0, in name order)."""
+        return f"{self.prefix}{{asst:{tenant or '-'}}}:index"
+
     # -- evals: every key of every eval shares one hash tag, so each eval script touches one slot --
 
     def _eval(self, eval_id: str) -> str:

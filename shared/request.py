@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shared.assistants import check_assistant_name
 from shared.errors import InvalidRequest
 from shared.queues import check_namespace
 from shared.settings import Limits
@@ -96,6 +97,14 @@ class RunRequest(BaseModel):
         " NAME.tools and NAME.callbacks instead of the pool's default queues (1..48 letters,"
         " digits, _ and -).",
     )
+    assistant: str | None = Field(
+        default=None,
+        description="An assistant of the run's tenant that configures the agent (it must configure"
+        " this agent): the run is pinned to its current version, or to ``assistant_version``.",
+    )
+    assistant_version: int | None = Field(
+        default=None, ge=1, description="The assistant's version to run (default: its current one)."
+    )
 
 
 class StartMessage(BaseModel):
@@ -145,6 +154,20 @@ def validate_request(raw: Mapping[str, Any], limits: Limits, *, runtime_callback
     if state is not None:
         _check_state(state)
     namespace = check_namespace(raw.get("namespace"))
+    assistant, assistant_version = raw.get("assistant"), raw.get("assistant_version")
+    if assistant is not None:
+        check_assistant_name(assistant)
+    if assistant_version is not None:
+        if assistant is None:
+            raise InvalidRequest("assistant_version goes with an assistant")
+        if (
+            not isinstance(assistant_version, int)
+            or isinstance(assistant_version, bool)
+            or assistant_version < 1
+        ):
+            raise InvalidRequest(
+                f"assistant_version must be a number from 1, got {str(assistant_version)[:20]!r}"
+            )
     return RunRequest(
         agent=agent,
         input=text,
@@ -156,6 +179,8 @@ def validate_request(raw: Mapping[str, Any], limits: Limits, *, runtime_callback
         callback=_callback(raw.get("callback"), runtime_callback),
         state=state,
         namespace=namespace,
+        assistant=assistant,
+        assistant_version=assistant_version,
     )
 
 

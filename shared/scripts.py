@@ -205,6 +205,12 @@ SPECS: dict[str, ScriptSpec] = {
         more_keys="the run's other keys (n_parts of them), then its listing indexes",
         words="changed dropped gone",
     ),
+    # -- assistants (shared.assistant_store) --------------------------------------------------------
+    "assistant_put": _spec(
+        "versions index",
+        "name mode record expected max_versions max_assistants",
+        words="create exists missing moved full ok",
+    ),
     # -- the API's submit limits (producer/api/limits.py builds its script around this one) ----------
     "submit_window": _spec("window", "limit window member"),
     # -- pipelines (shared.pipeline.store) -----------------------------------------------------------

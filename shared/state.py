@@ -295,6 +295,8 @@ REQUEST_FIELDS = frozenset(
         "link",
         "namespace",
         "thread_policy",
+        "assistant",
+        "assistant_version",
     }
 )
 
@@ -366,6 +368,10 @@ class RunHead(BaseModel):
     #: The queue namespace every task of the run goes to (``shared/queues.py``); None: the
     #: pool's default queues.
     namespace: str | None = None
+    #: The assistant whose configuration the run's agent runs with (``shared/assistants.py``), and
+    #: the version it was pinned to when the run was created (None: the agent as registered).
+    assistant: str | None = None
+    assistant_version: int | None = None
     #: The run and checkpoint this run was forked from (None: not a fork).
     fork: ForkOrigin | None = None
     #: The run whose subagent call this run is (None: a top-level run).
@@ -468,6 +474,8 @@ class RunHead(BaseModel):
         state: dict[str, Any] | None = None,
         namespace: str | None = None,
         thread_policy: ThreadPolicy | None = None,
+        assistant: str | None = None,
+        assistant_version: int | None = None,
     ) -> RunHead:
         """A run as a producer creates it: version 1, IDLE, waiting for the start phase."""
         now = time.time()
@@ -488,6 +496,8 @@ class RunHead(BaseModel):
             state=state,
             namespace=namespace,
             thread_policy=thread_policy,
+            assistant=assistant,
+            assistant_version=assistant_version,
             created_at=now,
             updated_at=now,
         )

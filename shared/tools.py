@@ -23,16 +23,18 @@ import inspect
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, Literal, get_type_hints, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from shared.custom_events import CustomEmitter, check_custom
 from shared.errors import ConfigError
 from shared.llm.base import ToolSpec
-from shared.memory import CallMemory
 from shared.policy import Retry
 from shared.settings import Limits
+
+if TYPE_CHECKING:  # the memory store is handed in by the worker; tools need not import it
+    from shared.memory import CallMemory
 
 __all__ = [
     "RISKS",

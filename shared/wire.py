@@ -74,6 +74,10 @@ class RunView(BaseModel):
     namespace: str | None = Field(
         default=None, description="The run's queue namespace; null: the default queues."
     )
+    assistant: str | None = Field(default=None, description="The assistant configuring the run's agent.")
+    assistant_version: int | None = Field(
+        default=None, description="The assistant's version the run was pinned to when it was created."
+    )
     pending_calls: list[ToolCall] = Field(
         description="The tool calls of the current step (acting, or parked)."
     )
@@ -145,6 +149,8 @@ def run_view(
             for h in head.handoffs
         ],
         namespace=head.namespace,
+        assistant=head.assistant,
+        assistant_version=head.assistant_version,
         pending_calls=head.pending_calls,
         approval=head.approval,
         max_steps=head.max_steps,

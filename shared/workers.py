@@ -16,6 +16,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from shared.agents import AgentRegistry
+from shared.assistants import ConfigSchema, schema_of
 from shared.keys import Keys
 from shared.state import DEFAULT_THREAD_POLICY, ThreadPolicy
 
@@ -51,6 +52,8 @@ class AgentInfo(BaseModel):
     migrates_from: list[str] = Field(default_factory=list)
     #: Its thread policy, for the runs whose request names none (``Agent.thread_policy``).
     thread_policy: ThreadPolicy = DEFAULT_THREAD_POLICY
+    #: What assistants may configure of it (``shared/assistants.py``); None: nothing.
+    configurable: ConfigSchema | None = None
 
 
 class WorkerRecord(BaseModel):
@@ -110,6 +113,7 @@ def describe_agents(registry: AgentRegistry) -> list[AgentInfo]:
                 compatible_versions=list(agent.compatible_versions),
                 migrates_from=sorted(agent.migrate_from or {}),
                 thread_policy=agent.thread_policy,
+                configurable=schema_of(agent),
             )
         )
     return agents

@@ -142,7 +142,7 @@ def _void_custom_events(
 
 def _middleware(rt: Runtime, head: RunHead) -> tuple[Middleware, ...]:
     try:
-        return rt.agents.get(head.active_agent).middleware
+        return rt.agent_of(head).middleware
     except ConfigError:
         return ()
 
@@ -150,7 +150,7 @@ def _middleware(rt: Runtime, head: RunHead) -> tuple[Middleware, ...]:
 def _known(rt: Runtime, head: RunHead, name: str) -> bool:
     """Whether the run's agent has this tool (a name the model made up is not a metric label)."""
     try:
-        return rt.agents.get(head.active_agent).tools.get(name) is not None
+        return rt.agent_of(head).tools.get(name) is not None
     except ConfigError:
         return False
 
@@ -171,7 +171,7 @@ def _outcome(rt: Runtime, claim: Claim, call: ToolCall, what: str, emitter: Cust
             ToolDispatch("the run was cancelled before the tool started", step=step, tool=call.name).info(),
         )
     try:
-        agent = rt.agents.get(head.active_agent)
+        agent = rt.agent_of(head)
         tool = agent.tools.get(call.name)
     except ConfigError as exc:
         return _error_result(call, ToolDispatch(str(exc), step=step, tool=call.name).info())

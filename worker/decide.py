@@ -51,7 +51,7 @@ def run_decide(rt: Runtime, delivery: Delivery, step: int | None = None) -> RunH
             )
             return rt.fail(current, claim.ref, error.info(), (decided,))
         if decision.approve:
-            cap = rt.agents.get(head.active_agent).max_parallel_tools
+            cap = rt.agent_of(head).max_parallel_tools
             moved = current.approve(decision.always, cap, note=decision.note, by=decision.by)
             return rt.commit(current, moved, claim.ref)
         if current.budget_left <= 0:
@@ -75,7 +75,7 @@ def _children_ended(rt: Runtime, current: fsm.Parked, claim: Claim) -> RunHead |
     if missing:
         rt.store.release(head.run_id, claim.field, claim.token)
         return None
-    policy = rt.agents.get(head.active_agent).policy
+    policy = rt.agent_of(head).policy
     verdict = after_tools(
         policy, results, budget_left=current.budget_left, max_steps=head.max_steps, step=head.step
     )

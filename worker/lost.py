@@ -55,7 +55,7 @@ def _record_timeout(rt: Runtime, run_id: str, version: int, step: int, call_id: 
     if call is None:
         return
     try:
-        tool = rt.agents.get(head.active_agent).tools.get(call.name)
+        tool = rt.agent_of(head).tools.get(call.name)
     except ConfigError:
         tool = None
     timeout = f" of {tool.timeout_s:g}s" if tool is not None else ""

@@ -30,7 +30,7 @@ def run_observe(rt: Runtime, delivery: Delivery, step: int) -> RunHead | None:
         # Before the commit: a call's memory writes are applied once its result is recorded, even
         # when the delivery that recorded it died before it could apply them (each write id once).
         rt.apply_memory(head, claim.results)
-        agent = rt.agents.get(head.active_agent)
+        agent = rt.agent_of(head)
         try:
             state = apply_updates(agent.state_type, head.state, head.pending_calls, claim.results)
         except StateError as exc:

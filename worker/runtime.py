@@ -15,8 +15,10 @@ from typing import Any
 
 from producer.publishing import PUBLISH_ERRORS
 from shared import fsm
-from shared.agents import AgentRegistry
-from shared.errors import ConfigError, InternalInvariant, PoisonPhase, RunErrorInfo
+from shared.agents import Agent, AgentRegistry
+from shared.assistant_store import AssistantStore
+from shared.assistants import AssistantConfig, apply_config
+from shared.errors import ConfigError, InternalInvariant, InvalidRequest, PoisonPhase, RunErrorInfo
 from shared.events import Event, this_worker, worker_identity
 from shared.fsm import Transition
 from shared.memory import Memory, PhaseMemory, memory_of
@@ -47,6 +49,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("wesichain.worker")
+
+#: Configured agents a process keeps (the oldest built is dropped past it).
+_MAX_CONFIGURED = 256
 
 #: Sends one task to the broker.
 Send = Callable[[TaskSpec], None]
@@ -101,6 +106,43 @@ class Runtime:
     #: Events the next commit of a run carries besides its transition's (a version upgrade made
     #: before its phase ran: ``worker/versions.py``), by run id.
     carried: dict[str, list[Event]] = field(default_factory=dict)
+    #: The agents configured by assistant versions this process has built, by (tenant, assistant,
+    #: version, agent, agent version): a version never changes, so neither does its agent.
+    configured: dict[tuple[str | None, str, int, str, str], tuple[AssistantConfig, Agent]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def agent_of(self, head: RunHead) -> Agent:
+        """The agent a phase of ``head`` runs: the registered one, configured by the run's
+        assistant version (``shared/assistants.py``) until a handoff (whose target runs as it is
+        registered). Raises :class:`ConfigError` for an unknown agent or a version that is gone."""
+        agent = self.agents.get(head.active_agent)
+        found = self._configured(head, agent)
+        return agent if found is None else found[1]
+
+    def assistant_config(self, head: RunHead) -> AssistantConfig | None:
+        """The configuration of the run's assistant version (None: the run names none, or was
+        handed off); raises :class:`ConfigError` as :meth:`agent_of`."""
+        found = self._configured(head, self.agents.get(head.active_agent))
+        return None if found is None else found[0]
+
+    def _configured(self, head: RunHead, agent: Agent) -> tuple[AssistantConfig, Agent] | None:
+        if head.assistant is None or head.assistant_version is None or head.handoffs:
+            return None
+        key = (head.tenant, head.assistant, head.assistant_version, agent.name, agent.version)
+        found = self.configured.get(key)
+        if found is None:
+            try:
+                version = AssistantStore(self.store.redis, self.store.keys).get(
+                    head.tenant, head.assistant, head.assistant_version
+                )
+            except InvalidRequest as exc:
+                raise ConfigError(f"the run's assistant: {exc.message}") from None
+            found = (version.config, apply_config(agent, version.config))
+            if len(self.configured) >= _MAX_CONFIGURED:
+                self.configured.pop(next(iter(self.configured)))
+            self.configured[key] = found
+        return found
 
     def carry_events(self, run_id: str, *events: Event) -> None:
         """Have the next commit of ``run_id`` by this process carry ``events`` too."""
@@ -308,7 +350,7 @@ class Runtime:
         if head.phase is not Phase.ACTING:
             return {}
         try:
-            tools = self.agents.get(head.active_agent).tools
+            tools = self.agent_of(head).tools
         except ConfigError:
             return {}
         return {

@@ -14,6 +14,8 @@ from typing import Any
 
 from shared import fsm
 from shared.agents import Agent
+from shared.assistant_store import AssistantStore
+from shared.assistants import check_config, schema_of
 from shared.errors import ConfigError, InvalidRequest, RunConfigError, excerpt
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 from shared.middleware import Refuse, on_user_message
@@ -56,8 +58,18 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
         head = current.head
         try:
             agent = rt.agents.get(head.agent)
+            config = rt.assistant_config(head)
         except ConfigError as exc:
             return rt.fail(current, claim.ref, RunConfigError(str(exc), step=0).info())
+        if config is not None:
+            try:
+                # Checked when it was saved against what the workers then advertised; again here,
+                # against this worker's agent, which a deploy may have changed since.
+                check_config(agent.name, config, schema_of(agent))
+            except InvalidRequest as exc:
+                why = f"assistant {head.assistant} v{head.assistant_version}: {exc.message}"
+                return rt.fail(current, claim.ref, InvalidRequest(why, step=0).info())
+            agent = rt.agent_of(head)
         if head.thread_id is not None and head.fork is None:
             # A fork starts from its own checkpoint: it takes no turn in a thread.
             starts, committed = take_thread_turn(rt, current, claim.ref, agent.thread_policy)
@@ -76,7 +88,8 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
         transition = current.start(
             messages,
             agent_version=pin(rt, head, agent),
-            model=head.model or agent.model,
+            # The run's own model wins over its assistant's, which wins over the agent's.
+            model=head.model or (config.model if config is not None else None) or agent.model,
             max_steps=agent.max_steps,
             state=state,
         )
@@ -139,8 +152,10 @@ def _create(rt: Runtime, run_id: str, create: dict[str, Any]) -> InvalidRequest 
     rejected: InvalidRequest | None = None
     try:
         # The same run the Python client would create for this request: every field, the tenant
-        # and the callback included (``new_run``).
-        head = new_run(run_id, validate_request(create, rt.settings.limits))
+        # and the callback included (``new_run``), its assistant pinned to a version now.
+        request = validate_request(create, rt.settings.limits)
+        request = AssistantStore(rt.store.redis, rt.store.keys).pin(request)[0]
+        head = new_run(run_id, request)
     except InvalidRequest as exc:
         # Record the run anyway, with what can be kept of the request, so the sender can read why.
         rejected = exc

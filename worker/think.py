@@ -64,7 +64,7 @@ def _think(rt: Runtime, current: fsm.Thinking, claim: Claim, held: Held) -> RunH
     head = current.head
     ref = claim.ref
     try:
-        agent = rt.agents.get(head.active_agent)
+        agent = rt.agent_of(head)
         # A model string named by the agent itself is trusted; one a producer set per run is not.
         adapter = resolve_model(
             head.model, rt.agents, trusted=head.model == agent.model, settings=rt.settings.llm

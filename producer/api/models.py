@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.assistants import ASSISTANT_NAME_PATTERN
 from shared.queues import MAX_NAMESPACE_CHARS, NAMESPACE_PATTERN
 from shared.request import MAX_NAME_CHARS, NAME_PATTERN, NOT_BLANK, RunRequest
 from shared.state import Callback, ThreadPolicy
@@ -86,6 +87,16 @@ class SubmitBody(BaseModel):
         default=None, description=RunRequest.model_fields["state"].description
     )
     namespace: str | None = namespace_field("the run")
+    assistant: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        pattern=ASSISTANT_NAME_PATTERN,
+        description=RunRequest.model_fields["assistant"].description,
+    )
+    assistant_version: int | None = Field(
+        default=None, ge=1, description=RunRequest.model_fields["assistant_version"].description
+    )
 
 
 class DenyBody(BaseModel):

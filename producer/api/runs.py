@@ -171,6 +171,8 @@ def submit(
             state=body.state,
             namespace=namespace,
             thread_policy=body.thread_policy,
+            assistant=body.assistant,
+            assistant_version=body.assistant_version,
         )
     except ThreadBusy as exc:
         # The caller's own thread (thread ids are per tenant): the busy run is its own to name.

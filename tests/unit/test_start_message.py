@@ -48,6 +48,8 @@ def test_a_new_run_holds_every_field_of_its_request() -> None:
             "callback": {"task": "billing.on_agent_done", "queue": "billing"},
             "state": {"count": 1},
             "namespace": "nightly",
+            "assistant": "refunds",
+            "assistant_version": 3,
         },
         Limits(),
     )

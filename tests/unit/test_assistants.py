@@ -1,0 +1,261 @@
+"""Assistants: the configuration model, its validation against an agent's declared schema, how a
+configuration derives the run's agent, the field-level diff, and the store (on a real redis-server):
+immutable versions, rollback as a new version, bounds, and tenants kept apart."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from pydantic import BaseModel
+
+from shared.agents import Agent
+from shared.assistant_store import AssistantStore
+from shared.assistants import (
+    AssistantConfig,
+    AssistantConflict,
+    AssistantExists,
+    AssistantInvalid,
+    Configurable,
+    UnknownAssistant,
+    apply_config,
+    check_config,
+    diff_configs,
+    prefill,
+    schema_of,
+)
+from shared.errors import ConfigError, InvalidRequest
+from shared.keys import Keys
+from shared.prompts import Prompt
+from shared.request import RunRequest, new_run, validate_request
+from shared.settings import Limits
+from shared.state import REQUEST_FIELDS
+from shared.tools import ToolContext, ToolSet, tool
+from shared.workers import describe_agents
+from tests.harness import RedisServer
+
+
+class Empty(BaseModel):
+    pass
+
+
+@tool(retry_safe=True)
+def lookup(args: Empty, ctx: ToolContext) -> str:
+    """Look something up."""
+    return "found"
+
+
+@tool(retry_safe=True)
+def book(args: Empty, ctx: ToolContext) -> str:
+    """Book something."""
+    return "booked"
+
+
+def _agent(configurable: Configurable | None) -> Agent:
+    return Agent(
+        name="concierge",
+        model="openai:gpt-4o-mini",
+        system_prompt=Prompt("You help guests of {hotel} in a {tone} tone."),
+        tools=ToolSet([lookup, book]),
+        approval_required=frozenset({"book"}),
+        configurable=configurable,
+    )
+
+
+EVERYTHING = Configurable(
+    model=("openai:gpt-4o", "openai:gpt-4o-mini"),
+    system_prompt=True,
+    template_values=("hotel", "tone"),
+    tools=True,
+    max_steps=(1, 20),
+    policy=("on_tool_error",),
+)
+
+
+def test_a_field_the_agent_did_not_declare_is_refused_by_name() -> None:
+    schema = schema_of(_agent(Configurable(system_prompt=True)))
+    for config, field in (
+        (AssistantConfig(model="openai:gpt-4o"), "model"),
+        (AssistantConfig(tools=["lookup"]), "tools"),
+        (AssistantConfig(max_steps=3), "max_steps"),
+        (AssistantConfig(template_values={"hotel": "Ritz"}), "template_values"),
+        (AssistantConfig(policy={"on_tool_error": "fail_fast"}), "policy"),
+    ):
+        with pytest.raises(AssistantInvalid) as caught:
+            check_config("concierge", config, schema)
+        assert caught.value.field == field
+        assert field in caught.value.message
+    check_config("concierge", AssistantConfig(system_prompt="Be brief."), schema)
+
+
+def test_values_outside_what_was_declared_are_refused() -> None:
+    schema = schema_of(_agent(EVERYTHING))
+    for config, field in (
+        (AssistantConfig(model="anthropic:claude"), "model"),
+        (AssistantConfig(tools=["lookup", "shell"]), "tools"),
+        (AssistantConfig(tools=["lookup", "lookup"]), "tools"),
+        (AssistantConfig(max_steps=21), "max_steps"),
+        (AssistantConfig(template_values={"secret": "x"}), "template_values"),
+        (AssistantConfig(policy={"on_tool_error": "ignore"}), "policy"),
+        (AssistantConfig(policy={"on_truncated": "fail"}), "policy"),
+        (AssistantConfig(system_prompt="Unclosed {brace"), "system_prompt"),
+    ):
+        with pytest.raises(AssistantInvalid) as caught:
+            check_config("concierge", config, schema)
+        assert caught.value.field == field, config
+    with pytest.raises(AssistantInvalid) as caught:
+        check_config("concierge", AssistantConfig(), schema_of(_agent(None)))
+    assert caught.value.field == "agent"
+
+
+def test_parse_refuses_unknown_fields_and_oversized_configs() -> None:
+    with pytest.raises(AssistantInvalid) as caught:
+        AssistantConfig.parse({"temperature": 0.2})
+    assert caught.value.field == "temperature"
+    assert "'temperature' does not exist" in caught.value.message
+    with pytest.raises(AssistantInvalid) as caught:
+        AssistantConfig.parse({"system_prompt": "x" * 20_001})
+    assert caught.value.field == "system_prompt"
+    with pytest.raises(AssistantInvalid):
+        AssistantConfig.parse({"tools": [f"t{i}" for i in range(129)]})
+    with pytest.raises(AssistantInvalid):
+        AssistantConfig.parse(["not", "an", "object"])
+    assert AssistantConfig.parse({"max_steps": 4}).max_steps == 4
+
+
+def test_apply_derives_the_runs_agent_and_leaves_the_registered_one_alone() -> None:
+    agent = _agent(EVERYTHING)
+    config = AssistantConfig(
+        template_values={"hotel": "the {Ritz}"},
+        tools=["lookup"],
+        max_steps=3,
+        policy={"on_tool_error": "fail_fast"},
+    )
+    derived = apply_config(agent, config)
+    assert derived.tools.names == ["lookup"]
+    assert derived.approval_required == frozenset()
+    assert derived.max_steps == 3
+    assert derived.policy.on_tool_error == "fail_fast"
+    assert isinstance(derived.system_prompt, Prompt)
+    # The value is filled in (its braces literal), the variable it did not set stays the run's.
+    assert derived.system_prompt.variables == frozenset({"tone"})
+    assert (
+        derived.system_prompt.render("hi", {"tone": "warm"})
+        == "You help guests of the {Ritz} in a warm tone."
+    )
+    assert agent.tools.names == ["lookup", "book"] and agent.max_steps == 10
+    replaced = apply_config(
+        agent, AssistantConfig(system_prompt="You are {name}.", template_values={"name": "Ana"})
+    )
+    assert isinstance(replaced.system_prompt, Prompt)
+    assert replaced.system_prompt.render("hi", {}) == "You are Ana."
+    assert apply_config(agent, AssistantConfig()) is agent
+
+
+def test_prefill_keeps_literal_braces() -> None:
+    assert prefill(Prompt("{{a}} {b} {c}"), {"b": "}{"}).render("", {"c": "3"}) == "{a} }{ 3"
+
+
+def test_the_declaration_itself_is_checked_when_the_agent_is_built() -> None:
+    with pytest.raises(ConfigError):
+        _agent(Configurable(max_steps=(5, 2)))
+    with pytest.raises(ConfigError):
+        _agent(Configurable(policy=("on_invalid_action",)))
+    with pytest.raises(ConfigError):
+        _agent(Configurable(template_values=("input",)))
+
+
+def test_workers_advertise_the_schema() -> None:
+    from shared.agents import AgentRegistry
+
+    registry = AgentRegistry()
+    registry.add(_agent(EVERYTHING))
+    (info,) = describe_agents(registry)
+    assert info.configurable is not None
+    assert info.configurable.tools == ["lookup", "book"]
+    assert info.configurable.model == ["openai:gpt-4o", "openai:gpt-4o-mini"]
+    assert info.configurable.policy == {"on_tool_error": ["fail_fast", "append_error_and_continue"]}
+
+
+def test_diff_is_field_level() -> None:
+    a = AssistantConfig(model="openai:gpt-4o", tools=["lookup"], policy={"on_tool_error": "fail_fast"})
+    b = AssistantConfig(model="openai:gpt-4o-mini", max_steps=5, policy={"on_truncated": "fail"})
+    changes = [(c.field, c.before, c.after, c.change) for c in diff_configs(a, b)]
+    assert changes == [
+        ("model", "openai:gpt-4o", "openai:gpt-4o-mini", "changed"),
+        ("tools", ["lookup"], None, "removed"),
+        ("max_steps", None, 5, "added"),
+        ("policy.on_tool_error", "fail_fast", None, "removed"),
+        ("policy.on_truncated", None, "fail", "added"),
+    ]
+    assert diff_configs(a, a) == []
+
+
+def test_a_run_request_carries_its_assistant_into_the_stored_request() -> None:
+    assert {"assistant", "assistant_version"} <= REQUEST_FIELDS
+    request = validate_request(
+        {"agent": "a", "input": "hi", "assistant": "bot", "assistant_version": 2}, Limits()
+    )
+    head = new_run("r1", request)
+    assert (head.assistant, head.assistant_version) == ("bot", 2)
+    for bad in (
+        {"assistant": "no/slash"},
+        {"assistant_version": 1},
+        {"assistant": "b", "assistant_version": 0},
+    ):
+        with pytest.raises(InvalidRequest):
+            validate_request({"agent": "a", "input": "hi", **bad}, Limits())
+
+
+@pytest.fixture
+def store(redis_server: RedisServer) -> Iterator[AssistantStore]:
+    client: redis.Redis = redis_server.client()
+    client.flushall()
+    yield AssistantStore(client, Keys(prefix="asst-test:"))
+    client.close()
+
+
+def test_versions_are_appended_and_never_rewritten(store: AssistantStore) -> None:
+    v1 = store.create("t1", "bot", "concierge", AssistantConfig(max_steps=3))
+    v2 = store.update("t1", "bot", AssistantConfig(max_steps=5))
+    assert (v1.version, v2.version) == (1, 2)
+    assert store.get("t1", "bot").version == 2
+    assert store.get("t1", "bot", 1).config.max_steps == 3
+    back = store.rollback("t1", "bot", 1)
+    assert (back.version, back.restored_from, back.config.max_steps) == (3, 1, 3)
+    assert [v.version for v in store.versions("t1", "bot")] == [3, 2, 1]
+    assert [v.version for v in store.versions("t1", "bot", before=3, limit=1)] == [2]
+    assert store.get("t1", "bot", 2).config.max_steps == 5
+    assert [c.field for c in store.diff("t1", "bot", 2, 3)] == ["max_steps"]
+    with pytest.raises(AssistantExists):
+        store.create("t1", "bot", "concierge", AssistantConfig())
+    with pytest.raises(AssistantConflict):
+        store.update("t1", "bot", AssistantConfig(), if_version=2)
+    assert store.update("t1", "bot", AssistantConfig(), if_version=3).version == 4
+    with pytest.raises(UnknownAssistant):
+        store.get("t1", "bot", 5)
+
+
+def test_tenants_never_see_each_others_assistants(store: AssistantStore) -> None:
+    store.create("t1", "bot", "concierge", AssistantConfig(max_steps=3))
+    with pytest.raises(UnknownAssistant):
+        store.get("t2", "bot")
+    with pytest.raises(UnknownAssistant):
+        store.update("t2", "bot", AssistantConfig())
+    assert store.list("t2") == []
+    assert [a.name for a in store.list("t1")] == ["bot"]
+    request = RunRequest(agent="concierge", input="hi", tenant="t2", assistant="bot")
+    with pytest.raises(UnknownAssistant):
+        store.pin(request)
+    pinned, found = store.pin(request.model_copy(update={"tenant": "t1"}))
+    assert pinned.assistant_version == 1 and found is not None
+    with pytest.raises(AssistantInvalid):
+        store.pin(request.model_copy(update={"tenant": "t1", "agent": "other"}))
+
+
+def test_listing_pages_in_name_order(store: AssistantStore) -> None:
+    for name in ("c", "a", "b"):
+        store.create(None, name, "concierge", AssistantConfig())
+    assert [a.name for a in store.list(None, limit=2)] == ["a", "b"]
+    assert [a.name for a in store.list(None, after="b")] == ["c"]
