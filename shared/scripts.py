@@ -184,6 +184,8 @@ SPECS: dict[str, ScriptSpec] = {
         more_keys="the run's other keys (n_parts of them), then its listing indexes",
         words="changed dropped gone",
     ),
+    # -- bulk jobs (shared.bulk) ---------------------------------------------------------------------
+    "bulk_record": _spec("job outcomes", "run_id outcome counter"),
     # -- the API's submit limits (producer/api/limits.py builds its script around this one) ----------
     "submit_window": _spec("window", "limit window member"),
     # -- pipelines (shared.pipeline.store) -----------------------------------------------------------

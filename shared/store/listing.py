@@ -55,7 +55,7 @@ class ListingMixin(RunsMixin):
         """A tenant's runs, newest first: :meth:`search_runs` with these filters only."""
         # Unvalidated: a status no run has lists nothing, as it always did.
         query = SearchQuery.model_construct(
-            agent=agent, status=status, thread_id=thread_id, since=since, metadata={}
+            agent=agent, status=cast(Any, status), thread_id=thread_id, since=since, metadata={}
         )
         return self.search_runs(tenant, query, cursor=cursor, limit=limit, max_scan=max_scan)
 
