@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from producer.api import console, events, meta, pipelines, runs
+from producer.api import console, events, meta, pipelines, runs, search
 from producer.api.auth import LoopbackOnly
 from producer.api.body_limit import BodyLimit
 from producer.api.config import ApiConfig
@@ -48,6 +48,7 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.include_router(runs.router)
+    app.include_router(search.router)
     app.include_router(events.router)
     app.include_router(pipelines.router)
     app.include_router(meta.router)
