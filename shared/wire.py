@@ -15,7 +15,7 @@ from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import ToolCall
 from shared.pipeline.status import PipelineSummary
-from shared.state import Approval, Callback, CallbackState, PhaseRun, RunHead, RunStatus
+from shared.state import Approval, Callback, CallbackState, ForkOrigin, PhaseRun, RunHead, RunStatus
 from shared.workers import AgentInfo
 
 __all__ = ["AgentView", "HandoffView", "PipelineList", "RunList", "RunView", "run_view"]
@@ -86,6 +86,9 @@ class RunView(BaseModel):
     callback_delivery: CallbackState | None = Field(
         default=None, description="How the completion callback went so far (attempts, last error)."
     )
+    fork: ForkOrigin | None = Field(
+        default=None, description="The run and checkpoint this run was forked from; null: not a fork."
+    )
 
 
 def run_view(head: RunHead, callback_delivery: CallbackState | None = None) -> RunView:
@@ -128,6 +131,7 @@ def run_view(head: RunHead, callback_delivery: CallbackState | None = None) -> R
         created_at=head.created_at,
         updated_at=head.updated_at,
         callback_delivery=callback_delivery,
+        fork=head.fork,
     )
 
 

@@ -193,9 +193,9 @@ class Postgres(Database):
         return f"{column}::text"
 
     def json_string_is(self, column: str, path: Sequence[str], value: str) -> tuple[str, list[Any]]:
-        # jsonb equality: a string equals only a string (to_jsonb keeps the type).
+        # jsonb equality (the column may be json): a string equals only a string (to_jsonb keeps the type).
         marks = ", ".join("?::text" for _ in path)
-        return f"jsonb_extract_path({column}, {marks}) = to_jsonb(?::text)", [*path, value]
+        return f"jsonb_extract_path({column}::jsonb, {marks}) = to_jsonb(?::text)", [*path, value]
 
     def insert_many(self, cur: Cursor, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
         with cur.copy(f"COPY {table} FROM STDIN") as copy:  # type: ignore[attr-defined]
