@@ -217,6 +217,9 @@ def _parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[s
     from producer.pipeline_cli import register as register_pipelines
 
     handlers.update(register_pipelines(sub, common))
+    from producer.search_cli import register as register_search
+
+    handlers.update(register_search(sub, common))
     return p, handlers
 
 

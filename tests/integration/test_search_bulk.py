@@ -7,6 +7,7 @@ as every process that creates runs must be.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -395,3 +396,25 @@ def test_search_pages_through_live_and_archived_runs(archived_pool: Client) -> N
     assert everything(metadata={"customer": "initech"}) == []
     start = time.time()
     assert everything(since=start) == []
+
+
+def test_the_cli_searches_and_runs_bulk_jobs(
+    tenant: Tenant, server: RedisServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from producer.cli import main
+
+    monkeypatch.setenv("WESICHAIN_SEARCH_ATTRIBUTES", SEARCH_ENV["WESICHAIN_SEARCH_ATTRIBUTES"])
+    runs = [tenant.submit("long_tool", f"cli {i}", metadata={"customer": "cli"}) for i in range(2)]
+    base = ["--redis", server.url, "--tenant", tenant.name]
+    assert main(["runs", "search", *base, "--meta", "customer=cli", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["run_id"] for line in lines[:-1]] == list(reversed(runs))
+    assert lines[-1] == {"next_cursor": None}
+    assert main(["runs", "search", *base, "--meta", "note=x"]) != 0
+    assert "not declared searchable: note" in capsys.readouterr().err
+    assert main(["bulk", "cancel", *base, "--meta", "customer=cli", "--rate", "50", "--wait", "--json"]) == 0
+    job = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (job["status"], job["acted"]) == ("done", 2)
+    assert main(["bulk", "status", job["job_id"], "--redis", server.url, "--tenant", "someone-else"]) != 0
+    for run_id in runs:
+        assert tenant.ended(run_id)["status"] == "interrupted"
