@@ -19,7 +19,12 @@ from shared.errors import InvalidRequest
 from shared.search import SearchQuery
 from shared.state import RUN_STATUSES
 
-__all__ = ["register"]
+__all__ = [
+    "Handler",
+    "bulk_command",
+    "register",
+    "search_runs",
+]
 
 Handler = Callable[[argparse.Namespace], int]
 #: The fields ``runs search --json`` prints of each run.

@@ -36,14 +36,18 @@ from shared.state import TaskSpec
 
 __all__ = [
     "BULK_ACTIONS",
-    "DEFAULT_RATE_PER_S",
-    "MAX_RATE_PER_S",
-    "MIN_RATE_PER_S",
-    "TASK_BULK",
     "BulkAction",
     "BulkJob",
     "BulkOutcome",
+    "BulkStatus",
     "BulkStore",
+    "DEFAULT_RATE_PER_S",
+    "JOB_RETENTION_S",
+    "MAX_JOBS_PER_TENANT",
+    "MAX_RATE_PER_S",
+    "MAX_RUNNING_PER_TENANT",
+    "MIN_RATE_PER_S",
+    "TASK_BULK",
     "bulk_task",
 ]
 

@@ -25,7 +25,10 @@ from shared.errors import InvalidRequest, StoreFull
 from shared.state import RunHead, TaskSpec
 from shared.timetravel import last_good_checkpoint
 
-__all__ = ["CHUNK", "BulkPool"]
+__all__ = [
+    "BulkPool",
+    "CHUNK",
+]
 
 log = logging.getLogger("wesichain.bulk")
 

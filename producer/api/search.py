@@ -28,8 +28,16 @@ __all__ = [
     "BulkJobList",
     "BulkOutcomeList",
     "ForkBody",
+    "MAX_OUTCOMES_LISTED",
     "SearchBody",
+    "bulk_runs",
+    "cancel_bulk",
+    "fork",
+    "get_bulk",
+    "list_bulk",
     "router",
+    "search",
+    "start_bulk",
 ]
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
