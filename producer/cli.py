@@ -305,6 +305,10 @@ def _parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[s
     from producer.memory_cli import register as register_memory
 
     handlers.update(register_memory(sub, common))
+
+    from producer.search_cli import register as register_search
+
+    handlers.update(register_search(sub, common))
     return p, handlers
 
 

@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import redis
 from celery import Celery
+from pydantic import ValidationError
 
 from producer.assistants import Assistants
 from producer.publishing import PUBLISH_ERRORS
 from shared.assistants import AssistantVersion
+from shared.bulk import BulkJob, BulkOutcome, BulkStore, bulk_task
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, Event, follow_events, read_all_events
 from shared.memory import Memory, memory_of
@@ -33,6 +35,7 @@ from shared.prompts import Prompt, missing_variables
 from shared.redis_client import connect
 from shared.request import check_name, check_run_id, new_run, validate_request
 from shared.retention import MemoryGuard, full_message
+from shared.search import SearchQuery
 from shared.settings import Settings, celery_config
 from shared.signals import SignalKind, SignalView, new_signal, signal_status
 from shared.state import (
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SignalRefused",
+    "BulkJobNotFound",
     "Client",
     "RequestConflict",
     "RunHandle",
@@ -120,6 +124,23 @@ def _as_pinned(head: RunHead, existing: RunHead, asked_version: int | None) -> R
     if asked_version is None and head.assistant is not None and existing.assistant == head.assistant:
         return head.model_copy(update={"assistant_version": existing.assistant_version})
     return head
+
+
+class BulkJobNotFound(WesichainError, LookupError):
+    """No bulk job has this id (for this tenant), or it expired."""
+
+
+def _search_query(query: SearchQuery | None, filters: dict[str, Any]) -> SearchQuery:
+    """The query given, or made of keyword filters (not both); a bad one raises InvalidRequest."""
+    if query is not None and filters:
+        raise InvalidRequest("give a SearchQuery or keyword filters, not both")
+    if query is not None:
+        return query
+    try:
+        return SearchQuery.model_validate(filters)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidRequest(f"bad search: {problems}"[:500]) from None
 
 
 class RunTimeout(WesichainError, TimeoutError):
@@ -403,6 +424,74 @@ class Client:
         return self.store.list_runs(
             tenant, agent=agent, status=status, thread_id=thread_id, since=since, cursor=cursor, limit=limit
         )
+
+    # -- search and bulk jobs (shared/search.py, shared/bulk.py) -------------------------------
+
+    def search(
+        self,
+        query: SearchQuery | None = None,
+        *,
+        tenant: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+        **filters: Any,
+    ) -> RunPage:
+        """A tenant's runs that match ``query`` (or the filters of :class:`SearchQuery` given as
+        keywords: ``agent``, ``version``, ``status``, ``error_kind``, ``thread_id``, ``since``,
+        ``until``, ``metadata``), newest first, live and archived, a page at a time.
+
+        Raises :class:`~shared.search.UndeclaredSearchKey` (an :class:`InvalidRequest`) for a
+        metadata key not declared in ``WESICHAIN_SEARCH_ATTRIBUTES``.
+        """
+        if not 1 <= limit <= 500:
+            raise InvalidRequest(f"limit must be in 1..500, got {limit}")
+        query = _search_query(query, filters)
+        query.check_declared(self.settings.search_attributes)
+        return self.store.search_runs(tenant, query, cursor=cursor, limit=limit)
+
+    def bulk(
+        self,
+        action: str,
+        query: SearchQuery | None = None,
+        *,
+        tenant: str | None = None,
+        rate_per_s: float | None = None,
+        **filters: Any,
+    ) -> BulkJob:
+        """Start a bulk job: ``action`` (``retry``, ``fork`` or ``cancel``) on every run of
+        ``tenant`` the search finds, created before now, at ``rate_per_s`` runs a second at most.
+        The pool works it (``worker/bulk.py``); follow it with :meth:`bulk_job`."""
+        query = _search_query(query, filters)
+        query.check_declared(self.settings.search_attributes)
+        jobs = BulkStore(self.store.redis, self.store.keys)
+        job = jobs.create(tenant, action, query, rate_per_s)
+        try:
+            self.send_run_task(bulk_task(tenant, job.job_id))
+        except PUBLISH_ERRORS:
+            pass  # the job is running: the workers' sweeper sends its task once the broker is back
+        return job
+
+    def bulk_job(self, job_id: str, *, tenant: str | None = None) -> BulkJob:
+        """A bulk job of ``tenant`` and how far it got; raises :class:`BulkJobNotFound`."""
+        job = BulkStore(self.store.redis, self.store.keys).load(tenant, job_id)
+        if job is None:
+            raise BulkJobNotFound(f"no bulk job {job_id[:80]!r}")
+        return job
+
+    def bulk_jobs(self, *, tenant: str | None = None, limit: int = 50) -> list[BulkJob]:
+        """The tenant's bulk jobs, newest first."""
+        return BulkStore(self.store.redis, self.store.keys).list_jobs(tenant, min(max(limit, 1), 200))
+
+    def bulk_outcomes(self, job_id: str, *, tenant: str | None = None) -> dict[str, BulkOutcome]:
+        """What a bulk job did to each run it got to (run id -> outcome)."""
+        self.bulk_job(job_id, tenant=tenant)
+        return BulkStore(self.store.redis, self.store.keys).outcomes(tenant, job_id)
+
+    def cancel_bulk(self, job_id: str, *, tenant: str | None = None) -> BulkJob:
+        """Stop a running bulk job: it acts on no further run (the runs it made go on)."""
+        self.bulk_job(job_id, tenant=tenant)
+        BulkStore(self.store.redis, self.store.keys).end(tenant, job_id, "cancelled")
+        return self.bulk_job(job_id, tenant=tenant)
 
     def served(self, agent: str) -> AgentInfo:
         """What the live workers advertise of ``agent``; :class:`UnknownAgent` or

@@ -38,6 +38,7 @@ from shared.evals.store import EvalStore
 from shared.events import load_event
 from shared.messages import MESSAGE_ADAPTER
 from shared.scripts import register_scripts, run_many
+from shared.search import index_dimensions
 from shared.state import TERMINAL_PHASES, RunHead, ToolResult
 from shared.store import RunStore
 
@@ -235,14 +236,8 @@ class Archiver:
     def _indexes(self, head: RunHead) -> list[str]:
         """The listing indexes the run is in (its status index is its final status's)."""
         k, run_id, tenant = self.keys, head.run_id, head.tenant
-        keys = [
-            k.index_of(run_id, tenant),
-            k.index_of(run_id, tenant, "agent", head.agent),
-            k.index_of(run_id, tenant, "status", head.status),
-        ]
-        if head.thread_id is not None:
-            keys.append(k.index_of(run_id, tenant, "thread", head.thread_id))
-        return keys
+        declared = self.settings.search_attributes
+        return [k.index_of(run_id, tenant, dim, value) for dim, value in index_dimensions(head, declared)]
 
     def _drop_many(self, runs: list[tuple[str, RunHead | None]]) -> list[str]:
         """Delete runs from Redis, each with the head archived (None: its keys are gone already)."""

@@ -332,3 +332,29 @@ class Keys:
         """Sorted set: one tenant's pipeline run ids by creation time (ms; ``-``: no tenant), what
         listings read; entries past the retention are dropped as new ones come in."""
         return f"{self.prefix}{{pipes}}index:{tenant or '-'}"
+
+    # -- bulk jobs: every key of all of them shares one hash tag (one slot per script) ---------
+
+    def _bulk(self, tenant: str | None, job_id: str) -> str:
+        # The tenant is part of the name: another tenant's lookup of the same id finds nothing.
+        return f"{self.prefix}{{bulk}}:{tenant or '-'}:{job_id}"
+
+    def bulk_job(self, tenant: str | None, job_id: str) -> str:
+        """Hash: a bulk job's spec, status, cursor and counters (``shared/bulk.py``)."""
+        return self._bulk(tenant, job_id) + ":job"
+
+    def bulk_outcomes(self, tenant: str | None, job_id: str) -> str:
+        """Hash: run id -> what the job did to it, as JSON; HSETNX records each run once."""
+        return self._bulk(tenant, job_id) + ":outcomes"
+
+    def bulk_lock(self, tenant: str | None, job_id: str) -> str:
+        """String: the token of the delivery working on the job, with a lease."""
+        return self._bulk(tenant, job_id) + ":lock"
+
+    def bulk_index(self, tenant: str | None) -> str:
+        """Sorted set: one tenant's bulk job ids by creation time (ms)."""
+        return f"{self.prefix}{{bulk}}index:{tenant or '-'}"
+
+    def bulk_active(self) -> str:
+        """Set: ``[tenant, job id]`` (JSON) of the jobs still running (the sweeper looks after them)."""
+        return f"{self.prefix}{{bulk}}active"

@@ -211,6 +211,8 @@ SPECS: dict[str, ScriptSpec] = {
         "name mode record expected max_versions max_assistants",
         words="create exists missing moved full ok",
     ),
+    # -- bulk jobs (shared.bulk) ---------------------------------------------------------------------
+    "bulk_record": _spec("job outcomes", "run_id outcome counter"),
     # -- the API's submit limits (producer/api/limits.py builds its script around this one) ----------
     "submit_window": _spec("window", "limit window member"),
     # -- pipelines (shared.pipeline.store) -----------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,6 +45,7 @@ __all__ = [
     "ENV_REDIS_CLUSTER",
     "ENV_REDIS_TLS_INSECURE",
     "ENV_REDIS_URL",
+    "ENV_SEARCH_ATTRIBUTES",
     "ENV_SHARDS",
     "ENV_SWEEPER",
     "ENV_TASK_EVENTS",
@@ -55,6 +57,8 @@ __all__ = [
     "QUEUE_CALLBACKS",
     "QUEUE_MODEL",
     "QUEUE_TOOLS",
+    "MAX_SEARCH_ATTRIBUTES",
+    "SEARCH_KEY_PATTERN",
     "Settings",
     "celery_config",
     "redact_url",
@@ -97,6 +101,12 @@ ENV_ARCHIVE_AFTER = "WESICHAIN_ARCHIVE_AFTER_S"
 ENV_ARCHIVE_BATCH = "WESICHAIN_ARCHIVE_BATCH"
 ENV_ARCHIVE_INTERVAL = "WESICHAIN_ARCHIVE_INTERVAL_S"
 ENV_ARCHIVE_RETENTION = "WESICHAIN_ARCHIVE_RETENTION_DAYS"
+ENV_SEARCH_ATTRIBUTES = "WESICHAIN_SEARCH_ATTRIBUTES"
+
+#: A metadata key an operator may declare searchable (``shared/search.py``).
+SEARCH_KEY_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$"
+#: Metadata keys that may be declared searchable: each is one more index entry per run created.
+MAX_SEARCH_ATTRIBUTES = 20
 
 DEFAULT_AGENTS_MODULE = "shared.examples.research"
 
@@ -245,6 +255,10 @@ class Settings:
     #: ``WESICHAIN_ARCHIVE_RETENTION_DAYS``: archived runs are deleted (audited) this many days
     #: after they ended; 0 keeps them forever. A tenant may have its own (``Tenants``).
     archive_retention_days: float = 0.0
+    #: ``WESICHAIN_SEARCH_ATTRIBUTES``: the metadata keys runs are indexed by, comma-separated
+    #: (``shared/search.py``); a search may filter on these only. Every process that creates runs
+    #: (the API, clients, workers starting child runs) must be given the same list.
+    search_attributes: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     #: How workers call model providers (timeouts, retries, scripted model files).
     llm: LlmSettings = field(default_factory=LlmSettings)
@@ -400,6 +414,19 @@ def _json_object(env: str, raw: str) -> dict[str, Any]:
     return value
 
 
+def _search_attributes(env: str, raw: str) -> tuple[str, ...]:
+    keys = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
+    bad = [key for key in keys if not re.match(SEARCH_KEY_PATTERN, key)]
+    if bad:
+        raise ConfigError(
+            f"{env}: {', '.join(repr(k[:80]) for k in bad)} not a metadata key (a letter, then up to 63"
+            " letters, digits and . _ -)"
+        )
+    if len(keys) > MAX_SEARCH_ATTRIBUTES:
+        raise ConfigError(f"{env}: at most {MAX_SEARCH_ATTRIBUTES} keys, got {len(keys)}")
+    return keys
+
+
 def _provider_limits(env: str, raw: str) -> dict[str, ProviderLimit]:
     return parse_limits(_json_object(env, raw), env)
 
@@ -452,6 +479,7 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_ARCHIVE_BATCH, "archive_batch", _number(int)),
     (ENV_ARCHIVE_INTERVAL, "archive_interval_s", _number(float)),
     (ENV_ARCHIVE_RETENTION, "archive_retention_days", _number(float)),
+    (ENV_SEARCH_ATTRIBUTES, "search_attributes", _search_attributes),
 )
 
 

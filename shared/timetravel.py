@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from shared.messages import AssistantMessage, Message, UserMessage
 from shared.state import Phase, RunHead
 
-__all__ = ["Checkpoint", "checkpoint_of", "fork_conversation"]
+__all__ = ["Checkpoint", "checkpoint_of", "fork_conversation", "last_good_checkpoint"]
 
 
 class Checkpoint(BaseModel):
@@ -67,3 +67,15 @@ def fork_conversation(messages: Sequence[Message], input: str | None) -> list[Me
     while conversation and isinstance(conversation[-1], AssistantMessage):
         conversation.pop()
     return conversation
+
+
+def last_good_checkpoint(heads: Sequence[RunHead]) -> RunHead | None:
+    """The checkpoint a fork "from the last good checkpoint" starts from: the last one committed
+    before the run ended (its newest, for a run still going), None for a run with none.
+
+    A run ends with the commit of its terminal phase (the failure, the interruption, the answer),
+    so the checkpoint before it holds the run as it was just before the step that ended it: a
+    fork from it (whose conversation drops a trailing assistant message, see the module doc) does
+    that step again, from its think.
+    """
+    return next((head for head in reversed(heads) if not head.terminal), None)

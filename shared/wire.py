@@ -15,7 +15,16 @@ from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import ToolCall
 from shared.pipeline.status import PipelineSummary
-from shared.state import Approval, Callback, CallbackState, PhaseRun, RunHead, RunStatus, ThreadPolicy
+from shared.state import (
+    Approval,
+    Callback,
+    CallbackState,
+    ForkOrigin,
+    PhaseRun,
+    RunHead,
+    RunStatus,
+    ThreadPolicy,
+)
 from shared.workers import AgentInfo
 
 __all__ = [
@@ -114,6 +123,9 @@ class RunView(BaseModel):
         " to, so it waits, holding nothing, until one does); null: nothing to say"
         " (a live worker can take it, or it ended, or it is parked). Not filled in checkpoints.",
     )
+    fork: ForkOrigin | None = Field(
+        default=None, description="The run and checkpoint this run was forked from; null: not a fork."
+    )
 
 
 def run_view(
@@ -166,6 +178,7 @@ def run_view(
         updated_at=head.updated_at,
         callback_delivery=callback_delivery,
         waiting_for=waiting_for,
+        fork=head.fork,
     )
 
 

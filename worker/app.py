@@ -38,6 +38,7 @@ from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
 from shared.agents import load_registry
+from shared.bulk import TASK_BULK
 from shared.errors import ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
 from shared.events import configure_worker_identity, worker_identity
@@ -85,6 +86,7 @@ from worker.versions import DelayedQueues, add_version_queues
 if TYPE_CHECKING:
     # Imported when first used: a worker whose pool runs no eval and no pipeline never loads them
     # (nor the client, the model providers and the HTTP client they bring).
+    from worker.bulk import BulkPool
     from worker.evals import EvalPool
     from worker.pipelines import PipelinePool
 
@@ -139,6 +141,8 @@ class RuntimeHolder:
         self._evals_pid = -1
         self._pipelines: PipelinePool | None = None
         self._pipelines_pid = -1
+        self._bulk: BulkPool | None = None
+        self._bulk_pid = -1
 
     def get(self) -> Runtime:
         if self._runtime is None or self._pid != os.getpid():
@@ -221,6 +225,18 @@ class RuntimeHolder:
             self._pipelines_pid = os.getpid()
         return self._pipelines
 
+    def bulk(self) -> BulkPool:
+        """What the pool does for bulk jobs, once per process (its client creates the runs)."""
+        from producer.client import Client
+        from worker.bulk import BulkPool
+
+        if self._bulk is None or self._bulk_pid != os.getpid():
+            runtime = self.get()
+            client = Client(self.settings, app=self.app, store=runtime.store)
+            self._bulk = BulkPool(client, runtime.send, lease_s=max(3.0, self.settings.lease_s * 3))
+            self._bulk_pid = os.getpid()
+        return self._bulk
+
     def probe(self) -> BrokerProbe:
         """How the sweeper asks the broker about queued messages."""
         if not self.settings.broker_is_redis:
@@ -242,7 +258,7 @@ class RuntimeHolder:
 
     def start_sweeper(self) -> None:
         if self.sweeper is None:
-            self.sweeper = Sweeper(self.get(), self.probe(), self.evals, self.pipelines)
+            self.sweeper = Sweeper(self.get(), self.probe(), self.evals, self.pipelines, self.bulk)
             self.sweeper.start()
 
     def stop_sweeper(self) -> None:
@@ -471,7 +487,7 @@ def create_app(settings: Settings) -> Celery:
 
     @app.task(name=TASK_SWEEP, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep() -> int:
-        sweeper = Sweeper(holder.get(), holder.probe(), holder.evals, holder.pipelines)
+        sweeper = Sweeper(holder.get(), holder.probe(), holder.evals, holder.pipelines, holder.bulk)
         return sweeper.sweep_once_and_release()
 
     eval_options = {"ignore_result": True, "shared": False, **outage_retry(settings)}
@@ -485,6 +501,11 @@ def create_app(settings: Settings) -> Celery:
         holder.evals().score(ended)
 
     _pipeline_tasks(app, holder, outage_retry(settings))
+
+    @app.task(name=TASK_BULK, **eval_options)  # type: ignore[untyped-decorator]
+    def bulk_run(tenant: str | None, job_id: str) -> int:
+        """The next chunk of a bulk job (``worker/bulk.py``)."""
+        return holder.bulk().run(tenant, job_id)
 
     @app.task(name=TASK_ARCHIVE, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def archive() -> int:

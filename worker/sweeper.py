@@ -68,6 +68,7 @@ class Sweeper:
         probe: BrokerProbe,
         evals: Callable[[], Repairs] | None = None,
         pipelines: Callable[[], Repairs] | None = None,
+        bulk: Callable[[], Repairs] | None = None,
     ) -> None:
         self.rt = rt
         self.probe = probe
@@ -75,6 +76,8 @@ class Sweeper:
         self.evals = evals
         #: Pipeline runs whose child runs, callbacks or steps a dead process left are repaired too.
         self.pipelines = pipelines
+        #: Running bulk jobs nobody works on (their worker died) are handed on too.
+        self.bulk = bulk
         self.interval_s = rt.settings.sweep_interval_s
         self.token = uuid.uuid4().hex
         self._lock = register_scripts(rt.store.redis)["lock"]
@@ -152,6 +155,7 @@ class Sweeper:
         A repair's tick trims its index and reads its active set: with neither key there, it has
         nothing to do, and its code need not be loaded.
         """
+        self._repair_bulk()
         if self.evals is None and self.pipelines is None:
             return
         keys = self.rt.store.keys
@@ -165,6 +169,11 @@ class Sweeper:
             self.evals().tick()
         if self.pipelines is not None and pipelines_there:
             self.pipelines().tick()
+
+    def _repair_bulk(self) -> None:
+        """Hand on running bulk jobs nobody works on, if Redis holds any."""
+        if self.bulk is not None and self.rt.store.redis.exists(self.rt.store.keys.bulk_active()):
+            self.bulk().tick()
 
     def _check_queued(self, waiting: Sequence[Due]) -> int:
         """Unclaimed tasks past their queued time: waiting in the broker, or lost?

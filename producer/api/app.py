@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from producer.api import assistants, console, events, memory, meta, pipelines, runs, signals
+from producer.api import assistants, console, events, memory, meta, pipelines, runs, search, signals
 from producer.api.auth import LoopbackOnly
 from producer.api.body_limit import BodyLimit
 from producer.api.config import ApiConfig
@@ -49,6 +49,7 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(runs.router)
     app.include_router(signals.router)
+    app.include_router(search.router)
     app.include_router(events.router)
     app.include_router(pipelines.router)
     app.include_router(memory.router)

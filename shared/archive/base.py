@@ -8,7 +8,7 @@ caller cannot tell where a run was read from.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from shared.archive.record import Deletion, EvalHead, EvalRecord, RunRecord, RunSummary
 from shared.events import Event
@@ -19,9 +19,9 @@ __all__ = ["Archive", "EvalArchive", "ListingFilter"]
 
 
 class ListingFilter:
-    """Which of a tenant's runs a listing asks for (all given filters apply)."""
+    """Which of a tenant's runs a listing (a search) asks for (all given filters apply)."""
 
-    __slots__ = ("agent", "since_ms", "status", "tenant", "thread_id")
+    __slots__ = ("agent", "error_kind", "metadata", "since_ms", "status", "tenant", "thread_id", "version")
 
     def __init__(
         self,
@@ -31,12 +31,20 @@ class ListingFilter:
         status: str | None = None,
         thread_id: str | None = None,
         since_ms: int | None = None,
+        version: str | None = None,
+        error_kind: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         self.tenant = tenant
         self.agent = agent
         self.status = status
         self.thread_id = thread_id
         self.since_ms = since_ms
+        #: The agent version, the error kind and metadata key=value (string values only) are read
+        #: from the archived head's JSON.
+        self.version = version
+        self.error_kind = error_kind
+        self.metadata = dict(metadata or {})
 
 
 class EvalArchive(ABC):

@@ -72,6 +72,11 @@ class Database(ABC):
         return column
 
     @abstractmethod
+    def json_string_is(self, column: str, path: Sequence[str], value: str) -> tuple[str, list[Any]]:
+        """A condition: the JSON ``column`` holds the string ``value`` at ``path`` (object keys);
+        a number or any other type there never matches. The condition and its parameters."""
+
+    @abstractmethod
     def insert_many(self, cur: Cursor, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
         """Insert ``rows`` into ``table`` (``name (columns)``) in bulk."""
 
@@ -122,6 +127,11 @@ class Sqlite(Database):
 
     def any_of(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
         return f"{column} IN ({', '.join('?' * len(values))})", list(values)
+
+    def json_string_is(self, column: str, path: Sequence[str], value: str) -> tuple[str, list[Any]]:
+        # json_type tells a string ('text') from a number whose text would compare equal.
+        where = "$" + "".join(f'."{key}"' for key in path)
+        return f"(json_type({column}, ?) = 'text' AND json_extract({column}, ?) = ?)", [where, where, value]
 
     def insert_many(self, cur: Cursor, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
         cur.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * width)})", rows)
@@ -181,6 +191,11 @@ class Postgres(Database):
 
     def json_text(self, column: str) -> str:
         return f"{column}::text"
+
+    def json_string_is(self, column: str, path: Sequence[str], value: str) -> tuple[str, list[Any]]:
+        # jsonb equality (the column may be json): a string equals only a string (to_jsonb keeps the type).
+        marks = ", ".join("?::text" for _ in path)
+        return f"jsonb_extract_path({column}::jsonb, {marks}) = to_jsonb(?::text)", [*path, value]
 
     def insert_many(self, cur: Cursor, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
         with cur.copy(f"COPY {table} FROM STDIN") as copy:  # type: ignore[attr-defined]

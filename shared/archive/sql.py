@@ -249,6 +249,13 @@ class SqlArchive(SqlEvalArchive, Archive):
         if where.since_ms is not None:
             clauses.append("created_ms >= ?")
             params.append(where.since_ms)
+        paths = [(("agent_version",), where.version), (("error", "kind"), where.error_kind)]
+        paths += [(("metadata", key), value) for key, value in sorted(where.metadata.items())]
+        for path, wanted in paths:
+            if wanted is not None:
+                clause, values = self.db.json_string_is("head", path, wanted)
+                clauses.append(clause)
+                params += values
         if before is not None:
             clauses.append("(created_ms < ? OR (created_ms = ? AND run_id < ?))")
             params += [before[0], before[0], before[1]]

@@ -1,7 +1,8 @@
 """Listing runs from the indexes the scripts keep (never a key scan), cursors, and threads.
 
-A listing reads one index per shard, merges the shards by creation time and, with an archive,
-merges the archive's runs in by the same order, so one cursor pages through both.
+A listing (a search: ``shared/search.py``) reads one index per shard, merges the shards by creation
+time and, with an archive, merges the archive's runs in by the same order, so one cursor pages
+through both.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from shared.errors import InvalidRequest
+from shared.search import SearchQuery
 from shared.state import RunHead
 from shared.store.base import _s
 from shared.store.runs import RunsMixin
@@ -50,23 +52,53 @@ class ListingMixin(RunsMixin):
         limit: int = 50,
         max_scan: int = 2000,
     ) -> RunPage:
-        """A tenant's runs, newest first, from the indexes the scripts keep (never a key scan).
+        """A tenant's runs, newest first: :meth:`search_runs` with these filters only."""
+        # Unvalidated: a status no run has lists nothing, as it always did.
+        query = SearchQuery.model_construct(
+            agent=agent, status=cast(Any, status), thread_id=thread_id, since=since, metadata={}
+        )
+        return self.search_runs(tenant, query, cursor=cursor, limit=limit, max_scan=max_scan)
 
-        One index is read (the thread's, else the agent's, else the status's, else all of the
-        tenant's), merged across the shards by creation time; other filters are applied to the
-        runs read. At most ``max_scan`` index entries are read per page, so a page may hold fewer
-        than ``limit`` runs and still have a ``next_cursor``. With an archive, its runs are merged
-        in by the same order (creation ms, run id), so one cursor pages through both.
+    def search_runs(
+        self,
+        tenant: str | None,
+        query: SearchQuery,
+        *,
+        cursor: str | None = None,
+        limit: int = 50,
+        max_scan: int = 2000,
+    ) -> RunPage:
+        """A tenant's runs that match ``query``, newest first, from the indexes the scripts keep
+        (never a key scan).
+
+        One index is read (the query's narrowest: ``SearchQuery.primary_index``), merged across the
+        shards by creation time and bounded by the query's time range; its other filters are applied
+        to the runs read. At most ``max_scan`` index entries are read per page, so a page may hold
+        fewer than ``limit`` runs and still have a ``next_cursor``. With an archive, its matching
+        runs are merged in by the same order (creation ms, run id), so one cursor pages through
+        both. Metadata keys are not checked against the declared ones here (the callers do).
         """
         position = _parse_cursor(cursor)
-        floor = int(since * 1000) if since is not None else None
-        live, stop = self._list_redis(tenant, agent, status, thread_id, floor, position, limit, max_scan)
+        until = query.until_ms
+        if until is not None and (position is None or position > (until, "")):
+            # (until, "") sorts above every run of that millisecond: "before until" exactly.
+            position = (until, "")
+        live, stop = self._search_redis(tenant, query, position, limit, max_scan)
         archive = self.archive
         if archive is None:
             return _page(live, limit, stop)
         from shared.archive import ListingFilter
 
-        where = ListingFilter(tenant, agent=agent, status=status, thread_id=thread_id, since_ms=floor)
+        where = ListingFilter(
+            tenant,
+            agent=query.agent,
+            status=query.status,
+            thread_id=query.thread_id,
+            since_ms=query.since_ms,
+            version=query.version,
+            error_kind=query.error_kind,
+            metadata=query.metadata,
+        )
         archived = archive.list_runs(where, position, limit)
         if len(archived) == limit:  # the archive may hold more below its last one
             last = (archived[-1][0], archived[-1][1].run_id)
@@ -79,28 +111,19 @@ class ListingMixin(RunsMixin):
             merged = [(ms, head) for ms, head in merged if (ms, head.run_id) >= stop]
         return _page(merged, limit, stop)
 
-    def _list_redis(
+    def _search_redis(
         self,
         tenant: str | None,
-        agent: str | None,
-        status: str | None,
-        thread_id: str | None,
-        floor: int | None,
+        query: SearchQuery,
         position: tuple[int, str] | None,
         limit: int,
         max_scan: int,
     ) -> tuple[list[tuple[int, RunHead]], tuple[int, str] | None]:
-        """Up to ``limit`` runs in Redis below ``position`` (with their creation ms), and where the
-        reading stopped when there may be more (None: nothing older is left)."""
+        """Up to ``limit`` matching runs in Redis below ``position`` (with their creation ms), and
+        where the reading stopped when there may be more (None: nothing older is left)."""
         k = self.keys
-        if thread_id is not None:
-            dimension, value = "thread", thread_id
-        elif agent is not None:
-            dimension, value = "agent", agent
-        elif status is not None:
-            dimension, value = "status", status
-        else:
-            dimension, value = "all", ""
+        dimension, value = query.primary_index()
+        floor = query.since_ms
         keys = [k.index(shard, tenant, dimension, value) for shard in range(k.shards)]
         found: list[tuple[int, RunHead]] = []
         scanned = 0
@@ -115,11 +138,7 @@ class ListingMixin(RunsMixin):
                 if head is None:
                     self.redis.zrem(k.index_of(run_id, tenant, dimension, value), run_id)  # expired
                     continue
-                if (
-                    (agent is None or head.agent == agent)
-                    and (status is None or head.status == status)
-                    and (thread_id is None or head.thread_id == thread_id)
-                ):
+                if query.matches(head):
                     found.append((score, head))
                     if len(found) == limit:
                         break

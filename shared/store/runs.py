@@ -13,6 +13,7 @@ import redis
 from shared import protocol
 from shared.errors import InternalInvariant
 from shared.messages import MESSAGE_ADAPTER, Message
+from shared.search import index_dimensions
 from shared.state import Phase, RunHead, TaskSpec, ToolResult
 from shared.store.base import StoreCore, _dump_outbox, _s, new_op
 
@@ -99,10 +100,10 @@ class RunsMixin(StoreCore):
         if head.version != 1 or head.phase is not Phase.IDLE:
             raise InternalInvariant(f"a run is created IDLE at version 1, not {head.phase} v{head.version}")
         k, run_id, tenant = self.keys, head.run_id, head.tenant
-        indexes = [k.index_of(run_id, tenant), k.index_of(run_id, tenant, "agent", head.agent)]
-        indexes.append(k.index_of(run_id, tenant, "status", head.status))
-        if head.thread_id is not None:
-            indexes.append(k.index_of(run_id, tenant, "thread", head.thread_id))
+        indexes = [
+            k.index_of(run_id, tenant, dimension, value)
+            for dimension, value in index_dimensions(head, self.settings.search_attributes)
+        ]
         reply = self._run(
             "create",
             [

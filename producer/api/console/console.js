@@ -53,7 +53,7 @@ const seconds = (s) => (s < 1 ? `${(s * 1000).toFixed(0)} ms` : s < 120 ? `${s.t
 const short = (text, n = 140) => (text && text.length > n ? `${text.slice(0, n)}…` : text || "");
 
 function show(section) {
-  for (const id of ["login", "list-view", "run-view", "pipeline-view", "memory-view"]) $(`#${id}`).hidden = id !== section;
+  for (const id of ["login", "list-view", "run-view", "pipeline-view", "memory-view", "bulk-view"]) $(`#${id}`).hidden = id !== section;
 }
 
 function needKey(message) {
@@ -96,7 +96,11 @@ function listView() {
     const q = params();
     q.set("limit", "50");
     if (append && cursor) q.set("cursor", cursor);
-    const page = await api(`/v1/runs?${q}`);
+    // Filters the listing does not have go through the search (POST /v1/runs/search).
+    const query = searchQuery(form);
+    const page = query.version || query.error_kind || query.metadata
+      ? await api("/v1/runs/search", { method: "POST", body: { query, limit: 50, ...(append && cursor ? { cursor } : {}) } })
+      : await api(`/v1/runs?${q}`);
     const body = $("#runs tbody");
     if (!append) body.replaceChildren();
     for (const run of page.runs) body.append(row(run));
@@ -141,12 +145,66 @@ function listView() {
   }
 
   form.onsubmit = (e) => { e.preventDefault(); refresh(); };
+  $("#bulk-form").onsubmit = async (e) => {
+    e.preventDefault();
+    const bulk = $("#bulk-form").elements;
+    try {
+      await api("/v1/bulk", { method: "POST", body: { action: bulk.action.value, query: searchQuery(form), rate_per_s: Number(bulk.rate_per_s.value) } });
+      location.hash = "#/bulk";
+    } catch (err) { handleError(err, "#list-error"); }
+  };
   $("#more").onclick = () => load(true).catch((err) => handleError(err, "#list-error"));
   refresh();
   // Live: the first page and the counts follow the runs (a later page stays as it was loaded).
   const timer = setInterval(() => { if (!stopped && !cursorPaged()) refresh(); }, 2000);
   const cursorPaged = () => $("#runs tbody").children.length > 50;
   return { stop() { stopped = true; clearInterval(timer); } };
+}
+
+// The list's filters as a search query (POST /v1/runs/search, POST /v1/bulk); metadata is typed
+// as "key=value, key=value".
+function searchQuery(form) {
+  const query = {};
+  for (const name of ["agent", "status", "thread_id", "version", "error_kind"]) if (form.elements[name].value) query[name] = form.elements[name].value.trim();
+  if (form.elements.since.value) query.since = Date.now() / 1000 - Number(form.elements.since.value);
+  const pairs = form.elements.metadata.value.split(",").map((p) => p.trim()).filter(Boolean);
+  if (pairs.length) query.metadata = Object.fromEntries(pairs.map((p) => [p.split("=")[0].trim(), p.slice(p.indexOf("=") + 1).trim()]));
+  return query;
+}
+
+// -- bulk jobs: their progress, live while any runs ------------------------------------------
+
+function bulkView() {
+  show("bulk-view");
+  let stopped = false;
+  let timer = null;
+  const describe = (q) => Object.entries(q).filter(([, v]) => v !== null && !(typeof v === "object" && !Object.keys(v).length))
+    .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : k === "since" || k === "until" ? when(v) : v}`).join(" ");
+  const stop = (job) => async () => {
+    try {
+      await api(`/v1/bulk/${job.job_id}/cancel`, { method: "POST" });
+      refresh();
+    } catch (err) { handleError(err, "#bulk-error"); }
+  };
+  async function refresh() {
+    if (stopped) return;
+    try {
+      const { jobs } = await api("/v1/bulk");
+      if (stopped) return;
+      $("#bulk-jobs tbody").replaceChildren(...jobs.map((job) => el("tr", { "data-job": job.job_id },
+        el("td", { class: "mono" }, job.job_id.slice(0, 12)),
+        el("td", {}, job.action),
+        el("td", {}, el("span", { class: `badge ${job.status === "done" ? "completed" : job.status === "cancelled" ? "interrupted" : "running"}` }, job.status)),
+        el("td", {}, `${job.acted}`), el("td", {}, `${job.skipped}`), el("td", {}, `${job.failed}`),
+        el("td", {}, when(job.created_at)),
+        el("td", { class: "clip" }, describe(job.query)),
+        el("td", {}, job.status === "running" ? el("button", { onclick: stop(job) }, "Stop") : ""))));
+      $("#bulk-error").textContent = "";
+      if (jobs.some((job) => job.status === "running")) timer = setTimeout(refresh, 1000);
+    } catch (err) { handleError(err, "#bulk-error"); }
+  }
+  refresh();
+  return { stop() { stopped = true; clearTimeout(timer); } };
 }
 
 // -- run page --------------------------------------------------------------------------------
@@ -176,7 +234,7 @@ function runView(runId) {
       run = head;
       renderHead(head);
       drawTimeline($("#timeline"), timeline, TERMINAL.has(head.status));
-      renderCheckpoints(checkpoints.checkpoints, timeline);
+      renderCheckpoints(checkpoints.checkpoints, timeline, runId);
     } catch (err) {
       handleError(err, "#run-error");
     }
@@ -249,6 +307,7 @@ function renderHead(run) {
   ];
   if (run.thread_id) facts.push(["Thread", run.thread_policy ? `${run.thread_id} (policy ${run.thread_policy})` : run.thread_id]);
   if (run.assistant) facts.push(["Assistant", `${run.assistant}@${run.assistant_version}`]);
+  if (run.fork) facts.push(["Forked from", el("a", { href: `#/runs/${run.fork.run_id}` }, `${run.fork.run_id} v${run.fork.version}`)]);
   if (run.handoffs && run.handoffs.length) {
     facts.push(["Now with", run.current_agent]);
     facts.push(["Handoffs", run.handoffs.map((h) => `step ${h.step}: ${h.from_agent} → ${h.to_agent} v${h.to_version}`).join("; ")]);
@@ -312,13 +371,22 @@ function voidCustomEvents(voided) {
   }
 }
 
-function renderCheckpoints(checkpoints, timeline) {
+function renderCheckpoints(checkpoints, timeline, runId) {
   const by = new Map(timeline.bars.filter((b) => b.kind === "phase").map((b) => [b.ref, b]));
   $("#checkpoints tbody").replaceChildren(...checkpoints.map((c) => {
     const bar = by.get(`v${c.version}`);
     return el("tr", {}, el("td", {}, `v${c.version}`), el("td", {}, c.phase), el("td", {}, `${c.step}`),
-      el("td", {}, when(c.updated_at)), el("td", { class: "mono" }, bar ? `${bar.name} on ${bar.lane}${bar.attempt > 1 ? ` (attempt ${bar.attempt})` : ""}` : ""));
+      el("td", {}, when(c.updated_at)), el("td", { class: "mono" }, bar ? `${bar.name} on ${bar.lane}${bar.attempt > 1 ? ` (attempt ${bar.attempt})` : ""}` : ""),
+      el("td", {}, el("button", { class: "fork", "data-version": c.version, onclick: () => forkFrom(runId, c.version) }, "Fork from here")));
   }));
+}
+
+// A new run from this checkpoint (POST /v1/runs/{id}/fork); its page is shown.
+async function forkFrom(runId, version) {
+  try {
+    const run = await api(`/v1/runs/${runId}/fork`, { method: "POST", body: { version } });
+    location.hash = `#/runs/${run.run_id}`;
+  } catch (err) { handleError(err, "#run-error"); }
 }
 
 // Server-Sent Events over fetch: resumes from the last id after a drop, ends after the end event.
@@ -545,8 +613,9 @@ async function route() {
     $("#whoami").textContent = err.message;
   }
   const pipeline = location.hash.match(/^#\/pipelines\/([A-Za-z0-9_.:@\/-]+)$/);
+  const bulk = location.hash === "#/bulk";
   if (location.hash === "#/memory") view = memoryView();
-  else view = match ? runView(match[1]) : pipeline ? pipelineView(pipeline[1]) : listView();
+  else view = match ? runView(match[1]) : pipeline ? pipelineView(pipeline[1]) : bulk ? bulkView() : listView();
 }
 
 $("#login-form").onsubmit = (e) => {

@@ -1,0 +1,202 @@
+"""The pool works bulk jobs (``shared/bulk.py``): a chunk of runs per task, then the next task.
+
+``wesichain.bulk.run`` takes the job's lock, reads the next page of the job's search from its
+cursor, acts on each run not recorded yet (at the job's rate), records each outcome once, moves the
+cursor past the page, lets the lock go and sends itself again; the search's last page ends the job.
+The sweeper's :meth:`BulkPool.tick` sends the task again for a running job nobody holds whose last
+task is overdue: a worker killed mid-chunk leaves its lock to expire, and the chunk is redone by
+another, passing over the runs it recorded.
+
+Outcome reasons are the runtime's own words (never a run's input or metadata): they are shown to
+the tenant and may be logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from producer.client import Client, NoLiveWorker, RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
+from producer.publishing import PUBLISH_ERRORS
+from shared.bulk import BulkJob, BulkOutcome, BulkStore, bulk_task
+from shared.errors import InvalidRequest, StoreFull
+from shared.state import RunHead, TaskSpec
+from shared.timetravel import last_good_checkpoint
+
+__all__ = [
+    "BulkPool",
+    "CHUNK",
+]
+
+log = logging.getLogger("wesichain.bulk")
+
+#: Runs one task reads and acts on before it hands the job to the next task.
+CHUNK = 20
+#: Seconds a task waits before it tries again, when the pool cannot take new runs now.
+_BACK_OFF_S = 5.0
+
+
+class _Later(Exception):
+    """The pool cannot act now (no live worker, Redis full, broker down): the chunk stops here
+    and the job goes on later (nothing is recorded for the run)."""
+
+
+class BulkPool:
+    """What the pool does for bulk jobs; ``client`` creates and cancels the runs."""
+
+    def __init__(self, client: Client, send: Callable[[TaskSpec], None], lease_s: float) -> None:
+        self.client = client
+        self.store = client.store
+        self.jobs = BulkStore(self.store.redis, self.store.keys)
+        self.send = send
+        #: A delivery holds a job this long past its last renewal (once per run acted on).
+        self.lease_s = lease_s
+        self.sleep: Callable[[float], None] = time.sleep
+
+    # -- one task -------------------------------------------------------------------------------
+
+    def run(self, tenant: str | None, job_id: str) -> int:
+        """Work the next chunk of the job; returns how many runs it recorded."""
+        job = self.jobs.load(tenant, job_id)
+        if job is None or job.status != "running":
+            return 0
+        token = uuid.uuid4().hex
+        if not self.jobs.hold(tenant, job_id, token, self.lease_s):
+            return 0  # another delivery works on it (it sends the next task)
+        again: float | None = 0.0
+        recorded = 0
+        try:
+            recorded, again = self._chunk(job, token)
+        finally:
+            self.jobs.release(tenant, job_id, token)
+        if again is not None:
+            self._kick(tenant, job_id, again)
+        return recorded
+
+    def _chunk(self, job: BulkJob, token: str) -> tuple[int, float | None]:
+        """Act on the next page; (runs recorded, when to send the next task: None, never)."""
+        tenant, job_id = job.tenant, job.job_id
+        cursor = self.jobs.cursor(tenant, job_id)
+        page = self.store.search_runs(tenant, job.query, cursor=cursor, limit=CHUNK)
+        recorded = 0
+        interval = 1.0 / job.rate_per_s
+        for head in page.runs:
+            if self.jobs.status(tenant, job_id) != "running":
+                return recorded, None  # cancelled
+            if not self.jobs.hold(tenant, job_id, token, self.lease_s):
+                return recorded, None  # lost the lock (a stall past the lease): its holder goes on
+            if self.jobs.done_already(tenant, job_id, head.run_id):
+                continue
+            started = time.monotonic()
+            try:
+                outcome = self._act(job, head)
+            except _Later as exc:
+                log.warning("bulk job %s waits: %s", job_id, exc)
+                return recorded, _BACK_OFF_S
+            recorded += int(self.jobs.record(tenant, job_id, outcome))
+            # The rate: one run per interval, the action's own time included.
+            self.sleep(max(0.0, interval - (time.monotonic() - started)))
+        if page.next_cursor is None:
+            self.jobs.end(tenant, job_id, "done")
+            return recorded, None
+        self.jobs.advance(tenant, job_id, page.next_cursor)
+        return recorded, 0.0
+
+    def _kick(self, tenant: str | None, job_id: str, countdown: float) -> None:
+        self.jobs.kicked(tenant, job_id)
+        try:
+            self.send(bulk_task(tenant, job_id, countdown=countdown))
+        except PUBLISH_ERRORS as exc:  # the sweeper sends it once the broker takes messages again
+            log.warning("bulk job %s: its next task was not sent (%s)", job_id, type(exc).__name__)
+
+    # -- the actions ----------------------------------------------------------------------------
+
+    def _act(self, job: BulkJob, head: RunHead) -> BulkOutcome:
+        run_id = head.run_id
+        if head.parent is not None or head.link is not None:
+            return _skipped(run_id, "started by the runtime (a subagent, pipeline or eval run)")
+        if job.action == "cancel":
+            if head.terminal:
+                return _skipped(run_id, f"already ended ({head.status})")
+            RunHandle(self.client, run_id).cancel()
+            return BulkOutcome(run_id=run_id, result="acted")
+        if not head.terminal:
+            return _skipped(run_id, f"not ended ({head.status})")
+        # Derived from (job, run): redoing this run after a crash finds the run made the first time.
+        key = f"bulk:{job.job_id}:{run_id}"
+        new_id: str | None
+        try:
+            if job.action == "retry":
+                new_id = self._retry(head, key)
+            else:
+                new_id = self._fork(head, key)
+        except (NoLiveWorker, StoreFull) as exc:
+            raise _Later(type(exc).__name__) from None
+        except PUBLISH_ERRORS as exc:
+            raise _Later(type(exc).__name__) from None
+        except (UnknownAgent, RequestConflict, InvalidRequest) as exc:
+            return BulkOutcome(run_id=run_id, result="failed", reason=_reason(exc))
+        if new_id is None:
+            return _skipped(run_id, "no checkpoint before its end")
+        return BulkOutcome(run_id=run_id, result="acted", new_run_id=new_id)
+
+    def _retry(self, head: RunHead, key: str) -> str:
+        """A fresh run with the same request (as the run was created: its first checkpoint)."""
+        created = self.store.checkpoints(head.run_id, 0, 0)
+        first = created[0] if created else head
+        handle = self.client.submit(
+            head.agent,
+            head.input,
+            thread_id=head.thread_id,
+            metadata=head.metadata or None,
+            model=first.model or None,
+            tenant=head.tenant,
+            callback=head.callback,
+            idempotency_key=key,
+            state=first.state,
+            namespace=head.namespace,
+        )
+        return handle.run_id
+
+    def _fork(self, head: RunHead, key: str) -> str | None:
+        """A fork from the last checkpoint before the run ended (``last_good_checkpoint``)."""
+        new_id = idempotent_run_id(head.tenant, key)
+        if self.store.load(new_id) is not None:
+            return new_id  # forked before a crash: not twice
+        good = last_good_checkpoint(self.store.checkpoints(head.run_id))
+        if good is None:
+            return None
+        return self.client.fork(head.run_id, good.version, new_run_id=new_id).run_id
+
+    # -- the sweeper's repair -------------------------------------------------------------------
+
+    def tick(self) -> int:
+        """Send the task again for each running job nobody holds whose last task is overdue (its
+        worker died, or the message was lost); returns how many."""
+        sent = 0
+        now = time.time()
+        for tenant, job_id in self.jobs.active():
+            status = self.jobs.status(tenant, job_id)
+            if status is None:
+                self.jobs.forget(tenant, job_id)
+                continue
+            if status != "running" or self.jobs.held(tenant, job_id):
+                continue
+            if now - self.jobs.kicked_at(tenant, job_id) < self.lease_s:
+                continue  # its task may still be waiting in the queue
+            log.info("bulk job %s: nobody works on it, sending its task again", job_id)
+            self._kick(tenant, job_id, 0.0)
+            sent += 1
+        return sent
+
+
+def _skipped(run_id: str, reason: str) -> BulkOutcome:
+    return BulkOutcome(run_id=run_id, result="skipped", reason=reason)
+
+
+def _reason(exc: Exception) -> str:
+    """Why an action was refused, in the runtime's words (its errors name no conversation text)."""
+    message = getattr(exc, "message", None) or str(exc)
+    return f"{type(exc).__name__}: {message}"[:300]
