@@ -35,7 +35,7 @@ def _filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenant", help="whose runs (default: runs without a tenant)")
     parser.add_argument("--agent", help="the agent the run was started for")
     parser.add_argument("--version", dest="agent_version", help="the agent version the run is pinned to")
-    parser.add_argument("--status", choices=RUN_STATUSES)
+    parser.add_argument("--status", choices=RUN_STATUSES, help="the run's status (queued, running, ...)")
     parser.add_argument("--error-kind", help="a failed run's error kind (ModelTransport, ToolDispatch...)")
     parser.add_argument("--thread", help="the conversation thread id")
     parser.add_argument("--since", type=float, help="created at or after (Unix seconds)")

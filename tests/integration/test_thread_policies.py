@@ -19,7 +19,9 @@ from shared.errors import ThreadBusy
 from shared.messages import AssistantMessage, Message, SystemMessage, UserMessage
 from shared.state import Phase, ThreadPolicy
 from tests.agents_fixture import GATE_DIR_ENV
+from tests.conftest import own_store
 from tests.harness import RedisServer, WorkerProcess, running, wait_until
+from tests.redis_cluster import RedisCluster
 
 TIMEOUT = 60
 SUBMITS = 20
@@ -28,6 +30,14 @@ SUBMITS = 20
 @pytest.fixture(scope="module")
 def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gate")
+
+
+@pytest.fixture(scope="module")
+def redis_server(redis_cluster: RedisCluster | None) -> Iterator[RedisServer]:
+    """This module's own run-state Redis: the session's shared workers, which have no gate, must
+    not take the gated charge of these tests (the ``client`` fixture uses this one too)."""
+    with own_store(redis_cluster) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
