@@ -118,9 +118,9 @@ def test_twenty_messages_on_a_thread_whose_busy_run_loses_its_worker(
     client = threads_client
     r = client.store.redis
     thread = f"{policy}-{uuid.uuid4().hex}"
-    kept = _ids("kept", 1)
+    kept, after = _ids("kept", 1), _ids("after", 1)
     ids = _ids(policy, SUBMITS)
-    _spare(client, fault, kept + ids)
+    _spare(client, fault, kept + after + ids)
     if policy == "rollback":  # a run before the busy one, whose exchange stays in the thread
         client.submit("echo", "the kept question", thread_id=thread, run_id=kept[0])
         assert client.handle(kept[0]).wait(RUN_TIMEOUT_S).phase is Phase.COMPLETED
@@ -172,8 +172,8 @@ def test_twenty_messages_on_a_thread_whose_busy_run_loses_its_worker(
         _assert_chained(client, "go", heads)
     elif policy == "reject":
         assert heads == []
-        after = client.submit("echo", "and now?", thread_id=thread, thread_policy="reject")
-        assert after.wait(RUN_TIMEOUT_S).answer == "seen 2 tool results in 8 messages"
+        free = client.submit("echo", "and now?", thread_id=thread, thread_policy="reject", run_id=after[0])
+        assert free.wait(RUN_TIMEOUT_S).answer == "seen 2 tool results in 8 messages"
     else:
         assert [h.phase for h in heads] == [Phase.INTERRUPTED] * (SUBMITS - 1) + [Phase.COMPLETED]
         assert [h.message_count for h in heads[:-1]] == [0] * (SUBMITS - 1)
