@@ -32,6 +32,7 @@ from worker.versions import pin
 
 __all__ = [
     "HISTORY_WINDOW",
+    "NO_RESULT",
     "render_prompts",
     "run_start",
     "THREAD_LOOKBACK",
