@@ -37,6 +37,15 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    """This module's own redis-server: workers of the session's other modules, which serve other
+    agents, must not take (and fail) this module's runs."""
+    server = RedisServer().start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="module")
 def api(
     redis_server: RedisServer, gate: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ApiProcess]:
@@ -110,6 +119,7 @@ def test_an_agents_reject_default_refuses_a_submit_without_a_policy_on_every_pat
     client.app.send_task(
         "wesichain.start", kwargs={"run_id": bare, "create": create}, queue="wesichain.model"
     )
+    wait_until(lambda: client.store.load(bare) is not None, TIMEOUT, what="the worker to create the bare run")
     for run_id in (unchecked.run_id, bare):
         head = client.handle(run_id).wait(TIMEOUT)
         assert head.phase is Phase.FAILED
