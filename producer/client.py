@@ -697,9 +697,15 @@ class RunHandle:
         return waiting_for(head, self.client.workers.live(), decided, previous)
 
     def cancel(self) -> Phase | None:
-        """Ask the run to stop; it ends INTERRUPTED at its next phase boundary (or cooperative check)."""
-        phase = self.client.store.request_cancel(self.run_id)
-        if phase is Phase.AWAITING_APPROVAL:
+        """Ask the run to stop; it ends INTERRUPTED at its next phase boundary (or cooperative check).
+
+        A run parked waiting for its thread is unparked in the same step and its start sent, so it
+        ends at once, without running, and hands the thread on if it held it."""
+        phase, woken = self.client.store.cancel_unparking(self.run_id)
+        if woken:
+            head = self.status()
+            self.client._send_start(start_task(self.run_id, namespace=head.namespace))
+        elif phase is Phase.AWAITING_APPROVAL:
             # No worker holds a parked run: wake one to commit the interruption.
             self._send_decide(self.status())
         return phase

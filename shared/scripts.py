@@ -172,6 +172,7 @@ SPECS: dict[str, ScriptSpec] = {
     "thread_park": _spec("run attempts_key leases", "run_id version token why"),
     "thread_wake": _spec("run leases", "run_id queued_ms"),
     "thread_forget": _spec("held", "member score"),
+    "thread_cancel": _spec("run leases", "run_id queued_ms"),
     "lock": _spec("lock", "token ttl_ms mode", words="release"),
     "scan_queue": _spec(
         "queue",
@@ -287,6 +288,7 @@ SCRIPT_NAMES = (
     "thread_park",
     "thread_wake",
     "thread_forget",
+    "thread_cancel",
     "lock",
     "scan_queue",
     "worker_beat",

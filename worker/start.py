@@ -22,7 +22,7 @@ from shared.middleware import Refuse, on_user_message
 from shared.prompts import Prompt
 from shared.request import check_run_id, new_run, validate_request
 from shared.run_state import StateError, initial_state
-from shared.state import ForkOrigin, Phase, RunHead
+from shared.state import ForkOrigin, Phase, RunHead, ToolResult
 from shared.store import Claim, PhaseClaim
 from shared.tasks import start_task
 from shared.timetravel import checkpoint_of, fork_conversation
@@ -34,6 +34,7 @@ from worker.versions import pin
 
 __all__ = [
     "HISTORY_WINDOW",
+    "NO_RESULT",
     "render_prompts",
     "run_start",
     "THREAD_LOOKBACK",
@@ -187,13 +188,15 @@ def _thread_history(rt: Runtime, head: RunHead, window_size: int) -> list[Messag
         return []
     rolled_back = rt.store.rolled_back(head.tenant, head.thread_id)
     previous: list[Message] = []
+    recorded: dict[str, ToolResult] = {}
     for run_id in reversed(earlier[-THREAD_LOOKBACK:]):
         if run_id in rolled_back:
             continue
         previous = [m for m in rt.store.load_messages(run_id) if not isinstance(m, SystemMessage)]
         if previous:
+            recorded = _recorded_results(rt, run_id)
             break
-    previous = _answered(previous)
+    previous = _answered(previous, recorded)
     window: list[Message] = previous[-window_size:] if window_size else []
     # Never start the window mid-exchange (e.g. with a tool result whose call was cut off).
     while window and not isinstance(window[0], UserMessage):
@@ -201,19 +204,47 @@ def _thread_history(rt: Runtime, head: RunHead, window_size: int) -> list[Messag
     return window
 
 
-def _answered(messages: list[Message]) -> list[Message]:
-    """``messages`` without any tool call left unanswered: providers refuse an assistant message
-    whose tool calls have no results (a run that ended mid-step, failed or cancelled, leaves one).
-    An assistant message with such a call keeps its text, if any, without its calls; the results
-    of its other calls go with them."""
-    results = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+def _recorded_results(rt: Runtime, run_id: str) -> dict[str, ToolResult]:
+    """The tool results recorded for the last step of an ended run, by call id: a run stopped
+    after a call finished and before the results were observed has them here, not in its messages."""
+    ended = rt.store.load(run_id)
+    if ended is None or ended.step == 0:
+        return {}
+    return {r.call_id: r for r in rt.store.load_results(run_id, ended.step)}
+
+
+#: What the next run of a thread reads for a call of an earlier run that has no recorded result.
+NO_RESULT = (
+    "No result: the run that asked for this call ended before its result was recorded, "
+    "so whether it took effect is unknown."
+)
+
+
+def _answered(messages: list[Message], recorded: dict[str, ToolResult] | None = None) -> list[Message]:
+    """``messages`` with every tool call answered: providers refuse an assistant message whose
+    tool calls have no results, and a run that ended mid-step (interrupted, cancelled, failed)
+    leaves one. Each such call is answered right after it, in call order, by its result recorded
+    for the run (``recorded``: the call ran, and the next run must know its effect happened),
+    else by an error saying its outcome is unknown (it may have run: a kill mid-call)."""
+    recorded = recorded or {}
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
     kept: list[Message] = []
-    dropped: set[str] = set()
     for m in messages:
-        if isinstance(m, AssistantMessage) and any(c.id not in results for c in m.tool_calls):
-            dropped.update(c.id for c in m.tool_calls)
-            if m.content:
-                kept.append(AssistantMessage(content=m.content))
-        elif not (isinstance(m, ToolMessage) and m.tool_call_id in dropped):
-            kept.append(m)
+        kept.append(m)
+        if not isinstance(m, AssistantMessage) or all(c.id in answered for c in m.tool_calls):
+            continue
+        for call in m.tool_calls:
+            if call.id in answered:
+                continue
+            result = recorded.get(call.id)
+            if result is None:
+                kept.append(
+                    ToolMessage(tool_call_id=call.id, name=call.name, content=NO_RESULT, is_error=True)
+                )
+            else:
+                kept.append(
+                    ToolMessage(
+                        tool_call_id=call.id, name=call.name, content=result.output, is_error=not result.ok
+                    )
+                )
     return kept

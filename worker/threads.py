@@ -53,7 +53,8 @@ def take_thread_turn(
     # The run before may have ended between the admission and the park, when this run was not
     # parked yet to be woken: look again now that it is.
     holder, _ = rt.store.thread_holder(head.tenant, head.thread_id)
-    if holder == head.run_id:
+    # Likewise a cancel asked before the park, which found nothing parked to end: end it now.
+    if holder == head.run_id or rt.store.cancel_requested(head.run_id):
         wake(rt, head.run_id)
     return False, None
 
@@ -63,8 +64,10 @@ def stop_runs(rt: Runtime, run_ids: tuple[str, ...] | list[str]) -> None:
     safe boundary (the same cancel as ``RunHandle.cancel``: never in the middle of a tool call), a
     waiting one as soon as its turn comes, before it starts; a parked approval is woken to end."""
     for run_id in run_ids:
-        phase = rt.store.request_cancel(run_id)
-        if phase is Phase.AWAITING_APPROVAL:
+        phase, woken = rt.store.cancel_unparking(run_id)
+        if woken:
+            _publish_start(rt, run_id)
+        elif phase is Phase.AWAITING_APPROVAL:
             parked = rt.store.load(run_id)
             if parked is not None:
                 rt.publish([decide_task(parked)], parked.epoch)
@@ -73,11 +76,14 @@ def stop_runs(rt: Runtime, run_ids: tuple[str, ...] | list[str]) -> None:
 def wake(rt: Runtime, run_id: str) -> None:
     """Unpark a run whose turn in its thread came, and publish its start (once: only the call that
     unparks it publishes; from then on the sweeper watches the start like any queued task)."""
-    if not rt.store.wake_from_thread(run_id):
-        return
+    if rt.store.wake_from_thread(run_id):
+        log.info("run %s: its turn in its thread came", run_id)
+        _publish_start(rt, run_id)
+
+
+def _publish_start(rt: Runtime, run_id: str) -> None:
     head = rt.store.load(run_id)
     if head is not None:
-        log.info("run %s: its turn in thread %s came", run_id, head.thread_id)
         rt.publish([start_task(run_id, namespace=head.namespace)], head.epoch)
 
 

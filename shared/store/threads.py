@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from shared import protocol
-from shared.state import THREAD_POLICIES, ThreadPolicy
+from shared.state import THREAD_POLICIES, Phase, ThreadPolicy
 from shared.store.base import StoreCore, _s
 
 __all__ = ["HeldThread", "ThreadTurn", "ThreadsMixin", "Verdict"]
@@ -117,6 +117,19 @@ class ThreadsMixin(StoreCore):
         k = self.keys
         reply = self._run("thread_wake", [k.run(run_id), k.leases_of(run_id)], [run_id, self._queued_ms])
         return int(reply) == 1
+
+    def cancel_unparking(self, run_id: str) -> tuple[Phase | None, bool]:
+        """Ask a run to stop (as :meth:`request_cancel`) and, if it is parked for its thread,
+        unpark it in the same step: (its phase, True when its start is to be published now, to end
+        it INTERRUPTED at once rather than when its turn comes)."""
+        reply = self._run(
+            "thread_cancel", [self.keys.run(run_id), self.keys.leases_of(run_id)], [run_id, self._queued_ms]
+        )
+        phase, woken = _s(reply[0]), int(reply[1])
+        if not phase:
+            archived = self.archive.load(run_id) if self.archive is not None else None
+            return (archived.phase if archived is not None else None), False  # ended long ago, or none
+        return Phase(phase), woken == 1
 
     def thread_wait(self, run_id: str) -> dict[str, Any] | None:
         """What a parked run waits for (``thread_id``, ``waiting_for``), None when it is not parked."""

@@ -7,6 +7,7 @@ its gate, 20 runs are submitted at once on the thread, then the gate opens.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,7 @@ import pytest
 
 from producer.client import Client, RunHandle
 from shared.errors import ThreadBusy
-from shared.messages import AssistantMessage, Message, SystemMessage, UserMessage
+from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 from shared.state import Phase, ThreadPolicy
 from tests.agents_fixture import GATE_DIR_ENV
 from tests.conftest import own_store
@@ -185,12 +186,25 @@ def test_interrupt_stops_the_busy_run_after_its_tool_and_the_last_message_runs_o
     # Every run but the last was asked to stop before its turn: it ended without running.
     assert [h.phase for h in heads] == [Phase.INTERRUPTED] * (SUBMITS - 1) + [Phase.COMPLETED]
     assert [h.message_count for h in heads[:-1]] == [0] * (SUBMITS - 1)
-    # The last continued the interrupted run's kept history: what it committed, less the tool call
-    # it stopped before observing (a conversation never holds a call without its result).
+    # The last continued the interrupted run's kept history: what it committed, and the charge it
+    # stopped before observing, answered by its recorded result (the effect happened: the next run
+    # must know it).
     conversation = _conversation(client, order[-1])
-    assert [type(m) for m in conversation] == [UserMessage, UserMessage, AssistantMessage]
-    assert [m.content for m in conversation[:2]] == ["charge me", heads[-1].input]
-    assert heads[-1].answer == "seen 0 tool results in 3 messages"
+    assert [type(m) for m in conversation] == [
+        UserMessage,
+        AssistantMessage,
+        ToolMessage,
+        UserMessage,
+        AssistantMessage,
+    ]
+    charge_call = conversation[1]
+    assert isinstance(charge_call, AssistantMessage)
+    assert [c.name for c in charge_call.tool_calls] == ["charge_gated"]
+    result = conversation[2]
+    assert isinstance(result, ToolMessage) and not result.is_error
+    assert (result.tool_call_id, json.loads(result.content)["label"]) == (charge_call.tool_calls[0].id, "pay")
+    assert [conversation[0].content, conversation[3].content] == ["charge me", heads[-1].input]
+    assert heads[-1].answer == "seen 1 tool results in 5 messages"
 
 
 def test_rollback_cancels_the_busy_run_and_drops_its_messages_from_the_thread(

@@ -5,6 +5,9 @@ a comma-separated list of fault points:
 
 * ``crash_after_commit:<phase>`` — SIGKILL the process right after a ``<phase>`` task committed
   and before it published the next phase (once per run, so recovery can succeed);
+* ``crash_after_commit:ended`` — SIGKILL the process right after the commit that ended a run
+  (completed, failed), before anything that follows it: the publish of its callback, the hand-on
+  of its thread to the next run (once per run);
 * ``pause:<phase>`` — after claiming a ``<phase>`` task, record this process's pid under
   :func:`pid_key` and sleep ``WESICHAIN_FAULT_PAUSE_S`` seconds (once per run), so a test can
   kill the process in the middle of that phase;
@@ -58,6 +61,14 @@ class ChaosHooks(Hooks):
         name = f"crash_after_commit:{phase.value}"
         if name in self.faults and self._once(name, store, run_id):
             os.kill(os.getpid(), signal.SIGKILL)
+        ended = "crash_after_commit:ended"
+        if ended in self.faults and _ended(store, run_id) and self._once(ended, store, run_id):
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def outgoing(self, spec: TaskSpec) -> Sequence[TaskSpec]:
         return (spec, spec) if "duplicate_publish" in self.faults else (spec,)
+
+
+def _ended(store: RunStore, run_id: str) -> bool:
+    head = store.load(run_id)
+    return head is not None and head.terminal
