@@ -15,10 +15,10 @@ from typing import Any
 
 from producer.client import Client
 from shared.errors import InvalidRequest
-from shared.evals.annotations import Annotation, AnnotationInput, AnnotationStore
+from shared.evals.annotations import Annotation, AnnotationInput, AnnotationStore, check_item
 from shared.evals.context import eval_context
 from shared.evals.dataset import Case, load_dataset
-from shared.evals.errors import EvalNotFound, EvalSpecError
+from shared.evals.errors import EvalSpecError
 from shared.evals.outcome import CaseResult
 from shared.evals.scorers import check_importable
 from shared.evals.spec import EvalSpec, load_spec
@@ -202,16 +202,7 @@ class EvalClient:
         """Store a reviewer's annotation of one case run (``variant:case:repeat``) of the eval,
         in the eval's tenant; raises :class:`EvalNotFound` for an eval or case run it has not."""
         meta = self.store.meta(eval_id)
-        try:
-            parsed = Item.parse(item)
-        except ValueError:
-            raise EvalNotFound(f"eval {eval_id!r} has no case run {item[:40]!r}") from None
-        if not (
-            0 <= parsed.variant < len(meta.spec.variants)
-            and 0 <= parsed.case < meta.cases
-            and 0 <= parsed.repeat < meta.spec.repeats
-        ) or str(parsed) != item:
-            raise EvalNotFound(f"eval {eval_id!r} has no case run {item[:40]!r}")
+        check_item(meta, item)
         return self.annotations.put(meta.tenant, eval_id, item, value, by)
 
     def labels(self, eval_id: str) -> dict[str, Annotation]:

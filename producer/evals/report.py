@@ -155,7 +155,6 @@ def _data(meta: EvalMeta, cases: dict[int, Case], results: Sequence[CaseResult])
     }
 
 
-
 def comparison_data(c: Comparison) -> dict[str, Any]:
     """A paired comparison as JSON: pass rates, regressions, improvements, McNemar's p-value."""
     return {
@@ -225,7 +224,9 @@ def _failed_checks(summaries: Sequence[VariantSummary], results: Sequence[CaseRe
     scorers = sorted({name for _, name in failed})
     return {
         "scorers": scorers,
-        "rows": [[s.name, *(failed.get((s.name, n), 0) for n in scorers)] for s in summaries] if scorers else [],
+        "rows": [[s.name, *(failed.get((s.name, n), 0) for n in scorers)] for s in summaries]
+        if scorers
+        else [],
     }
 
 
@@ -259,7 +260,8 @@ def _header(meta: EvalMeta) -> dict[str, Any]:
         "namespace": spec.namespace,
         "scorers": [s.model_dump(mode="json", exclude_defaults=True) for s in spec.scorers],
         "variants": [
-            {"name": v.name, "agent": v.agent, "model": v.model, "metadata": v.metadata} for v in spec.variants
+            {"name": v.name, "agent": v.agent, "model": v.model, "metadata": v.metadata}
+            for v in spec.variants
         ],
         "context": meta.context,
     }
@@ -302,9 +304,7 @@ def report_data(
             "comparisons": [comparison_data(c) for c in variant_comparisons(meta, results)],
             "breakdown": breakdown(cases, results, variants, spec.repeats),
             "labels": {item: a.model_dump(mode="json") for item, a in labels.items()},
-            "agreement": {
-                name: agreement(by_variant[name], labels).as_dict() for name in variants
-            }
+            "agreement": {name: agreement(by_variant[name], labels).as_dict() for name in variants}
             | {"all": agreement(results, labels).as_dict()},
         }
     )

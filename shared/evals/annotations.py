@@ -22,7 +22,9 @@ from typing import Any, Literal
 import redis
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult
+from shared.evals.store import EvalMeta, Item
 from shared.keys import Keys
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "AnnotationStore",
     "agreement",
     "annotation_columns",
+    "check_item",
 ]
 
 #: Characters of a reviewer's note.
@@ -80,6 +83,24 @@ class Annotation(AnnotationInput):
     at: float = Field(description="When, Unix seconds.")
 
 
+def check_item(meta: EvalMeta, item: str) -> Item:
+    """The case run ``item`` (``variant:case:repeat``) of the eval; :class:`EvalNotFound` when the
+    eval has no such case run (or ``item`` is not written the way the eval writes its items)."""
+    try:
+        parsed = Item.parse(item)
+    except ValueError:
+        parsed = None
+    if (
+        parsed is None
+        or str(parsed) != item
+        or not 0 <= parsed.variant < len(meta.spec.variants)
+        or not 0 <= parsed.case < meta.cases
+        or not 0 <= parsed.repeat < meta.spec.repeats
+    ):
+        raise EvalNotFound(f"eval {meta.eval_id!r} has no case run {item[:40]!r}")
+    return parsed
+
+
 class AnnotationStore:
     """Annotations of evals in Redis (the evals' client and keys)."""
 
@@ -93,7 +114,10 @@ class AnnotationStore:
         """Store ``value`` as ``by``'s annotation of case run ``item`` (now): it becomes the label."""
         annotation = Annotation(**value.model_dump(), item=item, by=by, at=round(time.time(), 3))
         raw = annotation.model_dump_json()
-        latest, log = self.keys.eval_annotations(tenant, eval_id), self.keys.eval_annotation_log(tenant, eval_id)
+        latest, log = (
+            self.keys.eval_annotations(tenant, eval_id),
+            self.keys.eval_annotation_log(tenant, eval_id),
+        )
         # The annotations go when the eval's keys go: as long as its meta lives, at least the retention.
         meta_ttl_ms = int(self.redis.pttl(self.keys.eval_meta(eval_id)))
         ttl_ms = max(meta_ttl_ms, int(self.retention_s * 1000))

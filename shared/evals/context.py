@@ -45,7 +45,11 @@ def code_version(module: str | None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     sha = done.stdout.strip()
-    return sha if done.returncode == 0 and len(sha) in (40, 64) and all(c in "0123456789abcdef" for c in sha) else None
+    return (
+        sha
+        if done.returncode == 0 and len(sha) in (40, 64) and all(c in "0123456789abcdef" for c in sha)
+        else None
+    )
 
 
 def eval_context(

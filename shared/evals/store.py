@@ -13,9 +13,9 @@ from, and an archived eval's id is not created again.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
