@@ -367,7 +367,7 @@ def render_live(page: str) -> str:
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width,initial-scale=1">
-<title>{title}</title><style>{style}</style></head>
+<link rel="icon" href="data:,"><title>{title}</title><style>{style}</style></head>
 <body>
 <main id="viewer"><p class="loading">Loading…</p></main>
 <script type="application/json" id="eval-data">{data}</script>
