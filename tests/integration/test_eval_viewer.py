@@ -11,6 +11,7 @@ import csv
 import hashlib
 import io
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,6 +134,8 @@ def test_another_tenant_sees_and_reviews_none_of_a_tenants_evals(served: dict[st
 
 def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) -> None:
     api = served["api"]
+    # WESICHAIN_SCREENSHOTS=docs writes the documentation's pictures of each page.
+    shots = Path(os.environ.get("WESICHAIN_SCREENSHOTS") or tmp_path)
     errors: list[str] = []
     dialogs: list[str] = []
     foreign: list[str] = []
@@ -175,7 +178,7 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
             assert rows == ["nightly-2", "nightly-1"]
             assert page.locator("#trends figure.trend").count() == 2  # pass rate, and the exact scorer's mean
             assert page.locator("#trends polyline").count() == 4  # two variants, two evals each
-            page.screenshot(path=str(tmp_path / "index.png"), full_page=True)
+            page.screenshot(path=str(shots / "eval-index.png"), full_page=True)
 
             # Two evals compared per case: the baseline's variant a doubles right, the candidate's
             # gets multiples of 3 wrong (d3).
@@ -189,6 +192,7 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
             )
             assert regressions == ["d3/a"]
             assert page.url.endswith("/evals/nightly-2#compare=nightly-1")
+            page.locator("#compare-evals").screenshot(path=str(shots / "eval-compare.png"))
 
             # Verdict first, then the context.
             verdict = page.text_content("#verdict") or ""
@@ -211,6 +215,9 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
             assert page.eval_on_selector_all(
                 "#variant-settings tbody tr", "rs => rs.map(r => Array.from(r.cells).map(c => c.textContent))"
             ) == [["a", "doubler", "scripted:evals-b", "-"], ["echo", "doubler", "scripted:evals-echo", "-"]]
+
+            page.evaluate("window.scrollTo(0, 0)")
+            page.screenshot(path=str(shots / "eval-viewer.png"))
 
             # The breakdown by the dataset's category; a group filters the cases.
             groups = page.eval_on_selector_all("#breakdown tr.group", "rs => rs.map(r => r.dataset.value)")
@@ -248,7 +255,7 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
             page.wait_for_selector("#case-rows tr.drill .human p.note", timeout=UI_TIMEOUT_MS)
             agreement = page.eval_on_selector_all("#summary td.agreement", "ts => ts.map(t => t.textContent)")
             assert agreement == ["-", "0.0% of 1 labelled, \u03ba 0.00"]
-            page.screenshot(path=str(tmp_path / "eval.png"), full_page=True)
+            page.locator("#case-rows tr.drill").screenshot(path=str(shots / "eval-review.png"))
 
             # The run's page in the console opens for the tenant.
             page.goto(api + "/#/runs/nightly-2:v1:c5:r0")
