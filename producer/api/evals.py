@@ -14,7 +14,7 @@ from collections import defaultdict
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import HTMLResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, Field
 
 from producer.api.auth import Caller
@@ -31,7 +31,23 @@ from shared.evals.outcome import CaseResult
 from shared.evals.store import EvalMeta, EvalStore, Item
 from shared.request import check_name
 
-__all__ = ["MAX_COMPARED_PAIRS", "MAX_LISTED_EVALS", "pages", "router"]
+__all__ = [
+    "MAX_COMPARED_PAIRS",
+    "MAX_LISTED_EVALS",
+    "AnnotationList",
+    "EvalComparison",
+    "EvalIndex",
+    "annotate",
+    "compare_evals",
+    "eval_page",
+    "eval_results",
+    "get_eval",
+    "index_page",
+    "list_annotations",
+    "list_evals",
+    "pages",
+    "router",
+]
 
 #: Evals one index answer lists, and per-case pairs one comparison answer lists.
 MAX_LISTED_EVALS = 100
@@ -139,7 +155,13 @@ def get_eval(eval_id: str, services: Svc, who: Who) -> dict[str, Any]:
 
 @router.get(
     "/evals/{eval_id}/results",
-    response_class=PlainTextResponse,
+    response_class=Response,
+    responses={
+        200: {
+            "description": "The file.",
+            "content": {"text/csv": {}, "application/x-ndjson": {}, "application/xml": {}},
+        }
+    },
     summary="An eval's results as a file",
     description="One row per case run (``jsonl``, ``csv`` or ``junit``), with the human label,"
     " score overrides, note, reviewer and time of each annotated case run beside its scores.",
@@ -149,12 +171,12 @@ def eval_results(
     services: Svc,
     who: Who,
     format: Annotated[Literal["jsonl", "csv", "junit"], Query()] = "csv",
-) -> PlainTextResponse:
+) -> Response:
     evals, annotations = _stores(services)
     _owned(evals, who, eval_id)
     text = export(_results(evals, eval_id), format, eval_id, annotations.latest(who.tenant, eval_id))
     media = {"jsonl": "application/x-ndjson", "csv": "text/csv", "junit": "application/xml"}[format]
-    return PlainTextResponse(text, media_type=f"{media}; charset=utf-8")
+    return Response(text, media_type=f"{media}; charset=utf-8")
 
 
 @router.get(
