@@ -275,6 +275,14 @@ class Keys:
         """Hash: item -> its result row as JSON; HSETNX makes each result once."""
         return self._eval(eval_id) + ":results"
 
+    def eval_annotations(self, tenant: str | None, eval_id: str) -> str:
+        """Hash: item -> the latest human annotation of that case run (JSON), of one tenant's eval."""
+        return f"{self.prefix}{{evals}}:ann:{tenant or '-'}:{eval_id}"
+
+    def eval_annotation_log(self, tenant: str | None, eval_id: str) -> str:
+        """List: every annotation of one tenant's eval, oldest first (who marked what, and when)."""
+        return f"{self.prefix}{{evals}}:annlog:{tenant or '-'}:{eval_id}"
+
     def eval_counts(self, eval_id: str) -> str:
         """Hash: running totals per variant (``v<n>:done``, ``passed``, ``failed``, tokens, cost)."""
         return self._eval(eval_id) + ":counts"

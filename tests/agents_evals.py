@@ -47,7 +47,13 @@ def _model(name: str, wrong_multiples_of: int | None) -> ScriptedModel:
     return ScriptedModel(script, chunk=64)
 
 
+def _echo(messages: Sequence[Message]) -> ModelResponse:
+    """Answers with the question itself: an answer holding whatever markup the case's input holds."""
+    return reply(next(m.content for m in reversed(messages) if isinstance(m, UserMessage)))
+
+
 registry = AgentRegistry()
+registry.add_model("evals-echo", ScriptedModel(_echo, chunk=64))
 registry.add_model("evals-a", _model("evals-a", None))
 registry.add_model("evals-b", _model("evals-b", 3))
 registry.add(Agent(name="doubler", model="scripted:evals-a", system_prompt="Double it.", tools=ToolSet([])))

@@ -152,6 +152,8 @@ class EvalPool:
                 link=EvalLink(eval_id=eval_id, item=str(item)),
                 check_agent=False,
                 namespace=spec.namespace,
+                # A tenant's eval runs as that tenant: its case runs open in its console.
+                tenant=meta.tenant,
             )
             created = 1
         except StoreFull as exc:
@@ -191,17 +193,17 @@ class EvalPool:
             item = Item.parse(link.item)
         except ValueError:
             return None
-        if run_id != run_id_of(eval_id, item) or head.tenant is not None:
-            # Case runs have the deterministic id of their item, and no tenant (evals are the
-            # operator's): anything else is not a run this pool created.
-            log.warning("run %s is not the case run of eval %s item %s; ignored", run_id, eval_id, item)
-            return None
-        if self.evals.claim_scoring(eval_id, item, self.lease_s) != "ok":
-            return None  # scored already, or being scored
         try:
             meta = self._meta(eval_id)
         except EvalNotFound:
             return None
+        if run_id != run_id_of(eval_id, item) or head.tenant != meta.tenant:
+            # Case runs have the deterministic id of their item, and the eval's tenant (none: the
+            # operator's eval): anything else is not a run this pool created.
+            log.warning("run %s is not the case run of eval %s item %s; ignored", run_id, eval_id, item)
+            return None
+        if self.evals.claim_scoring(eval_id, item, self.lease_s) != "ok":
+            return None  # scored already, or being scored
         ended = outcome(head)
         steps = trajectory(self.runs.load_messages(run_id))
         case = self.evals.case(eval_id, item.case)

@@ -1,4 +1,4 @@
-"""``wesichain eval run|status|cancel|resume|results|report|list``.
+"""``wesichain eval run|status|cancel|resume|results|report|list|compare|watch|annotate|index``.
 
 ``eval run`` with a Redis URL (``--redis`` or ``$WESICHAIN_REDIS_URL``) creates the eval for the
 pool and returns its id at once (``--wait`` follows it); with neither (or ``--embedded``) it runs
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -17,19 +18,25 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from producer.client import Client
 from producer.evals.client import EvalClient, EvalTimeout, Progress
 from producer.evals.export import FORMATS, export
-from producer.evals.report import render_report
+from producer.evals.report import index_entry, render_index, render_report
 from producer.evals.watch import watch
 from producer.runtimes import run_embedded
+from shared.evals.annotations import Agreement, AnnotationInput, agreement
 from shared.evals.compare import ALPHA, Comparison, compare
 from shared.evals.outcome import CaseResult
+from shared.evals.spec import describe_errors
 from shared.settings import ENV_REDIS_URL
 
 __all__ = [
     "EXIT_BELOW_THRESHOLD",
     "EXIT_TIMEOUT",
+    "annotate",
+    "export_index",
     "cancel",
     "compare_evals",
     "dispatch",
@@ -77,6 +84,11 @@ def register(
     r.add_argument("--embedded", action="store_true", help="run in this process (no server)")
     r.add_argument("--report", "-o", metavar="HTML", help="write the report here when it completes")
     r.add_argument("--no-check", action="store_true", help="create it even if no live worker serves an agent")
+    r.add_argument(
+        "--tenant",
+        metavar="NAME",
+        help="the tenant the eval belongs to: only its API keys see and review it in wesichain api",
+    )
     for verb, text in (
         ("status", "show an eval's progress per variant"),
         ("cancel", "start no more case runs (those in flight finish)"),
@@ -104,6 +116,25 @@ def register(
     cmp.add_argument("--variants", nargs=2, metavar=("BASE", "CANDIDATE"), help="compare these two variants")
     cmp.add_argument("--alpha", type=float, default=ALPHA, help=f"significance level (default {ALPHA})")
     cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    ann = verbs.add_parser(
+        "annotate", parents=[common], help="review a case run: label, score overrides, note"
+    )
+    ann.add_argument("eval_id")
+    ann.add_argument("item", help="the case run, VARIANT:CASE:REPEAT indexes (as the viewer shows them)")
+    ann.add_argument("--label", choices=("pass", "fail"), help="the reviewer's verdict")
+    ann.add_argument(
+        "--score", action="append", default=[], metavar="SCORER=VALUE", help="override a score (0..1)"
+    )
+    ann.add_argument("--note", default="", help="a comment")
+    ann.add_argument(
+        "--by", default=os.environ.get("USER") or "operator", help="the reviewer (default $USER)"
+    )
+    idx = verbs.add_parser(
+        "index", parents=[common], help="export the index of evals and each eval's report as static HTML"
+    )
+    idx.add_argument("--output", "-o", required=True, metavar="DIR", help="the directory to write into")
+    idx.add_argument("--limit", type=int, default=50, help="the newest this many evals (default 50)")
+    idx.add_argument("--tenant", metavar="NAME", help="the evals of this tenant (default: the operator's)")
     w = verbs.add_parser("watch", parents=[common], help="a live view: progress, pass rate, cost, ETA")
     w.add_argument("eval_id")
     w.add_argument("--timeout", type=float, default=24 * 3600.0, help="stop watching after this many seconds")
@@ -123,6 +154,8 @@ def dispatch(args: argparse.Namespace) -> int:
         "list": list_evals,
         "compare": compare_evals,
         "watch": watch_eval,
+        "annotate": annotate,
+        "index": export_index,
     }[args.eval_command]
     return handler(args)
 
@@ -152,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             check_agents=not args.no_check,
             namespace=args.namespace,
+            tenant=args.tenant,
         )
         word = "created" if created else "exists already; following it"
         print(f"eval {eval_id} {word}" + (" (embedded: no server)" if embedded else ""), file=sys.stderr)
@@ -254,8 +288,9 @@ def resume(args: argparse.Namespace) -> int:
 
 
 def results(args: argparse.Namespace) -> int:
-    rows = EvalClient(Client.from_env()).results(args.eval_id)
-    text = export(rows, args.format, args.eval_id)
+    evals = EvalClient(Client.from_env())
+    rows = evals.results(args.eval_id)
+    text = export(rows, args.format, args.eval_id, evals.labels(args.eval_id))
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
     else:
@@ -265,7 +300,7 @@ def results(args: argparse.Namespace) -> int:
 
 def _write_report(evals: EvalClient, eval_id: str, target: str) -> None:
     meta = evals.store.meta(eval_id)
-    page = render_report(meta, evals.store.cases(eval_id), evals.results(eval_id))
+    page = render_report(meta, evals.store.cases(eval_id), evals.results(eval_id), evals.labels(eval_id))
     Path(target).write_text(page, encoding="utf-8")
 
 
@@ -310,8 +345,16 @@ def _pairs(args: argparse.Namespace, evals: EvalClient) -> list[Comparison]:
     raise ValueError("the evals share no variant name: name the two with --variants")
 
 
+def _agreements(args: argparse.Namespace, evals: EvalClient) -> dict[str, Agreement]:
+    """Each compared eval's human labels against its automatic verdicts."""
+    ids = dict.fromkeys([args.baseline, args.candidate or args.baseline])
+    return {eval_id: agreement(evals.results(eval_id), evals.labels(eval_id)) for eval_id in ids}
+
+
 def compare_evals(args: argparse.Namespace) -> int:
-    comparisons = _pairs(args, EvalClient(Client.from_env()))
+    evals = EvalClient(Client.from_env())
+    comparisons = _pairs(args, evals)
+    agreements = _agreements(args, evals)
     for c in comparisons:
         c.alpha = args.alpha
     if args.json:
@@ -328,6 +371,10 @@ def compare_evals(args: argparse.Namespace) -> int:
                         "improvements": c.improvements,
                         "p_value": c.p_value,
                         "significant_regression": c.significant_regression,
+                        "human_agreement": {
+                            "baseline": agreements[c.a.rsplit("/", 1)[0]].as_dict(),
+                            "candidate": agreements[c.b.rsplit("/", 1)[0]].as_dict(),
+                        },
                     }
                     for c in comparisons
                 ]
@@ -342,7 +389,63 @@ def compare_evals(args: argparse.Namespace) -> int:
                 print(f"  regressions: {', '.join(c.regressions[:50])}")
             if c.improvements:
                 print(f"  improvements: {', '.join(c.improvements[:50])}")
+        for eval_id, agreed in agreements.items():
+            if agreed.labelled:
+                kappa = "-" if agreed.kappa is None else f"{agreed.kappa:.2f}"
+                print(
+                    f"human review of {eval_id}: {agreed.labelled} case runs labelled, the scorers agree"
+                    f" on {agreed.agreed} ({agreed.rate:.1%}), Cohen's kappa {kappa}"
+                )
     return EXIT_BELOW_THRESHOLD if any(c.significant_regression for c in comparisons) else 0
+
+
+def annotate(args: argparse.Namespace) -> int:
+    scores: dict[str, float] = {}
+    for pair in args.score:
+        name, sep, value = pair.partition("=")
+        try:
+            scores[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--score {pair!r}: write SCORER=VALUE, a value within 0..1") from None
+        if not sep:
+            raise ValueError(f"--score {pair!r}: write SCORER=VALUE")
+    try:
+        value = AnnotationInput(label=args.label, scores=scores, note=args.note)
+    except ValidationError as exc:
+        raise ValueError(describe_errors(exc)) from None
+    saved = EvalClient(Client.from_env()).annotate(args.eval_id, args.item, value, args.by)
+    print(f"eval {args.eval_id} case run {saved.item}: {saved.label or 'no verdict'} by {saved.by}")
+    return 0
+
+
+def _file_name(eval_id: str) -> str:
+    """A file name for the eval's report (ids may hold ``/`` and ``:``)."""
+    return re.sub(r"[^A-Za-z0-9._@-]", "_", eval_id) + ".html"
+
+
+def export_index(args: argparse.Namespace) -> int:
+    evals = EvalClient(Client.from_env())
+    target = Path(args.output)
+    target.mkdir(parents=True, exist_ok=True)
+    entries: list[dict[str, Any]] = []
+    links: dict[str, str] = {}
+    for eval_id in evals.store.list_evals(args.limit * 10):
+        meta = evals.store.meta(eval_id)
+        if meta.tenant != args.tenant:
+            continue
+        rows = evals.results(eval_id)
+        name = _file_name(eval_id)
+        if name in links.values():
+            name = f"{name[:-5]}-{len(links)}.html"
+        page = render_report(meta, evals.store.cases(eval_id), rows, evals.labels(eval_id))
+        (target / name).write_text(page, encoding="utf-8")
+        entries.append(index_entry(meta, rows))
+        links[eval_id] = name
+        if len(entries) >= args.limit:
+            break
+    (target / "index.html").write_text(render_index(entries, links), encoding="utf-8")
+    print(f"index: {target / 'index.html'} ({len(entries)} evals)")
+    return 0
 
 
 def watch_eval(args: argparse.Namespace) -> int:

@@ -11,9 +11,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from producer.client import Client
 from shared.errors import InvalidRequest
+from shared.evals.annotations import Annotation, AnnotationInput, AnnotationStore, check_item
+from shared.evals.context import eval_context
 from shared.evals.dataset import Case, load_dataset
 from shared.evals.errors import EvalSpecError
 from shared.evals.outcome import CaseResult
@@ -61,6 +64,7 @@ class EvalClient:
         self.store = EvalStore(
             client.store.redis, client.store.keys, client.settings.retention_s, archive=client.store.archive
         )
+        self.annotations = AnnotationStore(client.store.redis, client.store.keys, client.settings.retention_s)
 
     def submit_file(
         self,
@@ -70,6 +74,7 @@ class EvalClient:
         model: str | None = None,
         check_agents: bool = True,
         namespace: str | None = None,
+        tenant: str | None = None,
     ) -> tuple[str, bool]:
         spec, base = load_spec(path)
         if model is not None:
@@ -78,7 +83,20 @@ class EvalClient:
             spec = spec.with_namespace(namespace)
         dataset_path = (base / spec.dataset).resolve()
         cases, data = load_dataset(dataset_path)
-        return self.submit(spec, cases, data, dataset_path.name, eval_id=eval_id, check_agents=check_agents)
+        spec_path = Path(path)
+        context = eval_context(
+            spec_path.read_bytes(), spec_path.name, data, self.client.settings.agents_module
+        )
+        return self.submit(
+            spec,
+            cases,
+            data,
+            dataset_path.name,
+            eval_id=eval_id,
+            check_agents=check_agents,
+            tenant=tenant,
+            context=context,
+        )
 
     def submit(
         self,
@@ -89,12 +107,24 @@ class EvalClient:
         *,
         eval_id: str | None = None,
         check_agents: bool = True,
+        tenant: str | None = None,
+        context: dict[str, Any] | None = None,
     ) -> tuple[str, bool]:
         """Create the eval (unless it exists) and start it on the pool; returns (id, created).
 
         The id defaults to the spec's name and a digest of the spec and dataset: submitting the
-        same eval again attaches to it, never runs its cases twice.
+        same eval again attaches to it, never runs its cases twice. ``tenant`` owns the eval: only
+        its API keys see and annotate it in the HTTP API (None: the operator's, as before).
+        ``context`` (content hashes, code version) defaults to the dataset's hash and the agents'
+        code version.
         """
+        if tenant is not None:
+            try:
+                check_name("tenant", tenant)
+            except InvalidRequest as exc:
+                raise EvalSpecError(exc.message) from None
+        if context is None:
+            context = eval_context(None, None, dataset_bytes, self.client.settings.agents_module)
         check_importable(spec.scorers)
         limits = self.client.settings.limits
         for case in cases:
@@ -118,7 +148,7 @@ class EvalClient:
         if len(eval_id) > 120:
             raise EvalSpecError(f"eval id {eval_id[:40]!r}... is longer than 120 characters")
         try:
-            created = self.store.create(eval_id, spec, cases, dataset_name)
+            created = self.store.create(eval_id, spec, cases, dataset_name, tenant=tenant, context=context)
         except ValueError as exc:
             raise EvalSpecError(str(exc)) from None
         if created or self.store.meta(eval_id).status == "running":
@@ -167,6 +197,17 @@ class EvalClient:
             return item.case, item.variant, item.repeat
 
         return sorted(self.store.results(eval_id), key=order)
+
+    def annotate(self, eval_id: str, item: str, value: AnnotationInput, by: str) -> Annotation:
+        """Store a reviewer's annotation of one case run (``variant:case:repeat``) of the eval,
+        in the eval's tenant; raises :class:`EvalNotFound` for an eval or case run it has not."""
+        meta = self.store.meta(eval_id)
+        check_item(meta, item)
+        return self.annotations.put(meta.tenant, eval_id, item, value, by)
+
+    def labels(self, eval_id: str) -> dict[str, Annotation]:
+        """Item -> its latest annotation."""
+        return self.annotations.latest(self.store.meta(eval_id).tenant, eval_id)
 
     def _send(self, task: TaskSpec) -> None:
         self.client.app.send_task(task.name, kwargs=task.arguments, task_id=task.task_id, queue=task.queue)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
+from shared.evals.annotations import Annotation, annotation_columns
 from shared.evals.outcome import CaseResult
 
 __all__ = ["FORMATS", "export"]
@@ -28,9 +29,11 @@ _CSV_FIELDS = (
     "latency_s",
     "run_id",
 )
+#: The columns of a case run's human review, beside its automatic scores.
+_HUMAN_FIELDS = ("human_label", "human_scores", "human_note", "human_by", "human_at")
 
 
-def _row(r: CaseResult) -> dict[str, object]:
+def _row(r: CaseResult, label: Annotation | None = None) -> dict[str, object]:
     return {
         "variant": r.variant,
         "case_id": r.case_id,
@@ -47,17 +50,26 @@ def _row(r: CaseResult) -> dict[str, object]:
         "run_id": r.run_id,
         "scores": {s.name: s.value for s in r.scores},
         "explanations": {s.name: s.explanation for s in r.scores},
+        "human": label.model_dump(mode="json", exclude={"item"}) if label is not None else None,
     }
 
 
-def export(results: Sequence[CaseResult], fmt: str, eval_id: str = "eval") -> str:
+def export(
+    results: Sequence[CaseResult],
+    fmt: str,
+    eval_id: str = "eval",
+    labels: Mapping[str, Annotation] | None = None,
+) -> str:
+    """The results as a file; ``labels`` (item -> latest annotation) adds each case run's human
+    review: ``human`` in JSON lines, the ``human_*`` columns in CSV (JUnit has no place for it)."""
+    labels = labels or {}
     if fmt == "jsonl":
-        return "".join(json.dumps(_row(r), ensure_ascii=False) + "\n" for r in results)
+        return "".join(json.dumps(_row(r, labels.get(r.item)), ensure_ascii=False) + "\n" for r in results)
     if fmt == "csv":
         names = sorted({s.name for r in results for s in r.scores})
         out = io.StringIO()
         writer = csv.writer(out)
-        writer.writerow([*_CSV_FIELDS, *(f"score:{n}" for n in names)])
+        writer.writerow([*_CSV_FIELDS, *(f"score:{n}" for n in names), *_HUMAN_FIELDS])
         for r in results:
             row = _row(r)
             scores = {s.name: s.value for s in r.scores}
@@ -66,6 +78,7 @@ def export(results: Sequence[CaseResult], fmt: str, eval_id: str = "eval") -> st
                 [
                     *(error if f == "error" else row[f] for f in _CSV_FIELDS),
                     *(scores.get(n, "") for n in names),
+                    *annotation_columns(labels.get(r.item)).values(),
                 ]
             )
         return out.getvalue()

@@ -12,19 +12,31 @@ import html
 import json
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
 
+from shared.evals.annotations import Annotation, agreement
+from shared.evals.breakdown import breakdown, case_fields, variant_figures
 from shared.evals.compare import Comparison, compare
 from shared.evals.dataset import Case
 from shared.evals.outcome import CaseResult
 from shared.evals.store import EvalMeta, Item
-from shared.evals.summary import VariantSummary, percentile, summarise
+from shared.evals.summary import VariantSummary, summarise
 from shared.llm.text import clean_text
 
-__all__ = ["MAX_REPORT_TEXT", "comparison_html", "render_report", "variant_comparisons"]
+__all__ = [
+    "MAX_REPORT_TEXT",
+    "comparison_data",
+    "index_entry",
+    "render_index",
+    "render_live",
+    "render_report",
+    "report_data",
+    "variant_comparisons",
+    "verdict",
+]
 
 #: Characters kept per text in the report's data (answers, trajectory entries).
 MAX_REPORT_TEXT = 400
@@ -66,120 +78,6 @@ def _script_json(value: Any) -> str:
     return _SCRIPT_UNSAFE.sub(_u_escape, text)
 
 
-def _histogram(values: Sequence[float], width: int = 260, height: int = 70, bins: int = 20) -> str:
-    """A histogram as inline SVG."""
-    if not values:
-        return '<svg class="hist" width="0" height="0"></svg>'
-    low, high = min(values), max(values)
-    span = (high - low) or 1.0
-    counts = [0] * bins
-    for v in values:
-        counts[min(bins - 1, int((v - low) / span * bins))] += 1
-    top = max(counts)
-    bar = width / bins
-    rects = "".join(
-        f'<rect x="{i * bar:.1f}" y="{height - c / top * height:.1f}" width="{bar - 1:.1f}"'
-        f' height="{c / top * height:.1f}"><title>{c}</title></rect>'
-        for i, c in enumerate(counts)
-        if c
-    )
-    return (
-        f'<svg class="hist" viewBox="0 0 {width} {height + 14}" width="{width}" height="{height + 14}"'
-        f' role="img">{rects}<text x="0" y="{height + 12}">{low:.3g}</text>'
-        f'<text x="{width}" y="{height + 12}" text-anchor="end">{high:.3g}</text></svg>'
-    )
-
-
-def _rate_bar(s: VariantSummary) -> str:
-    low, high = s.interval
-    w = 160
-    return (
-        f'<svg class="rate" viewBox="0 0 {w} 14" width="{w}" height="14" role="img">'
-        f'<rect class="track" x="0" y="3" width="{w}" height="8"/>'
-        f'<rect class="ci" x="{low * w:.1f}" y="1" width="{max(1.0, (high - low) * w):.1f}" height="12"/>'
-        f'<rect class="point" x="{s.pass_rate * w - 1:.1f}" y="0" width="3" height="14"/>'
-        f"<title>{s.pass_rate:.1%} (95% CI {low:.1%}-{high:.1%})</title></svg>"
-    )
-
-
-def _summary(summaries: Sequence[VariantSummary], threshold: float) -> str:
-    scorers = sorted({name for s in summaries for name in s.scores})
-    ks = sorted({k for s in summaries for k in s.pass_at})
-    head = "".join(f"<th>{_e(n)}</th>" for n in scorers) + "".join(f"<th>pass@{k}</th>" for k in ks if k > 1)
-    rows = []
-    for s in summaries:
-        low, high = s.interval
-        gate = "ok" if s.pass_rate >= threshold else "below"
-        means = s.mean_scores()
-        cells = "".join(f"<td>{means[n]:.3f}</td>" if n in means else "<td>-</td>" for n in scorers)
-        cells += "".join(f"<td>{s.pass_at.get(k, 0):.1%}</td>" for k in ks if k > 1)
-        rows.append(
-            f'<tr class="{gate}"><th>{_e(s.name)}</th><td>{s.runs}</td><td>{s.pass_rate:.1%}'
-            f" <small>[{low:.1%}-{high:.1%}]</small><br>{_rate_bar(s)}</td><td>{s.failed_runs}</td>"
-            f"{cells}<td>{percentile(s.latencies, 50):.2f}s / {percentile(s.latencies, 95):.2f}s</td>"
-            f"<td>{s.tokens}</td><td>${s.cost_usd:.4f}</td></tr>"
-        )
-    return (
-        '<table class="summary"><thead><tr><th>variant</th><th>runs</th><th>pass rate [95% CI]</th>'
-        f"<th>runs failed</th>{head}<th>latency p50 / p95</th><th>tokens</th><th>cost</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table>"
-    )
-
-
-def _charts(summaries: Sequence[VariantSummary]) -> str:
-    blocks = []
-    for s in summaries:
-        blocks.append(
-            f"<figure><figcaption>{_e(s.name)}: latency (s)</figcaption>{_histogram(s.latencies)}</figure>"
-            f"<figure><figcaption>{_e(s.name)}: tokens per run</figcaption>"
-            f"{_histogram([float(t) for t in s.token_counts])}</figure>"
-        )
-    return f'<div class="charts">{"".join(blocks)}</div>'
-
-
-def _failures(summaries: Sequence[VariantSummary], results: Sequence[CaseResult]) -> str:
-    by_kind: dict[str, list[CaseResult]] = defaultdict(list)
-    for r in results:
-        if (kind := r.error_kind) is not None:
-            by_kind[kind].append(r)
-    checks = _failed_checks(summaries, results)
-    if not by_kind:
-        return "<p>No run failed and no scorer raised.</p>" + checks
-    items = []
-    for kind, rows in sorted(by_kind.items(), key=lambda kv: -len(kv[1])):
-        examples = ", ".join(_e(f"{r.case_id} ({r.variant})") for r in rows[:8])
-        first = rows[0]
-        message = (first.error or {}).get("message") or next(
-            (s.explanation for s in first.scores if s.error), ""
-        )
-        items.append(
-            f"<li><b>{_e(kind)}</b> x{len(rows)}: <q>{_e(_cut(str(message), 200))}</q>"
-            f" <small>e.g. {examples}</small></li>"
-        )
-    return f'<ul class="failures">{"".join(items)}</ul>' + checks
-
-
-def _failed_checks(summaries: Sequence[VariantSummary], results: Sequence[CaseResult]) -> str:
-    """How often each scorer failed a completed run, per variant."""
-    failed: dict[tuple[str, str], int] = defaultdict(int)
-    for r in results:
-        for s in r.scores:
-            if not s.passed:
-                failed[(r.variant, s.name)] += 1
-    if not failed:
-        return ""
-    scorers = sorted({name for _, name in failed})
-    head = "".join(f"<th>{_e(n)}</th>" for n in scorers)
-    rows = "".join(
-        f"<tr><th>{_e(s.name)}</th>"
-        + "".join(f"<td>{failed.get((s.name, n), 0)}</td>" for n in scorers)
-        + "</tr>"
-        for s in summaries
-    )
-    table = f'<table class="checks"><thead><tr><th>failed checks</th>{head}</tr></thead>'
-    return f"{table}<tbody>{rows}</tbody></table>"
-
-
 class _Strings:
     """A table of the texts that repeat across runs (scorer names, explanations, thoughts, tool
     calls): each is written once and referred to by its index, which keeps large reports small."""
@@ -196,28 +94,6 @@ class _Strings:
             at = self._index[text] = len(self.table)
             self.table.append(text)
         return at
-
-
-def comparison_html(comparisons: Sequence[Comparison]) -> str:
-    """A table of paired comparisons: pass rates, regressions, improvements, McNemar's p-value."""
-    if not comparisons:
-        return ""
-    rows = []
-    for c in comparisons:
-        worse = ", ".join(_e(x) for x in c.regressions[:20]) + (" …" if len(c.regressions) > 20 else "")
-        better = ", ".join(_e(x) for x in c.improvements[:20]) + (" …" if len(c.improvements) > 20 else "")
-        cls = "below" if c.significant_regression else ""
-        rows.append(
-            f'<tr class="{cls}"><th>{_e(c.a)} &rarr; {_e(c.b)}</th><td>{c.pairs}</td>'
-            f"<td>{c.a_passed / max(1, c.pairs):.1%} &rarr; {c.b_passed / max(1, c.pairs):.1%}</td>"
-            f"<td>{c.worse}: {worse or '-'}</td><td>{c.better}: {better or '-'}</td>"
-            f"<td>{c.p_value:.3g}</td><td>{_e(c.verdict())}</td></tr>"
-        )
-    return (
-        '<h2>Comparison</h2><table class="summary compare"><thead><tr><th>baseline &rarr; candidate</th>'
-        "<th>pairs</th><th>pass rate</th><th>regressions</th><th>improvements</th>"
-        f"<th>McNemar p</th><th>verdict</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    )
 
 
 def variant_comparisons(meta: EvalMeta, results: Sequence[CaseResult]) -> list[Comparison]:
@@ -279,59 +155,221 @@ def _data(meta: EvalMeta, cases: dict[int, Case], results: Sequence[CaseResult])
     }
 
 
+def comparison_data(c: Comparison) -> dict[str, Any]:
+    """A paired comparison as JSON: pass rates, regressions, improvements, McNemar's p-value."""
+    return {
+        "a": c.a,
+        "b": c.b,
+        "pairs": c.pairs,
+        "a_passed": c.a_passed,
+        "b_passed": c.b_passed,
+        "worse": c.worse,
+        "better": c.better,
+        "regressions": c.regressions[:_MAX_LISTED],
+        "improvements": c.improvements[:_MAX_LISTED],
+        "more_regressions": max(0, len(c.regressions) - _MAX_LISTED),
+        "more_improvements": max(0, len(c.improvements) - _MAX_LISTED),
+        "p": c.p_value,
+        "alpha": c.alpha,
+        "significant_regression": c.significant_regression,
+        "verdict": c.verdict(),
+    }
+
+
+#: Case ids listed per regression or improvement list, and examples per failure kind.
+_MAX_LISTED = 20
+
+
+def _histogram(values: Sequence[float], bins: int = 20) -> dict[str, Any]:
+    """A histogram's bins (the viewer draws it as inline SVG)."""
+    if not values:
+        return {"low": 0, "high": 0, "counts": []}
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    counts = [0] * bins
+    for v in values:
+        counts[min(bins - 1, int((v - low) / span * bins))] += 1
+    return {"low": low, "high": high, "counts": counts}
+
+
+def _failures(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
+    by_kind: dict[str, list[CaseResult]] = defaultdict(list)
+    for r in results:
+        if (kind := r.error_kind) is not None:
+            by_kind[kind].append(r)
+    out = []
+    for kind, rows in sorted(by_kind.items(), key=lambda kv: -len(kv[1])):
+        first = rows[0]
+        message = (first.error or {}).get("message") or next(
+            (s.explanation for s in first.scores if s.error), ""
+        )
+        out.append(
+            {
+                "kind": kind,
+                "n": len(rows),
+                "message": _cut(str(message), 200),
+                "examples": [f"{r.case_id} ({r.variant})" for r in rows[:8]],
+            }
+        )
+    return out
+
+
+def _failed_checks(summaries: Sequence[VariantSummary], results: Sequence[CaseResult]) -> dict[str, Any]:
+    """How often each scorer failed a completed run, per variant."""
+    failed: dict[tuple[str, str], int] = defaultdict(int)
+    for r in results:
+        for score in r.scores:
+            if not score.passed:
+                failed[(r.variant, score.name)] += 1
+    scorers = sorted({name for _, name in failed})
+    return {
+        "scorers": scorers,
+        "rows": [[s.name, *(failed.get((s.name, n), 0) for n in scorers)] for s in summaries]
+        if scorers
+        else [],
+    }
+
+
+def verdict(summaries: Sequence[VariantSummary], threshold: float, status: str) -> dict[str, Any]:
+    """The CI gate's verdict: ``pass`` when every variant reaches the threshold, ``fail`` when
+    none does, ``mixed`` when some do (the gate then fails: it requires every variant)."""
+    above = [s.name for s in summaries if s.runs and s.pass_rate >= threshold]
+    below = [s.name for s in summaries if not (s.runs and s.pass_rate >= threshold)]
+    word = "pass" if not below else ("fail" if not above else "mixed")
+    return {
+        "verdict": word,
+        "threshold": threshold,
+        "above": above,
+        "below": below,
+        "final": status == "completed",
+        "gate_exit": 0 if word == "pass" else 1,
+    }
+
+
+def _header(meta: EvalMeta) -> dict[str, Any]:
+    spec = meta.spec
+    return {
+        "status": meta.status,
+        "name": spec.name,
+        "dataset": meta.dataset,
+        "created_at": meta.created_at,
+        "finished_at": meta.finished_at,
+        "cases": meta.cases,
+        "repeats": spec.repeats,
+        "concurrency": spec.concurrency,
+        "namespace": spec.namespace,
+        "scorers": [s.model_dump(mode="json", exclude_defaults=True) for s in spec.scorers],
+        "variants": [
+            {"name": v.name, "agent": v.agent, "model": v.model, "metadata": v.metadata}
+            for v in spec.variants
+        ],
+        "context": meta.context,
+    }
+
+
+def report_data(
+    meta: EvalMeta,
+    cases: dict[int, Case],
+    results: Sequence[CaseResult],
+    labels: Mapping[str, Annotation] | None = None,
+) -> dict[str, Any]:
+    """Everything the viewer shows of one eval, as JSON: the static report embeds it, the HTTP
+    API serves it (``GET /v1/evals/{id}``)."""
+    spec = meta.spec
+    variants = [v.name for v in spec.variants]
+    summaries = summarise(results, variants, spec.repeats)
+    data = _data(meta, cases, results)
+    fields = case_fields(cases)
+    for row in data["cases"]:
+        row["f"] = {name: values[row["i"]] for name, values in fields.items() if row["i"] in values}
+    labels = labels or {}
+    by_variant: dict[str, list[CaseResult]] = defaultdict(list)
+    for r in results:
+        by_variant[r.variant].append(r)
+    data.update(
+        {
+            "header": _header(meta),
+            "verdict": verdict(summaries, spec.pass_threshold, meta.status),
+            "summary": [
+                {
+                    **variant_figures(s),
+                    "pass_at": {str(k): v for k, v in s.pass_at.items() if k > 1},
+                    "latency": _histogram(s.latencies),
+                    "token_hist": _histogram([float(t) for t in s.token_counts]),
+                }
+                for s in summaries
+            ],
+            "failures": _failures(results),
+            "checks": _failed_checks(summaries, results),
+            "comparisons": [comparison_data(c) for c in variant_comparisons(meta, results)],
+            "breakdown": breakdown(cases, results, variants, spec.repeats),
+            "labels": {item: a.model_dump(mode="json") for item, a in labels.items()},
+            "agreement": {name: agreement(by_variant[name], labels).as_dict() for name in variants}
+            | {"all": agreement(results, labels).as_dict()},
+        }
+    )
+    return data
+
+
+def index_entry(meta: EvalMeta, results: Sequence[CaseResult]) -> dict[str, Any]:
+    """One eval in the index of evals: when, what, and each variant's figures (for trends)."""
+    spec = meta.spec
+    summaries = summarise(results, [v.name for v in spec.variants], spec.repeats)
+    return {
+        "id": meta.eval_id,
+        "name": spec.name,
+        "status": meta.status,
+        "created_at": meta.created_at,
+        "finished_at": meta.finished_at,
+        "dataset": meta.dataset,
+        "cases": meta.cases,
+        "code_version": meta.context.get("code_version"),
+        "verdict": verdict(summaries, spec.pass_threshold, meta.status)["verdict"],
+        "variants": [variant_figures(s) for s in summaries],
+    }
+
+
 @cache
 def _asset(name: str) -> str:
-    """The report's stylesheet or script, inlined into every report."""
+    """The viewer's stylesheet or script, inlined into every page."""
     return resources.files("producer.evals").joinpath(name).read_text(encoding="utf-8")
 
 
-def render_report(
-    meta: EvalMeta, cases: dict[int, Case], results: Sequence[CaseResult], *, extra_html: str = ""
-) -> str:
-    """The report as one HTML string (write it to a ``.html`` file)."""
-    spec = meta.spec
-    summaries = summarise(results, [v.name for v in spec.variants], spec.repeats)
-    data = _script_json(_data(meta, cases, results))
-    title = f"Eval {meta.eval_id}"
+def _page(title: str, data: Any) -> str:
     return _PAGE.format(
-        title=_e(title),
-        eval_id=_e(meta.eval_id),
-        status=_e(meta.status),
-        dataset=_e(meta.dataset),
-        counts=_e(f"{meta.cases} cases x {len(spec.variants)} variants x {spec.repeats} repeats"),
-        threshold=f"{spec.pass_threshold:.0%}",
-        summary=_summary(summaries, spec.pass_threshold),
-        charts=_charts(summaries),
-        failures=_failures(summaries, results),
-        extra=comparison_html(variant_comparisons(meta, results)) + extra_html,
-        data=data,
-        style=_asset("report.css"),
-        script=_asset("report.js"),
+        title=_e(title), data=_script_json(data), style=_asset("report.css"), script=_asset("report.js")
     )
+
+
+def render_report(
+    meta: EvalMeta,
+    cases: dict[int, Case],
+    results: Sequence[CaseResult],
+    labels: Mapping[str, Annotation] | None = None,
+) -> str:
+    """The report as one self-contained HTML string (write it to a ``.html`` file): the viewer with
+    the eval's data in it. Annotations made so far show, read-only; it links to no server."""
+    return _page(f"Eval {meta.eval_id}", {"page": "eval", **report_data(meta, cases, results, labels)})
+
+
+def render_index(entries: Sequence[dict[str, Any]], links: Mapping[str, str]) -> str:
+    """The index of evals as one HTML file: trends per variant and scorer; each eval links to its
+    report file in ``links`` (eval id -> relative file name)."""
+    return _page("Evals", {"page": "index", "evals": list(entries), "links": dict(links)})
+
+
+def render_live(page: str) -> str:
+    """The viewer served by ``wesichain api`` (``/evals/`` and ``/evals/{id}``): no data in it, its
+    script reads the caller's evals from the JSON API with the caller's key."""
+    return _page("Evals", {"page": page, "live": True})
 
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width,initial-scale=1">
-<title>{title}</title><style>{style}</style></head>
+<link rel="icon" href="data:,"><title>{title}</title><style>{style}</style></head>
 <body>
-<h1>{title}</h1>
-<p class="meta">status <b id="eval-status">{status}</b> &middot; dataset {dataset} &middot; {counts}
- &middot; CI pass threshold {threshold}</p>
-<h2>Summary</h2>
-<section id="summary">{summary}</section>
-<h2>Distributions</h2>
-{charts}
-<h2>Failures by kind</h2>
-{failures}
-{extra}
-<h2>Cases</h2>
-<div class="controls">
-<input id="case-filter" type="search" placeholder="filter by id, input, expected or answer">
-<select id="case-which"><option value="all">all cases</option><option value="failing">failing</option>
-<option value="passing">passing</option><option value="differ">variants differ</option>
-<option value="errors">errors</option></select><span id="case-count"></span></div>
-<table id="cases"><thead><tr id="case-head"></tr></thead><tbody id="case-rows"></tbody></table>
+<main id="viewer"><p class="loading">Loading…</p></main>
 <script type="application/json" id="eval-data">{data}</script>
 <script>{script}</script>
 </body></html>

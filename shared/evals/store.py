@@ -13,9 +13,10 @@ from, and an archived eval's id is not created again.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -89,6 +90,10 @@ class EvalMeta:
     created_at: float
     finished_at: float | None
     dataset: str
+    #: The tenant the eval belongs to (None: the operator's); only that tenant's API keys see it.
+    tenant: str | None = None
+    #: Where it came from (``shared/evals/context.py``): content hashes, code version.
+    context: dict[str, Any] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -152,9 +157,19 @@ class EvalStore:
 
     # -- creating --------------------------------------------------------------------------------
 
-    def create(self, eval_id: str, spec: EvalSpec, cases: list[Case], dataset: str) -> bool:
+    def create(
+        self,
+        eval_id: str,
+        spec: EvalSpec,
+        cases: list[Case],
+        dataset: str,
+        *,
+        tenant: str | None = None,
+        context: dict[str, Any] | None = None,
+    ) -> bool:
         """Store a new eval (running); False if an eval with this id exists already (in Redis or,
-        completed, in the archive)."""
+        completed, in the archive). ``tenant`` owns it (None: the operator); ``context`` is kept
+        as it is (JSON) for the report's header."""
         if self._from_archive(eval_id) is not None:
             return False
         items = [
@@ -177,6 +192,10 @@ class EvalStore:
             "created_at": repr(now),
             "dataset": dataset,
         }
+        if tenant is not None:
+            meta["tenant"] = tenant
+        if context:
+            meta["context"] = json.dumps(context, separators=(",", ":"))
         k = self.keys
         reply = self._scripts["eval_create"](
             keys=[k.eval_meta(eval_id), k.eval_cases(eval_id), k.eval_pending(eval_id)]
@@ -210,6 +229,8 @@ class EvalStore:
             created_at=float(fields["created_at"]),
             finished_at=float(fields["finished_at"]) / 1000 if fields.get("finished_at") else None,
             dataset=fields.get("dataset", ""),
+            tenant=fields.get("tenant") or None,
+            context=_context(fields.get("context")),
         )
 
     def case(self, eval_id: str, index: int) -> Case:
@@ -435,6 +456,16 @@ def _hash_values(client: Any, key: str) -> Iterator[Any]:
         yield from entries.values()
         if int(cursor) == 0:
             return
+
+
+def _context(raw: str | None) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _text(value: Any) -> str:

@@ -298,7 +298,9 @@ def test_the_cli_gates_ci_on_the_threshold_and_on_a_significant_regression(
     assert "  a: 30/30 done, 0 failed, pass 100.0%" in run.stdout
     assert "  b: 30/30 done, 0 failed, pass 66.7%" in run.stdout
     page = (tmp_path / "r.html").read_text()
-    assert "<h2>Comparison</h2>" in page and "significant regression" in page
+    data = json.loads(page.split('<script type="application/json" id="eval-data">')[1].split("</script>")[0])
+    assert [c["verdict"].split(" (")[0] for c in data["comparisons"]] == ["significant regression"]
+    assert data["verdict"]["verdict"] == "mixed" and data["verdict"]["below"] == ["b"]
 
     assert cli(server, "status", eval_id, "--gate").returncode == 1
     assert cli(server, "status", eval_id).returncode == 0
