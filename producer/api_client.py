@@ -73,6 +73,7 @@ __all__ = [
     "Forbidden",
     "RESUME_FOR_S",
     "RateLimited",
+    "Refusals",
 ]
 
 ENV_API_URL = "WESICHAIN_API_URL"
