@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import redis
@@ -351,6 +351,18 @@ class Memory:
             labels, _ = _parse_entry(entry.decode() if isinstance(entry, bytes) else str(entry))
             found.add(tuple(labels[:max_depth] if max_depth else labels))
         return sorted(found)[offset : offset + limit]
+
+    def items(self) -> Iterator[Item]:
+        """Every live item, in namespace and key order, a scan's worth at a time (an export)."""
+        low = b"-"
+        while True:
+            page, more = self._read(low, b"+", SCAN_ITEMS)
+            for item, _ in page:
+                yield item
+            if not page or not more:
+                return
+            last = page[-1][0]
+            low = b"(" + _entry(last.namespace, last.key).encode()
 
     def count(self) -> int:
         """Items held (expired ones not purged yet included): what the quota counts."""
