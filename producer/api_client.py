@@ -24,33 +24,56 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import httpx
 
-from producer.client import NoLiveWorker, RequestConflict, RunNotFound, RunTimeout, UnknownAgent
+from producer.client import (
+    BulkJobNotFound,
+    NoLiveWorker,
+    RequestConflict,
+    RunNotFound,
+    RunTimeout,
+    UnknownAgent,
+)
+from shared.assistant_store import AssistantSummary
+from shared.assistants import (
+    AssistantConfig,
+    AssistantConflict,
+    AssistantExists,
+    AssistantInvalid,
+    AssistantVersion,
+    FieldChange,
+    UnknownAssistant,
+)
+from shared.bulk import BulkJob, BulkOutcome
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
 from shared.llm.framing import SseParser
 from shared.memory import Item, MemoryFull, SearchResult
+from shared.search import SearchQuery
 from shared.signals import MAX_WAIT_S, SignalView
 from shared.state import Callback, Decision, Phase, RunHead, ThreadPolicy
 from shared.timeline import Timeline
 from shared.wire import AgentView, PipelineList, RunList, RunView, VersionView
 
 __all__ = [
+    "ApiAssistants",
     "ApiClient",
     "ApiMemory",
     "ApiRequestError",
     "ApiRunHandle",
+    "AsyncAssistants",
     "AsyncClient",
+    "AsyncMemory",
     "AsyncRunHandle",
     "ENV_API_KEY",
     "ENV_API_URL",
     "Forbidden",
     "RESUME_FOR_S",
     "RateLimited",
+    "Refusals",
 ]
 
 ENV_API_URL = "WESICHAIN_API_URL"
@@ -87,15 +110,28 @@ class RateLimited(ApiRequestError):
         self.retry_after_s = retry_after_s
 
 
-def _raise_for(response: httpx.Response) -> None:
-    if response.status_code < 400:
-        return
+#: How one operation reads an error kind of its own (an assistant's ``not_found`` is
+#: :class:`UnknownAssistant`, not :class:`RunNotFound`): kind -> the exception, from the message
+#: and details.
+Refusals = Mapping[str, Callable[[str, dict[str, Any]], Exception]]
+
+
+def _error_of(response: httpx.Response) -> tuple[str, str, dict[str, Any]]:
+    """An error answer's kind, message and details (in the API's error shape)."""
     try:
         error = response.json()["error"]
-        kind, message, details = str(error["kind"]), str(error["message"]), dict(error.get("details") or {})
+        return str(error["kind"]), str(error["message"]), dict(error.get("details") or {})
     except (ValueError, KeyError, TypeError):
-        kind, message, details = "http_error", response.text[:300], {}
+        return "http_error", response.text[:300], {}
+
+
+def _raise_for(response: httpx.Response, refusals: Refusals | None = None) -> None:
+    if response.status_code < 400:
+        return
+    kind, message, details = _error_of(response)
     status = response.status_code
+    if refusals and kind in refusals:
+        raise refusals[kind](message, details)
     if status == 404 and kind == "not_found":
         raise RunNotFound(message)
     if kind == "unknown_agent":
@@ -130,6 +166,8 @@ def _submit_body(
     callback: Callback | dict[str, Any] | None,
     namespace: str | None,
     thread_policy: ThreadPolicy | None = None,
+    assistant: str | None = None,
+    assistant_version: int | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"agent": agent, "input": input}
     for name, value in (
@@ -138,6 +176,8 @@ def _submit_body(
         ("metadata", metadata),
         ("model", model),
         ("namespace", namespace),
+        ("assistant", assistant),
+        ("assistant_version", assistant_version),
     ):
         if value is not None:
             body[name] = value
@@ -218,11 +258,13 @@ _T = TypeVar("_T")
 
 
 class _Request(NamedTuple):
-    """One request to the API: what ``httpx``'s ``request`` takes."""
+    """One request to the API: what ``httpx``'s ``request`` takes, and how it reads its own
+    error kinds (``refusals``)."""
 
     method: str
     path: str
     kwargs: dict[str, Any] = {}
+    refusals: Refusals | None = None
 
 
 #: An operation of the API, written once for both clients: a generator that yields the requests
@@ -261,9 +303,22 @@ class _ClientBase:
         idempotency_key: str | None,
         namespace: str | None,
         thread_policy: ThreadPolicy | None = None,
+        assistant: str | None = None,
+        assistant_version: int | None = None,
     ) -> _Op[str]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        body = _submit_body(agent, input, thread_id, metadata, model, callback, namespace, thread_policy)
+        body = _submit_body(
+            agent,
+            input,
+            thread_id,
+            metadata,
+            model,
+            callback,
+            namespace,
+            thread_policy,
+            assistant,
+            assistant_version,
+        )
         request = _Request("POST", "/v1/runs", {"json": body, "headers": headers})
         return _parsed(request, lambda r: RunView.model_validate_json(r.content).run_id)
 
@@ -289,6 +344,229 @@ class _ClientBase:
             _Request("GET", "/v1/versions"),
             lambda r: [VersionView.model_validate(v) for v in r.json()["versions"]],
         )
+
+    # -- search and bulk jobs (``/v1/runs/search``, ``/v1/bulk``) ---------------------------------
+
+    @staticmethod
+    def _search(
+        query: SearchQuery | None, cursor: str | None, limit: int, filters: dict[str, Any]
+    ) -> _Op[RunList]:
+        body = {"query": _query_body(query, filters), "cursor": cursor, "limit": limit}
+        request = _Request("POST", "/v1/runs/search", {"json": body})
+        return _parsed(request, lambda r: RunList.model_validate_json(r.content))
+
+    @staticmethod
+    def _bulk(
+        action: str, query: SearchQuery | None, rate_per_s: float | None, filters: dict[str, Any]
+    ) -> _Op[BulkJob]:
+        body: dict[str, Any] = {"action": action, "query": _query_body(query, filters)}
+        if rate_per_s is not None:
+            body["rate_per_s"] = rate_per_s
+        return _parsed(_Request("POST", "/v1/bulk", {"json": body}), _bulk_job)
+
+    @staticmethod
+    def _bulk_job(job_id: str) -> _Op[BulkJob]:
+        return _parsed(_Request("GET", _bulk_path(job_id), refusals=_BULK_REFUSALS), _bulk_job)
+
+    @staticmethod
+    def _bulk_jobs(limit: int) -> _Op[list[BulkJob]]:
+        request = _Request("GET", "/v1/bulk", {"params": {"limit": limit}})
+        return _parsed(request, lambda r: [BulkJob.model_validate(j) for j in r.json()["jobs"]])
+
+    @staticmethod
+    def _bulk_outcomes(job_id: str) -> _Op[dict[str, BulkOutcome]]:
+        request = _Request("GET", f"{_bulk_path(job_id)}/runs", refusals=_BULK_REFUSALS)
+        return _parsed(request, _outcomes)
+
+    @classmethod
+    def _cancel_bulk(cls, job_id: str) -> _Op[BulkJob]:
+        # As the Redis client: a job that has ended already is answered as it is.
+        job = yield from cls._bulk_job(job_id)
+        if job.status != "running":
+            return job
+        request = _Request("POST", f"{_bulk_path(job_id)}/cancel", refusals=_BULK_REFUSALS)
+        return (yield from _parsed(request, _bulk_job))
+
+
+def _query_body(query: SearchQuery | None, filters: dict[str, Any]) -> dict[str, Any]:
+    """A search's filters as the API takes them: a :class:`SearchQuery` or its fields as keywords
+    (not both); the API checks them (422 naming what is wrong)."""
+    if query is not None and filters:
+        raise InvalidRequest("give a SearchQuery or keyword filters, not both")
+    if query is not None:
+        return query.model_dump(mode="json", exclude_defaults=True)
+    return {name: value for name, value in filters.items() if value is not None}
+
+
+def _bulk_path(job_id: str) -> str:
+    # Job ids are hex: anything else is refused here rather than sent as a path of its own.
+    if not job_id or len(job_id) > 64 or any(c not in "0123456789abcdef" for c in job_id):
+        raise BulkJobNotFound(f"no bulk job {job_id[:80]!r}")
+    return f"/v1/bulk/{job_id}"
+
+
+def _bulk_job(response: httpx.Response) -> BulkJob:
+    return BulkJob.model_validate_json(response.content)
+
+
+def _outcomes(response: httpx.Response) -> dict[str, BulkOutcome]:
+    listed = [BulkOutcome.model_validate(o) for o in response.json()["outcomes"]]
+    return {outcome.run_id: outcome for outcome in listed}
+
+
+_BULK_REFUSALS: Refusals = {"not_found": lambda message, _: BulkJobNotFound(message)}
+
+
+def _assistant_invalid(message: str, details: dict[str, Any]) -> Exception:
+    field = details.get("field")
+    return AssistantInvalid(str(field), message) if field else InvalidRequest(message, **details)
+
+
+#: The assistants' errors as the Redis client raises them (``shared/assistants.py``).
+_ASSISTANT_REFUSALS: Refusals = {
+    "not_found": lambda message, _: UnknownAssistant(message),
+    "conflict": lambda message, _: AssistantConflict(message),
+    "invalid_request": _assistant_invalid,
+}
+_CREATE_REFUSALS: Refusals = {
+    **_ASSISTANT_REFUSALS,
+    "conflict": lambda message, _: AssistantExists(message),
+}
+
+
+def _assistant_path(name: str) -> str:
+    # Names are letters, digits and . _ - : anything else cannot name an assistant.
+    if not name or len(name) > 100 or not all(c.isascii() and (c.isalnum() or c in "._-") for c in name):
+        raise UnknownAssistant(f"no assistant {name[:80]!r}")
+    return f"/v1/assistants/{name}"
+
+
+def _config_body(config: AssistantConfig | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(config, AssistantConfig):
+        return config.model_dump(mode="json", exclude_unset=True)
+    return dict(config)
+
+
+def _version(response: httpx.Response) -> AssistantVersion:
+    return AssistantVersion.model_validate_json(response.content)
+
+
+class _AssistantOps:
+    """``/v1/assistants``, for both clients' ``assistants``."""
+
+    @staticmethod
+    def _create(name: str, agent: str, config: AssistantConfig | dict[str, Any]) -> _Op[AssistantVersion]:
+        body = {"name": name, "agent": agent, "config": _config_body(config)}
+        return _parsed(_Request("POST", "/v1/assistants", {"json": body}, _CREATE_REFUSALS), _version)
+
+    @staticmethod
+    def _update(
+        name: str, config: AssistantConfig | dict[str, Any], if_version: int | None
+    ) -> _Op[AssistantVersion]:
+        body = {"config": _config_body(config), "if_version": if_version}
+        request = _Request("PUT", _assistant_path(name), {"json": body}, _ASSISTANT_REFUSALS)
+        return _parsed(request, _version)
+
+    @staticmethod
+    def _rollback(name: str, version: int, if_version: int | None) -> _Op[AssistantVersion]:
+        body = {"version": version, "if_version": if_version}
+        request = _Request("POST", f"{_assistant_path(name)}/rollback", {"json": body}, _ASSISTANT_REFUSALS)
+        return _parsed(request, _version)
+
+    @staticmethod
+    def _get(name: str, version: int | None) -> _Op[AssistantVersion]:
+        params = {"version": version} if version is not None else {}
+        request = _Request("GET", _assistant_path(name), {"params": params}, _ASSISTANT_REFUSALS)
+        return _parsed(request, _version)
+
+    @staticmethod
+    def _versions(name: str, before: int | None, limit: int) -> _Op[list[AssistantVersion]]:
+        params = _list_params(before=before, limit=limit)
+        request = _Request(
+            "GET", f"{_assistant_path(name)}/versions", {"params": params}, _ASSISTANT_REFUSALS
+        )
+        return _parsed(request, lambda r: [AssistantVersion.model_validate(v) for v in r.json()["versions"]])
+
+    @staticmethod
+    def _diff(name: str, before: int, after: int) -> _Op[list[FieldChange]]:
+        params = {"from": before, "to": after}
+        request = _Request("GET", f"{_assistant_path(name)}/diff", {"params": params}, _ASSISTANT_REFUSALS)
+        return _parsed(request, lambda r: [FieldChange.model_validate(c) for c in r.json()["changes"]])
+
+    @staticmethod
+    def _list(after: str | None, limit: int) -> _Op[list[AssistantSummary]]:
+        request = _Request("GET", "/v1/assistants", {"params": _list_params(after=after, limit=limit)})
+        return _parsed(
+            request,
+            lambda r: [
+                AssistantSummary(
+                    name=str(a["name"]),
+                    agent=str(a["agent"]),
+                    version=int(a["version"]),
+                    updated_at=float(a["updated_at"]),
+                )
+                for a in r.json()["assistants"]
+            ],
+        )
+
+
+class _Absent(WesichainError):
+    """A memory item the tenant does not have (``get`` answers None)."""
+
+
+_MEMORY_REFUSALS: Refusals = {"not_found": lambda message, _: _Absent(message)}
+
+
+class _MemoryOps:
+    """``/v1/memory``, for both clients' ``memory``."""
+
+    @staticmethod
+    def _put(namespace: Sequence[str], key: str, value: dict[str, Any], ttl_s: float | None) -> _Op[Item]:
+        body = {"namespace": list(namespace), "key": key, "value": value, "ttl_s": ttl_s}
+        return _parsed(
+            _Request("PUT", "/v1/memory/items", {"json": body}), lambda r: Item.model_validate_json(r.content)
+        )
+
+    @staticmethod
+    def _get(namespace: Sequence[str], key: str) -> _Op[Item]:
+        params = {"namespace": list(namespace), "key": key}
+        request = _Request("GET", "/v1/memory/items", {"params": params}, _MEMORY_REFUSALS)
+        return _parsed(request, lambda r: Item.model_validate_json(r.content))
+
+    @staticmethod
+    def _delete(namespace: Sequence[str], key: str) -> _Op[bool]:
+        params = {"namespace": list(namespace), "key": key}
+        request = _Request("DELETE", "/v1/memory/items", {"params": params})
+        return _parsed(request, lambda r: bool(r.json()["deleted"]))
+
+    @staticmethod
+    def _search(
+        namespace_prefix: Sequence[str],
+        query: str | None,
+        filter: dict[str, Any] | None,
+        limit: int,
+        offset: int,
+        semantic: bool,
+    ) -> _Op[SearchResult]:
+        body: dict[str, Any] = {
+            "namespace_prefix": list(namespace_prefix),
+            "query": query,
+            "filter": filter,
+            "limit": limit,
+            "offset": offset,
+        }
+        if semantic:
+            body["semantic"] = True
+        request = _Request("POST", "/v1/memory/items/search", {"json": body})
+        return _parsed(request, lambda r: SearchResult.model_validate_json(r.content))
+
+    @staticmethod
+    def _list_namespaces(
+        prefix: Sequence[str], max_depth: int | None, limit: int, offset: int
+    ) -> _Op[list[tuple[str, ...]]]:
+        body = {"prefix": list(prefix), "max_depth": max_depth, "limit": limit, "offset": offset}
+        request = _Request("POST", "/v1/memory/namespaces", {"json": body})
+        return _parsed(request, lambda r: [tuple(ns) for ns in r.json()["namespaces"]])
 
 
 class _RunOps:
@@ -334,6 +612,11 @@ class _RunOps:
                 raise RunTimeout(f"run {self.run_id} still {head.phase.value} after {timeout}s")
             yield min(delay, max(0.0, deadline - time.monotonic()))
             delay = min(delay * 2, 0.2)
+
+    def _fork(self, version: int | None, input: str | None) -> _Op[str]:
+        body = _list_params(version=version, input=input)
+        request = _Request("POST", f"/v1/runs/{self.run_id}/fork", {"json": body})
+        return _parsed(request, lambda r: RunView.model_validate_json(r.content).run_id)
 
     def _cancel(self) -> _Op[Phase | None]:
         return _parsed(
@@ -458,30 +741,25 @@ class _Follow:
 # -- sync ------------------------------------------------------------------------------------------
 
 
-class ApiMemory:
+class ApiMemory(_MemoryOps):
     """The key's tenant's long-term memory over ``/v1/memory`` (``Memory``'s surface)."""
 
-    def __init__(self, call: Callable[..., httpx.Response]) -> None:
-        self._call = call
+    def __init__(self, client: ApiClient) -> None:
+        self._client = client
 
     def put(
         self, namespace: Sequence[str], key: str, value: dict[str, Any], *, ttl_s: float | None = None
     ) -> Item:
-        body = {"namespace": list(namespace), "key": key, "value": value, "ttl_s": ttl_s}
-        return Item.model_validate_json(self._call("PUT", "/v1/memory/items", json=body).content)
+        return self._client._run(self._put(namespace, key, value, ttl_s))
 
     def get(self, namespace: Sequence[str], key: str) -> Item | None:
         try:
-            response = self._call(
-                "GET", "/v1/memory/items", params={"namespace": list(namespace), "key": key}
-            )
-        except RunNotFound:
+            return self._client._run(self._get(namespace, key))
+        except _Absent:
             return None
-        return Item.model_validate_json(response.content)
 
     def delete(self, namespace: Sequence[str], key: str) -> bool:
-        params = {"namespace": list(namespace), "key": key}
-        return bool(self._call("DELETE", "/v1/memory/items", params=params).json()["deleted"])
+        return self._client._run(self._delete(namespace, key))
 
     def search(
         self,
@@ -491,24 +769,48 @@ class ApiMemory:
         filter: dict[str, Any] | None = None,
         limit: int = 10,
         offset: int = 0,
+        semantic: bool = False,
     ) -> SearchResult:
-        body = {
-            "namespace_prefix": list(namespace_prefix),
-            "query": query,
-            "filter": filter,
-            "limit": limit,
-            "offset": offset,
-        }
-        return SearchResult.model_validate_json(
-            self._call("POST", "/v1/memory/items/search", json=body).content
-        )
+        """``semantic``: rank by similarity to ``query`` (where an embedding function is
+        configured; see ``Memory.search``)."""
+        return self._client._run(self._search(namespace_prefix, query, filter, limit, offset, semantic))
 
     def list_namespaces(
         self, *, prefix: Sequence[str] = (), max_depth: int | None = None, limit: int = 100, offset: int = 0
     ) -> list[tuple[str, ...]]:
-        body = {"prefix": list(prefix), "max_depth": max_depth, "limit": limit, "offset": offset}
-        found = self._call("POST", "/v1/memory/namespaces", json=body).json()["namespaces"]
-        return [tuple(ns) for ns in found]
+        return self._client._run(self._list_namespaces(prefix, max_depth, limit, offset))
+
+
+class ApiAssistants(_AssistantOps):
+    """The key's tenant's assistants over ``/v1/assistants`` (``client.assistants``' surface; the
+    same exceptions: ``UnknownAssistant``, ``AssistantExists``, ``AssistantConflict``,
+    ``AssistantInvalid``)."""
+
+    def __init__(self, client: ApiClient) -> None:
+        self._client = client
+
+    def create(self, name: str, agent: str, config: AssistantConfig | dict[str, Any]) -> AssistantVersion:
+        return self._client._run(self._create(name, agent, config))
+
+    def update(
+        self, name: str, config: AssistantConfig | dict[str, Any], *, if_version: int | None = None
+    ) -> AssistantVersion:
+        return self._client._run(self._update(name, config, if_version))
+
+    def rollback(self, name: str, version: int, *, if_version: int | None = None) -> AssistantVersion:
+        return self._client._run(self._rollback(name, version, if_version))
+
+    def get(self, name: str, *, version: int | None = None) -> AssistantVersion:
+        return self._client._run(self._get(name, version))
+
+    def versions(self, name: str, *, before: int | None = None, limit: int = 50) -> list[AssistantVersion]:
+        return self._client._run(self._versions(name, before, limit))
+
+    def diff(self, name: str, before: int, after: int) -> list[FieldChange]:
+        return self._client._run(self._diff(name, before, after))
+
+    def list(self, *, after: str | None = None, limit: int = 100) -> list[AssistantSummary]:
+        return self._client._run(self._list(after, limit))
 
 
 class ApiClient(_ClientBase):
@@ -537,11 +839,18 @@ class ApiClient(_ClientBase):
     @property
     def memory(self) -> ApiMemory:
         """The long-term memory of the key's tenant."""
-        return ApiMemory(self._call)
+        return ApiMemory(self)
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    @property
+    def assistants(self) -> ApiAssistants:
+        """The key's tenant's assistants."""
+        return ApiAssistants(self)
+
+    def _call(
+        self, method: str, path: str, *, refusals: Refusals | None = None, **kwargs: Any
+    ) -> httpx.Response:
         response = self.http.request(method, path, **kwargs)
-        _raise_for(response)
+        _raise_for(response, refusals)
         return response
 
     def _run(self, op: _Op[_T]) -> _T:
@@ -550,7 +859,7 @@ class ApiClient(_ClientBase):
             while True:
                 step = op.send(answer)
                 if isinstance(step, _Request):
-                    answer = self._call(step.method, step.path, **step.kwargs)
+                    answer = self._call(step.method, step.path, refusals=step.refusals, **step.kwargs)
                 else:
                     answer = None
                     time.sleep(step)
@@ -570,12 +879,26 @@ class ApiClient(_ClientBase):
         idempotency_key: str | None = None,
         namespace: str | None = None,
         thread_policy: ThreadPolicy | None = None,
+        assistant: str | None = None,
+        assistant_version: int | None = None,
     ) -> ApiRunHandle:
         """Start a run; with ``idempotency_key`` a retried submit returns the same run; with
         ``namespace``, on that queue namespace (one the key's tenant is allowed: else 403); with
-        ``thread_policy`` ``reject`` on a busy thread, raises :class:`ThreadBusy` naming the busy run."""
+        ``thread_policy`` ``reject`` on a busy thread, raises :class:`ThreadBusy` naming the busy run;
+        with ``assistant``, as the key's tenant's assistant of that name configures the agent (its
+        current version, or ``assistant_version``)."""
         op = self._submit(
-            agent, input, thread_id, metadata, model, callback, idempotency_key, namespace, thread_policy
+            agent,
+            input,
+            thread_id,
+            metadata,
+            model,
+            callback,
+            idempotency_key,
+            namespace,
+            thread_policy,
+            assistant,
+            assistant_version,
         )
         return ApiRunHandle(self, self._run(op))
 
@@ -618,6 +941,45 @@ class ApiClient(_ClientBase):
     def versions(self) -> list[VersionView]:
         """Agent versions live in the pool, and how many of this tenant's runs each holds."""
         return self._run(self._versions())
+
+    def search(
+        self,
+        query: SearchQuery | None = None,
+        *,
+        cursor: str | None = None,
+        limit: int = 50,
+        **filters: Any,
+    ) -> RunList:
+        """The key's tenant's runs matching ``query`` (or :class:`SearchQuery`'s fields as keywords:
+        ``agent``, ``version``, ``status``, ``error_kind``, ``thread_id``, ``since``, ``until``,
+        ``metadata``), newest first, live and archived; ``next_cursor`` continues the search."""
+        return self._run(self._search(query, cursor, limit, filters))
+
+    def bulk(
+        self,
+        action: str,
+        query: SearchQuery | None = None,
+        *,
+        rate_per_s: float | None = None,
+        **filters: Any,
+    ) -> BulkJob:
+        """Start a bulk job (``retry``, ``fork`` or ``cancel``) on every run the search finds."""
+        return self._run(self._bulk(action, query, rate_per_s, filters))
+
+    def bulk_job(self, job_id: str) -> BulkJob:
+        """A bulk job of the key's tenant; raises :class:`BulkJobNotFound`."""
+        return self._run(self._bulk_job(job_id))
+
+    def bulk_jobs(self, *, limit: int = 50) -> list[BulkJob]:
+        return self._run(self._bulk_jobs(limit))
+
+    def bulk_outcomes(self, job_id: str) -> dict[str, BulkOutcome]:
+        """What a bulk job did to each run it got to (the first 1000, by run id)."""
+        return self._run(self._bulk_outcomes(job_id))
+
+    def cancel_bulk(self, job_id: str) -> BulkJob:
+        """Stop a running bulk job (one that ended already is answered as it is)."""
+        return self._run(self._cancel_bulk(job_id))
 
 
 class ApiRunHandle(_RunOps):
@@ -705,6 +1067,11 @@ class ApiRunHandle(_RunOps):
         """Ask the run to stop; the phase it was in (an ended run raises :class:`ApiRequestError`)."""
         return self.client._run(self._cancel())
 
+    def fork(self, *, version: int | None = None, input: str | None = None) -> ApiRunHandle:
+        """A new run from checkpoint ``version`` of this one (default: the last before it ended),
+        ``input`` replacing its last user message; this run is untouched."""
+        return ApiRunHandle(self.client, self.client._run(self._fork(version, input)))
+
     def approve(self, note: str = "", *, always: bool = False) -> None:
         """``always``: the tools of these calls need no approval again for the rest of the run."""
         self.decide(Decision(approve=True, note=note, always=always))
@@ -755,9 +1122,11 @@ class AsyncClient(_ClientBase):
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _call(
+        self, method: str, path: str, *, refusals: Refusals | None = None, **kwargs: Any
+    ) -> httpx.Response:
         response = await self.http.request(method, path, **kwargs)
-        _raise_for(response)
+        _raise_for(response, refusals)
         return response
 
     async def _run(self, op: _Op[_T]) -> _T:
@@ -766,7 +1135,7 @@ class AsyncClient(_ClientBase):
             while True:
                 step = op.send(answer)
                 if isinstance(step, _Request):
-                    answer = await self._call(step.method, step.path, **step.kwargs)
+                    answer = await self._call(step.method, step.path, refusals=step.refusals, **step.kwargs)
                 else:
                     answer = None
                     await asyncio.sleep(step)
@@ -786,9 +1155,21 @@ class AsyncClient(_ClientBase):
         idempotency_key: str | None = None,
         namespace: str | None = None,
         thread_policy: ThreadPolicy | None = None,
+        assistant: str | None = None,
+        assistant_version: int | None = None,
     ) -> AsyncRunHandle:
         op = self._submit(
-            agent, input, thread_id, metadata, model, callback, idempotency_key, namespace, thread_policy
+            agent,
+            input,
+            thread_id,
+            metadata,
+            model,
+            callback,
+            idempotency_key,
+            namespace,
+            thread_policy,
+            assistant,
+            assistant_version,
         )
         return AsyncRunHandle(self, await self._run(op))
 
@@ -830,6 +1211,120 @@ class AsyncClient(_ClientBase):
     async def versions(self) -> list[VersionView]:
         """Agent versions live in the pool, and how many of this tenant's runs each holds."""
         return await self._run(self._versions())
+
+    @property
+    def memory(self) -> AsyncMemory:
+        """The long-term memory of the key's tenant."""
+        return AsyncMemory(self)
+
+    @property
+    def assistants(self) -> AsyncAssistants:
+        """The key's tenant's assistants."""
+        return AsyncAssistants(self)
+
+    async def search(
+        self,
+        query: SearchQuery | None = None,
+        *,
+        cursor: str | None = None,
+        limit: int = 50,
+        **filters: Any,
+    ) -> RunList:
+        return await self._run(self._search(query, cursor, limit, filters))
+
+    async def bulk(
+        self,
+        action: str,
+        query: SearchQuery | None = None,
+        *,
+        rate_per_s: float | None = None,
+        **filters: Any,
+    ) -> BulkJob:
+        return await self._run(self._bulk(action, query, rate_per_s, filters))
+
+    async def bulk_job(self, job_id: str) -> BulkJob:
+        return await self._run(self._bulk_job(job_id))
+
+    async def bulk_jobs(self, *, limit: int = 50) -> list[BulkJob]:
+        return await self._run(self._bulk_jobs(limit))
+
+    async def bulk_outcomes(self, job_id: str) -> dict[str, BulkOutcome]:
+        return await self._run(self._bulk_outcomes(job_id))
+
+    async def cancel_bulk(self, job_id: str) -> BulkJob:
+        return await self._run(self._cancel_bulk(job_id))
+
+
+class AsyncMemory(_MemoryOps):
+    """:class:`ApiMemory`, awaited."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def put(
+        self, namespace: Sequence[str], key: str, value: dict[str, Any], *, ttl_s: float | None = None
+    ) -> Item:
+        return await self._client._run(self._put(namespace, key, value, ttl_s))
+
+    async def get(self, namespace: Sequence[str], key: str) -> Item | None:
+        try:
+            return await self._client._run(self._get(namespace, key))
+        except _Absent:
+            return None
+
+    async def delete(self, namespace: Sequence[str], key: str) -> bool:
+        return await self._client._run(self._delete(namespace, key))
+
+    async def search(
+        self,
+        namespace_prefix: Sequence[str] = (),
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        semantic: bool = False,
+    ) -> SearchResult:
+        return await self._client._run(self._search(namespace_prefix, query, filter, limit, offset, semantic))
+
+    async def list_namespaces(
+        self, *, prefix: Sequence[str] = (), max_depth: int | None = None, limit: int = 100, offset: int = 0
+    ) -> list[tuple[str, ...]]:
+        return await self._client._run(self._list_namespaces(prefix, max_depth, limit, offset))
+
+
+class AsyncAssistants(_AssistantOps):
+    """:class:`ApiAssistants`, awaited."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(
+        self, name: str, agent: str, config: AssistantConfig | dict[str, Any]
+    ) -> AssistantVersion:
+        return await self._client._run(self._create(name, agent, config))
+
+    async def update(
+        self, name: str, config: AssistantConfig | dict[str, Any], *, if_version: int | None = None
+    ) -> AssistantVersion:
+        return await self._client._run(self._update(name, config, if_version))
+
+    async def rollback(self, name: str, version: int, *, if_version: int | None = None) -> AssistantVersion:
+        return await self._client._run(self._rollback(name, version, if_version))
+
+    async def get(self, name: str, *, version: int | None = None) -> AssistantVersion:
+        return await self._client._run(self._get(name, version))
+
+    async def versions(
+        self, name: str, *, before: int | None = None, limit: int = 50
+    ) -> list[AssistantVersion]:
+        return await self._client._run(self._versions(name, before, limit))
+
+    async def diff(self, name: str, before: int, after: int) -> list[FieldChange]:
+        return await self._client._run(self._diff(name, before, after))
+
+    async def list(self, *, after: str | None = None, limit: int = 100) -> list[AssistantSummary]:
+        return await self._client._run(self._list(after, limit))
 
 
 class AsyncRunHandle(_RunOps):
@@ -890,6 +1385,9 @@ class AsyncRunHandle(_RunOps):
 
     async def cancel(self) -> Phase | None:
         return await self.client._run(self._cancel())
+
+    async def fork(self, *, version: int | None = None, input: str | None = None) -> AsyncRunHandle:
+        return AsyncRunHandle(self.client, await self.client._run(self._fork(version, input)))
 
     async def approve(self, note: str = "", *, always: bool = False) -> None:
         await self.decide(Decision(approve=True, note=note, always=always))

@@ -1,4 +1,5 @@
-"""``wesichain assistants create|update|show|ls|diff|rollback``, straight to Redis."""
+"""``wesichain assistants create|update|show|ls|diff|rollback``: straight to Redis as ``--tenant``,
+or with ``--api`` (or ``$WESICHAIN_API_URL``) through the HTTP API as the key's tenant."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from producer.api_client import ApiAssistants
 from producer.client import Client
-from shared.assistants import AssistantVersion
+from producer.commands import over_api
+from shared.assistant_store import AssistantSummary
+from shared.assistants import AssistantConfig, AssistantVersion, FieldChange
 from shared.errors import InvalidRequest
 
 __all__ = ["run_assistants"]
@@ -34,32 +38,85 @@ def _print_version(version: AssistantVersion, as_json: bool) -> None:
     print(json.dumps(version.config.fields_set(), indent=2, sort_keys=True))
 
 
+class _Over:
+    """The assistants' calls the commands make, on Redis (as ``tenant``) or over the API."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        api = over_api(args)
+        if api is not None and args.tenant:
+            raise InvalidRequest("--tenant is for Redis: over the API the key's tenant is the one")
+        self.api: ApiAssistants | None = api.assistants if api is not None else None
+        self.redis = Client.from_env().assistants if api is None else None
+        self.tenant: str | None = args.tenant
+
+    def create(self, name: str, agent: str, config: dict[str, Any]) -> AssistantVersion:
+        if self.api is not None:
+            return self.api.create(name, agent, config)
+        assert self.redis is not None
+        return self.redis.create(name, agent, config, tenant=self.tenant)
+
+    def update(
+        self, name: str, config: AssistantConfig | dict[str, Any], if_version: int | None
+    ) -> AssistantVersion:
+        if self.api is not None:
+            return self.api.update(name, config, if_version=if_version)
+        assert self.redis is not None
+        return self.redis.update(name, config, tenant=self.tenant, if_version=if_version)
+
+    def rollback(self, name: str, version: int) -> AssistantVersion:
+        if self.api is not None:
+            return self.api.rollback(name, version)
+        assert self.redis is not None
+        return self.redis.rollback(name, version, tenant=self.tenant)
+
+    def get(self, name: str, version: int | None) -> AssistantVersion:
+        if self.api is not None:
+            return self.api.get(name, version=version)
+        assert self.redis is not None
+        return self.redis.get(name, version=version, tenant=self.tenant)
+
+    def versions(self, name: str) -> list[AssistantVersion]:
+        if self.api is not None:
+            return self.api.versions(name, limit=500)
+        assert self.redis is not None
+        return self.redis.versions(name, tenant=self.tenant, limit=500)
+
+    def every(self) -> list[AssistantSummary]:
+        if self.api is not None:
+            return self.api.list(limit=500)
+        assert self.redis is not None
+        return self.redis.list(tenant=self.tenant, limit=500)
+
+    def diff(self, name: str, before: int, after: int) -> list[FieldChange]:
+        if self.api is not None:
+            return self.api.diff(name, before, after)
+        assert self.redis is not None
+        return self.redis.diff(name, before, after, tenant=self.tenant)
+
+
 def run_assistants(args: argparse.Namespace) -> int:
-    assistants = Client.from_env().assistants
-    tenant, as_json = args.tenant, args.json
+    assistants = _Over(args)
+    as_json = args.json
     command = args.assistants_command
     if command == "create":
-        _print_version(assistants.create(args.name, args.agent, _config(args.config), tenant=tenant), as_json)
+        _print_version(assistants.create(args.name, args.agent, _config(args.config)), as_json)
     elif command == "update":
-        updated = assistants.update(
-            args.name, _config(args.config), tenant=tenant, if_version=args.if_version
-        )
-        _print_version(updated, as_json)
+        _print_version(assistants.update(args.name, _config(args.config), args.if_version), as_json)
     elif command == "rollback":
-        _print_version(assistants.rollback(args.name, args.version, tenant=tenant), as_json)
+        _print_version(assistants.rollback(args.name, args.version), as_json)
     elif command == "show" and args.versions:
-        for version in assistants.versions(args.name, tenant=tenant, limit=500):
+        for version in assistants.versions(args.name):
             _print_version(version, as_json)
     elif command == "show":
-        _print_version(assistants.get(args.name, version=args.version, tenant=tenant), as_json)
+        _print_version(assistants.get(args.name, args.version), as_json)
     elif command == "ls":
-        for found in assistants.list(tenant=tenant, limit=500):
+        for found in assistants.every():
             if as_json:
                 print(json.dumps({"name": found.name, "agent": found.agent, "version": found.version}))
             else:
                 print(f"{found.name}\tv{found.version}\t{found.agent}")
     elif command == "diff":
-        for change in assistants.diff(args.name, args.before, args.after, tenant=tenant):
+        for change in assistants.diff(args.name, args.before, args.after):
             if as_json:
                 print(change.model_dump_json())
             else:

@@ -248,7 +248,9 @@ def _assistant_commands(
     a = sub.add_parser(
         "assistants", parents=[common], help="create, change, show, compare and roll back assistants"
     )
-    a.add_argument("--tenant", help="whose assistants (default: the tenant-less runs')")
+    a.add_argument("--tenant", help="without --api: whose assistants (default: the tenant-less runs')")
+    a.add_argument("--api", metavar="URL", help="use the HTTP API at URL (default $WESICHAIN_API_URL)")
+    a.add_argument("--key", metavar="KEY", help="the API key (default $WESICHAIN_API_KEY)")
     a.add_argument("--json", action="store_true", help="print JSON")
     acts = a.add_subparsers(dest="assistants_command", required=True)
     c = acts.add_parser("create", help="a new assistant: its version 1")

@@ -27,6 +27,7 @@ from producer.assistants import Assistants
 from producer.publishing import PUBLISH_ERRORS
 from shared.assistants import AssistantVersion
 from shared.bulk import BulkJob, BulkOutcome, BulkStore, bulk_task
+from shared.embedding import load_embedding
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, Event, follow_events, read_all_events
 from shared.memory import Memory, memory_of
@@ -175,12 +176,15 @@ class Client:
     def memory(self) -> Memory:
         """The long-term memory of runs without a tenant (``shared/memory.py``); a tenant's is
         :meth:`memory_for`."""
-        return memory_of(self.store.redis, self.store.keys, None)
+        return memory_of(
+            self.store.redis, self.store.keys, None, load_embedding(self.settings.memory_embedding)
+        )
 
     def memory_for(self, tenant: str) -> Memory:
         """The long-term memory of ``tenant`` (its runs' tools read and write it)."""
         check_name("tenant", tenant)
-        return memory_of(self.store.redis, self.store.keys, tenant)
+        embed = load_embedding(self.settings.memory_embedding)
+        return memory_of(self.store.redis, self.store.keys, tenant, embed)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Client:

@@ -87,8 +87,9 @@ def submit(args: argparse.Namespace) -> int:
     if api is not None:
         if args.no_check:
             raise InvalidRequest("--no-check needs Redis access: the API refuses runs no live worker serves")
-        if args.assistant or args.tenant:
-            raise InvalidRequest("--assistant and --tenant go straight to Redis (without --api)")
+        if args.tenant:
+            raise InvalidRequest("--tenant is for Redis: over the API the key's tenant is the one")
+        name, version = _assistant_arg(args.assistant)
         handle = api.submit(
             args.agent,
             args.text,
@@ -96,11 +97,11 @@ def submit(args: argparse.Namespace) -> int:
             thread_id=args.thread,
             namespace=args.namespace,
             thread_policy=args.thread_policy,
+            assistant=name,
+            assistant_version=version,
         )
     else:
-        name, _, version = (args.assistant or "").partition("@")
-        if version and not version.isdigit():
-            raise InvalidRequest(f"--assistant {args.assistant!r}: the version after @ is a number")
+        name, version = _assistant_arg(args.assistant)
         handle = Client.from_env().submit(
             args.agent,
             args.text,
@@ -110,10 +111,18 @@ def submit(args: argparse.Namespace) -> int:
             namespace=args.namespace,
             thread_policy=args.thread_policy,
             tenant=args.tenant,
-            assistant=name or None,
-            assistant_version=int(version) if version else None,
+            assistant=name,
+            assistant_version=version,
         )
     return _started(handle, args)
+
+
+def _assistant_arg(text: str | None) -> tuple[str | None, int | None]:
+    """``--assistant NAME[@VERSION]`` as its name and version."""
+    name, _, version = (text or "").partition("@")
+    if version and not version.isdigit():
+        raise InvalidRequest(f"--assistant {text!r}: the version after @ is a number")
+    return name or None, int(version) if version else None
 
 
 def _started(handle: RunHandle | ApiRunHandle, args: argparse.Namespace) -> int:

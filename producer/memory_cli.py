@@ -1,8 +1,11 @@
-"""``wesichain memory put|get|rm|ls|search``: a tenant's long-term memory (``shared/memory.py``).
+"""``wesichain memory put|get|rm|ls|search|export|archived``: a tenant's long-term memory
+(``shared/memory.py``).
 
 A namespace is written with ``/`` between its labels (``users/u-42``; labels hold no ``/``).
 With ``--api`` (or ``$WESICHAIN_API_URL``) the commands go through the HTTP API as the key's
 tenant; otherwise straight to Redis, as ``--tenant`` (none: the memory of runs without a tenant).
+``export`` and ``archived`` are the operator's, on Redis and the archive database
+(``shared/memory_archive.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from producer.api_client import ApiMemory
@@ -18,6 +22,8 @@ from producer.client import Client
 from producer.commands import over_api
 from shared.errors import InvalidRequest
 from shared.memory import Memory
+from shared.memory_archive import MemoryExport, export_memory
+from shared.tenants import Tenants
 
 __all__ = ["memory", "register"]
 
@@ -52,6 +58,20 @@ def register(
     se.add_argument("--filter", help='top-level fields the value must equal, as JSON: {"kind": "fact"}')
     se.add_argument("--limit", type=int, default=10, help="items to print, at most 100 (default 10)")
     se.add_argument("--offset", type=int, default=0, help="matches to skip first (default 0)")
+    se.add_argument(
+        "--semantic",
+        action="store_true",
+        help="rank by similarity to --query (needs WESICHAIN_MEMORY_EMBEDDING where the search runs)",
+    )
+    ex = verbs.add_parser(
+        "export", parents=parents, help="copy the tenant's items to the archive database now (no --api)"
+    )
+    ex.add_argument("--all", action="store_true", help="every tenant's memory, and that of runs without one")
+    ar = verbs.add_parser(
+        "archived", parents=parents, help="items in the archive database, kept after they expired (no --api)"
+    )
+    ar.add_argument("prefix", nargs="?", default="", help="only under this namespace prefix")
+    ar.add_argument("--limit", type=int, default=100, help="items to print, at most 1000 (default 100)")
     return {"memory": memory}
 
 
@@ -79,7 +99,32 @@ def _store(args: argparse.Namespace) -> Memory | ApiMemory:
     return client.memory_for(args.tenant) if args.tenant else client.memory
 
 
+def _archive_command(args: argparse.Namespace) -> int:
+    if over_api(args) is not None:
+        raise InvalidRequest(
+            f"memory {args.memory_command} reads Redis and the archive: run it without --api"
+        )
+    client = Client.from_env()
+    archive = client.store.archive
+    if archive is None:
+        raise InvalidRequest("no archive is configured (WESICHAIN_ARCHIVE_URL)")
+    if args.memory_command == "archived":
+        if not 1 <= args.limit <= 1000:
+            raise InvalidRequest("--limit is 1..1000")
+        for item in archive.memory_items(args.tenant, _labels(args.prefix), limit=args.limit):
+            print(item.model_dump_json(exclude={"score"}))
+        return 0
+    tenants = [None, *Tenants(client.store.redis, client.store.keys).names()] if args.all else [args.tenant]
+    total = MemoryExport()
+    for tenant in tenants:
+        total.add(export_memory(client.memory_for(tenant) if tenant else client.memory, archive))
+    print(json.dumps(asdict(total)))
+    return 0
+
+
 def memory(args: argparse.Namespace) -> int:
+    if args.memory_command in ("export", "archived"):
+        return _archive_command(args)
     store = _store(args)
     verb = args.memory_command
     if verb == "put":
@@ -104,7 +149,12 @@ def memory(args: argparse.Namespace) -> int:
         return 0
     where = _object(args.filter, "--filter") if args.filter else None
     result = store.search(
-        _labels(args.prefix), query=args.query, filter=where, limit=args.limit, offset=args.offset
+        _labels(args.prefix),
+        query=args.query,
+        filter=where,
+        limit=args.limit,
+        offset=args.offset,
+        semantic=args.semantic,
     )
     for item in result.items:
         print(item.model_dump_json())

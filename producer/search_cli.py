@@ -1,8 +1,9 @@
 """``wesichain runs search`` and ``wesichain bulk``: find runs, and act on every run a search finds.
 
-Both read the run state's Redis (and the archive, when configured) as an operator does; ``--tenant``
-names whose runs (none: runs started without a tenant). Tenants use the HTTP API
-(``POST /v1/runs/search``, ``/v1/bulk``) with their keys instead.
+Straight to the run state's Redis (and the archive, when configured) as an operator does,
+``--tenant`` naming whose runs (none: runs started without a tenant); or with ``--api`` (or
+``$WESICHAIN_API_URL``) through the HTTP API (``POST /v1/runs/search``, ``/v1/bulk``) as the key's
+tenant.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import sys
 import time
 from collections.abc import Callable
 
+from producer.api_client import ApiClient
 from producer.client import Client
+from producer.commands import over_api
 from shared.bulk import BULK_ACTIONS, DEFAULT_RATE_PER_S, BulkJob
 from shared.errors import InvalidRequest
 from shared.search import SearchQuery
-from shared.state import RUN_STATUSES
+from shared.state import RUN_STATUSES, RunHead
+from shared.wire import RunView
 
 __all__ = [
     "Handler",
@@ -31,8 +35,21 @@ Handler = Callable[[argparse.Namespace], int]
 _LISTED = {"run_id", "agent", "agent_version", "phase", "created_at", "metadata"}
 
 
+def _where(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--tenant", help=f"without --api: whose {what} (default: {what} without a tenant)")
+    parser.add_argument("--api", metavar="URL", help="use the HTTP API at URL (default $WESICHAIN_API_URL)")
+    parser.add_argument("--key", metavar="KEY", help="the API key (default $WESICHAIN_API_KEY)")
+
+
+def _api(args: argparse.Namespace) -> ApiClient | None:
+    api = over_api(args)
+    if api is not None and args.tenant:
+        raise InvalidRequest("--tenant is for Redis: over the API the key's tenant is the one")
+    return api
+
+
 def _filters(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tenant", help="whose runs (default: runs without a tenant)")
+    _where(parser, "runs")
     parser.add_argument("--agent", help="the agent the run was started for")
     parser.add_argument("--version", dest="agent_version", help="the agent version the run is pinned to")
     parser.add_argument("--status", choices=RUN_STATUSES, help="the run's status (queued, running, ...)")
@@ -98,18 +115,24 @@ def register(
     for verb, text in (("status", "a bulk job's progress"), ("stop", "stop a running bulk job")):
         b = bulk_sub.add_parser(verb, parents=[common], help=text)
         b.add_argument("job_id")
-        b.add_argument("--tenant", help="whose job (default: jobs without a tenant)")
+        _where(b, "jobs")
         b.add_argument("--json", action="store_true", help="print the job as JSON")
-    bulk_sub.add_parser("list", parents=[common], help="bulk jobs, newest first").add_argument(
-        "--tenant", help="whose jobs (default: jobs without a tenant)"
-    )
+    _where(bulk_sub.add_parser("list", parents=[common], help="bulk jobs, newest first"), "jobs")
     return {"runs": search_runs, "bulk": bulk_command}
 
 
 def search_runs(args: argparse.Namespace) -> int:
-    client = Client.from_env()
-    page = client.search(_query(args), tenant=args.tenant, cursor=args.cursor, limit=args.limit)
-    for head in page.runs:
+    api = _api(args)
+    runs: list[RunHead] | list[RunView]
+    if api is not None:
+        page = api.search(_query(args), cursor=args.cursor, limit=args.limit)
+        runs, next_cursor = page.runs, page.next_cursor
+    else:
+        found = Client.from_env().search(
+            _query(args), tenant=args.tenant, cursor=args.cursor, limit=args.limit
+        )
+        runs, next_cursor = found.runs, found.next_cursor
+    for head in runs:
         if args.json:
             print(head.model_dump_json(include=_LISTED))
         else:
@@ -117,9 +140,9 @@ def search_runs(args: argparse.Namespace) -> int:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(head.created_at))
             print(f"{head.run_id}  {stamp}  {head.agent}@{head.agent_version or '-'}  {head.status}{error}")
     if args.json:
-        print(json.dumps({"next_cursor": page.next_cursor}))
-    elif page.next_cursor is not None:
-        print(f"more: --cursor {page.next_cursor}", file=sys.stderr)
+        print(json.dumps({"next_cursor": next_cursor}))
+    elif next_cursor is not None:
+        print(f"more: --cursor {next_cursor}", file=sys.stderr)
     return 0
 
 
@@ -133,23 +156,56 @@ def _show(job: BulkJob, as_json: bool) -> None:
     )
 
 
+class _Jobs:
+    """The bulk job calls the commands make, on Redis (as ``tenant``) or over the API."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.api = _api(args)
+        self.redis = Client.from_env() if self.api is None else None
+        self.tenant: str | None = args.tenant
+
+    def start(self, action: str, query: SearchQuery, rate_per_s: float) -> BulkJob:
+        if self.api is not None:
+            return self.api.bulk(action, query, rate_per_s=rate_per_s)
+        assert self.redis is not None
+        return self.redis.bulk(action, query, tenant=self.tenant, rate_per_s=rate_per_s)
+
+    def job(self, job_id: str) -> BulkJob:
+        if self.api is not None:
+            return self.api.bulk_job(job_id)
+        assert self.redis is not None
+        return self.redis.bulk_job(job_id, tenant=self.tenant)
+
+    def jobs(self) -> list[BulkJob]:
+        if self.api is not None:
+            return self.api.bulk_jobs()
+        assert self.redis is not None
+        return self.redis.bulk_jobs(tenant=self.tenant)
+
+    def cancel(self, job_id: str) -> BulkJob:
+        if self.api is not None:
+            return self.api.cancel_bulk(job_id)
+        assert self.redis is not None
+        return self.redis.cancel_bulk(job_id, tenant=self.tenant)
+
+
 def bulk_command(args: argparse.Namespace) -> int:
-    client = Client.from_env()
+    jobs = _Jobs(args)
     command = args.bulk_command
     if command in BULK_ACTIONS:
-        job = client.bulk(command, _query(args), tenant=args.tenant, rate_per_s=args.rate)
+        job = jobs.start(command, _query(args), args.rate)
         _show(job, args.json)
         while args.wait and job.status == "running":
             time.sleep(1.0)
-            job = client.bulk_job(job.job_id, tenant=args.tenant)
+            job = jobs.job(job.job_id)
             _show(job, args.json)
         return 0
     if command == "list":
-        for job in client.bulk_jobs(tenant=args.tenant):
+        for job in jobs.jobs():
             _show(job, False)
         return 0
-    job = client.bulk_job(args.job_id, tenant=args.tenant)
+    job = jobs.job(args.job_id)
     if command == "stop" and job.status == "running":
-        job = client.cancel_bulk(args.job_id, tenant=args.tenant)
+        job = jobs.cancel(args.job_id)
     _show(job, args.json)
     return 0

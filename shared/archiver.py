@@ -18,7 +18,8 @@ shard), so archivers on several hosts share the work.
 
 A run whose completion callback is still being delivered waits (its entry is moved to the back);
 everything else that ended is archived, so Redis keeps live and recently ended runs only. Each
-pass then moves the evals that completed as long ago (``shared/evals/archiving.py``).
+pass then moves the evals that completed as long ago (``shared/evals/archiving.py``), and exports
+every tenant's long-term memory items (``shared/memory_archive.py``).
 """
 
 from __future__ import annotations
@@ -36,11 +37,14 @@ from shared.errors import ArchiveUnavailable
 from shared.evals.archiving import EvalArchiver
 from shared.evals.store import EvalStore
 from shared.events import load_event
+from shared.memory import memory_of
+from shared.memory_archive import export_memory
 from shared.messages import MESSAGE_ADAPTER
 from shared.scripts import register_scripts, run_many
 from shared.search import index_dimensions
 from shared.state import TERMINAL_PHASES, RunHead, ToolResult
 from shared.store import RunStore
+from shared.tenants import Tenants
 
 __all__ = ["ArchiveReport", "Archiver"]
 
@@ -67,6 +71,10 @@ class ArchiveReport:
     evals_archived: int = 0
     #: Completed evals the archive already held (a pass died after its commit): removed now.
     evals_already_archived: int = 0
+    #: Long-term memory items copied to the archive (new or changed), and archived items removed
+    #: because they were deleted from Redis (``shared/memory_archive.py``).
+    memory_copied: int = 0
+    memory_removed: int = 0
     #: Why the pass stopped early (the database failed), else "".
     error: str = ""
     seconds: float = 0.0
@@ -116,11 +124,19 @@ class Archiver:
             report.evals_archived, report.evals_already_archived = EvalArchiver(evals, self.archive).run_once(
                 cutoff_ms / 1000
             )
+            self._memory(report)
         except ArchiveUnavailable as exc:
             report.error = str(exc)
             log.warning("archiving stopped, the runs stay in Redis: %s", exc)
         report.seconds = round(time.monotonic() - started, 3)
         return report
+
+    def _memory(self, report: ArchiveReport) -> None:
+        """Export every tenant's long-term memory (and that of runs without a tenant)."""
+        for tenant in [None, *Tenants(self.redis, self.keys).names()]:
+            done = export_memory(memory_of(self.redis, self.keys, tenant), self.archive)
+            report.memory_copied += done.copied
+            report.memory_removed += done.removed
 
     def _shard(self, shard: int, cutoff_ms: int, report: ArchiveReport, max_runs: int | None) -> None:
         ended = self.keys.ended(shard)

@@ -29,7 +29,12 @@ a crash writes nothing twice.
 
 Bounds: namespace depth and label length, key length, value bytes, writes per call, search page
 and scan (a search looks at a bounded number of items and bytes of a prefix and says when it
-stopped short: ``SearchResult.truncated``), items per tenant. There is no vector search.
+stopped short: ``SearchResult.truncated``), items per tenant.
+
+Semantic search, where an embedding function is configured (``shared/embedding.py``): a put
+embeds the value's JSON text and keeps the vector beside the item (written in the same script, and
+dropped with it); ``search(query=..., semantic=True)`` ranks the items the search scans by cosine
+similarity to the query's embedding. There is no approximate-nearest-neighbour index.
 """
 
 from __future__ import annotations
@@ -37,12 +42,13 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import redis
 from pydantic import BaseModel, Field
 
+from shared.embedding import Embedding, cosine, pack_vector, unpack_vector
 from shared.errors import InvalidRequest, WesichainError
 from shared.keys import Keys
 from shared.scripts import Script, register_script
@@ -130,6 +136,9 @@ class Item(BaseModel):
     updated_at: float = Field(description="When it was last written (Unix seconds).")
     expires_at: float | None = Field(default=None, description="When it expires (none: never).")
     version: int = Field(description="Writes applied to the key since it was created.")
+    score: float | None = Field(
+        default=None, description="A semantic search's cosine similarity to the query (else none)."
+    )
 
 
 class SearchResult(BaseModel):
@@ -231,13 +240,23 @@ class Memory:
     once). Reads skip expired items; writes purge them.
     """
 
-    def __init__(self, client: redis.Redis, keys: Keys, tenant: str | None, quota: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        tenant: str | None,
+        quota: Callable[[], int],
+        embed: Embedding | None = None,
+    ) -> None:
         self.redis = client
         self.keys = keys
         self.tenant = tenant
         self.quota = quota
+        #: Embeds the values put and the queries of semantic searches (None: text search only).
+        self.embed = embed
         self._keys = [keys.memory(tenant, part) for part in _PARTS]
         self._applied = keys.memory(tenant, "applied")
+        self._vectors = keys.memory(tenant, "vectors")
         self._write: Script = register_script(client, "memory_write")
         self._scan: Script = register_script(client, "memory_scan")
 
@@ -257,10 +276,15 @@ class Memory:
         filter: Mapping[str, Any] | None = None,
         limit: int = 10,
         offset: int = 0,
+        semantic: bool = False,
     ) -> SearchResult:
         """Items under ``namespace_prefix`` (in namespace and key order) whose value holds every
         word of ``query`` (case-insensitive, anywhere in its JSON text) and whose top-level fields
-        equal those of ``filter``; ``offset`` of them skipped, ``limit`` answered."""
+        equal those of ``filter``; ``offset`` of them skipped, ``limit`` answered.
+
+        ``semantic``: the items matching ``filter`` ranked by the cosine similarity of their
+        vectors to ``query``'s embedding, most similar first (each with its ``score``); items
+        without a vector are left out. :class:`InvalidRequest` without an embedding function."""
         prefix = check_namespace(namespace_prefix, prefix=True)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise InvalidRequest(f"limit is 1..{MAX_LIMIT}")
@@ -272,11 +296,39 @@ class Memory:
         if len(where) > 32:
             raise InvalidRequest("a search filter names at most 32 fields")
         check_value(where)
-        tokens = (query or "").lower().split()
+        if semantic:
+            target = self._query_vector(query)
+        tokens = [] if semantic else (query or "").lower().split()
         low, high = _range(_prefix_of(prefix))
         scanned, truncated = self._read(low, high, SCAN_ITEMS)
         matched = [item for item, text in scanned if _matches(item.value, text, tokens, where)]
+        if semantic:
+            matched = self._ranked(matched, target)
         return SearchResult(items=matched[offset : offset + limit], truncated=truncated)
+
+    def _query_vector(self, query: str | None) -> tuple[float, ...]:
+        if self.embed is None:
+            raise InvalidRequest(
+                "semantic search needs an embedding function (WESICHAIN_MEMORY_EMBEDDING) where it runs"
+            )
+        if not query or not query.strip():
+            raise InvalidRequest("a semantic search needs a query")
+        return unpack_vector(pack_vector(self.embed(query)))
+
+    def _ranked(self, items: list[Item], target: Sequence[float]) -> list[Item]:
+        """``items`` with a vector, most similar to ``target`` first (ties in namespace and key
+        order, as scanned)."""
+        if not items:
+            return []
+        raw = self.redis.hmget(self._vectors, [_entry(i.namespace, i.key) for i in items])
+        scored: list[tuple[float, int, Item]] = []
+        for position, (item, vector) in enumerate(zip(items, raw, strict=True)):
+            if not vector:
+                continue
+            score = cosine(unpack_vector(vector), target)
+            if score is not None:
+                scored.append((-score, position, item.model_copy(update={"score": round(score, 6)})))
+        return [item for _, _, item in sorted(scored, key=lambda s: (s[0], s[1]))]
 
     def list_namespaces(
         self,
@@ -299,6 +351,18 @@ class Memory:
             labels, _ = _parse_entry(entry.decode() if isinstance(entry, bytes) else str(entry))
             found.add(tuple(labels[:max_depth] if max_depth else labels))
         return sorted(found)[offset : offset + limit]
+
+    def items(self) -> Iterator[Item]:
+        """Every live item, in namespace and key order, a scan's worth at a time (an export)."""
+        low = b"-"
+        while True:
+            page, more = self._read(low, b"+", SCAN_ITEMS)
+            for item, _ in page:
+                yield item
+            if not page or not more:
+                return
+            last = page[-1][0]
+            low = b"(" + _entry(last.namespace, last.key).encode()
 
     def count(self) -> int:
         """Items held (expired ones not purged yet included): what the quota counts."""
@@ -346,11 +410,12 @@ class Memory:
 
     def _apply(self, writes: Sequence[MemoryWrite]) -> list[tuple[str, Item | None]]:
         args: list[Any] = [self.quota(), APPLIED_KEEP_S * 1000, _PURGE_PER_WRITE]
-        for w in writes:
+        vectors = self._vectors_of(writes)
+        for w, vector in zip(writes, vectors, strict=True):
             value = "" if w.value is None else check_value(w.value)
             ttl_ms = "" if w.ttl_s is None else int(w.ttl_s * 1000)
-            args += [w.write_id, w.op, _entry(w.namespace, w.key), value, ttl_ms]
-        replies = self._write([*self._keys, self._applied], args)
+            args += [w.write_id, w.op, _entry(w.namespace, w.key), value, ttl_ms, vector]
+        replies = self._write([*self._keys, self._applied, self._vectors], args)
         out: list[tuple[str, Item | None]] = []
         for w, reply in zip(writes, replies, strict=True):
             status = _text(reply[0])
@@ -367,6 +432,30 @@ class Memory:
                     version=int(version),
                 )
             out.append((status, item))
+        return out
+
+    def _vectors_of(self, writes: Sequence[MemoryWrite]) -> list[str]:
+        """Each put's embedding ('' for a delete, without an embedding function, or when it fails:
+        the item is stored without one). A write whose id was applied already is not embedded
+        again (observe re-applies the writes a delivery applied)."""
+        if self.embed is None:
+            return ["" for _ in writes]
+        ids = [w.write_id for w in writes if w.write_id]
+        applied = dict(zip(ids, self.redis.zmscore(self._applied, ids), strict=True)) if ids else {}
+        out: list[str] = []
+        for w in writes:
+            if w.op != "put" or w.value is None or applied.get(w.write_id) is not None:
+                out.append("")
+                continue
+            try:
+                out.append(pack_vector(self.embed(check_value(w.value))))
+            except Exception as exc:  # the operator's function: the item is kept without a vector
+                log.warning(
+                    "memory write %s stored without a vector: the embedding failed (%s)",
+                    w.write_id or "(direct put)",
+                    exc.__class__.__name__,
+                )
+                out.append("")
         return out
 
     def _read(self, low: bytes, high: bytes, most: int) -> tuple[list[tuple[Item, str]], bool]:
@@ -432,8 +521,11 @@ class CallMemory:
         filter: Mapping[str, Any] | None = None,
         limit: int = 10,
         offset: int = 0,
+        semantic: bool = False,
     ) -> SearchResult:
-        return self._memory.search(namespace_prefix, query=query, filter=filter, limit=limit, offset=offset)
+        return self._memory.search(
+            namespace_prefix, query=query, filter=filter, limit=limit, offset=offset, semantic=semantic
+        )
 
     def list_namespaces(
         self, *, prefix: Sequence[str] = (), max_depth: int | None = None, limit: int = 100, offset: int = 0
@@ -487,8 +579,14 @@ class PhaseMemory(CallMemory):
     def put(
         self, namespace: Sequence[str], key: str, value: Mapping[str, Any], *, ttl_s: float | None = None
     ) -> None:
+        """Store ``value`` at once; :class:`MemoryFull` if the tenant is at its quota already
+        (checked before writing, as a tool's put is: nothing is written, nothing logged)."""
         text = check_value(value)
         self._hold("put", namespace, key, json.loads(text), check_ttl(ttl_s), 0)
+        # The refused write keeps its id (it stays in ``pending``): the hook's later writes have
+        # the same ids whether or not a phase run again after a crash finds room for this one.
+        if self._memory.count() >= self._memory.quota():
+            raise MemoryFull(self._memory.quota())
         self._flush()
 
     def delete(self, namespace: Sequence[str], key: str) -> None:
@@ -501,8 +599,9 @@ class PhaseMemory(CallMemory):
             raise MemoryFull(self._memory.quota())
 
 
-def memory_of(client: redis.Redis, keys: Keys, tenant: str | None) -> Memory:
-    """The memory of ``tenant``, its quota read from the tenant's limits at each put."""
+def memory_of(client: redis.Redis, keys: Keys, tenant: str | None, embed: Embedding | None = None) -> Memory:
+    """The memory of ``tenant``, its quota read from the tenant's limits at each put; ``embed``:
+    the configured embedding function (``load_embedding(settings.memory_embedding)``)."""
     tenants = Tenants(client, keys)
 
     def quota() -> int:
@@ -510,4 +609,4 @@ def memory_of(client: redis.Redis, keys: Keys, tenant: str | None) -> Memory:
             return TenantLimits().max_memory_items
         return tenants.limits(tenant).max_memory_items
 
-    return Memory(client, keys, tenant, quota)
+    return Memory(client, keys, tenant, quota, embed)

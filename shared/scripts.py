@@ -141,9 +141,9 @@ SPECS: dict[str, ScriptSpec] = {
     ),
     "emit_custom": _spec("run results_key events_key", "step call_id claim_token event events_maxlen"),
     "memory_write": _spec(
-        "values versions created updated index expiry applied",
+        "values versions created updated index expiry applied vectors",
         "quota applied_keep_ms purge_limit",
-        more_args="five per write: write_id op entry value ttl_ms",
+        more_args="six per write: write_id op entry value ttl_ms vector",
         words="put delete deleted absent duplicate full",
     ),
     "memory_scan": _spec("values versions created updated index expiry", "low high most most_bytes"),

@@ -46,6 +46,7 @@ __all__ = [
     "ENV_REDIS_TLS_INSECURE",
     "ENV_REDIS_URL",
     "ENV_SEARCH_ATTRIBUTES",
+    "ENV_MEMORY_EMBEDDING",
     "ENV_SHARDS",
     "ENV_SWEEPER",
     "ENV_TASK_EVENTS",
@@ -102,6 +103,7 @@ ENV_ARCHIVE_BATCH = "WESICHAIN_ARCHIVE_BATCH"
 ENV_ARCHIVE_INTERVAL = "WESICHAIN_ARCHIVE_INTERVAL_S"
 ENV_ARCHIVE_RETENTION = "WESICHAIN_ARCHIVE_RETENTION_DAYS"
 ENV_SEARCH_ATTRIBUTES = "WESICHAIN_SEARCH_ATTRIBUTES"
+ENV_MEMORY_EMBEDDING = "WESICHAIN_MEMORY_EMBEDDING"
 
 #: A metadata key an operator may declare searchable (``shared/search.py``).
 SEARCH_KEY_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$"
@@ -259,6 +261,10 @@ class Settings:
     #: (``shared/search.py``); a search may filter on these only. Every process that creates runs
     #: (the API, clients, workers starting child runs) must be given the same list.
     search_attributes: tuple[str, ...] = ()
+    #: ``WESICHAIN_MEMORY_EMBEDDING``: ``package.module:function`` embedding texts for semantic
+    #: memory search (``shared/embedding.py``); empty: text search only. Give it to the workers and
+    #: to the API process alike.
+    memory_embedding: str = ""
     limits: Limits = field(default_factory=Limits)
     #: How workers call model providers (timeouts, retries, scripted model files).
     llm: LlmSettings = field(default_factory=LlmSettings)
@@ -480,6 +486,7 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_ARCHIVE_INTERVAL, "archive_interval_s", _number(float)),
     (ENV_ARCHIVE_RETENTION, "archive_retention_days", _number(float)),
     (ENV_SEARCH_ATTRIBUTES, "search_attributes", _search_attributes),
+    (ENV_MEMORY_EMBEDDING, "memory_embedding", _text),
 )
 
 

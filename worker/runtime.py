@@ -18,6 +18,7 @@ from shared import fsm
 from shared.agents import Agent, AgentRegistry
 from shared.assistant_store import AssistantStore
 from shared.assistants import AssistantConfig, apply_config
+from shared.embedding import load_embedding
 from shared.errors import ConfigError, InternalInvariant, InvalidRequest, PoisonPhase, RunErrorInfo
 from shared.events import Event, this_worker, worker_identity
 from shared.fsm import Transition
@@ -150,7 +151,8 @@ class Runtime:
 
     def memory(self, head: RunHead) -> Memory:
         """The long-term memory of the run's tenant (a run names no other)."""
-        return memory_of(self.store.redis, self.store.keys, head.tenant)
+        embed = load_embedding(self.settings.memory_embedding)
+        return memory_of(self.store.redis, self.store.keys, head.tenant, embed)
 
     def phase_memory(self, head: RunHead, hook: str) -> PhaseMemory:
         """What middleware hook(s) ``hook`` of the phase of ``head`` write memory through: each

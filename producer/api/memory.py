@@ -17,6 +17,7 @@ from producer.api.auth import Caller
 from producer.api.errors import ApiError
 from producer.api.runs import ERRORS, Svc, Who
 from producer.api.services import Services
+from shared.embedding import load_embedding
 from shared.errors import InvalidRequest
 from shared.memory import (
     MAX_DEPTH,
@@ -73,13 +74,22 @@ class MemorySearch(BaseModel):
 
     namespace_prefix: list[str] = Field(default_factory=list, max_length=MAX_DEPTH)
     query: str | None = Field(
-        default=None, max_length=1000, description="Every word must appear in the value (any case)."
+        default=None,
+        max_length=1000,
+        description="Every word must appear in the value (any case); with ``semantic``, the text the"
+        " items are ranked by similarity to.",
     )
     filter: dict[str, Any] | None = Field(
         default=None, description="Top-level fields the value must have, with these exact values."
     )
     limit: int = Field(default=10, ge=1, le=MAX_LIMIT)
     offset: int = Field(default=0, ge=0, le=SCAN_ITEMS)
+    semantic: bool = Field(
+        default=False,
+        description="Rank the scanned items matching ``filter`` by cosine similarity to ``query``'s"
+        " embedding (each with its ``score``); needs ``WESICHAIN_MEMORY_EMBEDDING`` on the API"
+        " process, else 422. Items stored without a vector are left out.",
+    )
 
 
 class NamespaceQuery(BaseModel):
@@ -102,7 +112,8 @@ class DeletedItem(BaseModel):
 
 
 def _memory(services: Services, who: Caller) -> Memory:
-    return memory_of(services.store.redis, services.keys, who.tenant)
+    embed = load_embedding(services.client.settings.memory_embedding)
+    return memory_of(services.store.redis, services.keys, who.tenant, embed)
 
 
 def _invalid(exc: InvalidRequest) -> ApiError:
@@ -160,14 +171,19 @@ def delete_item(services: Svc, who: Who, namespace: _Namespace, key: _Key) -> De
     "/items/search",
     response_model=SearchResult,
     summary="Search items under a namespace prefix",
-    description="Items in namespace and key order. A search looks at a bounded number of items of"
-    " the prefix (and bytes of their values): ``truncated`` says it stopped there. Text search only:"
-    " there is no vector search.",
+    description="Items in namespace and key order (``semantic``: most similar first). A search looks"
+    " at a bounded number of items of the prefix (and bytes of their values): ``truncated`` says it"
+    " stopped there. A semantic search ranks those items only: there is no nearest-neighbour index.",
 )
 def search_items(body: MemorySearch, services: Svc, who: Who) -> SearchResult:
     try:
         return _memory(services, who).search(
-            body.namespace_prefix, query=body.query, filter=body.filter, limit=body.limit, offset=body.offset
+            body.namespace_prefix,
+            query=body.query,
+            filter=body.filter,
+            limit=body.limit,
+            offset=body.offset,
+            semantic=body.semantic,
         )
     except InvalidRequest as exc:
         raise _invalid(exc) from None

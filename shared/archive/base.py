@@ -12,10 +12,11 @@ from collections.abc import Mapping, Sequence
 
 from shared.archive.record import Deletion, EvalHead, EvalRecord, RunRecord, RunSummary
 from shared.events import Event
+from shared.memory import Item
 from shared.messages import Message
 from shared.state import RunHead, ToolResult
 
-__all__ = ["Archive", "EvalArchive", "ListingFilter"]
+__all__ = ["Archive", "EvalArchive", "ListingFilter", "MemoryArchive"]
 
 
 class ListingFilter:
@@ -74,7 +75,34 @@ class EvalArchive(ABC):
         """``(created_at, eval id)`` of the newest archived evals, newest first."""
 
 
-class Archive(EvalArchive):
+class MemoryArchive(ABC):
+    """Tenants' long-term memory items as last exported from Redis (``shared/memory_archive.py``)."""
+
+    @abstractmethod
+    def archived_memory(self, tenant: str | None) -> dict[tuple[str, str], tuple[int, float, float | None]]:
+        """``(path, key) -> (version, updated_at, expires_at)`` of every archived item of ``tenant``."""
+
+    @abstractmethod
+    def put_memory(self, tenant: str | None, items: Sequence[Item]) -> int:
+        """Write (or replace) items in one transaction; how many."""
+
+    @abstractmethod
+    def drop_memory(self, tenant: str | None, entries: Sequence[tuple[str, str]]) -> int:
+        """Remove ``(path, key)`` items in one transaction; how many there were."""
+
+    @abstractmethod
+    def memory_items(
+        self,
+        tenant: str | None,
+        prefix: Sequence[str] = (),
+        *,
+        after: tuple[str, str] | None = None,
+        limit: int = 100,
+    ) -> list[Item]:
+        """Archived items under a namespace prefix in namespace and key order, after ``(path, key)``."""
+
+
+class Archive(EvalArchive, MemoryArchive):
     """Finished runs in a database: written in batches by the archiver, read by the store."""
 
     #: ``postgresql`` or ``sqlite``.

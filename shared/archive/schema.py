@@ -118,8 +118,25 @@ CREATE TABLE wesichain_eval_results (
 )
 """
 
+# A tenant's long-term memory items as last exported from Redis (``shared/memory_archive.py``):
+# ``path`` is the namespace's labels joined by ``/`` (labels hold none), the value the item's JSON.
+_V4 = """
+CREATE TABLE wesichain_memory (
+    tenant TEXT NOT NULL,
+    path TEXT NOT NULL,
+    item_key TEXT NOT NULL,
+    value {json} NOT NULL,
+    version INTEGER NOT NULL,
+    created_at {float} NOT NULL,
+    updated_at {float} NOT NULL,
+    expires_at {float},
+    exported_at {float} NOT NULL,
+    PRIMARY KEY (tenant, path, item_key)
+)
+"""
+
 #: Migration n (1-based) is ``MIGRATIONS[n - 1]``: statements separated by ``;``.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 
 
 def migration(number: int, json_type: str, float_type: str) -> list[str]:

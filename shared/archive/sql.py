@@ -17,6 +17,7 @@ from shared.archive.databases import Cursor, Database
 from shared.archive.record import Deletion, RunRecord, RunSummary
 from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, TABLES, migration
 from shared.archive.sql_evals import SqlEvalArchive
+from shared.archive.sql_memory import SqlMemoryArchive
 from shared.errors import ArchiveUnavailable
 from shared.events import Event, dump_event, load_event
 from shared.messages import MESSAGE_ADAPTER, Message, dump_message
@@ -31,7 +32,7 @@ def parse_stream_id(stream_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-class SqlArchive(SqlEvalArchive, Archive):
+class SqlArchive(SqlEvalArchive, SqlMemoryArchive, Archive):
     """Finished runs in PostgreSQL or SQLite, in the tables of :mod:`shared.archive.schema`."""
 
     def __init__(self, db: Database) -> None:
