@@ -23,7 +23,7 @@ from shared.tenants import Tenants
 from tests.agents_console import HOSTILE
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.chaos.support import Cluster, idem, wait_tool_started
-from tests.harness import RedisServer
+from tests.harness import RedisServer, wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
@@ -236,9 +236,14 @@ def test_failed_runs_are_retried_in_bulk_from_the_list(page: Page, http: httpx.C
     page.fill('#filters input[name="agent"]', "tool_fails")
     page.click("#retry-failed")
     page.wait_for_selector("#bulk-view:not([hidden])")
-    row = page.wait_for_selector("#bulk-jobs tbody tr td:nth-child(3):text('done')")
-    assert row is not None
-    (job,) = [j for j in http.get("/v1/bulk").json()["jobs"] if j["action"] == "retry"]
+    page.wait_for_selector("#bulk-jobs tbody tr[data-job]")
+    job_id = page.get_attribute("#bulk-jobs tbody tr[data-job]", "data-job")
+    job = wait_until(
+        lambda: (j := http.get(f"/v1/bulk/{job_id}").json())["status"] != "running" and j,
+        timeout=60,
+        what="the bulk retry to end",
+    )
+    page.wait_for_selector(f'#bulk-jobs tr[data-job="{job_id}"] .badge.completed')  # live, no reload
     assert job["query"]["status"] == "failed" and job["query"]["agent"] == "tool_fails"
     assert job["acted"] >= 2 and job["failed"] == 0
 
@@ -268,5 +273,6 @@ def test_a_call_whose_worker_was_killed_reads_as_one_call_with_its_result(
         assert "10 in / 5 out tokens" in head and "think " in head
         screenshot(page, "run")
     finally:
+        victim.stop()  # reaps it and closes its log; then the pool is whole again
         victim.start(wait=False)
         victim.wait_ready(timeout=60)
