@@ -107,7 +107,8 @@ function runView(runId) {
   function onEvent(event) {
     $("#run-live").hidden = false;
     if (event.kind === "TokenDelta") {
-      $("#stream-box").hidden = false;
+      // An ended run's replayed text is in its conversation: the bar is for a live one.
+      if (run && !TERMINAL.has(run.status)) $("#stream-box").hidden = false;
       $("#stream").textContent += event.text;
       $("#stream").scrollTop = $("#stream").scrollHeight;
       return;
