@@ -56,7 +56,7 @@ from shared.search import SearchQuery
 from shared.signals import MAX_WAIT_S, SignalView
 from shared.state import Callback, Decision, Phase, RunHead, ThreadPolicy
 from shared.timeline import Timeline
-from shared.wire import AgentView, PipelineList, RunList, RunView, VersionView
+from shared.wire import AgentView, PipelineList, RunChildren, RunList, RunView, VersionView
 
 __all__ = [
     "ApiAssistants",
@@ -601,6 +601,17 @@ class _RunOps:
             lambda r: Timeline.model_validate_json(r.content),
         )
 
+    def _children(self) -> _Op[list[RunView]]:
+        return _parsed(
+            _Request("GET", f"/v1/runs/{self.run_id}/children"),
+            lambda r: RunChildren.model_validate_json(r.content).runs,
+        )
+
+    def _retry(self, key: str | None) -> _Op[str]:
+        headers = {"Idempotency-Key": key} if key else {}
+        request = _Request("POST", f"/v1/runs/{self.run_id}/retry", {"headers": headers})
+        return _parsed(request, lambda r: RunView.model_validate_json(r.content).run_id)
+
     def _wait(self, timeout: float) -> _Op[RunHead]:
         deadline = time.monotonic() + timeout
         delay = 0.01
@@ -1006,6 +1017,14 @@ class ApiRunHandle(_RunOps):
         """Where the run's time went (see ``RunHandle.timeline``)."""
         return self.client._run(self._timeline())
 
+    def children(self) -> list[RunView]:
+        """The run's subagent runs, in the order its steps started them."""
+        return self.client._run(self._children())
+
+    def retry(self, *, idempotency_key: str | None = None) -> ApiRunHandle:
+        """A fresh run with this ended run's request (see ``Client.retry``)."""
+        return ApiRunHandle(self.client, self.client._run(self._retry(idempotency_key)))
+
     def _paged(self, cursor: str) -> Iterator[Event]:
         """The stored events after ``cursor``, page by page (the JSON mode of the events endpoint)."""
         while True:
@@ -1352,6 +1371,14 @@ class AsyncRunHandle(_RunOps):
     async def timeline(self) -> Timeline:
         """Where the run's time went (see ``RunHandle.timeline``)."""
         return await self.client._run(self._timeline())
+
+    async def children(self) -> list[RunView]:
+        """The run's subagent runs, in the order its steps started them."""
+        return await self.client._run(self._children())
+
+    async def retry(self, *, idempotency_key: str | None = None) -> AsyncRunHandle:
+        """A fresh run with this ended run's request (see ``Client.retry``)."""
+        return AsyncRunHandle(self.client, await self.client._run(self._retry(idempotency_key)))
 
     async def events(
         self, *, after: str = "0-0", idle_timeout: float | None = None, kinds: Collection[str] | None = None

@@ -145,6 +145,17 @@ def _producer_commands(
     )
     fk.add_argument("--json", action="store_true", help="print the run id (or events and the end) as JSON")
 
+    rt = sub.add_parser("retry", parents=runs, help="start a fresh run with an ended run's request")
+    rt.add_argument("run_id")
+    rt.add_argument("--wait", action="store_true", help="follow the new run and wait for its end")
+    rt.add_argument(
+        "--timeout", type=float, default=300.0, help="with --wait: give up after this many seconds"
+    )
+    rt.add_argument("--json", action="store_true", help="print the run id (or events and the end) as JSON")
+    ch = sub.add_parser("children", parents=runs, help="list a run's subagent runs")
+    ch.add_argument("run_id")
+    ch.add_argument("--json", action="store_true", help="print them as a JSON list")
+
     for verb, text in (
         ("approve", "approve what a parked run waits on"),
         ("deny", "deny it (the model is told)"),
@@ -230,6 +241,8 @@ def _producer_commands(
         "cancel": commands.cancel,
         "checkpoints": commands.checkpoints,
         "fork": commands.fork,
+        "retry": commands.retry,
+        "children": commands.children,
         "approve": commands.approve,
         "deny": commands.deny,
         "send": commands.send,

@@ -29,7 +29,7 @@ from shared.assistants import AssistantVersion
 from shared.bulk import BulkJob, BulkOutcome, BulkStore, bulk_task
 from shared.embedding import load_embedding
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
-from shared.events import END_EVENTS, Event, follow_events, read_all_events
+from shared.events import END_EVENTS, Event, ToolDispatched, follow_events, read_all_events
 from shared.memory import Memory, memory_of
 from shared.pipeline.store import PipelinePage, PipelineStore, stored_pipeline_id
 from shared.prompts import Prompt, missing_variables
@@ -342,12 +342,54 @@ class Client:
                 full_message(self.memory_guard.state(), self.settings.submit_max_memory)
             ) from None
 
+    def children(self, run_id: str) -> list[RunHead]:
+        """The run's subagent runs (each names it in ``parent``), in the order its steps started
+        them: the dispatches its events record, one per child (a redelivered one names the same)."""
+        if self.store.load(run_id) is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        found: dict[str, RunHead] = {}
+        for _, event in read_all_events(self.store, run_id):
+            child_id = event.child_run_id if isinstance(event, ToolDispatched) else None
+            if child_id is not None and child_id not in found and (child := self.store.load(child_id)):
+                found[child_id] = child
+        return list(found.values())
+
     def checkpoints(self, run_id: str) -> list[Checkpoint]:
         """Every committed head of a run, oldest first: version, step, phase, time, worker."""
         heads = self.store.checkpoints(run_id)
         if not heads:
             raise RunNotFound(f"no run {run_id!r}")
         return [Checkpoint.of(h) for h in heads]
+
+    def retry(
+        self, run: RunHead | str, *, idempotency_key: str | None = None, check_agent: bool = True
+    ) -> RunHandle:
+        """A fresh run with the same request as ``run`` (a run id, or its head): its agent, input,
+        thread, metadata, callback, namespace, thread policy and assistant version, and the model
+        override and starting state of its first checkpoint. The original is untouched; unlike
+        :meth:`fork`, nothing of its conversation is kept. ``idempotency_key`` as for :meth:`submit`.
+        """
+        source = self.store.load(run) if isinstance(run, str) else run
+        if source is None:
+            raise RunNotFound(f"no run {run!r}")
+        created = self.store.checkpoints(source.run_id, 0, 0)
+        first = created[0] if created else source
+        return self.submit(
+            source.agent,
+            source.input,
+            thread_id=source.thread_id,
+            metadata=source.metadata or None,
+            model=first.model or None,
+            tenant=source.tenant,
+            callback=source.callback,
+            idempotency_key=idempotency_key,
+            state=first.state,
+            namespace=source.namespace,
+            thread_policy=source.thread_policy,
+            assistant=source.assistant,
+            assistant_version=source.assistant_version,
+            check_agent=check_agent,
+        )
 
     def fork(
         self,

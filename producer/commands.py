@@ -35,6 +35,8 @@ __all__ = [
     "events",
     "export",
     "fork",
+    "retry",
+    "children",
     "health",
     "over_api",
     "print_event",
@@ -162,6 +164,44 @@ def fork(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"forked {args.run_id} v{args.version}", file=sys.stderr)
     return _started(handle, args)
+
+
+def retry(args: argparse.Namespace) -> int:
+    """A fresh run with an ended run's request (over the API, or straight to Redis)."""
+    api = over_api(args)
+    handle: RunHandle | ApiRunHandle
+    if api is not None:
+        handle = api.handle(args.run_id).retry()
+    else:
+        client = Client.from_env()
+        source = client.handle(args.run_id).status()
+        if not source.terminal:
+            raise InvalidRequest(f"run {args.run_id} has not ended ({source.status})")
+        handle = client.retry(source)
+    if not args.json:
+        print(f"retried {args.run_id}", file=sys.stderr)
+    return _started(handle, args)
+
+
+def children(args: argparse.Namespace) -> int:
+    """A run's subagent runs, one a line (or a JSON list)."""
+    api = over_api(args)
+    listed = (
+        [(v.run_id, v.agent, v.status, v.parent) for v in api.handle(args.run_id).children()]
+        if api is not None
+        else [(h.run_id, h.agent, h.status, h.parent) for h in Client.from_env().children(args.run_id)]
+    )
+    if args.json:
+        rows = [
+            {"run_id": run_id, "agent": agent, "status": status, "step": p.step if p else None,
+             "call_id": p.call_id if p else None}
+            for run_id, agent, status, p in listed
+        ]  # fmt: skip
+        print(json.dumps(rows))
+        return 0
+    for run_id, agent, status, p in listed:
+        print(f"{run_id}  {agent}  {status}  step {p.step if p else '?'} call {p.call_id if p else '?'}")
+    return 0
 
 
 def _follow(handle: RunHandle | ApiRunHandle, timeout: float, as_json: bool) -> None:

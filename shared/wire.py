@@ -15,13 +15,18 @@ from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
 from shared.messages import ToolCall
 from shared.pipeline.status import PipelineSummary
+from shared.pipeline.store import public_pipeline_id
 from shared.state import (
     Approval,
     Callback,
     CallbackState,
+    EvalLink,
     ForkOrigin,
+    ParentLink,
     PhaseRun,
+    PipelineLink,
     RunHead,
+    RunLink,
     RunStatus,
     ThreadPolicy,
 )
@@ -31,6 +36,7 @@ __all__ = [
     "AgentView",
     "HandoffView",
     "PipelineList",
+    "RunChildren",
     "RunList",
     "RunView",
     "VersionList",
@@ -126,6 +132,17 @@ class RunView(BaseModel):
     fork: ForkOrigin | None = Field(
         default=None, description="The run and checkpoint this run was forked from; null: not a fork."
     )
+    parent: ParentLink | None = Field(
+        default=None,
+        description="The run (and its step and subagent call) this run answers to; null: a top-level"
+        " run. Its own subagent runs are at ``/v1/runs/{run_id}/children``.",
+    )
+    link: RunLink | None = Field(
+        default=None,
+        description="The pipeline item (``kind`` pipeline: ``pipeline_id`` as its tenant knows it, at"
+        " ``/v1/pipelines/{pipeline_id}``) or eval case (``kind`` eval) the runtime started this run"
+        " for; null: neither. Only the runtime sets it.",
+    )
 
 
 def run_view(
@@ -179,7 +196,23 @@ def run_view(
         callback_delivery=callback_delivery,
         waiting_for=waiting_for,
         fork=head.fork,
+        parent=head.parent,
+        link=_public_link(head),
     )
+
+
+def _public_link(head: RunHead) -> PipelineLink | EvalLink | None:
+    """The run's link as its tenant may follow it: a pipeline by the id the tenant gave it."""
+    link = head.link
+    if isinstance(link, PipelineLink):
+        return link.model_copy(update={"pipeline_id": public_pipeline_id(head.tenant, link.pipeline_id)})
+    return link
+
+
+class RunChildren(BaseModel):
+    """A run's subagent runs, in the order its steps started them (each is the caller's run)."""
+
+    runs: list[RunView]
 
 
 class RunList(BaseModel):

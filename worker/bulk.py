@@ -21,7 +21,7 @@ from collections.abc import Callable
 from producer.client import Client, NoLiveWorker, RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from producer.publishing import PUBLISH_ERRORS
 from shared.bulk import BulkJob, BulkOutcome, BulkStore, bulk_task
-from shared.errors import InvalidRequest, StoreFull
+from shared.errors import InvalidRequest, StoreFull, ThreadBusy
 from shared.state import RunHead, TaskSpec
 from shared.timetravel import last_good_checkpoint
 
@@ -136,29 +136,15 @@ class BulkPool:
             raise _Later(type(exc).__name__) from None
         except PUBLISH_ERRORS as exc:
             raise _Later(type(exc).__name__) from None
-        except (UnknownAgent, RequestConflict, InvalidRequest) as exc:
+        except (UnknownAgent, RequestConflict, InvalidRequest, ThreadBusy) as exc:
             return BulkOutcome(run_id=run_id, result="failed", reason=_reason(exc))
         if new_id is None:
             return _skipped(run_id, "no checkpoint before its end")
         return BulkOutcome(run_id=run_id, result="acted", new_run_id=new_id)
 
     def _retry(self, head: RunHead, key: str) -> str:
-        """A fresh run with the same request (as the run was created: its first checkpoint)."""
-        created = self.store.checkpoints(head.run_id, 0, 0)
-        first = created[0] if created else head
-        handle = self.client.submit(
-            head.agent,
-            head.input,
-            thread_id=head.thread_id,
-            metadata=head.metadata or None,
-            model=first.model or None,
-            tenant=head.tenant,
-            callback=head.callback,
-            idempotency_key=key,
-            state=first.state,
-            namespace=head.namespace,
-        )
-        return handle.run_id
+        """A fresh run with the same request (``Client.retry``)."""
+        return self.client.retry(head, idempotency_key=key).run_id
 
     def _fork(self, head: RunHead, key: str) -> str | None:
         """A fork from the last checkpoint before the run ended (``last_good_checkpoint``)."""

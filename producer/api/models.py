@@ -15,6 +15,7 @@ from shared.state import Callback, ThreadPolicy
 # they stay importable from here, where the rest of the API's schemas are (explicit re-exports).
 from shared.wire import AgentView as AgentView
 from shared.wire import PipelineList as PipelineList
+from shared.wire import RunChildren as RunChildren
 from shared.wire import RunList as RunList
 from shared.wire import RunView as RunView
 from shared.wire import VersionList as VersionList

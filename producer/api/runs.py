@@ -7,13 +7,24 @@ a tenant cannot even learn that another tenant's run id is taken.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 
 from producer.api.auth import Caller, caller
 from producer.api.errors import ApiError, ErrorBody
-from producer.api.models import CheckpointList, DecisionBody, DenyBody, RunList, RunView, SubmitBody, run_view
+from producer.api.models import (
+    CheckpointList,
+    DecisionBody,
+    DenyBody,
+    RunChildren,
+    RunList,
+    RunView,
+    SubmitBody,
+    run_view,
+)
 from producer.api.namespaces import allowed_callback, allowed_namespace
 from producer.api.services import Services
 from producer.client import NoLiveWorker, RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
@@ -35,10 +46,12 @@ __all__ = [
     "approve",
     "cancel",
     "checkpoints",
+    "children",
     "deny",
     "get_run",
     "list_runs",
     "owned_run",
+    "retry",
     "router",
     "services_of",
     "submit",
@@ -154,11 +167,7 @@ def submit(
     if callback is not None and callback.url is not None:
         _check_callback_url(services, callback.url)
     allowed_callback(services.gate, who, callback)
-    reservation = None
-    if who.tenant is not None and not replay:
-        # A retried submit whose run exists is answered whatever the limits: it starts nothing.
-        reservation = services.gate.reserve(who.tenant)
-    try:
+    with _starting(services, who, body.agent, replay):
         handle = services.client.submit(
             body.agent,
             body.input,
@@ -174,18 +183,39 @@ def submit(
             assistant=body.assistant,
             assistant_version=body.assistant_version,
         )
+    head = handle.status()
+    return _view(services, head)
+
+
+def _check_callback_url(services: Services, url: str) -> None:
+    try:
+        check_url(url, allow_private=services.config.settings.webhook_allow_private)
+    except InvalidRequest as exc:
+        raise ApiError(422, "invalid_request", f"callback: {exc.message}") from None
+
+
+@contextmanager
+def _starting(services: Services, who: Caller, agent: str, replay: bool) -> Iterator[None]:
+    """Starting a run for the caller: counted against its tenant's limits while it is created (a
+    replayed request starts nothing and is answered whatever the limits), and the client's refusals
+    as the API's errors."""
+    reservation = None
+    if who.tenant is not None and not replay:
+        reservation = services.gate.reserve(who.tenant)
+    try:
+        yield
     except ThreadBusy as exc:
         # The caller's own thread (thread ids are per tenant): the busy run is its own to name.
         details = {"thread_id": exc.thread_id, "run_id": exc.run_id, "retryable": True}
         raise ApiError(409, "thread_busy", exc.message, details=details) from None
     except UnknownAgent as exc:
-        raise ApiError(422, "unknown_agent", exc.message, details={"agent": body.agent}) from None
+        raise ApiError(422, "unknown_agent", exc.message, details={"agent": agent}) from None
     except NoLiveWorker as exc:
         # Transient (workers registering again after a Redis restart): the client retries, unlike
         # for a 422, which says the same request will never be accepted.
         retry_s = str(max(1, math.ceil(exc.retry_after_s)))
         raise ApiError(
-            503, "no_live_worker", str(exc), details={"agent": body.agent}, headers={"Retry-After": retry_s}
+            503, "no_live_worker", str(exc), details={"agent": agent}, headers={"Retry-After": retry_s}
         ) from None
     except RequestConflict as exc:
         raise ApiError(409, "conflict", str(exc)) from None
@@ -196,15 +226,6 @@ def submit(
     finally:
         # Only now: the run is in the in-flight counts (or was not created), see producer/api/limits.py.
         services.gate.release(reservation)
-    head = handle.status()
-    return _view(services, head)
-
-
-def _check_callback_url(services: Services, url: str) -> None:
-    try:
-        check_url(url, allow_private=services.config.settings.webhook_allow_private)
-    except InvalidRequest as exc:
-        raise ApiError(422, "invalid_request", f"callback: {exc.message}") from None
 
 
 @router.get("/runs/{run_id}", response_model=RunView, summary="A run's current state")
@@ -347,3 +368,57 @@ def _decider(who: Caller) -> str:
     if who.key_id is None:
         return "api (no auth)"
     return f"tenant {who.tenant} key {who.key_id}"
+
+
+@router.post(
+    "/runs/{run_id}/retry",
+    status_code=202,
+    response_model=RunView,
+    summary="Start a fresh run with an ended run's request",
+    description="The same agent, input, thread, metadata, callback, namespace, thread policy and"
+    " assistant version, and the model override and starting state the run was created with; the"
+    " original is untouched and nothing of its conversation is kept (to go on from a checkpoint,"
+    " fork it). 409 ``wrong_state`` while the run has not ended, or for a run the runtime started"
+    " (a subagent, pipeline or eval run: retry its parent, pipeline or eval). With an"
+    " ``Idempotency-Key``, the same retry sent again returns the same new run. Counted against the"
+    " tenant's limits as a submit is.",
+)
+def retry(
+    run_id: str,
+    services: Svc,
+    who: Who,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
+) -> RunView:
+    head = owned_run(services, who, run_id)
+    if not head.terminal:
+        raise ApiError(
+            409, "wrong_state", f"run {run_id} has not ended ({head.status})", details={"status": head.status}
+        )
+    if head.parent is not None or head.link is not None:
+        raise ApiError(
+            409,
+            "wrong_state",
+            f"run {run_id} was started by the runtime (a subagent, pipeline or eval run)",
+            details={"status": head.status},
+        )
+    replay = idempotency_key is not None and bool(
+        services.store.redis.exists(services.keys.run(idempotent_run_id(who.tenant, idempotency_key)))
+    )
+    with _starting(services, who, head.agent, replay):
+        handle = services.client.retry(head, idempotency_key=idempotency_key)
+    return _view(services, handle.status())
+
+
+@router.get(
+    "/runs/{run_id}/children",
+    response_model=RunChildren,
+    summary="A run's subagent runs",
+    description="The child runs its subagent calls started, in the order its steps started them"
+    " (each names this run in ``parent``). A pipeline's child runs are at"
+    " ``/v1/pipelines/{pipeline_id}``.",
+)
+def children(run_id: str, services: Svc, who: Who) -> RunChildren:
+    owned_run(services, who, run_id)
+    # Children are created under their parent's tenant; checked all the same.
+    found = [c for c in services.client.children(run_id) if c.tenant == who.tenant]
+    return RunChildren(runs=[run_view(c) for c in found])

@@ -34,6 +34,7 @@ __all__ = [
     "PipelineStore",
     "child_run_id",
     "parse_cursor",
+    "public_pipeline_id",
     "stored_pipeline_id",
 ]
 
@@ -68,6 +69,12 @@ def stored_pipeline_id(tenant: str | None, pipeline_id: str) -> str:
     if tenant is None:
         return pipeline_id
     return "t" + hashlib.sha256(tenant.encode()).hexdigest()[:16] + "." + pipeline_id
+
+
+def public_pipeline_id(tenant: str | None, stored_id: str) -> str:
+    """The id a tenant knows a stored pipeline run by (the inverse of :func:`stored_pipeline_id`)."""
+    prefix = stored_pipeline_id(tenant, "")
+    return stored_id[len(prefix) :] if prefix and stored_id.startswith(prefix) else stored_id
 
 
 def child_run_id(pipeline_id: str, seq: int, item: int, attempt: int) -> str:

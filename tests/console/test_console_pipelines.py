@@ -102,6 +102,17 @@ def test_a_pipelines_page_shows_its_steps_and_children_live(
     page.click(f'a[data-run="{child_run_id(stored, 1, 2, 0)}"]')  # a child's own page
     page.wait_for_selector("#run-status.badge.completed")
     assert child_run_id(stored, 1, 2, 0) in (page.text_content("#run-title") or "")
+    # And back: the child names its pipeline run by the id its tenant gave it.
+    assert http.get(f"/v1/runs/{child_run_id(stored, 1, 2, 0)}").json()["link"] == {
+        "kind": "pipeline", "pipeline_id": pid, "seq": 1, "item": 2, "attempt": 0,
+    }  # fmt: skip
+    assert "(step 1, item 2)" in (page.text_content("#run-facts") or "")
+    page.click("#pipeline-link")
+    page.wait_for_selector(f'#pipeline-title:text("Pipeline run {pid}")')
+    # The list of pipeline runs leads to it too.
+    page.click("#pipelines-link")
+    page.click(f'#pipelines tr[data-pipeline="{pid}"] a')
+    page.wait_for_selector("#pipeline-status.badge.completed")
 
 
 def test_a_pipeline_is_cancelled_from_its_page(

@@ -53,7 +53,7 @@ const seconds = (s) => (s < 1 ? `${(s * 1000).toFixed(0)} ms` : s < 120 ? `${s.t
 const short = (text, n = 140) => (text && text.length > n ? `${text.slice(0, n)}…` : text || "");
 
 function show(section) {
-  for (const id of ["login", "list-view", "run-view", "pipeline-view", "memory-view", "bulk-view"]) $(`#${id}`).hidden = id !== section;
+  for (const id of ["login", "list-view", "run-view", "pipeline-view", "pipelines-view", "memory-view", "bulk-view"]) $(`#${id}`).hidden = id !== section;
 }
 
 function needKey(message) {
@@ -85,7 +85,7 @@ function listView() {
   const row = (run) =>
     el("tr", { "data-run": run.run_id },
       el("td", { class: "mono" }, el("a", { href: `#/runs/${run.run_id}` }, run.run_id.slice(0, 12))),
-      el("td", {}, run.agent),
+      el("td", {}, run.agent, familyOf(run)),
       el("td", {}, el("span", { class: `badge ${run.status}` }, run.status)),
       el("td", {}, `${run.step}`),
       el("td", {}, when(run.created_at)),
@@ -153,12 +153,27 @@ function listView() {
       location.hash = "#/bulk";
     } catch (err) { handleError(err, "#list-error"); }
   };
+  // Every failed run the filters find, retried by a bulk job (fresh runs with the same requests).
+  $("#retry-failed").onclick = async () => {
+    try {
+      await api("/v1/bulk", { method: "POST", body: { action: "retry", query: { ...searchQuery(form), status: "failed" }, rate_per_s: 5 } });
+      location.hash = "#/bulk";
+    } catch (err) { handleError(err, "#list-error"); }
+  };
   $("#more").onclick = () => load(true).catch((err) => handleError(err, "#list-error"));
   refresh();
   // Live: the first page and the counts follow the runs (a later page stays as it was loaded).
   const timer = setInterval(() => { if (!stopped && !cursorPaged()) refresh(); }, 2000);
   const cursorPaged = () => $("#runs tbody").children.length > 50;
   return { stop() { stopped = true; clearInterval(timer); } };
+}
+
+// Which family a run belongs to, under its agent: a subagent's parent, a pipeline, an eval.
+function familyOf(run) {
+  if (run.parent) return el("div", { class: "family" }, "subagent of ", el("a", { href: `#/runs/${run.parent.run_id}` }, run.parent.run_id.slice(0, 12)));
+  if (run.link && run.link.kind === "pipeline") return el("div", { class: "family" }, "in pipeline ", el("a", { href: `#/pipelines/${run.link.pipeline_id}` }, run.link.pipeline_id));
+  if (run.link && run.link.kind === "eval") return el("div", { class: "family" }, `case of eval ${run.link.eval_id}`);
+  return "";
 }
 
 // The list's filters as a search query (POST /v1/runs/search, POST /v1/bulk); metadata is typed
@@ -207,187 +222,7 @@ function bulkView() {
   return { stop() { stopped = true; clearTimeout(timer); } };
 }
 
-// -- run page --------------------------------------------------------------------------------
-
-function runView(runId) {
-  show("run-view");
-  let stopped = false;
-  let run = null;
-  let refreshTimer = null;
-  const controller = new AbortController();
-  $("#run-title").textContent = `Run ${runId}`;
-  $("#stream").textContent = "";
-  $("#conversation").replaceChildren();
-  $("#checkpoints tbody").replaceChildren();
-  $("#timeline").replaceChildren();
-  $("#run-error").textContent = "";
-
-  async function refresh() {
-    refreshTimer = null;
-    try {
-      const [head, timeline, checkpoints] = await Promise.all([
-        api(`/v1/runs/${runId}`),
-        api(`/v1/runs/${runId}/timeline`),
-        api(`/v1/runs/${runId}/checkpoints`),
-      ]);
-      if (stopped) return;
-      run = head;
-      renderHead(head);
-      drawTimeline($("#timeline"), timeline, TERMINAL.has(head.status));
-      renderCheckpoints(checkpoints.checkpoints, timeline, runId);
-    } catch (err) {
-      handleError(err, "#run-error");
-    }
-  }
-  const soon = () => { if (!refreshTimer && !stopped) refreshTimer = setTimeout(refresh, 150); };
-
-  async function act(verb) {
-    const body = verb === "cancel" ? undefined : { note: $("#note").value };
-    try {
-      await api(`/v1/runs/${runId}/${verb}`, { method: "POST", body });
-      $("#note").value = "";
-      soon();
-    } catch (err) {
-      handleError(err, "#run-error");
-    }
-  }
-  $("#approve").onclick = () => act("approve");
-  $("#deny").onclick = () => act("deny");
-  $("#cancel").onclick = () => act("cancel");
-  $("#send-text").value = "";
-  $("#send-result").textContent = "";
-  $("#send-form").onsubmit = async (e) => {
-    e.preventDefault();
-    const text = $("#send-text").value;
-    if (!text.trim()) return;
-    try {
-      const sent = await api(`/v1/runs/${runId}/messages`, { method: "POST", body: { text } });
-      $("#send-text").value = "";
-      $("#send-result").textContent = `message #${sent.id}: ${sent.status}`;
-      soon();
-    } catch (err) {
-      handleError(err, "#run-error");
-    }
-  };
-
-  refresh().then(() => follow(runId, controller.signal, onEvent).catch((err) => {
-    if (!stopped && err.name !== "AbortError") handleError(err, "#run-error");
-  }).finally(() => { $("#run-live").hidden = true; soon(); }));
-
-  function onEvent(event) {
-    $("#run-live").hidden = false;
-    if (event.kind === "TokenDelta") {
-      $("#stream").textContent += event.text;
-      $("#stream").scrollTop = $("#stream").scrollHeight;
-      return;
-    }
-    if (event.kind === "StepStarted") $("#stream").textContent = "";
-    addToConversation(event);
-    soon();
-  }
-  // While the run is live, the timeline's open end moves with the clock.
-  const ticker = setInterval(() => { if (run && !TERMINAL.has(run.status)) soon(); }, 2000);
-  return { stop() { stopped = true; controller.abort(); clearInterval(ticker); clearTimeout(refreshTimer); } };
-}
-
-function renderHead(run) {
-  const status = $("#run-status");
-  status.className = `badge ${run.status}`;
-  status.textContent = run.status;
-  const parked = run.status === "awaiting_approval";
-  $("#approve").hidden = !parked;
-  $("#deny").hidden = !parked;
-  $("#note").hidden = !parked;
-  $("#cancel").hidden = TERMINAL.has(run.status);
-  $("#send-form").hidden = TERMINAL.has(run.status);
-  const facts = [
-    ["Agent", `${run.agent} v${run.agent_version}`], ["Model", run.model], ["Step", `${run.step} (${run.steps_used} of ${run.max_steps} used)`],
-    ["Created", when(run.created_at)], ["Updated", when(run.updated_at)], ["Input", run.input],
-    ["Tokens", `${run.usage.input_tokens ?? 0} in / ${run.usage.output_tokens ?? 0} out`],
-  ];
-  if (run.thread_id) facts.push(["Thread", run.thread_policy ? `${run.thread_id} (policy ${run.thread_policy})` : run.thread_id]);
-  if (run.assistant) facts.push(["Assistant", `${run.assistant}@${run.assistant_version}`]);
-  if (run.fork) facts.push(["Forked from", el("a", { href: `#/runs/${run.fork.run_id}` }, `${run.fork.run_id} v${run.fork.version}`)]);
-  if (run.handoffs && run.handoffs.length) {
-    facts.push(["Now with", run.current_agent]);
-    facts.push(["Handoffs", run.handoffs.map((h) => `step ${h.step}: ${h.from_agent} → ${h.to_agent} v${h.to_version}`).join("; ")]);
-  }
-  if (run.approval) facts.push(["Waiting on", `${run.approval.kind}: ${run.approval.reason}`]);
-  if (run.waiting_for) facts.push(["Waiting for", run.waiting_for]);
-  if (run.answer) facts.push(["Answer", run.answer]);
-  if (run.error) facts.push(["Error", `${run.error.kind}: ${run.error.message}`]);
-  $("#run-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
-}
-
-function addToConversation(event) {
-  let kind = event.kind;
-  let body = "";
-  let cls = "";
-  switch (event.kind) {
-    case "RunStarted": body = `agent ${event.agent} v${event.agent_version}, model ${event.model}`; break;
-    case "StepStarted": body = `step ${event.step}`; break;
-    case "ModelResponded": body = event.text || `${event.tool_calls} tool call(s)`; kind = "assistant"; break;
-    case "ToolDispatched": body = `${event.tool}(${JSON.stringify(event.arguments)})`; kind = `tool call ${event.call_id}`; break;
-    case "ToolCompleted":
-      body = event.ok ? event.output : `${event.error ? event.error.kind + ": " + event.error.message : event.output}`;
-      kind = `tool result ${event.call_id} (${seconds(event.duration_s)})`; cls = event.ok ? "" : "bad"; break;
-    case "CustomEvent":
-      body = JSON.stringify(event.data); kind = `${event.name} · ${event.tool} ${event.call_id} (attempt ${event.attempt})`;
-      cls = "custom"; break;
-    case "CustomEventsDropped":
-      body = `${event.dropped} custom event(s) dropped: over the call's bounds`; kind = `${event.tool} ${event.call_id} (attempt ${event.attempt})`;
-      cls = "custom"; break;
-    case "CustomEventsVoided":
-      voidCustomEvents(event);
-      body = `custom events of attempt ${event.attempt} and earlier are void (${event.reason.replace("_", " ")})`;
-      kind = `${event.tool} ${event.call_id}`; cls = "custom void"; break;
-    case "StepFailed": body = `${event.error.kind}: ${event.error.message} → ${event.decision}`; cls = "bad"; break;
-    case "AwaitingApproval": body = `${event.tool} ${event.call_id}: ${event.reason}`; cls = "parked"; break;
-    case "HandedOff": body = `${event.from_agent} → ${event.to_agent} v${event.to_version} (${event.history} history)`; kind = "handoff"; cls = "handoff"; break;
-    case "Completed": body = event.answer; break;
-    case "Failed": body = `${event.error.kind}: ${event.error.message}`; cls = "bad"; break;
-    case "Interrupted": body = event.reason; cls = "bad"; break;
-    case "SignalReceived": body = `${event.signal} #${event.seq} received${event.by ? " from " + event.by : ""}`; kind = "sent in"; break;
-    case "SignalApplied":
-      body = `${event.signal} #${event.seq} ${event.accepted ? "applied" : "rejected: " + (event.error || "")}`;
-      kind = "sent in"; cls = event.accepted ? "" : "bad"; break;
-    default: body = JSON.stringify(event);
-  }
-  const worker = event.worker ? `${event.worker.host}:${event.worker.pid}` : "";
-  const item = el("li", { class: cls, "data-kind": event.kind },
-    el("div", { class: "kind" }, `${kind} · step ${event.step} · ${worker}`), el("div", { class: "body" }, body));
-  if (event.kind === "CustomEvent" || event.kind === "CustomEventsDropped") {
-    // Kept as properties, not attributes or selectors: the ids are the run's data.
-    item.customCall = [event.step, event.call_id, event.attempt];
-  }
-  $("#conversation").append(item);
-}
-
-// A delivery of the call was fenced off: what it reported before is struck through, not removed.
-function voidCustomEvents(voided) {
-  for (const item of $("#conversation").children) {
-    const [step, call, attempt] = item.customCall || [];
-    if (step === voided.step && call === voided.call_id && attempt <= voided.attempt) item.classList.add("void");
-  }
-}
-
-function renderCheckpoints(checkpoints, timeline, runId) {
-  const by = new Map(timeline.bars.filter((b) => b.kind === "phase").map((b) => [b.ref, b]));
-  $("#checkpoints tbody").replaceChildren(...checkpoints.map((c) => {
-    const bar = by.get(`v${c.version}`);
-    return el("tr", {}, el("td", {}, `v${c.version}`), el("td", {}, c.phase), el("td", {}, `${c.step}`),
-      el("td", {}, when(c.updated_at)), el("td", { class: "mono" }, bar ? `${bar.name} on ${bar.lane}${bar.attempt > 1 ? ` (attempt ${bar.attempt})` : ""}` : ""),
-      el("td", {}, el("button", { class: "fork", "data-version": c.version, onclick: () => forkFrom(runId, c.version) }, "Fork from here")));
-  }));
-}
-
-// A new run from this checkpoint (POST /v1/runs/{id}/fork); its page is shown.
-async function forkFrom(runId, version) {
-  try {
-    const run = await api(`/v1/runs/${runId}/fork`, { method: "POST", body: { version } });
-    location.hash = `#/runs/${run.run_id}`;
-  } catch (err) { handleError(err, "#run-error"); }
-}
+// -- run page: run.js (runView and its parts); the event stream it follows: ---------------------
 
 // Server-Sent Events over fetch: resumes from the last id after a drop, ends after the end event.
 async function follow(runId, signal, onEvent) {
@@ -615,6 +450,7 @@ async function route() {
   const pipeline = location.hash.match(/^#\/pipelines\/([A-Za-z0-9_.:@\/-]+)$/);
   const bulk = location.hash === "#/bulk";
   if (location.hash === "#/memory") view = memoryView();
+  else if (location.hash === "#/pipelines") view = pipelinesView();
   else view = match ? runView(match[1]) : pipeline ? pipelineView(pipeline[1]) : bulk ? bulkView() : listView();
 }
 

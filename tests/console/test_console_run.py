@@ -1,0 +1,278 @@
+"""The run page in a real headless browser (Debian's chromium) against a real API, real workers
+and Redis: approvals that say what is approved and who decided, a run's family (subagent runs and
+their parent, both ways), a failed run's error in full and its retry, fork from a checkpoint, a bulk
+retry of failed runs from the list, the conversation grouped by step after a worker is SIGKILLed
+in a tool call, and hostile text rendered as text. ``WESICHAIN_SCREENSHOTS=DIR`` keeps the
+pictures (``docs/console-*.png``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from shared.keys import Keys
+from shared.tenants import Tenants
+from tests.agents_console import HOSTILE
+from tests.api_support import ApiProcess, bearer, wait_status
+from tests.chaos.support import Cluster, idem, wait_tool_started
+from tests.harness import RedisServer, wait_until
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)
+
+AGENTS = "tests.agents_console"
+#: Generous: the machine running the suite may be loaded.
+UI_TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    s = RedisServer().start()
+    yield s
+    s.cleanup()
+
+
+@pytest.fixture(scope="module")
+def cluster(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(server, tmp_path_factory.mktemp("workers"))
+    c.start(2, concurrency=2, agents=AGENTS)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def api(server: RedisServer, cluster: Cluster) -> Iterator[ApiProcess]:
+    process = ApiProcess(server.url, env={"WESICHAIN_API_KEEPALIVE_S": "0.5"}).start()
+    yield process
+    process.stop()
+
+
+def _key(server: RedisServer, prefix: str) -> str:
+    created, _ = Tenants(server.client(), Keys()).create_key(f"{prefix}-{uuid.uuid4().hex[:8]}", "browser")
+    return created
+
+
+@pytest.fixture(scope="module")
+def key(server: RedisServer) -> str:
+    return _key(server, "runpage")
+
+
+@pytest.fixture(scope="module")
+def http(api: ApiProcess, key: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def attacker(api: ApiProcess, server: RedisServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=api.url, headers=bearer(_key(server, "attacker")), timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser, api: ApiProcess, key: str) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    elsewhere: list[str] = []  # no CDN, no other origin: everything comes from the API process
+    page.on("request", lambda r: None if r.url.startswith(api.url) else elsewhere.append(r.url))
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    page.goto(api.url + "/")
+    page.fill("#login-key", key)
+    page.click("#login-form button")
+    page.wait_for_selector("#list-view:not([hidden])")
+    yield page
+    pwned = page.evaluate("window.__pwned")
+    context.close()
+    assert errors == [], f"script errors in the console: {errors}"
+    assert elsewhere == [], f"the console fetched from elsewhere: {elsewhere}"
+    assert pwned is None, "a run's text ran as markup"
+
+
+def submit(http: httpx.Client, agent: str) -> str:
+    response = http.post("/v1/runs", json={"agent": agent, "input": "go"})
+    assert response.status_code == 202, response.text
+    run_id: str = response.json()["run_id"]
+    return run_id
+
+
+def screenshot(page: Page, name: str) -> None:
+    if target := os.environ.get("WESICHAIN_SCREENSHOTS"):
+        page.screenshot(path=str(Path(target) / f"console-{name}.png"), full_page=True)
+
+
+def test_an_approval_says_what_is_approved_and_who_decided(
+    page: Page, http: httpx.Client, api: ApiProcess, attacker: httpx.Client
+) -> None:
+    run_id = submit(http, "hostile_charge")
+    wait_status(http, run_id, {"awaiting_approval"})
+    assert attacker.post(f"/v1/runs/{run_id}/approve", json={"note": "x"}).status_code == 404
+    page.goto(f"{api.url}/#/runs/{run_id}")
+    page.wait_for_selector("#pending:not([hidden])")
+    # The parked call with its arguments, as text, and what asked for the decision.
+    pending = page.text_content("#pending") or ""
+    assert "charge · call_0" in pending and f'"label": {json.dumps(HOSTILE)}' in pending
+    asked_by = "Asked by the agent's approval rule (approval_required): tool calls need approval: charge"
+    assert asked_by in pending
+    assert page.query_selector("#run-view img, #run-view script, #conversation b, #pending b") is None
+    screenshot(page, "approval")
+    note = "<i>fine</i> by finance"
+    page.fill("#note", note)
+    page.click("#approve")
+    page.wait_for_selector("#run-status.badge.completed")
+    decided = page.wait_for_selector('#conversation li[data-kind="ApprovalDecided"]')
+    assert decided is not None
+    text = decided.text_content() or ""
+    assert "approved by tenant runpage-" in text and f": {note}" in text
+    # After the decision the step still shows what was approved: the park's arguments.
+    asked = page.text_content('#conversation li[data-kind="AwaitingApproval"]') or ""
+    assert json.dumps(HOSTILE) in asked
+    assert f"charged {HOSTILE}" in (page.text_content("#run-facts") or "")
+    assert page.query_selector("#run-view img, #run-view script, #run-view i, #run-facts b") is None
+    assert page.is_hidden("#pending")
+
+
+def test_a_runs_subagents_are_linked_both_ways(
+    page: Page, http: httpx.Client, api: ApiProcess, attacker: httpx.Client
+) -> None:
+    run_id = submit(http, "delegator")
+    run = wait_status(http, run_id, {"completed"})
+    assert run["answer"] == "both helpers answered" and run["parent"] is None and run["link"] is None
+    children = http.get(f"/v1/runs/{run_id}/children").json()["runs"]
+    assert [c["run_id"] for c in children] == [f"{run_id}.s1.call_0", f"{run_id}.s1.call_1"]
+    assert [(c["parent"]["run_id"], c["parent"]["call_id"]) for c in children] == [
+        (run_id, "call_0"), (run_id, "call_1"),
+    ]  # fmt: skip
+    for attack in (
+        attacker.get(f"/v1/runs/{run_id}/children"),
+        attacker.get(f"/v1/runs/{children[0]['run_id']}/children"),
+        attacker.post(f"/v1/runs/{run_id}/retry"),
+    ):
+        assert attack.status_code == 404 and attack.json()["error"]["kind"] == "not_found"
+
+    page.goto(f"{api.url}/#/runs/{run_id}")
+    page.wait_for_selector("#run-family:not([hidden])")
+    rows = page.eval_on_selector_all("#run-children tbody tr", "els => els.map(e => e.dataset.run)")
+    assert rows == [c["run_id"] for c in children]
+    # The subagent calls in the conversation name their runs too.
+    linked = page.eval_on_selector_all("#conversation a[data-child]", "els => els.map(e => e.dataset.child)")
+    assert linked == rows
+    screenshot(page, "family")
+    page.click(f'#run-children tr[data-run="{rows[1]}"] a')
+    page.wait_for_selector(f'#run-title:text("Run {rows[1]}")')
+    page.wait_for_selector("#parent-link")
+    assert "its subagent call call_1 in step 1" in (page.text_content("#run-facts") or "")
+    assert page.is_hidden("#retry")  # the runtime started it: its parent is what to retry
+    page.click("#parent-link")
+    page.wait_for_selector(f'#run-title:text("Run {run_id}")')
+    page.wait_for_selector("#run-family:not([hidden])")
+
+
+def test_a_failed_run_shows_its_error_and_is_retried_and_forked_from_its_page(
+    page: Page, http: httpx.Client, api: ApiProcess
+) -> None:
+    run_id = submit(http, "tool_fails")
+    failed = wait_status(http, run_id, {"failed"})
+    page.goto(f"{api.url}/#/runs/{run_id}")
+    page.wait_for_selector("#run-failure:not([hidden])")
+    assert (page.text_content("#run-failure .kind") or "").startswith(failed["error"]["kind"])
+    assert failed["error"]["message"] in (page.text_content("#run-failure") or "")
+    assert page.is_hidden("#stream-box")  # the error, not an empty streaming bar
+    # The step: the call and its failed result together.
+    page.wait_for_selector('#conversation li.step li.call[data-call="call_0"] .result.bad')
+    screenshot(page, "failed")
+    page.click("#retry")
+    page.wait_for_function(f"location.hash.startsWith('#/runs/') && !location.hash.endsWith('{run_id}')")
+    retried = page.evaluate("location.hash").removeprefix("#/runs/")
+    page.wait_for_selector("#run-status.badge.failed")
+    again = http.get(f"/v1/runs/{retried}").json()
+    assert (again["agent"], again["input"], again["fork"]) == ("tool_fails", "go", None)
+    # Fork from its first checkpoint: the new run names its origin.
+    page.goto(f"{api.url}/#/runs/{run_id}")
+    page.click('#checkpoints button.fork[data-version="1"]')
+    page.wait_for_function(
+        f"location.hash.startsWith('#/runs/') && !location.hash.endsWith('{run_id}')"
+        f" && !location.hash.endsWith('{retried}')"
+    )
+    page.wait_for_selector(f'#run-facts a[href="#/runs/{run_id}"]')
+    assert f"{run_id} v1" in (page.text_content("#run-facts") or "")
+
+
+def test_retry_is_refused_for_a_run_that_has_not_ended(http: httpx.Client) -> None:
+    run_id = submit(http, "hostile_charge")
+    wait_status(http, run_id, {"awaiting_approval"})
+    refused = http.post(f"/v1/runs/{run_id}/retry")
+    assert refused.status_code == 409 and refused.json()["error"]["kind"] == "wrong_state"
+    assert http.post(f"/v1/runs/{run_id}/cancel").status_code == 202
+    wait_status(http, run_id, {"interrupted"})
+    first = http.post(f"/v1/runs/{run_id}/retry", headers={"Idempotency-Key": "retry-once"})
+    second = http.post(f"/v1/runs/{run_id}/retry", headers={"Idempotency-Key": "retry-once"})
+    assert first.status_code == second.status_code == 202
+    assert first.json()["run_id"] == second.json()["run_id"] != run_id
+
+
+def test_failed_runs_are_retried_in_bulk_from_the_list(page: Page, http: httpx.Client) -> None:
+    ids = [submit(http, "tool_fails") for _ in range(2)]
+    for run_id in ids:
+        wait_status(http, run_id, {"failed"})
+    page.fill('#filters input[name="agent"]', "tool_fails")
+    page.click("#retry-failed")
+    page.wait_for_selector("#bulk-view:not([hidden])")
+    page.wait_for_selector("#bulk-jobs tbody tr[data-job]")
+    job_id = page.get_attribute("#bulk-jobs tbody tr[data-job]", "data-job")
+    job = wait_until(
+        lambda: (j := http.get(f"/v1/bulk/{job_id}").json())["status"] != "running" and j,
+        timeout=60,
+        what="the bulk retry to end",
+    )
+    page.wait_for_selector(f'#bulk-jobs tr[data-job="{job_id}"] .badge.completed')  # live, no reload
+    assert job["query"]["status"] == "failed" and job["query"]["agent"] == "tool_fails"
+    assert job["acted"] >= 2 and job["failed"] == 0
+
+
+def test_a_call_whose_worker_was_killed_reads_as_one_call_with_its_result(
+    page: Page, http: httpx.Client, api: ApiProcess, server: RedisServer, cluster: Cluster
+) -> None:
+    run_id = submit(http, "progress_held")
+    r = server.client()
+    victim = cluster.owner(wait_tool_started(r, idem(run_id)))
+    victim.kill()  # SIGKILL, mid-call: another worker takes the call over
+    try:
+        wait_status(http, run_id, {"completed"}, timeout=90)
+        page.goto(f"{api.url}/#/runs/{run_id}")
+        page.wait_for_selector("#run-status.badge.completed")
+        call = '#conversation li.step[data-step="1"] li.call[data-call="call_0"]'
+        page.wait_for_selector(f'{call} [data-kind="ToolCompleted"]')
+        assert page.eval_on_selector_all(f'{call} [data-kind="ToolCompleted"]', "els => els.length") == 1
+        assert "attempt 2" in (page.text_content(f'{call} [data-kind="ToolCompleted"] .kind') or "")
+        custom = page.eval_on_selector_all(
+            f'{call} [data-kind="CustomEvent"]', "els => els.map(e => e.classList.contains('void'))"
+        )
+        assert custom == [True, True, True, False, False, False]  # the dead delivery's, then the rerun's
+        steps = page.eval_on_selector_all("#conversation li.step", "els => els.map(e => e.dataset.step)")
+        assert steps == ["1", "2"]
+        head = page.text_content('#conversation li.step[data-step="1"] .step-head') or ""
+        assert "10 in / 5 out tokens" in head and "think " in head
+        screenshot(page, "run")
+    finally:
+        victim.stop()  # reaps it and closes its log; then the pool is whole again
+        victim.start(wait=False)
+        victim.wait_ready(timeout=60)
