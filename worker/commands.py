@@ -264,7 +264,8 @@ def _tour(args: argparse.Namespace) -> int:
 
     if args.question or args.json or args.model or args.agent != "research" or args.agents:
         raise SystemExit(
-            "wesichain demo --tour: it asks its own questions of its own agents; give it no other option"
+            "wesichain demo --tour: the tour asks its own questions of its own agents;"
+            " give it no question, --agent, --agents, --model or --json"
         )
     with embedded("shared.examples.research") as client:
         return run_tour(client)

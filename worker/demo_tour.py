@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import TextIO
 
-from producer.client import Client, RunHandle
+from producer.client import Client, RunHandle, RunTimeout
 from producer.render import render_event
 from shared.examples.research_tour import (
     TOUR_DESK,
@@ -102,10 +102,12 @@ class _Tour:
     def until_parked(self, handle: RunHandle) -> None:
         """Wait until the run is parked behind the run before it in the thread, and say so."""
         deadline = time.monotonic() + self.timeout_s
-        while (why := handle.why_waiting()) is None:
+        # Parked by its start phase, on the worker: the submit only queued it.
+        while self.client.store.thread_wait(handle.run_id) is None:
             if time.monotonic() >= deadline or handle.status().phase is not Phase.IDLE:
                 raise TourError(f"{self.labels[handle.run_id]} is not waiting for its thread")
             time.sleep(0.01)
+        why = handle.why_waiting() or "waiting for its thread"
         self.say(f"  {self.labels[handle.run_id]}  is {Phase.IDLE.value}: {self.named(why)}")
 
     def hold_reached(self, handle: RunHandle) -> None:
@@ -120,7 +122,10 @@ class _Tour:
         holds.forget(handle.run_id)
 
     def until_ended(self, handle: RunHandle, expected: Phase) -> RunHead:
-        head = handle.wait(timeout=self.timeout_s)
+        try:
+            head = handle.wait(timeout=self.timeout_s)
+        except RunTimeout:
+            raise TourError(f"{self.labels[handle.run_id]} did not end in {self.timeout_s:g}s") from None
         self.show_events(handle)
         if head.phase is not expected:
             raise TourError(f"{self.labels[handle.run_id]} ended {head.phase.value}, not {expected.value}")

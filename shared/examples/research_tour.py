@@ -88,6 +88,11 @@ class SearchHolds:
         with self._lock:
             return self._held.setdefault(run_id, SearchHold())
 
+    def held(self) -> set[str]:
+        """The runs held now."""
+        with self._lock:
+            return set(self._held)
+
     def forget(self, run_id: str) -> None:
         with self._lock:
             held = self._held.pop(run_id, None)
