@@ -142,7 +142,7 @@ def run_tour(client: Client, out: TextIO = sys.stdout, timeout_s: float = 60.0) 
     try:
         _steps(tour)
     except TourError as exc:
-        tour.say(f"\nThe tour stopped: {exc}")
+        print(f"wesichain demo --tour: the tour stopped: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
         for run_id in tour.labels:
