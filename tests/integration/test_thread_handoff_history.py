@@ -13,6 +13,7 @@ from producer.client import Client
 from shared.messages import SystemMessage, UserMessage
 from shared.settings import Settings
 from shared.state import Phase
+from tests.conftest import _need_redis
 from tests.harness import RedisServer, WorkerProcess, running
 
 AGENTS = "shared.examples.research"
@@ -20,10 +21,19 @@ TIMEOUT = 60
 
 
 @pytest.fixture(scope="module")
-def research_client(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+def server() -> Iterator[RedisServer]:
+    """A server of its own: the suite's shared workers (another agents module) consume nothing here."""
+    _need_redis()
+    s = RedisServer().start()
+    yield s
+    s.cleanup()
+
+
+@pytest.fixture(scope="module")
+def research_client(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     log_dir = str(tmp_path_factory.mktemp("thread-handoff-workers"))
-    with running([WorkerProcess("th1", redis_server.url, agents=AGENTS, concurrency=2, log_dir=log_dir)]):
-        client = Client(Settings(redis_url=redis_server.url, agents_module=AGENTS))
+    with running([WorkerProcess("th1", server.url, agents=AGENTS, concurrency=2, log_dir=log_dir)]):
+        client = Client(Settings(redis_url=server.url, agents_module=AGENTS))
         yield client
         client.close()
 
