@@ -48,7 +48,7 @@ def register(
         "--tour",
         action="store_true",
         help="a conversation on one thread instead: a handoff, a message sent into a running run,"
-        " and a second and third question under the enqueue and rollback thread policies",
+        " and later questions under the enqueue and rollback thread policies",
     )
 
     w = sub.add_parser("worker", parents=[common], help="run a Celery worker for the phase tasks")
