@@ -19,11 +19,13 @@ from shared.state import Phase, RunHead
 __all__ = ["render_event", "render_head"]
 
 
-def render_event(event: Event) -> str:
-    who = f"{event.worker.host}/{event.worker.pid}"
+def render_event(event: Event, *, worker: bool = True) -> str:
+    """One line: the event's step, kind and details, and (``worker``) the process that wrote it."""
     prefix = f"[step {event.step}] {event.kind:<15}"
     detail = _DETAILS.get(event.kind, _no_detail)(event)
-    return f"{prefix} {detail}  <{who}>"
+    if not worker:
+        return f"{prefix} {detail}"
+    return f"{prefix} {detail}  <{event.worker.host}/{event.worker.pid}>"
 
 
 def _no_detail(event: Any) -> str:

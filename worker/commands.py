@@ -44,6 +44,12 @@ def register(
     d.add_argument(
         "--agent", default="research", help="the agent to ask (research-desk: a handoff to research)"
     )
+    d.add_argument(
+        "--tour",
+        action="store_true",
+        help="a conversation on one thread instead: a handoff, a message sent into a running run,"
+        " and later questions under the enqueue and rollback thread policies",
+    )
 
     w = sub.add_parser("worker", parents=[common], help="run a Celery worker for the phase tasks")
     w.add_argument(
@@ -223,6 +229,8 @@ def demo(args: argparse.Namespace) -> int:
     from shared.state import Phase
     from worker.embedded import embedded
 
+    if args.tour:
+        return _tour(args)
     question = args.question or DEMO_QUESTION
     with embedded(args.agents, archive=True) as client:
         archive_url = client.settings.archive_url
@@ -247,6 +255,20 @@ def demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0 if head.phase is Phase.COMPLETED else 1
+
+
+def _tour(args: argparse.Namespace) -> int:
+    """``demo --tour``: the research example's tour (``worker/demo_tour.py``), embedded."""
+    from worker.demo_tour import run_tour
+    from worker.embedded import embedded
+
+    if args.question or args.json or args.model or args.agent != "research" or args.agents:
+        raise SystemExit(
+            "wesichain demo --tour: the tour asks its own questions of its own agents;"
+            " give it no question, --agent, --agents, --model or --json"
+        )
+    with embedded("shared.examples.research") as client:
+        return run_tour(client)
 
 
 def metrics(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from shared.agents import Agent
 from shared.assistant_store import AssistantStore
 from shared.assistants import check_config, schema_of
 from shared.errors import ConfigError, InvalidRequest, RunConfigError, excerpt
+from shared.handoffs import conversation_of
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
 from shared.middleware import Refuse, on_user_message
 from shared.prompts import Prompt
@@ -192,7 +193,7 @@ def _thread_history(rt: Runtime, head: RunHead, window_size: int) -> list[Messag
     for run_id in reversed(earlier[-THREAD_LOOKBACK:]):
         if run_id in rolled_back:
             continue
-        previous = [m for m in rt.store.load_messages(run_id) if not isinstance(m, SystemMessage)]
+        previous = [m for m in _conversation_of_run(rt, run_id) if not isinstance(m, SystemMessage)]
         if previous:
             recorded = _recorded_results(rt, run_id)
             break
@@ -202,6 +203,15 @@ def _thread_history(rt: Runtime, head: RunHead, window_size: int) -> list[Messag
     while window and not isinstance(window[0], UserMessage):
         window.pop(0)
     return window
+
+
+def _conversation_of_run(rt: Runtime, run_id: str) -> list[Message]:
+    """The conversation an earlier run of the thread ended with, as its last agent saw it: after a
+    handoff, not the stored list, which keeps what came before the handoff too (with a filtered
+    history, the user's words twice)."""
+    messages = rt.store.load_messages(run_id)
+    earlier = rt.store.load(run_id)
+    return conversation_of(earlier.handoffs, messages) if earlier is not None else messages
 
 
 def _recorded_results(rt: Runtime, run_id: str) -> dict[str, ToolResult]:

@@ -22,12 +22,14 @@ from pydantic import BaseModel, Field
 from shared.agents import Agent, AgentRegistry
 from shared.examples.research_eval import guess_script, plan_script
 from shared.examples.research_pipeline import register_pipeline
+from shared.examples.research_tour import holds as tour_holds
+from shared.examples.research_tour import register_tour
 from shared.handoffs import Handoff, remove_tool_calls
 from shared.llm.base import ModelResponse
 from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import Message, ToolMessage, UserMessage
 from shared.middleware import ArgumentRule, AuditLog, BlockArguments, RedactPII
-from shared.tools import ToolSet, tool
+from shared.tools import ToolContext, ToolSet, tool
 
 __all__ = [
     "Brief",
@@ -43,8 +45,10 @@ __all__ = [
     "TimeResult",
     "calculator",
     "current_time",
+    "kb_search",
     "registry",
     "search",
+    "search_corpus",
     "snippet",
 ]
 
@@ -216,6 +220,11 @@ def snippet(text: str, limit: int = 240) -> str:
 @tool
 def search(args: SearchArgs) -> SearchResult:
     """Search the bundled knowledge base about durable agents, Celery and Redis."""
+    return search_corpus(args)
+
+
+def search_corpus(args: SearchArgs) -> SearchResult:
+    """The knowledge base's best matches for ``args.query``, best first (what ``search`` returns)."""
     query = _terms(args.query)
     scored = []
     for doc in _corpus():
@@ -229,6 +238,17 @@ def search(args: SearchArgs) -> SearchResult:
         for s, d in scored[: args.limit]
     ]
     return SearchResult(hits=hits)
+
+
+@tool
+def kb_search(args: SearchArgs, ctx: ToolContext) -> SearchResult:
+    """Search the bundled knowledge base, reporting each hit as it is found (a ``hit`` custom event)."""
+    result = search_corpus(args)
+    for hit in result.hits:
+        ctx.emit("hit", {"id": hit.id, "title": hit.title, "score": hit.score})
+    # ``wesichain demo --tour`` holds some runs' search here while it talks to them (in process).
+    tour_holds.wait_if_held(ctx.run_id)
+    return result
 
 
 # -- the scripted model that drives the demo -----------------------------------------------------
@@ -367,3 +387,6 @@ registry.add(
 )
 #: ``research-split``: the question split, one research run per part across the pool, one answer.
 register_pipeline(registry, search, calculator)
+#: ``research-tour-desk`` and ``research-tour``: the agents of ``wesichain demo --tour`` (a handoff,
+#: a message into a running run, and a thread's second and third questions under its policies).
+register_tour(registry, kb_search)
