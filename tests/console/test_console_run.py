@@ -127,6 +127,10 @@ def test_an_approval_says_what_is_approved_and_who_decided(
     assert attacker.post(f"/v1/runs/{run_id}/approve", json={"note": "x"}).status_code == 404
     page.goto(f"{api.url}/#/runs/{run_id}")
     page.wait_for_selector("#pending:not([hidden])")
+    # The panel is filled as its data arrives: wait for the last part of it.
+    page.wait_for_function(
+        "() => (document.querySelector('#pending').textContent || '').includes('Asked by')"
+    )
     # The parked call with its arguments, as text, and what asked for the decision.
     pending = page.text_content("#pending") or ""
     assert "charge · call_0" in pending and f'"label": {json.dumps(HOSTILE)}' in pending
