@@ -34,6 +34,7 @@ from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
 from shared.llm.framing import SseParser
 from shared.memory import Item, MemoryFull, SearchResult
+from shared.pool import PoolView
 from shared.signals import MAX_WAIT_S, SignalView
 from shared.state import Callback, Decision, Phase, RunHead, ThreadPolicy
 from shared.timeline import Timeline
@@ -281,6 +282,13 @@ class _ClientBase:
     def _agents() -> _Op[list[AgentView]]:
         return _parsed(
             _Request("GET", "/v1/agents"), lambda r: [AgentView.model_validate(a) for a in r.json()["agents"]]
+        )
+
+    @staticmethod
+    def _pool(minutes: int) -> _Op[PoolView]:
+        return _parsed(
+            _Request("GET", "/v1/pool", {"params": {"minutes": minutes}}),
+            lambda r: PoolView.model_validate(r.json()),
         )
 
     @staticmethod
@@ -619,6 +627,11 @@ class ApiClient(_ClientBase):
         """Agent versions live in the pool, and how many of this tenant's runs each holds."""
         return self._run(self._versions())
 
+    def pool(self, minutes: int = 60) -> PoolView:
+        """The pool as this key may see it (``GET /v1/pool``): the operator's whole view, or a
+        tenant's pool-wide counts and its own runs."""
+        return self._run(self._pool(minutes))
+
 
 class ApiRunHandle(_RunOps):
     """One run over the API: its status, its events, and the cancel and approval verbs."""
@@ -830,6 +843,10 @@ class AsyncClient(_ClientBase):
     async def versions(self) -> list[VersionView]:
         """Agent versions live in the pool, and how many of this tenant's runs each holds."""
         return await self._run(self._versions())
+
+    async def pool(self, minutes: int = 60) -> PoolView:
+        """The pool as this key may see it (see ``ApiClient.pool``)."""
+        return await self._run(self._pool(minutes))
 
 
 class AsyncRunHandle(_RunOps):
