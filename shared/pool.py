@@ -31,9 +31,11 @@ from pydantic import BaseModel, Field
 
 from shared.keys import Keys
 from shared.liveness import DeadStart
+from shared.queues import namespace_queues
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings
 from shared.state import Phase, RunHead, status_of
 from shared.store import RunStore
+from shared.tenants import Tenants
 from shared.timeline import Marker, Timeline
 from shared.versions import PinnedRuns, version_loads, waiting_loads
 from shared.workers import LiveWorker
@@ -89,10 +91,13 @@ MAX_PARKED_READ = 500
 MAX_THREADS_READ = 1000
 
 
-def known_queues(live: Sequence[LiveWorker]) -> list[str]:
-    """The default queues and those live workers consume besides (a namespace's, a version's), at
-    most ``MAX_EXTRA_QUEUES`` of them."""
-    extra = sorted({q for w in live for q in w.record.queues} - set(DEFAULT_QUEUES))
+def known_queues(live: Sequence[LiveWorker], namespaces: Sequence[str] = ()) -> list[str]:
+    """The default queues, those live workers consume besides (a namespace's, a version's), and
+    those of ``namespaces`` (which tenants may send runs to, consumed or not): at most
+    ``MAX_EXTRA_QUEUES`` besides the default ones."""
+    consumed = {q for w in live for q in w.record.queues}
+    allowed = {q for ns in namespaces for q in namespace_queues(ns)}
+    extra = sorted((consumed | allowed) - set(DEFAULT_QUEUES))
     return [*DEFAULT_QUEUES, *extra[:MAX_EXTRA_QUEUES]]
 
 
@@ -330,15 +335,19 @@ def pool_view(
     r, keys = store.redis, store.keys
     shards = range(keys.shards)
     now_ms = _redis_ms(r)
-    queues = known_queues(live) if operator else list(DEFAULT_QUEUES)
     redis_broker = settings.broker_is_redis
     # The broker's lists are readable here when the broker is the run state's own Redis.
     depths_readable = redis_broker and not settings.broker_url
     tenants: list[str | None]
     if operator:
-        tenants = [None, *sorted(_text(t) for t in r.smembers(keys.tenants()))]
+        names = sorted(_text(t) for t in r.smembers(keys.tenants()))
+        tenants = [None, *names]
+        registry = Tenants(r, keys)
+        namespaces = sorted({ns for name in names for ns in registry.namespaces(name)})
+        queues = known_queues(live, namespaces)
     else:
         tenants = [tenant]
+        queues = list(DEFAULT_QUEUES)
     with r.pipeline(transaction=False) as pipe:
         if depths_readable:
             for queue in queues:

@@ -34,7 +34,7 @@ function assistantsView() {
           el("td", {}, when(v.created_at)),
           el("td", {}, v.restored_from ? `rollback to v${v.restored_from}` : ""),
           el("td", { class: "value" }, JSON.stringify(v.config)),
-          el("td", {}, v.version === current ? "" : el("button", { class: "rollback", onclick: () => rollback(name, v.version, current) }, "Roll back to this"))));
+          el("td", {}, v.version === current ? "" : el("button", { class: "rollback", onclick: () => rollback(name, v.version, current) }, "Roll back to this")))));
       for (const id of ["#diff-from", "#diff-to"]) {
         $(id).replaceChildren(...versions.map((v) => el("option", { value: v.version }, `v${v.version}`)));
       }
