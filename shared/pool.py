@@ -43,9 +43,13 @@ from shared.workers import LiveWorker
 __all__ = [
     "DEATHS_KEEP_S",
     "DEFAULT_QUEUES",
+    "MAX_CLAIMS_PER_DEATH",
     "MAX_DEATHS",
     "MAX_EXTRA_QUEUES",
+    "MAX_PARKED_READ",
+    "MAX_RUNS_IN_FLIGHT",
     "MAX_SERIES_MINUTES",
+    "MAX_THREADS_READ",
     "PRIORITY_STEPS",
     "THROUGHPUT_KEEP_S",
     "DeathView",

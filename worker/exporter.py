@@ -21,18 +21,16 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from shared.limits import scope_of
-from shared.pool import DEFAULT_QUEUES, MAX_EXTRA_QUEUES, PRIORITY_STEPS, known_queues
+from shared.pool import DEFAULT_QUEUES, PRIORITY_STEPS, known_queues
 from shared.settings import Settings, celery_config
 from shared.store import RunStore
 from shared.versions import PinnedRuns, VersionLoad, waiting_loads
 from shared.workers import LiveWorker, WorkerDirectory
 
 __all__ = [
-    "MAX_EXTRA_QUEUES",
     "MAX_TENANT_LABELS",
     "MAX_VERSION_LABELS",
     "PoolCollector",
-    "PRIORITY_STEPS",
     "QUEUES",
     "serve_pool",
 ]
