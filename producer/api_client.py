@@ -52,6 +52,7 @@ from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
 from shared.llm.framing import SseParser
 from shared.memory import Item, MemoryFull, SearchResult
+from shared.pool import PoolView
 from shared.search import SearchQuery
 from shared.signals import MAX_WAIT_S, SignalView
 from shared.state import Callback, Decision, Phase, RunHead, ThreadPolicy
@@ -336,6 +337,13 @@ class _ClientBase:
     def _agents() -> _Op[list[AgentView]]:
         return _parsed(
             _Request("GET", "/v1/agents"), lambda r: [AgentView.model_validate(a) for a in r.json()["agents"]]
+        )
+
+    @staticmethod
+    def _pool(minutes: int) -> _Op[PoolView]:
+        return _parsed(
+            _Request("GET", "/v1/pool", {"params": {"minutes": minutes}}),
+            lambda r: PoolView.model_validate(r.json()),
         )
 
     @staticmethod
@@ -992,6 +1000,11 @@ class ApiClient(_ClientBase):
         """Stop a running bulk job (one that ended already is answered as it is)."""
         return self._run(self._cancel_bulk(job_id))
 
+    def pool(self, minutes: int = 60) -> PoolView:
+        """The pool as this key may see it (``GET /v1/pool``): the operator's whole view, or a
+        tenant's pool-wide counts and its own runs."""
+        return self._run(self._pool(minutes))
+
 
 class ApiRunHandle(_RunOps):
     """One run over the API: its status, its events, and the cancel and approval verbs."""
@@ -1272,6 +1285,10 @@ class AsyncClient(_ClientBase):
 
     async def cancel_bulk(self, job_id: str) -> BulkJob:
         return await self._run(self._cancel_bulk(job_id))
+
+    async def pool(self, minutes: int = 60) -> PoolView:
+        """The pool as this key may see it (see ``ApiClient.pool``)."""
+        return await self._run(self._pool(minutes))
 
 
 class AsyncMemory(_MemoryOps):

@@ -218,6 +218,14 @@ def _producer_commands(
         " key's tenant's runs only)",
     )
     vs.add_argument("--json", action="store_true", help="print them as JSON")
+    pl = wks.add_parser(
+        "pool",
+        parents=runs,
+        help="the operator view: live workers, queue depths, leases, parked runs, runs ended per"
+        " minute (over the API: what the key may see)",
+    )
+    pl.add_argument("--json", action="store_true", help="print it as JSON")
+    pl.add_argument("--minutes", type=int, default=60, help="minutes of runs ended (default 60)")
     dr = wks.add_parser(
         "drain",
         parents=[common],

@@ -32,6 +32,7 @@ from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, Event, ToolDispatched, follow_events, read_all_events
 from shared.memory import Memory, memory_of
 from shared.pipeline.store import PipelinePage, PipelineStore, stored_pipeline_id
+from shared.pool import Obituaries, PoolView, pool_view, with_deaths
 from shared.prompts import Prompt, missing_variables
 from shared.redis_client import connect
 from shared.request import check_name, check_run_id, new_run, validate_request
@@ -637,6 +638,12 @@ class Client:
         ``tenant`` only, unless ``"*"``): see ``shared/versions.py``."""
         return version_loads(PinnedRuns(self.store), self.workers.live(), tenant)
 
+    def pool(self, tenant: str | None = None, *, operator: bool = True, minutes: int = 60) -> PoolView:
+        """The pool as the operator view shows it (``shared/pool.py``): with ``operator``, every
+        live worker and queue and pool-wide counts; without, what ``tenant``'s key may see.
+        ``minutes``: how much of the runs-ended-per-minute series (at most a day)."""
+        return pool_view(self.store, self.settings, self.workers.live(), tenant, operator, minutes)
+
     def drain(
         self,
         worker: str | None = None,
@@ -711,7 +718,9 @@ class RunHandle:
         """Where the run's time went: each phase and tool call on its worker, queue waits, takeovers."""
         head = self.status()
         events = list(self.events(follow=False))
-        return build_timeline(head, self.client.store.checkpoints(self.run_id), events)
+        store = self.client.store
+        built = build_timeline(head, store.checkpoints(self.run_id), events)
+        return with_deaths(built, Obituaries(store.redis, store.keys), time.time())
 
     def wait(self, timeout: float = 60.0) -> RunHead:
         """Block until the run is terminal; raise :class:`RunTimeout` after ``timeout`` seconds."""

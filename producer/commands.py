@@ -15,6 +15,7 @@ from producer.client import Client, RunHandle, RunNotFound
 from producer.render import render_event, render_head
 from shared.errors import InvalidRequest
 from shared.events import END_EVENTS, Event
+from shared.pool import MAX_SERIES_MINUTES
 from shared.signals import SignalView
 from shared.state import Phase, RunHead
 from shared.versions import VersionLoad, waiting_for, waiting_reason
@@ -426,6 +427,8 @@ def workers(args: argparse.Namespace) -> int:
         return drain(args)
     if command == "versions" and (api := over_api(args)) is not None:
         return _versions_over_api(api, args.json)
+    if command == "pool":
+        return _pool(args)
     client = Client.from_env()
     if command == "versions":
         listed = client.versions()
@@ -447,6 +450,44 @@ def workers(args: argparse.Namespace) -> int:
         )
     print()
     _print_versions(client.versions())
+    return 0
+
+
+def _pool(args: argparse.Namespace) -> int:
+    """``wesichain workers pool``: the operator view (over the API, what the key may see)."""
+    if not 1 <= args.minutes <= MAX_SERIES_MINUTES:
+        print(f"wesichain: --minutes must be in 1..{MAX_SERIES_MINUTES}", file=sys.stderr)
+        return 2
+    api = over_api(args)
+    view = api.pool(args.minutes) if api is not None else Client.from_env().pool(minutes=args.minutes)
+    if args.json:
+        print(view.model_dump_json())
+        return 0
+    print(
+        f"{view.worker_count} live worker(s), {view.consuming_workers} consuming;"
+        f" slots {view.slots_in_use}/{view.slots} in use ({view.scope} view)"
+    )
+    for w in view.workers:
+        print(
+            f"  {w.id}  {w.pool} {w.busy}/{w.concurrency} busy  queues {','.join(w.queues)}"
+            f"  serves {' '.join(w.agents) or 'no agents'}  {w.consumer_state}"
+            f"{'  DRAINING' if w.draining else ''}  (seen {w.heartbeat_age_s:.1f}s ago)"
+        )
+    for q in view.queues:
+        print(f"  queue {q.queue}: {'unknown' if q.depth is None else q.depth}")
+    due = "" if view.leases_due is None else f", {view.leases_due} due"
+    p = view.parked
+    print(f"in flight {view.in_flight}; leases {view.leases}{due}")
+    print(
+        f"parked: approval {p.approval} (subagents {p.subagents}), thread {p.thread}, version {p.version}"
+        f"{' (partial)' if p.partial else ''}"
+    )
+    ended = {k: sum(getattr(m, k) for m in view.throughput) for k in ("completed", "failed", "interrupted")}
+    print(f"last {len(view.throughput)} min: " + ", ".join(f"{v} {k}" for k, v in ended.items()))
+    for d in view.deaths:
+        print(
+            f"  dead: {d.worker} at {time.strftime('%H:%M:%S', time.localtime(d.at))} ({d.claims} claim(s))"
+        )
     return 0
 
 

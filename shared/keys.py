@@ -226,6 +226,16 @@ class Keys:
         """Hash: what operators asked to drain (``worker:ID`` or ``version:AGENT:N``) -> when (s)."""
         return f"{self.prefix}{{workers}}:drains"
 
+    def worker_deaths(self) -> str:
+        """Sorted set: worker starts the sweeper found dead (JSON, ``shared/pool.py``), scored by
+        the Redis time (ms) their liveness ran out; bounded in number and age."""
+        return f"{self.prefix}{{workers}}:deaths"
+
+    def ends_per_minute(self, minute_s: int) -> str:
+        """Hash: runs that ended in the minute starting at ``minute_s`` (Unix seconds), by status,
+        for the pool and per tenant (``shared/pool.py``); expires a day later."""
+        return f"{self.prefix}{{pool}}:ends:{minute_s}"
+
     def lives(self) -> str:
         """Sorted set: each running worker process (its main process, one entry per start) scored by
         the Redis time (ms) until which it is alive unless it beats again (``shared/liveness.py``)."""

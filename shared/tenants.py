@@ -205,6 +205,19 @@ class Tenants:
         self.redis.sadd(self.keys.tenants(), tenant)
         return CeleryCallbacks(tuple(allowed_tasks), tuple(allowed_queues))
 
+    def is_operator(self, tenant: str) -> bool:
+        """Whether the tenant's keys see the whole pool (``GET /v1/pool``: worker hosts, every
+        queue, pool-wide counts); never other tenants' runs."""
+        return self.redis.hget(self.keys.tenant(tenant), "operator") in (b"1", "1")
+
+    def set_operator(self, tenant: str, operator: bool) -> None:
+        check_name("tenant", tenant)
+        if operator:
+            self.redis.hset(self.keys.tenant(tenant), "operator", "1")
+            self.redis.sadd(self.keys.tenants(), tenant)
+        else:
+            self.redis.hdel(self.keys.tenant(tenant), "operator")
+
     def namespaces(self, tenant: str) -> tuple[str, ...]:
         """The queue namespaces the tenant's runs may name besides the default one (sorted)."""
         return _names_of(self.redis.hget(self.keys.tenant(tenant), "namespaces"))

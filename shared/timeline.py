@@ -66,10 +66,11 @@ class Wait(BaseModel):
 
 
 class Marker(BaseModel):
-    """A moment worth a flag: a takeover, a park for approval, a handoff to another agent, the end."""
+    """A moment worth a flag: a takeover, a park for approval, a handoff to another agent, the end,
+    a worker that died holding a claim of the run (``shared/pool.py``: ``death_markers``)."""
 
     at: float
-    kind: Literal["takeover", "parked", "handoff", "end"]
+    kind: Literal["takeover", "parked", "handoff", "end", "worker_died"]
     text: str
     lane: str | None = None
 

@@ -77,6 +77,8 @@ class WorkerRecord(BaseModel):
     #: Asked to drain (``wesichain workers drain``): it takes no new runs, and stops once no queued
     #: or running run is pinned to a version it serves.
     draining: bool = False
+    #: Slots running a task when the record was written (Celery's active requests).
+    busy: int = 0
 
 
 class LiveWorker(BaseModel):

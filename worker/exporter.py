@@ -21,28 +21,23 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from shared.limits import scope_of
-from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
+from shared.pool import DEFAULT_QUEUES, PRIORITY_STEPS, known_queues
+from shared.settings import Settings, celery_config
 from shared.store import RunStore
 from shared.versions import PinnedRuns, VersionLoad, waiting_loads
 from shared.workers import LiveWorker, WorkerDirectory
 
 __all__ = [
-    "MAX_EXTRA_QUEUES",
     "MAX_TENANT_LABELS",
     "MAX_VERSION_LABELS",
     "PoolCollector",
-    "PRIORITY_STEPS",
     "QUEUES",
     "serve_pool",
 ]
 
 log = logging.getLogger("wesichain.exporter")
 
-QUEUES = (QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS)
-#: Queues beyond the default ones whose depth a scrape reports (those live workers consume).
-MAX_EXTRA_QUEUES = 64
-#: kombu's Redis transport keeps a list per priority step (``queue``, ``queue\x06\x163``, ...).
-PRIORITY_STEPS = (0, 3, 6, 9)
+QUEUES = DEFAULT_QUEUES
 #: Tenants given a label of their own; the rest are summed under ``other``.
 MAX_TENANT_LABELS = 200
 #: Agent versions given a label of their own among those runs wait for; the rest are summed under
@@ -156,10 +151,7 @@ class PoolCollector(Collector):
 
     @staticmethod
     def _queues(live: list[LiveWorker]) -> list[str]:
-        """The default queues and those live workers consume besides (a queue namespace's), at
-        most ``MAX_EXTRA_QUEUES`` of them."""
-        extra = sorted({q for w in live for q in w.record.queues} - set(QUEUES))
-        return [*QUEUES, *extra[:MAX_EXTRA_QUEUES]]
+        return known_queues(live)
 
 
 def _label(raw: Any) -> str:

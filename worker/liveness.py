@@ -25,6 +25,7 @@ from celery.worker import state as worker_state
 from shared import protocol
 from shared.events import worker_identity
 from shared.liveness import DeadStart, HeldClaim, Lives
+from shared.pool import Obituaries
 from shared.store import Due, new_token
 from shared.tasks import TASK_TOOL
 from worker.runtime import Runtime
@@ -169,6 +170,7 @@ class SweepLives:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.lives = Lives(rt.store.redis, rt.store.keys, rt.settings.lease_s)
+        self.obituaries = Obituaries(rt.store.redis, rt.store.keys)
         self._alive: dict[tuple[str, str], tuple[HeldClaim, int]] | None = None
         self._now_ms = 0
 
@@ -201,6 +203,9 @@ class SweepLives:
                 handed += hand_on(seen, why)
         if runs:
             log.warning("worker start %s is dead: %d claim(s) handed on", dead.life, len(runs))
+        # Before it is forgotten: the operator view lists it, and the timelines of the runs it held
+        # mark its death.
+        self.obituaries.record(dead)
         self.lives.forget(dead)
         return handed
 

@@ -183,6 +183,16 @@ def _running_in_loop(consumer: Any) -> bool:
     return type(pool).__module__.endswith(".solo") and bool(worker_state.active_requests)
 
 
+def _busy() -> int:
+    """Tasks this worker's pool runs now (Celery's own bookkeeping, kept in the main process)."""
+    for _ in range(3):
+        try:
+            return len(set(worker_state.active_requests))
+        except RuntimeError:  # the set changed while it was copied: copy again
+            continue
+    return 0
+
+
 class RegistryBeat:
     """Writes this worker's record every ``interval_s`` while the worker runs."""
 
@@ -221,6 +231,7 @@ class RegistryBeat:
             consumer_state=state,
             redis_persistence=self.persistence,
             draining=self.drain.draining,
+            busy=_busy(),
         )
 
     def beat(self) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from producer.publishing import PUBLISH_ERRORS
 from shared import fsm
 from shared.agents import Agent, AgentRegistry
@@ -24,6 +26,7 @@ from shared.events import Event, this_worker, worker_identity
 from shared.fsm import Transition
 from shared.memory import Memory, PhaseMemory, memory_of
 from shared.middleware import MiddlewareContext
+from shared.pool import Throughput
 from shared.settings import Settings
 from shared.state import Phase, PhaseRun, RunHead, TaskSpec, ToolResult
 from shared.store import BrokerCommand, Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
@@ -270,6 +273,7 @@ class Runtime:
         )
         if result.status == "committed":
             self.metrics.committed(current.head, head)
+            self._count_end(current.head, head)
             self.hooks.after_commit(current.phase, head.run_id, self.store)
             if not result.pushed:
                 self.publish(sent, result.epoch)
@@ -283,6 +287,17 @@ class Runtime:
         self.metrics.fenced_off(current.phase)
         log.info("run %s: commit of v%d fenced off (another delivery won)", head.run_id, head.version)
         return None
+
+    def _count_end(self, before: RunHead, after: RunHead) -> None:
+        """A run's end this process committed, in the pool's per-minute counters (``shared/pool.py``).
+
+        Best effort, after the commit: a failure to count loses one count, never the run's end."""
+        if not after.terminal or before.terminal:
+            return
+        try:
+            Throughput(self.store.redis, self.store.keys).record(after)
+        except redis.RedisError as exc:
+            log.warning("run %s: its end was not counted in the pool's throughput: %s", after.run_id, exc)
 
     def _local_callback(self, head: RunHead, outbox: Sequence[TaskSpec]) -> TaskSpec | None:
         """The callback task of an ended run when this process serves it (no queue named)."""
@@ -327,6 +342,7 @@ class Runtime:
             self.metrics.fenced_off(current.phase)
             return None
         self.metrics.committed(current.head, head)
+        self._count_end(current.head, head)
         self.publish(outbox, result.epoch)
         hand_thread_on(self, head)
         return head

@@ -9,7 +9,19 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from producer.api import assistants, console, evals, events, memory, meta, pipelines, runs, search, signals
+from producer.api import (
+    assistants,
+    console,
+    evals,
+    events,
+    memory,
+    meta,
+    operator,
+    pipelines,
+    runs,
+    search,
+    signals,
+)
 from producer.api.auth import LoopbackOnly
 from producer.api.body_limit import BodyLimit
 from producer.api.config import ApiConfig
@@ -55,6 +67,7 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     app.include_router(memory.router)
     app.include_router(assistants.router)
     app.include_router(meta.router)
+    app.include_router(operator.router)
     app.include_router(console.router)
     app.include_router(evals.router)
     app.include_router(evals.pages)

@@ -107,6 +107,15 @@ def register(
     cb.add_argument("--tenant", required=True, help="the tenant to show or set")
     cb.add_argument("--url", help="the webhook URL (http or https)")
     cb.add_argument("--clear", action="store_true", help="remove it")
+    op = ksub.add_parser(
+        "operator",
+        parents=[common],
+        help="show or set whether a tenant's keys see the whole worker pool (GET /v1/pool)",
+    )
+    op.add_argument("--tenant", required=True, help="the tenant to show or set")
+    on_off = op.add_mutually_exclusive_group()
+    on_off.add_argument("--on", action="store_true", help="its keys see every worker and queue")
+    on_off.add_argument("--off", action="store_true", help="its keys see pool-wide counts only")
     return {"api": api, "keys": keys}
 
 
@@ -179,6 +188,7 @@ def keys(args: argparse.Namespace) -> int:
         "namespaces": _namespaces,
         "celery-callbacks": _celery_callbacks,
         "callback": _default_callback,
+        "operator": _operator,
     }
     if args.keys_command in settings_commands:
         return settings_commands[args.keys_command](tenants, args)
@@ -189,6 +199,14 @@ def keys(args: argparse.Namespace) -> int:
         print(f"wesichain: tenant {args.tenant!r} has no key {args.key_id!r}", file=sys.stderr)
         return 1
     print(f"revoked {args.key_id}")
+    return 0
+
+
+def _operator(tenants: Tenants, args: argparse.Namespace) -> int:
+    """``keys operator``: make the tenant's keys operators' (or not) as asked; print whether."""
+    if args.on or args.off:
+        tenants.set_operator(args.tenant, args.on)
+    print(json.dumps({"tenant": args.tenant, "operator": tenants.is_operator(args.tenant)}))
     return 0
 
 

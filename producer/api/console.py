@@ -3,6 +3,7 @@ and the two reads only it needs, a run's timeline and who the caller is."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from fastapi import APIRouter
@@ -15,6 +16,7 @@ from producer.api.auth import Caller
 from producer.api.runs import ERRORS, Svc, Who, owned_run
 from producer.api.services import Services
 from shared.events import read_all_events
+from shared.pool import Obituaries, with_deaths
 from shared.timeline import Timeline, build_timeline
 
 __all__ = ["STATIC", "Identity", "index", "router", "static_files", "timeline", "whoami"]
@@ -52,7 +54,8 @@ def whoami(who: Who) -> Identity:
     summary="Where a run's time went",
     description="One lane per worker process: each phase delivery from its claim to its commit, tool"
     " calls on the workers that ran them, queue waits, text streamed by a delivery that died, and"
-    " takeovers. Times are the workers' clocks (Unix seconds).",
+    " takeovers, and a `worker_died` marker where a worker holding one of its claims was found dead"
+    " (its liveness ran out). Times are the workers' clocks (Unix seconds).",
 )
 async def timeline(run_id: str, services: Svc, who: Who) -> Timeline:
     return await run_in_threadpool(_timeline, services, who, run_id)
@@ -62,4 +65,5 @@ def _timeline(services: Services, who: Caller, run_id: str) -> Timeline:
     head = owned_run(services, who, run_id)
     store = services.store
     events = [event for _, event in read_all_events(store, run_id)]
-    return build_timeline(head, store.checkpoints(run_id), events)
+    built = build_timeline(head, store.checkpoints(run_id), events)
+    return with_deaths(built, Obituaries(store.redis, store.keys), time.time())

@@ -9,6 +9,7 @@ from shared.errors import InvalidRequest
 from shared.evals.errors import EvalSpecError
 from shared.evals.spec import parse_spec
 from shared.messages import ToolCall
+from shared.pool import MAX_EXTRA_QUEUES
 from shared.queues import check_namespace, namespace_queues
 from shared.request import validate_request
 from shared.settings import Limits
@@ -16,7 +17,7 @@ from shared.state import Callback, ChildRun, Phase, RunHead
 from shared.tasks import TASK_CALLBACK, decide_task, start_task, task_for
 from shared.workers import LiveWorker, WorkerRecord
 from worker.commands import consumed_queues
-from worker.exporter import MAX_EXTRA_QUEUES, QUEUES, PoolCollector
+from worker.exporter import QUEUES, PoolCollector
 from worker.metrics import queue_of
 from worker.subagents import _child_head
 

@@ -53,7 +53,7 @@ const seconds = (s) => (s < 1 ? `${(s * 1000).toFixed(0)} ms` : s < 120 ? `${s.t
 const short = (text, n = 140) => (text && text.length > n ? `${text.slice(0, n)}…` : text || "");
 
 function show(section) {
-  for (const id of ["login", "list-view", "run-view", "pipeline-view", "pipelines-view", "memory-view", "bulk-view"]) $(`#${id}`).hidden = id !== section;
+  for (const id of ["login", "list-view", "run-view", "pipeline-view", "pipelines-view", "memory-view", "bulk-view", "operator-view", "assistants-view"]) $(`#${id}`).hidden = id !== section;
 }
 
 function needKey(message) {
@@ -338,6 +338,7 @@ function drawTimeline(box, t, ended) {
     mark.append(svg("title", {}, m.text));
     root.append(mark);
   }
+  drawWorkerDeaths(root, t, x, y, top, top + lanes.length * laneH);
   box.replaceChildren(root);
 }
 
@@ -451,6 +452,8 @@ async function route() {
   const bulk = location.hash === "#/bulk";
   if (location.hash === "#/memory") view = memoryView();
   else if (location.hash === "#/pipelines") view = pipelinesView();
+  else if (location.hash === "#/operator") view = operatorView();
+  else if (location.hash === "#/assistants") view = assistantsView();
   else view = match ? runView(match[1]) : pipeline ? pipelineView(pipeline[1]) : bulk ? bulkView() : listView();
 }
 

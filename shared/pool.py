@@ -1,0 +1,530 @@
+"""The pool as its operators watch it: live workers, queue depths, leases, parked runs, runs ended
+per minute, and the workers liveness declared dead.
+
+Two records are written for it, both bounded, and nothing else:
+
+* :class:`Throughput`: per-minute counters of the runs that ended, by status, for the whole pool
+  and per tenant (a hash per minute, kept :data:`THROUGHPUT_KEEP_S`). The worker process that
+  commits a run's end increments them right after that commit: a run's end commits once, so it is
+  counted at most once; a worker killed between the commit and the increment leaves it uncounted.
+* :class:`Obituaries`: each worker start the sweeper found dead (its liveness record ran out, see
+  ``shared/liveness.py``), when it died by Redis's clock, and which claims it held then (a sorted
+  set of at most :data:`MAX_DEATHS` entries, kept :data:`DEATHS_KEEP_S`). A run's timeline shows
+  a "worker died" marker for each death that held one of its claims.
+
+Everything else is read when asked, from what the runtime already keeps (the registry, the
+broker's lists, the shards' lease and index sets, the threads' waiting lists, the pinned runs).
+:func:`pool_view` reads it for one caller: the operator sees the whole pool; a tenant sees
+aggregate counts of the pool and only its own runs (no worker hosts, no other tenant's run ids,
+no queue but the default ones).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import redis
+from pydantic import BaseModel, Field
+
+from shared.keys import Keys
+from shared.liveness import DeadStart
+from shared.queues import namespace_queues
+from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings
+from shared.state import Phase, RunHead, status_of
+from shared.store import RunStore
+from shared.tenants import Tenants
+from shared.timeline import Marker, Timeline
+from shared.versions import PinnedRuns, version_loads, waiting_loads
+from shared.workers import LiveWorker
+
+__all__ = [
+    "DEATHS_KEEP_S",
+    "DEFAULT_QUEUES",
+    "MAX_CLAIMS_PER_DEATH",
+    "MAX_DEATHS",
+    "MAX_EXTRA_QUEUES",
+    "MAX_PARKED_READ",
+    "MAX_RUNS_IN_FLIGHT",
+    "MAX_SERIES_MINUTES",
+    "MAX_THREADS_READ",
+    "PRIORITY_STEPS",
+    "THROUGHPUT_KEEP_S",
+    "DeathView",
+    "MinuteCount",
+    "Obituaries",
+    "ParkedCounts",
+    "PoolView",
+    "QueueDepth",
+    "RunInFlight",
+    "Throughput",
+    "WorkerDeath",
+    "WorkerView",
+    "death_markers",
+    "known_queues",
+    "pool_view",
+    "with_deaths",
+]
+
+DEFAULT_QUEUES = (QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS)
+#: Queues beyond the default ones whose depth is read (those live workers consume).
+MAX_EXTRA_QUEUES = 64
+#: kombu's Redis transport keeps a list per priority step (``queue``, ``queue\x06\x163``, ...).
+PRIORITY_STEPS = (0, 3, 6, 9)
+_PRIORITY_SEP = "\x06\x16"
+
+#: How long the per-minute counters of ended runs are kept.
+THROUGHPUT_KEEP_S = 24 * 3600
+#: The longest series one read returns (the whole kept window).
+MAX_SERIES_MINUTES = THROUGHPUT_KEEP_S // 60
+_ENDED = ("completed", "failed", "interrupted")
+
+#: Dead worker starts remembered (the oldest are dropped past it), and for how long.
+MAX_DEATHS = 500
+DEATHS_KEEP_S = 24 * 3600
+#: Claims remembered per dead start (a start holds at most its pool's slots, usually a few).
+MAX_CLAIMS_PER_DEATH = 256
+
+#: A tenant's runs listed as in flight, newest first.
+MAX_RUNS_IN_FLIGHT = 20
+#: Parked runs whose heads are read to tell a human's decision from subagents.
+MAX_PARKED_READ = 500
+#: Threads looked at for runs waiting for the run before them.
+MAX_THREADS_READ = 1000
+
+
+def known_queues(live: Sequence[LiveWorker], namespaces: Sequence[str] = ()) -> list[str]:
+    """The default queues, those live workers consume besides (a namespace's, a version's), and
+    those of ``namespaces`` (which tenants may send runs to, consumed or not): at most
+    ``MAX_EXTRA_QUEUES`` besides the default ones."""
+    consumed = {q for w in live for q in w.record.queues}
+    allowed = {q for ns in namespaces for q in namespace_queues(ns)}
+    extra = sorted((consumed | allowed) - set(DEFAULT_QUEUES))
+    return [*DEFAULT_QUEUES, *extra[:MAX_EXTRA_QUEUES]]
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _redis_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+# -- runs ended per minute ---------------------------------------------------------------------
+
+
+class MinuteCount(BaseModel):
+    """Runs that ended in one minute (of the committing worker's clock)."""
+
+    minute: int = Field(description="The minute's start, Unix seconds.")
+    completed: int = 0
+    failed: int = 0
+    interrupted: int = 0
+
+
+class Throughput:
+    """Per-minute counters of ended runs: ``*:<status>`` for the pool, ``t:<tenant>:<status>``."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+
+    @staticmethod
+    def _field(tenant: str | None, status: str) -> str:
+        return f"t:{tenant or '-'}:{status}"
+
+    def record(self, head: RunHead) -> None:
+        """``head`` is a run's end, just committed by this process."""
+        status = status_of(head.phase)
+        if status not in _ENDED:
+            return
+        key = self.keys.ends_per_minute(int(head.updated_at // 60) * 60)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hincrby(key, f"*:{status}", 1)
+            pipe.hincrby(key, self._field(head.tenant, status), 1)
+            pipe.expire(key, THROUGHPUT_KEEP_S + 120)
+            pipe.execute()
+
+    def series(self, tenant: str | None | Literal["*"], minutes: int, now_s: float) -> list[MinuteCount]:
+        """The last ``minutes`` minutes up to ``now_s``, oldest first, of ``tenant`` (``"*"``: all)."""
+        minutes = max(1, min(minutes, MAX_SERIES_MINUTES))
+        last = int(now_s // 60) * 60
+        starts = [last - 60 * i for i in range(minutes - 1, -1, -1)]
+        fields = [f"*:{s}" if tenant == "*" else self._field(tenant, s) for s in _ENDED]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for start in starts:
+                pipe.hmget(self.keys.ends_per_minute(start), fields)
+            replies = pipe.execute()
+        series = []
+        for start, values in zip(starts, replies, strict=True):
+            counts = [int(v) if v is not None else 0 for v in values]
+            series.append(MinuteCount(minute=start, **dict(zip(_ENDED, counts, strict=True))))
+        return series
+
+
+# -- dead workers --------------------------------------------------------------------------------
+
+
+class WorkerDeath(BaseModel):
+    """A worker start liveness declared dead, and what it held then."""
+
+    life: str = Field(description="The worker start (``host:pid:token`` of its main process).")
+    at: float = Field(description="When its liveness ran out, Unix seconds by Redis's clock.")
+    #: ``[run_id, holder]`` of each claim it held (the holder: ``host:pid`` of the pool process,
+    #: or several, comma-separated, when the claim was received but not yet known to be accepted).
+    claims: list[tuple[str, str]] = Field(default_factory=list)
+
+
+class Obituaries:
+    """The worker starts the sweeper found dead, newest last (a bounded sorted set)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+
+    def record(self, dead: DeadStart) -> None:
+        death = WorkerDeath(
+            life=dead.life,
+            at=dead.until_ms / 1000,
+            claims=[(c.run_id, c.holder) for c in dead.held[:MAX_CLAIMS_PER_DEATH]],
+        )
+        key = self.keys.worker_deaths()
+        horizon = dead.until_ms - DEATHS_KEEP_S * 1000
+        with self.redis.pipeline(transaction=False) as pipe:
+            # The same death recorded twice (a sweep retried) is one member: JSON of equal content.
+            pipe.zadd(key, {death.model_dump_json(): dead.until_ms})
+            pipe.zremrangebyscore(key, "-inf", horizon)
+            pipe.zremrangebyrank(key, 0, -MAX_DEATHS - 1)
+            pipe.execute()
+
+    def between(self, since_s: float, until_s: float, limit: int = MAX_DEATHS) -> list[WorkerDeath]:
+        """Deaths from ``since_s`` to ``until_s`` (Unix seconds), oldest first."""
+        raw: list[Any] = self.redis.zrangebyscore(
+            self.keys.worker_deaths(), int(since_s * 1000), int(until_s * 1000), start=0, num=limit
+        )
+        return [WorkerDeath.model_validate(json.loads(_text(member))) for member in raw]
+
+    def recent(self, limit: int = 50) -> list[WorkerDeath]:
+        """The newest ``limit`` deaths, newest first."""
+        raw: list[Any] = self.redis.zrevrange(self.keys.worker_deaths(), 0, limit - 1)
+        return [WorkerDeath.model_validate(json.loads(_text(member))) for member in raw]
+
+
+def death_markers(run_id: str, deaths: Sequence[WorkerDeath]) -> list[Marker]:
+    """A "worker died" marker for each death that held a claim of ``run_id``, on the lane of the
+    pool process that held it (no lane when that process was not known yet)."""
+    markers = []
+    for death in deaths:
+        holders = sorted({holder for claimed, holder in death.claims if claimed == run_id})
+        for holder in holders:
+            lane = holder if "," not in holder else None
+            text = (
+                f"worker {death.life} died (its liveness ran out): the claim its process {holder}"
+                " held was handed on"
+            )
+            markers.append(Marker(at=death.at, kind="worker_died", text=text, lane=lane))
+    return markers
+
+
+# -- the view ------------------------------------------------------------------------------------
+
+
+class WorkerView(BaseModel):
+    """A live worker as the operator view shows it."""
+
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    pool: str
+    concurrency: int
+    busy: int = Field(description="Slots running a task at its last heartbeat.")
+    agents: list[str] = Field(description="``name vVERSION`` of each agent it serves.")
+    consuming: bool
+    consumer_state: str
+    draining: bool
+    started_at: float
+    heartbeat_age_s: float = Field(description="Seconds since its last heartbeat, by Redis's clock.")
+
+
+class QueueDepth(BaseModel):
+    queue: str
+    depth: int | None = Field(description="Messages waiting; null when the broker is not readable here.")
+
+
+class ParkedCounts(BaseModel):
+    """Runs holding no worker until something else moves them."""
+
+    approval: int = Field(description="Awaiting a human's decision (status awaiting_approval).")
+    subagents: int = Field(description="Of those, waiting for their subagents' runs instead.")
+    thread: int = Field(description="Queued behind the run before them in their thread.")
+    version: int = Field(description="Queued or running, pinned to an agent version no live worker serves.")
+    partial: bool = Field(description="True when a bound stopped a count short (see docs/api.md).")
+
+
+class RunInFlight(BaseModel):
+    """One of the caller's runs that holds (or waits for) a worker."""
+
+    run_id: str
+    agent: str
+    status: str
+    lease_due_in_s: float | None = Field(
+        description="Seconds until the sweeper looks at the run (its lease or queued time); null: none."
+    )
+
+
+class DeathView(BaseModel):
+    worker: str
+    at: float
+    claims: int = Field(description="Claims it held, handed on to other workers.")
+
+
+class PoolView(BaseModel):
+    """The pool as one caller may see it (``GET /v1/pool``)."""
+
+    scope: Literal["operator", "tenant"] = Field(
+        description="operator: the whole pool; tenant: pool-wide counts and the caller's own runs."
+    )
+    generated_at: float
+    workers: list[WorkerView] = Field(description="Live workers (operator scope only; empty for a tenant).")
+    worker_count: int
+    consuming_workers: int
+    slots: int = Field(description="Slots (concurrency) of the live workers, summed.")
+    slots_in_use: int
+    broker: Literal["redis", "rabbitmq"]
+    queues: list[QueueDepth] = Field(description="Operator: every known queue; tenant: the default ones.")
+    in_flight: int = Field(description="Runs not ended (the scope's).")
+    leases: int = Field(description="Runs the sweeper watches (the scope's): their lease or queued time.")
+    leases_due: int | None = Field(description="Of those, due by Redis's clock (operator scope only).")
+    running: list[RunInFlight] = Field(
+        description="The caller's own newest queued or running runs (never another tenant's)."
+    )
+    parked: ParkedCounts
+    deaths: list[DeathView] = Field(description="Recent dead worker starts (operator scope only).")
+    throughput: list[MinuteCount] = Field(description="Runs ended per minute (the scope's), oldest first.")
+
+
+def _worker_view(worker: LiveWorker) -> WorkerView:
+    r = worker.record
+    return WorkerView(
+        id=r.id,
+        host=r.host,
+        pid=r.pid,
+        queues=r.queues,
+        pool=r.pool,
+        concurrency=r.concurrency,
+        busy=r.busy,
+        agents=[f"{a.name} v{a.version}" for a in r.agents],
+        consuming=r.consuming,
+        consumer_state=r.consumer_state,
+        draining=r.draining,
+        started_at=r.started_at,
+        heartbeat_age_s=round(worker.age_s, 3),
+    )
+
+
+def pool_view(
+    store: RunStore,
+    settings: Settings,
+    live: Sequence[LiveWorker],
+    tenant: str | None,
+    operator: bool,
+    minutes: int = 60,
+) -> PoolView:
+    """What ``tenant`` may see of the pool (all of it when ``operator``); ``minutes`` of throughput."""
+    r, keys = store.redis, store.keys
+    shards = range(keys.shards)
+    now_ms = _redis_ms(r)
+    redis_broker = settings.broker_is_redis
+    # The broker's lists are readable here when the broker is the run state's own Redis.
+    depths_readable = redis_broker and not settings.broker_url
+    tenants: list[str | None]
+    if operator:
+        names = sorted(_text(t) for t in r.smembers(keys.tenants()))
+        tenants = [None, *names]
+        registry = Tenants(r, keys)
+        namespaces = sorted({ns for name in names for ns in registry.namespaces(name)})
+        queues = known_queues(live, namespaces)
+    else:
+        tenants = [tenant]
+        queues = list(DEFAULT_QUEUES)
+    with r.pipeline(transaction=False) as pipe:
+        if depths_readable:
+            for queue in queues:
+                for step in PRIORITY_STEPS:
+                    pipe.llen(
+                        settings.broker_prefix + (queue if step == 0 else f"{queue}{_PRIORITY_SEP}{step}")
+                    )
+        for shard in shards:
+            pipe.hgetall(keys.inflight(shard))
+            if operator:
+                pipe.zcard(keys.leases(shard))
+                pipe.zcount(keys.leases(shard), "-inf", now_ms)
+            for t in tenants:
+                pipe.zcard(keys.index(shard, t, "status", "awaiting_approval"))
+        replies = iter(pipe.execute())
+    depths = [
+        QueueDepth(
+            queue=q, depth=sum(int(next(replies)) for _ in PRIORITY_STEPS) if depths_readable else None
+        )
+        for q in queues
+    ]
+    in_flight = leases = due = approval = 0
+    for _ in shards:
+        for who, count in next(replies).items():
+            if operator or _text(who) == (tenant or "-"):
+                in_flight += int(count)
+        if operator:
+            leases += int(next(replies))
+            due += int(next(replies))
+        approval += sum(int(next(replies)) for _ in tenants)
+
+    # The caller's own runs only, whoever calls: run ids are never shown across tenants.
+    running, running_total = _runs_in_flight(store, tenant, now_ms)
+    if not operator:
+        leases = running_total
+    deaths = (
+        [DeathView(worker=d.life, at=d.at, claims=len(d.claims)) for d in Obituaries(r, keys).recent(20)]
+        if operator
+        else []
+    )
+    return PoolView(
+        scope="operator" if operator else "tenant",
+        generated_at=now_ms / 1000,
+        workers=[_worker_view(w) for w in live] if operator else [],
+        worker_count=len(live),
+        consuming_workers=sum(1 for w in live if w.record.consuming),
+        slots=sum(w.record.concurrency for w in live),
+        slots_in_use=sum(w.record.busy for w in live),
+        broker="redis" if redis_broker else "rabbitmq",
+        queues=depths,
+        in_flight=in_flight,
+        leases=leases,
+        leases_due=due if operator else None,
+        running=running,
+        parked=_parked(store, live, tenants, approval, operator),
+        deaths=deaths,
+        throughput=Throughput(r, keys).series("*" if operator else tenant, minutes, time.time()),
+    )
+
+
+def _parked(
+    store: RunStore, live: Sequence[LiveWorker], tenants: Sequence[str | None], approval: int, operator: bool
+) -> ParkedCounts:
+    subagents, partial = _parked_for_subagents(store, tenants)
+    tenant = None if operator else tenants[0]
+    thread_waits, threads_partial = _thread_waits(store.redis, store.keys, tenant, operator)
+    pinned = PinnedRuns(store)
+    if operator:
+        version_waits = sum(v.active for v in waiting_loads(pinned, live))
+    else:
+        version_waits = sum(v.active for v in version_loads(pinned, live, tenant) if v.waiting)
+    return ParkedCounts(
+        approval=approval,
+        subagents=subagents,
+        thread=thread_waits,
+        version=version_waits,
+        partial=partial or threads_partial,
+    )
+
+
+def _runs_in_flight(store: RunStore, tenant: str | None, now_ms: int) -> tuple[list[RunInFlight], int]:
+    """The tenant's newest queued or running runs (at most ``MAX_RUNS_IN_FLIGHT``), and how many
+    of them are running (what its leases are)."""
+    r, keys = store.redis, store.keys
+    shards = range(keys.shards)
+    newest: list[tuple[float, str]] = []
+    total = 0
+    with r.pipeline(transaction=False) as pipe:
+        for shard in shards:
+            for status in ("running", "queued"):
+                key = keys.index(shard, tenant, "status", status)
+                pipe.zcard(key)
+                pipe.zrevrange(key, 0, MAX_RUNS_IN_FLIGHT - 1, withscores=True)
+        replies = iter(pipe.execute())
+    for _ in shards:
+        for status in ("running", "queued"):
+            count = int(next(replies))
+            if status == "running":
+                total += count
+            newest.extend((float(score), _text(member)) for member, score in next(replies))
+    newest.sort(reverse=True)
+    chosen = [run_id for _, run_id in newest[:MAX_RUNS_IN_FLIGHT]]
+    found = []
+    with r.pipeline(transaction=False) as pipe:
+        for run_id in chosen:
+            pipe.zscore(keys.leases_of(run_id), run_id)
+        scores = pipe.execute()
+    for run_id, score in zip(chosen, scores, strict=True):
+        head = store.load(run_id)
+        if head is None or head.tenant != tenant or head.terminal:
+            continue
+        due_in = None if score is None else round((float(score) - now_ms) / 1000, 3)
+        found.append(
+            RunInFlight(run_id=run_id, agent=head.agent, status=status_of(head.phase), lease_due_in_s=due_in)
+        )
+    return found, total
+
+
+def _parked_for_subagents(store: RunStore, tenants: Sequence[str | None]) -> tuple[int, bool]:
+    """Of the parked runs of ``tenants``, those waiting for subagents (at most ``MAX_PARKED_READ``
+    heads read: True when that stopped the count short)."""
+    r, keys = store.redis, store.keys
+    ids: list[str] = []
+    with r.pipeline(transaction=False) as pipe:
+        for shard in range(keys.shards):
+            for t in tenants:
+                pipe.zrevrange(keys.index(shard, t, "status", "awaiting_approval"), 0, MAX_PARKED_READ)
+        for members in pipe.execute():
+            ids.extend(_text(m) for m in members)
+    partial = len(ids) > MAX_PARKED_READ
+    count = 0
+    for run_id in ids[:MAX_PARKED_READ]:
+        head = store.load(run_id)
+        if (
+            head is not None
+            and head.phase is Phase.AWAITING_APPROVAL
+            and head.approval is not None
+            and head.approval.kind == "children"
+        ):
+            count += 1
+    return count, partial
+
+
+def _thread_waits(r: redis.Redis, keys: Keys, tenant: str | None, operator: bool) -> tuple[int, bool]:
+    """Runs queued behind the run before them in a thread held by some run (of ``tenant`` unless
+    ``operator``); at most ``MAX_THREADS_READ`` threads looked at (True when that stopped it)."""
+    threads: list[tuple[str | None, str]] = []
+    partial = False
+    for member, _ in r.zscan_iter(keys.threads_held(), count=200):
+        try:
+            owner, thread_id = json.loads(_text(member))
+        except (ValueError, TypeError):
+            continue
+        owner = owner if owner not in ("", "-") else None
+        if not operator and owner != tenant:
+            continue
+        if len(threads) >= MAX_THREADS_READ:
+            partial = True
+            break
+        threads.append((owner, str(thread_id)))
+    if not threads:
+        return 0, partial
+    with r.pipeline(transaction=False) as pipe:
+        for owner, thread_id in threads:
+            pipe.llen(keys.thread_waiting(owner, thread_id))
+        return sum(int(n) for n in pipe.execute()), partial
+
+
+def with_deaths(timeline: Timeline, obituaries: Obituaries, now_s: float) -> Timeline:
+    """``timeline`` with a "worker died" marker for each recorded death that held one of its claims
+    (deaths from the run's start to its end, or to now while it has not ended)."""
+    until = timeline.end if timeline.status in _ENDED else max(timeline.end, now_s)
+    markers = death_markers(timeline.run_id, obituaries.between(timeline.start - 1, until + 1))
+    if not markers:
+        return timeline
+    return timeline.model_copy(update={"markers": sorted([*timeline.markers, *markers], key=lambda m: m.at)})

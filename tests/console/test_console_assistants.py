@@ -1,0 +1,127 @@
+"""The console's assistants page in a real headless browser (Debian's chromium) against a real
+``wesichain api``, a real worker and a real redis-server: a tenant's assistants, the versions of
+one, a diff of two, a rollback from the page, hostile text rendered as text, and nothing of another
+tenant's. ``WESICHAIN_SCREENSHOTS=dir`` keeps the page's picture as ``dir/console-assistants.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from shared.keys import Keys
+from shared.tenants import Tenants
+from tests.api_support import ApiProcess, bearer
+from tests.harness import RedisServer, WorkerProcess
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)
+
+AGENTS = "tests.agents_assistants"
+UI_TIMEOUT_MS = 60_000
+HOSTILE = '<img src=x onerror="window.__owned=1"><script>window.__owned=1</script> {input}'
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    s = RedisServer().start()
+    yield s
+    s.cleanup()
+
+
+@pytest.fixture(scope="module")
+def api(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiProcess]:
+    worker = WorkerProcess(
+        "asst", server.url, agents=AGENTS, log_dir=str(tmp_path_factory.mktemp("w"))
+    ).start()
+    process = ApiProcess(server.url, env={"WESICHAIN_AGENTS": AGENTS}).start()
+    yield process
+    process.stop()
+    worker.stop()
+
+
+def _client(api: ApiProcess, server: RedisServer) -> tuple[str, httpx.Client]:
+    key, _ = Tenants(server.client(), Keys()).create_key(f"t-{uuid.uuid4().hex[:8]}", "browser")
+    return key, httpx.Client(base_url=api.url, headers=bearer(key), timeout=30)
+
+
+@pytest.fixture
+def page(api: ApiProcess, server: RedisServer) -> Iterator[tuple[Page, httpx.Client]]:
+    key, http = _client(api, server)
+    with sync_playwright() as p, http:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        tab = context.new_page()
+        errors: list[str] = []
+        elsewhere: list[str] = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        tab.on("request", lambda r: None if r.url.startswith(api.url) else elsewhere.append(r.url))
+        tab.set_default_timeout(UI_TIMEOUT_MS)
+        tab.goto(api.url + "/")
+        tab.fill("#login-key", key)
+        tab.click("#login-form button")
+        tab.wait_for_selector("#list-view:not([hidden])")
+        yield tab, http
+        context.close()
+        browser.close()
+        assert errors == [], f"script errors in the console: {errors}"
+        assert elsewhere == [], f"the console fetched from elsewhere: {elsewhere}"
+
+
+def test_versions_diff_and_rollback_from_the_assistants_page(
+    page: tuple[Page, httpx.Client], api: ApiProcess, server: RedisServer
+) -> None:
+    tab, http = page
+    name = f"desk-{uuid.uuid4().hex[:6]}"
+    v1 = {"model": "scripted:concierge-a", "system_prompt": HOSTILE, "tools": ["lookup"]}
+    v2 = {"model": "scripted:concierge-b", "system_prompt": HOSTILE, "tools": ["lookup", "book"]}
+    created = http.post("/v1/assistants", json={"name": name, "agent": "concierge", "config": v1})
+    assert created.status_code == 201, created.text
+    assert http.put(f"/v1/assistants/{name}", json={"config": v2}).status_code == 200
+    # Another tenant's assistant is not listed.
+    _, other = _client(api, server)
+    with other:
+        theirs = other.post("/v1/assistants", json={"name": "theirs", "agent": "concierge", "config": v1})
+        assert theirs.status_code == 201, theirs.text
+
+    tab.goto(f"{api.url}/#/assistants")
+    tab.wait_for_selector(f'#assistants tr[data-assistant="{name}"]')
+    assert tab.eval_on_selector_all(
+        "#assistants tr[data-assistant]", "r => r.map(e => e.dataset.assistant)"
+    ) == [name]
+    tab.click(f'#assistants tr[data-assistant="{name}"] a')
+    tab.wait_for_selector('#assistant-versions tr[data-version="2"]')
+    assert tab.eval_on_selector_all(
+        "#assistant-versions tr[data-version]", "r => r.map(e => e.dataset.version)"
+    ) == [
+        "2",
+        "1",
+    ]
+    tab.click("#diff-button")
+    tab.wait_for_selector('#assistant-diff tr[data-field="model"]')
+    changed = tab.eval_on_selector_all("#assistant-diff tr[data-field]", "r => r.map(e => e.dataset.field)")
+    assert sorted(changed) == ["model", "tools"]
+    assert "scripted:concierge-b" in (tab.text_content('#assistant-diff tr[data-field="model"]') or "")
+
+    # The hostile prompt is text: no element was made of it, no script of it ran.
+    assert HOSTILE.replace('"', '\\"') in (tab.text_content('#assistant-versions tr[data-version="1"]') or "")
+    assert tab.query_selector("#assistants-view img") is None
+    assert tab.query_selector("#assistants-view script") is None
+    assert tab.evaluate("window.__owned") is None
+
+    if target := os.environ.get("WESICHAIN_SCREENSHOTS"):
+        tab.screenshot(path=str(Path(target) / "console-assistants.png"), full_page=True)
+    tab.click('#assistant-versions tr[data-version="1"] button.rollback')
+    tab.wait_for_selector('#assistant-versions tr[data-version="3"]')
+    assert "rollback to v1" in (tab.text_content('#assistant-versions tr[data-version="3"]') or "")
+    current = http.get(f"/v1/assistants/{name}").json()
+    assert current["version"] == 3 and current["restored_from"] == 1
+    assert current["config"]["model"] == "scripted:concierge-a"
