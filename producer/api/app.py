@@ -9,7 +9,18 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from producer.api import assistants, console, events, memory, meta, pipelines, runs, search, signals
+from producer.api import (
+    assistants,
+    console,
+    events,
+    memory,
+    meta,
+    pipelines,
+    runs,
+    schedules,
+    search,
+    signals,
+)
 from producer.api.auth import LoopbackOnly
 from producer.api.body_limit import BodyLimit
 from producer.api.config import ApiConfig
@@ -54,6 +65,7 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     app.include_router(pipelines.router)
     app.include_router(memory.router)
     app.include_router(assistants.router)
+    app.include_router(schedules.router)
     app.include_router(meta.router)
     app.include_router(console.router)
     app.mount("/console", console.static_files(), name="console")
