@@ -42,7 +42,7 @@ from shared.schedules import (
 if TYPE_CHECKING:
     from producer.client import Client
 
-__all__ = ["ScheduleNotFound", "Schedules"]
+__all__ = ["MAX_TICKS_PER_PASS", "ScheduleNotFound", "Schedules"]
 
 log = logging.getLogger("wesichain.scheduler")
 

@@ -55,16 +55,20 @@ from shared.scripts import register_script
 __all__ = [
     "HISTORY_MAX",
     "MAX_CATCH_UP",
+    "MAX_CRON_CHARS",
     "MAX_FIRE_TIMES",
     "MAX_INTERVAL_S",
     "MAX_SCHEDULES_PER_TENANT",
+    "MAX_TZ_CHARS",
     "MissedPolicy",
     "OverlapPolicy",
     "Schedule",
     "ScheduleStore",
     "ScheduleTick",
+    "TickOutcome",
     "Timing",
     "due_plan",
+    "redis_now",
     "tick_key",
 ]
 

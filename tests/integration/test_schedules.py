@@ -4,6 +4,7 @@ the overlap policies, pause and resume, and another tenant attacking through the
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from collections.abc import Iterator
@@ -53,6 +54,11 @@ def _all_runs(client: Client, tenant: str) -> list[str]:
         cursor = page.next_cursor
         if cursor is None:
             return seen
+
+
+def _ended(client: Client, run_id: str) -> bool:
+    head = client.store.load(run_id)
+    return head is not None and head.phase.terminal
 
 
 def _history(client: Client, tenant: str, schedule_id: str) -> list[dict[str, Any]]:
@@ -115,7 +121,7 @@ def test_two_schedulers_and_three_workers_start_one_run_per_tick(
         )
         for run_id in runs:
             wait_until(
-                lambda run_id=run_id: (h := client.store.load(run_id)) is not None and h.phase.terminal,
+                functools.partial(_ended, client, run_id),
                 timeout=TIMEOUT,
                 interval=0.1,
                 what=f"run {run_id} to end",
@@ -193,7 +199,7 @@ def test_overlap_enqueue_runs_wait_their_turn_in_the_schedules_thread(client: Cl
     for run_id in runs:
         # (Their outcome is the scripted agent's, which sees the thread's earlier runs: not asserted.)
         wait_until(
-            lambda run_id=run_id: client.handle(run_id).status().phase.terminal,
+            functools.partial(_ended, client, run_id),
             TIMEOUT,
             what=f"{run_id} to end",
         )
@@ -221,7 +227,7 @@ def test_overlap_allow_runs_side_by_side(client: Client, pool: None) -> None:
     # Both hold at once: the second started while the first was still going.
     for run_id in runs:
         wait_until(
-            lambda run_id=run_id: client.store.redis.exists("test:holding:" + run_id), TIMEOUT, what="holds"
+            functools.partial(client.store.redis.exists, "test:holding:" + run_id), TIMEOUT, what="holds"
         )
     for run_id in _all_runs(client, tenant):
         client.store.redis.set(RELEASE_KEY + run_id, "1")

@@ -16,7 +16,9 @@ NY = ZoneInfo("America/New_York")
 
 
 def _at(*parts: int, tz: ZoneInfo = NY) -> int:
-    return int(datetime(*parts, tzinfo=tz).timestamp())  # type: ignore[misc]
+    year, month, day, hour, minute, *rest = parts
+    second = rest[0] if rest else 0
+    return int(datetime(year, month, day, hour, minute, second, tzinfo=tz).timestamp())
 
 
 @pytest.mark.parametrize(
