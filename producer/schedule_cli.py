@@ -48,7 +48,12 @@ def register(
     c.add_argument(
         "--catch-up", type=int, default=1, help=f"with --missed catch_up: at most N (1..{MAX_CATCH_UP})"
     )
-    c.add_argument("--overlap", choices=("skip", "enqueue", "allow"), default="skip")
+    c.add_argument(
+        "--overlap",
+        choices=("skip", "enqueue", "allow"),
+        default="skip",
+        help="while the previous run goes on: no run, wait in the thread, or side by side",
+    )
     c.add_argument("--no-check-agent", action="store_true", help="accept an agent no live worker serves now")
     verbs.add_parser("ls", parents=[common, tenant], help="the tenant's schedules")
     for verb, text in (
