@@ -332,6 +332,10 @@ def _parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[s
     from producer.search_cli import register as register_search
 
     handlers.update(register_search(sub, common))
+
+    from producer.schedule_cli import register as register_schedules
+
+    handlers.update(register_schedules(sub, common))
     return p, handlers
 
 

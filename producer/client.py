@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from producer.assistants import Assistants
 from producer.publishing import PUBLISH_ERRORS
+from producer.schedules import Schedules
 from shared.assistants import AssistantVersion
 from shared.bulk import BulkJob, BulkOutcome, BulkStore, bulk_task
 from shared.embedding import load_embedding
@@ -171,6 +172,8 @@ class Client:
         self._served: dict[str, AgentInfo] = {}
         #: The tenants' assistants (``producer/assistants.py``).
         self.assistants = Assistants(self)
+        #: The tenants' schedules (``producer/schedules.py``).
+        self.schedules = Schedules(self)
         self._served_at = -1e9
 
     @property

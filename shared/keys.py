@@ -376,3 +376,25 @@ class Keys:
     def bulk_active(self) -> str:
         """Set: ``[tenant, job id]`` (JSON) of the jobs still running (the sweeper looks after them)."""
         return f"{self.prefix}{{bulk}}active"
+
+    # -- schedules: every key of all of them shares one hash tag (one slot per script) ----------
+
+    def _sched(self, tenant: str | None, schedule_id: str) -> str:
+        # Tenant first: a schedule is found only with its own tenant.
+        return f"{self.prefix}{{sched}}:{tenant or '-'}:{schedule_id}"
+
+    def sched(self, tenant: str | None, schedule_id: str) -> str:
+        """Hash: a schedule's spec, next tick, paused flag, counters (``shared/schedules.py``)."""
+        return self._sched(tenant, schedule_id)
+
+    def sched_history(self, tenant: str | None, schedule_id: str) -> str:
+        """List: what the schedule's newest ticks came to, oldest first (bounded)."""
+        return self._sched(tenant, schedule_id) + ":history"
+
+    def sched_index(self, tenant: str | None) -> str:
+        """Sorted set: one tenant's schedule ids by creation time (ms)."""
+        return f"{self.prefix}{{sched}}index:{tenant or '-'}"
+
+    def sched_due(self) -> str:
+        """Sorted set: ``[tenant, schedule id]`` of every unpaused schedule, by its next tick (s)."""
+        return f"{self.prefix}{{sched}}due"

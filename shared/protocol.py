@@ -89,6 +89,16 @@ __all__ = [
     "REQUEST",
     "RUNNING",
     "STEP",
+    "SCHED_COUNTER_FAILED",
+    "SCHED_COUNTER_MISSED",
+    "SCHED_COUNTER_SKIPPED",
+    "SCHED_COUNTER_STARTED",
+    "SCHED_DECISION_PREFIX",
+    "SCHED_LAST_RUN",
+    "SCHED_NEXT",
+    "SCHED_PAUSED",
+    "SCHED_SPEC",
+    "SCHED_YES",
     "TASK_DONE",
     "TASK_EXPIRED",
     "TASK_LIVE",
@@ -297,6 +307,24 @@ LIMIT_TPM = "tpm"
 LIMIT_TPM_AT = "tpm_at"
 
 
+# -- a schedule's hash (``Keys.sched``, ``shared/schedules.py``) -------------------------------------
+
+#: The schedule's spec (JSON, never changes), its next tick (Unix seconds), whether it is paused
+#: (SCHED_YES), the run id of its last started tick.
+SCHED_SPEC = "spec"
+SCHED_NEXT = "next_fire"
+SCHED_PAUSED = "paused"
+SCHED_YES = "1"
+SCHED_LAST_RUN = "last_run"
+#: ``<prefix><tick>``: the decision (run or skip) recorded for a tick being fired.
+SCHED_DECISION_PREFIX = "decide:"
+#: Ticks started, skipped (overlap), missed (outage) and refused.
+SCHED_COUNTER_STARTED = "n_started"
+SCHED_COUNTER_SKIPPED = "n_skipped"
+SCHED_COUNTER_MISSED = "n_missed"
+SCHED_COUNTER_FAILED = "n_failed"
+
+
 # -- claims ------------------------------------------------------------------------------------------
 
 
@@ -402,6 +430,12 @@ _VALUES = {
         "LIMIT_RPM_AT",
         "LIMIT_TPM",
         "LIMIT_TPM_AT",
+        "SCHED_SPEC",
+        "SCHED_NEXT",
+        "SCHED_PAUSED",
+        "SCHED_YES",
+        "SCHED_LAST_RUN",
+        "SCHED_DECISION_PREFIX",
     )
 }
 

@@ -214,6 +214,12 @@ SPECS: dict[str, ScriptSpec] = {
     ),
     # -- bulk jobs (shared.bulk) ---------------------------------------------------------------------
     "bulk_record": _spec("job outcomes", "run_id outcome counter"),
+    # -- schedules (shared.schedules) ---------------------------------------------------------------
+    "schedule_decide": _spec("schedule", "tick decision", words="ok stale"),
+    "schedule_advance": _spec(
+        "schedule history due", "tick next_tick entry counter count run_id member history_max"
+    ),
+    "schedule_state": _spec("schedule due", "mode member next_tick", words="pause ok missing"),
     # -- the API's submit limits (producer/api/limits.py builds its script around this one) ----------
     "submit_window": _spec("window", "limit window member"),
     # -- pipelines (shared.pipeline.store) -----------------------------------------------------------

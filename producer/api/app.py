@@ -19,6 +19,7 @@ from producer.api import (
     operator,
     pipelines,
     runs,
+    schedules,
     search,
     signals,
 )
@@ -66,6 +67,7 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     app.include_router(pipelines.router)
     app.include_router(memory.router)
     app.include_router(assistants.router)
+    app.include_router(schedules.router)
     app.include_router(meta.router)
     app.include_router(operator.router)
     app.include_router(console.router)

@@ -53,7 +53,7 @@ const seconds = (s) => (s < 1 ? `${(s * 1000).toFixed(0)} ms` : s < 120 ? `${s.t
 const short = (text, n = 140) => (text && text.length > n ? `${text.slice(0, n)}…` : text || "");
 
 function show(section) {
-  for (const id of ["login", "list-view", "run-view", "pipeline-view", "pipelines-view", "memory-view", "bulk-view", "operator-view", "assistants-view"]) $(`#${id}`).hidden = id !== section;
+  for (const id of ["login", "list-view", "run-view", "pipeline-view", "pipelines-view", "memory-view", "bulk-view", "operator-view", "assistants-view", "schedules-view"]) $(`#${id}`).hidden = id !== section;
 }
 
 function needKey(message) {
@@ -217,6 +217,51 @@ function bulkView() {
       $("#bulk-error").textContent = "";
       if (jobs.some((job) => job.status === "running")) timer = setTimeout(refresh, 1000);
     } catch (err) { handleError(err, "#bulk-error"); }
+  }
+  refresh();
+  return { stop() { stopped = true; clearTimeout(timer); } };
+}
+
+// -- schedules: next fire times, last runs (linking to their pages), pause and resume ---------
+
+function schedulesView() {
+  show("schedules-view");
+  let stopped = false;
+  let timer = null;
+  const timing = (t) => (t.cron ? `cron ${t.cron} (${t.timezone})` : `every ${t.every_s} s`);
+  const toggle = (s) => async () => {
+    try {
+      await api(`/v1/schedules/${encodeURIComponent(s.schedule_id)}/${s.paused ? "resume" : "pause"}`, { method: "POST" });
+      refresh();
+    } catch (err) { handleError(err, "#schedules-error"); }
+  };
+  const lastRuns = (ticks) => el("td", { class: "clip" }, ...ticks.slice(0, 5).map((t) => el("div", {},
+    `${when(t.tick)} ${t.outcome} `,
+    t.run_id ? el("a", { href: `#/runs/${encodeURIComponent(t.run_id)}`, class: "mono" }, t.run_id.slice(0, 14)) : short(t.reason, 60),
+    t.status ? ` ${t.status}` : "")));
+  async function refresh() {
+    if (stopped) return;
+    try {
+      const { schedules } = await api("/v1/schedules");
+      const rows = await Promise.all(schedules.map(async (s) => {
+        const base = `/v1/schedules/${encodeURIComponent(s.schedule_id)}`;
+        const [{ next_fire_times }, { runs }] = await Promise.all([api(`${base}/next?n=3`), api(`${base}/runs?limit=5`)]);
+        return el("tr", { "data-schedule": s.schedule_id },
+          el("td", { class: "mono" }, s.schedule_id.slice(0, 12)),
+          el("td", {}, s.agent),
+          el("td", {}, timing(s.timing)),
+          el("td", {}, `${s.missed}${s.missed === "catch_up" ? ` ${s.catch_up}` : ""} / ${s.overlap}`),
+          el("td", {}, el("span", { class: `badge ${s.paused ? "interrupted" : "running"}` }, s.paused ? "paused" : "active")),
+          el("td", {}, ...next_fire_times.map((t) => el("div", {}, when(t)))),
+          el("td", {}, `${s.started} / ${s.skipped} / ${s.missed_ticks} / ${s.failed}`),
+          lastRuns(runs),
+          el("td", {}, el("button", { onclick: toggle(s) }, s.paused ? "Resume" : "Pause")));
+      }));
+      if (stopped) return;
+      $("#schedules-list tbody").replaceChildren(...rows);
+      $("#schedules-error").textContent = "";
+      timer = setTimeout(refresh, 2000);
+    } catch (err) { handleError(err, "#schedules-error"); }
   }
   refresh();
   return { stop() { stopped = true; clearTimeout(timer); } };
@@ -450,7 +495,8 @@ async function route() {
   }
   const pipeline = location.hash.match(/^#\/pipelines\/([A-Za-z0-9_.:@\/-]+)$/);
   const bulk = location.hash === "#/bulk";
-  if (location.hash === "#/memory") view = memoryView();
+  if (location.hash === "#/schedules") view = schedulesView();
+  else if (location.hash === "#/memory") view = memoryView();
   else if (location.hash === "#/pipelines") view = pipelinesView();
   else if (location.hash === "#/operator") view = operatorView();
   else if (location.hash === "#/assistants") view = assistantsView();

@@ -1,0 +1,16 @@
+-- Pause or resume a schedule. A paused schedule leaves the due set (no scheduler fires it); a
+-- resumed one fires again from next_tick, which also fences off a tick fired when it was paused.
+-- KEYS: the schedule's hash, the due set
+-- Returns 'ok', or 'missing' when there is no such schedule (nothing is written then).
+local schedule, due = KEYS[1], KEYS[2]
+local mode, member, next_tick = unpack(ARGV, 1, 3)
+if redis.call('HEXISTS', schedule, SCHED_SPEC) == 0 then return 'missing' end
+if mode == 'pause' then
+  redis.call('HSET', schedule, SCHED_PAUSED, SCHED_YES)
+  redis.call('ZREM', due, member)
+  return 'ok'
+end
+redis.call('HDEL', schedule, SCHED_PAUSED)
+redis.call('HSET', schedule, SCHED_NEXT, next_tick)
+redis.call('ZADD', due, tonumber(next_tick), member)
+return 'ok'
