@@ -161,7 +161,7 @@ SPECS: dict[str, ScriptSpec] = {
     ),
     "unsent": _spec("run leases", "run_id version epoch delay_ms"),
     "cancel": _spec("run", ""),
-    "decide": _spec("run", "version decision"),
+    "decide": _spec("run leases", "run_id version decision queued_lease_ms"),
     "join_thread": _spec("thread", "run_id ttl"),
     "thread_admit": _spec(
         "order state waiting rolled_back",
