@@ -5,6 +5,9 @@ embedded one runs in process).
   delivery only) waits until the test releases it; the think after the call waits too, so the run
   is still going when a stalled delivery's late result comes in. Keys are named by the run id
   (the tool) and the run's input (the model).
+* ``answer_held``: answers with every user message it was told; its first think (told only the
+  input) waits until the test releases it, so a message can be sent while the run's last think
+  asks the model. ``ANSWER_HOLDING_KEY`` names the process that holds.
 * ``progress_embedded``: one call that reports three progress events and returns: nothing outside
   the run, so it runs in the embedded mode.
 """
@@ -26,7 +29,7 @@ from shared.messages import Message, ToolMessage, UserMessage
 from shared.tools import ToolContext, ToolSet, tool
 from tests.broker import redis_from_env
 
-__all__ = ["ANSWER_RELEASE_KEY", "CALL_PIDS_KEY", "TOOL_RELEASE_KEY", "registry"]
+__all__ = ["ANSWER_HOLDING_KEY", "ANSWER_RELEASE_KEY", "CALL_PIDS_KEY", "TOOL_RELEASE_KEY", "registry"]
 
 #: List per run: the pid of each delivery of the stalled call, in the order they started.
 CALL_PIDS_KEY = "test:stalled:pids:"
@@ -34,6 +37,8 @@ CALL_PIDS_KEY = "test:stalled:pids:"
 TOOL_RELEASE_KEY = "test:stalled:release:"
 #: String per run input: set by the test to let the think after the call answer.
 ANSWER_RELEASE_KEY = "test:stalled:answer:"
+#: String per run input: the pid of the process whose think of ``answer_held`` holds.
+ANSWER_HOLDING_KEY = "test:answer:holding:"
 #: How long anything here waits for the test at most.
 WAIT_S = 120
 
@@ -82,7 +87,17 @@ def _stalled(messages: Sequence[Message]) -> ModelResponse:
     return reply("progress reported")
 
 
+def _answer_held(messages: Sequence[Message]) -> ModelResponse:
+    said = [m.content for m in messages if isinstance(m, UserMessage)]
+    if len(said) == 1:
+        _redis().set(ANSWER_HOLDING_KEY + said[0], os.getpid(), ex=3600)
+        _wait_for(ANSWER_RELEASE_KEY + said[0])
+    return reply("heard: " + " | ".join(said))
+
+
 registry = AgentRegistry()
+registry.add_model("answer_held", ScriptedModel(_answer_held))
+registry.add(Agent(name="answer_held", model="scripted:answer_held", system_prompt="listens"))
 registry.add_model("progress_stalled", ScriptedModel(_stalled))
 registry.add(
     Agent(
