@@ -398,7 +398,9 @@ class Client:
         self._send_start(start)
         return RunHandle(self, new_id)
 
-    def _fork_model(self, run_id: str, heads: list[RunHead], origin: RunHead, input: str | None) -> str | None:
+    def _fork_model(
+        self, run_id: str, heads: list[RunHead], origin: RunHead, input: str | None
+    ) -> str | None:
         """The model a fork runs by default: the one of the agent it goes on under. That is the
         checkpoint's when the fork keeps its handoffs (the agent in charge there has its own), else
         the one the original started with (``shared/timetravel.py``)."""

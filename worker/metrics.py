@@ -152,7 +152,8 @@ class Metrics:
             ["agent", "status", "error_kind"],
         )
         self.handoffs = Counter(
-            "wesichain_handoffs", "Handoffs committed, by the agent that handed over and its target",
+            "wesichain_handoffs",
+            "Handoffs committed, by the agent that handed over and its target",
             ["from_agent", "to_agent"],
         )
         self.phase_seconds = Histogram(

@@ -283,7 +283,9 @@ class Runtime:
         if result.status == "cancel_pending":
             return self.interrupt(current, claim, "cancelled", head.error)
         if result.status == "signals_pending" and signals_first is not None:
-            log.info("run %s: signals came in before its answer was committed: applying them first", head.run_id)
+            log.info(
+                "run %s: signals came in before its answer was committed: applying them first", head.run_id
+            )
             return signals_first()
         self.metrics.fenced_off(current.phase)
         log.info("run %s: commit of v%d fenced off (another delivery won)", head.run_id, head.version)

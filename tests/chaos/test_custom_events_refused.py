@@ -21,7 +21,9 @@ from tests.harness import wait_until
 AGENTS = "tests.agents_reliability"
 
 
-def test_a_stalled_deliverys_late_result_is_refused_and_its_events_voided(cluster: Cluster, client: Client) -> None:
+def test_a_stalled_deliverys_late_result_is_refused_and_its_events_voided(
+    cluster: Cluster, client: Client
+) -> None:
     cluster.start(2, agents=AGENTS)
     r = client.store.redis
     token = uuid.uuid4().hex

@@ -57,7 +57,9 @@ def server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="module")
 def pool(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerProcess]]:
     log_dir = str(tmp_path_factory.mktemp("handoff-api-workers"))
-    with running([WorkerProcess("ha1", server.url, agents=AGENTS, concurrency=2, log_dir=log_dir)]) as started:
+    with running(
+        [WorkerProcess("ha1", server.url, agents=AGENTS, concurrency=2, log_dir=log_dir)]
+    ) as started:
         yield started
 
 
@@ -83,7 +85,9 @@ def test_agents_list_their_handoff_targets(api: ApiProcess, server: RedisServer)
     # The Python client reads the same from the registry.
     client = Client(Settings(redis_url=server.url, agents_module=AGENTS))
     try:
-        (triage,) = {a.name: a for w in client.workers.live() for a in w.record.agents if a.name == "triage"}.values()
+        (triage,) = {
+            a.name: a for w in client.workers.live() for a in w.record.agents if a.name == "triage"
+        }.values()
     finally:
         client.close()
     assert [h.model_dump() for h in triage.handoffs] == TRIAGE_HANDOFFS
@@ -119,5 +123,7 @@ def test_a_fork_over_http_goes_on_under_the_target_and_stays_with_its_tenant(
         assert fork["status"] == "completed", fork
         assert fork["agent"] == "triage" and fork["current_agent"] == "billing"
         assert fork["answer"] == "billing: refunded F-1"
-        assert [(h["from_agent"], h["to_agent"], h["step"]) for h in fork["handoffs"]] == [("triage", "billing", 1)]
+        assert [(h["from_agent"], h["to_agent"], h["step"]) for h in fork["handoffs"]] == [
+            ("triage", "billing", 1)
+        ]
         assert other.get(f"/v1/runs/{fork_id}").status_code == 404

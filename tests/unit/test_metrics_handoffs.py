@@ -40,7 +40,9 @@ def test_a_handed_off_run_ends_under_its_target_and_its_handoff_is_counted() -> 
 def test_a_fork_that_starts_with_its_handoffs_counts_no_new_handoff() -> None:
     m = metrics()
     idle = RunHead.new_idle("r2", "m-triage", "refund")
-    started = idle.model_copy(update={"phase": Phase.THINKING, "version": 2, "step": 1, "handoffs": [HANDOFF]})
+    started = idle.model_copy(
+        update={"phase": Phase.THINKING, "version": 2, "step": 1, "handoffs": [HANDOFF]}
+    )
     moved = {"from_agent": "m-triage", "to_agent": "m-billing"}
     before = _sample(m.handoffs, moved)
     m.committed(idle, started)
