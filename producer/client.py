@@ -56,7 +56,7 @@ from shared.state import (
 from shared.store import RunPage, RunStore, ThreadTurn
 from shared.tasks import decide_task, start_task
 from shared.timeline import Timeline, build_timeline
-from shared.timetravel import Checkpoint, checkpoint_of
+from shared.timetravel import Checkpoint, checkpoint_of, fork_conversation, forked_handoffs
 from shared.unsent import mark_unsent
 from shared.versions import (
     PinnedRuns,
@@ -409,21 +409,23 @@ class Client:
 
         The new run thinks again from the conversation as it was at that version (see
         ``shared/timetravel.py``): ``input`` replaces its last user message, ``model`` is another
-        ``PROVIDER:MODEL`` (default: the original's). It records its origin (``RunHead.fork``) and
-        gets the agent's whole step budget.
+        ``PROVIDER:MODEL`` (default: the original's at that checkpoint). It records its origin
+        (``RunHead.fork``) and gets the agent's whole step budget. A fork of a handed-off run goes
+        on under the agent in charge at that checkpoint, with its handoff records.
         """
         source = self.store.load(run_id)
         if source is None:
             raise RunNotFound(f"no run {run_id!r}")
         heads = self.store.checkpoints(run_id)
-        if checkpoint_of(heads, at_version) is None:
+        origin = checkpoint_of(heads, at_version)
+        if origin is None:
             versions = f"1..{heads[-1].version}" if heads else "none"
             raise InvalidRequest(f"run {run_id!r} has no checkpoint v{at_version} (versions: {versions})")
         fields: dict[str, Any] = {"agent": source.agent, "input": source.input if input is None else input}
         if source.metadata:
             fields["metadata"] = source.metadata
-        if model is not None or source.model:
-            fields["model"] = model or source.model
+        if chosen := model or self._fork_model(run_id, heads, origin, input) or source.model:
+            fields["model"] = chosen
         request = validate_request(fields, self.settings.limits)
         if check_agent:
             self._check_agent(request.agent, request.metadata)
@@ -445,6 +447,22 @@ class Client:
             raise InvalidRequest(f"run id {new_id!r} already exists")
         self._send_start(start)
         return RunHandle(self, new_id)
+
+    def _fork_model(
+        self, run_id: str, heads: list[RunHead], origin: RunHead, input: str | None
+    ) -> str | None:
+        """The model a fork runs by default: the one of the agent it goes on under. That is the
+        checkpoint's when the fork keeps its handoffs (the agent in charge there has its own), else
+        the one the original started with (``shared/timetravel.py``)."""
+        kept = origin.handoffs
+        if kept and input is not None:
+            # An edited input cuts the conversation at its last user message, maybe before them.
+            stored = self.store.load_messages(run_id, 0, origin.message_count - 1)
+            kept = forked_handoffs(origin, len(fork_conversation(fork_conversation(stored, None), input)))
+        if kept:
+            return origin.model
+        started = next((h for h in heads if h.phase is not Phase.IDLE), None)
+        return started.model if started is not None else origin.model
 
     def _check_same_request(self, existing: RunHead, head: RunHead, idempotency_key: str) -> None:
         """The same key must carry the same request, compared as JSON values (object keys in any

@@ -402,9 +402,16 @@ def agents(args: argparse.Namespace) -> int:
         agent = infos[name]
         tools = ", ".join(t.name for t in agent.tools) or "no tools"
         print(
-            f"{name} v{agent.version}  model {agent.model}  tools: {tools}  ({len(served[name])} worker(s))"
+            f"{name} v{agent.version}  model {agent.model}  tools: {tools}{_handoffs_of(agent)}"
+            f"  ({len(served[name])} worker(s))"
         )
     return 0
+
+
+def _handoffs_of(agent: AgentInfo) -> str:
+    """The agents it may hand the conversation to, for the one-line listing ("" for none)."""
+    targets = list(dict.fromkeys(h.agent for h in agent.handoffs))
+    return f"  hands off to: {', '.join(targets)}" if targets else ""
 
 
 def _agents_over_api(api: ApiClient, as_json: bool) -> int:
@@ -417,7 +424,10 @@ def _agents_over_api(api: ApiClient, as_json: bool) -> int:
         return EXIT_FAILED_RUN
     for view in listed:
         tools = ", ".join(t.name for t in view.tools) or "no tools"
-        print(f"{view.name} v{view.version}  model {view.model}  tools: {tools}  ({view.workers} worker(s))")
+        print(
+            f"{view.name} v{view.version}  model {view.model}  tools: {tools}{_handoffs_of(view)}"
+            f"  ({view.workers} worker(s))"
+        )
     return 0
 
 

@@ -115,7 +115,10 @@ class Idle(_Live):
         model: str,
         max_steps: int,
         state: dict[str, Any] | None = None,
+        handoffs: Sequence[HandoffRecord] = (),
     ) -> Transition[Thinking]:
+        """Start thinking from ``initial``; ``handoffs``: those a fork of a handed-off run keeps
+        (``shared/timetravel.py``), under whose last target it goes on."""
         head = self._next(
             Phase.THINKING,
             step=1,
@@ -125,6 +128,7 @@ class Idle(_Live):
             model=model,
             max_steps=max_steps,
             state=state,
+            handoffs=list(handoffs),
         )
         return Transition(
             Thinking(head),

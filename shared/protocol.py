@@ -544,6 +544,13 @@ local function task_states(run, results_key, phase, step, calls, now)
   end
   return states, next_live, expired, unclaimed
 end
+-- Whether a run parked for approval (or for its subagents) is being resumed: a decide delivery
+-- holds (or held) its phase claim, or a decision or a cancel is stored for the decide to act on.
+-- The resume is then a phase like any other, watched by the sweeper; otherwise nothing is owed.
+local function parked_resuming(run)
+  local owed = redis.call('HMGET', run, F_RUNNING, F_DECISION, F_CANCEL)
+  return owed[1] ~= false or owed[2] ~= false or owed[3] ~= false
+end
 local function split_calls(calls)
   local out = {}
   if calls and calls ~= '' then

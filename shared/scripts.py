@@ -122,10 +122,10 @@ SPECS: dict[str, ScriptSpec] = {
     "commit": _spec(
         "run messages_key checkpoints events_key leases registry inflight status_from status_to ended",
         "run_id op expected_version claim_field claim_token new_version phase step body outbox calls kind"
-        " queued_lease_ms retention_s events_maxlen n_messages n_events tenant callback",
+        " queued_lease_ms retention_s events_maxlen n_messages n_events tenant callback signals_cursor",
         more_keys="(terminal commits) the run's other keys, to expire with it",
         more_args="n_messages messages, n_events events, then the broker commands (push_broker)",
-        words="committed fenced cancel_pending live terminal",
+        words="committed fenced cancel_pending signals_pending live terminal",
     ),
     "signal": _spec(
         "run inbox events_key",
@@ -161,7 +161,7 @@ SPECS: dict[str, ScriptSpec] = {
     ),
     "unsent": _spec("run leases", "run_id version epoch delay_ms"),
     "cancel": _spec("run", ""),
-    "decide": _spec("run", "version decision"),
+    "decide": _spec("run leases", "run_id version decision queued_lease_ms"),
     "join_thread": _spec("thread", "run_id ttl"),
     "thread_admit": _spec(
         "order state waiting rolled_back",

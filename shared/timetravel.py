@@ -9,6 +9,14 @@ The fork's conversation ends where the model is asked again: a trailing assistan
 calls whose results were not in yet, or a final answer) is dropped, so the fork's first think
 redoes that step, possibly with another model. With an edited input, the last user message is
 replaced by it and everything after it is dropped.
+
+A fork of a handed-off run goes on under the agent that was in charge at its checkpoint: it keeps
+the checkpoint's handoff records whose target's system prompt lies in the replayed conversation
+(:func:`forked_handoffs`), so its next think is the last one's target's, with that agent's tools,
+policy and prompt, and a later fork or read sees the same handoff history as the original had
+there. A handoff whose system prompt an edited input cut off is not kept: the fork goes on under
+the agent the conversation it replays belongs to. Its model is the checkpoint's (the agent in
+charge there) unless the fork names another.
 """
 
 from __future__ import annotations
@@ -18,9 +26,9 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from shared.messages import AssistantMessage, Message, UserMessage
-from shared.state import Phase, RunHead
+from shared.state import HandoffRecord, Phase, RunHead
 
-__all__ = ["Checkpoint", "checkpoint_of", "fork_conversation", "last_good_checkpoint"]
+__all__ = ["Checkpoint", "checkpoint_of", "fork_conversation", "forked_handoffs", "last_good_checkpoint"]
 
 
 class Checkpoint(BaseModel):
@@ -67,6 +75,13 @@ def fork_conversation(messages: Sequence[Message], input: str | None) -> list[Me
     while conversation and isinstance(conversation[-1], AssistantMessage):
         conversation.pop()
     return conversation
+
+
+def forked_handoffs(origin: RunHead, replayed: int) -> list[HandoffRecord]:
+    """The handoffs a fork of checkpoint ``origin`` keeps, when it replays the first ``replayed``
+    messages of the original's conversation (see the module doc): those whose target's system
+    prompt is among them. Each record's ``at`` is a position in that same stored list."""
+    return [record for record in origin.handoffs if record.at < replayed]
 
 
 def last_good_checkpoint(heads: Sequence[RunHead]) -> RunHead | None:

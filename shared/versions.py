@@ -277,9 +277,9 @@ class PinnedRuns:
         cursor: Any = 0
         while True:
             cursor, members = self.redis.sscan(key, cursor, count=self.CHUNK)
-            for raw in members:
-                run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
-                head = self.store.load(run_id)
+            run_ids = [raw.decode() if isinstance(raw, bytes) else str(raw) for raw in members]
+            # Every head of the page in one round trip: a run no longer in Redis has ended.
+            for run_id, head in zip(run_ids, self.store.load_many(run_ids), strict=True):
                 if (
                     head is None
                     or head.terminal

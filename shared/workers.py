@@ -17,10 +17,19 @@ from pydantic import BaseModel, Field
 
 from shared.agents import AgentRegistry
 from shared.assistants import ConfigSchema, schema_of
+from shared.handoffs import handoff_tool
 from shared.keys import Keys
 from shared.state import DEFAULT_THREAD_POLICY, ThreadPolicy
 
-__all__ = ["AgentInfo", "LiveWorker", "ToolInfo", "WorkerDirectory", "WorkerRecord", "describe_agents"]
+__all__ = [
+    "AgentInfo",
+    "HandoffInfo",
+    "LiveWorker",
+    "ToolInfo",
+    "WorkerDirectory",
+    "WorkerRecord",
+    "describe_agents",
+]
 
 
 class ToolInfo(BaseModel):
@@ -32,6 +41,16 @@ class ToolInfo(BaseModel):
     parameters: dict[str, Any]
     retry_safe: bool
     timeout_s: float
+
+
+class HandoffInfo(BaseModel):
+    """A handoff an agent declares (``Agent.handoffs``): the agent it may hand the conversation to,
+    and the transfer tool its model calls to do it."""
+
+    agent: str = Field(description="The target agent.")
+    tool: str = Field(description="The transfer tool the model is offered (``transfer_to_<agent>``).")
+    description: str = Field(description="What the model is told about the transfer.")
+    filtered: bool = Field(description="The target sees the history through an input filter.")
 
 
 class AgentInfo(BaseModel):
@@ -54,6 +73,8 @@ class AgentInfo(BaseModel):
     thread_policy: ThreadPolicy = DEFAULT_THREAD_POLICY
     #: What assistants may configure of it (``shared/assistants.py``); None: nothing.
     configurable: ConfigSchema | None = None
+    #: The agents it may hand the conversation to, in declared order (``shared/handoffs.py``).
+    handoffs: list[HandoffInfo] = Field(default_factory=list)
 
 
 class WorkerRecord(BaseModel):
@@ -116,6 +137,15 @@ def describe_agents(registry: AgentRegistry) -> list[AgentInfo]:
                 migrates_from=sorted(agent.migrate_from or {}),
                 thread_policy=agent.thread_policy,
                 configurable=schema_of(agent),
+                handoffs=[
+                    HandoffInfo(
+                        agent=h.agent,
+                        tool=h.name,
+                        description=handoff_tool(h).description,
+                        filtered=h.input_filter is not None,
+                    )
+                    for h in agent.handoff_targets
+                ],
             )
         )
     return agents

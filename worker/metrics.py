@@ -147,8 +147,14 @@ class Metrics:
         self.runs_started = Counter("wesichain_runs_started", "Runs that began thinking", ["agent"])
         self.runs_ended = Counter(
             "wesichain_runs_ended",
-            "Runs that ended, by status (completed, failed, interrupted) and error kind",
+            "Runs that ended, by the agent in charge at the end, status (completed, failed,"
+            " interrupted) and error kind",
             ["agent", "status", "error_kind"],
+        )
+        self.handoffs = Counter(
+            "wesichain_handoffs",
+            "Handoffs committed, by the agent that handed over and its target",
+            ["from_agent", "to_agent"],
         )
         self.phase_seconds = Histogram(
             "wesichain_phase_duration_seconds",
@@ -219,13 +225,19 @@ class Metrics:
     # -- runs --------------------------------------------------------------------------------------
 
     def committed(self, before: RunHead, after: RunHead) -> None:
-        """A transition was committed by this process: count starts and ends of runs."""
-        agent = self._agents(after.agent)
+        """A transition was committed by this process: count starts, handoffs and ends of runs.
+
+        A start counts under the agent the run was submitted for; an end under the agent in
+        charge when it ended (after a handoff, the target: whose answer, failure or budget it is).
+        """
         if before.phase is Phase.IDLE and after.phase is Phase.THINKING:
-            self._of(self.runs_started, agent).inc()
+            self._of(self.runs_started, self._agents(after.agent)).inc()
+        if len(after.handoffs) > len(before.handoffs) and before.phase is not Phase.IDLE:
+            handed = after.handoffs[-1]
+            self._of(self.handoffs, self._agents(handed.from_agent), self._agents(handed.to_agent)).inc()
         if after.terminal and not before.terminal:
             kind = after.error.kind if after.error is not None else "none"
-            self._of(self.runs_ended, agent, after.status, kind).inc()
+            self._of(self.runs_ended, self._agents(after.active_agent), after.status, kind).inc()
             if kind == "PoisonPhase" and after.error is not None:
                 self._of(self.poison, str(after.error.details.get("phase", before.phase.value))).inc()
 

@@ -245,11 +245,15 @@ class Runtime:
         claim: ClaimRef | None,
         extra_events: Sequence[Event] = (),
         countdown: float = 0.0,
+        signals_first: Callable[[], RunHead | None] | None = None,
     ) -> RunHead | None:
         """Commit a transition and publish what it leads to; a pending cancel wins over it.
 
         Returns the head this delivery committed (the interruption, if a cancel won), or None when
         the commit was fenced off (another delivery won, or this one lost its claim).
+        ``signals_first``: what an answer's commit does instead when signals came into the run
+        since its think's cursor (the commit refuses the answer: ``commit.lua``), still under
+        this delivery's claim.
         """
         head = _stamped(transition.head, current.phase, claim)
         extra_events = (*self.carried.pop(head.run_id, ()), *extra_events)
@@ -284,6 +288,11 @@ class Runtime:
             return head
         if result.status == "cancel_pending":
             return self.interrupt(current, claim, "cancelled", head.error)
+        if result.status == "signals_pending" and signals_first is not None:
+            log.info(
+                "run %s: signals came in before its answer was committed: applying them first", head.run_id
+            )
+            return signals_first()
         self.metrics.fenced_off(current.phase)
         log.info("run %s: commit of v%d fenced off (another delivery won)", head.run_id, head.version)
         return None

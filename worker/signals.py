@@ -8,7 +8,7 @@ from shared import fsm
 from shared.agents import Agent
 from shared.signals import absorb
 from shared.state import Decision, Phase, RunHead
-from shared.store import Claim
+from shared.store import Claim, ClaimRef
 from shared.tasks import decide_task
 from worker.runtime import Runtime
 
@@ -17,6 +17,7 @@ __all__ = [
     "WAKE_NOTE",
     "WOKEN_BY",
     "NothingPending",
+    "absorb_pending",
     "absorb_signals",
     "wake_after_park",
     "wake_for_message",
@@ -45,6 +46,15 @@ def absorb_signals(
     signals pending for the delivery that takes the think over. Returns what was committed (None:
     fenced off), or :data:`NOTHING_PENDING`.
     """
+    return absorb_pending(rt, current, claim.ref, agent)
+
+
+def absorb_pending(
+    rt: Runtime, current: fsm.Thinking, ref: ClaimRef, agent: Agent
+) -> RunHead | None | NothingPending:
+    """:func:`absorb_signals` as the holder of ``ref``: also what a think does when the commit of
+    its answer was refused because signals came in meanwhile (the answer is dropped, and the
+    think asks again with them)."""
     head = current.head
     pending = rt.store.pending_signals(head.run_id, head.signals_applied)
     if not pending:
@@ -66,7 +76,7 @@ def absorb_signals(
         for seq, outcome in sorted(applied.outcomes.items())
     ]
     transition = current.absorb(applied.messages, applied.state, applied.upto, events)
-    return rt.commit(current, transition, claim.ref)
+    return rt.commit(current, transition, ref)
 
 
 def wake_for_message(rt: Runtime, head: RunHead) -> Decision | None:

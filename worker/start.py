@@ -10,6 +10,7 @@ becomes a run, failed with ``InvalidRequest``, so its sender can read why.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from shared import fsm
@@ -23,10 +24,10 @@ from shared.middleware import Refuse, on_user_message
 from shared.prompts import Prompt
 from shared.request import check_run_id, new_run, validate_request
 from shared.run_state import StateError, initial_state
-from shared.state import ForkOrigin, Phase, RunHead, ToolResult
+from shared.state import HandoffRecord, Phase, RunHead, ToolResult
 from shared.store import Claim, PhaseClaim
 from shared.tasks import start_task
-from shared.timetravel import checkpoint_of, fork_conversation
+from shared.timetravel import checkpoint_of, fork_conversation, forked_handoffs
 from worker.heartbeat import Held
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
@@ -59,8 +60,14 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
             return rt.fail(current, claim.ref, rejected.info())
         head = current.head
         try:
-            agent = rt.agents.get(head.agent)
-            config = rt.assistant_config(head)
+            replay = _replay(rt, head) if head.fork is not None else None
+        except InvalidRequest as exc:
+            return rt.fail(current, claim.ref, InvalidRequest(exc.message, step=0).info())
+        # A fork of a handed-off run starts under the agent in charge at its checkpoint.
+        run_as = head.model_copy(update={"handoffs": replay.handoffs}) if replay is not None else head
+        try:
+            agent = rt.agents.get(run_as.active_agent)
+            config = rt.assistant_config(run_as)
         except ConfigError as exc:
             return rt.fail(current, claim.ref, RunConfigError(str(exc), step=0).info())
         if config is not None:
@@ -71,7 +78,7 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
             except InvalidRequest as exc:
                 why = f"assistant {head.assistant} v{head.assistant_version}: {exc.message}"
                 return rt.fail(current, claim.ref, InvalidRequest(why, step=0).info())
-            agent = rt.agent_of(head)
+            agent = rt.agent_of(run_as)
         if head.thread_id is not None and head.fork is None:
             # A fork starts from its own checkpoint: it takes no turn in a thread.
             starts, committed = take_thread_turn(rt, current, claim.ref, agent.thread_policy)
@@ -82,7 +89,7 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
         except StateError as exc:
             return rt.fail(current, claim.ref, InvalidRequest(str(exc), step=0).info())
         try:
-            messages = _initial_conversation(rt, agent, head)
+            messages = _initial_conversation(rt, agent, head, replay)
         except InvalidRequest as exc:
             # Sent without the client's check (a bare start message, or check_agent=False), or
             # refused by the agent's middleware, or forked from a run that is gone.
@@ -94,6 +101,7 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
             model=head.model or (config.model if config is not None else None) or agent.model,
             max_steps=agent.max_steps,
             state=state,
+            handoffs=replay.handoffs if replay is not None else (),
         )
         return rt.commit(current, transition, claim.ref)
 
@@ -101,18 +109,16 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
     return run_phase(rt, delivery, want, "start", fsm.Idle, body)
 
 
-def _initial_conversation(rt: Runtime, agent: Agent, head: RunHead) -> list[Message]:
+def _initial_conversation(rt: Runtime, agent: Agent, head: RunHead, replay: _Replay | None) -> list[Message]:
     """The conversation a run starts thinking from: a fork's replayed one, or a fresh one."""
     ctx = middleware_context(head, rt.phase_memory(head, "start"))
-    if head.fork is not None:
-        replayed = _forked_conversation(rt, head.fork)
-        if replayed:
-            if head.fork.edited_input:
-                checked = on_user_message(agent.middleware, ctx, head.input)
-                if isinstance(checked, Refuse):
-                    raise InvalidRequest(f"the input was refused by {checked.reason}")
-                replayed = fork_conversation(replayed, checked)
-            return replayed
+    if head.fork is not None and replay is not None and replay.messages:
+        if head.fork.edited_input:
+            checked = on_user_message(agent.middleware, ctx, head.input)
+            if isinstance(checked, Refuse):
+                raise InvalidRequest(f"the input was refused by {checked.reason}")
+            return fork_conversation(replay.messages, checked)
+        return replay.messages
     system, user = render_prompts(agent, head)
     checked = on_user_message(agent.middleware, ctx, user)
     if isinstance(checked, Refuse):
@@ -122,17 +128,33 @@ def _initial_conversation(rt: Runtime, agent: Agent, head: RunHead) -> list[Mess
     return [SystemMessage(content=system), *history, UserMessage(content=checked)]
 
 
-def _forked_conversation(rt: Runtime, fork: ForkOrigin) -> list[Message]:
-    """The original's conversation at the fork's checkpoint, up to where the model is asked again."""
+@dataclass(frozen=True)
+class _Replay:
+    """What a fork takes from its checkpoint (``shared/timetravel.py``)."""
+
+    #: The original's conversation there, up to where the model is asked again (empty: forked
+    #: from the very start, which begins afresh).
+    messages: list[Message]
+    #: The handoffs it keeps: it goes on under the last one's target.
+    handoffs: list[HandoffRecord]
+
+
+def _replay(rt: Runtime, head: RunHead) -> _Replay:
+    """The checkpoint a fork replays, as ``head.fork`` names it."""
+    fork = head.fork
+    assert fork is not None
     origin = checkpoint_of(rt.store.checkpoints(fork.run_id), fork.version)
     if origin is None:
         raise InvalidRequest(
             f"the run it forks from ({fork.run_id} v{fork.version}) is gone (past its retention)"
         )
     if origin.message_count == 0:
-        return []  # forked from the very start: begin afresh
-    messages = rt.store.load_messages(fork.run_id, 0, origin.message_count - 1)
-    return fork_conversation(messages, None)
+        return _Replay([], [])
+    replayed = fork_conversation(rt.store.load_messages(fork.run_id, 0, origin.message_count - 1), None)
+    # An edited input cuts the conversation at the last user message: the middleware that checks
+    # it changes what it says, never where it is, so the length is known before the check.
+    kept = len(fork_conversation(replayed, head.input)) if fork.edited_input else len(replayed)
+    return _Replay(replayed, forked_handoffs(origin, kept))
 
 
 def render_prompts(agent: Agent, head: RunHead) -> tuple[str, str]:

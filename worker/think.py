@@ -37,7 +37,7 @@ from worker.limited_call import call_model, requeue_throttled
 from worker.model_call import ClaimLost
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
-from worker.signals import NothingPending, absorb_signals, wake_after_park
+from worker.signals import NothingPending, absorb_pending, absorb_signals, wake_after_park
 
 __all__ = ["TRUNCATION_CORRECTION", "build_request", "correction_for", "run_think"]
 
@@ -215,7 +215,19 @@ def _next_move(
             current, current.act(response.text, calls, response.usage, agent.max_parallel_tools), ref
         )
     answer = (response.text or "")[: rt.settings.limits.max_message_chars]
-    return rt.commit(current, current.complete(answer, response.usage, output, response.truncated), ref)
+    return rt.commit(
+        current,
+        current.complete(answer, response.usage, output, response.truncated),
+        ref,
+        signals_first=lambda: _signals_first(rt, current, ref, agent),
+    )
+
+
+def _signals_first(rt: Runtime, current: fsm.Thinking, ref: ClaimRef, agent: Agent) -> RunHead | None:
+    """Signals came in while the model was answering: apply them (one commit of their own, which
+    sends this think again) rather than end the run without them."""
+    absorbed = absorb_pending(rt, current, ref, agent)
+    return None if isinstance(absorbed, NothingPending) else absorbed
 
 
 def _on_truncated(

@@ -2,18 +2,24 @@
 -- KEYS: run hash, messages list, checkpoints list, events stream, leases zset, index registry
 --       set, in-flight hash, the run's status index before and after this commit (the same key
 --       when the status does not change), the shard's ended-runs zset, then (terminal commits
---       only) every other key of the run, to expire with it
+--       only) every other key of the run, to expire with it: its attempts hash, its inbox, then
+--       the results hash of each step
 -- The commit is fenced twice: the run must be at expected_version (compare-and-set), and the
 -- committing delivery must still hold its claim (a delivery whose claim expired and was taken over
 -- cannot commit). An unclaimed commit (claim_field '') is only allowed while no claim is live.
 -- A pending cancel wins over every transition but the interruption itself.
+-- An answer (signals_cursor given: the cursor of the think that answered) is refused while the
+-- run's inbox holds signals past that cursor: they were taken while the run was live, so the think
+-- applies them and asks again ('signals_pending') instead of ending the run without them. As a
+-- signal is taken only while the run has not ended (signal.lua), none can fall between the two.
 -- ARGV after the messages and events: the broker commands that publish the outbox (see
 -- push_broker), run with the commit when the run is still at the epoch they were built for.
--- Returns {'committed', epoch, pushed}, {'fenced', current_version} or {'cancel_pending', version}
+-- Returns {'committed', epoch, pushed}, {'fenced', current_version}, {'cancel_pending', version}
+-- or {'signals_pending', version}
 -- (pushed: '1' if the outbox was published here; a replayed commit says '0').
 local run_id, op, expected_version, claim_field, claim_token, new_version, phase, step, body, outbox,
-  calls, kind, queued_lease_ms, retention_s, events_maxlen, n_messages, n_events, tenant, callback =
-  unpack(ARGV, 1, 19)
+  calls, kind, queued_lease_ms, retention_s, events_maxlen, n_messages, n_events, tenant, callback,
+  signals_cursor = unpack(ARGV, 1, 20)
 local run, messages_key, checkpoints, events_key, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local registry, inflight, status_from, status_to, ended = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 
@@ -40,6 +46,9 @@ end
 if phase ~= P_INTERRUPTED and state[4] == '1' then
   return {'cancel_pending', current}
 end
+if signals_cursor ~= '' and tonumber(redis.call('HGET', KEYS[12], INBOX_NEXT) or '0') > tonumber(signals_cursor) then
+  return {'signals_pending', current}
+end
 
 local queued_until = now + tonumber(queued_lease_ms)
 if claim_field ~= '' then
@@ -50,7 +59,7 @@ end
 redis.call('HSET', run, F_VERSION, new_version, F_PHASE, phase, F_STEP, step, F_BODY, body,
   F_OUTBOX, outbox, F_OUTBOX_CLAIMED, '0', F_CALLS, calls, F_QUEUED_UNTIL, queued_until,
   F_QUEUED_CHECKS, '0', F_OP, op)
-local base = 19
+local base = 20
 -- One RPUSH per chunk of messages, not per message (chunks keep unpack's stack use bounded).
 local last = base + tonumber(n_messages)
 for first = base + 1, last, 100 do

@@ -2,7 +2,10 @@
 -- KEYS: run hash, leases zset, results hash of step_hint
 -- Returns
 --   {'gone'}            no such run (its lease entry is dropped);
---   {'settled'}         terminal or parked: nothing to watch (its lease entry is dropped);
+--   {'settled'}         terminal, or parked with nothing to resume it: nothing to watch (its
+--                       lease entry is dropped). A parked run being resumed (a decide claimed it,
+--                       or a decision or cancel waits for one: parked_resuming) is watched as
+--                       its one phase task, the decide;
 --   {'moved', step}     the run is at another step than step_hint: look again with that step;
 --   {'alive'}           every claimed task is live and unclaimed ones are still within their
 --                       queued time: the lease entry is rescheduled to the earliest of those times;
@@ -20,7 +23,7 @@ if not head[1] then
 end
 local phase = head[2]
 -- An ended run is watched only while its callback is to be delivered (that is its task then).
-if phase == P_AWAITING_APPROVAL or (TERMINAL[phase] and redis.call('HGET', run, F_CALLBACK) ~= CALLBACK_PENDING) then
+if (phase == P_AWAITING_APPROVAL and not parked_resuming(run)) or (TERMINAL[phase] and redis.call('HGET', run, F_CALLBACK) ~= CALLBACK_PENDING) then
   redis.call('ZREM', leases, run_id)
   return {'settled'}
 end

@@ -13,7 +13,7 @@ local run_id, op, action, version, epoch, step, missing, wait_ms, queued_lease_m
 local run, leases, attempts_key, results_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 local head = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP, F_EPOCH, F_CALLS, F_OP, F_CALLBACK)
-if head[1] ~= version or head[3] ~= step or head[2] == P_AWAITING_APPROVAL
+if head[1] ~= version or head[3] ~= step or (head[2] == P_AWAITING_APPROVAL and not parked_resuming(run))
     or (TERMINAL[head[2]] and head[7] ~= CALLBACK_PENDING) then
   return {'moved'}
 end

@@ -131,7 +131,7 @@ ClaimOutcome = Claim | Busy | Done | Stale | None
 
 # -- what writing answers --------------------------------------------------------------------------
 
-CommitStatus = Literal["committed", "fenced", "cancel_pending"]
+CommitStatus = Literal["committed", "fenced", "cancel_pending", "signals_pending"]
 RecordStatus = Literal["stale", "duplicate", "recorded", "complete"]
 
 
@@ -397,6 +397,10 @@ class ClaimsMixin(RunsMixin):
             len(events),
             tenant or "-",
             "1" if kind == "terminal" and head.callback is not None else "0",
+            # An answer is refused while signals past its think's cursor wait (``commit.lua``).
+            str(current.signals_applied)
+            if current.phase is Phase.THINKING and head.phase is Phase.COMPLETED
+            else "",
             *(dump_message(m) for m in messages),
             *(dump_event(e) for e in events),
             *_push_args(current.epoch, push),

@@ -23,7 +23,12 @@ class DecisionsMixin(StoreCore):
 
     def submit_decision(self, run_id: str, version: int, decision: Decision) -> bool:
         """Store a human's decision on a run parked at ``version``; False if it is not parked there."""
-        reply = self._run("decide", [self.keys.run(run_id)], [version, decision.model_dump_json()])
+        k = self.keys
+        reply = self._run(
+            "decide",
+            [k.run(run_id), k.leases_of(run_id)],
+            [run_id, version, decision.model_dump_json(), self._queued_ms],
+        )
         return int(reply) == 1
 
     def load_decision(self, run_id: str) -> Decision | None:

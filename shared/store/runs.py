@@ -39,6 +39,21 @@ class RunsMixin(StoreCore):
             return None
         return RunHead.compose(_s(raw[0]), _s(raw[1]), int(raw[2] or 0))
 
+    def load_many(self, run_ids: Sequence[str]) -> list[RunHead | None]:
+        """The heads of ``run_ids`` still in Redis, in one pipelined round trip (per node of a
+        Redis Cluster); None for each run not there (gone, or archived: the archive is not read)."""
+        if not run_ids:
+            return []
+        fields = (protocol.BODY, protocol.REQUEST, protocol.EPOCH)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for run_id in run_ids:
+                pipe.hmget(self.keys.run(run_id), *fields)
+            replies = pipe.execute()
+        return [
+            RunHead.compose(_s(raw[0]), _s(raw[1]), int(raw[2] or 0)) if raw[0] is not None else None
+            for raw in replies
+        ]
+
     def load_raw(self, run_id: str) -> dict[str, str]:
         raw = self.redis.hgetall(self.keys.run(run_id))
         return {_s(k): _s(v) for k, v in raw.items()}

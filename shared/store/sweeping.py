@@ -15,7 +15,9 @@ from typing import Any, Literal
 from shared import protocol
 from shared.scripts import run_many
 from shared.state import Phase, TaskSpec
-from shared.store.base import StoreCore, _load_outbox, _s, new_op
+from shared.store.base import _load_outbox, _s, new_op
+from shared.store.runs import RunsMixin
+from shared.tasks import decide_task
 
 __all__ = [
     "Due",
@@ -72,7 +74,7 @@ class HandedOn:
     tasks: list[str]
 
 
-class SweepingMixin(StoreCore):
+class SweepingMixin(RunsMixin):
     """Due runs, their inspection and their hand-on."""
 
     # -- the sweeper's side ----------------------------------------------------------------
@@ -105,13 +107,22 @@ class SweepingMixin(StoreCore):
             return "alive"
         flat = [_s(x) for x in reply[6]]
         states: dict[str, TaskState] = dict(zip(flat[0::2], flat[1::2], strict=True))  # type: ignore[arg-type]
+        phase = Phase(_s(reply[3]))
+        outbox = _load_outbox(_s(reply[5]))
+        if phase is Phase.AWAITING_APPROVAL:
+            # A parked run being resumed: its one task is the decide (its stored outbox holds what
+            # parking it sent, such as its subagents' spawns), on the queue the run's head names.
+            head = self.load(run_id)
+            if head is None or head.phase is not Phase.AWAITING_APPROVAL or head.version != int(reply[1]):
+                return "settled"  # moved on since: the next look finds it where it is
+            outbox = [decide_task(head)]
         return Due(
             run_id=run_id,
             version=int(reply[1]),
             epoch=int(reply[2]),
-            phase=Phase(_s(reply[3])),
+            phase=phase,
             step=int(reply[4]),
-            outbox=_load_outbox(_s(reply[5])),
+            outbox=outbox,
             states=states,
             queued_checks=int(reply[7]),
         )
