@@ -217,7 +217,15 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
             ) == [["a", "doubler", "scripted:evals-b", "-"], ["echo", "doubler", "scripted:evals-echo", "-"]]
 
             page.evaluate("window.scrollTo(0, 0)")
+            # Two frames: the capture shows the page as laid out after the scroll.
+            page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
             page.screenshot(path=str(shots / "eval-viewer.png"))
+            # Every table's header row has its labels (none painted blank).
+            headers = page.eval_on_selector_all(
+                "#variant-settings thead th, #summary thead th", "ts => ts.map(t => t.textContent)"
+            )
+            assert headers[:4] == ["variant", "agent", "model", "settings"]
+            assert headers[4:8] == ["variant", "runs", "pass rate [95% CI]", "runs failed"]
 
             # The breakdown by the dataset's category; a group filters the cases.
             groups = page.eval_on_selector_all("#breakdown tr.group", "rs => rs.map(r => r.dataset.value)")
@@ -257,13 +265,31 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
             assert agreement == ["-", "0.0% of 1 labelled, \u03ba 0.00"]
             page.locator("#case-rows tr.drill").screenshot(path=str(shots / "eval-review.png"))
 
-            # The run's page in the console opens for the tenant.
+            # The run's page in the console opens for the tenant, and links back to its case.
             page.goto(api + "/#/runs/nightly-2:v1:c5:r0")
             page.wait_for_function(
                 "document.querySelector('#run-title') && document.querySelector('#run-title').textContent"
                 " === 'Run nightly-2:v1:c5:r0'",
                 timeout=UI_TIMEOUT_MS,
             )
+            back = page.wait_for_selector("#eval-link", timeout=UI_TIMEOUT_MS)
+            assert back is not None and back.get_attribute("href") == "/evals/nightly-2#item=1%3A5%3A0"
+            assert back.text_content() == "case 5, variant 1, repeat 0 of eval nightly-2"
+            back.click()
+            # The viewer opens that case and marks this run among its variants' runs.
+            page.wait_for_selector('#case-rows tr.drill .run.focus[data-item="1:5:0"]', timeout=UI_TIMEOUT_MS)
+            assert page.eval_on_selector_all("#case-rows tr.case", "t => t.map(e => e.dataset.case)") != []
+            assert page.locator("#case-rows tr.drill").count() == 1
+            assert page.locator(".run.focus").count() == 1
+            # The console's header leads to the viewer's index; the viewer leads back to the console.
+            page.click("#console-link")
+            page.wait_for_selector("#list-view:not([hidden])", timeout=UI_TIMEOUT_MS)
+            family = page.wait_for_selector(
+                '#runs tr[data-run="nightly-2:v1:c5:r0"] a.eval-link', timeout=UI_TIMEOUT_MS
+            )
+            assert family is not None and family.get_attribute("href") == "/evals/nightly-2#item=1%3A5%3A0"
+            page.click("#evals-link")
+            page.wait_for_selector("#evals tr.eval", timeout=UI_TIMEOUT_MS)
 
             # No text ran as script, nor became an element.
             for url in (api + "/evals/nightly-2#open=" + f"h{HOSTILE}", api + "/evals/"):

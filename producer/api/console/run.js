@@ -151,7 +151,7 @@ function renderHead(run) {
     facts.push(["Pipeline run", el("span", {}, el("a", { href: `#/pipelines/${run.link.pipeline_id}`, id: "pipeline-link" }, run.link.pipeline_id),
       ` (step ${run.link.seq}, item ${run.link.item}${run.link.attempt ? `, attempt ${run.link.attempt + 1}` : ""})`)]);
   }
-  if (run.link && run.link.kind === "eval") facts.push(["Eval", `case ${run.link.item} of eval ${run.link.eval_id}`]);
+  if (run.link && run.link.kind === "eval") facts.push(["Eval", evalCaseLink(run.link)]);
   if (run.handoffs && run.handoffs.length) {
     facts.push(["Now with", run.current_agent]);
     facts.push(["Handoffs", run.handoffs.map((h) => `step ${h.step}: ${h.from_agent} → ${h.to_agent} v${h.to_version}`).join("; ")]);
@@ -161,6 +161,20 @@ function renderHead(run) {
   if (run.answer) facts.push(["Answer", run.answer]);
   if (run.error) facts.push(["Error", `${run.error.kind}: ${run.error.message}`]);
   $("#run-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+}
+
+// An eval's case run names its case in the eval viewer: /evals/ID#item=V:C:R opens that case and
+// marks this run. An eval id holding "/" has no viewer page (null: shown as text).
+function evalCaseHref(link) {
+  if (!/^[A-Za-z0-9_.:@-]+$/.test(link.eval_id)) return null;
+  return `/evals/${encodeURIComponent(link.eval_id)}#item=${encodeURIComponent(link.item)}`;
+}
+
+function evalCaseLink(link) {
+  const [variant, index, repeat] = link.item.split(":");
+  const where = `case ${index}, variant ${variant}, repeat ${repeat} of eval ${link.eval_id}`;
+  const href = evalCaseHref(link);
+  return href ? el("span", {}, el("a", { href, id: "eval-link" }, where), " (in the eval viewer)") : where;
 }
 
 // Who asks, for each kind of park (docs/agents.md, approvals).
