@@ -109,8 +109,9 @@ def test_a_tenants_eval_finishes_once_through_pool_kills_and_stays_the_tenants(
     assert all(h is not None for h in heads)
     assert Counter(h.tenant for h in heads if h is not None) == Counter({TENANT: CASES})
     assert all(isinstance(h.link, EvalLink) and h.link.eval_id == eval_id for h in heads if h is not None)
-    page = client.list_runs(limit=500)
+    page = client.list_runs(tenant=TENANT, limit=500)
     assert len(page.runs) == CASES and page.next_cursor is None  # no second run of any case
+    assert client.list_runs(limit=500).runs == []  # and none outside the tenant
     # Scored at least once each; twice only where a kill cut a scoring (never recorded twice).
     scored = {str(k): int(v) for k, v in server.client().hgetall(SCORED_KEY).items()}
     assert set(scored) == {f"t{m}" for m in range(1, CASES + 1)} and max(scored.values()) <= 2
