@@ -96,7 +96,10 @@ function runView(runId) {
       $("#send-result").textContent = `message #${sent.id}: ${sent.status}`;
       soon();
     } catch (err) {
-      handleError(err, "#run-error");
+      // A send that crossed the run's end (or any refusal) says why beside the form.
+      if (err instanceof ApiError) $("#send-result").textContent = `refused (${err.kind}): ${err.message}`;
+      else handleError(err, "#run-error");
+      soon();
     }
   };
 
@@ -135,6 +138,7 @@ function renderHead(run) {
   $("#cancel").hidden = TERMINAL.has(run.status);
   $("#retry").hidden = !TERMINAL.has(run.status) || Boolean(run.parent || run.link);
   $("#send-form").hidden = TERMINAL.has(run.status);
+  $("#send-closed").hidden = !TERMINAL.has(run.status);
   const facts = [
     ["Agent", `${run.agent} v${run.agent_version}`], ["Model", run.model], ["Step", `${run.step} (${run.steps_used} of ${run.max_steps} used)`],
     ["Created", when(run.created_at)], ["Updated", when(run.updated_at)], ["Input", run.input],
@@ -344,7 +348,10 @@ function eventItem(event, tag = "li") {
       kind = event.approve ? "approved" : "denied"; cls = event.approve ? "decided" : "decided bad";
       body = `${event.approve ? "approved" : "denied"}${event.always ? " (always, for the rest of the run)" : ""} by ${event.by || "someone unnamed"}${event.note ? `: ${event.note}` : ""}`;
       break;
-    case "HandedOff": body = `${event.from_agent} → ${event.to_agent} v${event.to_version} (${event.history} history)`; kind = "handoff"; cls = "handoff"; break;
+    case "HandedOff":
+      // The model's transfer call (a tool call the runtime answers, never dispatched to a tool).
+      body = `${event.from_agent} → ${event.to_agent} v${event.to_version} by its transfer call ${event.call_id} (${event.history} history)`;
+      kind = "handoff"; cls = "handoff"; break;
     case "Completed": body = event.answer; break;
     case "Failed":
       body = `${event.error.kind}: ${event.error.message}`; cls = "bad";
