@@ -292,3 +292,30 @@ def test_the_agent_versions_table_lists_the_pools_versions(
     refunds = next(r for r in rows if r[0] == "refunds:3")
     assert refunds[1:3] == ["refunds v3", "2"] and refunds[-1] == "live"  # both workers serve it
     screenshot(page, "list", "#list-view")
+
+
+def test_the_operator_view_of_a_small_pool(browser: Browser, api: ApiProcess, server: RedisServer) -> None:
+    """The operator's picture of this module's pool (two workers, a dozen agents): workers with
+    what they serve, queue depths, parked runs, throughput (``console-operator.png``)."""
+    tenant = f"ops-{uuid.uuid4().hex[:8]}"
+    tenants = Tenants(server.client(), Keys())
+    operator_key, _ = tenants.create_key(tenant, "browser")
+    tenants.set_operator(tenant, True)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    try:
+        page.goto(api.url + "/")
+        page.fill("#login-key", operator_key)
+        page.click("#login-form button")
+        page.wait_for_selector("#list-view:not([hidden])")
+        page.goto(f"{api.url}/#/operator")
+        page.wait_for_function("document.querySelectorAll('#pool-workers tr[data-worker]').length === 2")
+        serves = page.text_content("#pool-workers tr[data-worker] td:nth-child(2)") or ""
+        assert "refunds v3" in serves and "shouter v1" in serves
+        screenshot(page, "operator")
+    finally:
+        context.close()
+    assert errors == []
