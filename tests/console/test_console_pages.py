@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Dialog, Page, sync_playwright
 
 from shared.keys import Keys
 from shared.tenants import Tenants
@@ -98,8 +98,13 @@ def page(browser: Browser, api: ApiProcess, key: str) -> Iterator[Page]:
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    dialogs: list[str] = []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    dialogs: list[str] = []  # an alert() would be script that ran
+
+    def dialog(d: Dialog) -> None:
+        dialogs.append(d.message)
+        d.dismiss()
+
+    page.on("dialog", dialog)
     elsewhere: list[str] = []  # no CDN, no other origin: everything comes from the API process
     page.on("request", lambda r: None if r.url.startswith(api.url) else elsewhere.append(r.url))
     page.set_default_timeout(UI_TIMEOUT_MS)
