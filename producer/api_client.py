@@ -25,7 +25,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import httpx
 
@@ -49,6 +49,8 @@ from shared.assistants import (
 )
 from shared.bulk import BulkJob, BulkOutcome
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
+from shared.evals.annotations import Annotation, AnnotationInput
+from shared.evals.errors import EvalNotFound
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
 from shared.llm.framing import SseParser
 from shared.memory import Item, MemoryFull, SearchResult
@@ -62,11 +64,13 @@ from shared.wire import AgentView, PipelineList, RunChildren, RunList, RunView, 
 __all__ = [
     "ApiAssistants",
     "ApiClient",
+    "ApiEvals",
     "ApiMemory",
     "ApiRequestError",
     "ApiRunHandle",
     "AsyncAssistants",
     "AsyncClient",
+    "AsyncEvals",
     "AsyncMemory",
     "AsyncRunHandle",
     "ENV_API_KEY",
@@ -577,6 +581,64 @@ class _MemoryOps:
         return _parsed(request, lambda r: [tuple(ns) for ns in r.json()["namespaces"]])
 
 
+_EVAL_REFUSALS: Refusals = {"not_found": lambda message, _: EvalNotFound(message)}
+#: What an eval id may be to name one path segment of ``/v1/evals/{id}`` (an id holding "/" cannot).
+_EVAL_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:@-")
+
+
+def _eval_path(eval_id: str) -> str:
+    if not eval_id or len(eval_id) > 200 or not set(eval_id) <= _EVAL_ID_CHARS:
+        raise EvalNotFound(f"no eval {eval_id[:80]!r} the API can name")
+    return f"/v1/evals/{eval_id}"
+
+
+class _EvalOps:
+    """``/v1/evals``, for both clients' ``evals``: the key's tenant's evals as the viewer reads
+    them (another tenant's eval is :class:`EvalNotFound`, as one that does not exist)."""
+
+    @staticmethod
+    def _list(limit: int) -> _Op[list[dict[str, Any]]]:
+        request = _Request("GET", "/v1/evals", {"params": {"limit": limit}})
+        return _parsed(request, lambda r: list(r.json()["evals"]))
+
+    @staticmethod
+    def _get(eval_id: str) -> _Op[dict[str, Any]]:
+        return _parsed(
+            _Request("GET", _eval_path(eval_id), refusals=_EVAL_REFUSALS), lambda r: dict(r.json())
+        )
+
+    @staticmethod
+    def _results(eval_id: str, format: str) -> _Op[str]:
+        request = _Request(
+            "GET", f"{_eval_path(eval_id)}/results", {"params": {"format": format}}, _EVAL_REFUSALS
+        )
+        return _parsed(request, lambda r: r.text)
+
+    @staticmethod
+    def _compare(baseline: str, candidate: str) -> _Op[dict[str, Any]]:
+        path = f"{_eval_path(baseline)}/compare/{_eval_path(candidate).rsplit('/', 1)[1]}"
+        return _parsed(_Request("GET", path, refusals=_EVAL_REFUSALS), lambda r: dict(r.json()))
+
+    @staticmethod
+    def _annotate(eval_id: str, item: str, review: AnnotationInput) -> _Op[Annotation]:
+        if not item or len(item) > 40 or not set(item) <= _EVAL_ID_CHARS:
+            raise EvalNotFound(f"eval {eval_id[:80]!r} has no case run {item[:40]!r}")
+        body = review.model_dump(mode="json")
+        request = _Request("PUT", f"{_eval_path(eval_id)}/annotations/{item}", {"json": body}, _EVAL_REFUSALS)
+        return _parsed(request, lambda r: Annotation.model_validate_json(r.content))
+
+    @staticmethod
+    def _annotations(eval_id: str) -> _Op[tuple[list[Annotation], list[Annotation]]]:
+        def read(r: httpx.Response) -> tuple[list[Annotation], list[Annotation]]:
+            body = r.json()
+            return (
+                [Annotation.model_validate(a) for a in body["latest"]],
+                [Annotation.model_validate(a) for a in body["history"]],
+            )
+
+        return _parsed(_Request("GET", f"{_eval_path(eval_id)}/annotations", refusals=_EVAL_REFUSALS), read)
+
+
 class _RunOps:
     """One run's operations over the API, for both run handles."""
 
@@ -832,6 +894,47 @@ class ApiAssistants(_AssistantOps):
         return self._client._run(self._list(after, limit))
 
 
+class ApiEvals(_EvalOps):
+    """The key's tenant's evals over ``/v1/evals``: what the viewer at ``/evals/`` reads. An eval
+    that is not the tenant's (or does not exist) raises :class:`EvalNotFound`."""
+
+    def __init__(self, client: ApiClient) -> None:
+        self._client = client
+
+    def get(self, eval_id: str) -> dict[str, Any]:
+        """One eval as the viewer shows it: context, verdict, summary, breakdown, cases, labels."""
+        return self._client._run(self._get(eval_id))
+
+    def results(self, eval_id: str, *, format: str = "csv") -> str:
+        """One row per case run as ``csv``, ``jsonl`` or ``junit`` text, reviews beside the scores."""
+        return self._client._run(self._results(eval_id, format))
+
+    def compare(self, baseline: str, candidate: str) -> dict[str, Any]:
+        """The paired test of two evals per variant (McNemar's), each pair, and the human agreement."""
+        return self._client._run(self._compare(baseline, candidate))
+
+    def annotate(
+        self,
+        eval_id: str,
+        item: str,
+        *,
+        label: Literal["pass", "fail"] | None = None,
+        scores: dict[str, float] | None = None,
+        note: str = "",
+    ) -> Annotation:
+        """Review case run ``item`` (``variant:case:repeat``); the reviewer is the API key."""
+        review = AnnotationInput(label=label, scores=scores or {}, note=note)
+        return self._client._run(self._annotate(eval_id, item, review))
+
+    def annotations(self, eval_id: str) -> tuple[list[Annotation], list[Annotation]]:
+        """(each reviewed case run's latest annotation, every annotation oldest first)."""
+        return self._client._run(self._annotations(eval_id))
+
+    def list(self, *, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest evals, newest first: id, name, status, times, verdict, each variant's figures."""
+        return self._client._run(self._list(limit))
+
+
 class ApiClient(_ClientBase):
     """The HTTP API, synchronously: the Redis client's surface with an API key."""
 
@@ -864,6 +967,11 @@ class ApiClient(_ClientBase):
     def assistants(self) -> ApiAssistants:
         """The key's tenant's assistants."""
         return ApiAssistants(self)
+
+    @property
+    def evals(self) -> ApiEvals:
+        """The key's tenant's evals."""
+        return ApiEvals(self)
 
     def _call(
         self, method: str, path: str, *, refusals: Refusals | None = None, **kwargs: Any
@@ -1254,6 +1362,11 @@ class AsyncClient(_ClientBase):
         """The key's tenant's assistants."""
         return AsyncAssistants(self)
 
+    @property
+    def evals(self) -> AsyncEvals:
+        """The key's tenant's evals."""
+        return AsyncEvals(self)
+
     async def search(
         self,
         query: SearchQuery | None = None,
@@ -1361,6 +1474,40 @@ class AsyncAssistants(_AssistantOps):
 
     async def list(self, *, after: str | None = None, limit: int = 100) -> list[AssistantSummary]:
         return await self._client._run(self._list(after, limit))
+
+
+class AsyncEvals(_EvalOps):
+    """:class:`ApiEvals`, awaited."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def get(self, eval_id: str) -> dict[str, Any]:
+        return await self._client._run(self._get(eval_id))
+
+    async def results(self, eval_id: str, *, format: str = "csv") -> str:
+        return await self._client._run(self._results(eval_id, format))
+
+    async def compare(self, baseline: str, candidate: str) -> dict[str, Any]:
+        return await self._client._run(self._compare(baseline, candidate))
+
+    async def annotate(
+        self,
+        eval_id: str,
+        item: str,
+        *,
+        label: Literal["pass", "fail"] | None = None,
+        scores: dict[str, float] | None = None,
+        note: str = "",
+    ) -> Annotation:
+        review = AnnotationInput(label=label, scores=scores or {}, note=note)
+        return await self._client._run(self._annotate(eval_id, item, review))
+
+    async def annotations(self, eval_id: str) -> tuple[list[Annotation], list[Annotation]]:
+        return await self._client._run(self._annotations(eval_id))
+
+    async def list(self, *, limit: int = 50) -> list[dict[str, Any]]:
+        return await self._client._run(self._list(limit))
 
 
 class AsyncRunHandle(_RunOps):

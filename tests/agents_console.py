@@ -1,11 +1,14 @@
 """Agents of the run page's browser tests (imported by path by real workers, like any agents
 module): a parked call whose arguments and answer carry markup and script, a run with two subagent
-runs, a run that fails in its tool, and a call that reports progress and holds on its first attempt
-(a test kills its worker there)."""
+runs, a run that fails in its tool, a call that reports progress and holds on its first attempt
+(a test kills its worker there), a front desk that hands its conversation to refunds, and a tool
+whose custom events carry markup."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
 
 from shared.agents import Agent, AgentRegistry
 from shared.llm.base import ModelResponse
@@ -13,7 +16,7 @@ from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import Message, ToolMessage
 from shared.policy import Policy
 from shared.subagents import AgentTool
-from shared.tools import ToolSet
+from shared.tools import ToolContext, ToolSet, tool
 from tests.agents_fixture import TOOLS
 
 __all__ = ["HOSTILE", "registry"]
@@ -83,3 +86,47 @@ registry.add_model(
 registry.add(
     Agent(name="progress_held", model="scripted:progress_held", system_prompt="progress", tools=TOOLS)
 )
+
+
+# -- a handoff, and custom events with markup in them ----------------------------------------------
+
+
+def _desk(messages: Sequence[Message]) -> ModelResponse:
+    """The front desk hands every conversation to refunds, saying so with markup."""
+    return reply(f"Passing you to refunds {HOSTILE}", ("transfer_to_refunds", {}))
+
+
+registry.add_model("desk", ScriptedModel(_desk))
+
+
+def _refunds(messages: Sequence[Message]) -> ModelResponse:
+    return reply(f"refunds took it {HOSTILE}")
+
+
+registry.add_model("refunds", ScriptedModel(_refunds))
+registry.add(
+    Agent(
+        name="desk",
+        model="scripted:desk",
+        system_prompt="the front desk",
+        handoffs=("refunds",),
+        max_handoffs=1,
+    )
+)
+registry.add(Agent(name="refunds", model="scripted:refunds", system_prompt="refunds", version="3"))
+
+
+class ShoutArgs(BaseModel):
+    times: int = Field(ge=1, le=5)
+
+
+@tool
+def shout(args: ShoutArgs, ctx: ToolContext) -> str:
+    """Report ``times`` custom events whose data holds markup, then answer."""
+    for n in range(1, args.times + 1):
+        ctx.emit("note", {"n": n, "text": HOSTILE})
+    return f"shouted {args.times} times"
+
+
+registry.add_model("shouter", ScriptedModel([reply(None, ("shout", {"times": 2})), reply("shouting done")]))
+registry.add(Agent(name="shouter", model="scripted:shouter", system_prompt="shouts", tools=ToolSet([shout])))

@@ -87,7 +87,7 @@ def _stores(services: Services) -> tuple[EvalStore, AnnotationStore]:
     retention = services.config.settings.retention_s
     return (
         EvalStore(store.redis, store.keys, retention, archive=store.archive),
-        AnnotationStore(store.redis, store.keys, retention),
+        AnnotationStore(store.redis, store.keys, retention, archive=store.archive),
     )
 
 

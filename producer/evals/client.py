@@ -64,7 +64,9 @@ class EvalClient:
         self.store = EvalStore(
             client.store.redis, client.store.keys, client.settings.retention_s, archive=client.store.archive
         )
-        self.annotations = AnnotationStore(client.store.redis, client.store.keys, client.settings.retention_s)
+        self.annotations = AnnotationStore(
+            client.store.redis, client.store.keys, client.settings.retention_s, archive=client.store.archive
+        )
 
     def submit_file(
         self,

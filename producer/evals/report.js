@@ -77,7 +77,7 @@ function renderEval(data,live){
  document.title='Eval '+data.eval;root.textContent='';
  function S(i){return i===null||i===undefined?'':T[i];}
  add(root,el('h1',null,'Eval '+data.eval));
- if(live){var nav=el('p',{'class':'nav'});nav.appendChild(el('a',{href:'/evals/'},'\u2190 all evals'));root.appendChild(nav);}
+ if(live){var nav=el('p',{'class':'nav'});add(nav,el('a',{href:'/evals/'},'\u2190 all evals'),document.createTextNode(' \u00b7 '),el('a',{href:'/',id:'console-link'},'the run console'));root.appendChild(nav);}
  add(root,el('p',{'class':'meta'},'status '+H.status+' \u00b7 dataset '+H.dataset+' \u00b7 '+H.cases+' cases x '+V.length+' variants x '+H.repeats+' repeats \u00b7 CI pass threshold '+Math.round(data.verdict.threshold*100)+'%'));
  // The gate's verdict first.
  var vd=data.verdict,banner=el('div',{'class':'verdict '+vd.verdict,id:'verdict'});
@@ -150,7 +150,8 @@ function renderEval(data,live){
  var count=el('span',{id:'case-count'}),groupNote=el('span',{id:'case-group'});
  add(root,add(el('div',{'class':'controls'}),search,which,count,groupNote));
  var ctable=el('table',{id:'cases'}),head=el('tr',{id:'case-head'}),body=el('tbody',{id:'case-rows'});add(ctable,add(el('thead'),head),body);root.appendChild(ctable);
- var review=live||anyLabels,sortKey='i',sortDir=1,open={},group=null,compareWith=null;
+ // focus: the case run a link named (#item=V:C:R, as the console's run page links to it): its case opens, its box is marked.
+ var review=live||anyLabels,sortKey='i',sortDir=1,open={},group=null,compareWith=null,focus=null;
  function item(c,r){return r.v+':'+c.i+':'+r.r;}
  function passes(c,v){var n=0,t=0;c.runs.forEach(function(r){if(r.v===v){t++;if(r.ok){n++;}}});return [n,t];}
  function status(c){var all=true,none=true;c.runs.forEach(function(r){if(r.ok){none=false;}else{all=false;}});return all?'pass':(none?'fail':'mixed');}
@@ -188,7 +189,7 @@ function renderEval(data,live){
   add(td,el('div',{'class':'k'},'input'),el('pre',null,c.input),el('div',{'class':'k'},'expected'),el('pre',null,c.expected));
   var side=el('div',{'class':'side'});
   c.runs.slice().sort(function(a,b){return a.v-b.v||a.r-b.r;}).forEach(function(r){
-   var box=el('div',{'class':'run','data-item':item(c,r)});box.appendChild(el('h4',null,V[r.v]+(r.r?' #'+r.r:'')+' \u2014 '+(r.ok?'pass':'fail')+' ('+r.st+')'));
+   var box=el('div',{'class':'run'+(item(c,r)===focus?' focus':''),'data-item':item(c,r)});box.appendChild(el('h4',null,V[r.v]+(r.r?' #'+r.r:'')+' \u2014 '+(r.ok?'pass':'fail')+' ('+r.st+')'));
    add(box,el('div',{'class':'k'},'answer'),el('pre',null,r.a===null?'(none)':r.a));
    if(r.a!==null&&c.expected){box.appendChild(diff(plainExpected(c.expected),r.a));}
    if(r.e){add(box,el('div',{'class':'k'},'error ('+r.ek+')'),el('pre',null,r.e));}
@@ -220,15 +221,17 @@ function renderEval(data,live){
  function readHash(){location.hash.replace(/^#/,'').split('&').forEach(function(part){var kv=part.split('=');if(kv.length!==2){return;}var k=kv[0],v=decodeURIComponent(kv[1]);
   if(k==='q'){search.value=v;}else if(k==='show'){which.value=v;}else if(k==='open'){v.split(',').forEach(function(id){if(id){open[id]=true;}});}
   else if(k==='sort'){var m=/^(-?)(.+)$/.exec(v);sortDir=m[1]?-1:1;sortKey=m[2];}
-  else if(k==='group'){var at=v.indexOf(':');if(at>0){group=[v.slice(0,at),v.slice(at+1)];}}else if(k==='compare'){compareWith=v;}});}
+  else if(k==='group'){var at=v.indexOf(':');if(at>0){group=[v.slice(0,at),v.slice(at+1)];}}else if(k==='compare'){compareWith=v;}
+  else if(k==='item'){var at_=v.split(':');if(at_.length===3){focus=v;data.cases.forEach(function(c){if(String(c.i)===at_[1]){open[c.id]=true;}});}}});}
  function writeHash(){var parts=[];if(search.value){parts.push('q='+encodeURIComponent(search.value));}if(which.value!=='all'){parts.push('show='+encodeURIComponent(which.value));}
   var ids=Object.keys(open).filter(function(id){return open[id];});if(ids.length){parts.push('open='+encodeURIComponent(ids.join(',')));}
   if(sortKey!=='i'){parts.push('sort='+(sortDir<0?'-':'')+sortKey);}if(group){parts.push('group='+encodeURIComponent(group[0]+':'+group[1]));}
-  if(compareWith){parts.push('compare='+encodeURIComponent(compareWith));}
+  if(compareWith){parts.push('compare='+encodeURIComponent(compareWith));}if(focus){parts.push('item='+encodeURIComponent(focus));}
   if(history.replaceState){history.replaceState(null,'',parts.length?'#'+parts.join('&'):location.pathname+location.search);}}
  function render(){renderRows();writeHash();}
  search.addEventListener('input',render);which.addEventListener('change',render);
  readHash();render();
+ var focused=focus&&root.querySelector('.run.focus');if(focused&&focused.scrollIntoView){focused.scrollIntoView({block:'center'});}
  if(live){return compareSection(data,other,compareWith,function(id){compareWith=id;writeHash();});}
  other.appendChild(el('p',{'class':'hint'},'Comparing with another eval needs the server: open this eval in wesichain api at /evals/, or run wesichain eval compare.'));
  return Promise.resolve();}

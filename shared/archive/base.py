@@ -74,6 +74,10 @@ class EvalArchive(ABC):
     def list_evals(self, limit: int) -> list[tuple[float, str]]:
         """``(created_at, eval id)`` of the newest archived evals, newest first."""
 
+    def eval_annotations(self, eval_id: str) -> tuple[dict[str, str], list[str]]:
+        """The archived eval's reviews: item -> its latest (JSON), and every one oldest first."""
+        return {}, []
+
 
 class MemoryArchive(ABC):
     """Tenants' long-term memory items as last exported from Redis (``shared/memory_archive.py``)."""

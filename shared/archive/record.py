@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.events import Event
 from shared.messages import Message
@@ -93,6 +93,10 @@ class EvalRecord:
     results: dict[str, str]
     created_at: float
     finished_at: float
+    #: Item -> its latest human review (``shared/evals/annotations.py``) as JSON: its label.
+    annotations: dict[str, str] = field(default_factory=dict)
+    #: Every review as JSON, oldest first (the eval's bounded log).
+    annotation_log: list[str] = field(default_factory=list)
 
     def summary(self) -> tuple[int, int]:
         """(cases, results): what the archiver compares after writing, before deleting."""

@@ -135,8 +135,20 @@ CREATE TABLE wesichain_memory (
 )
 """
 
+# The human reviews of an archived eval: ``latest`` 1 for each reviewed case run's label, 0 for the
+# entries of its log in order (``seq``), each the annotation's JSON.
+_V5 = """
+CREATE TABLE wesichain_eval_annotations (
+    eval_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    latest INTEGER NOT NULL,
+    body {json} NOT NULL,
+    PRIMARY KEY (eval_id, seq)
+)
+"""
+
 #: Migration n (1-based) is ``MIGRATIONS[n - 1]``: statements separated by ``;``.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 
 
 def migration(number: int, json_type: str, float_type: str) -> list[str]:

@@ -52,6 +52,14 @@ class SqlEvalArchive(EvalArchive):
             results = [(record.eval_id, item, body) for item, body in sorted(record.results.items())]
             if results:
                 db.insert_many(cur, "wesichain_eval_results (eval_id, item, body)", 3, results)
+            reviews = [(record.eval_id, seq, 0, body) for seq, body in enumerate(record.annotation_log)]
+            first = len(reviews)
+            reviews += [
+                (record.eval_id, first + n, 1, body)
+                for n, (_, body) in enumerate(sorted(record.annotations.items()))
+            ]
+            if reviews:
+                db.insert_many(cur, "wesichain_eval_annotations (eval_id, seq, latest, body)", 4, reviews)
             return True
 
     def eval_summary(self, eval_id: str) -> tuple[int, int] | None:
@@ -92,6 +100,21 @@ class SqlEvalArchive(EvalArchive):
             f"SELECT item, {j('body')} FROM wesichain_eval_results WHERE eval_id = ?", (eval_id,)
         )
         return {str(item): str(body) for item, body in rows}
+
+    def eval_annotations(self, eval_id: str) -> tuple[dict[str, str], list[str]]:
+        j = self.db.json_text
+        rows = self._eval_rows(
+            f"SELECT latest, {j('body')} FROM wesichain_eval_annotations WHERE eval_id = ? ORDER BY seq",
+            (eval_id,),
+        )
+        latest: dict[str, str] = {}
+        log: list[str] = []
+        for is_latest, body in rows:
+            if int(is_latest):
+                latest[str(json.loads(body)["item"])] = str(body)
+            else:
+                log.append(str(body))
+        return latest, log
 
     def list_evals(self, limit: int) -> list[tuple[float, str]]:
         rows = self._eval_rows(

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import redis
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from shared.archive.base import EvalArchive
 from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult
 from shared.evals.store import EvalMeta, Item
@@ -104,9 +105,14 @@ def check_item(meta: EvalMeta, item: str) -> Item:
 class AnnotationStore:
     """Annotations of evals in Redis (the evals' client and keys)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, retention_s: float) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: Keys, retention_s: float, archive: EvalArchive | None = None
+    ) -> None:
         self.redis = client
         self.keys = keys
+        #: Where an archived eval's reviews are (moved with it: ``shared/evals/archiving.py``);
+        #: reviews made after it was archived are in Redis, and both are read.
+        self.archive = archive
         #: How long annotations of an eval whose keys do not expire yet are kept after each write.
         self.retention_s = retention_s
 
@@ -133,11 +139,22 @@ class AnnotationStore:
     def latest(self, tenant: str | None, eval_id: str) -> dict[str, Annotation]:
         """Item -> its latest annotation."""
         raw: Mapping[Any, Any] = self.redis.hgetall(self.keys.eval_annotations(tenant, eval_id))
-        return {_text(k): Annotation.model_validate_json(v) for k, v in raw.items()}
+        archived = self.archive.eval_annotations(eval_id)[0] if self.archive is not None else {}
+        # Redis holds what was said since the archive took the eval: it is the newer.
+        merged = {**archived, **{_text(k): _text(v) for k, v in raw.items()}}
+        return {item: Annotation.model_validate_json(v) for item, v in merged.items()}
 
     def history(self, tenant: str | None, eval_id: str, limit: int = 1000) -> list[Annotation]:
         """The newest ``limit`` annotations of the eval, oldest first."""
-        raw = self.redis.lrange(self.keys.eval_annotation_log(tenant, eval_id), -limit, -1)
+        raw = [
+            _text(v) for v in self.redis.lrange(self.keys.eval_annotation_log(tenant, eval_id), -limit, -1)
+        ]
+        if self.archive is not None:
+            # The archived log first; an entry in both (an archiver that died before deleting the
+            # Redis copy) once.
+            archived = self.archive.eval_annotations(eval_id)[1]
+            seen = set(archived)
+            raw = [*archived, *(v for v in raw if v not in seen)][-limit:]
         return [Annotation.model_validate_json(v) for v in raw]
 
 

@@ -50,6 +50,12 @@ class EvalArchiver:
                 )
                 continue
             if self.store.drop(eval_id):
+                # The reviews are in the archive with the eval: the archive answers for them now.
+                tenant = record.meta.get("tenant") or None
+                keys = self.store.keys
+                self.store.redis.delete(
+                    keys.eval_annotations(tenant, eval_id), keys.eval_annotation_log(tenant, eval_id)
+                )
                 archived += int(new)
                 already += int(not new)
         return archived, already
@@ -83,6 +89,11 @@ class EvalArchiver:
         meta = {_s(f): _s(v) for f, v in meta_raw.items()}
         if meta.get("status") != "completed":
             return None  # expired or resumed meanwhile
+        tenant = meta.get("tenant") or None
+        with s.redis.pipeline(transaction=True) as pipe:  # a label and its log entry are written together
+            pipe.hgetall(k.eval_annotations(tenant, eval_id))
+            pipe.lrange(k.eval_annotation_log(tenant, eval_id), 0, -1)
+            labels_raw, log_raw = pipe.execute()
         return EvalRecord(
             eval_id=eval_id,
             meta=meta,
@@ -91,6 +102,8 @@ class EvalArchiver:
             results={_s(item): _s(body) for item, body in results_raw.items()},
             created_at=float(meta["created_at"]),
             finished_at=float(meta["finished_at"]) / 1000,
+            annotations={_s(item): _s(body) for item, body in labels_raw.items()},
+            annotation_log=[_s(body) for body in log_raw],
         )
 
 

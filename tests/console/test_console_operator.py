@@ -5,16 +5,15 @@ An operator's key sees both live workers with their versions, queues and slots, 
 namespace queue no worker consumes and the parked runs of a known setup; a tenant's key sees
 pool-wide counts and its own runs only, over the page and over HTTP; a worker SIGKILLed while it
 holds a run disappears from the view, is listed dead, and the run's timeline shows where it died.
-``WESICHAIN_SCREENSHOTS=dir`` keeps the page's picture as ``dir/console-operator.png``.
+The documentation's picture of this page is taken with a smaller pool, by
+``tests/console/test_console_pages.py``.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -202,10 +201,6 @@ def test_the_operator_view_shows_workers_queues_and_parked_runs(
         listed = page.eval_on_selector_all("#pool-running tr[data-run]", "r => r.map(e => e.dataset.run)")
         assert sorted(listed) == sorted(queued)
         assert "Tenant view" in fact(page, "#pool-scope")
-        if target := os.environ.get("WESICHAIN_SCREENSHOTS"):
-            operator_page.goto(f"{api.url}/#/operator")
-            operator_page.wait_for_selector("#pool-workers tr[data-worker]")
-            operator_page.screenshot(path=str(Path(target) / "console-operator.png"), full_page=True)
 
         # Over HTTP, as an attacker holding the tenant's key would read it.
         seen = shop.get("/v1/pool").json()

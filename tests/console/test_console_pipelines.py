@@ -4,9 +4,11 @@ child's own page, and cancel."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -113,6 +115,8 @@ def test_a_pipelines_page_shows_its_steps_and_children_live(
     page.click("#pipelines-link")
     page.click(f'#pipelines tr[data-pipeline="{pid}"] a')
     page.wait_for_selector("#pipeline-status.badge.completed")
+    if target := os.environ.get("WESICHAIN_SCREENSHOTS"):  # the documentation's picture
+        page.screenshot(path=str(Path(target) / "console-pipeline.png"), full_page=True)
 
 
 def test_a_pipeline_is_cancelled_from_its_page(

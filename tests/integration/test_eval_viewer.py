@@ -7,6 +7,7 @@ script error and no request to another origin. Another tenant sees and changes n
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import hashlib
 import io
@@ -21,8 +22,10 @@ import httpx
 import pytest
 from playwright.sync_api import Dialog, Request, sync_playwright
 
+from producer.api_client import ApiClient, AsyncClient
 from producer.client import Client
 from producer.evals.client import EvalClient
+from shared.evals.errors import EvalNotFound
 from shared.keys import Keys
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer
@@ -217,7 +220,15 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
             ) == [["a", "doubler", "scripted:evals-b", "-"], ["echo", "doubler", "scripted:evals-echo", "-"]]
 
             page.evaluate("window.scrollTo(0, 0)")
+            # Two frames: the capture shows the page as laid out after the scroll.
+            page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
             page.screenshot(path=str(shots / "eval-viewer.png"))
+            # Every table's header row has its labels (none painted blank).
+            headers = page.eval_on_selector_all(
+                "#variant-settings thead th, #summary thead th", "ts => ts.map(t => t.textContent)"
+            )
+            assert headers[:4] == ["variant", "agent", "model", "settings"]
+            assert headers[4:8] == ["variant", "runs", "pass rate [95% CI]", "runs failed"]
 
             # The breakdown by the dataset's category; a group filters the cases.
             groups = page.eval_on_selector_all("#breakdown tr.group", "rs => rs.map(r => r.dataset.value)")
@@ -257,13 +268,31 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
             assert agreement == ["-", "0.0% of 1 labelled, \u03ba 0.00"]
             page.locator("#case-rows tr.drill").screenshot(path=str(shots / "eval-review.png"))
 
-            # The run's page in the console opens for the tenant.
+            # The run's page in the console opens for the tenant, and links back to its case.
             page.goto(api + "/#/runs/nightly-2:v1:c5:r0")
             page.wait_for_function(
                 "document.querySelector('#run-title') && document.querySelector('#run-title').textContent"
                 " === 'Run nightly-2:v1:c5:r0'",
                 timeout=UI_TIMEOUT_MS,
             )
+            back = page.wait_for_selector("#eval-link", timeout=UI_TIMEOUT_MS)
+            assert back is not None and back.get_attribute("href") == "/evals/nightly-2#item=1%3A5%3A0"
+            assert back.text_content() == "case 5, variant 1, repeat 0 of eval nightly-2"
+            back.click()
+            # The viewer opens that case and marks this run among its variants' runs.
+            page.wait_for_selector('#case-rows tr.drill .run.focus[data-item="1:5:0"]', timeout=UI_TIMEOUT_MS)
+            assert page.eval_on_selector_all("#case-rows tr.case", "t => t.map(e => e.dataset.case)") != []
+            assert page.locator("#case-rows tr.drill").count() == 1
+            assert page.locator(".run.focus").count() == 1
+            # The console's header leads to the viewer's index; the viewer leads back to the console.
+            page.click("#console-link")
+            page.wait_for_selector("#list-view:not([hidden])", timeout=UI_TIMEOUT_MS)
+            family = page.wait_for_selector(
+                '#runs tr[data-run="nightly-2:v1:c5:r0"] a.eval-link', timeout=UI_TIMEOUT_MS
+            )
+            assert family is not None and family.get_attribute("href") == "/evals/nightly-2#item=1%3A5%3A0"
+            page.click("#evals-link")
+            page.wait_for_selector("#evals tr.eval", timeout=UI_TIMEOUT_MS)
 
             # No text ran as script, nor became an element.
             for url in (api + "/evals/nightly-2#open=" + f"h{HOSTILE}", api + "/evals/"):
@@ -293,3 +322,58 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
         history = http.get("/v1/evals/nightly-2/annotations").json()["history"]
         assert [(a["item"], a["label"]) for a in history] == [("1:5:0", "pass")]
     assert served["evals"].labels("nightly-2")["1:5:0"].note == NOTE
+
+
+def test_the_http_clients_read_and_review_a_tenants_evals(served: dict[str, Any]) -> None:
+    api = served["api"]
+    with ApiClient(api, served["key"]) as client:
+        assert [e["id"] for e in client.evals.list()] == ["nightly-2", "nightly-1"]
+        assert [e["id"] for e in client.evals.list(limit=1)] == ["nightly-2"]
+        view = client.evals.get("nightly-1")
+        assert view["eval"] == "nightly-1" and view["verdict"]["verdict"] == "mixed"
+        rows = list(csv.DictReader(io.StringIO(client.evals.results("nightly-1"))))
+        assert len(rows) == 12 and {r["variant"] for r in rows} == {"a", "echo"}
+        lines = client.evals.results("nightly-1", format="jsonl").splitlines()
+        assert len(lines) == 12 and all(json.loads(line)["run_id"].startswith("nightly-1:") for line in lines)
+        compared = client.evals.compare("nightly-1", "nightly-2")
+        assert [(c["a"], c["b"]) for c in compared["comparisons"]] == [
+            ("nightly-1/a", "nightly-2/a"), ("nightly-1/echo", "nightly-2/echo"),
+        ]  # fmt: skip
+        saved = client.evals.annotate(
+            "nightly-1", "0:2:0", label="fail", scores={"exact": 0.25}, note=HOSTILE
+        )
+        assert (saved.item, saved.label, saved.scores, saved.note) == (
+            "0:2:0",
+            "fail",
+            {"exact": 0.25},
+            HOSTILE,
+        )
+        assert saved.by == client.http.get("/v1/whoami").json()["key_id"]
+        latest, history = client.evals.annotations("nightly-1")
+        assert [a.item for a in latest] == ["0:2:0"] and history[-1] == saved
+        # Refused as the API refuses: a missing eval or case run, an id no path can name.
+        for call in (
+            lambda: client.evals.get("nightly-9"),
+            lambda: client.evals.get("a/b"),
+            lambda: client.evals.annotate("nightly-1", "0:99:0", label="pass"),
+            lambda: client.evals.compare("nightly-1", "nope"),
+        ):
+            with pytest.raises(EvalNotFound):
+                call()
+    with ApiClient(api, served["rival"]) as rival:  # another tenant: none of it exists
+        assert rival.evals.list() == []
+        with pytest.raises(EvalNotFound):
+            rival.evals.get("nightly-1")
+        with pytest.raises(EvalNotFound):
+            rival.evals.annotate("nightly-1", "0:2:0", label="pass")
+
+    async def read() -> tuple[list[str], str, int]:
+        async with AsyncClient(api, served["key"]) as client:
+            listed = [e["id"] for e in await client.evals.list()]
+            view = await client.evals.get("nightly-2")
+            latest, _ = await client.evals.annotations("nightly-1")
+            await client.evals.annotate("nightly-1", "1:0:0", label="pass")
+            return listed, view["eval"], len(latest)
+
+    assert asyncio.run(read()) == (["nightly-2", "nightly-1"], "nightly-2", 1)
+    assert set(served["evals"].labels("nightly-1")) == {"0:2:0", "1:0:0"}

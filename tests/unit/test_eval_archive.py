@@ -12,6 +12,7 @@ import fakeredis
 import pytest
 
 from shared.archive import Archive, open_archive
+from shared.evals.annotations import AnnotationInput, AnnotationStore
 from shared.evals.archiving import EvalArchiver
 from shared.evals.dataset import Case
 from shared.evals.errors import EvalNotFound
@@ -46,8 +47,8 @@ def stores(archive: Archive) -> tuple[EvalStore, EvalStore]:
     return EvalStore(client, Keys(), 3600), EvalStore(client, Keys(), 3600, archive=archive)
 
 
-def complete(store: EvalStore, eval_id: str) -> list[CaseResult]:
-    assert store.create(eval_id, SPEC, CASES, "d.jsonl")
+def complete(store: EvalStore, eval_id: str, tenant: str | None = None) -> list[CaseResult]:
+    assert store.create(eval_id, SPEC, CASES, "d.jsonl", tenant=tenant)
     results = []
     for item in store.acquire(eval_id, SPEC, 100, lease_s=10).items:
         score = Score(name="exact", value=1.0, passed=True, explanation="equal")
@@ -112,3 +113,37 @@ def test_running_and_cancelled_evals_stay_in_redis(archive: Archive) -> None:
     assert EvalArchiver(redis_only, archive).run_once(time.time() + 1) == (0, 0)
     assert sorted(redis_only.list_evals()) == ["cancelled", "running"]
     assert archive.list_evals(10) == []
+
+
+def test_an_archived_eval_keeps_its_reviews(archive: Archive) -> None:
+    redis_only, store = stores(archive)
+    complete(redis_only, "e4", tenant="acme")
+    pool = AnnotationStore(redis_only.redis, Keys(), 3600)  # no archive: Redis only
+    reader = AnnotationStore(redis_only.redis, Keys(), 3600, archive=archive)
+    pool.put("acme", "e4", "0:0:0", AnnotationInput(label="fail", note="first look"), "key-1")
+    pool.put("acme", "e4", "0:0:0", AnnotationInput(label="pass", scores={"exact": 0.5}), "key-2")
+    pool.put("acme", "e4", "0:2:1", AnnotationInput(label="fail", note="<b>wrong</b>"), "key-1")
+    labels, history = pool.latest("acme", "e4"), pool.history("acme", "e4")
+    assert [(a.item, a.label) for a in history] == [("0:0:0", "fail"), ("0:0:0", "pass"), ("0:2:1", "fail")]
+
+    assert EvalArchiver(redis_only, archive).run_once(time.time() + 1) == (1, 0)
+    # Moved with the eval: Redis holds none of it, the archive answers the same.
+    assert pool.latest("acme", "e4") == {} and pool.history("acme", "e4") == []
+    assert reader.latest("acme", "e4") == labels and reader.history("acme", "e4") == history
+    # A review after the archive took the eval: the newer label wins, the log goes on.
+    later = reader.put("acme", "e4", "0:2:1", AnnotationInput(label="pass"), "key-3")
+    assert reader.latest("acme", "e4") == {**labels, "0:2:1": later}
+    assert reader.history("acme", "e4") == [*history, later]
+    assert reader.history("acme", "e4", limit=2) == [history[-1], later]
+
+
+def test_reviews_left_in_redis_by_a_dead_archiver_are_not_read_twice(archive: Archive) -> None:
+    redis_only, _ = stores(archive)
+    complete(redis_only, "e5")
+    reviews = AnnotationStore(redis_only.redis, Keys(), 3600, archive=archive)
+    said = reviews.put(None, "e5", "0:1:0", AnnotationInput(label="fail"), "key-1")
+    record = EvalArchiver(redis_only, archive)._read("e5")
+    assert record is not None and archive.put_eval(record)  # died before deleting anything
+    assert reviews.latest(None, "e5") == {"0:1:0": said} and reviews.history(None, "e5") == [said]
+    assert EvalArchiver(redis_only, archive).run_once(time.time() + 1) == (0, 1)
+    assert reviews.history(None, "e5") == [said]

@@ -172,7 +172,8 @@ function listView() {
 function familyOf(run) {
   if (run.parent) return el("div", { class: "family" }, "subagent of ", el("a", { href: `#/runs/${run.parent.run_id}` }, run.parent.run_id.slice(0, 12)));
   if (run.link && run.link.kind === "pipeline") return el("div", { class: "family" }, "in pipeline ", el("a", { href: `#/pipelines/${run.link.pipeline_id}` }, run.link.pipeline_id));
-  if (run.link && run.link.kind === "eval") return el("div", { class: "family" }, `case of eval ${run.link.eval_id}`);
+  if (run.link && run.link.kind === "eval") return el("div", { class: "family" }, "case of eval ",
+    evalCaseHref(run.link) ? el("a", { href: evalCaseHref(run.link), class: "eval-link" }, run.link.eval_id) : run.link.eval_id);
   return "";
 }
 

@@ -96,7 +96,10 @@ function runView(runId) {
       $("#send-result").textContent = `message #${sent.id}: ${sent.status}`;
       soon();
     } catch (err) {
-      handleError(err, "#run-error");
+      // A send that crossed the run's end (or any refusal) says why beside the form.
+      if (err instanceof ApiError) $("#send-result").textContent = `refused (${err.kind}): ${err.message}`;
+      else handleError(err, "#run-error");
+      soon();
     }
   };
 
@@ -135,6 +138,7 @@ function renderHead(run) {
   $("#cancel").hidden = TERMINAL.has(run.status);
   $("#retry").hidden = !TERMINAL.has(run.status) || Boolean(run.parent || run.link);
   $("#send-form").hidden = TERMINAL.has(run.status);
+  $("#send-closed").hidden = !TERMINAL.has(run.status);
   const facts = [
     ["Agent", `${run.agent} v${run.agent_version}`], ["Model", run.model], ["Step", `${run.step} (${run.steps_used} of ${run.max_steps} used)`],
     ["Created", when(run.created_at)], ["Updated", when(run.updated_at)], ["Input", run.input],
@@ -151,7 +155,7 @@ function renderHead(run) {
     facts.push(["Pipeline run", el("span", {}, el("a", { href: `#/pipelines/${run.link.pipeline_id}`, id: "pipeline-link" }, run.link.pipeline_id),
       ` (step ${run.link.seq}, item ${run.link.item}${run.link.attempt ? `, attempt ${run.link.attempt + 1}` : ""})`)]);
   }
-  if (run.link && run.link.kind === "eval") facts.push(["Eval", `case ${run.link.item} of eval ${run.link.eval_id}`]);
+  if (run.link && run.link.kind === "eval") facts.push(["Eval", evalCaseLink(run.link)]);
   if (run.handoffs && run.handoffs.length) {
     facts.push(["Now with", run.current_agent]);
     facts.push(["Handoffs", run.handoffs.map((h) => `step ${h.step}: ${h.from_agent} → ${h.to_agent} v${h.to_version}`).join("; ")]);
@@ -161,6 +165,20 @@ function renderHead(run) {
   if (run.answer) facts.push(["Answer", run.answer]);
   if (run.error) facts.push(["Error", `${run.error.kind}: ${run.error.message}`]);
   $("#run-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+}
+
+// An eval's case run names its case in the eval viewer: /evals/ID#item=V:C:R opens that case and
+// marks this run. An eval id holding "/" has no viewer page (null: shown as text).
+function evalCaseHref(link) {
+  if (!/^[A-Za-z0-9_.:@-]+$/.test(link.eval_id)) return null;
+  return `/evals/${encodeURIComponent(link.eval_id)}#item=${encodeURIComponent(link.item)}`;
+}
+
+function evalCaseLink(link) {
+  const [variant, index, repeat] = link.item.split(":");
+  const where = `case ${index}, variant ${variant}, repeat ${repeat} of eval ${link.eval_id}`;
+  const href = evalCaseHref(link);
+  return href ? el("span", {}, el("a", { href, id: "eval-link" }, where), " (in the eval viewer)") : where;
 }
 
 // Who asks, for each kind of park (docs/agents.md, approvals).
@@ -330,7 +348,10 @@ function eventItem(event, tag = "li") {
       kind = event.approve ? "approved" : "denied"; cls = event.approve ? "decided" : "decided bad";
       body = `${event.approve ? "approved" : "denied"}${event.always ? " (always, for the rest of the run)" : ""} by ${event.by || "someone unnamed"}${event.note ? `: ${event.note}` : ""}`;
       break;
-    case "HandedOff": body = `${event.from_agent} → ${event.to_agent} v${event.to_version} (${event.history} history)`; kind = "handoff"; cls = "handoff"; break;
+    case "HandedOff":
+      // The model's transfer call (a tool call the runtime answers, never dispatched to a tool).
+      body = `${event.from_agent} → ${event.to_agent} v${event.to_version} by its transfer call ${event.call_id} (${event.history} history)`;
+      kind = "handoff"; cls = "handoff"; break;
     case "Completed": body = event.answer; break;
     case "Failed":
       body = `${event.error.kind}: ${event.error.message}`; cls = "bad";
