@@ -39,11 +39,8 @@ TRICKLE_PAUSE_S = 0.05
 def api(redis_server: RedisServer, workers: list[WorkerProcess]) -> Iterator[ApiProcess]:
     process = ApiProcess(
         redis_server.url,
-        env={
-            "WESICHAIN_API_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
-            "WESICHAIN_API_KEEPALIVE_S": "0.3",
-            "WESICHAIN_API_MAX_STREAMS_PER_TENANT": str(SHARE),
-        },
+        env={"WESICHAIN_API_KEEPALIVE_S": "0.3", "WESICHAIN_API_MAX_STREAMS_PER_TENANT": str(SHARE)},
+        args=("--body-timeout", str(BODY_TIMEOUT_S)),
     ).start()
     yield process
     process.stop()
