@@ -53,6 +53,10 @@ def threads_client(server: RedisServer) -> Iterator[Client]:
     c.close()
 
 
+def _wait_parked(client: Client, run_id: str) -> None:
+    wait_until(lambda: client.store.thread_wait(run_id), RUN_TIMEOUT_S, what=f"run {run_id} to park")
+
+
 def _run_started(client: Client, run_id: str) -> int:
     return sum(e.kind == "RunStarted" for e in events_of(client.handle(run_id)))
 
@@ -73,9 +77,7 @@ def test_duplicate_starts_of_parked_runs_start_each_once_through_a_kill(
     for run_id in waiting:
         client.submit("echo", f"message {run_id}", thread_id=thread, run_id=run_id, thread_policy="enqueue")
     for run_id in waiting:
-        wait_until(
-            lambda r_id=run_id: client.store.thread_wait(r_id), RUN_TIMEOUT_S, what=f"{run_id} to park"
-        )
+        _wait_parked(client, run_id)
 
     # Duplicates while they are parked: each one parks its run again, none starts it.
     for _ in range(DUPLICATES):
