@@ -32,6 +32,7 @@ __all__ = [
     "CALLBACK_PENDING",
     "CALLBACK_STATE",
     "CALLS",
+    "CHILDREN_ENDED",
     "CALL_CLAIM_PREFIX",
     "CANCEL",
     "CREATED",
@@ -148,6 +149,10 @@ QUEUED_CHECKS = "queued_checks"
 QUEUED_UNSENT = -1
 CANCEL = "cancel"
 DECISION = "decision"
+#: The version at which every child run of a parent parked for its subagents had ended: the
+#: parent is owed its resume (its decide task) from then on, whether or not that message arrives.
+#: Stale (and ignored) once the parent commits past that version.
+CHILDREN_ENDED = "children_ended"
 #: Id of the last write that succeeded, so a script replayed after a lost reply knows it ran.
 OP = "op"
 #: The phase claim of think, observe, start and decide (and of a callback's delivery, once ended).
@@ -362,6 +367,7 @@ _FIELDS = {
     "QUEUED_UNSENT": str(QUEUED_UNSENT),
     "F_CANCEL": CANCEL,
     "F_DECISION": DECISION,
+    "F_CHILDREN_ENDED": CHILDREN_ENDED,
     "F_OP": OP,
     "F_RUNNING": RUNNING,
     "F_CREATED": CREATED,
@@ -545,11 +551,12 @@ local function task_states(run, results_key, phase, step, calls, now)
   return states, next_live, expired, unclaimed
 end
 -- Whether a run parked for approval (or for its subagents) is being resumed: a decide delivery
--- holds (or held) its phase claim, or a decision or a cancel is stored for the decide to act on.
+-- holds (or held) its phase claim, a decision or a cancel is stored for the decide to act on, or
+-- (parked for its subagents) its last child ended at this version (record_child.lua).
 -- The resume is then a phase like any other, watched by the sweeper; otherwise nothing is owed.
 local function parked_resuming(run)
-  local owed = redis.call('HMGET', run, F_RUNNING, F_DECISION, F_CANCEL)
-  return owed[1] ~= false or owed[2] ~= false or owed[3] ~= false
+  local owed = redis.call('HMGET', run, F_RUNNING, F_DECISION, F_CANCEL, F_CHILDREN_ENDED, F_VERSION)
+  return owed[1] ~= false or owed[2] ~= false or owed[3] ~= false or (owed[4] ~= false and owed[4] == owed[5])
 end
 local function split_calls(calls)
   local out = {}

@@ -148,8 +148,8 @@ SPECS: dict[str, ScriptSpec] = {
     ),
     "memory_scan": _spec("values versions created updated index expiry", "low high most most_bytes"),
     "record_child": _spec(
-        "run results_key events_key",
-        "step call_id result event events_maxlen",
+        "run results_key events_key leases",
+        "step call_id result event events_maxlen expected queued_lease_ms run_id",
         words="stale duplicate recorded",
     ),
     "due": _spec("leases", "limit"),

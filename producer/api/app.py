@@ -77,7 +77,7 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     # Starlette runs the middleware added last first. The body limit goes around everything that
     # could read a body (routes, auth, error handlers); with authentication off, the loopback guard
     # goes around it, so that a caller it refuses does not get as far as sending a body.
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
     if not config.auth:
         app.add_middleware(LoopbackOnly)
     return app

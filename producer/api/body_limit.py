@@ -1,9 +1,11 @@
 """Refuse request bodies the API must not take, before anything else reads them: a body over the
-size limit (413), one whose framing is ambiguous (400), and JSON holding numbers JSON does not have
-(NaN, Infinity, or a literal too large for a double: 422)."""
+size limit (413), one that does not arrive within the read timeout (408), one whose framing is
+ambiguous (400), and JSON holding numbers JSON does not have (NaN, Infinity, or a literal too large
+for a double: 422)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Any
@@ -25,11 +27,16 @@ class BodyLimit:
 
     The headers are never taken at their word: a server may frame a body by Transfer-Encoding
     while it also carries a small Content-Length (h11, uvicorn's parser here, does exactly that), so
-    a declared length is only a reason to refuse early, never a reason to stop counting."""
+    a declared length is only a reason to refuse early, never a reason to stop counting.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    The whole body must arrive within ``timeout_s`` of the first read, however it is spread: a
+    deadline for the body, not a wait between chunks, which a client sending a byte now and then
+    would never reach. The server has no such limit of its own."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -47,8 +54,14 @@ class BodyLimit:
         chunks: list[bytes] = []
         seen = 0
         more = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                await self._too_slow(scope, receive, send, seen)
+                return
             if message["type"] != "http.request":
                 return  # the client went away
             chunk = message.get("body", b"")
@@ -110,6 +123,19 @@ class BodyLimit:
             "body_too_large",
             f"the request body is over {self.max_bytes} bytes",
             {"max_bytes": self.max_bytes},
+            close=True,
+        )
+
+    async def _too_slow(self, scope: Scope, receive: Receive, send: Send, seen: int) -> None:
+        # Closed after the answer like a body too large: what the client still sends is not read.
+        await self._answer(
+            scope,
+            receive,
+            send,
+            408,
+            "request_timeout",
+            f"the request body did not arrive within {self.timeout_s:g} s ({seen} bytes did)",
+            {"timeout_s": self.timeout_s, "received_bytes": seen},
             close=True,
         )
 

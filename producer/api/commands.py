@@ -35,6 +35,13 @@ def register(
         help="event streams one process serves at once (default 1000, WESICHAIN_API_MAX_STREAMS)",
     )
     a.add_argument(
+        "--body-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="seconds a request's whole body may take to arrive, then 408 (default 30,"
+        " WESICHAIN_API_BODY_TIMEOUT_S)",
+    )
+    a.add_argument(
         "--max-streams-per-tenant",
         type=int,
         help="event streams one tenant may hold in one process (default a quarter of --max-streams,"
@@ -122,6 +129,7 @@ def register(
 def api(args: argparse.Namespace) -> int:
     from producer.api.config import (
         ENV_API_AUTH,
+        ENV_API_BODY_TIMEOUT,
         ENV_API_HOST,
         ENV_API_MAX_STREAMS,
         ENV_API_MAX_STREAMS_PER_TENANT,
@@ -137,6 +145,8 @@ def api(args: argparse.Namespace) -> int:
     os.environ[ENV_API_HOST] = args.host
     if args.max_streams is not None:
         os.environ[ENV_API_MAX_STREAMS] = str(args.max_streams)
+    if args.body_timeout is not None:
+        os.environ[ENV_API_BODY_TIMEOUT] = str(args.body_timeout)
     if args.max_streams_per_tenant is not None:
         os.environ[ENV_API_MAX_STREAMS_PER_TENANT] = str(args.max_streams_per_tenant)
     if args.no_auth:

@@ -12,6 +12,7 @@ from shared.settings import Settings
 __all__ = [
     "ApiConfig",
     "ENV_API_AUTH",
+    "ENV_API_BODY_TIMEOUT",
     "ENV_API_HOST",
     "ENV_API_KEEPALIVE",
     "ENV_API_MAX_BODY",
@@ -28,6 +29,7 @@ ENV_API_KEEPALIVE = "WESICHAIN_API_KEEPALIVE_S"
 ENV_API_MAX_STREAMS = "WESICHAIN_API_MAX_STREAMS"
 ENV_API_MAX_STREAMS_PER_TENANT = "WESICHAIN_API_MAX_STREAMS_PER_TENANT"
 ENV_API_MAX_BODY = "WESICHAIN_API_MAX_BODY_BYTES"
+ENV_API_BODY_TIMEOUT = "WESICHAIN_API_BODY_TIMEOUT_S"
 
 
 def is_loopback(host: str) -> bool:
@@ -48,6 +50,10 @@ class ApiConfig:
     host: str = "127.0.0.1"
     #: The largest request body taken (a full input in UTF-8 plus metadata fits).
     max_body_bytes: int = 256 * 1024
+    #: Seconds a request's whole body has to arrive in, from when the API starts reading it: a
+    #: client that trickles its body (or stops sending it) is answered 408 and its connection
+    #: closed, so it holds a connection for this long at most, however slowly it sends.
+    body_timeout_s: float = 30.0
     #: Seconds between keep-alive comments on an idle event stream.
     keepalive_s: float = 15.0
     #: Event streams one process serves at once (each holds one Redis connection while it waits).
@@ -63,6 +69,8 @@ class ApiConfig:
             )
         if self.max_streams < 1 or self.keepalive_s <= 0 or self.max_body_bytes < 1024:
             raise ConfigError("max_streams >= 1, keepalive_s > 0 and max_body_bytes >= 1024 are required")
+        if not 0 < self.body_timeout_s <= 3600:
+            raise ConfigError("body_timeout_s must be above 0 and at most 3600")
         if self.max_streams_per_tenant is not None and self.max_streams_per_tenant < 1:
             raise ConfigError("max_streams_per_tenant >= 1 is required")
 
@@ -89,6 +97,7 @@ class ApiConfig:
                 max_streams=int(env.get(ENV_API_MAX_STREAMS, "1000")),
                 max_streams_per_tenant=int(per_tenant) if per_tenant else None,
                 max_body_bytes=int(env.get(ENV_API_MAX_BODY, str(256 * 1024))),
+                body_timeout_s=float(env.get(ENV_API_BODY_TIMEOUT, "30")),
             )
         except ValueError as exc:
             raise ConfigError(f"bad API setting: {exc}") from None

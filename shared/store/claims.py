@@ -486,18 +486,23 @@ class ClaimsMixin(RunsMixin):
         """Record a child run's outcome as ``parent``'s result for its call, once (its event with it).
 
         Returns how many results the parent's step has now, or None if the parent no longer waits
-        for its children at that step.
+        for its children at that step. Once every child of the step has ended, the parent is owed
+        its resume: the sweeper sends its decide task if that message goes missing.
         """
         k, run_id = self.keys, parent.run_id
+        expected = len(parent.approval.call_ids) if parent.approval is not None else 0
         reply = self._run(
             "record_child",
-            [k.run(run_id), k.results(run_id, parent.step), k.events(run_id)],
+            [k.run(run_id), k.results(run_id, parent.step), k.events(run_id), k.leases_of(run_id)],
             [
                 parent.step,
                 result.call_id,
                 result.model_dump_json(),
                 dump_event(event),
                 self.settings.limits.events_maxlen,
+                expected,
+                self._queued_ms,
+                run_id,
             ],
         )
         return None if _s(reply[0]) == "stale" else int(reply[1])

@@ -11,7 +11,10 @@ a comma-separated list of fault points:
 * ``pause:<phase>`` — after claiming a ``<phase>`` task, record this process's pid under
   :func:`pid_key` and sleep ``WESICHAIN_FAULT_PAUSE_S`` seconds (once per run), so a test can
   kill the process in the middle of that phase;
-* ``duplicate_publish`` — publish every task twice.
+* ``duplicate_publish`` — publish every task twice;
+* ``lose:<task>`` — drop every message of the task named ``<task>`` (``wesichain.decide``) sent
+  under epoch 0, as a broker that lost it before any worker took it would: a sweeper's hand-on,
+  which sends it under a new epoch, gets through.
 
 Phases are ``idle`` (start), ``thinking``, ``acting`` (tool) and ``observing``. Each fault that
 fires records the pid it fired in under :func:`fired_key`, so tests can tell which process it hit.
@@ -66,6 +69,8 @@ class ChaosHooks(Hooks):
             os.kill(os.getpid(), signal.SIGKILL)
 
     def outgoing(self, spec: TaskSpec) -> Sequence[TaskSpec]:
+        if f"lose:{spec.name}" in self.faults and not spec.arguments.get("epoch"):
+            return ()
         return (spec, spec) if "duplicate_publish" in self.faults else (spec,)
 
 
