@@ -25,7 +25,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator, Mapping, Sequence
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 import httpx
 
@@ -60,6 +60,9 @@ from shared.signals import MAX_WAIT_S, SignalView
 from shared.state import Callback, Decision, Phase, RunHead, ThreadPolicy
 from shared.timeline import Timeline
 from shared.wire import AgentView, PipelineList, RunChildren, RunList, RunView, VersionView
+
+if TYPE_CHECKING:
+    from producer.api_schedules import ApiSchedules, AsyncSchedules
 
 __all__ = [
     "ApiAssistants",
@@ -973,6 +976,13 @@ class ApiClient(_ClientBase):
         """The key's tenant's evals."""
         return ApiEvals(self)
 
+    @property
+    def schedules(self) -> ApiSchedules:
+        """The key's tenant's schedules (``producer/api_schedules.py``)."""
+        from producer.api_schedules import ApiSchedules
+
+        return ApiSchedules(self)
+
     def _call(
         self, method: str, path: str, *, refusals: Refusals | None = None, **kwargs: Any
     ) -> httpx.Response:
@@ -1366,6 +1376,13 @@ class AsyncClient(_ClientBase):
     def evals(self) -> AsyncEvals:
         """The key's tenant's evals."""
         return AsyncEvals(self)
+
+    @property
+    def schedules(self) -> AsyncSchedules:
+        """The key's tenant's schedules (``producer/api_schedules.py``)."""
+        from producer.api_schedules import AsyncSchedules
+
+        return AsyncSchedules(self)
 
     async def search(
         self,

@@ -32,6 +32,7 @@ __all__ = [
     "PipelineNotFound",
     "PipelineTimeout",
     "UnknownPipeline",
+    "check_pipeline_request",
     "submit_pipeline",
 ]
 
@@ -93,6 +94,20 @@ def submit_pipeline(
         # Not started yet: the first submit may have died before sending its first move.
     client.send_run_task(advance_task(pipeline_id, -1, request.namespace))
     return PipelineHandle(client, pipeline_id)
+
+
+def check_pipeline_request(
+    client: Client, name: str, input: str, *, tenant: str | None = None, check: bool = True
+) -> None:
+    """Refuse what :func:`submit_pipeline` would refuse of this request (a schedule checks the
+    pipeline runs it will start); ``check`` also imports the agents module to refuse an unknown
+    pipeline or an input its first step cannot take."""
+    fields: dict[str, Any] = {"agent": name, "input": input}
+    if tenant is not None:
+        fields["tenant"] = tenant
+    validate_request(fields, client.settings.limits)
+    if check:
+        _check(client, name, input)
 
 
 def _check(client: Client, name: str, input: str) -> None:

@@ -7,10 +7,18 @@ two or more are for availability. It needs the run state's Redis and the broker,
 
 While Redis is unreachable it waits and tries again; the ticks that fell due meanwhile are fired
 then, as each schedule's missed policy says.
+
+The same loop runs as a thread of ``wesichain sweeper --schedules`` (or with
+``WESICHAIN_SWEEPER_SCHEDULES=1``), for operators who run a sweeper already; it is as safe there,
+beside any number of other schedulers.
+
+``Settings.hooks`` may name a :class:`~producer.schedules.SchedulerHooks` subclass (the worker's
+hooks class may be one too): the loop calls it at its extension points.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 
@@ -18,9 +26,11 @@ import redis
 
 from producer.client import Client
 from producer.publishing import PUBLISH_ERRORS
+from producer.schedules import SchedulerHooks
+from shared.errors import ConfigError
 from shared.schedules import redis_now
 
-__all__ = ["DEFAULT_INTERVAL_S", "Scheduler"]
+__all__ = ["DEFAULT_INTERVAL_S", "Scheduler", "load_scheduler_hooks"]
 
 log = logging.getLogger("wesichain.scheduler")
 
@@ -37,6 +47,13 @@ class Scheduler:
         self.client = client
         self.interval_s = interval_s
         self._stopped = threading.Event()
+        client.schedules.hooks = load_scheduler_hooks(client.settings.hooks)
+
+    def start_thread(self) -> threading.Thread:
+        """Run in a daemon thread of this process (the sweeper's), until :meth:`stop`."""
+        thread = threading.Thread(target=self.run, name="wesichain-scheduler", daemon=True)
+        thread.start()
+        return thread
 
     def stop(self) -> None:
         self._stopped.set()
@@ -75,3 +92,19 @@ class Scheduler:
             except Exception:
                 log.exception("schedule %s: tick failed; left due", schedule_id)
         return handled
+
+
+def load_scheduler_hooks(path: str) -> SchedulerHooks:
+    """The hooks ``module:Class`` names if the class is a :class:`SchedulerHooks` (a worker's
+    hooks class that is not one is for the workers alone), else the no-op defaults."""
+    if not path:
+        return SchedulerHooks()
+    module_name, _, class_name = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"cannot load hooks {path!r} (want module:Class): {exc}") from exc
+    if isinstance(cls, type) and issubclass(cls, SchedulerHooks):
+        hooks: SchedulerHooks = cls()
+        return hooks
+    return SchedulerHooks()

@@ -94,7 +94,9 @@ __all__ = [
     "SCHED_COUNTER_MISSED",
     "SCHED_COUNTER_SKIPPED",
     "SCHED_COUNTER_STARTED",
+    "SCHED_AFTER",
     "SCHED_DECISION_PREFIX",
+    "SCHED_ENDED",
     "SCHED_LAST_RUN",
     "SCHED_NEXT",
     "SCHED_PAUSED",
@@ -314,7 +316,7 @@ LIMIT_TPM_AT = "tpm_at"
 
 # -- a schedule's hash (``Keys.sched``, ``shared/schedules.py``) -------------------------------------
 
-#: The schedule's spec (JSON, never changes), its next tick (Unix seconds), whether it is paused
+#: The schedule's spec (JSON; changed only by an update), its next tick (Unix seconds), whether it is paused
 #: (SCHED_YES), the run id of its last started tick.
 SCHED_SPEC = "spec"
 SCHED_NEXT = "next_fire"
@@ -323,6 +325,11 @@ SCHED_YES = "1"
 SCHED_LAST_RUN = "last_run"
 #: ``<prefix><tick>``: the decision (run or skip) recorded for a tick being fired.
 SCHED_DECISION_PREFIX = "decide:"
+#: The next tick of a schedule that fires no more (its end date passed): never a tick itself.
+SCHED_ENDED = "0"
+#: The tick after the one in flight, when the timing changed while that tick was being fired
+#: (its advance moves on to this rather than to its own timing's next).
+SCHED_AFTER = "after"
 #: Ticks started, skipped (overlap), missed (outage) and refused.
 SCHED_COUNTER_STARTED = "n_started"
 SCHED_COUNTER_SKIPPED = "n_skipped"
@@ -442,6 +449,8 @@ _VALUES = {
         "SCHED_YES",
         "SCHED_LAST_RUN",
         "SCHED_DECISION_PREFIX",
+        "SCHED_ENDED",
+        "SCHED_AFTER",
     )
 }
 

@@ -1,4 +1,4 @@
-"""Schedules: cron expressions and fixed intervals that start runs of an agent.
+"""Schedules: cron expressions and fixed intervals that start runs of an agent, or pipeline runs.
 
 A schedule belongs to one tenant (every key names it) and holds what each of its runs is asked
 (agent, input, metadata, thread, assistant), when it fires (:class:`Timing`: a cron expression in
@@ -20,7 +20,16 @@ deaths (``producer/scheduler.py`` fires the ticks; this module keeps the state):
   :func:`tick_key`, so the second submit of a tick (a racing scheduler, or one redoing the tick of
   a scheduler that died between the submit and the advance) returns the same run;
 * "now" is Redis's ``TIME``, never a scheduler host's clock, so clock skew between hosts cannot
-  fire a tick early or twice.
+  fire a tick early or twice;
+* a tick whose decision is recorded is "in flight": it is fired to its end (its run and its history
+  entry) before anything else moves the schedule. Passing over missed ticks, resuming and changing
+  the timing all leave it the next tick (``schedule_advance``/``schedule_state``/``schedule_update``),
+  so no tick starts a run without its entry.
+
+A pipeline schedule (``pipeline`` instead of ``agent``) starts a pipeline run per tick, whose id
+:func:`tick_pipeline_id` is deterministic as a run's is. An end date (``until``) stops a schedule
+after its last tick at or before it: its next tick is then :data:`SCHED_ENDED` and it leaves the
+due set.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ from shared.protocol import (
     SCHED_COUNTER_MISSED,
     SCHED_COUNTER_SKIPPED,
     SCHED_COUNTER_STARTED,
+    SCHED_DECISION_PREFIX,
+    SCHED_ENDED,
     SCHED_LAST_RUN,
     SCHED_NEXT,
     SCHED_PAUSED,
@@ -70,6 +81,7 @@ __all__ = [
     "due_plan",
     "redis_now",
     "tick_key",
+    "tick_pipeline_id",
 ]
 
 MissedPolicy = Literal["skip", "catch_up"]
@@ -95,6 +107,11 @@ _MAX_COUNTED = 100_000
 def tick_key(schedule_id: str, tick: int) -> str:
     """The idempotency key of a tick's run: with the tenant, it makes the run's id (one per tick)."""
     return f"schedule:{schedule_id}:{tick}"
+
+
+def tick_pipeline_id(schedule_id: str, tick: int) -> str:
+    """The pipeline run id (as its tenant knows it) a pipeline schedule's tick starts."""
+    return f"schedule-{schedule_id}-{tick}"
 
 
 class Timing(BaseModel):
@@ -186,6 +203,9 @@ class ScheduleTick(BaseModel):
         " failed (the run was refused: reason)."
     )
     run_id: str | None = None
+    pipeline_id: str | None = Field(
+        default=None, description="The pipeline run a pipeline schedule's tick started (its public id)."
+    )
     missed: int = Field(default=0, description="How many ticks a ``missed`` entry stands for.")
     reason: str = Field(default="", max_length=300)
     at: float = Field(description="When it was recorded (Redis time, Unix seconds).")
@@ -198,7 +218,10 @@ class Schedule(BaseModel):
 
     schedule_id: str
     tenant: str | None = None
-    agent: str
+    agent: str | None = Field(default=None, description="The agent each tick runs (or ``pipeline``).")
+    pipeline: str | None = Field(
+        default=None, description="The pipeline each tick starts a pipeline run of (or ``agent``)."
+    )
     input: str
     metadata: dict[str, Any] = Field(default_factory=dict)
     thread_id: str | None = None
@@ -207,10 +230,17 @@ class Schedule(BaseModel):
     missed: MissedPolicy
     catch_up: int = Field(description="Missed ticks started after an outage, at most (``skip``: 1).")
     overlap: OverlapPolicy
+    until: int | None = Field(
+        default=None, description="The end date, Unix seconds: no tick after it fires (None: none)."
+    )
     created_at: float
     paused: bool = False
-    next_fire: int | None = Field(default=None, description="The next tick, Unix seconds (None: paused).")
+    ended: bool = Field(default=False, description="Its end date passed: it fires no more.")
+    next_fire: int | None = Field(
+        default=None, description="The next tick, Unix seconds (None: paused or ended)."
+    )
     last_run_id: str | None = None
+    last_pipeline_id: str | None = None
     started: int = 0
     skipped: int = 0
     missed_ticks: int = 0
@@ -230,11 +260,12 @@ class Schedule(BaseModel):
         return f"schedule-{self.schedule_id}" if self.overlap == "enqueue" else None
 
 
-#: The fields of a schedule that never change (its hash's ``SCHED_SPEC``).
+#: The fields of a schedule's hash's ``SCHED_SPEC`` (changed only by :meth:`ScheduleStore.update`).
 _SPEC_FIELDS = {
     "schedule_id",
     "tenant",
     "agent",
+    "pipeline",
     "input",
     "metadata",
     "thread_id",
@@ -243,6 +274,7 @@ _SPEC_FIELDS = {
     "missed",
     "catch_up",
     "overlap",
+    "until",
     "created_at",
 }
 _COUNTERS: dict[TickOutcome, str] = {
@@ -302,6 +334,7 @@ class ScheduleStore:
         self._decide = register_script(client, "schedule_decide")
         self._advance = register_script(client, "schedule_advance")
         self._state = register_script(client, "schedule_state")
+        self._update = register_script(client, "schedule_update")
 
     @staticmethod
     def member(tenant: str | None, schedule_id: str) -> str:
@@ -339,16 +372,47 @@ class ScheduleStore:
         if SCHED_SPEC not in fields:
             return None
         paused = fields.get(SCHED_PAUSED) == SCHED_YES
+        ended = fields.get(SCHED_NEXT) == SCHED_ENDED
+        spec = json.loads(fields[SCHED_SPEC])
+        last = fields.get(SCHED_LAST_RUN)
         return Schedule(
-            **json.loads(fields[SCHED_SPEC]),
+            **spec,
             paused=paused,
-            next_fire=None if paused or SCHED_NEXT not in fields else int(fields[SCHED_NEXT]),
-            last_run_id=fields.get(SCHED_LAST_RUN),
+            ended=ended,
+            next_fire=None if paused or ended or SCHED_NEXT not in fields else int(fields[SCHED_NEXT]),
+            last_run_id=None if spec.get("pipeline") else last,
+            last_pipeline_id=last if spec.get("pipeline") else None,
             started=int(fields.get(SCHED_COUNTER_STARTED, 0)),
             skipped=int(fields.get(SCHED_COUNTER_SKIPPED, 0)),
             missed_ticks=int(fields.get(SCHED_COUNTER_MISSED, 0)),
             failed=int(fields.get(SCHED_COUNTER_FAILED, 0)),
         )
+
+    def spec_of(self, tenant: str | None, schedule_id: str) -> str | None:
+        """The schedule's stored spec as it is (what :meth:`update` compares), None if none."""
+        raw = self.redis.hget(self.keys.sched(tenant, schedule_id), SCHED_SPEC)
+        return _s(raw) if raw is not None else None
+
+    def update(self, schedule: Schedule, expected_spec: str, next_tick: int | None) -> str:
+        """Write ``schedule``'s spec if the stored one is still ``expected_spec``; with
+        ``next_tick`` (0: no more ticks) its next tick too, unless a tick is in flight (then the
+        tick after it). ``ok``, ``conflict`` (changed meanwhile: read again) or ``missing``."""
+        k, tenant, sid = self.keys, schedule.tenant, schedule.schedule_id
+        reply = self._update(
+            keys=[k.sched(tenant, sid), k.sched_due()],
+            args=[
+                expected_spec,
+                schedule.model_dump_json(include=_SPEC_FIELDS),
+                "" if next_tick is None else str(next_tick),
+                self.member(tenant, sid),
+            ],
+        )
+        return _s(reply)
+
+    def decision(self, tenant: str | None, schedule_id: str, tick: int) -> str | None:
+        """The decision recorded for ``tick`` (the tick is in flight), or None."""
+        raw = self.redis.hget(self.keys.sched(tenant, schedule_id), f"{SCHED_DECISION_PREFIX}{tick}")
+        return _s(raw) if raw is not None else None
 
     def next_tick(self, tenant: str | None, schedule_id: str) -> int | None:
         """The schedule's next tick as stored (also while paused); None if there is no schedule."""
@@ -421,12 +485,21 @@ class ScheduleStore:
         return rest[0] if status == "ok" else None
 
     def advance(
-        self, tenant: str | None, schedule_id: str, tick: int, next_tick: int, entry: ScheduleTick
+        self,
+        tenant: str | None,
+        schedule_id: str,
+        tick: int,
+        next_tick: int,
+        entry: ScheduleTick,
+        decision: str = "",
     ) -> bool:
-        """Move the schedule from ``tick`` on to ``next_tick`` and record ``entry``, once: False
-        if another scheduler did it first (or the schedule was paused, resumed or deleted)."""
+        """Move the schedule from ``tick`` on to ``next_tick`` (0: it ended) and record ``entry``,
+        once: False if another scheduler did it first (or the schedule was paused, resumed or
+        deleted). ``decision`` is the one the caller followed (none for missed ticks): a tick
+        whose recorded decision is another is left to whoever follows that one."""
         k = self.keys
         count = entry.missed if entry.outcome == "missed" else 1
+        started = entry.run_id or entry.pipeline_id or ""
         reply = self._advance(
             keys=[k.sched(tenant, schedule_id), k.sched_history(tenant, schedule_id), k.sched_due()],
             args=[
@@ -435,9 +508,10 @@ class ScheduleStore:
                 entry.model_dump_json(exclude={"status"}),
                 _COUNTERS[entry.outcome],
                 count,
-                entry.run_id or "",
+                started,
                 self.member(tenant, schedule_id),
                 HISTORY_MAX,
+                decision,
             ],
         )
         return int(reply) == 1

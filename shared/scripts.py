@@ -217,9 +217,10 @@ SPECS: dict[str, ScriptSpec] = {
     # -- schedules (shared.schedules) ---------------------------------------------------------------
     "schedule_decide": _spec("schedule", "tick decision", words="ok stale"),
     "schedule_advance": _spec(
-        "schedule history due", "tick next_tick entry counter count run_id member history_max"
+        "schedule history due", "tick next_tick entry counter count run_id member history_max decision"
     ),
     "schedule_state": _spec("schedule due", "mode member next_tick", words="pause ok missing"),
+    "schedule_update": _spec("schedule due", "expected spec next_tick member", words="ok conflict missing"),
     # -- the API's submit limits (producer/api/limits.py builds its script around this one) ----------
     "submit_window": _spec("window", "limit window member"),
     # -- pipelines (shared.pipeline.store) -----------------------------------------------------------

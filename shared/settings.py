@@ -49,6 +49,7 @@ __all__ = [
     "ENV_MEMORY_EMBEDDING",
     "ENV_SHARDS",
     "ENV_SWEEPER",
+    "ENV_SWEEPER_SCHEDULES",
     "ENV_TASK_EVENTS",
     "ENV_WEBHOOK_ALLOW_PRIVATE",
     "ENV_WEBHOOK_RETRY",
@@ -77,6 +78,7 @@ ENV_TASK_EVENTS = "WESICHAIN_TASK_EVENTS"
 ENV_SHARDS = "WESICHAIN_SHARDS"
 ENV_HOOKS = "WESICHAIN_HOOKS"
 ENV_SWEEPER = "WESICHAIN_SWEEPER"
+ENV_SWEEPER_SCHEDULES = "WESICHAIN_SWEEPER_SCHEDULES"
 ENV_WORKER_NAME = "WESICHAIN_WORKER_NAME"
 ENV_LOGLEVEL = "WESICHAIN_LOGLEVEL"
 ENV_BROKER_PREFIX = "WESICHAIN_BROKER_PREFIX"
@@ -191,6 +193,8 @@ class Settings:
     #: Every worker's main process runs a sweeper (one sweeps at a time); off for a worker that
     #: must never sweep.
     sweeper: bool = True
+    #: ``wesichain sweeper`` also fires the schedules' due ticks (as ``wesichain scheduler`` does).
+    sweeper_schedules: bool = False
     #: This process's name in events and in the worker registry (default: the host name).
     worker_name: str = ""
     #: Log level of the embedded worker.
@@ -463,6 +467,7 @@ _ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (
     (ENV_BROKER_PREFIX, "broker_prefix", _text),
     (ENV_BROKER_OPTIONS, "broker_options", _json_object),
     (ENV_SWEEPER, "sweeper", _parse_switch),
+    (ENV_SWEEPER_SCHEDULES, "sweeper_schedules", _parse_switch),
     (ENV_WEBHOOK_SECRET, "webhook_secret", _text),
     (ENV_WEBHOOK_ALLOW_PRIVATE, "webhook_allow_private", _parse_switch),
     (ENV_WEBHOOK_RETRY, "webhook_retry_s", _seconds_list),

@@ -1,4 +1,5 @@
-"""``wesichain scheduler`` processes for the schedule tests, and reading what a schedule started."""
+"""``wesichain scheduler`` processes (or sweepers firing the schedules) for the schedule tests, and
+reading what a schedule started."""
 
 from __future__ import annotations
 
@@ -26,21 +27,22 @@ class SchedulerProcess:
     """``wesichain scheduler`` in its own session, logging to a file."""
 
     def __init__(
-        self, name: str, redis_url: str, *, interval_s: float = 0.1, log_dir: str | None = None
+        self,
+        name: str,
+        redis_url: str,
+        *,
+        interval_s: float = 0.1,
+        log_dir: str | None = None,
+        env: dict[str, str] | None = None,
+        command: tuple[str, ...] | None = None,
     ) -> None:
+        """``command`` replaces ``scheduler --interval S`` (``("sweeper", "--schedules")``: a
+        sweeper that fires the schedules); ``env`` adds to the process's environment."""
         self.name = name
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="wesichain-scheduler-")) / f"{name}.log"
-        self.args = [
-            sys.executable,
-            "-m",
-            "producer.cli",
-            "scheduler",
-            "--redis",
-            redis_url,
-            "--interval",
-            str(interval_s),
-        ]
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **broker_env(redis_url)}
+        verb = list(command) if command is not None else ["scheduler", "--interval", str(interval_s)]
+        self.args = [sys.executable, "-m", "producer.cli", verb[0], "--redis", redis_url, *verb[1:]]
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **broker_env(redis_url), **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> SchedulerProcess:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.queues import DEFAULT_NAMESPACE
-from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
+from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings
+
+if TYPE_CHECKING:
+    from producer.scheduler import Scheduler
 
 #: What a worker consumes when told nothing: the pool's default queues.
 DEFAULT_QUEUES = (QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS)
@@ -94,6 +97,12 @@ def register(
 
     sw = sub.add_parser("sweeper", parents=[common], help="run the recovery sweeper standalone")
     sw.add_argument("--once", action="store_true", help="sweep once and exit")
+    sw.add_argument(
+        "--schedules",
+        action="store_true",
+        help="also fire the schedules' due ticks, as `wesichain scheduler` does (default"
+        " $WESICHAIN_SWEEPER_SCHEDULES; safe beside any number of schedulers)",
+    )
     m = sub.add_parser(
         "metrics",
         parents=[common],
@@ -216,11 +225,24 @@ def sweeper(args: argparse.Namespace) -> int:
 
     holder = app.wesichain_runtime
     sweeper = Sweeper(holder.get(), holder.probe(), holder.evals, holder.pipelines)
+    with_schedules = args.schedules or holder.get().settings.sweeper_schedules
     if args.once:
         print(f"handed on {sweeper.sweep_once_and_release()} run(s)")
+        if with_schedules:
+            print(f"handled {_scheduler(holder.get().settings).pass_once()} tick(s)")
         return 0
+    if with_schedules:
+        _scheduler(holder.get().settings).start_thread()
     sweeper.run_forever()
     return 0
+
+
+def _scheduler(settings: Settings) -> Scheduler:
+    """The schedules' loop for the sweeper's process, on a client of its own."""
+    from producer.client import Client
+    from producer.scheduler import Scheduler
+
+    return Scheduler(Client(settings))
 
 
 def demo(args: argparse.Namespace) -> int:

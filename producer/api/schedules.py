@@ -1,5 +1,5 @@
 """``/v1/schedules``: the caller's tenant's schedules, cron expressions and intervals that start
-runs (``shared/schedules.py``; ``wesichain scheduler`` fires them).
+runs or pipeline runs (``shared/schedules.py``; ``wesichain scheduler`` fires them).
 
 The tenant is the API key's, never a field of the request: a schedule's runs are the tenant's, and
 another tenant's schedule answers 404 exactly as one that does not exist, for reading and for every
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from producer.api.errors import ApiError
 from producer.api.runs import ERRORS, Svc, Who
 from producer.client import NoLiveWorker, UnknownAgent
+from producer.pipelines import UnknownPipeline
 from producer.schedules import ScheduleNotFound
 from shared.errors import InvalidRequest
 from shared.schedules import (
@@ -34,6 +35,7 @@ __all__ = [
     "ScheduleBody",
     "ScheduleList",
     "ScheduleRuns",
+    "ScheduleUpdate",
     "create_schedule",
     "delete_schedule",
     "get_schedule",
@@ -43,6 +45,7 @@ __all__ = [
     "resume_schedule",
     "router",
     "schedule_runs",
+    "update_schedule",
 ]
 
 router = APIRouter(prefix="/v1/schedules", responses=ERRORS, tags=["schedules"])
@@ -56,7 +59,12 @@ class ScheduleBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    agent: str = Field(description="The agent each run is of.")
+    agent: str | None = Field(default=None, description="The agent each run is of (or ``pipeline``).")
+    pipeline: str | None = Field(
+        default=None,
+        description="Start a pipeline run of this pipeline at every tick instead (no metadata, thread"
+        " or assistant then); its id is ``schedule-<schedule_id>-<tick>``.",
+    )
     input: str = Field(description="The input of every run.")
     timing: Timing = Field(
         description='``{"cron": "*/5 * * * *", "timezone": "Europe/Paris"}`` or ``{"every_s": 60,'
@@ -77,7 +85,30 @@ class ScheduleBody(BaseModel):
         description="While the previous scheduled run has not ended: skip (no run for the tick),"
         " enqueue (the run waits its turn in the schedule's thread), allow (runs side by side).",
     )
-    check_agent: bool = Field(default=True, description="Refuse an agent no live worker serves now.")
+    check_agent: bool = Field(
+        default=True, description="Refuse an agent no live worker serves now (or an unknown pipeline)."
+    )
+    until: int | None = Field(
+        default=None, ge=0, le=2**40, description="An end date, Unix seconds: no tick after it fires."
+    )
+
+
+class ScheduleUpdate(BaseModel):
+    """``PATCH /v1/schedules/{id}``: what changes (a field left out stays as it is)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timing: Timing | None = Field(
+        default=None, description="A new timing: the next tick is recomputed from now, atomically."
+    )
+    input: str | None = None
+    metadata: dict[str, Any] | None = None
+    missed: MissedPolicy | None = None
+    catch_up: int | None = Field(default=None, ge=1, le=MAX_CATCH_UP)
+    overlap: OverlapPolicy | None = None
+    until: int | None = Field(
+        default=None, ge=0, le=2**40, description="A new end date, Unix seconds; null removes it."
+    )
 
 
 class ScheduleList(BaseModel):
@@ -118,9 +149,17 @@ def create_schedule(body: ScheduleBody, services: Svc, who: Who) -> Schedule:
             catch_up=body.catch_up,
             overlap=body.overlap,
             check_agent=body.check_agent,
+            pipeline=body.pipeline,
+            until=body.until,
         )
     except UnknownAgent as exc:
-        raise ApiError(422, "unknown_agent", exc.message, details={"agent": body.agent[:80]}) from None
+        raise ApiError(
+            422, "unknown_agent", exc.message, details={"agent": (body.agent or "")[:80]}
+        ) from None
+    except UnknownPipeline as exc:
+        raise ApiError(
+            422, "unknown_pipeline", exc.message, details={"pipeline": (body.pipeline or "")[:80]}
+        ) from None
     except NoLiveWorker as exc:
         raise ApiError(503, "no_live_worker", str(exc), headers={"Retry-After": "1"}) from None
     except InvalidRequest as exc:
@@ -138,6 +177,34 @@ def get_schedule(schedule_id: _ScheduleId, services: Svc, who: Who) -> Schedule:
         return services.client.schedules.get(schedule_id, tenant=who.tenant)
     except ScheduleNotFound:
         raise _not_found(schedule_id) from None
+
+
+@router.patch(
+    "/{schedule_id}",
+    response_model=Schedule,
+    summary="Change a schedule",
+    description="Its timing, input, metadata, policies or end date (``until``; null removes it). A"
+    " new timing or end date recomputes the next tick from now in the same atomic write; a tick"
+    " being fired right now ends as it was decided. 422 for a bad change (nothing is written).",
+)
+def update_schedule(schedule_id: _ScheduleId, body: ScheduleUpdate, services: Svc, who: Who) -> Schedule:
+    try:
+        return services.client.schedules.update(
+            schedule_id,
+            tenant=who.tenant,
+            timing=body.timing,
+            input=body.input,
+            metadata=body.metadata,
+            missed=body.missed,
+            catch_up=body.catch_up,
+            overlap=body.overlap,
+            until=body.until,
+            clear_until="until" in body.model_fields_set and body.until is None,
+        )
+    except ScheduleNotFound:
+        raise _not_found(schedule_id) from None
+    except InvalidRequest as exc:
+        raise ApiError(422, "invalid_request", exc.message) from None
 
 
 @router.post("/{schedule_id}/pause", response_model=Schedule, summary="Stop firing a schedule")

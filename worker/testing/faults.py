@@ -15,6 +15,10 @@ a comma-separated list of fault points:
 * ``lose:<task>`` — drop every message of the task named ``<task>`` (``wesichain.decide``) sent
   under epoch 0, as a broker that lost it before any worker took it would: a sweeper's hand-on,
   which sends it under a new epoch, gets through.
+* ``crash_after_tick_submit`` — in a scheduler (``wesichain scheduler``, or a sweeper running the
+  schedules), SIGKILL the process right after a tick's run (or pipeline run) was submitted and
+  before the schedule was advanced past the tick (once per schedule, recorded under
+  :func:`fired_key` with the schedule id).
 
 Phases are ``idle`` (start), ``thinking``, ``acting`` (tool) and ``observing``. Each fault that
 fires records the pid it fired in under :func:`fired_key`, so tests can tell which process it hit.
@@ -27,6 +31,8 @@ import signal
 import time
 from collections.abc import Sequence
 
+from producer.schedules import SchedulerHooks
+from shared.schedules import Schedule, ScheduleStore, ScheduleTick
 from shared.state import Phase, TaskSpec
 from shared.store import RunStore
 from worker.hooks import Hooks
@@ -46,7 +52,7 @@ def pid_key(phase: Phase | str, run_id: str) -> str:
     return f"{PREFIX}pid:{Phase(phase).value}:{run_id}"
 
 
-class ChaosHooks(Hooks):
+class ChaosHooks(Hooks, SchedulerHooks):
     def __init__(self) -> None:
         self.faults = frozenset(f for f in os.environ.get("WESICHAIN_FAULT", "").split(",") if f)
         self.pause_s = float(os.environ.get("WESICHAIN_FAULT_PAUSE_S", "5"))
@@ -66,6 +72,14 @@ class ChaosHooks(Hooks):
             os.kill(os.getpid(), signal.SIGKILL)
         ended = "crash_after_commit:ended"
         if ended in self.faults and _ended(store, run_id) and self._once(ended, store, run_id):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def after_tick_submitted(
+        self, store: ScheduleStore, schedule: Schedule, tick: int, entry: ScheduleTick
+    ) -> None:
+        name = "crash_after_tick_submit"
+        fired = fired_key(name, schedule.schedule_id)
+        if name in self.faults and store.redis.set(fired, f"{os.getpid()}:{tick}", nx=True, ex=3600):
             os.kill(os.getpid(), signal.SIGKILL)
 
     def outgoing(self, spec: TaskSpec) -> Sequence[TaskSpec]:

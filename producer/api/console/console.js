@@ -238,7 +238,9 @@ function schedulesView() {
   };
   const lastRuns = (ticks) => el("td", { class: "clip" }, ...ticks.slice(0, 5).map((t) => el("div", {},
     `${when(t.tick)} ${t.outcome} `,
-    t.run_id ? el("a", { href: `#/runs/${encodeURIComponent(t.run_id)}`, class: "mono" }, t.run_id.slice(0, 14)) : short(t.reason, 60),
+    t.run_id ? el("a", { href: `#/runs/${encodeURIComponent(t.run_id)}`, class: "mono" }, t.run_id.slice(0, 14))
+      : t.pipeline_id ? el("a", { href: `#/pipelines/${encodeURIComponent(t.pipeline_id)}`, class: "mono" }, t.pipeline_id)
+      : short(t.reason, 60),
     t.status ? ` ${t.status}` : "")));
   async function refresh() {
     if (stopped) return;
@@ -249,10 +251,10 @@ function schedulesView() {
         const [{ next_fire_times }, { runs }] = await Promise.all([api(`${base}/next?n=3`), api(`${base}/runs?limit=5`)]);
         return el("tr", { "data-schedule": s.schedule_id },
           el("td", { class: "mono" }, s.schedule_id.slice(0, 12)),
-          el("td", {}, s.agent),
-          el("td", {}, timing(s.timing)),
+          el("td", {}, s.pipeline ? `pipeline ${s.pipeline}` : s.agent),
+          el("td", {}, timing(s.timing), s.until ? el("div", {}, `until ${when(s.until)}`) : ""),
           el("td", {}, `${s.missed}${s.missed === "catch_up" ? ` ${s.catch_up}` : ""} / ${s.overlap}`),
-          el("td", {}, el("span", { class: `badge ${s.paused ? "interrupted" : "running"}` }, s.paused ? "paused" : "active")),
+          el("td", {}, el("span", { class: `badge ${s.paused || s.ended ? "interrupted" : "running"}` }, s.paused ? "paused" : s.ended ? "ended" : "active")),
           el("td", {}, ...next_fire_times.map((t) => el("div", {}, when(t)))),
           el("td", {}, `${s.started} / ${s.skipped} / ${s.missed_ticks} / ${s.failed}`),
           lastRuns(runs),
