@@ -13,6 +13,7 @@ from shared import protocol
 from shared.liveness import POOL_MARK, HeldClaim, Lives, dump_held, parse_held, parse_pool
 from shared.llm.base import Usage
 from shared.signals import new_signal
+from shared.state import RunHead
 from shared.store import Claim, RunStore
 from tests.harness import RedisServer
 from tests.store_support import make_store
@@ -80,3 +81,18 @@ def test_a_held_list_names_the_pool_beside_the_claims_and_older_readers_skip_it(
     assert text.count(POOL_MARK) == 2
     assert parse_pool(dump_held(claims)) == ()
     assert parse_pool(None) == () and parse_held(None) == []
+
+
+def test_a_stored_body_leaves_out_defaults_and_composes_back_to_the_same_head(store: RunStore) -> None:
+    thinking = started(store)
+    t = thinking.act("calling", CALLS, Usage(input_tokens=3, output_tokens=2))
+    commit(store, thinking, t)
+    for head in (thinking.head, t.to.head):
+        body = head.dump_body()
+        assert '"pending_calls":[]' not in body and '"error":null' not in body, body
+        assert RunHead.compose(body, head.dump_request(), head.epoch) == head
+    stored = store.load(t.to.head.run_id)
+    assert stored is not None and stored.model_dump(exclude={"updated_at"}) == t.to.head.model_dump(
+        exclude={"updated_at"}
+    )
+    assert [c.version for c in store.checkpoints(t.to.head.run_id)] == [1, 2, 3]
