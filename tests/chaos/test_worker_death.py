@@ -75,7 +75,8 @@ def test_a_dead_worker_s_think_is_handed_on_before_its_lease_runs_out(
 def _life_listing(client: Client, pid: int) -> str | None:
     """The worker start whose liveness record lists pool process ``pid``, once it does."""
     r, keys = client.store.redis, client.store.keys
-    for life in r.zrange(keys.lives(), 0, -1):
+    for member in r.zrange(keys.lives(), 0, -1):
+        life = str(member)
         listed = str(r.get(keys.held(life)) or "").split("\n")
         if any(line.startswith(POOL_MARK) and line.endswith(f":{pid}") for line in listed):
             return life

@@ -247,7 +247,7 @@ def test_inside_a_task_a_templated_message_names_it_as_parent_and_root_as_send_t
     builder.build([spec])  # the template, outside any task
     seen: dict[str, Any] = {}
 
-    @app.task(name="tests.publish_inside")  # type: ignore[untyped-decorator]
+    @app.task(name="tests.publish_inside")
     def publish_inside() -> None:
         again = _another(spec, 7)
         seen["templated"] = builder.build([again])
