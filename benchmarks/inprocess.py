@@ -47,6 +47,7 @@ from typing import Any, cast
 import redis
 
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings
+from shared.versions import version_queues_of
 from worker.testing.harness import RedisServer
 
 AGENTS = "benchmarks.agents"
@@ -89,9 +90,15 @@ def wesichain_runs(url: str, steps: int) -> Callable[[], int]:
     def run_task(name: str, task_id: str, args: list[Any], kwargs: dict[str, Any]) -> None:
         app.tasks[name].apply(args=args, kwargs=kwargs, task_id=task_id, throw=True)
 
+    kinds = [QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS]
+    # A run's phases go to its agent version's queues (``wesichain.model.long-v1``), as a worker
+    # serving that version consumes them.
+    agents = app.wesichain_runtime.get().agents
+    queues = kinds + version_queues_of(kinds, (agents.get(n).versions for n in agents.names))
+
     def one() -> int:
         handle = client.submit("long", f"steps={steps}", check_agent=False)
-        drain(r, [QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS], run_task)
+        drain(r, queues, run_task)
         head = client.store.load(handle.run_id)
         if head is None or head.phase.value != "completed":
             raise SystemExit(f"run {handle.run_id} did not complete: {head.phase if head else 'missing'}")

@@ -75,6 +75,15 @@ class Keys:
     def leases_of(self, run_id: str) -> str:
         return self.leases(self.shard(run_id))
 
+    def last_claim(self, shard: int, holder: str) -> str:
+        """String (expiring with the claim's lease): the last claim one process (``host:pid``) took
+        on a run of this shard, written by the claim itself, so that a worker killed right after a
+        claim has it handed on without its main process having listed it (``shared/liveness.py``)."""
+        return f"{self._tag(shard)}last-claim:{holder}"
+
+    def last_claim_of(self, run_id: str, holder: str) -> str:
+        return self.last_claim(self.shard(run_id), holder)
+
     def runs_index(self, shard: int) -> str:
         """Sorted set: run ids of the shard scored by creation time (ms), for listing."""
         return self._tag(shard) + "runs"

@@ -12,9 +12,17 @@ that process. Two things are known sooner and better by the worker's main proces
 
 Each start of a worker (its main process, one member of ``lives`` per start) writes, every
 quarter of its ttl, the Redis time until which it is alive and the list of claims its pool
-processes hold (``held``). Both live under the registry's hash tag, in a slot of their own on a
-Redis Cluster: a sweeper reads them first and passes what it saw to the run's script
-(``held_claim.lua``), which re-checks the claim's holder and fences by Redis's clock.
+processes hold (``held``), with the pool processes themselves. Both live under the registry's hash
+tag, in a slot of their own on a Redis Cluster: a sweeper reads them first and passes what it saw
+to the run's script (``held_claim.lua``), which re-checks the claim's holder and fences by Redis's
+clock.
+
+A claim taken after the last beat is not in the list yet. Rather than beat once more for every
+task it receives (a Redis round trip in the process that consumes and dispatches, per
+transition), the main process leaves that to the claim itself: each claim script also keeps the
+claim under its holder's *last-claim* key in the run's shard (``Keys.last_claim``, expiring with
+the lease; one process holds one claim at a time on the prefork pool). A sweeper burying a dead
+start reads the last claim of each of its pool processes in every shard, besides the list.
 """
 
 from __future__ import annotations
@@ -32,8 +40,10 @@ __all__ = [
     "DeadStart",
     "HeldClaim",
     "Lives",
+    "POOL_MARK",
     "dump_held",
     "parse_held",
+    "parse_pool",
 ]
 
 
@@ -65,17 +75,32 @@ class DeadStart:
     life: str
     until_ms: int
     held: list[HeldClaim]
+    #: Its pool processes (``host:pid``), whose last claims are read too.
+    pool: tuple[str, ...] = ()
 
 
-def dump_held(held: Iterable[HeldClaim]) -> str:
-    return "\n".join(sorted(h.dump() for h in held))
+#: What marks a line of the held list naming a pool process rather than a claim.
+POOL_MARK = "pool\t"
+
+
+def dump_held(held: Iterable[HeldClaim], pool: Iterable[str] = ()) -> str:
+    return "\n".join([*sorted(h.dump() for h in held), *(POOL_MARK + p for p in sorted(pool))])
 
 
 def parse_held(raw: Any) -> list[HeldClaim]:
+    return [h for line in _lines(raw) if (h := HeldClaim.parse(line)) is not None]
+
+
+def parse_pool(raw: Any) -> tuple[str, ...]:
+    """The pool processes a held list names (the claims' holders; none listed by older workers)."""
+    return tuple(line.removeprefix(POOL_MARK) for line in _lines(raw) if line.startswith(POOL_MARK))
+
+
+def _lines(raw: Any) -> list[str]:
     if raw is None:
         return []
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return [h for line in text.split("\n") if line and (h := HeldClaim.parse(line)) is not None]
+    return [line for line in text.split("\n") if line]
 
 
 class Lives:
@@ -89,14 +114,17 @@ class Lives:
 
     # -- a worker's main process ---------------------------------------------------------------
 
-    def beat(self, life: str, ttl_s: float, held: Sequence[HeldClaim] | None) -> bool:
-        """Say ``life`` is alive for ``ttl_s``; with ``held``, replace its list of held claims.
+    def beat(
+        self, life: str, ttl_s: float, held: Sequence[HeldClaim] | None, pool: Sequence[str] = ()
+    ) -> bool:
+        """Say ``life`` is alive for ``ttl_s``; with ``held``, replace its list of held claims (and
+        of its pool processes, ``pool``).
 
         Returns False when the list is gone (a sweeper judged this start dead): send it again.
         """
         args: list[Any] = [life, int(ttl_s * 1000), "keep", ""]
         if held is not None:
-            args[2:] = ["set", dump_held(held)]
+            args[2:] = ["set", dump_held(held, pool)]
         reply = self._scripts["worker_live"](keys=[self.keys.lives(), self.keys.held(life)], args=args)
         return int(reply) == 1
 
@@ -124,9 +152,21 @@ class Lives:
                 pipe.get(self.keys.held(life))
             raw = pipe.execute()
         return [
-            DeadStart(life, int(score), parse_held(held))
+            DeadStart(life, int(score), parse_held(held), parse_pool(held))
             for life, (_, score), held in zip(lives, entries, raw, strict=True)
         ]
+
+    def last_claims(self, pool: Sequence[str]) -> list[HeldClaim]:
+        """The last claim each of these processes took in each shard, while its lease runs (a
+        claim taken after its main process last listed what the pool holds)."""
+        if not pool:
+            return []
+        names = [self.keys.last_claim(shard, holder) for holder in pool for shard in range(self.keys.shards)]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.get(name)
+            raw = pipe.execute()
+        return [claim for line in raw if line is not None and (claim := HeldClaim.parse(_text(line)))]
 
     def alive(self, now_ms: int) -> dict[tuple[str, str], tuple[HeldClaim, int]]:
         """Every claim a live start lists, by (run id, field): the claim and until when (Redis ms)

@@ -108,13 +108,14 @@ SPECS: dict[str, ScriptSpec] = {
         words="created exists",
     ),
     "claim_phase": _spec(
-        "run attempts_key leases messages_key results_key",
-        "run_id version phase epoch step token holder lease_ms messages_from want_results",
+        "run attempts_key leases messages_key results_key inbox last_claim_key",
+        "run_id version phase epoch step token holder lease_ms messages_from want_results want_inbox"
+        " last_claim",
         words="missing stale busy ok none expired",
     ),
     "claim_call": _spec(
-        "run attempts_key leases results_key",
-        "run_id version epoch step call_id token holder lease_ms",
+        "run attempts_key leases results_key last_claim_key",
+        "run_id version epoch step call_id token holder lease_ms last_claim",
         words="missing stale busy done ok none expired",
     ),
     "renew": _spec("run leases", "run_id field token lease_ms extend"),

@@ -448,8 +448,13 @@ class RunHead(BaseModel):
         return self.model_dump_json(include=set(fields))
 
     def dump_body(self) -> str:
-        """The part of the head each commit writes (and its checkpoint keeps)."""
-        return self.model_dump_json(exclude={*REQUEST_FIELDS, "epoch"})
+        """The part of the head each commit writes (and its checkpoint keeps).
+
+        Fields at their defaults are left out (``compose`` restores them): most of a head is empty
+        lists, nulls and zeros, and every commit writes the body twice (the head and its
+        checkpoint), the claim reads it back, and every checkpoint keeps it for the retention.
+        """
+        return self.model_dump_json(exclude={*REQUEST_FIELDS, "epoch"}, exclude_defaults=True)
 
     @classmethod
     def compose(cls, body: str, request: str, epoch: int) -> RunHead:

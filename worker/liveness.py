@@ -7,6 +7,11 @@ task from that set as soon as its process is seen dead (``WorkerLostError``, the
 On the threads and solo pools the tasks run in the main process itself, so its word is worth no
 more than the claims' own heartbeat: its records then live as long as a claim's lease.
 
+The beat also lists the pool's processes, and does not beat again for each task received: a claim
+taken since the last beat is found under its process's last-claim key, which the claim script
+itself writes (``shared/liveness.py``), so the process that consumes and dispatches makes no Redis
+round trip per transition.
+
 :class:`SweepLives` is what the sweeper does with those records, each sweep.
 """
 
@@ -19,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
-from celery.signals import task_received, worker_ready, worker_shutdown
+from celery.signals import worker_ready, worker_shutdown
 from celery.worker import state as worker_state
 
 from shared import protocol
@@ -111,10 +116,10 @@ class PoolBeat:
         self.interval_s = self.ttl_s / BEATS_PER_TTL
         self.life = f"{worker_identity()}:{os.getpid()}:{new_token()[:8]}"
         self.lives = Lives(rt.store.redis, rt.store.keys, settings.lease_s)
-        self._sent: list[HeldClaim] | None = None
+        self._sent: tuple[list[HeldClaim], list[str]] | None = None
         self._beats = 0
         self._stop = False
-        #: Set to beat at once: a task was received (its claim may follow within milliseconds).
+        #: Set to beat at once (to stop).
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -122,15 +127,19 @@ class PoolBeat:
         self._wake.set()
 
     def beat(self) -> None:
-        held = held_by_pool(_pool_pids(self.consumer) if self.prefork else ())
-        rewrite = self._sent is None or held != self._sent or self._beats % REWRITE_EVERY == 0
+        pids = _pool_pids(self.consumer) if self.prefork else []
+        held = held_by_pool(pids)
+        identity = worker_identity()
+        pool = [f"{identity}:{pid}" for pid in pids or [os.getpid()]]
+        listed = (held, pool)
+        rewrite = self._sent is None or listed != self._sent or self._beats % REWRITE_EVERY == 0
         self._beats += 1
         try:
-            there = self.lives.beat(self.life, self.ttl_s, held if rewrite else None)
+            there = self.lives.beat(self.life, self.ttl_s, held if rewrite else None, pool)
         except redis.RedisError:
             self._sent = None  # unknown whether the list was written: write it next time
             raise
-        self._sent = held if there else None
+        self._sent = listed if there else None
 
     def run_forever(self) -> None:
         while True:
@@ -192,7 +201,11 @@ class SweepLives:
             f" (its claim was held by %s)"
         )
         runs: dict[str, str] = {}
-        for claim in dead.held:
+        listed = {(c.run_id, c.field) for c in dead.held}
+        # Claims taken after the start's last beat: its processes' last claims (held_claim.lua
+        # expires one only if that process still holds it and nothing renewed it since the death).
+        latest = [c for c in self.lives.last_claims(dead.pool) if (c.run_id, c.field) not in listed]
+        for claim in [*dead.held, *latest]:
             why = reason % claim.holder
             if self.lives.expire(claim, dead.until_ms, why):
                 runs[claim.run_id] = why
@@ -246,13 +259,6 @@ def _start_beat(sender: Any = None, **_: Any) -> None:
         return
     _beat = PoolBeat(holder.get(), sender)
     _beat.start()
-
-
-@task_received.connect  # type: ignore[untyped-decorator]
-def _task_received(**_: Any) -> None:
-    """A task is on its way to a pool process: list it before that process can claim its work."""
-    if _beat is not None:
-        _beat.wake()
 
 
 @worker_shutdown.connect  # type: ignore[untyped-decorator]

@@ -94,9 +94,20 @@ class ModelCall:
     """One call of ``adapter`` for the think of ``run_id``'s ``step``, under its claim ``held``."""
 
     def __init__(
-        self, store: RunStore, *, run_id: str, step: int, held: Held, stream: bool, max_delta_chars: int
+        self,
+        store: RunStore,
+        *,
+        run_id: str,
+        step: int,
+        held: Held,
+        stream: bool,
+        max_delta_chars: int,
+        carry: Callable[[ev.Event], None] | None = None,
     ) -> None:
         self.store = store
+        #: Takes the text streamed since the last flush once the stream ended, to be appended by the
+        #: think's commit (which follows at once) rather than in a round trip of its own.
+        self.carry = carry
         self.run_id = run_id
         self.step = step
         self.held = held
@@ -121,7 +132,7 @@ class ModelCall:
                 final = item
             if time.monotonic() - self._last_flush >= DELTA_FLUSH_S:
                 self._flush()
-        self._flush()
+        self._flush(last=True)
         if final is None:
             raise ModelTransport(
                 "the model stream ended without a final response", retryable=True, step=self.step
@@ -162,9 +173,13 @@ class ModelCall:
         finally:
             self._parts.put(_End())
 
-    def _flush(self) -> None:
+    def _flush(self, last: bool = False) -> None:
         if self._pending:
             text = "".join(self._pending)[: self.max_delta_chars]
-            self.store.emit(self.run_id, [ev.TokenDelta(run_id=self.run_id, step=self.step, text=text)])
+            delta = ev.TokenDelta(run_id=self.run_id, step=self.step, text=text)
+            if last and self.carry is not None:
+                self.carry(delta)
+            else:
+                self.store.emit(self.run_id, [delta])
             self._pending.clear()
         self._last_flush = time.monotonic()

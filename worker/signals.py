@@ -56,6 +56,8 @@ def absorb_pending(
     its answer was refused because signals came in meanwhile (the answer is dropped, and the
     think asks again with them)."""
     head = current.head
+    if claim.signals_sent is not None and claim.signals_sent <= head.signals_applied:
+        return NOTHING_PENDING  # the claim read the inbox's count: no round trip for an unsignalled run
     pending = rt.store.pending_signals(head.run_id, head.signals_applied)
     if not pending:
         return NOTHING_PENDING

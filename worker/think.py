@@ -51,7 +51,13 @@ TRUNCATION_CORRECTION = (
 
 def run_think(rt: Runtime, delivery: Delivery, step: int) -> RunHead | None:
     want = PhaseClaim(
-        delivery.run_id, delivery.version, Phase.THINKING, delivery.epoch, step, read_messages=True
+        delivery.run_id,
+        delivery.version,
+        Phase.THINKING,
+        delivery.epoch,
+        step,
+        read_messages=True,
+        read_inbox=True,
     )
 
     def body(current: fsm.Thinking, claim: Claim, held: Held) -> RunHead | None:

@@ -1,5 +1,6 @@
 -- Claim one tool call of the current step for one delivery.
--- KEYS: run hash, attempts hash, leases zset, results hash of the step
+-- KEYS: run hash, attempts hash, leases zset, results hash of the step, the holder's last-claim key
+-- ARGV last_claim: as for a phase (claim_phase.lua).
 -- The message must match the run exactly: version, epoch, the ACTING phase, the current step, and
 -- a call id of that step. Returns {status, head, attempts, prior, last_error}:
 --   'missing', 'stale' (head: version, phase, step, epoch, outbox, outbox_claimed), 'busy' as for
@@ -7,8 +8,8 @@
 -- head of 'ok' is {body, request, epoch, cancel}.
 -- One HMGET reads everything the claim checks and returns: the claim's own writes below touch none
 -- of the fields returned in head.
-local run_id, version, epoch, step, call_id, token, holder, lease_ms = unpack(ARGV, 1, 8)
-local run, attempts_key, leases, results_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local run_id, version, epoch, step, call_id, token, holder, lease_ms, last_claim = unpack(ARGV, 1, 9)
+local run, attempts_key, leases, results_key, last_claim_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 local field = call_claim(step, call_id)
 local state = redis.call('HMGET', run, F_VERSION, F_PHASE, F_STEP, F_EPOCH, F_OUTBOX, F_OUTBOX_CLAIMED,
@@ -44,6 +45,7 @@ else
   attempts = redis.call('HINCRBY', attempts_key, counted, 1)
 end
 redis.call('ZADD', leases, 'LT', deadline, run_id)
+redis.call('SET', last_claim_key, last_claim, 'PX', lease_ms)
 -- A last error is written only about a claim counted in attempts (release.lua, recover.lua): the
 -- first claim of this call at this version has none to read.
 local last_error = ''

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from shared import protocol
 from shared.errors import InternalInvariant
 from shared.events import Event, dump_event
+from shared.liveness import HeldClaim
 from shared.messages import MESSAGE_ADAPTER, Message, dump_message
 from shared.scripts import is_cluster, run_many
 from shared.state import Phase, RunHead, TaskSpec, ToolResult
@@ -61,6 +62,8 @@ class PhaseClaim:
     read_messages: bool = False
     #: Read the step's tool results.
     read_results: bool = False
+    #: Read how many signals were sent into the run (``Claim.signals_sent``).
+    read_inbox: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,9 @@ class Claim:
     last_error: str
     #: When this delivery got the claim (this worker's clock): the start of its timeline bar.
     claimed_at: float = 0.0
+    #: The sequence number of the last signal sent into the run, read with the claim when asked
+    #: for (``PhaseClaim.read_inbox``; None otherwise): a cursor at it means nothing is pending.
+    signals_sent: int | None = None
 
     @property
     def ref(self) -> ClaimRef:
@@ -205,6 +211,8 @@ class ClaimsMixin(RunsMixin):
                 k.leases_of(run_id),
                 k.messages(run_id),
                 k.results(run_id, want.step),
+                k.inbox(run_id),
+                k.last_claim_of(run_id, holder),
             ],
             [
                 run_id,
@@ -217,6 +225,8 @@ class ClaimsMixin(RunsMixin):
                 self._lease_ms,
                 (len(cached) if cached is not None else 0) if want.read_messages else "",
                 "1" if want.read_results else "0",
+                "1" if want.read_inbox else "0",
+                HeldClaim(run_id, protocol.RUNNING, holder, want.version).dump(),
             ],
         )
         status = _s(reply[0])
@@ -241,6 +251,7 @@ class ClaimsMixin(RunsMixin):
             results=[ToolResult.model_validate_json(r) for r in reply[5]],
             last_error=_s(reply[6]),
             claimed_at=time.time(),
+            signals_sent=int(_s(reply[7])) if want.read_inbox else None,
         )
 
     def claim_call(self, want: CallClaim, holder: str) -> ClaimOutcome:
@@ -249,8 +260,24 @@ class ClaimsMixin(RunsMixin):
         token = new_token()
         reply = self._run(
             "claim_call",
-            [k.run(run_id), k.attempts(run_id), k.leases_of(run_id), k.results(run_id, want.step)],
-            [run_id, want.version, want.epoch, want.step, want.call_id, token, holder, self._lease_ms],
+            [
+                k.run(run_id),
+                k.attempts(run_id),
+                k.leases_of(run_id),
+                k.results(run_id, want.step),
+                k.last_claim_of(run_id, holder),
+            ],
+            [
+                run_id,
+                want.version,
+                want.epoch,
+                want.step,
+                want.call_id,
+                token,
+                holder,
+                self._lease_ms,
+                HeldClaim(run_id, protocol.call_claim(want.step, want.call_id), holder, want.version).dump(),
+            ],
         )
         status = _s(reply[0])
         if status != "ok":

@@ -196,3 +196,68 @@ def test_a_real_worker_consumes_acks_and_reports_what_the_commit_pushed(
         pubsub.close()
         client.close()
         worker.stop()
+
+
+def _another(spec: TaskSpec, n: int) -> TaskSpec:
+    """A task of the same kind as ``spec`` (name, queue, time limit, argument names), other values."""
+    arguments = {k: (f"{v}-{n}" if isinstance(v, str) else v) for k, v in spec.arguments.items()}
+    return spec.model_copy(update={"task_id": f"{spec.task_id}:{n}", "arguments": arguments})
+
+
+def test_a_message_built_from_its_kind_s_template_is_the_one_celery_publishes(server: RedisServer) -> None:
+    settings = Settings(redis_url=server.url, agents_module="tests.agents_fixture")
+    app = create_app(settings)
+    celery = Celery("wesichain", set_as_current=False)
+    celery.conf.update(celery_config(settings))
+    r = server.client()
+    builder = MessageBuilder(app)
+    try:
+        for spec in SPECS:
+            builder.build([spec])  # the first of its kind: send_task, kept as the template
+            for n in (1, 2):
+                again = _another(spec, n)
+                celery.send_task(
+                    again.name,
+                    args=again.args or None,
+                    kwargs=again.arguments or None,
+                    task_id=again.task_id,
+                    time_limit=again.time_limit_s,
+                    queue=again.queue,
+                )
+                (key,) = _queue_keys(r)
+                celerys = r.lpop(key)
+                commands = builder.build([again])
+                assert [(name, args[0]) for name, args in commands] == [("lpush", key)]
+                assert _comparable(commands[0][1][1]) == _comparable(str(celerys)), again
+        # Every kind of plain arguments got its template; the fifth spec's argument is nested, and
+        # only send_task writes its headers.
+        assert len(builder._templates) == 4, builder._templates
+    finally:
+        builder.close()
+        celery.close()
+
+
+def test_inside_a_task_a_templated_message_names_it_as_parent_and_root_as_send_task_does(
+    server: RedisServer,
+) -> None:
+    settings = Settings(redis_url=server.url, agents_module="tests.agents_fixture")
+    app = create_app(settings)
+    builder = MessageBuilder(app)
+    spec = SPECS[0]
+    builder.build([spec])  # the template, outside any task
+    seen: dict[str, Any] = {}
+
+    @app.task(name="tests.publish_inside")
+    def publish_inside() -> None:
+        again = _another(spec, 7)
+        seen["templated"] = builder.build([again])
+        seen["sent"] = builder._send_tasks([again])
+
+    try:
+        publish_inside.apply(task_id="outer-task")
+        templated, sent = seen["templated"], seen["sent"]
+        assert _comparable(templated[0][1][1]) == _comparable(sent[0][1][1])
+        headers = json.loads(templated[0][1][1])["headers"]
+        assert (headers["parent_id"], headers["root_id"]) == ("outer-task", "outer-task")
+    finally:
+        builder.close()

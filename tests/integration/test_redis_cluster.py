@@ -20,6 +20,7 @@ from redis.crc import key_slot
 from producer.client import Client
 from shared.errors import ConfigError
 from shared.keys import Keys
+from shared.liveness import Lives
 from shared.redis_client import preflight
 from shared.retention import GarbageCollector, MemoryGuard
 from shared.settings import Settings as RuntimeSettings
@@ -30,6 +31,7 @@ from tests.conftest import _need_redis
 from tests.harness import RedisServer, WorkerProcess
 from tests.invariants import ONE_HOP, assert_event_invariants, committed, kinds
 from tests.redis_cluster import ClusterStore, RedisCluster
+from worker.testing.runs import HOLDER, claim, started
 
 #: Runs placed on each primary.
 PER_PRIMARY = 2
@@ -178,5 +180,23 @@ def test_the_sweepers_reads_reach_every_shard(store: ClusterStore) -> None:
     try:
         assert client.store.due_everywhere(10) == [[] for _ in range(client.store.keys.shards)]
         assert client.store.renew([(uuid.uuid4().hex, "running", "token", True)]) == [(False, False)]
+    finally:
+        client.close()
+
+
+def test_a_dead_start_s_last_claims_are_read_from_every_shard(store: ClusterStore) -> None:
+    """The claim writes its last-claim key in the run's slot; the sweeper reads those of a dead
+    start's processes from every shard, over the primaries, in one batched read."""
+    client = Client(Settings(redis_url=store.url, agents_module="tests.agents_fixture"))
+    try:
+        runs = [started(client.store) for _ in range(3)]
+        for thinking in runs:
+            claim(client.store, thinking.head)
+        shards = {client.store.keys.shard(t.head.run_id) for t in runs}
+        lives = Lives(client.store.redis, client.store.keys, client.store.settings.lease_s)
+        found = lives.last_claims([HOLDER, "another-host:1"])
+        # One process holds one claim at a time: each shard keeps the last it took there.
+        assert {c.run_id for c in found} <= {t.head.run_id for t in runs}
+        assert len(found) == len(shards) and all(c.holder == HOLDER for c in found)
     finally:
         client.close()
