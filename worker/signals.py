@@ -46,6 +46,9 @@ def absorb_signals(
     signals pending for the delivery that takes the think over. Returns what was committed (None:
     fenced off), or :data:`NOTHING_PENDING`.
     """
+    sent = claim.signals_sent
+    if sent is not None and sent <= current.head.signals_applied:
+        return NOTHING_PENDING  # the claim read the inbox's count: no round trip for an unsignalled run
     return absorb_pending(rt, current, claim.ref, agent)
 
 
@@ -56,8 +59,6 @@ def absorb_pending(
     its answer was refused because signals came in meanwhile (the answer is dropped, and the
     think asks again with them)."""
     head = current.head
-    if claim.signals_sent is not None and claim.signals_sent <= head.signals_applied:
-        return NOTHING_PENDING  # the claim read the inbox's count: no round trip for an unsignalled run
     pending = rt.store.pending_signals(head.run_id, head.signals_applied)
     if not pending:
         return NOTHING_PENDING
@@ -86,7 +87,7 @@ def wake_for_message(rt: Runtime, head: RunHead) -> Decision | None:
     and a message is pending: the calls are denied and the model thinks again, the message applied
     first. Stored like a human's decision (the first stored wins); None: nothing wakes it."""
     approval = head.approval
-    if approval is None or approval.kind != "tool_calls" or not rt.agents.get(head.agent).wake_on_message:
+    if approval is None or approval.kind != "tool_calls" or not rt.agent_of(head).wake_on_message:
         return None
     if not any(s.kind == "message" for s in rt.store.pending_signals(head.run_id, head.signals_applied)):
         return None
