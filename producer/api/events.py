@@ -18,7 +18,6 @@ place is taken before its answer starts and given back when the answer ends, how
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -29,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from producer.api.errors import ApiError
-from producer.api.feeds import BATCH
+from producer.api.feeds import BATCH, sse_frame
 from producer.api.limits import StreamSlot
 from producer.api.models import EventPage
 from producer.api.runs import ERRORS, Svc, Who, owned_run
@@ -43,11 +42,6 @@ __all__ = ["events", "router", "sse_frame"]
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
 _STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
-
-
-def sse_frame(event_id: str, raw: str) -> str:
-    """One event as an SSE message: its stream id as ``id``, the event's JSON (with ``id``) as data."""
-    return f'id: {event_id}\ndata: {{"id":"{event_id}",{raw[1:]}\n\n'
 
 
 def _kinds(value: str | None) -> frozenset[str] | None:
@@ -65,7 +59,7 @@ def _kinds(value: str | None) -> frozenset[str] | None:
     return asked
 
 
-def _wanted(kinds: frozenset[str] | None, kind: str) -> bool:
+def _wanted(kinds: frozenset[str] | None, kind: str | None) -> bool:
     """Whether an event of ``kind`` is sent: every kind asked for, and always the end event, which
     says the stream is over."""
     return kinds is None or kind in kinds or kind in END_EVENTS
@@ -166,12 +160,20 @@ async def _stream(
             services.keys.events(run_id), cursor, services.config.keepalive_s
         ):
             if batch is not None:
-                for event_id, raw in batch:
-                    kind = json.loads(raw).get("kind")
+                # One write per batch, of frames the feed's entries render once for every follower.
+                frames = []
+                ended = False
+                for entry in batch:
+                    kind = entry.kind
                     if _wanted(only, kind):
-                        yield sse_frame(event_id, raw)
+                        frames.append(entry.frame)
                     if kind in END_EVENTS:
-                        return
+                        ended = True
+                        break
+                if frames:
+                    yield "".join(frames)
+                if ended:
+                    return
                 continue
             # Nothing for a while. The end event is committed with the terminal phase, so a run
             # that ended (or is gone) with nothing left to read had its events trimmed: stop.
