@@ -15,12 +15,14 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import psutil
 
 from benchmarks.harness import check, new_prefix, run_and_wait, summary
 from shared.keys import Keys
@@ -94,18 +96,40 @@ def _submits(ctx: Any, n: int, threads: int) -> dict[str, Any]:
                     clients.append(http)
             return http.post("/v1/runs", json={"agent": "direct", "input": "x"}).status_code
 
+        redis = cl.redis.client(db=SUBMITS_DB)
+        assert api.proc is not None
+        server = psutil.Process(api.proc.pid)
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(submit, range(threads * 4)))  # warm-up: connections, caches
+            commands, cpu_s = _commands(redis), sum(server.cpu_times()[:2])
             started = time.perf_counter()
             statuses = list(pool.map(submit, range(n)))
             elapsed = time.perf_counter() - started
+            cpu_s = sum(server.cpu_times()[:2]) - cpu_s
+            commands = _commands(redis) - commands
+        redis.close()
         for http in clients:
             http.close()
     finally:
         api.stop()
         cl.down(idle)
     accepted = statuses.count(202)
-    return {"submits": n, "accepted": accepted, "threads": threads, "per_s": round(accepted / elapsed, 1)}
+    return {
+        "submits": n,
+        "accepted": accepted,
+        "threads": threads,
+        "per_s": round(accepted / elapsed, 1),
+        # Less moved by the machine's load than the rate: the API process's CPU per submit, and
+        # the commands Redis ran per submit (those inside scripts included; the idle worker's
+        # heartbeats too, a few a second).
+        "api_cpu_ms_per_submit": round(cpu_s * 1000 / n, 3),
+        "redis_commands_per_submit": round(commands / n, 2),
+    }
+
+
+def _commands(redis: Any) -> int:
+    """Every command the server has run so far (``INFO commandstats``)."""
+    return sum(int(stat["calls"]) for stat in redis.info("commandstats").values())
 
 
 async def _fanout(api: ApiProcess, key: str, followers: int, steps: int) -> dict[str, Any]:
@@ -155,7 +179,11 @@ def scenario_api(ctx: Any) -> dict[str, Any]:
     """The API's added latency, one process's submits per second, and SSE fan-out to 100 followers."""
     cl, quick = ctx.cluster, ctx.quick
     submits = _submits(ctx, n=1500 if quick else 10_000, threads=16)
-    ctx.log(f"    submits: {submits['per_s']}/s ({submits['accepted']}/{submits['submits']} accepted)")
+    ctx.log(
+        f"    submits: {submits['per_s']}/s ({submits['accepted']}/{submits['submits']} accepted),"
+        f" API CPU {submits['api_cpu_ms_per_submit']} ms and {submits['redis_commands_per_submit']}"
+        " Redis commands per submit"
+    )
     prefix = new_prefix("api")
     worker = cl.wesichain_worker("api-w", prefix, concurrency=2)
     cl.up(worker)
@@ -165,7 +193,7 @@ def scenario_api(ctx: Any) -> dict[str, Any]:
         overhead = _overhead(ctx, prefix, api, key, n=20 if quick else 200)
         ctx.log(f"    overhead: {overhead['added_p50_ms']} ms added at p50")
         fanout = asyncio.run(_fanout(api, key, FANOUT_FOLLOWERS, steps=5 if quick else 10))
-        ctx.log(f"    fan-out: lag {fanout['lag_ms']}")
+        ctx.log(f"    fan-out: lag {fanout['lag_ms']}, live lag {fanout['live_lag_ms']}")
     finally:
         api.stop()
         cl.down(worker)
@@ -178,6 +206,10 @@ def scenario_api(ctx: Any) -> dict[str, Any]:
             "api_added_p50_ms": check(overhead["added_p50_ms"], OVERHEAD_GOAL_MS, "<="),
             "api_submits_per_s": check(submits["per_s"], SUBMITS_GOAL, ">="),
             "sse_lag_p95_ms": check(fanout["lag_ms"]["p95"], SSE_LAG_GOAL_MS, "<="),
+            # The same goal on the events appended once every follower's stream was open.
+            "sse_live_lag_p95_ms": check(
+                fanout["live_lag_ms"]["p95"] if fanout["live_lag_ms"] else math.inf, SSE_LAG_GOAL_MS, "<="
+            ),
             "sse_every_follower_every_event": check(1.0 if every else 0.0, 1.0, ">="),
         },
     }

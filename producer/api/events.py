@@ -31,11 +31,12 @@ from producer.api.errors import ApiError
 from producer.api.feeds import BATCH, sse_frame
 from producer.api.limits import StreamSlot
 from producer.api.models import EventPage
-from producer.api.runs import ERRORS, Svc, Who, owned_run
+from producer.api.runs import ERRORS, Svc, Who, check_run_id, owned, owned_run
 from producer.api.services import Services
 from shared import protocol
 from shared.events import END_EVENTS, EVENT_KINDS, stream_after
-from shared.state import Phase
+from shared.state import Phase, RunHead
+from shared.store.runs import loaded_head
 
 __all__ = ["events", "router", "sse_frame"]
 
@@ -105,7 +106,7 @@ async def events(
         ),
     ] = None,
 ) -> Response:
-    head = await run_in_threadpool(owned_run, services, who, run_id)
+    head = await _owned_run(services, who, run_id)
     only = _kinds(kinds)
     if "text/event-stream" not in request.headers.get("accept", ""):
         cursor = _cursor(after)
@@ -131,6 +132,17 @@ async def events(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+async def _owned_run(services: Services, who: Who, run_id: str) -> RunHead:
+    """:func:`owned_run`, read on the event loop's own Redis client while the run is in Redis (a
+    stream's usual case): no hop to a worker thread and back before the stream starts."""
+    check_run_id(run_id)
+    fields = [protocol.BODY, protocol.REQUEST, protocol.EPOCH]
+    head = loaded_head(await services.aredis.hmget(services.keys.run(run_id), fields))
+    if head is None:  # ended and archived, or no such run: the archive is read blocking
+        return await run_in_threadpool(owned_run, services, who, run_id)
+    return owned(who, run_id, head)
 
 
 class _SlotStream(StreamingResponse):

@@ -47,11 +47,13 @@ __all__ = [
     "Who",
     "approve",
     "cancel",
+    "check_run_id",
     "checkpoints",
     "children",
     "deny",
     "get_run",
     "list_runs",
+    "owned",
     "owned_run",
     "retry",
     "router",
@@ -82,11 +84,21 @@ Who = Annotated[Caller, Depends(caller)]
 
 def owned_run(services: Services, who: Caller, run_id: str) -> RunHead:
     """The caller's run ``run_id``; 404 if there is none (or it is another tenant's)."""
+    check_run_id(run_id)
+    return owned(who, run_id, services.store.load(run_id))
+
+
+def check_run_id(run_id: str) -> None:
+    """404 for a run id no run can have."""
     try:
         check_name("run_id", run_id)
     except InvalidRequest:
         raise ApiError(404, "not_found", f"no run {run_id[:80]!r}") from None
-    head = services.store.load(run_id)
+
+
+def owned(who: Caller, run_id: str, head: RunHead | None) -> RunHead:
+    """``head`` (run ``run_id`` as read) if it is the caller's; 404 if there is none, or it is
+    another tenant's: the same answer, so a tenant cannot learn another's run ids."""
     if head is None or head.tenant != who.tenant:
         raise ApiError(404, "not_found", f"no run {run_id!r}")
     return head
