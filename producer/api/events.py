@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from producer.api.errors import ApiError
-from producer.api.feeds import BATCH, sse_frame
+from producer.api.feeds import BATCH
 from producer.api.limits import StreamSlot
 from producer.api.models import EventPage
 from producer.api.runs import ERRORS, Svc, Who, check_run_id, owned, owned_run
@@ -38,7 +38,7 @@ from shared.events import END_EVENTS, EVENT_KINDS, stream_after
 from shared.state import Phase, RunHead
 from shared.store.runs import loaded_head
 
-__all__ = ["events", "router", "sse_frame"]
+__all__ = ["events", "router"]
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 

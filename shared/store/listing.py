@@ -20,6 +20,7 @@ __all__ = [
     "CURSOR_PATTERN",
     "ListingMixin",
     "RunPage",
+    "inflight_total",
 ]
 
 

@@ -13,8 +13,7 @@ import pytest
 
 from producer.api.app import create_app
 from producer.api.config import ApiConfig, is_loopback
-from producer.api.events import sse_frame
-from producer.api.feeds import Entry, after
+from producer.api.feeds import Entry, after, sse_frame
 from shared.errors import ConfigError
 from shared.settings import Settings
 
