@@ -37,6 +37,7 @@ __all__ = [
     "TenantSettings",
     "Tenants",
     "digest",
+    "live_record",
 ]
 
 KEY_PREFIX = "wsk_"
@@ -115,13 +116,15 @@ class Tenants:
 
     def authenticate(self, key: str) -> KeyRecord | None:
         """The record of a live key, or None (unknown or revoked)."""
+        address = self.record_key(key)
+        return live_record(self.redis.get(address)) if address is not None else None
+
+    def record_key(self, key: str) -> str | None:
+        """The Redis key holding the record of API key ``key``; None for a string that is no key
+        (for a caller reading the record with another client, then :func:`live_record`)."""
         if not key.startswith(KEY_PREFIX) or len(key) > 200:
             return None
-        raw = self.redis.get(self.keys.api_key(digest(key)))
-        if raw is None:
-            return None
-        record = KeyRecord.model_validate_json(raw)
-        return record if record.revoked_at is None else None
+        return self.keys.api_key(digest(key))
 
     def keys_of(self, tenant: str) -> list[KeyRecord]:
         digests = sorted(str(d) for d in self.redis.smembers(self.keys.api_keys(tenant)))
@@ -278,3 +281,11 @@ def _names_of(raw: object) -> tuple[str, ...]:
         return ()
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
     return tuple(sorted(str(name) for name in json.loads(text)))
+
+
+def live_record(raw: str | bytes | None) -> KeyRecord | None:
+    """The key record stored as ``raw`` if the key is live; None if there is none or it is revoked."""
+    if raw is None:
+        return None
+    record = KeyRecord.model_validate_json(raw)
+    return record if record.revoked_at is None else None

@@ -18,7 +18,6 @@ place is taken before its answer starts and given back when the answer ends, how
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -32,22 +31,18 @@ from producer.api.errors import ApiError
 from producer.api.feeds import BATCH
 from producer.api.limits import StreamSlot
 from producer.api.models import EventPage
-from producer.api.runs import ERRORS, Svc, Who, owned_run
+from producer.api.runs import ERRORS, Svc, Who, check_run_id, owned, owned_run
 from producer.api.services import Services
 from shared import protocol
 from shared.events import END_EVENTS, EVENT_KINDS, stream_after
-from shared.state import Phase
+from shared.state import Phase, RunHead
+from shared.store.runs import loaded_head
 
-__all__ = ["events", "router", "sse_frame"]
+__all__ = ["events", "router"]
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
 _STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
-
-
-def sse_frame(event_id: str, raw: str) -> str:
-    """One event as an SSE message: its stream id as ``id``, the event's JSON (with ``id``) as data."""
-    return f'id: {event_id}\ndata: {{"id":"{event_id}",{raw[1:]}\n\n'
 
 
 def _kinds(value: str | None) -> frozenset[str] | None:
@@ -65,7 +60,7 @@ def _kinds(value: str | None) -> frozenset[str] | None:
     return asked
 
 
-def _wanted(kinds: frozenset[str] | None, kind: str) -> bool:
+def _wanted(kinds: frozenset[str] | None, kind: str | None) -> bool:
     """Whether an event of ``kind`` is sent: every kind asked for, and always the end event, which
     says the stream is over."""
     return kinds is None or kind in kinds or kind in END_EVENTS
@@ -111,7 +106,7 @@ async def events(
         ),
     ] = None,
 ) -> Response:
-    head = await run_in_threadpool(owned_run, services, who, run_id)
+    head = await _owned_run(services, who, run_id)
     only = _kinds(kinds)
     if "text/event-stream" not in request.headers.get("accept", ""):
         cursor = _cursor(after)
@@ -137,6 +132,17 @@ async def events(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+async def _owned_run(services: Services, who: Who, run_id: str) -> RunHead:
+    """:func:`owned_run`, read on the event loop's own Redis client while the run is in Redis (a
+    stream's usual case): no hop to a worker thread and back before the stream starts."""
+    check_run_id(run_id)
+    fields = [protocol.BODY, protocol.REQUEST, protocol.EPOCH]
+    head = loaded_head(await services.aredis.hmget(services.keys.run(run_id), fields))
+    if head is None:  # ended and archived, or no such run: the archive is read blocking
+        return await run_in_threadpool(owned_run, services, who, run_id)
+    return owned(who, run_id, head)
 
 
 class _SlotStream(StreamingResponse):
@@ -166,12 +172,20 @@ async def _stream(
             services.keys.events(run_id), cursor, services.config.keepalive_s
         ):
             if batch is not None:
-                for event_id, raw in batch:
-                    kind = json.loads(raw).get("kind")
+                # One write per batch, of frames the feed's entries render once for every follower.
+                frames = []
+                ended = False
+                for entry in batch:
+                    kind = entry.kind
                     if _wanted(only, kind):
-                        yield sse_frame(event_id, raw)
+                        frames.append(entry.frame)
                     if kind in END_EVENTS:
-                        return
+                        ended = True
+                        break
+                if frames:
+                    yield "".join(frames)
+                if ended:
+                    return
                 continue
             # Nothing for a while. The end event is committed with the terminal phase, so a run
             # that ended (or is gone) with nothing left to read had its events trimmed: stop.

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -29,7 +31,7 @@ import redis.asyncio as aioredis
 
 from shared.events import stream_after
 
-__all__ = ["BATCH", "Entry", "Feed", "FeedHub", "MAX_QUEUED", "after"]
+__all__ = ["BATCH", "Entry", "Feed", "FeedHub", "MAX_QUEUED", "after", "sse_frame"]
 
 log = logging.getLogger("wesichain.api")
 
@@ -38,8 +40,32 @@ BATCH = 500
 #: Batches a subscriber may have waiting before it is dropped.
 MAX_QUEUED = 1000
 
-#: One event as read: its stream id and its stored JSON.
-Entry = tuple[str, str]
+
+class Entry(tuple[str, str]):
+    """One event as read: its stream id and its stored JSON (it unpacks as that pair). Its kind and
+    its SSE frame are worked out once, on first use: a feed hands the same entries to every
+    follower, so 100 followers of a run parse and format each event once, not 100 times."""
+
+    def __new__(cls, event_id: str, raw: str) -> Entry:
+        return super().__new__(cls, (event_id, raw))
+
+    @property
+    def id(self) -> str:
+        return self[0]
+
+    @functools.cached_property
+    def kind(self) -> str | None:
+        kind = json.loads(self[1]).get("kind")
+        return kind if isinstance(kind, str) else None
+
+    @functools.cached_property
+    def frame(self) -> str:
+        return sse_frame(self[0], self[1])
+
+
+def sse_frame(event_id: str, raw: str) -> str:
+    """One event as an SSE message: its stream id as ``id``, the event's JSON (with ``id``) as data."""
+    return f'id: {event_id}\ndata: {{"id":"{event_id}",{raw[1:]}\n\n'
 
 
 def after(a: str, b: str) -> bool:
@@ -50,7 +76,7 @@ def after(a: str, b: str) -> bool:
 
 
 def _entries(raw: Any) -> list[Entry]:
-    return [(str(eid), str(fields["e"])) for eid, fields in raw]
+    return [Entry(str(eid), str(fields["e"])) for eid, fields in raw]
 
 
 class Feed:
@@ -141,7 +167,10 @@ class FeedHub:
                 yield batch
             while True:
                 try:
-                    live = await asyncio.wait_for(queue.get(), timeout=idle_s)
+                    # Not wait_for, which runs the get in a task of its own: a task per follower
+                    # for every event, with 100 followers of a run.
+                    async with asyncio.timeout(idle_s):
+                        live = await queue.get()
                 except TimeoutError:
                     yield None
                     continue

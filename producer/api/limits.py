@@ -25,8 +25,10 @@ A created run whose reservation is not dropped yet is counted twice, which only 
 waiting: a submit is refused ``too_many_in_flight`` only when the counts alone reach the limit;
 when reservations tip it over, it withdraws (its window entry too) and tries again after a few
 milliseconds, and answers ``503 unavailable`` (Retry-After) if that lasts ``ADMIT_WAIT_S``.
-Admitting costs one script, one read and one delete more than creating the run; no lock is held,
-so one tenant's submits still run side by side.
+Admitting costs one round trip more than creating the run: the script and the read, pipelined (on
+Redis Cluster the read waits for the script, two round trips), while the delete shares its round
+trip with the read of the created run for the submit's answer. No lock is held, so one tenant's
+submits still run side by side.
 
 A tenant's limits, default webhook and allowed queue namespaces are read at most every
 ``cache_s`` seconds.
@@ -42,12 +44,16 @@ import uuid
 from dataclasses import dataclass
 
 from redis.crc import key_slot
+from redis.exceptions import NoScriptError
 
 from producer.api.errors import ApiError
 from shared.errors import ConfigError
 from shared.protocol import lua_prelude
 from shared.scripts import is_cluster, script_body
+from shared.state import RunHead
 from shared.store import RunStore
+from shared.store.listing import inflight_total
+from shared.store.runs import loaded_head
 from shared.tenants import CeleryCallbacks, TenantLimits, Tenants, TenantSettings
 
 __all__ = [
@@ -123,10 +129,9 @@ class SubmitGate:
         self.tenants = tenants
         self.cache_s = cache_s
         self._reserve = store.redis.register_script(_reserve_source())
+        self._cluster = is_cluster(store.redis)
         window = store.keys.submits("tenant")  # tenants' names hold no braces: one check for all
-        if is_cluster(store.redis) and key_slot(reservations_key(window).encode()) != key_slot(
-            window.encode()
-        ):
+        if self._cluster and key_slot(reservations_key(window).encode()) != key_slot(window.encode()):
             raise ConfigError(f"the key prefix {store.keys.prefix!r} puts a tenant's keys in different slots")
         self._cache: dict[str, tuple[float, TenantSettings]] = {}
         self._lock = threading.Lock()
@@ -175,10 +180,9 @@ class SubmitGate:
         deadline = time.monotonic() + ADMIT_WAIT_S
         pause = 0.002
         while True:
-            admitted, value = self._reserve(
-                keys=keys, args=[limits.submits_per_minute, WINDOW_MS, token, RESERVE_TTL_MS]
+            admitted, value, inflight = self._reserve_and_count(
+                tenant, keys, [limits.submits_per_minute, WINDOW_MS, token, RESERVE_TTL_MS]
             )
-            inflight = self.store.inflight(tenant)
             if not int(admitted):
                 self._refuse_inflight(tenant, limits, inflight)  # the older limit is named first
                 retry_s = max(1, math.ceil(int(value) / 1000))
@@ -210,11 +214,46 @@ class SubmitGate:
             time.sleep(pause * (0.5 + random.random()))
             pause = min(pause * 2, 0.05)
 
+    def _reserve_and_count(self, tenant: str, keys: list[str], args: list[int | str]) -> tuple[int, int, int]:
+        """Step 1 (the reservation script), then step 2 (the in-flight counts): in one round trip
+        on a single Redis, where one connection's commands run in the order sent; on a cluster the
+        counts live on other nodes, so the read waits for the script's answer."""
+        if self._cluster:
+            admitted, value = self._reserve(keys=keys, args=args)
+            return int(admitted), int(value), self.store.inflight(tenant)
+        for _ in range(2):
+            with self.store.redis.pipeline(transaction=False) as pipe:
+                # EVALSHA, not the Script object: a pipeline would ask SCRIPT EXISTS first, each time.
+                pipe.evalsha(self._reserve.sha, len(keys), *keys, *args)
+                self.store.queue_inflight(pipe, tenant)
+                replies = pipe.execute(raise_on_error=False)
+            verdict = replies[0]
+            if isinstance(verdict, NoScriptError):  # a restarted or flushed Redis: load it, again
+                self._reserve.sha = self.store.redis.script_load(self._reserve.script)
+                continue
+            if isinstance(verdict, Exception):
+                raise verdict
+            failed = next((r for r in replies[1:] if isinstance(r, Exception)), None)
+            if failed is not None:
+                raise failed
+            return int(verdict[0]), int(verdict[1]), inflight_total(replies[1:])
+        raise NoScriptError("the reservation script could not be loaded")
+
     def release(self, reservation: Reservation | None) -> None:
         """Drop a reservation: its run is in the in-flight counts now (or was never created)."""
         if reservation is not None:
             window = self.store.keys.submits(reservation.tenant)
             self.store.redis.zrem(reservations_key(window), reservation.token)
+
+    def release_and_load(self, reservation: Reservation | None, run_id: str) -> RunHead | None:
+        """:meth:`release` once the run is created, and read its head (the submit's answer) in the
+        same round trip; None if the run is not in Redis (the caller reads the archive)."""
+        with self.store.redis.pipeline(transaction=False) as pipe:
+            if reservation is not None:
+                pipe.zrem(reservations_key(self.store.keys.submits(reservation.tenant)), reservation.token)
+            self.store.queue_load(pipe, run_id)
+            replies = pipe.execute()
+        return loaded_head(replies[-1])
 
     @staticmethod
     def _refuse_inflight(tenant: str, limits: TenantLimits, inflight: int) -> None:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 
 from producer.api.auth import Caller, caller
 from producer.api.errors import ApiError, ErrorBody
+from producer.api.limits import Reservation
 from producer.api.models import (
     CheckpointList,
     DecisionBody,
@@ -34,6 +35,7 @@ from shared.state import Callback, CallbackState, Decision, Phase, RunHead, RunS
 from shared.store import CURSOR_PATTERN
 from shared.versions import waiting_for
 from shared.webhooks import check_url
+from shared.workers import LiveWorker
 
 #: The latest time a listing filter may name (Unix seconds, the year 2286): bounds the arithmetic.
 MAX_UNIX_S = 10_000_000_000
@@ -45,11 +47,13 @@ __all__ = [
     "Who",
     "approve",
     "cancel",
+    "check_run_id",
     "checkpoints",
     "children",
     "deny",
     "get_run",
     "list_runs",
+    "owned",
     "owned_run",
     "retry",
     "router",
@@ -80,22 +84,33 @@ Who = Annotated[Caller, Depends(caller)]
 
 def owned_run(services: Services, who: Caller, run_id: str) -> RunHead:
     """The caller's run ``run_id``; 404 if there is none (or it is another tenant's)."""
+    check_run_id(run_id)
+    return owned(who, run_id, services.store.load(run_id))
+
+
+def check_run_id(run_id: str) -> None:
+    """404 for a run id no run can have."""
     try:
         check_name("run_id", run_id)
     except InvalidRequest:
         raise ApiError(404, "not_found", f"no run {run_id[:80]!r}") from None
-    head = services.store.load(run_id)
+
+
+def owned(who: Caller, run_id: str, head: RunHead | None) -> RunHead:
+    """``head`` (run ``run_id`` as read) if it is the caller's; 404 if there is none, or it is
+    another tenant's: the same answer, so a tenant cannot learn another's run ids."""
     if head is None or head.tenant != who.tenant:
         raise ApiError(404, "not_found", f"no run {run_id!r}")
     return head
 
 
-def _view(services: Services, head: RunHead) -> RunView:
+def _view(services: Services, head: RunHead, live: list[LiveWorker] | None = None) -> RunView:
+    """The run as answered; ``live``: the workers to say why it waits from (default: read now)."""
     raw = services.store.callback_state(head.run_id) if head.callback is not None else None
     callback = CallbackState.model_validate_json(raw) if raw is not None else None
     decided = head.phase is Phase.AWAITING_APPROVAL and services.store.load_decision(head.run_id) is not None
     previous = _thread_previous(services, [head]).get(head.run_id)
-    reason = _waiting_for(services, [head], decided, {head.run_id: previous} if previous else {})
+    reason = _waiting_for(services, [head], decided, {head.run_id: previous} if previous else {}, live)
     return run_view(head, callback, reason.get(head.run_id), previous)
 
 
@@ -111,7 +126,11 @@ def _thread_previous(services: Services, heads: list[RunHead]) -> dict[str, str]
 
 
 def _waiting_for(
-    services: Services, heads: list[RunHead], decided: bool = False, previous: dict[str, str] | None = None
+    services: Services,
+    heads: list[RunHead],
+    decided: bool = False,
+    previous: dict[str, str] | None = None,
+    live: list[LiveWorker] | None = None,
 ) -> dict[str, str]:
     """Why each of these runs is not moving, if something can be said (one read of the workers).
     ``decided``: the one parked run given has a decision stored, its resumption waits for a worker;
@@ -119,7 +138,8 @@ def _waiting_for(
     moving = [h for h in heads if not h.terminal and (decided or h.phase is not Phase.AWAITING_APPROVAL)]
     if not moving:
         return {}
-    live = services.client.workers.live()
+    if live is None:
+        live = services.client.workers.live()
     previous = previous or {}
     return {
         h.run_id: reason
@@ -167,7 +187,7 @@ def submit(
     if callback is not None and callback.url is not None:
         _check_callback_url(services, callback.url)
     allowed_callback(services.gate, who, callback)
-    with _starting(services, who, body.agent, replay):
+    with _starting(services, who, body.agent, replay) as start:
         handle = services.client.submit(
             body.agent,
             body.input,
@@ -183,8 +203,8 @@ def submit(
             assistant=body.assistant,
             assistant_version=body.assistant_version,
         )
-    head = handle.status()
-    return _view(services, head)
+        head = start.created(handle.run_id)
+    return _view(services, head, services.recent_workers())
 
 
 def _check_callback_url(services: Services, url: str) -> None:
@@ -194,16 +214,37 @@ def _check_callback_url(services: Services, url: str) -> None:
         raise ApiError(422, "invalid_request", f"callback: {exc.message}") from None
 
 
+class _Start:
+    """A run being started: its reservation under the tenant's limits, held until it is created."""
+
+    def __init__(self, services: Services, reservation: Reservation | None) -> None:
+        self.services = services
+        self.reservation = reservation
+        self.released = False
+
+    def created(self, run_id: str) -> RunHead:
+        """The run is created: drop the reservation and read the run, in one round trip."""
+        self.released = True
+        head = self.services.gate.release_and_load(self.reservation, run_id)
+        return head if head is not None else RunHandle(self.services.client, run_id).status()
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.services.gate.release(self.reservation)
+
+
 @contextmanager
-def _starting(services: Services, who: Caller, agent: str, replay: bool) -> Iterator[None]:
+def _starting(services: Services, who: Caller, agent: str, replay: bool) -> Iterator[_Start]:
     """Starting a run for the caller: counted against its tenant's limits while it is created (a
     replayed request starts nothing and is answered whatever the limits), and the client's refusals
     as the API's errors."""
     reservation = None
     if who.tenant is not None and not replay:
         reservation = services.gate.reserve(who.tenant)
+    start = _Start(services, reservation)
     try:
-        yield
+        yield start
     except ThreadBusy as exc:
         # The caller's own thread (thread ids are per tenant): the busy run is its own to name.
         details = {"thread_id": exc.thread_id, "run_id": exc.run_id, "retryable": True}
@@ -225,7 +266,7 @@ def _starting(services: Services, who: Caller, agent: str, replay: bool) -> Iter
         raise ApiError(503, "store_full", str(exc), headers={"Retry-After": str(_FULL_RETRY_S)}) from None
     finally:
         # Only now: the run is in the in-flight counts (or was not created), see producer/api/limits.py.
-        services.gate.release(reservation)
+        start.release()
 
 
 @router.get("/runs/{run_id}", response_model=RunView, summary="A run's current state")

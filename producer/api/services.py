@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -13,8 +15,12 @@ from producer.client import Client
 from shared.keys import Keys
 from shared.tenants import Tenants
 from shared.tls import endpoint
+from shared.workers import LiveWorker
 
-__all__ = ["Services"]
+__all__ = ["RECENT_WORKERS_S", "Services"]
+
+#: How old the worker list a submit's answer is computed from may be (see ``recent_workers``).
+RECENT_WORKERS_S = 1.0
 
 
 class Services:
@@ -57,6 +63,18 @@ class Services:
             )
         self.feeds = FeedHub(self.aredis, max(1, int(config.keepalive_s * 1000)))
         self.streams = StreamSlots(config.max_streams, config.streams_per_tenant)
+        self._recent_workers: tuple[float, list[LiveWorker]] = (-math.inf, [])
+
+    def recent_workers(self) -> list[LiveWorker]:
+        """The live workers as read at most ``RECENT_WORKERS_S`` ago: for the answer to a submit,
+        whose ``waiting_for`` needs them, without reading the registry at every submit (it changes
+        at the workers' heartbeat, every ``registry_interval_s``)."""
+        now = time.monotonic()
+        read_at, live = self._recent_workers
+        if now - read_at > RECENT_WORKERS_S:
+            live = self.client.workers.live()
+            self._recent_workers = (now, live)  # one assignment: threads see the old pair or the new
+        return live
 
     async def close(self) -> None:
         await self.aredis.aclose()

@@ -20,6 +20,7 @@ __all__ = [
     "CURSOR_PATTERN",
     "ListingMixin",
     "RunPage",
+    "inflight_total",
 ]
 
 
@@ -212,6 +213,13 @@ class ListingMixin(RunsMixin):
                 pipe.hget(self.keys.inflight(shard), tenant or "-")
             return sum(int(v or 0) for v in pipe.execute())
 
+    def queue_inflight(self, pipe: Any, tenant: str | None) -> int:
+        """Queue :meth:`inflight`'s reads on the pipeline ``pipe``, to share a round trip with other
+        commands; returns how many replies they take (sum them with :func:`inflight_total`)."""
+        for shard in range(self.keys.shards):
+            pipe.hget(self.keys.inflight(shard), tenant or "-")
+        return self.keys.shards
+
     def join_thread(self, tenant: str | None, thread_id: str, run_id: str) -> list[str]:
         """Add ``run_id`` to its tenant's thread (once, atomically); the thread's run ids, oldest first."""
         key = self.keys.thread(tenant, thread_id)
@@ -246,3 +254,8 @@ def _parse_cursor(cursor: str | None) -> tuple[int, str] | None:
     if not score.isdigit() or len(score) > 15 or not run_id:
         raise InvalidRequest(f"bad listing cursor {cursor[:80]!r}")
     return int(score), run_id
+
+
+def inflight_total(replies: list[Any]) -> int:
+    """The runs in flight, from the replies of :meth:`ListingMixin.queue_inflight`'s reads."""
+    return sum(int(v or 0) for v in replies)

@@ -7,6 +7,7 @@ in the same types.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 
@@ -19,7 +20,15 @@ from shared.store.base import StoreCore, _dump_outbox, _s, new_op
 
 __all__ = [
     "RunsMixin",
+    "loaded_head",
 ]
+
+
+def loaded_head(raw: Sequence[Any]) -> RunHead | None:
+    """The head from the reply of a run's ``HMGET body request epoch``; None for a run not in Redis."""
+    if raw[0] is None:
+        return None
+    return RunHead.compose(_s(raw[0]), _s(raw[1]), int(raw[2] or 0))
 
 
 class RunsMixin(StoreCore):
@@ -35,9 +44,12 @@ class RunsMixin(StoreCore):
 
     def _load_redis(self, run_id: str) -> RunHead | None:
         raw = self.redis.hmget(self.keys.run(run_id), protocol.BODY, protocol.REQUEST, protocol.EPOCH)
-        if raw[0] is None:
-            return None
-        return RunHead.compose(_s(raw[0]), _s(raw[1]), int(raw[2] or 0))
+        return loaded_head(raw)
+
+    def queue_load(self, pipe: Any, run_id: str) -> None:
+        """Queue the read of :meth:`load` on the pipeline ``pipe``, to share a round trip with other
+        commands; :func:`loaded_head` makes its reply the head (None: not in Redis)."""
+        pipe.hmget(self.keys.run(run_id), protocol.BODY, protocol.REQUEST, protocol.EPOCH)
 
     def load_many(self, run_ids: Sequence[str]) -> list[RunHead | None]:
         """The heads of ``run_ids`` still in Redis, in one pipelined round trip (per node of a

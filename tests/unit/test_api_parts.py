@@ -13,8 +13,7 @@ import pytest
 
 from producer.api.app import create_app
 from producer.api.config import ApiConfig, is_loopback
-from producer.api.events import sse_frame
-from producer.api.feeds import after
+from producer.api.feeds import Entry, after, sse_frame
 from shared.errors import ConfigError
 from shared.settings import Settings
 
@@ -56,6 +55,17 @@ def test_an_sse_frame_carries_the_stream_id_twice() -> None:
     frame = sse_frame("17-3", '{"kind":"RunStarted","step":0}')
     assert frame == 'id: 17-3\ndata: {"id":"17-3","kind":"RunStarted","step":0}\n\n'
     assert json.loads(frame.split("data: ", 1)[1]) == {"id": "17-3", "kind": "RunStarted", "step": 0}
+
+
+def test_a_feed_entry_unpacks_as_its_pair_and_renders_its_frame_once() -> None:
+    entry = Entry("17-3", '{"kind":"Completed","step":0}')
+    event_id, raw = entry
+    assert (event_id, raw) == ("17-3", '{"kind":"Completed","step":0}') and entry.id == "17-3"
+    assert entry.kind == "Completed"
+    assert entry.frame == sse_frame("17-3", raw)
+    # Worked out once, then the same string for every follower the feed hands the entry to.
+    assert entry.frame is entry.frame
+    assert Entry("1-0", '{"kind":7}').kind is None and Entry("1-0", "{}").kind is None
 
 
 def _call(method: str, path: str, content: Any = None) -> httpx.Response:

@@ -1,0 +1,140 @@
+"""The API's submit path in fewer round trips, and one rendering of each event for every follower
+of a run: what they must keep. A submit leaves no reservation behind and answers the run it
+created; the pipelined reservation survives Redis losing its scripts; another tenant can neither
+read, follow nor steer the run; followers of one run asking for different kinds share one feed
+and each gets exactly its own frames. Real uvicorn, real workers, real redis-server."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from producer.api.limits import reservations_key
+from shared.keys import Keys
+from shared.tenants import TenantLimits, Tenants
+from tests.api_support import SSE, ApiProcess, Frame, bearer, frames, wait_status
+from tests.broker import is_cluster
+from tests.harness import RedisServer, WorkerProcess
+
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def api(redis_server: RedisServer, workers: list[WorkerProcess]) -> Iterator[ApiProcess]:
+    process = ApiProcess(redis_server.url).start()
+    yield process
+    process.stop()
+
+
+def _tenant(redis_server: RedisServer, limits: TenantLimits | None = None) -> tuple[str, str]:
+    tenant = f"path-{uuid.uuid4().hex[:8]}"
+    tenants = Tenants(redis_server.client(), Keys())
+    if limits is not None:
+        tenants.set_limits(tenant, limits)
+    key, _ = tenants.create_key(tenant)
+    return tenant, key
+
+
+def test_concurrent_submits_leave_no_reservation_and_answer_the_runs_they_created(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    start = threading.Barrier(12)
+
+    def submit(i: int) -> httpx.Response:
+        with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+            start.wait(timeout=TIMEOUT)
+            return http.post("/v1/runs", json={"agent": "direct", "input": f"hello {i}"})
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(submit, range(12)))
+    assert [a.status_code for a in answers] == [202] * 12
+    runs = [a.json() for a in answers]
+    assert len({r["run_id"] for r in runs}) == 12
+    # The answer is the run as read in the round trip that dropped the reservation, after its start
+    # was sent (a worker may have taken it already); its workers were live, so it waits for nothing.
+    assert {(r["agent"], r["waiting_for"]) for r in runs} == {("direct", None)}
+    assert {r["status"] for r in runs} <= {"queued", "running", "completed"}
+    assert sorted(r["input"] for r in runs) == sorted(f"hello {i}" for i in range(12))
+    # Every reservation was dropped once its run was created.
+    redis = redis_server.client()
+    assert redis.zcard(reservations_key(Keys().submits(tenant))) == 0
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+        for run in runs:
+            assert wait_status(http, run["run_id"], {"completed"})["input"] == run["input"]
+
+
+def test_the_reservation_is_loaded_again_after_redis_lost_its_scripts(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    if is_cluster(redis_server.url):
+        pytest.skip("SCRIPT FLUSH of one standalone server")
+    _, key = _tenant(redis_server, TenantLimits(submits_per_minute=2))
+    redis_server.client().script_flush()
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+        assert http.post("/v1/runs", json={"agent": "direct", "input": "one"}).status_code == 202
+        redis_server.client().script_flush()
+        assert http.post("/v1/runs", json={"agent": "direct", "input": "two"}).status_code == 202
+        # The window still counts: the reloaded script is the same script.
+        third = http.post("/v1/runs", json={"agent": "direct", "input": "three"})
+    assert third.status_code == 429, third.text
+    assert third.json()["error"]["kind"] == "rate_limited"
+
+
+def test_another_tenant_can_neither_read_nor_follow_nor_steer_a_submitted_run(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    _, owner_key = _tenant(redis_server)
+    _, attacker_key = _tenant(redis_server)
+    with httpx.Client(base_url=api.url, headers=bearer(owner_key), timeout=TIMEOUT) as owner:
+        run_id = owner.post("/v1/runs", json={"agent": "needs_approval", "input": "mine"}).json()["run_id"]
+        wait_status(owner, run_id, {"awaiting_approval"})
+    with httpx.Client(base_url=api.url, headers=bearer(attacker_key), timeout=TIMEOUT) as attacker:
+        answers = [
+            attacker.get(f"/v1/runs/{run_id}"),
+            attacker.get(f"/v1/runs/{run_id}/events"),
+            attacker.get(f"/v1/runs/{run_id}/events", headers=SSE),
+            attacker.post(f"/v1/runs/{run_id}/approve"),
+            attacker.post(f"/v1/runs/{run_id}/cancel"),
+        ]
+    for answer in answers:
+        assert answer.status_code == 404, answer.text
+        assert answer.json()["error"]["kind"] == "not_found"
+    with httpx.Client(base_url=api.url, headers=bearer(owner_key), timeout=TIMEOUT) as owner:
+        # Still parked, undecided: the attacker's approve and cancel did nothing.
+        assert owner.get(f"/v1/runs/{run_id}").json()["status"] == "awaiting_approval"
+        assert owner.post(f"/v1/runs/{run_id}/cancel").status_code == 202
+
+
+def _follow(api: ApiProcess, key: str, run_id: str, kinds: str | None) -> list[Frame]:
+    params = {"kinds": kinds} if kinds else {}
+    with (
+        httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http,
+        http.stream("GET", f"/v1/runs/{run_id}/events", headers=SSE, params=params) as response,
+    ):
+        assert response.status_code == 200
+        return [f for f in frames(response) if f.data]
+
+
+def test_followers_asking_for_different_kinds_each_get_their_own_frames(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    _, key = _tenant(redis_server)
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+        run_id = http.post("/v1/runs", json={"agent": "chain", "input": "three hops"}).json()["run_id"]
+        asked = [None, "ToolCompleted", "ToolCompleted,ToolDispatched", None, "ToolCompleted"]
+        # Five followers of one run at once: one feed of this process serves them all.
+        with ThreadPoolExecutor(len(asked)) as pool:
+            got = list(pool.map(lambda kinds: _follow(api, key, run_id, kinds), asked))
+        every = http.get(f"/v1/runs/{run_id}/events", params={"limit": 500}).json()["events"]
+    assert every[-1]["kind"] == "Completed"
+    for kinds, followed in zip(asked, got, strict=True):
+        wanted = None if kinds is None else {*kinds.split(","), "Completed"}
+        expected = [e for e in every if wanted is None or e["kind"] in wanted]
+        assert [f.event for f in followed] == expected, kinds
+        assert all(f.id == f.event["id"] for f in followed)
