@@ -142,7 +142,9 @@ def test_the_readme_s_worker_commands_make_a_healthy_pool(redis_server: RedisSer
         assert version_queues_of([QUEUE_CALLBACKS], policies) == []  # a callback runs no agent code
         model_versions = version_queues_of([QUEUE_MODEL], policies)
         tool_versions = version_queues_of([QUEUE_TOOLS], policies)
-        assert f"{QUEUE_MODEL}.research-v1" in model_versions and f"{QUEUE_TOOLS}.research-v1" in tool_versions
+        assert (
+            f"{QUEUE_MODEL}.research-v1" in model_versions and f"{QUEUE_TOOLS}.research-v1" in tool_versions
+        )
         assert sorted(model["queues"]) == sorted([QUEUE_MODEL, QUEUE_CALLBACKS, *model_versions])
         assert sorted(tools["queues"]) == sorted([QUEUE_TOOLS, *tool_versions])
 
