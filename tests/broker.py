@@ -142,6 +142,11 @@ def vhost() -> Iterator[str]:
         _delete(name)
 
 
+#: Where a worker that loaded ``tests.delivery_probe`` counts each task delivery it received (a hash
+#: of task id -> deliveries, in its run-state Redis).
+DELIVERIES_KEY = "test:deliveries"
+
+
 def redis_from_env() -> redis.Redis:
     """A client of the run state's Redis named by the environment of a worker process (a cluster
     client when ``WESICHAIN_REDIS_CLUSTER=1``): where the test agents record their effects."""

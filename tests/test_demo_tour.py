@@ -14,6 +14,10 @@ from producer.cli import main
 from shared.examples.research_tour import TOUR_FOLLOW_UP, TOUR_NOTE, TOUR_QUESTION, holds
 from shared.settings import ENV_AGENTS, ENV_PREFIX, ENV_REDIS_URL
 
+# Imported before the tour's output is redirected, as it is when another test of the same process
+# imported it first: the tour must print to the standard output of when it runs, not of its import.
+from worker import demo_tour  # noqa: F401
+
 #: ``  run 2  [step 1] HandedOff ...``: which run, its step and the event's kind.
 EVENT_LINE = re.compile(r"^  (run \d) +\[step (\d+)\] (\w+)\s")
 #: ``  run 2  is idle: ...`` and ``  run 3  answers: ...``.

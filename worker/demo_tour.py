@@ -135,10 +135,11 @@ class _Tour:
         self.say(f"  {self.labels[head.run_id]}  answers: {head.answer}")
 
 
-def run_tour(client: Client, out: TextIO = sys.stdout, timeout_s: float = 60.0) -> int:
+def run_tour(client: Client, out: TextIO | None = None, timeout_s: float = 60.0) -> int:
     """Run the tour on ``client`` (an embedded one: the holds work in this process only), printing
-    it to ``out``; 0 when every run ended as the tour shows."""
-    tour = _Tour(client, out, timeout_s)
+    it to ``out`` (by default the standard output of when it is called, looked up then: a caller
+    that redirected it gets the tour); 0 when every run ended as the tour shows."""
+    tour = _Tour(client, sys.stdout if out is None else out, timeout_s)
     try:
         _steps(tour)
     except TourError as exc:

@@ -269,10 +269,28 @@ def queue_key(queue: str) -> str:
     return BROKER_PREFIX + queue
 
 
+def phase_queues(r: redis.Redis, kinds: Sequence[str] = QUEUES) -> list[str]:
+    """The broker's queues of run phases of ``kinds``: each kind queue and every version queue
+    beside it (``wesichain.tools.<agent>-v<N>``, where a started run's phases go: see
+    ``shared/versions.py``) that holds a message now."""
+    found = list(kinds)
+    for kind in kinds:
+        for key in r.scan_iter(match=queue_key(kind) + ".*", _type="list", count=1000):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            found.append(name[len(BROKER_PREFIX) :])
+    return sorted(set(found))
+
+
+def queued_phases(r: redis.Redis, kinds: Sequence[str] = QUEUES) -> int:
+    """Messages waiting in the phase queues of ``kinds`` (version queues included)."""
+    return sum(int(r.llen(queue_key(q)) or 0) for q in phase_queues(r, kinds))
+
+
 def pending_task_ids(r: redis.Redis) -> set[str]:
-    """Task ids still queued or delivered-but-unacked in the broker."""
+    """Task ids still queued (in a kind queue or a version queue) or delivered-but-unacked in the
+    broker."""
     raw: list[str] = []
-    for q in QUEUES:
+    for q in phase_queues(r):
         raw += [str(m) for m in r.lrange(queue_key(q), 0, -1)]
     raw += [str(m) for m in r.hvals(BROKER_PREFIX + "unacked")]
     ids: set[str] = set()

@@ -20,9 +20,10 @@ from collections import Counter
 import pytest
 
 from producer.client import Client
+from shared.settings import QUEUE_TOOLS
 from shared.state import TERMINAL_PHASES, Phase
-from tests.chaos.support import SOAK_REPORT, Cluster, pending_task_ids, queue_key
-from tests.delivery_probe import DELIVERIES_KEY
+from tests.broker import DELIVERIES_KEY
+from tests.chaos.support import SOAK_REPORT, Cluster, pending_task_ids, queued_phases
 from tests.harness import wait_until
 
 pytestmark = pytest.mark.redis_broker  # reads the Redis queue lists
@@ -70,7 +71,8 @@ def run_backlog(cluster: Cluster, client: Client, runs: int) -> None:
 
     def all_done() -> bool:
         nonlocal deepest, pending
-        deepest = max(deepest, int(r.llen(queue_key("wesichain.tools")) or 0))
+        # Tool calls of started runs wait in their agent version's tool queue.
+        deepest = max(deepest, queued_phases(r, [QUEUE_TOOLS]))
         with r.pipeline(transaction=False) as pipe:
             for run_id in pending:
                 pipe.hget(client.store.keys.run(run_id), "phase")

@@ -16,7 +16,7 @@ import pytest
 
 from producer.client import Client
 from shared.state import Phase
-from tests.broker import Settings
+from tests.broker import DELIVERIES_KEY, Settings
 from tests.chaos.support import (
     RUN_TIMEOUT_S,
     SHAPES,
@@ -33,7 +33,6 @@ from tests.chaos.support import (
     wait_tool_started,
 )
 from tests.conftest import _need_redis
-from tests.delivery_probe import DELIVERIES_KEY
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
 #: Leases long enough that no sweeper takeover mixes into the pure-duplicate test.

@@ -84,8 +84,16 @@ def _wait_parked(client: Client, run_id: str) -> None:
 
 
 def _assert_nothing_stranded(client: Client, thread: str, run_ids: list[str]) -> None:
-    """The thread is free, nobody waits for it, and no run is left parked."""
-    assert client.store.thread_holder(None, thread)[0] == ""
+    """The thread is free, nobody waits for it, and no run is left parked.
+
+    The last run's hand-on of its thread follows its terminal commit (a step of its own, that the
+    sweeper repairs when a kill falls between them), so a caller that saw the run end may look
+    before the thread is released: it is waited for, then everything is asserted."""
+    wait_until(
+        lambda: client.store.thread_holder(None, thread)[0] == "",
+        RUN_TIMEOUT_S,
+        what=f"thread {thread} to be handed on by its last run",
+    )
     assert client.store.thread_waiting(None, thread) == []
     assert [r for r in run_ids if client.store.thread_wait(r) is not None] == []
 

@@ -17,7 +17,7 @@ import pytest
 
 from producer.client import Client
 from shared.keys import Keys
-from shared.tenants import Tenants
+from shared.tenants import TenantLimits, Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.broker import Settings, broker_env
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
@@ -96,8 +96,9 @@ def test_idempotent_resubmit_returns_the_same_run(api: ApiProcess, redis_server:
 
 def test_submits_per_minute_are_limited_with_retry_after(api: ApiProcess, redis_server: RedisServer) -> None:
     tenant = f"rate-{uuid.uuid4().hex[:6]}"
+    # Every limit is printed: the one set, the others at their defaults.
     assert set_limits(redis_server, tenant, "--submits-per-minute", "5") == {
-        "max_inflight": 1000,
+        **TenantLimits().model_dump(),
         "submits_per_minute": 5,
     }
     with tenant_client(api, redis_server, tenant) as http:

@@ -20,7 +20,9 @@ from typing import IO, Any
 import httpx
 import pytest
 
+from shared.agents import load_registry
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
+from shared.versions import version_queues_of
 from tests.api_support import ApiProcess
 from tests.broker import broker_env
 from tests.harness import ROOT, RedisServer, wait_until
@@ -133,8 +135,18 @@ def test_the_readme_s_worker_commands_make_a_healthy_pool(redis_server: RedisSer
         model, tools = (by_pid[p.proc.pid] for p in procs)
         assert model["id"] == f"model-callbacks-{procs[0].proc.pid}@{host}"
         assert tools["id"] == f"tools-{procs[1].proc.pid}@{host}"
-        assert sorted(model["queues"]) == sorted([QUEUE_MODEL, QUEUE_CALLBACKS])
-        assert tools["queues"] == [QUEUE_TOOLS]
+        # The kind queues each was given, and beside them the version queue of every agent version
+        # its module defines for those kinds, where a started run's phases go.
+        agents = load_registry(exported["WESICHAIN_AGENTS"])
+        policies = [agents.get(name).versions for name in agents.names]
+        assert version_queues_of([QUEUE_CALLBACKS], policies) == []  # a callback runs no agent code
+        model_versions = version_queues_of([QUEUE_MODEL], policies)
+        tool_versions = version_queues_of([QUEUE_TOOLS], policies)
+        assert (
+            f"{QUEUE_MODEL}.research-v1" in model_versions and f"{QUEUE_TOOLS}.research-v1" in tool_versions
+        )
+        assert sorted(model["queues"]) == sorted([QUEUE_MODEL, QUEUE_CALLBACKS, *model_versions])
+        assert sorted(tools["queues"]) == sorted([QUEUE_TOOLS, *tool_versions])
 
         health = wesichain(env, tmp_path, "health")
         assert health.returncode == 0, health.stdout + health.stderr

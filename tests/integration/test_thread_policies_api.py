@@ -19,7 +19,9 @@ from shared.keys import Keys
 from shared.tenants import Tenants
 from tests.agents_fixture import GATE_DIR_ENV
 from tests.api_support import ApiProcess, bearer, wait_status
+from tests.conftest import own_store
 from tests.harness import RedisServer, WorkerProcess, wait_until
+from tests.redis_cluster import RedisCluster
 
 AGENTS = "tests.agents_fixture"
 TIMEOUT = 60
@@ -28,6 +30,14 @@ TIMEOUT = 60
 @pytest.fixture(scope="module")
 def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gate")
+
+
+@pytest.fixture(scope="module")
+def redis_server(redis_cluster: RedisCluster | None) -> Iterator[RedisServer]:
+    """This module's own run-state Redis: the session's shared workers, which have no gate, must
+    not take the gated charge of these tests (only this module's gated worker serves it)."""
+    with own_store(redis_cluster) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
