@@ -30,7 +30,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from shared.keys import Keys
-from shared.liveness import DeadStart
+from shared.liveness import DeadStart, HeldClaim
 from shared.queues import namespace_queues
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings
 from shared.state import Phase, RunHead, status_of
@@ -186,11 +186,14 @@ class Obituaries:
         self.redis = client
         self.keys = keys
 
-    def record(self, dead: DeadStart) -> None:
+    def record(self, dead: DeadStart, claims: Sequence[HeldClaim] | None = None) -> None:
+        """``dead`` with the claims it held: ``claims`` when given (the start's listed claims and
+        its processes' last claims, taken after its last beat), else the listed ones."""
+        held = dead.held if claims is None else claims
         death = WorkerDeath(
             life=dead.life,
             at=dead.until_ms / 1000,
-            claims=[(c.run_id, c.holder) for c in dead.held[:MAX_CLAIMS_PER_DEATH]],
+            claims=[(c.run_id, c.holder) for c in held[:MAX_CLAIMS_PER_DEATH]],
         )
         key = self.keys.worker_deaths()
         horizon = dead.until_ms - DEATHS_KEEP_S * 1000

@@ -217,8 +217,8 @@ class SweepLives:
         if runs:
             log.warning("worker start %s is dead: %d claim(s) handed on", dead.life, len(runs))
         # Before it is forgotten: the operator view lists it, and the timelines of the runs it held
-        # mark its death.
-        self.obituaries.record(dead)
+        # mark its death (a claim taken after its last beat is known from its process's last claim).
+        self.obituaries.record(dead, [*dead.held, *latest])
         self.lives.forget(dead)
         return handed
 
