@@ -80,6 +80,11 @@ THROUGHPUT_KEEP_S = 24 * 3600
 #: The longest series one read returns (the whole kept window).
 MAX_SERIES_MINUTES = THROUGHPUT_KEEP_S // 60
 _ENDED = ("completed", "failed", "interrupted")
+#: How long after a run ended a death that held one of its claims may be recorded (its liveness
+#: ran out after the claim's lease had handed the run on): well past any lease and sweep.
+DEATH_GRACE_S = 120.0
+#: How soon after a worker's liveness ran out a takeover is taken to be of a claim it held.
+TAKEOVER_AFTER_DEATH_S = 30.0
 
 #: Dead worker starts remembered (the oldest are dropped past it), and for how long.
 MAX_DEATHS = 500
@@ -177,6 +182,10 @@ class WorkerDeath(BaseModel):
     #: ``[run_id, holder]`` of each claim it held (the holder: ``host:pid`` of the pool process,
     #: or several, comma-separated, when the claim was received but not yet known to be accepted).
     claims: list[tuple[str, str]] = Field(default_factory=list)
+    #: Its processes (``host:pid``: the main one and its pool's): a run whose timeline has a lane of
+    #: one of them was touched by the dead worker, even when the claim it held had already been
+    #: handed on by its lease when the death was recorded.
+    processes: list[str] = Field(default_factory=list)
 
 
 class Obituaries:
@@ -194,6 +203,7 @@ class Obituaries:
             life=dead.life,
             at=dead.until_ms / 1000,
             claims=[(c.run_id, c.holder) for c in held[:MAX_CLAIMS_PER_DEATH]],
+            processes=[":".join(dead.life.split(":")[:2]), *dead.pool[:MAX_CLAIMS_PER_DEATH]],
         )
         key = self.keys.worker_deaths()
         horizon = dead.until_ms - DEATHS_KEEP_S * 1000
@@ -217,9 +227,16 @@ class Obituaries:
         return [WorkerDeath.model_validate(json.loads(_text(member))) for member in raw]
 
 
-def death_markers(run_id: str, deaths: Sequence[WorkerDeath]) -> list[Marker]:
+def death_markers(
+    run_id: str, deaths: Sequence[WorkerDeath], lanes: Sequence[str] = (), takeovers: Sequence[float] = ()
+) -> list[Marker]:
     """A "worker died" marker for each death that held a claim of ``run_id``, on the lane of the
-    pool process that held it (no lane when that process was not known yet)."""
+    pool process that held it (no lane when that process was not known yet); or, for a death that
+    names no claim of the run, on each of the run's ``lanes`` that is one of its processes; or, for
+    one that names neither (a claim taken after its last listing, whose last-claim record expired
+    with the lease), across the timeline when one of the run's ``takeovers`` (claim times of
+    phases taken over from a dead delivery) came within :data:`TAKEOVER_AFTER_DEATH_S` after it.
+    The last is inferred from timing, and says so."""
     markers = []
     for death in deaths:
         holders = sorted({holder for claimed, holder in death.claims if claimed == run_id})
@@ -230,6 +247,18 @@ def death_markers(run_id: str, deaths: Sequence[WorkerDeath]) -> list[Marker]:
                 " held was handed on"
             )
             markers.append(Marker(at=death.at, kind="worker_died", text=text, lane=lane))
+        if holders:
+            continue
+        touched = sorted(set(lanes) & set(death.processes))
+        for lane in touched:
+            text = f"worker {death.life} died (its liveness ran out): its process {lane} ran part of this run"
+            markers.append(Marker(at=death.at, kind="worker_died", text=text, lane=lane))
+        if not touched and any(death.at <= t <= death.at + TAKEOVER_AFTER_DEATH_S for t in takeovers):
+            text = (
+                f"worker {death.life} died (its liveness ran out) just before a phase of this run"
+                " was taken over from a dead delivery"
+            )
+            markers.append(Marker(at=death.at, kind="worker_died", text=text, lane=None))
     return markers
 
 
@@ -525,9 +554,13 @@ def _thread_waits(r: redis.Redis, keys: Keys, tenant: str | None, operator: bool
 
 def with_deaths(timeline: Timeline, obituaries: Obituaries, now_s: float) -> Timeline:
     """``timeline`` with a "worker died" marker for each recorded death that held one of its claims
-    (deaths from the run's start to its end, or to now while it has not ended)."""
-    until = timeline.end if timeline.status in _ENDED else max(timeline.end, now_s)
-    markers = death_markers(timeline.run_id, obituaries.between(timeline.start - 1, until + 1))
+    (deaths from the run's start to its end, or to now while it has not ended; and up to
+    :data:`DEATH_GRACE_S` past its end: a claim's lease can hand the run on, and the run end, before
+    the dead worker's liveness runs out, which is the time its death is recorded at)."""
+    until = timeline.end + DEATH_GRACE_S if timeline.status in _ENDED else max(timeline.end, now_s)
+    takeovers = [m.at for m in timeline.markers if m.kind == "takeover"]
+    deaths = obituaries.between(timeline.start - 1, until + 1)
+    markers = death_markers(timeline.run_id, deaths, timeline.lanes, takeovers)
     if not markers:
         return timeline
     return timeline.model_copy(update={"markers": sorted([*timeline.markers, *markers], key=lambda m: m.at)})
