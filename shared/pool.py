@@ -41,6 +41,8 @@ from shared.versions import PinnedRuns, version_loads, waiting_loads
 from shared.workers import LiveWorker
 
 __all__ = [
+    "DEATH_GRACE_S",
+    "TAKEOVER_AFTER_DEATH_S",
     "DEATHS_KEEP_S",
     "DEFAULT_QUEUES",
     "MAX_CLAIMS_PER_DEATH",
