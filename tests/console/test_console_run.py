@@ -136,7 +136,10 @@ def test_an_approval_says_what_is_approved_and_who_decided(
     assert "charge · call_0" in pending and f'"label": {json.dumps(HOSTILE)}' in pending
     asked_by = "Asked by the agent's approval rule (approval_required): tool calls need approval: charge"
     assert asked_by in pending
-    assert page.query_selector("#run-view img, #run-view script, #conversation b, #pending b") is None
+    assert page.query_selector("#run-view img, #run-view script, #pending b") is None
+    # The console's own step headers are bold; nothing else in the conversation may be.
+    planted = "els => els.filter((e) => !e.closest('.step-head')).length"
+    assert page.eval_on_selector_all("#conversation b", planted) == 0
     screenshot(page, "approval")
     note = "<i>fine</i> by finance"
     page.fill("#note", note)
