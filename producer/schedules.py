@@ -50,7 +50,7 @@ from shared.schedules import (
 if TYPE_CHECKING:
     from producer.client import Client
 
-__all__ = ["MAX_TICKS_PER_PASS", "ScheduleNotFound", "SchedulerHooks", "Schedules"]
+__all__ = ["MAX_TICKS_PER_PASS", "ScheduleNotFound", "SchedulerHooks", "Schedules", "check_until_change"]
 
 log = logging.getLogger("wesichain.scheduler")
 
@@ -220,8 +220,7 @@ class Schedules:
         or pipeline, thread and assistant stay (a schedule of another is another schedule).
         Raises :class:`ScheduleNotFound`, or :class:`InvalidRequest` (nothing is written then).
         """
-        if until is not None and clear_until:
-            raise InvalidRequest("give until or clear_until, not both")
+        check_until_change(until, clear_until)
         new_timing = _timing(timing) if timing is not None else None
         for _ in range(_UPDATE_TRIES):
             current = self.get(schedule_id, tenant=tenant)
@@ -475,6 +474,12 @@ class Schedules:
         except (InvalidRequest, RequestConflict, ThreadBusy) as exc:
             return ScheduleTick(tick=tick, outcome="failed", reason=str(exc)[:300], at=now)
         return ScheduleTick(tick=tick, outcome="started", run_id=handle.run_id, at=now)
+
+
+def check_until_change(until: int | None, clear_until: bool) -> None:
+    """An update sets a new end date or removes it, not both (here and over the HTTP API)."""
+    if until is not None and clear_until:
+        raise InvalidRequest("give until or clear_until, not both")
 
 
 def _timing(timing: Timing | dict[str, Any]) -> Timing:

@@ -8,14 +8,22 @@ attached to its report.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from producer.client import Client
 from tests.broker import Settings
-from tests.chaos.support import RECOVERIES, RECOVERY_PROPERTY, SOAK_PROPERTY, SOAK_REPORT, Cluster
-from tests.harness import RedisServer
+from tests.chaos.support import (
+    RECOVERIES,
+    RECOVERY_PROPERTY,
+    SOAK_PROPERTY,
+    SOAK_REPORT,
+    Cluster,
+    start_eval_pool,
+)
+from tests.harness import RedisServer, WorkerProcess
 
 
 @pytest.fixture
@@ -44,6 +52,16 @@ def _cluster(request: pytest.FixtureRequest, server: RedisServer, tmp_path: Any)
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest, server: RedisServer, tmp_path: Any) -> Iterator[Cluster]:
     yield from _cluster(request, server, tmp_path)
+
+
+@pytest.fixture
+def eval_pool(server: RedisServer, tmp_path: Path) -> Iterator[list[WorkerProcess]]:
+    """The pool of the eval crash tests (:func:`~tests.chaos.support.start_eval_pool`)."""
+    workers = start_eval_pool(server, tmp_path)
+    yield workers
+    for w in workers:
+        w.kill()
+        w.stop()
 
 
 @pytest.fixture

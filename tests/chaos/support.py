@@ -390,3 +390,60 @@ def outage(server: RedisServer, workers: list[WorkerProcess]) -> float:
     wait_until(lambda: all(reacted(w) for w in workers), 30, what="every worker to notice the outage")
     server.start()
     return stopped_at
+
+
+# -- evals through pool kills (tests/chaos/test_eval_crash*.py) --------------------------------------
+
+EVAL_AGENTS = "tests.agents_evals"
+#: The chaos leases; each doubling takes 0.15 s, so that kills land with cases in flight.
+EVAL_ENV = {
+    "WESICHAIN_LEASE_S": CHAOS_ENV["WESICHAIN_LEASE_S"],
+    "WESICHAIN_QUEUED_LEASE_S": CHAOS_ENV["WESICHAIN_QUEUED_LEASE_S"],
+    "EVAL_SLOW_S": "0.15",
+}
+
+
+def start_eval_pool(server: RedisServer, log_dir: Path) -> list[WorkerProcess]:
+    """Two prefork workers (three processes each) running the eval agents, started together."""
+    workers = [
+        WorkerProcess(
+            f"e{i}", server.url, agents=EVAL_AGENTS, concurrency=3, env=EVAL_ENV, log_dir=str(log_dir)
+        )
+        for i in (1, 2)
+    ]
+    for w in workers:
+        w.start(wait=False)
+    for w in workers:
+        w.wait_ready(timeout=60)
+    return workers
+
+
+def kill_pool(pool: list[WorkerProcess]) -> None:
+    """SIGKILL every worker's process group (no shutdown, no acks), then start the pool again."""
+    for w in pool:
+        w.kill()
+    for w in pool:
+        w.stop()
+        w.start(wait=False)
+    for w in pool:
+        w.wait_ready(timeout=60)
+
+
+def write_doubling_eval(directory: Path, name: str, case_prefix: str, cases: int, cap: int) -> Path:
+    """``cases.jsonl`` (case ``{prefix}{m}``: "slow double m", expected 2m) and ``eval.toml`` (the
+    doubler, scored exactly and by the counting scorer, ``cap`` cases at once); the spec's path."""
+    (directory / "cases.jsonl").write_text(
+        "".join(
+            json.dumps({"id": f"{case_prefix}{m}", "input": f"slow double {m}", "expected": str(2 * m)})
+            + "\n"
+            for m in range(1, cases + 1)
+        )
+    )
+    spec = directory / "eval.toml"
+    spec.write_text(
+        f'name = "{name}"\ndataset = "cases.jsonl"\nconcurrency = {cap}\n'
+        '[[variants]]\nagent = "doubler"\n'
+        '[[scorers]]\nkind = "exact"\n'
+        '[[scorers]]\nkind = "custom"\nname = "counted"\nfunction = "tests.eval_scorers:counted"\n'
+    )
+    return spec

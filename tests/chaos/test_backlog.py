@@ -80,7 +80,7 @@ def run_backlog(cluster: Cluster, client: Client, runs: int) -> None:
         pending = [run_id for run_id, phase in zip(pending, phases, strict=True) if phase not in TERMINAL]
         return not pending
 
-    wait_until(all_done, timeout=max(240, runs // 3), interval=2.0, what="every run of the backlog to end")
+    wait_until(all_done, timeout=max(240, runs // 3), interval=0.5, what="every run of the backlog to end")
     waited = time.monotonic() - started
     heads = [h.status() for h in handles]
     outcomes = Counter(h.phase.value + (f":{h.error.kind}" if h.error is not None else "") for h in heads)

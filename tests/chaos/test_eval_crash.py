@@ -10,14 +10,12 @@ think's claim says so): model calls are at least once, case runs exactly once.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,62 +26,19 @@ from shared.evals.store import Item, run_id_of
 from shared.state import EvalLink, Phase, RunHead
 from tests.agents_evals import CALLS_KEY
 from tests.broker import Settings, broker_env, on_rabbitmq
-from tests.chaos.support import CHAOS_ENV
+from tests.chaos.support import EVAL_AGENTS, kill_pool, write_doubling_eval
 from tests.eval_scorers import SCORED_KEY
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 
-AGENTS = "tests.agents_evals"
 CASES = 120
 CAP = 8
-ENV = {
-    "WESICHAIN_LEASE_S": CHAOS_ENV["WESICHAIN_LEASE_S"],
-    "WESICHAIN_QUEUED_LEASE_S": CHAOS_ENV["WESICHAIN_QUEUED_LEASE_S"],
-    "EVAL_SLOW_S": "0.15",
-}
-
-
-@pytest.fixture
-def pool(server: RedisServer, tmp_path: Path) -> Iterator[list[WorkerProcess]]:
-    workers = [
-        WorkerProcess(f"k{i}", server.url, agents=AGENTS, concurrency=3, env=ENV, log_dir=str(tmp_path))
-        for i in (1, 2)
-    ]
-    for w in workers:
-        w.start(wait=False)
-    for w in workers:
-        w.wait_ready(timeout=60)
-    yield workers
-    for w in workers:
-        w.kill()
-        w.stop()
-
-
-def kill_pool(pool: list[WorkerProcess]) -> None:
-    for w in pool:
-        w.kill()
-    for w in pool:
-        w.stop()
-        w.start(wait=False)
-    for w in pool:
-        w.wait_ready(timeout=60)
 
 
 def test_an_eval_finishes_once_through_two_pool_kills_and_a_dead_submitter(
-    server: RedisServer, pool: list[WorkerProcess], tmp_path: Path, request: pytest.FixtureRequest
+    server: RedisServer, eval_pool: list[WorkerProcess], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    (tmp_path / "cases.jsonl").write_text(
-        "".join(
-            json.dumps({"id": f"k{m}", "input": f"slow double {m}", "expected": str(2 * m)}) + "\n"
-            for m in range(1, CASES + 1)
-        )
-    )
-    (tmp_path / "eval.toml").write_text(
-        f'name = "crash"\ndataset = "cases.jsonl"\nconcurrency = {CAP}\n'
-        '[[variants]]\nagent = "doubler"\n'
-        '[[scorers]]\nkind = "exact"\n'
-        '[[scorers]]\nkind = "custom"\nname = "counted"\nfunction = "tests.eval_scorers:counted"\n'
-    )
-    client = Client(Settings(redis_url=server.url, agents_module=AGENTS))
+    spec = write_doubling_eval(tmp_path, "crash", "k", CASES, CAP)
+    client = Client(Settings(redis_url=server.url, agents_module=EVAL_AGENTS))
     request.addfinalizer(client.close)
     evals = EvalClient(client)
     log = (tmp_path / "submitter.log").open("wb")
@@ -94,7 +49,7 @@ def test_an_eval_finishes_once_through_two_pool_kills_and_a_dead_submitter(
             "producer.cli",
             "eval",
             "run",
-            str(tmp_path / "eval.toml"),
+            str(spec),
             "--wait",
             "--redis",
             server.url,
@@ -122,9 +77,9 @@ def test_an_eval_finishes_once_through_two_pool_kills_and_a_dead_submitter(
         os.killpg(submitter.pid, signal.SIGKILL)  # the laptop closes: the pool carries on
         submitter.wait(timeout=10)
         wait_until(lambda: evals.progress(eval_id).recorded >= CASES // 4, timeout=90, what="a quarter")
-        kill_pool(pool)
+        kill_pool(eval_pool)
         wait_until(lambda: evals.progress(eval_id).recorded >= CASES * 3 // 5, timeout=120, what="60%")
-        kill_pool(pool)
+        kill_pool(eval_pool)
         done = evals.wait(eval_id, timeout=180)
     finally:
         if submitter.poll() is None:

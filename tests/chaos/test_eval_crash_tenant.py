@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,72 +28,29 @@ from shared.state import EvalLink
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer
 from tests.broker import Settings
-from tests.chaos.support import CHAOS_ENV
+from tests.chaos.support import EVAL_AGENTS, kill_pool, write_doubling_eval
 from tests.eval_scorers import SCORED_KEY
 from tests.harness import RedisServer, WorkerProcess, wait_until
 
-AGENTS = "tests.agents_evals"
 TENANT, RIVAL = "acme", "rival"
 CASES = 48
 CAP = 6
-ENV = {
-    "WESICHAIN_LEASE_S": CHAOS_ENV["WESICHAIN_LEASE_S"],
-    "WESICHAIN_QUEUED_LEASE_S": CHAOS_ENV["WESICHAIN_QUEUED_LEASE_S"],
-    "EVAL_SLOW_S": "0.15",
-}
-
-
-@pytest.fixture
-def pool(server: RedisServer, tmp_path: Path) -> Iterator[list[WorkerProcess]]:
-    workers = [
-        WorkerProcess(f"t{i}", server.url, agents=AGENTS, concurrency=3, env=ENV, log_dir=str(tmp_path))
-        for i in (1, 2)
-    ]
-    for w in workers:
-        w.start(wait=False)
-    for w in workers:
-        w.wait_ready(timeout=60)
-    yield workers
-    for w in workers:
-        w.kill()
-        w.stop()
-
-
-def kill_pool(pool: list[WorkerProcess]) -> None:
-    for w in pool:
-        w.kill()  # SIGKILL to the worker's process group: no shutdown, no acks
-    for w in pool:
-        w.stop()
-        w.start(wait=False)
-    for w in pool:
-        w.wait_ready(timeout=60)
 
 
 def test_a_tenants_eval_finishes_once_through_pool_kills_and_stays_the_tenants(
-    server: RedisServer, pool: list[WorkerProcess], tmp_path: Path, request: pytest.FixtureRequest
+    server: RedisServer, eval_pool: list[WorkerProcess], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    (tmp_path / "cases.jsonl").write_text(
-        "".join(
-            json.dumps({"id": f"t{m}", "input": f"slow double {m}", "expected": str(2 * m)}) + "\n"
-            for m in range(1, CASES + 1)
-        )
-    )
-    (tmp_path / "eval.toml").write_text(
-        f'name = "tenant-crash"\ndataset = "cases.jsonl"\nconcurrency = {CAP}\n'
-        '[[variants]]\nagent = "doubler"\n'
-        '[[scorers]]\nkind = "exact"\n'
-        '[[scorers]]\nkind = "custom"\nname = "counted"\nfunction = "tests.eval_scorers:counted"\n'
-    )
-    client = Client(Settings(redis_url=server.url, agents_module=AGENTS))
+    spec = write_doubling_eval(tmp_path, "tenant-crash", "t", CASES, CAP)
+    client = Client(Settings(redis_url=server.url, agents_module=EVAL_AGENTS))
     request.addfinalizer(client.close)
     evals = EvalClient(client)
-    eval_id, created = evals.submit_file(tmp_path / "eval.toml", eval_id="acme-nightly", tenant=TENANT)
+    eval_id, created = evals.submit_file(spec, eval_id="acme-nightly", tenant=TENANT)
     assert created and evals.store.meta(eval_id).tenant == TENANT
 
     wait_until(lambda: evals.progress(eval_id).recorded >= CASES // 4, timeout=90, what="a quarter")
-    kill_pool(pool)
+    kill_pool(eval_pool)
     wait_until(lambda: evals.progress(eval_id).recorded >= CASES * 3 // 5, timeout=120, what="60%")
-    kill_pool(pool)
+    kill_pool(eval_pool)
     done = evals.wait(eval_id, timeout=180)
 
     assert done.meta.status == "completed" and done.meta.tenant == TENANT and done.recorded == CASES
@@ -121,7 +76,7 @@ def test_a_tenants_eval_finishes_once_through_pool_kills_and_stays_the_tenants(
     tenants = Tenants(server.client(), Keys())
     key, _ = tenants.create_key(TENANT)
     rival, _ = tenants.create_key(RIVAL)
-    api = ApiProcess(server.url, env={"WESICHAIN_AGENTS": AGENTS}).start()
+    api = ApiProcess(server.url, env={"WESICHAIN_AGENTS": EVAL_AGENTS}).start()
     try:
         with ApiClient(api.url, key) as http:
             assert [e["id"] for e in http.evals.list()] == [eval_id]

@@ -11,92 +11,20 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Page
 
-from shared.keys import Keys
 from shared.state import Phase
-from shared.tenants import Tenants
 from shared.timeline import Timeline
 from tests.agents_fixture import HOLDING_KEY, RELEASE_KEY
-from tests.api_support import ApiProcess, bearer, wait_status
+from tests.api_support import ApiProcess, wait_status
 from tests.chaos.support import Cluster, wait_paused
+from tests.console.support import submit
 from tests.harness import RedisServer, WorkerProcess, wait_until
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)
-
-
-#: Generous: the machine running the suite may be loaded.
-UI_TIMEOUT_MS = 30_000
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = RedisServer().start()
-    yield s
-    s.cleanup()
-
-
-@pytest.fixture(scope="module")
-def cluster(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(server, tmp_path_factory.mktemp("workers"))
-    c.start(2, concurrency=2)
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def api(server: RedisServer, cluster: Cluster) -> Iterator[ApiProcess]:
-    process = ApiProcess(server.url, env={"WESICHAIN_API_KEEPALIVE_S": "0.5"}).start()
-    yield process
-    process.stop()
-
-
-@pytest.fixture(scope="module")
-def key(server: RedisServer) -> str:
-    created, _ = Tenants(server.client(), Keys()).create_key(f"console-{uuid.uuid4().hex[:8]}", "browser")
-    return created
-
-
-@pytest.fixture(scope="module")
-def http(api: ApiProcess, key: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Browser, api: ApiProcess, key: str) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    elsewhere: list[str] = []  # no CDN, no other origin: everything comes from the API process
-    page.on("request", lambda r: None if r.url.startswith(api.url) else elsewhere.append(r.url))
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    page.goto(api.url + "/")
-    page.fill("#login-key", key)
-    page.click("#login-form button")
-    page.wait_for_selector("#list-view:not([hidden])")
-    yield page
-    context.close()
-    assert errors == [], f"script errors in the console: {errors}"
-    assert elsewhere == [], f"the console fetched from elsewhere: {elsewhere}"
 
 
 @contextmanager
@@ -118,13 +46,6 @@ def pausing_workers(cluster: Cluster) -> Iterator[list[WorkerProcess]]:
             worker.start(wait=False)
         for worker in regular:
             worker.wait_ready(timeout=60)
-
-
-def submit(http: httpx.Client, agent: str) -> str:
-    response = http.post("/v1/runs", json={"agent": agent, "input": "go"})
-    assert response.status_code == 202, response.text
-    run_id: str = response.json()["run_id"]
-    return run_id
 
 
 def test_the_list_shows_the_tenants_runs(page: Page, http: httpx.Client, key: str) -> None:

@@ -6,35 +6,21 @@ tenant's. ``WESICHAIN_SCREENSHOTS=dir`` keeps the page's picture as ``dir/consol
 
 from __future__ import annotations
 
-import os
-import shutil
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from shared.keys import Keys
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer
+from tests.console.support import screenshot, signed_in
 from tests.harness import RedisServer, WorkerProcess
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)
-
 AGENTS = "tests.agents_assistants"
-UI_TIMEOUT_MS = 60_000
 HOSTILE = '<img src=x onerror="window.__owned=1"><script>window.__owned=1</script> {input}'
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = RedisServer().start()
-    yield s
-    s.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -54,26 +40,10 @@ def _client(api: ApiProcess, server: RedisServer) -> tuple[str, httpx.Client]:
 
 
 @pytest.fixture
-def page(api: ApiProcess, server: RedisServer) -> Iterator[tuple[Page, httpx.Client]]:
+def page(browser: Browser, api: ApiProcess, server: RedisServer) -> Iterator[tuple[Page, httpx.Client]]:
     key, http = _client(api, server)
-    with sync_playwright() as p, http:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        tab = context.new_page()
-        errors: list[str] = []
-        elsewhere: list[str] = []
-        tab.on("pageerror", lambda exc: errors.append(str(exc)))
-        tab.on("request", lambda r: None if r.url.startswith(api.url) else elsewhere.append(r.url))
-        tab.set_default_timeout(UI_TIMEOUT_MS)
-        tab.goto(api.url + "/")
-        tab.fill("#login-key", key)
-        tab.click("#login-form button")
-        tab.wait_for_selector("#list-view:not([hidden])")
+    with http, signed_in(browser, api.url, key) as tab:
         yield tab, http
-        context.close()
-        browser.close()
-        assert errors == [], f"script errors in the console: {errors}"
-        assert elsewhere == [], f"the console fetched from elsewhere: {elsewhere}"
 
 
 def test_versions_diff_and_rollback_from_the_assistants_page(
@@ -117,8 +87,7 @@ def test_versions_diff_and_rollback_from_the_assistants_page(
     assert tab.query_selector("#assistants-view script") is None
     assert tab.evaluate("window.__owned") is None
 
-    if target := os.environ.get("WESICHAIN_SCREENSHOTS"):
-        tab.screenshot(path=str(Path(target) / "console-assistants.png"), full_page=True)
+    screenshot(tab, "assistants")
     tab.click('#assistant-versions tr[data-version="1"] button.rollback')
     tab.wait_for_selector('#assistant-versions tr[data-version="3"]')
     assert "rollback to v1" in (tab.text_content('#assistant-versions tr[data-version="3"]') or "")

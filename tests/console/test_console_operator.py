@@ -11,136 +11,45 @@ The documentation's picture of this page is taken with a smaller pool, by
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
-from shared.keys import Keys
 from shared.state import Phase
-from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.chaos.support import Cluster, wait_paused
+from tests.console.support import new_key, signed_in, submit
 from tests.harness import RedisServer, wait_until
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)
-
-#: Generous: the machine running the suite may be loaded.
-UI_TIMEOUT_MS = 60_000
 NAMESPACE = f"opsq-{uuid.uuid4().hex[:6]}"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = RedisServer().start()
-    yield s
-    s.cleanup()
-
-
-@pytest.fixture(scope="module")
-def cluster(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(server, tmp_path_factory.mktemp("workers"))
-    # Each run's first think pauses (once per run) on the worker that claimed it, long enough for
-    # the test to find and SIGKILL that worker; the other one takes the run over and does not pause.
-    c.start(2, concurrency=2, env={"WESICHAIN_FAULT": "pause:thinking", "WESICHAIN_FAULT_PAUSE_S": "15"})
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def api(server: RedisServer, cluster: Cluster) -> Iterator[ApiProcess]:
-    process = ApiProcess(server.url).start()
-    yield process
-    process.stop()
-
-
-def _key(server: RedisServer, tenant: str, operator: bool = False) -> str:
-    tenants = Tenants(server.client(), Keys())
-    key, _ = tenants.create_key(tenant, "browser")
-    if operator:
-        tenants.set_operator(tenant, True)
-    return key
+# Each run's first think pauses (once per run) on the worker that claimed it, long enough for the
+# test to find and SIGKILL that worker; the other one takes the run over and does not pause.
+WORKER_ENV = {"WESICHAIN_FAULT": "pause:thinking", "WESICHAIN_FAULT_PAUSE_S": "15"}
 
 
 @pytest.fixture(scope="module")
 def operator_key(server: RedisServer) -> str:
-    return _key(server, f"ops-{uuid.uuid4().hex[:8]}", operator=True)
+    return new_key(server, "ops", operator=True)
 
 
 @pytest.fixture(scope="module")
 def tenant_key(server: RedisServer) -> str:
-    tenant = f"shop-{uuid.uuid4().hex[:8]}"
-    key = _key(server, tenant)
-    Tenants(server.client(), Keys()).set_namespaces(tenant, [NAMESPACE])
-    return key
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
-
-
-class Console:
-    """A browser tab on the console, signed in with one key; every script error and every request
-    to another origin is kept, and asserted empty when the tab closes."""
-
-    def __init__(self, browser: Browser, api: ApiProcess, key: str) -> None:
-        self.context = browser.new_context(viewport={"width": 1280, "height": 1000})
-        self.page = self.context.new_page()
-        self.errors: list[str] = []
-        self.elsewhere: list[str] = []
-        self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
-        # The first request goes without a key (401 until signed in) and a missing favicon is a
-        # 404: the browser logs both as resource errors, which are not the console's scripts'.
-        self.page.on(
-            "console",
-            lambda m: (
-                None
-                if m.type != "error" or m.text.startswith("Failed to load resource")
-                else self.errors.append(m.text)
-            ),
-        )
-        self.page.on("request", lambda r: None if r.url.startswith(api.url) else self.elsewhere.append(r.url))
-        self.page.set_default_timeout(UI_TIMEOUT_MS)
-        self.page.goto(api.url + "/")
-        self.page.fill("#login-key", key)
-        self.page.click("#login-form button")
-        self.page.wait_for_selector("#list-view:not([hidden])")
-
-    def close(self) -> None:
-        self.context.close()
-        assert self.errors == [], f"script errors in the console: {self.errors}"
-        assert self.elsewhere == [], f"the console fetched from elsewhere: {self.elsewhere}"
+    return new_key(server, "shop", namespaces=[NAMESPACE])
 
 
 @pytest.fixture
 def operator_page(browser: Browser, api: ApiProcess, operator_key: str) -> Iterator[Page]:
-    console = Console(browser, api, operator_key)
-    yield console.page
-    console.close()
+    with signed_in(browser, api.url, operator_key, height=1000, console_errors=True) as tab:
+        yield tab
 
 
 @pytest.fixture
 def tenant_page(browser: Browser, api: ApiProcess, tenant_key: str) -> Iterator[Page]:
-    console = Console(browser, api, tenant_key)
-    yield console.page
-    console.close()
-
-
-def submit(http: httpx.Client, agent: str, **fields: Any) -> str:
-    response = http.post("/v1/runs", json={"agent": agent, "input": "go", **fields})
-    assert response.status_code == 202, response.text
-    run_id: str = response.json()["run_id"]
-    return run_id
+    with signed_in(browser, api.url, tenant_key, height=1000, console_errors=True) as tab:
+        yield tab
 
 
 def fact(page: Page, selector: str) -> str:

@@ -11,130 +11,20 @@ the pictures (``DIR/console-*.png``)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-from playwright.sync_api import Browser, Dialog, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
-from shared.keys import Keys
-from shared.tenants import Tenants
 from tests.agents_console import HOSTILE
-from tests.api_support import ApiProcess, bearer, wait_status
-from tests.chaos.support import Cluster
+from tests.api_support import ApiProcess, wait_status
+from tests.console.support import new_key, screenshot, signed_in, submit
 from tests.harness import RedisServer
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)
-
 AGENTS = "tests.agents_console"
-#: Generous: the machine running the suite may be loaded.
-UI_TIMEOUT_MS = 30_000
+TENANT = "pages"
 #: Elements that would exist only if some text had been taken as markup.
 MARKUP = "#{view} img, #{view} script, #{view} b:not(.step-head b)"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = RedisServer().start()
-    yield s
-    s.cleanup()
-
-
-@pytest.fixture(scope="module")
-def cluster(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(server, tmp_path_factory.mktemp("workers"))
-    c.start(2, concurrency=2, agents=AGENTS)
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def api(server: RedisServer, cluster: Cluster) -> Iterator[ApiProcess]:
-    process = ApiProcess(server.url, env={"WESICHAIN_API_KEEPALIVE_S": "0.5"}).start()
-    yield process
-    process.stop()
-
-
-def _key(server: RedisServer, prefix: str) -> str:
-    created, _ = Tenants(server.client(), Keys()).create_key(f"{prefix}-{uuid.uuid4().hex[:8]}", "browser")
-    return created
-
-
-@pytest.fixture(scope="module")
-def key(server: RedisServer) -> str:
-    return _key(server, "pages")
-
-
-@pytest.fixture(scope="module")
-def http(api: ApiProcess, key: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def attacker(api: ApiProcess, server: RedisServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=api.url, headers=bearer(_key(server, "attacker")), timeout=30) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Browser, api: ApiProcess, key: str) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    dialogs: list[str] = []  # an alert() would be script that ran
-
-    def dialog(d: Dialog) -> None:
-        dialogs.append(d.message)
-        d.dismiss()
-
-    page.on("dialog", dialog)
-    elsewhere: list[str] = []  # no CDN, no other origin: everything comes from the API process
-    page.on("request", lambda r: None if r.url.startswith(api.url) else elsewhere.append(r.url))
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    page.goto(api.url + "/")
-    page.fill("#login-key", key)
-    page.click("#login-form button")
-    page.wait_for_selector("#list-view:not([hidden])")
-    yield page
-    pwned = page.evaluate("window.__pwned")
-    context.close()
-    assert errors == [], f"script errors in the console: {errors}"
-    assert elsewhere == [], f"the console fetched from elsewhere: {elsewhere}"
-    assert pwned is None and dialogs == [], "a text ran as markup"
-
-
-def submit(http: httpx.Client, agent: str, input: str = "go") -> str:
-    response = http.post("/v1/runs", json={"agent": agent, "input": input})
-    assert response.status_code == 202, response.text
-    run_id: str = response.json()["run_id"]
-    return run_id
-
-
-def screenshot(page: Page, name: str, selector: str | None = None) -> None:
-    """The picture of the page (or of one part of it, so that it stays a sensible size)."""
-    if target := os.environ.get("WESICHAIN_SCREENSHOTS"):
-        path = str(Path(target) / f"console-{name}.png")
-        if selector:
-            page.locator(selector).screenshot(path=path)
-        else:
-            page.screenshot(path=path, full_page=True)
 
 
 def no_markup(page: Page, view: str) -> None:
@@ -302,25 +192,9 @@ def test_the_agent_versions_table_lists_the_pools_versions(
 def test_the_operator_view_of_a_small_pool(browser: Browser, api: ApiProcess, server: RedisServer) -> None:
     """The operator's picture of this module's pool (two workers, a dozen agents): workers with
     what they serve, queue depths, parked runs, throughput (``console-operator.png``)."""
-    tenant = f"ops-{uuid.uuid4().hex[:8]}"
-    tenants = Tenants(server.client(), Keys())
-    operator_key, _ = tenants.create_key(tenant, "browser")
-    tenants.set_operator(tenant, True)
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    try:
-        page.goto(api.url + "/")
-        page.fill("#login-key", operator_key)
-        page.click("#login-form button")
-        page.wait_for_selector("#list-view:not([hidden])")
+    with signed_in(browser, api.url, new_key(server, "ops", operator=True)) as page:
         page.goto(f"{api.url}/#/operator")
         page.wait_for_function("document.querySelectorAll('#pool-workers tr[data-worker]').length === 2")
         serves = page.text_content("#pool-workers tr[data-worker] td:nth-child(2)") or ""
         assert "refunds v3" in serves and "shouter v1" in serves
         screenshot(page, "operator")
-    finally:
-        context.close()
-    assert errors == []

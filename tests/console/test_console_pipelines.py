@@ -4,29 +4,21 @@ child's own page, and cancel."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from shared.keys import Keys
 from shared.pipeline.store import child_run_id
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer
+from tests.console.support import screenshot, signed_in
 from tests.harness import RedisServer, WorkerProcess
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)
-
 AGENTS = "tests.agents_pipelines"
-#: Generous: the machine running the suite may be loaded.
-UI_TIMEOUT_MS = 30_000
 
 
 @pytest.fixture(scope="module")
@@ -56,21 +48,10 @@ def http(api: tuple[ApiProcess, str]) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture
-def page(api: tuple[ApiProcess, str]) -> Iterator[Page]:
+def page(browser: Browser, api: tuple[ApiProcess, str]) -> Iterator[Page]:
     process, key = api
-    with sync_playwright() as p:
-        browser: Browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.set_default_timeout(UI_TIMEOUT_MS)
-        page.goto(process.url + "/")
-        page.fill("#login-key", key)
-        page.click("#login-form button")
-        page.wait_for_selector("#list-view:not([hidden])")
-        yield page
-        browser.close()
-        assert errors == [], f"script errors in the console: {errors}"
+    with signed_in(browser, process.url, key) as tab:
+        yield tab
 
 
 def start(http: httpx.Client, pipeline: str, items: list[str]) -> str:
@@ -115,8 +96,7 @@ def test_a_pipelines_page_shows_its_steps_and_children_live(
     page.click("#pipelines-link")
     page.click(f'#pipelines tr[data-pipeline="{pid}"] a')
     page.wait_for_selector("#pipeline-status.badge.completed")
-    if target := os.environ.get("WESICHAIN_SCREENSHOTS"):  # the documentation's picture
-        page.screenshot(path=str(Path(target) / "console-pipeline.png"), full_page=True)
+    screenshot(page, "pipeline")  # the documentation's picture
 
 
 def test_a_pipeline_is_cancelled_from_its_page(

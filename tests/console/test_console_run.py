@@ -8,115 +8,26 @@ pictures (``docs/console-*.png``)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
-from shared.keys import Keys
-from shared.tenants import Tenants
 from tests.agents_console import HOSTILE
-from tests.api_support import ApiProcess, bearer, wait_status
+from tests.api_support import ApiProcess, wait_status
 from tests.chaos.support import Cluster, idem, wait_tool_started
+from tests.console.support import screenshot, signed_in, submit
 from tests.harness import RedisServer, wait_until
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)
-
 AGENTS = "tests.agents_console"
-#: Generous: the machine running the suite may be loaded.
-UI_TIMEOUT_MS = 30_000
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = RedisServer().start()
-    yield s
-    s.cleanup()
-
-
-@pytest.fixture(scope="module")
-def cluster(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(server, tmp_path_factory.mktemp("workers"))
-    c.start(2, concurrency=2, agents=AGENTS)
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def api(server: RedisServer, cluster: Cluster) -> Iterator[ApiProcess]:
-    process = ApiProcess(server.url, env={"WESICHAIN_API_KEEPALIVE_S": "0.5"}).start()
-    yield process
-    process.stop()
-
-
-def _key(server: RedisServer, prefix: str) -> str:
-    created, _ = Tenants(server.client(), Keys()).create_key(f"{prefix}-{uuid.uuid4().hex[:8]}", "browser")
-    return created
-
-
-@pytest.fixture(scope="module")
-def key(server: RedisServer) -> str:
-    return _key(server, "runpage")
-
-
-@pytest.fixture(scope="module")
-def http(api: ApiProcess, key: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def attacker(api: ApiProcess, server: RedisServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=api.url, headers=bearer(_key(server, "attacker")), timeout=30) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
+TENANT = "runpage"
 
 
 @pytest.fixture
 def page(browser: Browser, api: ApiProcess, key: str) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 1000})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    elsewhere: list[str] = []  # no CDN, no other origin: everything comes from the API process
-    page.on("request", lambda r: None if r.url.startswith(api.url) else elsewhere.append(r.url))
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    page.goto(api.url + "/")
-    page.fill("#login-key", key)
-    page.click("#login-form button")
-    page.wait_for_selector("#list-view:not([hidden])")
-    yield page
-    pwned = page.evaluate("window.__pwned")
-    context.close()
-    assert errors == [], f"script errors in the console: {errors}"
-    assert elsewhere == [], f"the console fetched from elsewhere: {elsewhere}"
-    assert pwned is None, "a run's text ran as markup"
-
-
-def submit(http: httpx.Client, agent: str) -> str:
-    response = http.post("/v1/runs", json={"agent": agent, "input": "go"})
-    assert response.status_code == 202, response.text
-    run_id: str = response.json()["run_id"]
-    return run_id
-
-
-def screenshot(page: Page, name: str) -> None:
-    if target := os.environ.get("WESICHAIN_SCREENSHOTS"):
-        page.screenshot(path=str(Path(target) / f"console-{name}.png"), full_page=True)
+    with signed_in(browser, api.url, key, height=1000) as tab:
+        yield tab
 
 
 def test_an_approval_says_what_is_approved_and_who_decided(

@@ -6,7 +6,6 @@ renders as text; nothing is asked of another origin."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,22 +13,17 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from shared.keys import Keys
 from shared.schedules import ScheduleTick
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer
+from tests.console.support import signed_in
 from tests.harness import RedisServer, WorkerProcess
 from tests.schedule_support import SchedulerProcess
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)
-
 AGENTS = "tests.agents_pipelines"
-#: Generous: the machine running the suite may be loaded.
-UI_TIMEOUT_MS = 30_000
 HOSTILE = 'refused <img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>'
 
 
@@ -66,23 +60,9 @@ def http(console: Console) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture
-def page(console: Console) -> Iterator[Page]:
-    with sync_playwright() as p:
-        browser: Browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        errors: list[str] = []
-        elsewhere: list[str] = []  # no CDN, no other origin: everything comes from the API process
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("request", lambda r: None if r.url.startswith(console.api.url) else elsewhere.append(r.url))
-        page.set_default_timeout(UI_TIMEOUT_MS)
-        page.goto(console.api.url + "/")
-        page.fill("#login-key", console.key)
-        page.click("#login-form button")
-        page.wait_for_selector("#list-view:not([hidden])")
-        yield page
-        browser.close()
-        assert errors == [], f"script errors in the console: {errors}"
-        assert elsewhere == []
+def page(browser: Browser, console: Console) -> Iterator[Page]:
+    with signed_in(browser, console.api.url, console.key, width=1400) as tab:
+        yield tab
 
 
 def test_the_schedules_page_lists_fire_times_and_runs_and_pauses_and_resumes(

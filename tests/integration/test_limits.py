@@ -180,13 +180,16 @@ def test_the_pool_stays_under_the_providers_limits_and_every_run_completes(
 
 
 def test_a_429_makes_the_whole_pool_back_off(server: RedisServer, r: redis.Redis, tmp_path: Any) -> None:
-    # The provider is stricter than the configured limit: it answers 429 with Retry-After: 3.
+    # The provider is stricter than the configured limit: it answers 429 with Retry-After: 2. Each
+    # call that completes waits out about one back-off (the waiting calls come back together and
+    # all but one are refused again), so the window is as short as leaves a second of silence to
+    # check, and three runs (six calls) are enough to send the first burst three at once.
     fake = FakeProvider("openai")
     fake.responder = _by_conversation
     fake.latency_s = 0.3
     fake.max_concurrent = 1
-    fake.retry_after = "3"
-    runs = 6
+    fake.retry_after = "2"
+    runs = 3
     with fake:
         workers = _workers(server, fake, {"openai:*": {"concurrency": 4}}, 2, str(tmp_path))
         client = Client(Settings(redis_url=server.url, agents_module=AGENTS))
@@ -199,10 +202,10 @@ def test_a_429_makes_the_whole_pool_back_off(server: RedisServer, r: redis.Redis
             client.close()
     assert [h.phase for h in heads] == [Phase.COMPLETED] * runs
     assert fake.rejected["concurrency"] > 0
-    # The first 429 is answered 0.3 s after it arrived; from then on every worker waits 3 s. Calls
+    # The first 429 is answered 0.3 s after it arrived; from then on every worker waits 2 s. Calls
     # granted before that may still arrive, within moments; then nothing until the back-off ends.
     first = fake.rejected_at[0]
-    quiet = [req.at - first for req in fake.requests if first + 1.0 <= req.at <= first + 3.0]
+    quiet = [req.at - first for req in fake.requests if first + 1.0 <= req.at <= first + 2.0]
     assert quiet == [], f"requests arrived during the pool's back-off: {quiet}"
     store = RunStore(r, Settings(redis_url=server.url))
     reasons = {t[0]["reason"] for h in heads if (t := store.throttled(h.run_id)) is not None}
