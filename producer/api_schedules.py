@@ -10,6 +10,7 @@ Firing ticks is not here: that is the schedulers' work, on the run state's Redis
 from __future__ import annotations
 
 import builtins
+import inspect
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -146,11 +147,23 @@ def _runs(schedule_id: str, limit: int = HISTORY_MAX) -> _Op[builtins.list[Sched
 # -- the two clients' methods, made from the operations above ----------------------------------------
 
 
+def _named_after(method: Callable[..., Any], op: Callable[..., Any]) -> None:
+    """Give a made method its operation's public name and arguments, so ``help()``, editors and
+    ``inspect.signature`` show ``create(agent, input, timing, *, ...)``, not ``*args, **kwargs``."""
+    method.__name__ = method.__qualname__ = op.__name__.lstrip("_")
+    signature = inspect.signature(op)
+    self_ = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+    method.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[self_, *signature.parameters.values()],
+        return_annotation=inspect.Signature.empty,
+    )
+
+
 def _blocking(op: Callable[_P, _Op[_T]]) -> Callable[Concatenate[ApiSchedules, _P], _T]:
     def method(self: ApiSchedules, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         return self._client._run(op(*args, **kwargs))
 
-    method.__name__ = method.__qualname__ = op.__name__.lstrip("_")
+    _named_after(method, op)
     return method
 
 
@@ -158,7 +171,7 @@ def _awaited(op: Callable[_P, _Op[_T]]) -> Callable[Concatenate[AsyncSchedules, 
     async def method(self: AsyncSchedules, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         return await self._client._run(op(*args, **kwargs))
 
-    method.__name__ = method.__qualname__ = op.__name__.lstrip("_")
+    _named_after(method, op)
     return method
 
 
