@@ -181,7 +181,7 @@ def count_round_trips() -> Callable[[], int]:
     from redis.connection import AbstractConnection
 
     sent = [0]
-    send = AbstractConnection.send_packed_command
+    send = cast(Callable[..., None], AbstractConnection.send_packed_command)
 
     def counted(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
         sent[0] += 1
