@@ -28,6 +28,10 @@ RESETSTAT`` after the warm-up, ``INFO commandstats`` and ``INFO cpu`` after): th
 the server (``usec`` of ``evalsha``) and the server's main-thread CPU per transition, and the calls
 per transition of every command, the scripts' inner ones included. The calls are counts; the
 microseconds are timings, which another process's load moves somewhat.
+``--system direct|eval|pipeline`` measures per item (``--items`` per round, one warm-up round):
+N one-think runs submitted directly, as the cases of an eval, or as the items of a one-map
+pipeline run; it adds the tasks run per item, and with ``--redis-stats`` the round trips this
+process made to Redis per item (a pipeline of commands is one).
 ``--profile FILE`` writes a cProfile of the counted runs (CPU time) for ``python -m pstats FILE``.
 """
 
@@ -51,6 +55,8 @@ from shared.versions import version_queues_of
 from worker.testing.harness import RedisServer
 
 AGENTS = "benchmarks.agents"
+#: The systems measured per item rather than per transition (``fanin_runs``).
+FANIN = ("direct", "eval", "pipeline")
 
 
 def decode(raw: bytes) -> tuple[str, str, list[Any], dict[str, Any]]:
@@ -107,6 +113,84 @@ def wesichain_runs(url: str, steps: int) -> Callable[[], int]:
     return one
 
 
+def fanin_runs(url: str, system: str, items: int, tasks: list[str]) -> Callable[[], int]:
+    """A function doing ``items`` one-think ``direct`` runs in this process, the way ``system``
+    makes them: ``direct`` (submitted one by one from a client), ``eval`` (an eval of that many
+    cases, pumped, called back, scored and recorded) or ``pipeline`` (a one-map pipeline run over
+    that many items); returns the items done. Each task run is appended to ``tasks``. The per-item
+    figures of ``eval`` and ``pipeline`` over ``direct``'s are what the machinery adds per item."""
+    from producer.client import Client
+    from producer.evals.client import EvalClient
+    from shared.evals.dataset import Case
+    from shared.evals.spec import parse_spec
+    from worker.app import create_app
+
+    os.environ.update({"WESICHAIN_REDIS_URL": url, "WESICHAIN_AGENTS": AGENTS, "WESICHAIN_SWEEPER": "0"})
+    settings = Settings.from_env()
+    app = create_app(settings)
+    client = Client(settings, app=app)
+    r = redis.Redis.from_url(url)
+
+    def run_task(name: str, task_id: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+        tasks.append(name)
+        app.tasks[name].apply(args=args, kwargs=kwargs, task_id=task_id, throw=True)
+
+    kinds = [QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS]
+    agents = app.wesichain_runtime.get().agents
+    queues = kinds + version_queues_of(kinds, (agents.get(n).versions for n in agents.names))
+    rounds = iter(range(1_000_000))
+
+    def one() -> int:
+        round_ = next(rounds)
+        if system == "direct":
+            handles = [client.submit("direct", f"item {round_}:{i}", check_agent=False) for i in range(items)]
+            drain(r, queues, run_task)
+            heads = [client.store.load(h.run_id) for h in handles]
+            done = sum(1 for head in heads if head is not None and head.phase.value == "completed")
+        elif system == "eval":
+            spec = parse_spec(
+                {
+                    "name": f"bench{round_}",
+                    "dataset": "cases.jsonl",
+                    "variants": [{"agent": "direct"}],
+                    "scorers": [{"kind": "contains", "text": "42"}],
+                    "concurrency": items,
+                }
+            )
+            cases = [Case(id=f"c{i}", input=f"case {i}", expected="42") for i in range(items)]
+            eval_id, _ = EvalClient(client).submit(spec, cases, b"", "cases.jsonl", check_agents=False)
+            drain(r, queues, run_task)
+            progress = EvalClient(client).progress(eval_id)
+            done = progress.counts[0].passed if progress.meta.status == "completed" else 0
+        else:
+            text = "\n".join(f"item {round_}:{i}" for i in range(items))
+            handle = client.submit_pipeline("bench-map", text, check=False)
+            drain(r, queues, run_task)
+            status = handle.status()
+            done = len(status.output) if status.status == "completed" else 0
+        if done != items:
+            raise SystemExit(f"{system}: {done} of {items} items completed")
+        return items
+
+    return one
+
+
+def count_round_trips() -> Callable[[], int]:
+    """Count every write of a command (or of a pipeline's commands) to Redis from this process
+    from now on; returns a function giving the count so far."""
+    from redis.connection import AbstractConnection
+
+    sent = [0]
+    send = cast(Callable[..., None], AbstractConnection.send_packed_command)
+
+    def counted(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        sent[0] += 1
+        send(self, command, check_health)
+
+    AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+    return lambda: sent[0]
+
+
 def bare_runs(url: str, steps: int) -> Callable[[], int]:
     """One chain of 3 x ``steps`` + 1 bare hops in this process; returns its hops."""
     from benchmarks import bare
@@ -137,8 +221,9 @@ def bare_runs(url: str, steps: int) -> Callable[[], int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.inprocess", description=__doc__.split("\n\n")[0])
-    p.add_argument("--system", choices=["wesichain", "bare"], default="wesichain")
+    p.add_argument("--system", choices=["wesichain", "bare", *FANIN], default="wesichain")
     p.add_argument("--steps", type=int, default=10, help="tool steps per run (3N+1 transitions)")
+    p.add_argument("--items", type=int, default=50, help=f"items per round of {', '.join(FANIN)}")
     p.add_argument("--runs", type=int, default=5, help="runs counted (after one warm-up run)")
     p.add_argument("--profile", metavar="FILE", help="write a cProfile (CPU time) of the counted runs")
     p.add_argument("--redis-stats", action="store_true", help="add redis-server's figures per transition")
@@ -146,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     server = RedisServer()
     server.start()
     try:
-        one = (wesichain_runs if args.system == "wesichain" else bare_runs)(server.url, args.steps)
+        tasks: list[str] = []
+        if args.system in FANIN:
+            one = fanin_runs(server.url, args.system, args.items, tasks)
+        else:
+            one = (wesichain_runs if args.system == "wesichain" else bare_runs)(server.url, args.steps)
         one()
         stats = redis.Redis.from_url(server.url)
         if args.redis_stats:
@@ -155,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         profiler = cProfile.Profile(time.process_time) if args.profile else None
         if profiler is not None:
             profiler.enable()
+        del tasks[:]
+        round_trips = count_round_trips() if args.redis_stats else None
         cpu0, wall0, transitions = time.process_time(), time.perf_counter(), 0
         for _ in range(args.runs):
             transitions += one()
@@ -168,8 +259,15 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_ms_per_transition": round(1000 * cpu / transitions, 4),
             "wall_ms_per_transition": round(1000 * wall / transitions, 4),
         }
+        if args.system in FANIN:
+            # A "transition" here is one item (a direct run, an eval case, a pipeline item).
+            figures["tasks_per_item"] = {
+                name: round(tasks.count(name) / transitions, 3) for name in sorted(set(tasks))
+            }
         if args.redis_stats:
             figures["redis"] = redis_figures(stats, transitions, server_cpu_s(stats) - cpu_before)
+            assert round_trips is not None
+            figures["redis"]["round_trips_per_transition"] = round(round_trips() / transitions, 2)
     finally:
         server.stop()
     figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
@@ -196,6 +294,7 @@ def redis_figures(r: redis.Redis, transitions: int, cpu_s: float) -> dict[str, A
     return {
         "cpu_us_per_transition": round(1e6 * cpu_s / transitions, 2),
         "script_us_per_transition": round(sum(int(v["usec"]) for v in scripts) / transitions, 2),
+        "calls_total_per_transition": round(sum(int(v["calls"]) for v in commands.values()) / transitions, 2),
         "calls_per_transition": {
             k.removeprefix("cmdstat_"): round(int(v["calls"]) / transitions, 3)
             for k, v in sorted(commands.items())

@@ -197,9 +197,9 @@ class RuntimeHolder:
             prepare=builder.build if builder is not None and settings.commit_publish else None,
         )
         # A case run's end is scored right after its terminal commit (see ``worker/evals.py``).
-        runtime.local_callbacks[TASK_EVAL_SCORE] = lambda ended: self.evals().score(ended)
+        runtime.local_callbacks[TASK_EVAL_SCORE] = lambda head: self.evals().score_run(head)
         # So is a pipeline's child run's end recorded (see ``worker/pipelines.py``).
-        runtime.local_callbacks[TASK_PIPELINE_CHILD] = lambda ended: self.pipelines().child_ended(ended)
+        runtime.local_callbacks[TASK_PIPELINE_CHILD] = lambda head: self.pipelines().child_run_ended(head)
         runtime.deliver_callback = _deliver_callback
         return runtime
 

@@ -13,8 +13,9 @@ records each attempt on the run (``RunHandle.callback()``).
 * A Celery callback is sent by name with the outcome as its one argument and the task id
   ``<run_id>:callback`` (at least once; a receiver de-duplicates on the id). A task the worker
   itself serves (``Runtime.local_callbacks``, e.g. an eval's scoring) runs in place when no queue
-  is named, as a plain call under the callback's claim: the worker that ended the run delivers
-  it right after the terminal commit, without publishing it (see ``Runtime.commit``).
+  is named, as a plain call under the callback's claim, given the stored run the claim read: the
+  worker that ended the run delivers it right after the terminal commit, without publishing it
+  (see ``Runtime.commit``).
 """
 
 from __future__ import annotations
@@ -56,10 +57,14 @@ def run_callback(rt: Runtime, delivery: Delivery, step: int, phase: str) -> None
         return
     head = claim.head
     store = rt.store
-    if store.redis.hget(store.keys.run(head.run_id), protocol.CALLBACK) != "pending" or head.callback is None:
+    # Where the callback stands and its attempts so far, in one read.
+    pending, raw_state = store.redis.hmget(
+        store.keys.run(head.run_id), protocol.CALLBACK, protocol.CALLBACK_STATE
+    )
+    if pending != "pending" or head.callback is None:
         store.release(head.run_id, claim.field, claim.token)  # delivered (or given up) already
         return
-    state = _state(rt, head.run_id)
+    state = CallbackState.model_validate_json(raw_state) if raw_state else CallbackState()
     attempt = state.attempts + 1
     schedule = rt.settings.webhook_retry_s
     error, code = _deliver(rt, head, head.callback)
@@ -88,11 +93,6 @@ def run_callback(rt: Runtime, delivery: Delivery, step: int, phase: str) -> None
         rt.publish([task.model_copy(update={"countdown": wait_s})], head.epoch)
 
 
-def _state(rt: Runtime, run_id: str) -> CallbackState:
-    raw = rt.store.redis.hget(rt.store.keys.run(run_id), protocol.CALLBACK_STATE)
-    return CallbackState.model_validate_json(raw) if raw else CallbackState()
-
-
 def _finish(
     rt: Runtime, head: RunHead, claim: Claim, outcome_: str, state: CallbackState, wait_s: float = 0
 ) -> bool:
@@ -105,8 +105,9 @@ def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None
         local = rt.local_callbacks.get(callback.task) if callback.queue is None else None
         if local is not None:
             # A task this worker serves itself runs here, under the callback's claim: one hop
-            # less, and a crash mid-way leaves the callback pending for the sweeper to redo.
-            local(outcome(head))
+            # less, and a crash mid-way leaves the callback pending for the sweeper to redo. It is
+            # given the run as this claim read it from the store, not read again.
+            local(head)
             return None, None
         spec = TaskSpec(
             name=callback.task,

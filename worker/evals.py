@@ -28,7 +28,7 @@ from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult, RunOutcome, trajectory
 from shared.evals.scorers import JudgeReply
 from shared.evals.scoring import result_of, run_outcome
-from shared.evals.store import EvalMeta, EvalStore, Item, run_id_of
+from shared.evals.store import EvalMeta, EvalStore, Item, Recorded, run_id_of
 from shared.evals.tasks import TASK_EVAL_SCORE, pump_task
 from shared.limits import Throttled
 from shared.llm.base import ModelRequest
@@ -184,8 +184,18 @@ class EvalPool:
         """
         run_id = str(ended.get("run_id", ""))
         head = self.runs.load(run_id) if run_id else None
-        link = head.link if head is not None else None
-        if head is None or not isinstance(link, EvalLink) or not head.terminal:
+        if head is None:
+            log.warning("run %s is not an ended eval case run; ignored", run_id[:200])
+            return None
+        return self.score_run(head)
+
+    def score_run(self, head: RunHead) -> CaseResult | None:
+        """Score the ended case run ``head``, as read from the store (by :meth:`score`, or by the
+        claim of the callback delivered in place); None if another scorer has it or it is not one
+        of this pool's case runs."""
+        run_id = head.run_id
+        link = head.link
+        if not isinstance(link, EvalLink) or not head.terminal:
             log.warning("run %s is not an ended eval case run; ignored", run_id[:200])
             return None
         eval_id = link.eval_id
@@ -213,7 +223,7 @@ class EvalPool:
         except Throttled as throttled:
             self._score_later(meta, item, ended, throttled)
             return None
-        if self.evals.record(eval_id, item, result):
+        if self.evals.record(eval_id, item, result) is Recorded.ITEMS_PENDING:
             self.pump(eval_id)
         return result
 
@@ -316,7 +326,8 @@ class EvalPool:
                 error={"kind": "RunLost", "message": "the case run expired before it was scored"},
             )
             case = self.evals.case(meta.eval_id, item.case)
-            return int(self.evals.record(meta.eval_id, item, result_of(meta.spec, item, case, ended, "")))
+            recorded = self.evals.record(meta.eval_id, item, result_of(meta.spec, item, case, ended, ""))
+            return int(recorded is not Recorded.DUPLICATE)
         if not head.terminal or now_ms / 1000 - head.updated_at < self.grace_s:
             return 0
         log.warning("eval %s: case run %s ended unscored; scoring it", meta.eval_id, run_id)

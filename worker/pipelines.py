@@ -56,6 +56,8 @@ class PipelinePool:
         self.store = PipelineStore(client.store.redis, client.store.keys, client.settings.retention_s)
         #: How long an ended child may wait for its callback before the sweeper records it.
         self.grace_s = max(10.0, client.settings.lease_s * 2)
+        #: Steps taken, by (pipeline id, its creation time, seq): see :meth:`_step_of`.
+        self._steps: dict[tuple[str, float, int], Step] = {}
 
     # -- moving on ---------------------------------------------------------------------------------
 
@@ -197,11 +199,20 @@ class PipelinePool:
     def _step(self, target: str, index: int) -> Step:
         return self.agents.steps_of(target)[index]
 
-    def _step_of(self, pipeline_id: str, seq: int) -> Step | None:
-        described = self.store.steps(pipeline_id).get(seq)
-        if described is None:
-            return None
-        return self._step(described["pipeline"], int(described["index"]))
+    def _step_of(self, meta: PipelineMeta, seq: int) -> Step | None:
+        """The step the pipeline run took as step ``seq`` (None: not taken). A step taken never
+        changes, so it is kept per pipeline run (its id and creation time: an id may be used again
+        once its run expired) and read once per process, not for each child that ends."""
+        key = (meta.pipeline_id, meta.created_at, seq)
+        step = self._steps.get(key)
+        if step is None:
+            described = self.store.steps(meta.pipeline_id).get(seq)
+            if described is None:
+                return None
+            if len(self._steps) >= 256:
+                self._steps.clear()
+            step = self._steps[key] = self._step(described["pipeline"], int(described["index"]))
+        return step
 
     # -- starting child runs -------------------------------------------------------------------
 
@@ -216,15 +227,21 @@ class PipelinePool:
             items = self.store.reserve(pipeline_id, seq, PUMP_BATCH)
             if not items:
                 return created
-            for item in items:
-                created += self.start_item(meta, step, item, self.store.attempt(pipeline_id, seq, item))
+            for item, (text, attempt) in zip(
+                items, self.store.items_to_start(pipeline_id, seq, items), strict=True
+            ):
+                created += self.start_item(meta, step, item, attempt, text)
 
-    def start_item(self, meta: PipelineMeta, step: Step, item: int, attempt: int) -> int:
-        """Create the item's child run for ``attempt`` unless it exists; 1 if this call created it."""
+    def start_item(
+        self, meta: PipelineMeta, step: Step, item: int, attempt: int, text: str | None = None
+    ) -> int:
+        """Create the item's child run for ``attempt`` unless it exists; 1 if this call created it.
+        ``text``: the item's input, when the caller read it already."""
         pipeline_id, seq = meta.pipeline_id, meta.seq
         run_id = child_run_id(pipeline_id, seq, item, attempt)
         link = PipelineLink(pipeline_id=pipeline_id, seq=seq, item=item, attempt=attempt)
-        text = self.store.item_input(pipeline_id, seq, item) or ""
+        if text is None:
+            text = self.store.item_input(pipeline_id, seq, item) or ""
         created = 0
         try:
             state = self._state_before(pipeline_id, seq) if step.state else None
@@ -260,10 +277,9 @@ class PipelinePool:
                 self._ended(meta.pipeline_id, step, seq, item, attempt, run_id, "failed", None, error, False)
                 return 0
         # Noted (and announced) once, whoever notes it: its creator may have died right after creating it.
-        started = {"kind": "child_started", "seq": seq, "step": step.name, "item": item, "run_id": run_id}
-        self.store.mark_child(pipeline_id, seq, item, run_id, started)
-        now = self.store.meta(pipeline_id)
-        if now is None or now.terminal:
+        started = _started_event(seq, step, item, run_id)
+        _, running = self.store.mark_child(pipeline_id, seq, item, run_id, started)
+        if not running:
             # Ended (cancelled, or failed) while this child was being created: its cascade may have
             # looked before the child existed.
             self.client.handle(run_id).cancel()
@@ -281,15 +297,24 @@ class PipelinePool:
         """
         run_id = str(ended.get("run_id", ""))
         head = self.runs.load(run_id) if run_id else None
-        link = head.link if head is not None else None
-        if head is None or not isinstance(link, PipelineLink) or not head.terminal:
+        if head is None:
+            log.warning("run %s is not an ended pipeline child run; ignored", run_id[:200])
+            return
+        self.child_run_ended(head)
+
+    def child_run_ended(self, head: RunHead) -> None:
+        """The child run ``head`` ended, as read from the store (by :meth:`child_ended`, or by the
+        claim of the callback delivered in place)."""
+        run_id = head.run_id
+        link = head.link
+        if not isinstance(link, PipelineLink) or not head.terminal:
             log.warning("run %s is not an ended pipeline child run; ignored", run_id[:200])
             return
         meta = self.store.meta(link.pipeline_id)
         if meta is None or not self._is_child(head, meta):
             log.warning("run %s is not a child of pipeline run %s; ignored", run_id, link.pipeline_id)
             return
-        step = self._step_of(link.pipeline_id, link.seq)
+        step = self._step_of(meta, link.seq)
         if step is None:
             return
         answer = (head.answer, head.output) if head.phase is Phase.COMPLETED else None
@@ -360,8 +385,11 @@ class PipelinePool:
             "run_id": run_id,
             "status": result["status"],
         }
-        recorded = self.store.record(pipeline_id, seq, item, attempt, result, ended)
-        if recorded not in ("recorded", "complete"):
+        # A child run of this pipeline ended (``retryable``): noted with its record if its creator
+        # died before noting it.
+        started = _started_event(seq, step, item, run_id) if retryable else None
+        recorded = self.store.record(pipeline_id, seq, item, attempt, result, ended, started)
+        if recorded not in ("recorded", "waiting", "complete"):
             return
         if result["status"] == "failed":
             meta = self.store.meta(pipeline_id)
@@ -384,7 +412,7 @@ class PipelinePool:
             return
         if recorded == "complete":
             self.advance(pipeline_id, seq)
-        else:
+        elif recorded == "recorded":  # items wait to start: one may take the room given back
             self.pump(pipeline_id, seq)
 
     # -- ending ------------------------------------------------------------------------------
@@ -457,3 +485,8 @@ class PipelinePool:
         if meta.started < meta.total and meta.started - meta.done < meta.cap:
             repaired += int(self.pump(pipeline_id, meta.seq) > 0)
         return repaired
+
+
+def _started_event(seq: int, step: Step, item: int, run_id: str) -> dict[str, Any]:
+    """The ``child_started`` event of an item's child run."""
+    return {"kind": "child_started", "seq": seq, "step": step.name, "item": item, "run_id": run_id}

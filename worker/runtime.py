@@ -11,7 +11,6 @@ import os
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 
@@ -102,8 +101,8 @@ class Runtime:
     #: Commit and publish in one script (None: commit, then send).
     prepare: Prepare | None = None
     #: Callback tasks this worker runs in place of sending them (name -> the task's function,
-    #: given the run's outcome); see ``worker/callback.py``.
-    local_callbacks: dict[str, Callable[[dict[str, Any]], object]] = field(default_factory=dict)
+    #: given the ended run as the callback's claim read it); see ``worker/callback.py``.
+    local_callbacks: dict[str, Callable[[RunHead], object]] = field(default_factory=dict)
     #: Delivers a run's callback task in this process (``worker.callback.run_callback``); set by
     #: the app. A local callback then runs right after the terminal commit instead of being sent.
     deliver_callback: Callable[[Runtime, TaskSpec], None] | None = None

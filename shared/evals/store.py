@@ -13,6 +13,7 @@ from, and an archived eval's id is not created again.
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ __all__ = [
     "EvalMeta",
     "EvalStore",
     "Item",
+    "Recorded",
     "VariantCounts",
     "run_id_of",
 ]
@@ -109,6 +111,17 @@ class VariantCounts:
     failed: int = 0
     tokens: int = 0
     cost_usd: float = 0.0
+
+
+class Recorded(enum.IntEnum):
+    """What :meth:`EvalStore.record` did (false only when the result was recorded already)."""
+
+    #: Recorded already: nothing changed.
+    DUPLICATE = 0
+    #: Recorded; items wait to start, and may take the slot it gave back.
+    ITEMS_PENDING = 1
+    #: Recorded; no item waits to start.
+    NONE_PENDING = 2
 
 
 @dataclass(frozen=True)
@@ -375,8 +388,8 @@ class EvalStore:
             return archived.counts.get(JUDGE_WAITS, 0)
         return int(raw or 0)
 
-    def record(self, eval_id: str, item: Item, result: CaseResult) -> bool:
-        """Record the item's result once and give its slot back; False if it was recorded already."""
+    def record(self, eval_id: str, item: Item, result: CaseResult) -> Recorded:
+        """Record the item's result once and give its slot back (see :class:`Recorded`)."""
         k = self.keys
         tokens = result.input_tokens + result.output_tokens + result.judge_tokens
         reply = self._scripts["eval_record"](
@@ -403,7 +416,7 @@ class EvalStore:
                 int(self.retention_s * 1000),
             ],
         )
-        return int(reply) == 1
+        return Recorded(int(reply))
 
     def drop(self, eval_id: str) -> bool:
         """Delete an archived eval's keys if it is still completed; False if it changed meanwhile."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import redis
 
+from shared import protocol
 from shared.errors import InvalidRequest
 from shared.keys import Keys
 from shared.scripts import register_script
@@ -235,8 +236,11 @@ class PipelineStore:
         attempt: int,
         result: dict[str, Any],
         event: dict[str, Any],
+        started: dict[str, Any] | None = None,
     ) -> str:
-        """Record how an item ended, and its event, once (see ``pipe_record.lua`` for the answers)."""
+        """Record how an item ended, and its event, once (see ``pipe_record.lua`` for the answers).
+        ``started``: the ``child_started`` event of the child run that ended (None: the item had
+        none), written with the child's note if its creator died before noting it."""
         k = self.keys
         reply = self._scripts["pipe_record"](
             keys=[
@@ -244,8 +248,18 @@ class PipelineStore:
                 k.pipe_results(pipeline_id, seq),
                 k.pipe_attempts(pipeline_id, seq),
                 k.pipe_events(pipeline_id),
+                k.pipe_children(pipeline_id, seq),
             ],
-            args=[seq, item, attempt, json.dumps(result), _event_json(event), EVENTS_MAXLEN],
+            args=[
+                seq,
+                item,
+                attempt,
+                json.dumps(result),
+                _event_json(event),
+                EVENTS_MAXLEN,
+                started["run_id"] if started is not None else "",
+                _event_json(started) if started is not None else "",
+            ],
         )
         return _text(reply)
 
@@ -275,27 +289,40 @@ class PipelineStore:
 
     # -- a step's items ------------------------------------------------------------------------
 
+    def items_to_start(self, pipeline_id: str, seq: int, items: range) -> list[tuple[str, int]]:
+        """The input text and current attempt of each of ``items``, in one round trip."""
+        if not items:
+            return []
+        fields = [str(item) for item in items]
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(self.keys.pipe_items(pipeline_id, seq), fields)
+            pipe.hmget(self.keys.pipe_attempts(pipeline_id, seq), fields)
+            texts, attempts = pipe.execute()
+        return [
+            (_text(text) if text is not None else "", int(attempt) if attempt is not None else 0)
+            for text, attempt in zip(texts, attempts, strict=True)
+        ]
+
     def item_input(self, pipeline_id: str, seq: int, item: int) -> str | None:
         raw = self.redis.hget(self.keys.pipe_items(pipeline_id, seq), str(item))
         return _text(raw) if raw is not None else None
-
-    def attempt(self, pipeline_id: str, seq: int, item: int) -> int:
-        raw = self.redis.hget(self.keys.pipe_attempts(pipeline_id, seq), str(item))
-        return int(raw) if raw is not None else 0
 
     def attempts(self, pipeline_id: str, seq: int) -> dict[int, int]:
         raw = self.redis.hgetall(self.keys.pipe_attempts(pipeline_id, seq))
         return {int(_text(k)): int(v) for k, v in raw.items()}
 
-    def mark_child(self, pipeline_id: str, seq: int, item: int, run_id: str, event: dict[str, Any]) -> bool:
+    def mark_child(
+        self, pipeline_id: str, seq: int, item: int, run_id: str, event: dict[str, Any]
+    ) -> tuple[bool, bool]:
         """The item's current child run exists (it is the one to cancel, or to wait for): note it and
-        add ``event``, once; True the first time, whoever notes it."""
+        add ``event``, once. Returns (True the first time, whoever notes it; whether the pipeline
+        run was still running once it was noted: if not, its end's cascade may have missed it)."""
         k = self.keys
-        reply = self._scripts["pipe_mark"](
+        noted, status = self._scripts["pipe_mark"](
             keys=[k.pipe_children(pipeline_id, seq), k.pipe_events(pipeline_id), k.pipe_meta(pipeline_id)],
             args=[item, run_id, _event_json(event), EVENTS_MAXLEN],
         )
-        return int(reply) == 1
+        return int(noted) == 1, status is not None and _text(status) == protocol.PIPE_RUNNING
 
     def children(self, pipeline_id: str, seq: int) -> dict[int, str]:
         raw = self.redis.hgetall(self.keys.pipe_children(pipeline_id, seq))

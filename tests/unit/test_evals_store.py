@@ -8,7 +8,7 @@ import pytest
 from shared.evals.dataset import Case
 from shared.evals.outcome import CaseResult
 from shared.evals.spec import parse_spec
-from shared.evals.store import EvalStore, Item, run_id_of
+from shared.evals.store import EvalStore, Item, Recorded, run_id_of
 from shared.keys import Keys
 
 
@@ -69,6 +69,21 @@ def test_the_cap_holds_and_a_result_is_recorded_once(store: EvalStore) -> None:
     assert (a.done, a.passed, a.tokens, b.done) == (1, 1, 10, 0)
     assert {i for i, _ in store.slots("e")} == set(first.items[1:])
     assert store.acquire("e", SPEC, 50, lease_s=10).items == [Item(1, 1, 0)]  # one slot came back
+
+
+def test_a_recorded_result_says_whether_items_wait_to_start(store: EvalStore) -> None:
+    # A scorer pumps after recording only when items wait: with every item taken there is none.
+    spec = parse_spec(
+        {"name": "s", "dataset": "d.jsonl", "variants": [{"agent": "x"}], "scorers": [{"kind": "exact"}]}
+    ).model_copy(update={"concurrency": 2})
+    store.create("e", spec, CASES, "d.jsonl")
+    first, second = store.acquire("e", spec, 50, lease_s=10).items
+    assert store.record("e", first, result(first)) is Recorded.ITEMS_PENDING  # the third waits
+    (third,) = store.acquire("e", spec, 50, lease_s=10).items
+    assert store.record("e", second, result(second)) is Recorded.NONE_PENDING
+    assert store.record("e", second, result(second)) is Recorded.DUPLICATE
+    assert store.record("e", third, result(third)) is Recorded.NONE_PENDING
+    assert store.meta("e").status == "completed"
 
 
 def test_claims_of_scoring_are_exclusive_until_they_expire(store: EvalStore) -> None:

@@ -1,7 +1,8 @@
 -- Record one item's result once, give its slot back, and finish the eval when nothing is left.
 -- KEYS: results, slots, scoring, counts, meta, pending, active, cases.
 -- ARGV: item, result JSON, variant index, passed (0/1), failed (0/1), tokens, cost_micro,
--- eval_id, finished_ms, retention_ms. Returns 1 if recorded, 0 if it already was.
+-- eval_id, finished_ms, retention_ms. Returns 0 if it was recorded already, else 1 if items wait
+-- to start (one may take the slot given back) or 2 if none does (Recorded in store.py).
 -- A completed eval's keys expire after the retention.
 local item, variant = ARGV[1], ARGV[3]
 if redis.call('HSETNX', KEYS[1], item, ARGV[2]) == 0 then return 0 end
@@ -26,4 +27,5 @@ if redis.call('ZCARD', KEYS[2]) == 0 then
     redis.call('SREM', KEYS[7], ARGV[8])
   end
 end
+if redis.call('LLEN', KEYS[6]) == 0 then return 2 end
 return 1

@@ -1,19 +1,32 @@
 -- Record how item ARGV[2] of step ARGV[1] ended, once, with its event. KEYS: meta, results,
--- attempts, events. ARGV: seq, item, attempt (of the child that ended), result JSON, event JSON,
--- the stream's approximate bound.
+-- attempts, events, children. ARGV: seq, item, attempt (of the child that ended), result JSON,
+-- event JSON, the stream's approximate bound, the child run's id and its child_started event JSON
+-- (both empty: the item had no child run). A child whose creator died between creating it and
+-- noting it (pipe_mark) is noted here, with its event, so its start is in the stream once.
 -- Returns 'stale' (another step, or a later attempt), 'dup' (recorded already), 'ended' (recorded;
--- the pipeline ended meanwhile), 'complete' (recorded, the step's last) or 'recorded'.
+-- the pipeline ended meanwhile), 'complete' (recorded, the step's last), 'recorded' (recorded, and
+-- the step has items not started yet) or 'waiting' (recorded; every item is started, so there is
+-- nothing to start in the room it gave back).
 local meta = KEYS[1]
 if redis.call('HGET', meta, PIPE_SEQ) ~= ARGV[1] then return 'stale' end
 if (redis.call('HGET', KEYS[3], ARGV[2]) or '0') ~= ARGV[3] then return 'stale' end
 if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[4]) == 0 then return 'dup' end
+if ARGV[7] ~= '' and redis.call('HGET', KEYS[5], ARGV[2]) ~= ARGV[7] then
+  redis.call('HSET', KEYS[5], ARGV[2], ARGV[7])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', PIPE_EVENT_FIELD, ARGV[8])
+end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', PIPE_EVENT_FIELD, ARGV[5])
 local done = redis.call('HINCRBY', meta, PIPE_DONE, 1)
 if redis.call('HGET', meta, PIPE_STATUS) ~= PIPE_RUNNING then
   -- Ended, and maybe settled already: what is written now expires with the rest of it.
   local ttl = redis.call('PTTL', meta)
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+  if ttl > 0 then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+    redis.call('PEXPIRE', KEYS[5], ttl)
+  end
   return 'ended'
 end
-if done == tonumber(redis.call('HGET', meta, PIPE_TOTAL)) then return 'complete' end
+local total = tonumber(redis.call('HGET', meta, PIPE_TOTAL))
+if done == total then return 'complete' end
+if tonumber(redis.call('HGET', meta, PIPE_STARTED)) >= total then return 'waiting' end
 return 'recorded'
