@@ -33,6 +33,7 @@ from shared.keys import Keys
 from shared.scripts import register_script
 from shared.search import SearchQuery
 from shared.state import TaskSpec
+from shared.tasks import TASK_BULK
 
 __all__ = [
     "BULK_ACTIONS",
@@ -47,12 +48,8 @@ __all__ = [
     "MAX_RATE_PER_S",
     "MAX_RUNNING_PER_TENANT",
     "MIN_RATE_PER_S",
-    "TASK_BULK",
     "bulk_task",
 ]
-
-#: The pool's task that works a bulk job a chunk at a time (never nameable by a producer).
-TASK_BULK = "wesichain.bulk.run"
 
 BulkAction = Literal["retry", "fork", "cancel"]
 BULK_ACTIONS: tuple[BulkAction, ...] = ("retry", "fork", "cancel")

@@ -24,6 +24,7 @@ from shared.versions import version_queue
 __all__ = [
     "PHASE_TASKS",
     "TASK_ARCHIVE",
+    "TASK_BULK",
     "TASK_CALLBACK",
     "TASK_CHILD_DONE",
     "TASK_DECIDE",
@@ -55,6 +56,9 @@ TASK_CALLBACK = "wesichain.callback"
 TASK_SPAWN = "wesichain.spawn"
 #: A child run's completion callback: records its outcome as its parent's tool result.
 TASK_CHILD_DONE = "wesichain.child_done"
+#: Works a bulk job a chunk at a time (``shared/bulk.py``; never nameable by a producer). Named
+#: here, not beside the jobs, so a worker registers the task without loading bulk jobs and search.
+TASK_BULK = "wesichain.bulk.run"
 
 #: Every phase task, by name (the sweep is not a phase).
 PHASE_TASKS = (TASK_START, TASK_THINK, TASK_TOOL, TASK_OBSERVE, TASK_DECIDE)

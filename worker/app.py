@@ -38,7 +38,6 @@ from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
 from shared.agents import load_registry
-from shared.bulk import TASK_BULK
 from shared.errors import ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
 from shared.events import configure_worker_identity, worker_identity
@@ -49,6 +48,7 @@ from shared.state import Phase, RunHead, TaskSpec
 from shared.store import RunStore
 from shared.tasks import (
     TASK_ARCHIVE,
+    TASK_BULK,
     TASK_CALLBACK,
     TASK_CHILD_DONE,
     TASK_DECIDE,

@@ -12,7 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Loaded only when used: the HTTP client (and the terminal renderer it loads with it), the
-#: model providers, the client and the producer's commands, evals, pipelines and the archive.
+#: model providers, the client and the producer's commands, evals, pipelines, bulk jobs and the
+#: archive.
 NOT_IMPORTED = (
     "httpx",
     "rich",
@@ -28,6 +29,8 @@ NOT_IMPORTED = (
     "worker.evals",
     "worker.pipelines",
     "worker.archiving",
+    "shared.bulk",
+    "worker.bulk",
 )
 
 PROGRAM = """
