@@ -21,7 +21,7 @@ from producer.cli import main
 from producer.client import Client, RequestConflict, RunHandle, RunNotFound
 from producer.evals.client import EvalClient
 from shared import fsm
-from shared.archive import RunRecord, open_archive
+from shared.archive import StoredRun, open_archive
 from shared.archive.retention import ArchivePruner
 from shared.archiver import Archiver
 from shared.export import RunExport
@@ -331,8 +331,9 @@ def test_archive_retention_deletes_per_tenant_and_audits_each_deletion(
     now = time.time()
     day = 86_400.0
 
-    def ended(run_id: str, tenant: str | None, days_ago: float) -> RunRecord:
-        return sample_record(f"{run_id}-{tag}", 1000, tenant=tenant, updated_at=now - days_ago * day)
+    def ended(run_id: str, tenant: str | None, days_ago: float) -> StoredRun:
+        record = sample_record(f"{run_id}-{tag}", 1000, tenant=tenant, updated_at=now - days_ago * day)
+        return record.stored()
 
     archive.put(
         [
