@@ -4,7 +4,8 @@ The commit script enters every run that ends in its shard's *ended* set, scored 
 A pass of the archiver takes, shard by shard, the runs that ended more than
 ``Settings.archive_after_s`` ago, in batches of ``Settings.archive_batch``:
 
-1. read each run whole from Redis (head, conversation, checkpoints, events, tool results);
+1. read each run whole from Redis (head, conversation, checkpoints, events, tool results): the
+   head parsed, every other part kept as the JSON the runtime wrote (``StoredRun``);
 2. write the batch to the database in one transaction and commit it (runs already there are
    skipped: a pass that died after its commit left them);
 3. read back what the database holds of each run and compare it with what was read;
