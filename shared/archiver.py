@@ -4,7 +4,8 @@ The commit script enters every run that ends in its shard's *ended* set, scored 
 A pass of the archiver takes, shard by shard, the runs that ended more than
 ``Settings.archive_after_s`` ago, in batches of ``Settings.archive_batch``:
 
-1. read each run whole from Redis (head, conversation, checkpoints, events, tool results);
+1. read each run whole from Redis (head, conversation, checkpoints, events, tool results): the
+   head parsed, every other part kept as the JSON the runtime wrote (``StoredRun``);
 2. write the batch to the database in one transaction and commit it (runs already there are
    skipped: a pass that died after its commit left them);
 3. read back what the database holds of each run and compare it with what was read;
@@ -32,17 +33,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from shared import protocol
-from shared.archive import Archive, RunRecord
+from shared.archive import Archive, StoredRun
 from shared.errors import ArchiveUnavailable
 from shared.evals.archiving import EvalArchiver
 from shared.evals.store import EvalStore
-from shared.events import load_event
 from shared.memory import memory_of
 from shared.memory_archive import export_memory
-from shared.messages import MESSAGE_ADAPTER
 from shared.scripts import register_scripts, run_many
 from shared.search import index_dimensions
-from shared.state import TERMINAL_PHASES, RunHead, ToolResult
+from shared.state import TERMINAL_PHASES, RunHead
 from shared.store import RunStore
 from shared.tenants import Tenants
 
@@ -190,7 +189,7 @@ class Archiver:
 
     # -- Redis -----------------------------------------------------------------------------------
 
-    def _read(self, ids: list[str]) -> tuple[list[RunRecord], list[str], list[str]]:
+    def _read(self, ids: list[str]) -> tuple[list[StoredRun], list[str], list[str]]:
         """The runs of ``ids`` read whole; the ones to look at later; the ones whose keys are gone."""
         k = self.keys
         with self.redis.pipeline(transaction=False) as pipe:
@@ -217,21 +216,23 @@ class Archiver:
             replies = iter(pipe.execute())
         records = []
         for _, fields in ready:
-            request = fields[protocol.REQUEST]
-            head = RunHead.compose(fields[protocol.BODY], request, int(fields[protocol.EPOCH]))
+            # Only the head is parsed (its columns and indexes come from it): every other part is
+            # copied as the JSON the runtime wrote (``StoredRun``).
+            epoch = int(fields[protocol.EPOCH])
+            head = RunHead.compose(fields[protocol.BODY], fields[protocol.REQUEST], epoch)
             messages, checkpoints, events = next(replies), next(replies), next(replies)
             results = [
-                (step, ToolResult.model_validate_json(raw))
+                (step, _s(call_id), _s(raw))
                 for step in range(1, head.step + 1)
-                for raw in sorted(next(replies).values())
+                for call_id, raw in sorted(next(replies).items())
             ]
             records.append(
-                RunRecord(
+                StoredRun(
                     head=head,
                     created_ms=int(fields.get(protocol.CREATED, "0")),
-                    messages=[MESSAGE_ADAPTER.validate_json(m) for m in messages],
-                    checkpoints=[RunHead.compose(_s(b), request, 0) for b in checkpoints],
-                    events=[_event(eid, entry) for eid, entry in events],
+                    messages=[_s(m) for m in messages],
+                    checkpoints=[(_checkpoint_version(b), _s(b)) for b in checkpoints],
+                    events=[(_s(eid), _event_json(entry)) for eid, entry in events],
                     results=results,
                     callback_state=fields.get(protocol.CALLBACK_STATE),
                 )
@@ -289,10 +290,13 @@ class Archiver:
 _TERMINAL = frozenset(phase.value for phase in TERMINAL_PHASES)
 
 
-def _event(event_id: Any, entry: dict[Any, Any]) -> tuple[str, Any]:
-    event = load_event(entry[b"e"] if b"e" in entry else entry["e"])
-    event.stream_id = _s(event_id)
-    return event.stream_id, event
+def _event_json(entry: dict[Any, Any]) -> str:
+    return _s(entry["e"] if "e" in entry else entry[b"e"])
+
+
+def _checkpoint_version(body: str | bytes) -> int:
+    """The version a checkpoint's body (``RunHead.dump_body``) records: a JSON parse, no model."""
+    return int(json.loads(body).get("version", 0))
 
 
 def _s(value: Any) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from shared.archive.base import Archive, ListingFilter
 from shared.archive.databases import open_database
-from shared.archive.record import RunRecord, RunSummary
+from shared.archive.record import RunRecord, RunSummary, StoredRun
 from shared.archive.sql import SqlArchive
 
-__all__ = ["Archive", "ListingFilter", "RunRecord", "RunSummary", "open_archive"]
+__all__ = ["Archive", "ListingFilter", "RunRecord", "RunSummary", "StoredRun", "open_archive"]
 
 
 def open_archive(url: str) -> Archive:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
-from shared.archive.record import Deletion, EvalHead, EvalRecord, RunRecord, RunSummary
+from shared.archive.record import Deletion, EvalHead, EvalRecord, RunRecord, RunSummary, StoredRun
 from shared.events import Event
 from shared.memory import Item
 from shared.messages import Message
@@ -115,7 +115,7 @@ class Archive(EvalArchive, MemoryArchive):
     # -- writing ----------------------------------------------------------------------------------
 
     @abstractmethod
-    def put(self, records: Sequence[RunRecord]) -> int:
+    def put(self, records: Sequence[StoredRun]) -> int:
         """Write runs in one transaction, skipping those already archived; how many were new."""
 
     @abstractmethod

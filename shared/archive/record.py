@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.events import Event
-from shared.messages import Message
+from shared.events import Event, dump_event
+from shared.messages import Message, dump_message
 from shared.state import RunHead, ToolResult
 
-__all__ = ["Deletion", "EvalHead", "EvalRecord", "RunRecord", "RunSummary"]
+__all__ = ["Deletion", "EvalHead", "EvalRecord", "RunRecord", "RunSummary", "StoredRun"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,54 @@ class RunRecord:
     events: list[tuple[str, Event]]
     #: ``(step, result)`` of every tool call.
     results: list[tuple[int, ToolResult]]
+    #: The JSON of its completion callback's delivery (None: it had no callback).
+    callback_state: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.head.run_id
+
+    def summary(self) -> RunSummary:
+        return RunSummary(
+            version=self.head.version,
+            messages=len(self.messages),
+            checkpoints=len(self.checkpoints),
+            events=len(self.events),
+            results=len(self.results),
+        )
+
+    def stored(self) -> StoredRun:
+        """The run as the runtime stores it: each part as its model's JSON."""
+        return StoredRun(
+            head=self.head,
+            created_ms=self.created_ms,
+            messages=[dump_message(m) for m in self.messages],
+            checkpoints=[(c.version, c.dump_body()) for c in self.checkpoints],
+            events=[(stream_id, dump_event(e)) for stream_id, e in self.events],
+            results=[(step, r.call_id, r.model_dump_json()) for step, r in self.results],
+            callback_state=self.callback_state,
+        )
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A finished run as Redis holds it: what the archiver copies into the database.
+
+    The head is typed (its columns and listing indexes come from it); every other part is the JSON
+    the runtime wrote, which its model validated when it was written and validates again whenever
+    it is read back (from Redis or the archive alike), so the copy neither parses nor re-dumps it.
+    """
+
+    head: RunHead
+    created_ms: int
+    #: Each message's JSON, in conversation order.
+    messages: list[str]
+    #: ``(version, body JSON)`` of every committed head (``RunHead.dump_body``), in version order.
+    checkpoints: list[tuple[int, str]]
+    #: ``(stream id, event JSON)`` in stream order.
+    events: list[tuple[str, str]]
+    #: ``(step, call id, result JSON)`` of every tool call.
+    results: list[tuple[int, str, str]]
     #: The JSON of its completion callback's delivery (None: it had no callback).
     callback_state: str | None = None
 

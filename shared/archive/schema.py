@@ -4,8 +4,9 @@ Each migration is applied once, in order, in its own transaction, and recorded i
 ``wesichain_schema``; opening an archive applies the ones it lacks. A database at a newer version
 than this code knows is refused (an older release must not write to a newer schema).
 
-JSON columns hold pydantic models' JSON (``jsonb`` in PostgreSQL, text in SQLite); every value
-is validated by its model on the way in and on the way out. Ended evals (their spec, counters,
+JSON columns hold pydantic models' JSON (``json`` in PostgreSQL, text in SQLite): the JSON the
+runtime wrote to Redis, validated by its model when it was written, copied as it is, and
+validated again whenever it is read back. Ended evals (their spec, counters,
 cases and result rows) have tables of their own, keyed by eval id.
 """
 

@@ -14,14 +14,14 @@ from typing import Any
 
 from shared.archive.base import Archive, ListingFilter
 from shared.archive.databases import Cursor, Database
-from shared.archive.record import Deletion, RunRecord, RunSummary
+from shared.archive.record import Deletion, RunRecord, RunSummary, StoredRun
 from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, TABLES, migration
 from shared.archive.sql_evals import SqlEvalArchive
 from shared.archive.sql_memory import SqlMemoryArchive
 from shared.errors import ArchiveUnavailable
-from shared.events import Event, dump_event, load_event
-from shared.messages import MESSAGE_ADAPTER, Message, dump_message
-from shared.state import CallbackState, RunHead, ToolResult
+from shared.events import Event, load_event
+from shared.messages import MESSAGE_ADAPTER, Message
+from shared.state import RunHead, ToolResult
 
 __all__ = ["SqlArchive", "parse_stream_id"]
 
@@ -70,7 +70,7 @@ class SqlArchive(SqlEvalArchive, SqlMemoryArchive, Archive):
 
     # -- writing ----------------------------------------------------------------------------------
 
-    def put(self, records: Sequence[RunRecord]) -> int:
+    def put(self, records: Sequence[StoredRun]) -> int:
         if not records:
             return 0
         db = self.db
@@ -92,25 +92,25 @@ class SqlArchive(SqlEvalArchive, SqlMemoryArchive, Archive):
                 cur,
                 "wesichain_messages (run_id, seq, body)",
                 3,
-                ((r.run_id, i, dump_message(m)) for r in new for i, m in enumerate(r.messages)),
+                ((r.run_id, i, body) for r in new for i, body in enumerate(r.messages)),
             )
             self._insert(
                 cur,
                 "wesichain_events (run_id, stream_ms, stream_seq, body)",
                 4,
-                ((r.run_id, *parse_stream_id(sid), dump_event(e)) for r in new for sid, e in r.events),
+                ((r.run_id, *parse_stream_id(sid), body) for r in new for sid, body in r.events),
             )
             self._insert(
                 cur,
                 "wesichain_checkpoints (run_id, version, body)",
                 3,
-                ((r.run_id, c.version, c.dump_body()) for r in new for c in r.checkpoints),
+                ((r.run_id, version, body) for r in new for version, body in r.checkpoints),
             )
             self._insert(
                 cur,
                 "wesichain_tool_results (run_id, step, call_id, body)",
                 4,
-                ((r.run_id, step, t.call_id, t.model_dump_json()) for r in new for step, t in r.results),
+                ((r.run_id, step, call_id, body) for r in new for step, call_id, body in r.results),
             )
             return len(new)
 
@@ -346,11 +346,8 @@ class SqlArchive(SqlEvalArchive, SqlMemoryArchive, Archive):
 _COUNTED = ("wesichain_messages", "wesichain_checkpoints", "wesichain_events", "wesichain_tool_results")
 
 
-def _run_row(record: RunRecord, now: float) -> tuple[Any, ...]:
+def _run_row(record: StoredRun, now: float) -> tuple[Any, ...]:
     head = record.head
-    callback = record.callback_state
-    if callback is not None:
-        callback = CallbackState.model_validate_json(callback).model_dump_json()
     return (
         head.run_id,
         head.tenant or "-",
@@ -362,7 +359,7 @@ def _run_row(record: RunRecord, now: float) -> tuple[Any, ...]:
         now,
         head.version,
         head.model_dump_json(),
-        callback,
+        record.callback_state,
     )
 
 

@@ -21,8 +21,9 @@ from producer.cli import main
 from producer.client import Client, RequestConflict, RunHandle, RunNotFound
 from producer.evals.client import EvalClient
 from shared import fsm
-from shared.archive import RunRecord, open_archive
+from shared.archive import StoredRun, open_archive
 from shared.archive.retention import ArchivePruner
+from shared.archive.sql import SqlArchive
 from shared.archiver import Archiver
 from shared.export import RunExport
 from shared.llm.base import Usage
@@ -35,7 +36,7 @@ from tests.api_support import ApiProcess, bearer, wait_status
 from tests.archive_support import BACKENDS, FullRead, archive_url, eval_keys, full_read, sample_record
 from tests.broker import Settings, broker_env
 from tests.harness import RedisServer, WorkerProcess, wait_until
-from worker.testing.runs import commit
+from worker.testing.runs import commit, ended_run
 
 TIMEOUT = 60
 
@@ -331,8 +332,9 @@ def test_archive_retention_deletes_per_tenant_and_audits_each_deletion(
     now = time.time()
     day = 86_400.0
 
-    def ended(run_id: str, tenant: str | None, days_ago: float) -> RunRecord:
-        return sample_record(f"{run_id}-{tag}", 1000, tenant=tenant, updated_at=now - days_ago * day)
+    def ended(run_id: str, tenant: str | None, days_ago: float) -> StoredRun:
+        record = sample_record(f"{run_id}-{tag}", 1000, tenant=tenant, updated_at=now - days_ago * day)
+        return record.stored()
 
     archive.put(
         [
@@ -467,3 +469,33 @@ def test_a_completed_eval_moves_to_the_archive_and_reads_back_unchanged(
     assert main(["eval", "results", eval_id, "--format", "jsonl"]) == 0
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert sorted(r["run_id"] for r in listed) == [r.run_id for r in rows]
+
+
+def test_the_archive_holds_each_part_as_the_json_redis_held(client: Client) -> None:
+    """The archiver copies what the runtime wrote: the text Redis held, not a re-dump of it."""
+    store, k = client.store, client.store.keys
+    run_id = ended_run(store)
+    head = store.load(run_id)
+    assert head is not None and head.step >= 1
+    held = {
+        "wesichain_messages": sorted(store.redis.lrange(k.messages(run_id), 0, -1)),
+        "wesichain_checkpoints": sorted(store.redis.lrange(k.checkpoints(run_id), 0, -1)),
+        "wesichain_events": sorted(
+            (entry or {})["e"] for _, entry in store.redis.xrange(k.events(run_id)) or []
+        ),
+        "wesichain_tool_results": sorted(
+            body for step in range(1, head.step + 1) for body in store.redis.hvals(k.results(run_id, step))
+        ),
+    }
+
+    assert Archiver(store).run_once(after_s=0).archived == 1
+
+    archive = store.archive
+    assert archive is not None and isinstance(archive, SqlArchive)
+    body = archive.db.json_text("body")
+    with archive.db.transaction() as cur:
+        for table, texts in held.items():
+            cur.execute(archive.db.sql(f"SELECT {body} FROM {table} WHERE run_id = ?"), (run_id,))
+            assert sorted(row[0] for row in cur.fetchall()) == texts, table
+    versions = [c.version for c in archive.checkpoints(run_id)]
+    assert versions == sorted(versions) and versions[-1] == head.version

@@ -28,7 +28,7 @@ def archive(tmp_path: Path) -> SqlArchive:
 
 def test_a_run_reads_back_as_it_was_written(archive: SqlArchive) -> None:
     record = sample_record("r1", 1000)
-    assert archive.put([record]) == 1
+    assert archive.put([record.stored()]) == 1
     assert archive.load("r1") == record.head
     assert archive.messages("r1") == record.messages
     assert archive.messages("r1", 1) == record.messages[1:]
@@ -55,8 +55,9 @@ def test_a_run_reads_back_as_it_was_written(archive: SqlArchive) -> None:
 
 
 def test_batches_are_idempotent(archive: SqlArchive) -> None:
-    assert archive.put([sample_record("r1", 1000), sample_record("r2", 1001)]) == 2
-    assert archive.put([sample_record("r1", 1000), sample_record("r3", 1002)]) == 1  # r1 was there already
+    assert archive.put([sample_record("r1", 1000).stored(), sample_record("r2", 1001).stored()]) == 2
+    # r1 was there already
+    assert archive.put([sample_record("r1", 1000).stored(), sample_record("r3", 1002).stored()]) == 1
     assert archive.put([]) == 0
     assert set(archive.summaries(["r1", "r2", "r3", "r4"])) == {"r1", "r2", "r3"}
     assert archive.summaries([]) == {}
@@ -64,17 +65,14 @@ def test_batches_are_idempotent(archive: SqlArchive) -> None:
 
 
 def test_listing_is_newest_first_by_time_then_id(archive: SqlArchive) -> None:
-    archive.put(
-        [
-            sample_record("a", 1000),
-            sample_record("b", 2000, agent="other"),
-            sample_record("c", 2000, thread_id="t"),
-            sample_record(
-                "d", 3000, phase=Phase.FAILED, error=RunErrorInfo(kind="BudgetExceeded", message="x")
-            ),
-            sample_record("e", 4000, tenant=None),
-        ]
-    )
+    records = [
+        sample_record("a", 1000),
+        sample_record("b", 2000, agent="other"),
+        sample_record("c", 2000, thread_id="t"),
+        sample_record("d", 3000, phase=Phase.FAILED, error=RunErrorInfo(kind="BudgetExceeded", message="x")),
+        sample_record("e", 4000, tenant=None),
+    ]
+    archive.put([record.stored() for record in records])
 
     def ids(where: ListingFilter, before: tuple[int, str] | None = None, limit: int = 10) -> list[str]:
         return [head.run_id for _, head in archive.list_runs(where, before, limit)]
@@ -97,7 +95,7 @@ def test_the_schema_is_migrated_once_and_a_newer_one_refused(tmp_path: Path) -> 
     first = open_archive(url)
     assert isinstance(first, SqlArchive)
     assert first.migrate() == len(MIGRATIONS)
-    first.put([sample_record("r1", 1)])
+    first.put([sample_record("r1", 1).stored()])
     first.close()
     again = open_archive(url)  # opening again applies nothing and keeps the data
     assert again.load("r1") is not None
@@ -128,7 +126,7 @@ def test_a_failed_run_keeps_its_error(archive: SqlArchive) -> None:
     record = sample_record("f", 10, phase=Phase.FAILED, error=error)
     failed = Failed(run_id="f", step=1, error=error)
     record.events.append(stamped("20-0", failed))
-    archive.put([record])
+    archive.put([record.stored()])
     head = archive.load("f")
     assert head is not None and head.error == error and head.status == "failed"
     assert archive.events("f")[-1][1] == failed
