@@ -372,8 +372,11 @@ class _HeldConnection:
         self.connection: Any = pool.get_connection()
 
     def __del__(self) -> None:
-        if self.pid == os.getpid():
-            self.pool.release(self.connection)
+        try:
+            if self.pid == os.getpid():
+                self.pool.release(self.connection)
+        except Exception:  # at interpreter exit the pool may be gone already: nothing to give back to
+            pass
 
 
 class Script:
