@@ -349,6 +349,8 @@ class ScriptConnections:
         """``script``'s reply to ``keys`` and ``args`` (already checked against its spec)."""
         held: _HeldConnection | None = getattr(self._local, "held", None)
         if held is None or held.pid != os.getpid():
+            # As on redis-py's own path, a connect that fails (after the connection's own retries)
+            # raises here: a second try through the client would only double the wait.
             held = self._local.held = _HeldConnection(self._pool)
         connection = held.connection
         try:
@@ -369,11 +371,12 @@ class _HeldConnection:
     def __init__(self, pool: redis.ConnectionPool) -> None:
         self.pool = pool
         self.pid = os.getpid()
-        self.connection: Any = pool.get_connection()
+        self.connection: Any = None  # a pool whose connect fails keeps nothing to give back
+        self.connection = pool.get_connection()
 
     def __del__(self) -> None:
         try:
-            if self.pid == os.getpid():
+            if self.connection is not None and self.pid == os.getpid():
                 self.pool.release(self.connection)
         except Exception:  # at interpreter exit the pool may be gone already: nothing to give back to
             pass

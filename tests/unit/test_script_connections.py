@@ -4,6 +4,7 @@ a dropped connection and a fork each handled as redis-py's own call handles them
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import threading
 from collections.abc import Iterator
@@ -11,6 +12,8 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from shared.store import Claim, RunStore
 from tests.harness import RedisServer
@@ -125,3 +128,31 @@ def test_a_forked_process_takes_a_connection_of_its_own(store: RunStore) -> None
     assert answers.get(timeout=10) is True
     # The parent's connection is still its own: the child neither used nor closed it.
     assert isinstance(claim(store, parent_run.head), Claim)
+
+
+def test_a_thread_that_cannot_connect_raises_as_redis_py_does_and_connects_once_redis_is_back() -> None:
+    own = RedisServer().start()
+    try:
+        rds = own.client(retry=Retry(NoBackoff(), 0), socket_connect_timeout=2)
+        store = make_store(rds)
+        started(store)
+        own.stop()
+        errors: list[BaseException] = []
+
+        def work() -> None:  # a thread of its own: its connection is taken while Redis is down
+            try:
+                started(store)
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=work)
+        t.start()
+        t.join(timeout=60)
+        assert len(errors) == 1 and isinstance(errors[0], redis.ConnectionError), errors
+        gc.collect()  # the failed attempt left nothing behind that raises when collected
+
+        own.start()
+        assert isinstance(claim(store, started(store).head), Claim)
+        rds.close()
+    finally:
+        own.cleanup()
