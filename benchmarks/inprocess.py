@@ -75,10 +75,14 @@ def drain(
     """Run every message on ``queues`` (and what they publish) until they are empty; returns how many."""
     done = 0
     while True:
-        raw = next((m for q in queues if (m := cast(bytes | None, r.rpop(q))) is not None), None)
-        if raw is None:
+        # One command per delivery whatever the number of queues, as a worker's one ``BRPOP`` over
+        # all its queues: an ``RPOP`` per queue in turn made the benchmark's own polling (several
+        # round trips per transition, one per hop for the bare floor's single queue) part of the
+        # transition's figures.
+        popped = cast(list[Any] | None, r.lmpop(len(queues), *queues, direction="RIGHT"))
+        if popped is None:
             return done
-        run_task(*decode(raw))
+        run_task(*decode(popped[1][0]))
         done += 1
 
 
@@ -284,7 +288,7 @@ def server_cpu_s(r: redis.Redis) -> float:
 def redis_figures(r: redis.Redis, transitions: int, cpu_s: float) -> dict[str, Any]:
     """redis-server's figures since the last ``CONFIG RESETSTAT``, per transition.
 
-    The benchmark's own reads are in them (the ``RPOP`` standing in for the broker's delivery, the
+    The benchmark's own reads are in them (the ``LMPOP`` standing in for the broker's delivery, the
     final ``HMGET`` of each run), as are a bare hop's in ``--system bare``.
     """
     commands = cast(dict[str, dict[str, Any]], r.info("commandstats"))
