@@ -84,6 +84,11 @@ STREAMS_RETRY_S = 5
 # KEYS[3..], the in-flight hashes of every shard, ARGV[5] the tenant's field) the in-flight counts:
 # one command. The window's and the reservation's keys are in one slot (``reservations_key``).
 _RESERVE_BODY = """
+local clock = now_ms()
+-- One TIME for the window and the reservation: the window's script reads the clock through this.
+local function now_ms()
+  return clock
+end
 local function count_in_window()
 --WINDOW--
 end
@@ -98,7 +103,7 @@ local verdict = count_in_window()
 if verdict[1] == 0 then
   return {0, verdict[2], inflight()}
 end
-local now, ttl = now_ms(), tonumber(ARGV[4])
+local now, ttl = clock, tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ttl)
