@@ -25,8 +25,9 @@ A created run whose reservation is not dropped yet is counted twice, which only 
 waiting: a submit is refused ``too_many_in_flight`` only when the counts alone reach the limit;
 when reservations tip it over, it withdraws (its window entry too) and tries again after a few
 milliseconds, and answers ``503 unavailable`` (Retry-After) if that lasts ``ADMIT_WAIT_S``.
-Admitting costs one round trip more than creating the run: the script and the read, pipelined (on
-Redis Cluster the read waits for the script, two round trips), while the delete shares its round
+Admitting costs one round trip more than creating the run: on a single Redis the script reads the
+counts itself once it has reserved (steps 1 and 2 in one command; on Redis Cluster the counts are
+in other slots and the read waits for the script, two round trips), while the delete shares its round
 trip with the read of the created run for the submit's answer. No lock is held, so one tenant's
 submits still run side by side.
 
@@ -44,7 +45,6 @@ import uuid
 from dataclasses import dataclass
 
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError
 
 from producer.api.errors import ApiError
 from shared.errors import ConfigError
@@ -52,7 +52,6 @@ from shared.protocol import lua_prelude
 from shared.scripts import is_cluster, script_body
 from shared.state import RunHead
 from shared.store import RunStore
-from shared.store.listing import inflight_total
 from shared.store.runs import loaded_head
 from shared.tenants import CeleryCallbacks, TenantLimits, Tenants, TenantSettings
 
@@ -81,21 +80,34 @@ ADMIT_WAIT_S = 3.0
 #: What a tenant at its share of a process's event streams is told to wait.
 STREAMS_RETRY_S = 5
 
-# The window script as it is, run as a function, then the reservation: one round trip, the two
-# keys in one slot (``reservations_key``).
+# The window script as it is, run as a function, then the reservation, then (on a single Redis:
+# KEYS[3..], the in-flight hashes of every shard, ARGV[5] the tenant's field) the in-flight counts:
+# one command. The window's and the reservation's keys are in one slot (``reservations_key``).
 _RESERVE_BODY = """
+local clock = now_ms()
+-- One TIME for the window and the reservation: the window's script reads the clock through this.
+local function now_ms()
+  return clock
+end
 local function count_in_window()
 --WINDOW--
 end
+local function inflight()
+  local total = 0
+  for i = 3, #KEYS do
+    total = total + (tonumber(redis.call('HGET', KEYS[i], ARGV[5])) or 0)
+  end
+  return total
+end
 local verdict = count_in_window()
 if verdict[1] == 0 then
-  return verdict
+  return {0, verdict[2], inflight()}
 end
-local now, ttl = now_ms(), tonumber(ARGV[4])
+local now, ttl = clock, tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ttl)
-return {1, redis.call('ZCARD', KEYS[2])}
+return {1, redis.call('ZCARD', KEYS[2]), inflight()}
 """
 
 
@@ -215,29 +227,16 @@ class SubmitGate:
             pause = min(pause * 2, 0.05)
 
     def _reserve_and_count(self, tenant: str, keys: list[str], args: list[int | str]) -> tuple[int, int, int]:
-        """Step 1 (the reservation script), then step 2 (the in-flight counts): in one round trip
-        on a single Redis, where one connection's commands run in the order sent; on a cluster the
-        counts live on other nodes, so the read waits for the script's answer."""
+        """Step 1 (the reservation), then step 2 (the in-flight counts). On a single Redis the
+        script reads the counts itself after reserving: one command, atomic, where a pipeline of a
+        read per shard cost this process a command to write and a reply to parse each. On a cluster
+        the counts live in other slots, so the read follows the script's answer."""
         if self._cluster:
-            admitted, value = self._reserve(keys=keys, args=args)
+            admitted, value, _ = self._reserve(keys=keys, args=[*args, ""])
             return int(admitted), int(value), self.store.inflight(tenant)
-        for _ in range(2):
-            with self.store.redis.pipeline(transaction=False) as pipe:
-                # EVALSHA, not the Script object: a pipeline would ask SCRIPT EXISTS first, each time.
-                pipe.evalsha(self._reserve.sha, len(keys), *keys, *args)
-                self.store.queue_inflight(pipe, tenant)
-                replies = pipe.execute(raise_on_error=False)
-            verdict = replies[0]
-            if isinstance(verdict, NoScriptError):  # a restarted or flushed Redis: load it, again
-                self._reserve.sha = self.store.redis.script_load(self._reserve.script)
-                continue
-            if isinstance(verdict, Exception):
-                raise verdict
-            failed = next((r for r in replies[1:] if isinstance(r, Exception)), None)
-            if failed is not None:
-                raise failed
-            return int(verdict[0]), int(verdict[1]), inflight_total(replies[1:])
-        raise NoScriptError("the reservation script could not be loaded")
+        shards = [self.store.keys.inflight(shard) for shard in range(self.store.keys.shards)]
+        admitted, value, inflight = self._reserve(keys=[*keys, *shards], args=[*args, tenant])
+        return int(admitted), int(value), int(inflight)
 
     def release(self, reservation: Reservation | None) -> None:
         """Drop a reservation: its run is in the in-flight counts now (or was never created)."""

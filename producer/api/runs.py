@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from pydantic import BaseModel
 
 from producer.api.auth import Caller, caller
 from producer.api.errors import ApiError, ErrorBody
@@ -52,6 +53,7 @@ __all__ = [
     "children",
     "deny",
     "get_run",
+    "json_answer",
     "list_runs",
     "owned",
     "owned_run",
@@ -73,7 +75,8 @@ router = APIRouter(prefix="/v1", responses=ERRORS)
 _FULL_RETRY_S = 30
 
 
-def services_of(request: Request) -> Services:
+async def services_of(request: Request) -> Services:
+    # A coroutine: FastAPI runs a plain-function dependency on a worker thread, a hop per request.
     services: Services = request.app.state.services
     return services
 
@@ -167,7 +170,7 @@ def submit(
     services: Svc,
     who: Who,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
-) -> RunView:
+) -> Response:
     fields = body.model_dump(exclude_none=True)
     try:
         validate_request(
@@ -204,7 +207,14 @@ def submit(
             assistant_version=body.assistant_version,
         )
         head = start.created(handle.run_id)
-    return _view(services, head, services.recent_workers())
+    return json_answer(_view(services, head, services.recent_workers()), 202)
+
+
+def json_answer(view: BaseModel, status_code: int = 200) -> Response:
+    """``view`` as the route's JSON answer, rendered once: handed the model itself, FastAPI would
+    validate it against the route's ``response_model`` again before rendering it, for a model this
+    process has just built and validated. The route keeps its ``response_model`` for the schema."""
+    return Response(view.model_dump_json().encode(), status_code=status_code, media_type="application/json")
 
 
 def _check_callback_url(services: Services, url: str) -> None:
@@ -270,8 +280,8 @@ def _starting(services: Services, who: Caller, agent: str, replay: bool) -> Iter
 
 
 @router.get("/runs/{run_id}", response_model=RunView, summary="A run's current state")
-def get_run(run_id: str, services: Svc, who: Who) -> RunView:
-    return _view(services, owned_run(services, who, run_id))
+def get_run(run_id: str, services: Svc, who: Who) -> Response:
+    return json_answer(_view(services, owned_run(services, who, run_id)))
 
 
 @router.get(

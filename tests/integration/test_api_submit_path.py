@@ -1,8 +1,9 @@
 """The API's submit path in fewer round trips, and one rendering of each event for every follower
 of a run: what they must keep. A submit leaves no reservation behind and answers the run it
-created; the pipelined reservation survives Redis losing its scripts; another tenant can neither
-read, follow nor steer the run; followers of one run asking for different kinds share one feed
-and each gets exactly its own frames. Real uvicorn, real workers, real redis-server."""
+created; on one Redis the reservation's script reads the in-flight counts itself; the reservation
+survives Redis losing its scripts; another tenant can neither read, follow nor steer the run;
+followers of one run asking for different kinds share one feed and each gets exactly its own
+frames. Real uvicorn, real workers, real redis-server."""
 
 from __future__ import annotations
 
@@ -84,6 +85,44 @@ def test_the_reservation_is_loaded_again_after_redis_lost_its_scripts(
         third = http.post("/v1/runs", json={"agent": "direct", "input": "three"})
     assert third.status_code == 429, third.text
     assert third.json()["error"]["kind"] == "rate_limited"
+
+
+def test_on_one_redis_the_reservation_script_reads_the_in_flight_counts_itself(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    """Steps 1 and 2 of the admission (producer/api/limits.py) in one command: the API sends no
+    read of a shard's in-flight hash of its own, the script reads every shard's after reserving."""
+    if is_cluster(redis_server.url):
+        pytest.skip("on Redis Cluster the counts are read after the script, on their own nodes")
+    _, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    marker = f"end-of-submit-{uuid.uuid4().hex}"
+    seen: list[dict[str, str]] = []
+    listening = threading.Event()
+
+    def monitor() -> None:
+        with redis_server.client().monitor() as m:
+            listening.set()
+            while True:
+                command = m.next_command()
+                if marker in command["command"]:
+                    return
+                seen.append(command)
+
+    watcher = threading.Thread(target=monitor, daemon=True)
+    watcher.start()
+    assert listening.wait(TIMEOUT)
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+        # MONITOR starts streaming once the server has taken it: wait until a command shows.
+        while not seen:
+            redis_server.client().ping()
+        assert http.post("/v1/runs", json={"agent": "direct", "input": "counted"}).status_code == 202
+    redis_server.client().get(marker)
+    watcher.join(TIMEOUT)
+    assert not watcher.is_alive()
+    hashes = {Keys().inflight(shard) for shard in range(Keys().shards)}
+    reads = [c for c in seen if c["command"].startswith("HGET ") and c["command"].split()[1] in hashes]
+    assert reads and all(c["client_type"] == "lua" for c in reads), reads
+    assert len(reads) == Keys().shards
 
 
 def test_another_tenant_can_neither_read_nor_follow_nor_steer_a_submitted_run(
