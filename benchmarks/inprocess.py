@@ -46,13 +46,16 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, Settings
 from shared.versions import version_queues_of
 from worker.testing.harness import RedisServer
+
+if TYPE_CHECKING:
+    from producer.client import Client
 
 AGENTS = "benchmarks.agents"
 #: The systems measured per item rather than per transition (``fanin_runs``).
@@ -86,25 +89,29 @@ def drain(
         done += 1
 
 
-def wesichain_runs(url: str, steps: int) -> Callable[[], int]:
-    """A function doing one run of ``long`` in this process; returns its transitions."""
+def in_process(url: str) -> tuple[Any, Client, redis.Redis, list[str]]:
+    """A worker's app and a client on ``url`` in this process (no sweeper), a plain Redis client,
+    and the queues a worker of the benchmark agents consumes."""
     from producer.client import Client
     from worker.app import create_app
 
     os.environ.update({"WESICHAIN_REDIS_URL": url, "WESICHAIN_AGENTS": AGENTS, "WESICHAIN_SWEEPER": "0"})
     settings = Settings.from_env()
     app = create_app(settings)
-    client = Client(settings, app=app)
-    r = redis.Redis.from_url(url)
-
-    def run_task(name: str, task_id: str, args: list[Any], kwargs: dict[str, Any]) -> None:
-        app.tasks[name].apply(args=args, kwargs=kwargs, task_id=task_id, throw=True)
-
     kinds = [QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS]
     # A run's phases go to its agent version's queues (``wesichain.model.long-v1``), as a worker
     # serving that version consumes them.
     agents = app.wesichain_runtime.get().agents
     queues = kinds + version_queues_of(kinds, (agents.get(n).versions for n in agents.names))
+    return app, Client(settings, app=app), redis.Redis.from_url(url), queues
+
+
+def wesichain_runs(url: str, steps: int) -> Callable[[], int]:
+    """A function doing one run of ``long`` in this process; returns its transitions."""
+    app, client, r, queues = in_process(url)
+
+    def run_task(name: str, task_id: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+        app.tasks[name].apply(args=args, kwargs=kwargs, task_id=task_id, throw=True)
 
     def one() -> int:
         handle = client.submit("long", f"steps={steps}", check_agent=False)
@@ -123,25 +130,16 @@ def fanin_runs(url: str, system: str, items: int, tasks: list[str]) -> Callable[
     cases, pumped, called back, scored and recorded) or ``pipeline`` (a one-map pipeline run over
     that many items); returns the items done. Each task run is appended to ``tasks``. The per-item
     figures of ``eval`` and ``pipeline`` over ``direct``'s are what the machinery adds per item."""
-    from producer.client import Client
     from producer.evals.client import EvalClient
     from shared.evals.dataset import Case
     from shared.evals.spec import parse_spec
-    from worker.app import create_app
 
-    os.environ.update({"WESICHAIN_REDIS_URL": url, "WESICHAIN_AGENTS": AGENTS, "WESICHAIN_SWEEPER": "0"})
-    settings = Settings.from_env()
-    app = create_app(settings)
-    client = Client(settings, app=app)
-    r = redis.Redis.from_url(url)
+    app, client, r, queues = in_process(url)
 
     def run_task(name: str, task_id: str, args: list[Any], kwargs: dict[str, Any]) -> None:
         tasks.append(name)
         app.tasks[name].apply(args=args, kwargs=kwargs, task_id=task_id, throw=True)
 
-    kinds = [QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS]
-    agents = app.wesichain_runtime.get().agents
-    queues = kinds + version_queues_of(kinds, (agents.get(n).versions for n in agents.names))
     rounds = iter(range(1_000_000))
 
     def one() -> int:

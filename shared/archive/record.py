@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from dataclasses import dataclass, field
 
 from shared.events import Event, dump_event
@@ -33,13 +34,7 @@ class RunRecord:
         return self.head.run_id
 
     def summary(self) -> RunSummary:
-        return RunSummary(
-            version=self.head.version,
-            messages=len(self.messages),
-            checkpoints=len(self.checkpoints),
-            events=len(self.events),
-            results=len(self.results),
-        )
+        return RunSummary.of(self.head.version, self.messages, self.checkpoints, self.events, self.results)
 
     def stored(self) -> StoredRun:
         """The run as the runtime stores it: each part as its model's JSON."""
@@ -81,13 +76,7 @@ class StoredRun:
         return self.head.run_id
 
     def summary(self) -> RunSummary:
-        return RunSummary(
-            version=self.head.version,
-            messages=len(self.messages),
-            checkpoints=len(self.checkpoints),
-            events=len(self.events),
-            results=len(self.results),
-        )
+        return RunSummary.of(self.head.version, self.messages, self.checkpoints, self.events, self.results)
 
 
 @dataclass(frozen=True)
@@ -99,6 +88,13 @@ class RunSummary:
     checkpoints: int
     events: int
     results: int
+
+    @classmethod
+    def of(
+        cls, version: int, messages: Sized, checkpoints: Sized, events: Sized, results: Sized
+    ) -> RunSummary:
+        """The summary of a run at ``version`` with these parts, typed or as stored."""
+        return cls(version, len(messages), len(checkpoints), len(events), len(results))
 
 
 @dataclass(frozen=True)
