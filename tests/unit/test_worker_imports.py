@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: Loaded only when used: the HTTP client (and the terminal renderer it loads with it), the
 #: model providers, the client and the producer's commands, evals, pipelines, bulk jobs and the
-#: archive.
+#: archive, and the long-term memory store (with its embedding), opened by a phase's first memory
+#: operation, and the fork code, loaded by the first fork.
 NOT_IMPORTED = (
     "httpx",
     "rich",
@@ -36,6 +37,9 @@ NOT_IMPORTED = (
     "worker.archiving",
     "shared.bulk",
     "worker.bulk",
+    "shared.memory",
+    "shared.embedding",
+    "shared.timetravel",
 )
 
 PROGRAM = """
