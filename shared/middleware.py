@@ -31,9 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.call_memory import PhaseMemory
 from shared.errors import ConfigError
 from shared.llm.base import ModelRequest, ModelResponse
-from shared.memory import PhaseMemory
 from shared.messages import ToolCall
 from shared.state import ToolResult
 

@@ -34,7 +34,7 @@ from shared.policy import Retry
 from shared.settings import Limits
 
 if TYPE_CHECKING:  # the memory store is handed in by the worker; tools need not import it
-    from shared.memory import CallMemory
+    from shared.call_memory import CallMemory
 
 __all__ = [
     "RISKS",

@@ -19,9 +19,9 @@ from pydantic import BaseModel, ValidationError
 
 from shared import events as ev
 from shared import fsm
+from shared.call_memory import CallMemory
 from shared.custom_events import CustomEmitter
 from shared.errors import ConfigError, RunErrorInfo, ToolDispatch, ToolOutcomeUnknown
-from shared.memory import CallMemory
 from shared.messages import ToolCall
 from shared.middleware import Middleware, Refuse, after_tool, before_tool
 from shared.state import Phase, RunHead, ToolResult

@@ -11,6 +11,7 @@ import os
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -19,11 +20,10 @@ from shared import fsm
 from shared.agents import Agent, AgentRegistry
 from shared.assistant_store import AssistantStore
 from shared.assistants import AssistantConfig, apply_config
-from shared.embedding import load_embedding
+from shared.call_memory import PhaseMemory
 from shared.errors import ConfigError, InternalInvariant, InvalidRequest, PoisonPhase, RunErrorInfo
 from shared.events import Event, this_worker, worker_identity
 from shared.fsm import Transition
-from shared.memory import Memory, PhaseMemory, memory_of
 from shared.middleware import MiddlewareContext
 from shared.pool import Throughput
 from shared.settings import Settings
@@ -39,6 +39,9 @@ from worker.threads import hand_thread_on
 from worker.throttle import ModelGate
 from worker.timeouts import hard_limit_s
 from worker.tracing import Tracing
+
+if TYPE_CHECKING:
+    from shared.memory import Memory
 
 __all__ = [
     "Cancelled",
@@ -153,6 +156,10 @@ class Runtime:
 
     def memory(self, head: RunHead) -> Memory:
         """The long-term memory of the run's tenant (a run names no other)."""
+        # Imported on a run's first memory operation: most phases never touch memory.
+        from shared.embedding import load_embedding
+        from shared.memory import memory_of
+
         embed = load_embedding(self.settings.memory_embedding)
         return memory_of(self.store.redis, self.store.keys, head.tenant, embed)
 

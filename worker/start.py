@@ -27,7 +27,6 @@ from shared.run_state import StateError, initial_state
 from shared.state import HandoffRecord, Phase, RunHead, ToolResult
 from shared.store import Claim, PhaseClaim
 from shared.tasks import start_task
-from shared.timetravel import checkpoint_of, fork_conversation, forked_handoffs
 from worker.heartbeat import Held
 from worker.phase import run_phase
 from worker.runtime import Delivery, Runtime, middleware_context
@@ -117,6 +116,8 @@ def _initial_conversation(rt: Runtime, agent: Agent, head: RunHead, replay: _Rep
             checked = on_user_message(agent.middleware, ctx, head.input)
             if isinstance(checked, Refuse):
                 raise InvalidRequest(f"the input was refused by {checked.reason}")
+            from shared.timetravel import fork_conversation
+
             return fork_conversation(replay.messages, checked)
         return replay.messages
     system, user = render_prompts(agent, head)
@@ -141,6 +142,9 @@ class _Replay:
 
 def _replay(rt: Runtime, head: RunHead) -> _Replay:
     """The checkpoint a fork replays, as ``head.fork`` names it."""
+    # Only forks replay: a worker whose runs never fork does not load the fork code.
+    from shared.timetravel import checkpoint_of, fork_conversation, forked_handoffs
+
     fork = head.fork
     assert fork is not None
     origin = checkpoint_of(rt.store.checkpoints(fork.run_id), fork.version)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
+from shared.call_memory import CallMemory
 from shared.errors import InvalidRequest
 from shared.keys import Keys
-from shared.memory import MAX_WRITES_PER_CALL, CallMemory, Memory, MemoryFull
+from shared.memory import MAX_WRITES_PER_CALL, Memory, MemoryFull
 from shared.state import MemoryWrite
 
 

@@ -8,10 +8,11 @@ import logging
 import fakeredis
 import pytest
 
+from shared.call_memory import PhaseMemory
 from shared.embedding import load_embedding, pack_vector, unpack_vector
 from shared.errors import ConfigError, InvalidRequest
 from shared.keys import Keys
-from shared.memory import Memory, MemoryFull, PhaseMemory
+from shared.memory import Memory, MemoryFull
 from tests.toy_embedding import letters
 
 

@@ -3,17 +3,23 @@ memory (every prefork child carries what the main process imported)."""
 
 from __future__ import annotations
 
+import argparse
+import gc
 import json
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Loaded only when used: the HTTP client (and the terminal renderer it loads with it), the
 #: model providers, the client and the producer's commands, evals, pipelines, bulk jobs and the
-#: archive.
+#: archive, and the long-term memory store (with its embedding), opened by a phase's first memory
+#: operation, and the fork code, loaded by the first fork.
 NOT_IMPORTED = (
     "httpx",
     "rich",
@@ -31,6 +37,9 @@ NOT_IMPORTED = (
     "worker.archiving",
     "shared.bulk",
     "worker.bulk",
+    "shared.memory",
+    "shared.embedding",
+    "shared.timetravel",
 )
 
 PROGRAM = """
@@ -52,3 +61,28 @@ def test_a_worker_imports_no_code_of_features_it_does_not_use() -> None:
     loaded = set(json.loads(out))
     assert "worker.app" in loaded
     assert sorted(m for m in NOT_IMPORTED if m in loaded) == []
+
+
+def test_a_command_runs_without_the_parser_tree_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker or API runs for days inside its command's handler: the parser tree must be
+    garbage by then, not held by the frame that parsed the arguments."""
+    from producer import cli
+
+    built: list[weakref.ref[argparse.ArgumentParser]] = []
+    alive_during_handler: list[bool] = []
+
+    def handler(args: argparse.Namespace) -> int:
+        gc.collect()
+        alive_during_handler.append(built[0]() is not None)
+        return 0
+
+    def parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, cli.Handler]]:
+        p = argparse.ArgumentParser(prog="wesichain")
+        p.add_subparsers(dest="command", required=True).add_parser("probe")
+        built.append(weakref.ref(p))
+        return p, {"probe": handler}
+
+    monkeypatch.setattr(cli, "_parser", parser)
+    monkeypatch.setattr(cli, "_apply_env", lambda args: None)
+    assert cli.main(["probe"]) == 0
+    assert alive_during_handler == [False]
