@@ -161,9 +161,9 @@ def test_the_clients_start_message_is_the_one_celery_publishes(server: RedisServ
         celery.close()
 
 
-def test_a_start_the_store_cannot_take_is_marked_unsent(server: RedisServer) -> None:
+def test_a_start_publish_to_an_unreachable_store_raises_a_publish_error(server: RedisServer) -> None:
     """The store's Redis unreachable at the start's publish: the publish raises what send_task
-    raises for a broker it cannot reach, which the client marks unsent for the sweeper."""
+    raises for a broker it cannot reach, which the client catches to mark the start unsent for the sweeper."""
     settings = Settings(redis_url=server.url, agents_module="tests.agents_fixture")
     client = Client(settings)
     try:
