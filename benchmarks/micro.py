@@ -28,6 +28,7 @@ import redis
 import redis.utils
 from celery import Celery
 
+from producer.publishing import MessageBuilder, run_commands
 from shared import events as ev
 from shared import fsm
 from shared.agents import load_registry
@@ -41,7 +42,6 @@ from shared.store import CallClaim, Claim, ClaimRef, PhaseClaim, RunStore
 from shared.tasks import TASK_TOOL, start_task, task_for
 from shared.workers import WorkerDirectory, WorkerRecord, describe_agents
 from worker.broker_probe import RedisQueues
-from worker.inline_publish import MessageBuilder, run_commands
 from worker.testing.harness import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -24,7 +24,7 @@ from celery import Celery
 from pydantic import ValidationError
 
 from producer.assistants import Assistants
-from producer.publishing import PUBLISH_ERRORS
+from producer.publishing import PUBLISH_ERRORS, MessageBuilder, broker_is_store, publish_commands
 from producer.schedules import Schedules
 from shared.assistants import AssistantVersion
 from shared.bulk import BulkJob, BulkOutcome, BulkStore, bulk_task
@@ -161,9 +161,15 @@ class Client:
         self, settings: Settings, *, app: Celery | None = None, store: RunStore | None = None
     ) -> None:
         self.settings = settings
+        #: Builds a task's Celery message from its kind's template and pushes it on the store's
+        #: client when the broker is that Redis (``producer/publishing.py``); else ``send_task``.
+        #: Only on the client's own app: a given one publishes as its owner has it publish.
+        self._messages: MessageBuilder | None = None
         if app is None:
             app = Celery("wesichain-producer", set_as_current=False)
             app.conf.update(celery_config(settings))
+            if broker_is_store(settings):
+                self._messages = MessageBuilder(app)
         self.app = app
         self.store = store or RunStore(connect(settings), settings)
         self.workers = WorkerDirectory(self.store.redis, self.store.keys, settings.registry_interval_s)
@@ -333,7 +339,10 @@ class Client:
 
     def send_run_task(self, task: TaskSpec) -> None:
         """Send one of a run's tasks, on its namespace's queue if it names one."""
-        self.app.send_task(task.name, kwargs=task.arguments, task_id=task.task_id, queue=task.queue)
+        if self._messages is None:
+            self.app.send_task(task.name, kwargs=task.arguments, task_id=task.task_id, queue=task.queue)
+            return
+        publish_commands(self.store.redis, self._messages.build([task]))
 
     def _create(self, head: RunHead, start: TaskSpec) -> bool:
         """Write the new run (IDLE, its start task in its outbox); False if its id is taken."""
@@ -684,6 +693,8 @@ class Client:
         return target
 
     def close(self) -> None:
+        if self._messages is not None:
+            self._messages.close()
         self.store.close_archive()
         self.store.redis.close()
 

@@ -37,6 +37,7 @@ from celery.signals import (
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
+from producer.publishing import MessageBuilder, ReprAMQP, broker_is_store, run_commands
 from shared.agents import load_registry
 from shared.errors import ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
@@ -66,7 +67,6 @@ from worker.callback import run_callback
 from worker.decide import run_decide
 from worker.heartbeat import Heartbeat
 from worker.hooks import load_hooks
-from worker.inline_publish import MessageBuilder, ReprAMQP, broker_is_store, run_commands
 from worker.logs import begin_phase, end_phase
 from worker.logs import configure as configure_logs
 from worker.lost import on_lost_process
@@ -432,7 +432,7 @@ def outage_retry(settings: Settings) -> dict[str, Any]:
 
 def create_app(settings: Settings) -> Celery:
     # Celery's message factory with the argument headers of plain arguments written cheaply
-    # (``worker/inline_publish.py``): the same messages, at half the cost of building one.
+    # (``producer/publishing.py``): the same messages, at half the cost of building one.
     app = Celery("wesichain", set_as_current=False, amqp=ReprAMQP)
     app.conf.update(celery_config(settings))
     app.conf.worker_consumer = "worker.app:Consumer"

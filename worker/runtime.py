@@ -63,7 +63,7 @@ _MAX_CONFIGURED = 256
 Send = Callable[[TaskSpec], None]
 
 #: The broker commands that publish tasks, for a commit script to run (Redis broker on the store's
-#: server only; see ``worker/inline_publish.py``).
+#: server only; see ``producer/publishing.py``).
 Prepare = Callable[[Sequence[TaskSpec]], list[BrokerCommand]]
 
 

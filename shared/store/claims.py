@@ -175,7 +175,7 @@ class ClaimRef:
 
 
 #: One Redis command of a task's publish to a Redis broker, as kombu would run it: its name and
-#: arguments (see ``worker/inline_publish.py``).
+#: arguments (see ``producer/publishing.py``).
 BrokerCommand = tuple[str, tuple[str, ...]]
 
 #: The commands a commit script runs for a publish (it refuses any other).

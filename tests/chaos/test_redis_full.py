@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from producer.client import Client
+from producer.publishing import MessageBuilder
 from shared import protocol
 from shared.state import Phase
 from shared.tasks import task_for
@@ -35,7 +36,6 @@ from tests.chaos.support import (
 )
 from tests.harness import RedisServer, wait_until
 from tests.invariants import ONE_HOP
-from worker.inline_publish import MessageBuilder
 
 pytestmark = pytest.mark.standalone_redis  # sets the one Redis's maxmemory
 

@@ -19,14 +19,14 @@ import redis
 from celery import Celery
 
 from producer.client import Client
+from producer.publishing import PUBLISH_ERRORS, MessageBuilder, publish_commands, run_commands
 from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, celery_config
 from shared.state import Phase, TaskSpec
-from shared.tasks import TASK_CALLBACK, TASK_THINK, TASK_TOOL
+from shared.tasks import TASK_CALLBACK, TASK_THINK, TASK_TOOL, start_task
 from tests.broker import Settings
 from tests.conftest import _need_redis
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from worker.app import create_app
-from worker.inline_publish import MessageBuilder, run_commands
 
 pytestmark = pytest.mark.redis_broker
 
@@ -120,6 +120,60 @@ def test_the_built_message_is_the_one_celery_publishes(server: RedisServer) -> N
     finally:
         builder.close()
         celery.close()
+
+
+def _pushed(r: redis.Redis) -> list[tuple[str, str]]:
+    """Every message on a queue list, with its list, taken off the lists."""
+    found = []
+    for key in sorted(str(k) for k in r.keys("*")):
+        if r.type(key) == "list":
+            found += [(key, str(raw)) for raw in r.lrange(key, 0, -1)]
+            r.delete(key)
+    return found
+
+
+def test_the_clients_start_message_is_the_one_celery_publishes(server: RedisServer) -> None:
+    """A run's start is published from its kind's template on the store's client: the same bytes
+    as Celery's send_task, on the same queue list (namespaces included), the first one before anything
+    declared its queue (a run submitted before any worker started)."""
+    settings = Settings(redis_url=server.url, agents_module="tests.agents_fixture")
+    client = Client(settings)
+    celery = Celery("wesichain-producer", set_as_current=False)
+    celery.conf.update(celery_config(settings))
+    r = server.client()
+    try:
+        assert client._messages is not None  # the broker is the store's Redis
+        for spec in [
+            start_task("r1"),
+            start_task("r2"),  # from the template
+            start_task("r3", namespace="tenant-a"),
+            start_task("r4", version=3, epoch=2, namespace="tenant-a"),
+        ]:
+            client.send_run_task(spec)
+            ((key, clients),) = _pushed(r)
+            celery.send_task(spec.name, kwargs=spec.arguments, task_id=spec.task_id, queue=spec.queue)
+            ((celerys_key, celerys),) = _pushed(r)
+            assert key == celerys_key
+            assert _comparable(clients) == _comparable(celerys)
+            assert json.loads(clients)["headers"]["id"] == spec.task_id
+    finally:
+        client.close()
+        celery.close()
+
+
+def test_a_start_publish_to_an_unreachable_store_raises_a_publish_error(server: RedisServer) -> None:
+    """The store's Redis unreachable at the start's publish: the publish raises what send_task
+    raises for a broker it cannot reach, which the client catches to mark the start unsent for the sweeper."""
+    settings = Settings(redis_url=server.url, agents_module="tests.agents_fixture")
+    client = Client(settings)
+    try:
+        assert client._messages is not None
+        commands = client._messages.build([start_task("r1")])
+        dead = redis.Redis(port=1, socket_connect_timeout=1)  # nothing listens on port 1
+        with pytest.raises(PUBLISH_ERRORS):
+            publish_commands(dead, commands)
+    finally:
+        client.close()
 
 
 def _watch(r: redis.Redis, stop: threading.Event, seen: list[str]) -> None:

@@ -9,7 +9,7 @@ import pytest
 from celery.app.amqp import AMQP
 from celery.utils.saferepr import saferepr
 
-from worker.inline_publish import _POSITIONAL_BEFORE_ARGSREPR, celery_repr
+from producer.publishing import _POSITIONAL_BEFORE_ARGSREPR, celery_repr
 
 FLAT: list[Any] = [
     (),

@@ -14,6 +14,7 @@ from urllib.parse import quote
 import pytest
 from celery import Celery
 
+from producer.publishing import broker_is_store
 from shared import tls
 from shared.errors import ConfigError
 from shared.keys import Keys
@@ -35,7 +36,6 @@ from shared.settings import (
     celery_config,
     redact_url,
 )
-from worker.inline_publish import broker_is_store
 
 ALL_ENV = (
     ENV_REDIS_URL,
