@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from billiard.einfo import ExceptionWithTraceback
@@ -66,7 +66,7 @@ from worker.callback import run_callback
 from worker.decide import run_decide
 from worker.heartbeat import Heartbeat
 from worker.hooks import load_hooks
-from worker.inline_publish import MessageBuilder, ReprAMQP, broker_is_store, run_commands
+from worker.inline_publish import MessageBuilder, ReprAMQP, RuntimePublisher, broker_is_store, run_commands
 from worker.logs import begin_phase, end_phase
 from worker.logs import configure as configure_logs
 from worker.lost import on_lost_process
@@ -220,7 +220,10 @@ class RuntimeHolder:
 
         if self._pipelines is None or self._pipelines_pid != os.getpid():
             runtime = self.get()
-            client = Client(self.settings, app=self.app, store=runtime.store)
+            # The children's starts go out as the worker's own phases do (see ``RuntimePublisher``).
+            client = Client(
+                self.settings, app=cast(Celery, RuntimePublisher(runtime.send)), store=runtime.store
+            )
             self._pipelines = PipelinePool(client, runtime.agents, runtime.send)
             self._pipelines_pid = os.getpid()
         return self._pipelines

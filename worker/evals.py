@@ -36,6 +36,7 @@ from shared.llm.resolver import resolve_model
 from shared.messages import SystemMessage, UserMessage
 from shared.state import Callback, EvalLink, RunHead, TaskSpec
 from shared.webhooks import outcome
+from worker.inline_publish import RuntimePublisher
 from worker.metrics import Metrics
 from worker.runtime import Runtime
 from worker.throttle import DEFAULT_BACK_OFF_S, LimitedAdapter, ModelGate
@@ -48,28 +49,6 @@ log = logging.getLogger("wesichain.evals")
 PUMP_BATCH = 50
 
 
-class _Publisher:
-    """A Celery app's ``send_task`` for the client that creates case runs, publishing through the
-    runtime's own path (which may push Celery's message on the store's connection)."""
-
-    def __init__(self, send: Callable[[TaskSpec], None]) -> None:
-        self._send = send
-
-    def send_task(
-        self,
-        name: str,
-        args: list[Any] | None = None,
-        kwargs: dict[str, Any] | None = None,
-        task_id: str | None = None,
-        queue: str | None = None,
-        **_: Any,
-    ) -> None:
-        spec = TaskSpec(
-            name=name, task_id=task_id or uuid.uuid4().hex, arguments=kwargs or {}, args=args or []
-        )
-        self._send(spec.model_copy(update={"queue": queue}))
-
-
 class EvalPool:
     """What the pool does for evals, on the run store's Redis; ``client`` creates the case runs."""
 
@@ -77,7 +56,7 @@ class EvalPool:
     def for_runtime(cls, rt: Runtime) -> EvalPool:
         # The client only submits (Client.submit sends the start by name): publishing through the
         # runtime is what the worker's own phases do, without a second broker connection.
-        client = Client(rt.settings, app=cast(Celery, _Publisher(rt.send)), store=rt.store)
+        client = Client(rt.settings, app=cast(Celery, RuntimePublisher(rt.send)), store=rt.store)
         return cls(client, rt.send, rt.agents, rt.gate, rt.metrics)
 
     def __init__(
