@@ -45,7 +45,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,7 @@ __all__ = [
     "MessageBuilder",
     "MessageTemplate",
     "ReprAMQP",
+    "RuntimePublisher",
     "broker_is_store",
     "celery_repr",
     "publish_commands",
@@ -352,6 +353,29 @@ def _scalar(value: str | float | bool | None) -> str:
     if isinstance(value, str):
         return "'" + value.replace("'", "\\'") + "'"
     return repr(value)
+
+
+class RuntimePublisher:
+    """A Celery app's ``send_task`` for a client in the worker that creates runs (eval case runs,
+    pipeline children), publishing through the runtime's own path (which may push Celery's message
+    on the store's connection) rather than through ``send_task`` and a second broker connection."""
+
+    def __init__(self, send: Callable[[TaskSpec], None]) -> None:
+        self._send = send
+
+    def send_task(
+        self,
+        name: str,
+        args: list[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        task_id: str | None = None,
+        queue: str | None = None,
+        **_: Any,
+    ) -> None:
+        spec = TaskSpec(
+            name=name, task_id=task_id or uuid.uuid4().hex, arguments=kwargs or {}, args=args or []
+        )
+        self._send(spec.model_copy(update={"queue": queue}))
 
 
 def broker_is_store(settings: Settings) -> bool:

@@ -253,7 +253,9 @@ SPECS: dict[str, ScriptSpec] = {
         # '*': end the pipeline run at whatever step it is (an argument mode, not Redis's '*').
         words="* stale ok",
     ),
-    "pipe_mark": _spec("children events meta", "item run_id event events_maxlen"),
+    "pipe_mark": _spec(
+        "children events meta", "events_maxlen", more_args="item, run_id and event of each child to note"
+    ),
     # -- evals (shared.evals.store) ------------------------------------------------------------------
     "eval_create": _spec(
         "meta cases pending active index",

@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from billiard.einfo import ExceptionWithTraceback
@@ -37,7 +37,7 @@ from celery.signals import (
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
-from producer.publishing import MessageBuilder, ReprAMQP, broker_is_store, run_commands
+from producer.publishing import MessageBuilder, ReprAMQP, RuntimePublisher, broker_is_store, run_commands
 from shared.agents import load_registry
 from shared.errors import ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
@@ -220,7 +220,10 @@ class RuntimeHolder:
 
         if self._pipelines is None or self._pipelines_pid != os.getpid():
             runtime = self.get()
-            client = Client(self.settings, app=self.app, store=runtime.store)
+            # The children's starts go out as the worker's own phases do (see ``RuntimePublisher``).
+            client = Client(
+                self.settings, app=cast(Celery, RuntimePublisher(runtime.send)), store=runtime.store
+            )
             self._pipelines = PipelinePool(client, runtime.agents, runtime.send)
             self._pipelines_pid = os.getpid()
         return self._pipelines

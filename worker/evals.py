@@ -22,6 +22,7 @@ from typing import Any, cast
 from celery import Celery
 
 from producer.client import Client
+from producer.publishing import RuntimePublisher
 from shared.agents import AgentRegistry
 from shared.errors import InvalidRequest, ModelTransport, StoreFull
 from shared.evals.errors import EvalNotFound
@@ -48,28 +49,6 @@ log = logging.getLogger("wesichain.evals")
 PUMP_BATCH = 50
 
 
-class _Publisher:
-    """A Celery app's ``send_task`` for the client that creates case runs, publishing through the
-    runtime's own path (which may push Celery's message on the store's connection)."""
-
-    def __init__(self, send: Callable[[TaskSpec], None]) -> None:
-        self._send = send
-
-    def send_task(
-        self,
-        name: str,
-        args: list[Any] | None = None,
-        kwargs: dict[str, Any] | None = None,
-        task_id: str | None = None,
-        queue: str | None = None,
-        **_: Any,
-    ) -> None:
-        spec = TaskSpec(
-            name=name, task_id=task_id or uuid.uuid4().hex, arguments=kwargs or {}, args=args or []
-        )
-        self._send(spec.model_copy(update={"queue": queue}))
-
-
 class EvalPool:
     """What the pool does for evals, on the run store's Redis; ``client`` creates the case runs."""
 
@@ -77,7 +56,7 @@ class EvalPool:
     def for_runtime(cls, rt: Runtime) -> EvalPool:
         # The client only submits (Client.submit sends the start by name): publishing through the
         # runtime is what the worker's own phases do, without a second broker connection.
-        client = Client(rt.settings, app=cast(Celery, _Publisher(rt.send)), store=rt.store)
+        client = Client(rt.settings, app=cast(Celery, RuntimePublisher(rt.send)), store=rt.store)
         return cls(client, rt.send, rt.agents, rt.gate, rt.metrics)
 
     def __init__(

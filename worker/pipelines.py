@@ -217,7 +217,9 @@ class PipelinePool:
     # -- starting child runs -------------------------------------------------------------------
 
     def pump(self, pipeline_id: str, seq: int) -> int:
-        """Start the step's items while its cap has room; returns how many runs were created."""
+        """Start the step's items while its cap has room; returns how many runs were created. The
+        children of a batch are noted together once all are created (one script): a pump that
+        dies before leaves them created and unnoted, which the child's record or the sweeper notes."""
         meta = self.store.meta(pipeline_id)
         if meta is None or meta.terminal or meta.seq != seq:
             return 0
@@ -227,22 +229,37 @@ class PipelinePool:
             items = self.store.reserve(pipeline_id, seq, PUMP_BATCH)
             if not items:
                 return created
+            to_note: list[tuple[int, str]] = []
             for item, (text, attempt) in zip(
                 items, self.store.items_to_start(pipeline_id, seq, items), strict=True
             ):
-                created += self.start_item(meta, step, item, attempt, text)
+                made, run_id = self._create_child(meta, step, item, attempt, text)
+                created += made
+                if run_id is not None:
+                    to_note.append((item, run_id))
+            self._note_children(meta, step, to_note)
 
     def start_item(
         self, meta: PipelineMeta, step: Step, item: int, attempt: int, text: str | None = None
     ) -> int:
-        """Create the item's child run for ``attempt`` unless it exists; 1 if this call created it.
-        ``text``: the item's input, when the caller read it already."""
+        """Create the item's child run for ``attempt`` unless it exists, and note it; 1 if this
+        call created it. ``text``: the item's input, when the caller read it already."""
+        made, run_id = self._create_child(meta, step, item, attempt, text)
+        if run_id is not None:
+            self._note_children(meta, step, [(item, run_id)])
+        return made
+
+    def _create_child(
+        self, meta: PipelineMeta, step: Step, item: int, attempt: int, text: str | None
+    ) -> tuple[int, str | None]:
+        """Create the item's child run for ``attempt`` unless it exists: (1 if this call created
+        it, the run id to note: None when there is none, because Redis is full for now or the
+        item failed instead)."""
         pipeline_id, seq = meta.pipeline_id, meta.seq
         run_id = child_run_id(pipeline_id, seq, item, attempt)
         link = PipelineLink(pipeline_id=pipeline_id, seq=seq, item=item, attempt=attempt)
         if text is None:
             text = self.store.item_input(pipeline_id, seq, item) or ""
-        created = 0
         try:
             state = self._state_before(pipeline_id, seq) if step.state else None
             self.client.submit(
@@ -256,18 +273,18 @@ class PipelinePool:
                 state=state,
                 namespace=meta.namespace,
             )
-            created = 1
+            return 1, run_id
         except StoreFull as exc:
             # The item stays taken and uncreated: the sweeper creates it once Redis has room.
             log.warning("pipeline %s: child run %s not created yet: %s", pipeline_id, run_id, exc)
-            return 0
+            return 0, None
         except InvalidRequest as exc:
             existing = self.runs.load(run_id)
             if existing is None:
                 # The item cannot run at all (e.g. its input is too long): it fails, once.
                 error = exc.info().model_dump(mode="json")
                 self._ended(meta.pipeline_id, step, seq, item, attempt, run_id, "failed", None, error, False)
-                return 0
+                return 0, None
             if not self._is_child(existing, meta):
                 # Its id was taken by a run this pipeline did not create: never adopt it.
                 error = {
@@ -275,15 +292,22 @@ class PipelinePool:
                     "message": f"the child run id {run_id} is taken by a run this pipeline did not start",
                 }
                 self._ended(meta.pipeline_id, step, seq, item, attempt, run_id, "failed", None, error, False)
-                return 0
-        # Noted (and announced) once, whoever notes it: its creator may have died right after creating it.
-        started = _started_event(seq, step, item, run_id)
-        _, running = self.store.mark_child(pipeline_id, seq, item, run_id, started)
+                return 0, None
+            return 0, run_id  # created before (by a creator that died, or is at it right now)
+
+    def _note_children(self, meta: PipelineMeta, step: Step, children: list[tuple[int, str]]) -> None:
+        """Note (and announce) created child runs of the current step (item, run id), once whoever
+        notes them: their creator may have died right after creating them."""
+        if not children:
+            return
+        seq = meta.seq
+        started = [(item, run_id, _started_event(seq, step, item, run_id)) for item, run_id in children]
+        _, running = self.store.mark_children(meta.pipeline_id, seq, started)
         if not running:
-            # Ended (cancelled, or failed) while this child was being created: its cascade may have
-            # looked before the child existed.
-            self.client.handle(run_id).cancel()
-        return created
+            # Ended (cancelled, or failed) while these children were being created: its cascade
+            # may have looked before they existed.
+            for _, run_id in children:
+                self.client.handle(run_id).cancel()
 
     # -- learning that a child ended -----------------------------------------------------------
 

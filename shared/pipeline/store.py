@@ -317,12 +317,25 @@ class PipelineStore:
         """The item's current child run exists (it is the one to cancel, or to wait for): note it and
         add ``event``, once. Returns (True the first time, whoever notes it; whether the pipeline
         run was still running once it was noted: if not, its end's cascade may have missed it)."""
+        noted, running = self.mark_children(pipeline_id, seq, [(item, run_id, event)])
+        return noted[0], running
+
+    def mark_children(
+        self, pipeline_id: str, seq: int, children: list[tuple[int, str, dict[str, Any]]]
+    ) -> tuple[list[bool], bool]:
+        """:meth:`mark_child` for several children of step ``seq`` (item, run id, event) in one
+        script: for each, True the first time it is noted; and whether the pipeline run was still
+        running once they were noted."""
         k = self.keys
-        noted, status = self._scripts["pipe_mark"](
+        status, noted = self._scripts["pipe_mark"](
             keys=[k.pipe_children(pipeline_id, seq), k.pipe_events(pipeline_id), k.pipe_meta(pipeline_id)],
-            args=[item, run_id, _event_json(event), EVENTS_MAXLEN],
+            args=[
+                EVENTS_MAXLEN,
+                *[part for item, run_id, event in children for part in (item, run_id, _event_json(event))],
+            ],
         )
-        return int(noted) == 1, status is not None and _text(status) == protocol.PIPE_RUNNING
+        running = status is not None and _text(status) == protocol.PIPE_RUNNING
+        return [int(n) == 1 for n in noted], running
 
     def children(self, pipeline_id: str, seq: int) -> dict[int, str]:
         raw = self.redis.hgetall(self.keys.pipe_children(pipeline_id, seq))

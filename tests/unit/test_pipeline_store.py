@@ -63,3 +63,21 @@ def test_a_child_its_creator_died_before_noting_is_noted_once_with_its_end() -> 
     # A late note by a creator that was only slow adds nothing.
     assert s.mark_child("p", 0, 0, run_0, {"kind": "child_started", "item": 0, "run_id": run_0})[0] is False
     assert sorted(started_events(s)) == [0, 1]
+
+
+def test_a_batch_of_children_is_noted_in_one_call_each_once() -> None:
+    # A pump notes the children of a batch together; one of them noted already (by a record, or a
+    # slower creator) is not noted nor announced again.
+    s = step_of(items=3, cap=3)
+    s.reserve("p", 0, 50)
+    runs = [child_run_id("p", 0, item, 0) for item in range(3)]
+    s.mark_child("p", 0, 1, runs[1], {"kind": "child_started", "item": 1, "run_id": runs[1]})
+    batch = [
+        (item, runs[item], {"kind": "child_started", "item": item, "run_id": runs[item]}) for item in range(3)
+    ]
+    assert s.mark_children("p", 0, batch) == ([True, False, True], True)
+    assert s.children("p", 0) == dict(enumerate(runs))
+    assert sorted(started_events(s)) == [0, 1, 2]
+    assert s.mark_children("p", 0, batch) == ([False, False, False], True)
+    assert s.end("p", 0, "cancelled") == "ok"
+    assert s.mark_children("p", 0, batch)[1] is False
