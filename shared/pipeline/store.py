@@ -311,21 +311,13 @@ class PipelineStore:
         raw = self.redis.hgetall(self.keys.pipe_attempts(pipeline_id, seq))
         return {int(_text(k)): int(v) for k, v in raw.items()}
 
-    def mark_child(
-        self, pipeline_id: str, seq: int, item: int, run_id: str, event: dict[str, Any]
-    ) -> tuple[bool, bool]:
-        """The item's current child run exists (it is the one to cancel, or to wait for): note it and
-        add ``event``, once. Returns (True the first time, whoever notes it; whether the pipeline
-        run was still running once it was noted: if not, its end's cascade may have missed it)."""
-        noted, running = self.mark_children(pipeline_id, seq, [(item, run_id, event)])
-        return noted[0], running
-
     def mark_children(
         self, pipeline_id: str, seq: int, children: list[tuple[int, str, dict[str, Any]]]
     ) -> tuple[list[bool], bool]:
-        """:meth:`mark_child` for several children of step ``seq`` (item, run id, event) in one
-        script: for each, True the first time it is noted; and whether the pipeline run was still
-        running once they were noted."""
+        """Note that each child run of step ``seq`` named (item, run id, event) exists (it is the
+        one to cancel, or to wait for) and add its event, once, in one script: for each, True the
+        first time it is noted, whoever notes it; and whether the pipeline run was still running
+        once they were noted (if not, its end's cascade may have missed them)."""
         k = self.keys
         status, noted = self._scripts["pipe_mark"](
             keys=[k.pipe_children(pipeline_id, seq), k.pipe_events(pipeline_id), k.pipe_meta(pipeline_id)],

@@ -3,6 +3,8 @@ starting more, and the run's status seen by the noting of a child."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import fakeredis
 
 from shared.keys import Keys
@@ -32,15 +34,23 @@ def test_a_recorded_item_says_whether_items_wait_to_start_in_the_room_it_gave_ba
     assert record(s, 2) == "complete"
 
 
+def mark_child(
+    s: PipelineStore, pipeline_id: str, seq: int, item: int, run_id: str, event: dict[str, Any]
+) -> tuple[bool, bool]:
+    """One child noted: (noted the first time, the pipeline run still running)."""
+    (noted,), running = s.mark_children(pipeline_id, seq, [(item, run_id, event)])
+    return noted, running
+
+
 def test_noting_a_child_says_whether_the_pipeline_run_was_still_running() -> None:
     s = step_of(items=2, cap=2)
     s.reserve("p", 0, 50)
     event = {"kind": "child_started", "item": 0}
-    assert s.mark_child("p", 0, 0, child_run_id("p", 0, 0, 0), event) == (True, True)
-    assert s.mark_child("p", 0, 0, child_run_id("p", 0, 0, 0), event) == (False, True)
+    assert mark_child(s, "p", 0, 0, child_run_id("p", 0, 0, 0), event) == (True, True)
+    assert mark_child(s, "p", 0, 0, child_run_id("p", 0, 0, 0), event) == (False, True)
     assert s.end("p", 0, "cancelled") == "ok"
     # Noted after the end: its creator cancels it, the end's cascade may have looked before.
-    assert s.mark_child("p", 0, 1, child_run_id("p", 0, 1, 0), event) == (True, False)
+    assert mark_child(s, "p", 0, 1, child_run_id("p", 0, 1, 0), event) == (True, False)
 
 
 def started_events(s: PipelineStore) -> list[int]:
@@ -53,7 +63,7 @@ def test_a_child_its_creator_died_before_noting_is_noted_once_with_its_end() -> 
     s = step_of(items=2, cap=2)
     s.reserve("p", 0, 50)
     run_0, run_1 = child_run_id("p", 0, 0, 0), child_run_id("p", 0, 1, 0)
-    s.mark_child("p", 0, 1, run_1, {"kind": "child_started", "item": 1, "run_id": run_1})
+    mark_child(s, "p", 0, 1, run_1, {"kind": "child_started", "item": 1, "run_id": run_1})
     for item, run_id in ((0, run_0), (1, run_1)):
         started = {"kind": "child_started", "item": item, "run_id": run_id}
         result = {"run_id": run_id, "status": "completed"}
@@ -61,7 +71,7 @@ def test_a_child_its_creator_died_before_noting_is_noted_once_with_its_end() -> 
     assert s.children("p", 0) == {0: run_0, 1: run_1}
     assert sorted(started_events(s)) == [0, 1]
     # A late note by a creator that was only slow adds nothing.
-    assert s.mark_child("p", 0, 0, run_0, {"kind": "child_started", "item": 0, "run_id": run_0})[0] is False
+    assert mark_child(s, "p", 0, 0, run_0, {"kind": "child_started", "item": 0, "run_id": run_0})[0] is False
     assert sorted(started_events(s)) == [0, 1]
 
 
@@ -71,7 +81,7 @@ def test_a_batch_of_children_is_noted_in_one_call_each_once() -> None:
     s = step_of(items=3, cap=3)
     s.reserve("p", 0, 50)
     runs = [child_run_id("p", 0, item, 0) for item in range(3)]
-    s.mark_child("p", 0, 1, runs[1], {"kind": "child_started", "item": 1, "run_id": runs[1]})
+    mark_child(s, "p", 0, 1, runs[1], {"kind": "child_started", "item": 1, "run_id": runs[1]})
     batch = [
         (item, runs[item], {"kind": "child_started", "item": item, "run_id": runs[item]}) for item in range(3)
     ]
