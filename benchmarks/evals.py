@@ -27,7 +27,7 @@ from producer.evals.client import EvalClient
 from producer.evals.report import render_report
 from shared.evals.dataset import Case
 from shared.evals.outcome import CaseResult, Score, Step
-from shared.evals.spec import parse_spec
+from shared.evals.spec import EvalSpec, parse_spec
 from shared.evals.store import EvalMeta
 from shared.state import Phase
 from worker.testing.harness import wait_until
@@ -52,7 +52,9 @@ def _direct(cluster: Cluster, prefix: str, n: int) -> float:
         client.close()
 
 
-def _eval(cluster: Cluster, prefix: str, n: int, round_: int) -> float:
+def bench_eval(n: int, round_: int) -> tuple[EvalSpec, list[Case]]:
+    """The benchmark's eval of round ``round_``: ``n`` cases of the one-think ``direct`` agent,
+    scored by a contains check, all of them running at once (a cap of ``n``)."""
     spec = parse_spec(
         {
             "name": f"bench{round_}",
@@ -62,7 +64,11 @@ def _eval(cluster: Cluster, prefix: str, n: int, round_: int) -> float:
             "concurrency": n,
         }
     )
-    cases = [Case(id=f"c{i}", input=f"case {i}", expected="42") for i in range(n)]
+    return spec, [Case(id=f"c{i}", input=f"case {i}", expected="42") for i in range(n)]
+
+
+def _eval(cluster: Cluster, prefix: str, n: int, round_: int) -> float:
+    spec, cases = bench_eval(n, round_)
     client = cluster.client(prefix)
     evals = EvalClient(client)
     try:

@@ -130,9 +130,8 @@ def fanin_runs(url: str, system: str, items: int, tasks: list[str]) -> Callable[
     cases, pumped, called back, scored and recorded) or ``pipeline`` (a one-map pipeline run over
     that many items); returns the items done. Each task run is appended to ``tasks``. The per-item
     figures of ``eval`` and ``pipeline`` over ``direct``'s are what the machinery adds per item."""
+    from benchmarks.evals import bench_eval
     from producer.evals.client import EvalClient
-    from shared.evals.dataset import Case
-    from shared.evals.spec import parse_spec
 
     app, client, r, queues = in_process(url)
 
@@ -150,16 +149,7 @@ def fanin_runs(url: str, system: str, items: int, tasks: list[str]) -> Callable[
             heads = [client.store.load(h.run_id) for h in handles]
             done = sum(1 for head in heads if head is not None and head.phase.value == "completed")
         elif system == "eval":
-            spec = parse_spec(
-                {
-                    "name": f"bench{round_}",
-                    "dataset": "cases.jsonl",
-                    "variants": [{"agent": "direct"}],
-                    "scorers": [{"kind": "contains", "text": "42"}],
-                    "concurrency": items,
-                }
-            )
-            cases = [Case(id=f"c{i}", input=f"case {i}", expected="42") for i in range(items)]
+            spec, cases = bench_eval(items, round_)
             eval_id, _ = EvalClient(client).submit(spec, cases, b"", "cases.jsonl", check_agents=False)
             drain(r, queues, run_task)
             progress = EvalClient(client).progress(eval_id)
