@@ -317,6 +317,10 @@ class Client:
         if policy is None:
             return None
         turn = self.store.admit_to_thread(head.tenant, head.thread_id, head.run_id, policy)
+        if turn.woken:
+            woken = self.store.load(turn.woken)
+            if woken is not None:
+                self._send_start(start_task(turn.woken, namespace=woken.namespace))
         if turn.verdict == "busy":
             raise ThreadBusy(head.thread_id, turn.holder)
         return turn

@@ -40,6 +40,8 @@ def take_thread_turn(
     assert head.thread_id is not None
     policy = head.thread_policy or agent_policy
     turn = rt.store.admit_to_thread(head.tenant, head.thread_id, head.run_id, policy)
+    if turn.woken:
+        _publish_start(rt, turn.woken)
     if turn.verdict == "busy":
         # A bare start message: nobody to answer, so the run records why it did not run.
         return False, rt.fail(current, claim, ThreadBusy(head.thread_id, turn.holder, step=0).info())
@@ -96,9 +98,10 @@ def hand_thread_on(rt: Runtime, head: RunHead) -> None:
     if head.thread_id is None or head.fork is not None:
         return
     try:
-        successor = rt.store.hand_thread_on(head.tenant, head.thread_id, head.run_id)
-        if successor is not None:
-            wake(rt, successor)
+        woken = rt.store.pass_thread_on(head.tenant, head.thread_id, head.run_id)
+        if woken is not None:
+            log.info("run %s: its turn in its thread came", woken)
+            _publish_start(rt, woken)
     except Exception:
         log.exception("run %s: handing its thread on failed; the sweeper will", head.run_id)
 
@@ -119,11 +122,11 @@ def repair_threads(rt: Runtime) -> int:
         if head is None and now - since < ORPHAN_HOLDER_S:
             continue  # its submit may be creating it right now
         if head is None or head.terminal:
-            successor = store.hand_thread_on(thread.tenant, thread.thread_id, holder)
+            woken = store.pass_thread_on(thread.tenant, thread.thread_id, holder)
             log.warning("thread %s: handed on from run %s (its hand-on was lost)", thread.thread_id, holder)
             moved += 1
-            if successor is not None:
-                wake(rt, successor)
+            if woken is not None:
+                _publish_start(rt, woken)
         elif head.phase is Phase.IDLE and store.thread_wait(holder) is not None:
             log.warning("run %s: woken for its thread %s (its wake was lost)", holder, thread.thread_id)
             wake(rt, holder)

@@ -22,7 +22,8 @@ from typing import Any, Literal, cast
 
 from shared import protocol
 from shared.state import THREAD_POLICIES, Phase, ThreadPolicy
-from shared.store.base import StoreCore, _s
+from shared.store.base import _s
+from shared.store.runs import RunsMixin
 
 __all__ = ["HeldThread", "ThreadTurn", "ThreadsMixin", "Verdict"]
 
@@ -42,6 +43,9 @@ class ThreadTurn:
     previous: str = ""
     #: With ``interrupt`` or ``rollback``: the runs ahead of it that have not ended, to stop.
     ahead: tuple[str, ...] = ()
+    #: A run this admission unparked while handing the thread on from a holder that had ended:
+    #: the caller publishes its start ('' : none).
+    woken: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class HeldThread:
     score: str
 
 
-class ThreadsMixin(StoreCore):
+class ThreadsMixin(RunsMixin):
     """Admission to threads, parking and waking their runs, and the sweeper's view of them."""
 
     def _thread_keys(self, tenant: str | None, thread_id: str) -> list[str]:
@@ -74,11 +78,33 @@ class ThreadsMixin(StoreCore):
             raise ValueError(f"unknown thread policy {policy!r}")
         # Registered first: the sweeper forgets a thread only if nothing touched it since it looked.
         self.redis.zincrby(self.keys.threads_held(), 1, _member(tenant, thread_id))
+        turn = self._admit(tenant, thread_id, run_id, policy)
+        if turn.verdict != "busy":
+            return turn
+        # A run's terminal commit is visible before the worker that committed it hands its thread
+        # on (the thread's keys are on another slot: a second step). A caller that saw the run end
+        # and sends the next message at once must not be refused by a run that holds nothing any
+        # more: finish that hand-on here, as the sweeper's backstop would, and ask again.
+        ended = self.load(turn.holder)
+        if ended is None or not ended.terminal:
+            return turn
+        woken = self.pass_thread_on(tenant, thread_id, turn.holder) or ""
+        again = self._admit(tenant, thread_id, run_id, policy)
+        return ThreadTurn(again.verdict, again.holder, again.previous, again.ahead, woken)
+
+    def _admit(self, tenant: str | None, thread_id: str, run_id: str, policy: ThreadPolicy) -> ThreadTurn:
         reply = self._run(
             "thread_admit", self._thread_keys(tenant, thread_id), [run_id, policy, self.settings.retention_s]
         )
         verdict, holder, previous, *ahead = (_s(r) for r in reply)
         return ThreadTurn(cast(Verdict, verdict), holder, previous, tuple(ahead))
+
+    def pass_thread_on(self, tenant: str | None, thread_id: str, run_id: str) -> str | None:
+        """``run_id`` ended: hand its thread on and unpark the run that holds it now. Returns that
+        run when this call unparked it (its start is the caller's to publish: only one caller
+        unparks a run, so its start is published once)."""
+        successor = self.hand_thread_on(tenant, thread_id, run_id)
+        return successor if successor is not None and self.wake_from_thread(successor) else None
 
     def hand_thread_on(self, tenant: str | None, thread_id: str, run_id: str) -> str | None:
         """``run_id`` ended: the first run waiting for the thread holds it now (returned, to wake)."""

@@ -180,7 +180,13 @@ def test_cancelling_a_run_parked_for_its_thread_ends_it_at_once_and_the_next_one
     stopped = first.wait(TIMEOUT)
     assert (stopped.phase, stopped.message_count) == (Phase.INTERRUPTED, 0)
     assert busy.status().phase is Phase.ACTING
-    assert client.store.thread_waiting(None, thread) == [second.run_id]
+    # It leaves the thread's queue right after its terminal commit (the thread's keys are on
+    # another slot: a second step), which the caller may see first.
+    wait_until(
+        lambda: client.store.thread_waiting(None, thread) == [second.run_id],
+        TIMEOUT,
+        what="the cancelled run to leave the thread's queue",
+    )
     assert client.store.thread_wait(first.run_id) is None
 
     (closed_gate / "open").touch()

@@ -11,10 +11,10 @@ import redis
 
 from shared import protocol
 from shared.state import Phase
-from shared.store import RunStore
+from shared.store import RunStore, ThreadTurn
 from tests.harness import RedisServer
 from tests.store_support import make_store
-from worker.testing.runs import claim, create
+from worker.testing.runs import claim, create, ended_run, live_run
 
 TENANT = "acme"
 THREAD = "t1"
@@ -72,6 +72,31 @@ def test_reject_is_refused_on_a_busy_thread_naming_the_holder_and_writes_nothing
     order = store.redis.lrange(store.keys.thread(TENANT, THREAD), 0, -1)
     assert order == ["a"]
     assert store.thread_waiting(TENANT, THREAD) == []
+
+
+def test_reject_is_not_refused_by_a_holder_that_ended_before_its_hand_on(store: RunStore) -> None:
+    # A run's terminal commit is seen before its worker hands the thread on (a second step, on the
+    # thread's slot): a caller that saw it end and sends the next message at once is admitted.
+    ended = ended_run(store)
+    assert _admit(store, ended, "enqueue")[0] == "go"  # it holds the thread, and has ended since
+    parked = create(store)
+    held = claim(store, parked)
+    assert _admit(store, parked.run_id, "enqueue")[0] == "wait"
+    assert store.park_for_thread(parked.run_id, parked.version, held.ref.token, {"thread_id": THREAD})
+
+    # A run waits: the hand-on gives it the thread and unparks it (its start is the caller's to
+    # publish), and the new run is refused by it, the holder now.
+    turn = store.admit_to_thread(TENANT, THREAD, "next", "reject")
+    assert (turn.verdict, turn.holder, turn.woken) == ("busy", parked.run_id, parked.run_id)
+    assert store.thread_wait(parked.run_id) is None
+    # Nothing waits once that one has ended too: the thread is free for the next message.
+    store.redis.hset(store.keys.thread_state(TENANT, THREAD), protocol.THREAD_ACTIVE, ended)
+    assert store.admit_to_thread(TENANT, THREAD, "next", "reject") == ThreadTurn("go", "", "", (), "")
+    assert store.thread_holder(TENANT, THREAD)[0] == "next"
+    # A holder that has not ended still refuses, and nothing is woken.
+    running = live_run(store)
+    store.redis.hset(store.keys.thread_state(TENANT, "t2"), protocol.THREAD_ACTIVE, running)
+    assert store.admit_to_thread(TENANT, "t2", "other", "reject") == ThreadTurn("busy", running, "", (), "")
 
 
 def test_interrupt_names_every_run_ahead_and_rollback_also_marks_them(store: RunStore) -> None:
