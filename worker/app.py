@@ -37,7 +37,7 @@ from celery.signals import (
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
 
-from producer.publishing import MessageBuilder, ReprAMQP, RuntimePublisher, broker_is_store, run_commands
+from producer.publishing import MessageBuilder, ReprAMQP, RuntimePublisher, broker_is_store, publish_commands
 from shared.agents import load_registry
 from shared.errors import ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
@@ -163,8 +163,9 @@ class RuntimeHolder:
 
         def send(spec: TaskSpec) -> None:
             if builder is not None:
-                # Celery's message, pushed on the store's client: no Redis client per publish.
-                run_commands(store.redis, builder.build([spec]))
+                # Celery's message, pushed on the store's client: no Redis client per publish. A
+                # Redis it cannot reach raises what send_task raises, as for the client's publish.
+                publish_commands(store.redis, builder.build([spec]))
                 return
             countdown = spec.countdown or None
             if countdown and not settings.broker_is_redis:
