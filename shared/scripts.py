@@ -113,7 +113,7 @@ SPECS: dict[str, ScriptSpec] = {
     "claim_phase": _spec(
         "run attempts_key leases messages_key results_key inbox last_claim_key",
         "run_id version phase epoch step token holder lease_ms messages_from want_results want_inbox"
-        " last_claim",
+        " last_claim want_callback",
         words="missing stale busy ok none expired",
     ),
     "claim_call": _spec(
