@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from producer.client import Client
+from producer.client import Client, RunRequest
 from shared.agents import AgentRegistry
-from shared.errors import ConfigError, InvalidRequest, StoreFull
+from shared.errors import ConfigError, InvalidRequest, StoreFull, WesichainError
 from shared.pipeline.definition import Step
 from shared.pipeline.store import PipelineMeta, PipelineStore, child_run_id
 from shared.pipeline.tasks import CHILD_CALLBACK
@@ -218,8 +218,9 @@ class PipelinePool:
 
     def pump(self, pipeline_id: str, seq: int) -> int:
         """Start the step's items while its cap has room; returns how many runs were created. The
-        children of a batch are noted together once all are created (one script): a pump that
-        dies before leaves them created and unnoted, which the child's record or the sweeper notes."""
+        children of a batch are created together, then noted together once all are (one script):
+        a pump that dies before leaves them created and unnoted, which the child's record or the
+        sweeper notes."""
         meta = self.store.meta(pipeline_id)
         if meta is None or meta.terminal or meta.seq != seq:
             return 0
@@ -229,14 +230,14 @@ class PipelinePool:
             items = self.store.reserve(pipeline_id, seq, PUMP_BATCH)
             if not items:
                 return created
-            to_note: list[tuple[int, str]] = []
-            for item, (text, attempt) in zip(
-                items, self.store.items_to_start(pipeline_id, seq, items), strict=True
-            ):
-                made, run_id = self._create_child(meta, step, item, attempt, text)
-                created += made
-                if run_id is not None:
-                    to_note.append((item, run_id))
+            batch = [
+                (item, attempt, text)
+                for item, (text, attempt) in zip(
+                    items, self.store.items_to_start(pipeline_id, seq, items), strict=True
+                )
+            ]
+            made, to_note = self._create_children(meta, step, batch)
+            created += made
             self._note_children(meta, step, to_note)
 
     def start_item(
@@ -244,56 +245,75 @@ class PipelinePool:
     ) -> int:
         """Create the item's child run for ``attempt`` unless it exists, and note it; 1 if this
         call created it. ``text``: the item's input, when the caller read it already."""
-        made, run_id = self._create_child(meta, step, item, attempt, text)
-        if run_id is not None:
-            self._note_children(meta, step, [(item, run_id)])
+        made, to_note = self._create_children(meta, step, [(item, attempt, text)])
+        self._note_children(meta, step, to_note)
         return made
 
-    def _create_child(
-        self, meta: PipelineMeta, step: Step, item: int, attempt: int, text: str | None
-    ) -> tuple[int, str | None]:
-        """Create the item's child run for ``attempt`` unless it exists: (1 if this call created
-        it, the run id to note: None when there is none, because Redis is full for now or the
-        item failed instead)."""
+    def _create_children(
+        self, meta: PipelineMeta, step: Step, items: Sequence[tuple[int, int, str | None]]
+    ) -> tuple[int, list[tuple[int, str]]]:
+        """Create the child run of each (item, attempt, input text or None: read it) unless it
+        exists, all in one ``submit_many``: (how many this call created, the (item, run id) to
+        note). An item has none to note when Redis is full for now (it stays taken, and the
+        sweeper creates it once Redis has room) or when it failed instead."""
         pipeline_id, seq = meta.pipeline_id, meta.seq
-        run_id = child_run_id(pipeline_id, seq, item, attempt)
-        link = PipelineLink(pipeline_id=pipeline_id, seq=seq, item=item, attempt=attempt)
-        if text is None:
-            text = self.store.item_input(pipeline_id, seq, item) or ""
-        try:
-            state = self._state_before(pipeline_id, seq) if step.state else None
-            self.client.submit(
+        state = self._state_before(pipeline_id, seq) if step.state else None
+        requests = [
+            RunRequest(
                 step.agent or "",
-                text,
-                run_id=run_id,
+                text if text is not None else self.store.item_input(pipeline_id, seq, item) or "",
+                run_id=child_run_id(pipeline_id, seq, item, attempt),
                 callback=CHILD_CALLBACK,
-                link=link,
-                check_agent=False,
+                link=PipelineLink(pipeline_id=pipeline_id, seq=seq, item=item, attempt=attempt),
                 tenant=meta.tenant,
                 state=state,
                 namespace=meta.namespace,
             )
-            return 1, run_id
-        except StoreFull as exc:
-            # The item stays taken and uncreated: the sweeper creates it once Redis has room.
-            log.warning("pipeline %s: child run %s not created yet: %s", pipeline_id, run_id, exc)
-            return 0, None
-        except InvalidRequest as exc:
-            existing = self.runs.load(run_id)
-            if existing is None:
-                # The item cannot run at all (e.g. its input is too long): it fails, once.
-                error = exc.info().model_dump(mode="json")
-                self._ended(meta.pipeline_id, step, seq, item, attempt, run_id, "failed", None, error, False)
-                return 0, None
-            if not self._is_child(existing, meta):
-                # Its id was taken by a run this pipeline did not create: never adopt it.
-                error = {
-                    "kind": "RunIdTaken",
-                    "message": f"the child run id {run_id} is taken by a run this pipeline did not start",
-                }
-                self._ended(meta.pipeline_id, step, seq, item, attempt, run_id, "failed", None, error, False)
-                return 0, None
-            return 0, run_id  # created before (by a creator that died, or is at it right now)
+            for item, attempt, text in items
+        ]
+        outcomes = self.client.submit_many(requests, check_agent=False)
+        created, to_note = 0, []
+        for (item, attempt, _), request, outcome in zip(items, requests, outcomes, strict=True):
+            run_id = request.run_id or ""
+            if outcome is True:
+                created += 1
+                to_note.append((item, run_id))
+            elif isinstance(outcome, StoreFull):
+                log.warning("pipeline %s: child run %s not created yet: %s", pipeline_id, run_id, outcome)
+            elif self._taken_by_child(meta, step, item, attempt, run_id, outcome):
+                to_note.append(
+                    (item, run_id)
+                )  # created before (by a creator that died, or is at it right now)
+        return created, to_note
+
+    def _taken_by_child(
+        self,
+        meta: PipelineMeta,
+        step: Step,
+        item: int,
+        attempt: int,
+        run_id: str,
+        refused: bool | WesichainError,
+    ) -> bool:
+        """Whether the child run id that was not created is this item's child, created before;
+        if not, the item fails, once: it cannot run at all (``refused``: why, e.g. its input is too
+        long), or its id was taken by a run this pipeline did not create."""
+        existing = self.runs.load(run_id)
+        if existing is None:
+            if not isinstance(refused, InvalidRequest):  # its id was taken, by a run gone since
+                refused = InvalidRequest(f"run id {run_id!r} already exists")
+            error = refused.info().model_dump(mode="json")
+            self._ended(meta.pipeline_id, step, meta.seq, item, attempt, run_id, "failed", None, error, False)
+            return False
+        if not self._is_child(existing, meta):
+            # Its id was taken by a run this pipeline did not create: never adopt it.
+            error = {
+                "kind": "RunIdTaken",
+                "message": f"the child run id {run_id} is taken by a run this pipeline did not start",
+            }
+            self._ended(meta.pipeline_id, step, meta.seq, item, attempt, run_id, "failed", None, error, False)
+            return False
+        return True
 
     def _note_children(self, meta: PipelineMeta, step: Step, children: list[tuple[int, str]]) -> None:
         """Note (and announce) created child runs of the current step (item, run id), once whoever

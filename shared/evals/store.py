@@ -254,6 +254,16 @@ class EvalStore:
             raise EvalNotFound(f"eval {eval_id!r} has no case {index}")
         return Case.model_validate_json(raw)
 
+    def cases_of(self, eval_id: str, indexes: list[int]) -> list[Case]:
+        """The cases at ``indexes``, read in one round trip (as :meth:`case` reads one)."""
+        if len(indexes) == 1:
+            return [self.case(eval_id, indexes[0])]
+        raws = self.redis.hmget(self.keys.eval_cases(eval_id), [str(i) for i in indexes]) if indexes else []
+        return [
+            Case.model_validate_json(raw) if raw is not None else self.case(eval_id, index)
+            for index, raw in zip(indexes, raws, strict=True)
+        ]
+
     def cases(self, eval_id: str) -> dict[int, Case]:
         raw = {int(_text(k)): v for k, v in self.redis.hgetall(self.keys.eval_cases(eval_id)).items()}
         if not raw and self.archive is not None and self._from_archive(eval_id) is not None:
