@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
+import pytest
+
 from producer.client import Client, RunRequest
 from shared.errors import InvalidRequest
+from shared.redis_client import connect
 from shared.state import Phase
 from shared.tasks import start_task
 
 
 def _queued_task_ids(client: Client) -> list[str]:
-    """The task ids of every Celery message waiting in any queue list of the store's Redis."""
-    r = client.store.redis
+    """The task ids of every Celery message waiting in any queue list of the broker's Redis."""
+    r = connect(client.settings.broker_endpoint())
     ids: list[str] = []
     for key in cast(list[Any], r.keys("*")):
         if r.type(key) in ("list", b"list"):
@@ -26,6 +29,7 @@ def _queued_task_ids(client: Client) -> list[str]:
     return ids
 
 
+@pytest.mark.redis_broker
 def test_a_batch_creates_each_new_run_once_and_sends_only_their_starts(client: Client) -> None:
     taken = client.submit("echo", "first", run_id="batch-taken", check_agent=False).run_id
     requests = [
