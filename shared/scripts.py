@@ -268,7 +268,7 @@ SPECS: dict[str, ScriptSpec] = {
         "cap lease_ms want max_tokens max_cost_micro eval_id",
         words="stopped budget full ok empty",
     ),
-    "eval_claim": _spec("results scoring", "item lease_ms", words="done busy ok"),
+    "eval_claim": _spec("results scoring cases", "item lease_ms case", words="done busy ok"),
     "eval_record": _spec(
         "results slots scoring counts meta pending active cases",
         "item result variant passed failed tokens cost_micro eval_id finished_ms retention_ms",

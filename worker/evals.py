@@ -204,11 +204,11 @@ class EvalPool:
             # operator's eval): anything else is not a run this pool created.
             log.warning("run %s is not the case run of eval %s item %s; ignored", run_id, eval_id, item)
             return None
-        if self.evals.claim_scoring(eval_id, item, self.lease_s) != "ok":
+        _, case = self.evals.claim_scoring(eval_id, item, self.lease_s)
+        if case is None:
             return None  # scored already, or being scored
         ended = outcome(head)
         steps = trajectory(self.runs.load_messages(run_id))
-        case = self.evals.case(eval_id, item.case)
         outcome_ = run_outcome(ended, steps)
         try:
             result = result_of(meta.spec, item, case, outcome_, head.model, self.judge)
