@@ -243,8 +243,8 @@ SPECS: dict[str, ScriptSpec] = {
     "pipe_reserve": _spec("meta", "seq want"),
     "pipe_record": _spec(
         "meta results attempts events children",
-        "seq item attempt result event events_maxlen run_id started_event",
-        words="stale dup ended complete recorded waiting",
+        "seq item attempt result event events_maxlen run_id started_event created_at",
+        words="unknown stale dup ended complete recorded waiting",
     ),
     "pipe_retry": _spec("meta attempts", "seq item attempt", words="stale ok"),
     "pipe_end": _spec(

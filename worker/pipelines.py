@@ -58,6 +58,8 @@ class PipelinePool:
         self.grace_s = max(10.0, client.settings.lease_s * 2)
         #: Steps taken, by (pipeline id, its creation time, seq): see :meth:`_step_of`.
         self._steps: dict[tuple[str, float, int], Step] = {}
+        #: The tenant and creation time of pipeline runs read before, by id: see :meth:`child_run_ended`.
+        self._known: dict[str, tuple[str | None, float]] = {}
 
     # -- moving on ---------------------------------------------------------------------------------
 
@@ -199,14 +201,14 @@ class PipelinePool:
     def _step(self, target: str, index: int) -> Step:
         return self.agents.steps_of(target)[index]
 
-    def _step_of(self, meta: PipelineMeta, seq: int) -> Step | None:
+    def _step_of(self, pipeline_id: str, created_at: float, seq: int) -> Step | None:
         """The step the pipeline run took as step ``seq`` (None: not taken). A step taken never
         changes, so it is kept per pipeline run (its id and creation time: an id may be used again
         once its run expired) and read once per process, not for each child that ends."""
-        key = (meta.pipeline_id, meta.created_at, seq)
+        key = (pipeline_id, created_at, seq)
         step = self._steps.get(key)
         if step is None:
-            described = self.store.steps(meta.pipeline_id).get(seq)
+            described = self.store.steps(pipeline_id).get(seq)
             if described is None:
                 return None
             if len(self._steps) >= 256:
@@ -348,22 +350,40 @@ class PipelinePool:
 
     def child_run_ended(self, head: RunHead) -> None:
         """The child run ``head`` ended, as read from the store (by :meth:`child_ended`, or by the
-        claim of the callback delivered in place)."""
+        claim of the callback delivered in place).
+
+        A completed child of a pipeline run this process read before is checked against the
+        tenant and creation time it read then, without reading the meta again: its record
+        (``pipe_record.lua``) answers 'unknown' unless the id still names the pipeline run of that
+        creation time, and the child is then taken again from a fresh read. Any other end reads
+        the meta first, as its retry or failure acts on the pipeline run at once."""
         run_id = head.run_id
         link = head.link
         if not isinstance(link, PipelineLink) or not head.terminal:
             log.warning("run %s is not an ended pipeline child run; ignored", run_id[:200])
             return
-        meta = self.store.meta(link.pipeline_id)
-        if meta is None or not self._is_child(head, meta):
-            log.warning("run %s is not a child of pipeline run %s; ignored", run_id, link.pipeline_id)
-            return
-        step = self._step_of(meta, link.seq)
+        known = self._known.get(link.pipeline_id) if head.phase is Phase.COMPLETED else None
+        if known is None:
+            meta = self.store.meta(link.pipeline_id)
+            if meta is None or not self._is_child(head, meta):
+                log.warning("run %s is not a child of pipeline run %s; ignored", run_id, link.pipeline_id)
+                return
+            if len(self._known) >= 256:
+                self._known.clear()
+            self._known[link.pipeline_id] = (meta.tenant, meta.created_at)
+            tenant, created_at, fresh = meta.tenant, meta.created_at, True
+        else:
+            (tenant, created_at), fresh = known, False
+            if not self._is_child_of(head, link.pipeline_id, tenant):
+                self._known.pop(link.pipeline_id, None)  # maybe another run under that id now
+                self.child_run_ended(head)
+                return
+        step = self._step_of(link.pipeline_id, created_at, link.seq)
         if step is None:
             return
         answer = (head.answer, head.output) if head.phase is Phase.COMPLETED else None
         error = head.error.model_dump(mode="json") if head.error is not None else None
-        self._ended(
+        recorded = self._ended(
             link.pipeline_id,
             step,
             link.seq,
@@ -374,18 +394,26 @@ class PipelinePool:
             answer,
             error,
             True,
+            created_at=None if fresh else created_at,
         )
+        if recorded == "unknown":
+            self._known.pop(link.pipeline_id, None)
+            self.child_run_ended(head)  # reads the meta: the pipeline run under that id, if any
 
-    @staticmethod
-    def _is_child(head: RunHead, meta: PipelineMeta) -> bool:
+    @classmethod
+    def _is_child(cls, head: RunHead, meta: PipelineMeta) -> bool:
         """Whether ``head`` is a child run this pipeline run created: its runtime-set link names
         the pipeline, its id is the link's child id, and it belongs to the pipeline's tenant."""
+        return cls._is_child_of(head, meta.pipeline_id, meta.tenant)
+
+    @staticmethod
+    def _is_child_of(head: RunHead, pipeline_id: str, tenant: str | None) -> bool:
         link = head.link
         return (
             isinstance(link, PipelineLink)
-            and link.pipeline_id == meta.pipeline_id
+            and link.pipeline_id == pipeline_id
             and head.run_id == child_run_id(link.pipeline_id, link.seq, link.item, link.attempt)
-            and head.tenant == meta.tenant
+            and head.tenant == tenant
         )
 
     def _ended(
@@ -400,7 +428,11 @@ class PipelinePool:
         answer: tuple[Any, Any] | None,
         error: dict[str, Any] | None,
         retryable: bool,
-    ) -> None:
+        created_at: float | None = None,
+    ) -> str | None:
+        """Record how the item ended (or retry it), and move on; returns the record's answer
+        (None: retried). ``created_at``: as for :meth:`PipelineStore.record`, for an end that
+        cannot be retried (a completed child)."""
         result: dict[str, Any] = {"run_id": run_id}
         if status == "completed" and answer is not None:
             result.update(status="completed", answer=answer[0], output=answer[1])
@@ -419,7 +451,7 @@ class PipelinePool:
                 meta = self.store.meta(pipeline_id)
                 if meta is not None and not meta.terminal:
                     self.start_item(meta, step, item, attempt + 1)
-                return
+                return None
             result.update(status="skipped" if step.on_error == "skip" else "failed", error=error)
         ended = {
             "kind": "child_ended",
@@ -432,9 +464,9 @@ class PipelinePool:
         # A child run of this pipeline ended (``retryable``): noted with its record if its creator
         # died before noting it.
         started = _started_event(seq, step, item, run_id) if retryable else None
-        recorded = self.store.record(pipeline_id, seq, item, attempt, result, ended, started)
+        recorded = self.store.record(pipeline_id, seq, item, attempt, result, ended, started, created_at)
         if recorded not in ("recorded", "waiting", "complete"):
-            return
+            return recorded
         if result["status"] == "failed":
             meta = self.store.meta(pipeline_id)
             if meta is not None:
@@ -453,11 +485,12 @@ class PipelinePool:
                         "child_error": child_error,
                     },
                 )
-            return
+            return recorded
         if recorded == "complete":
             self.advance(pipeline_id, seq)
         elif recorded == "recorded":  # items wait to start: one may take the room given back
             self.pump(pipeline_id, seq)
+        return recorded
 
     # -- ending ------------------------------------------------------------------------------
 
