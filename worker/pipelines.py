@@ -241,6 +241,10 @@ class PipelinePool:
             made, to_note = self._create_children(meta, step, batch)
             created += made
             self._note_children(meta, step, to_note)
+            if len(items) < PUMP_BATCH:
+                # The cap or the items ran out: room given back later comes with an item's
+                # record, whose own pump takes it (and the sweeper's, should that pump die).
+                return created
 
     def start_item(
         self, meta: PipelineMeta, step: Step, item: int, attempt: int, text: str | None = None
