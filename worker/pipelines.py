@@ -58,8 +58,8 @@ class PipelinePool:
         self.grace_s = max(10.0, client.settings.lease_s * 2)
         #: Steps taken, by (pipeline id, its creation time, seq): see :meth:`_step_of`.
         self._steps: dict[tuple[str, float, int], Step] = {}
-        #: The tenant and creation time of pipeline runs read before, by id: see :meth:`child_run_ended`.
-        self._known: dict[str, tuple[str | None, float]] = {}
+        #: Pipeline runs as read before, by id: see :meth:`child_run_ended`.
+        self._known: dict[str, PipelineMeta] = {}
 
     # -- moving on ---------------------------------------------------------------------------------
 
@@ -218,12 +218,17 @@ class PipelinePool:
 
     # -- starting child runs -------------------------------------------------------------------
 
-    def pump(self, pipeline_id: str, seq: int) -> int:
+    def pump(self, pipeline_id: str, seq: int, known: PipelineMeta | None = None) -> int:
         """Start the step's items while its cap has room; returns how many runs were created. The
         children of a batch are created together, then noted together once all are (one script):
         a pump that dies before leaves them created and unnoted, which the child's record or the
-        sweeper notes."""
-        meta = self.store.meta(pipeline_id)
+        sweeper notes.
+
+        ``known``: the pipeline run as read at step ``seq`` (its id, tenant, namespace and step
+        never change), which a record at that step just found to be still that run; its counts
+        and status may be old, and need not be current: the reserve script takes items only
+        while the run is running at step ``seq``, within the cap as Redis has it."""
+        meta = known if known is not None and known.seq == seq else self.store.meta(pipeline_id)
         if meta is None or meta.terminal or meta.seq != seq:
             return 0
         step = self._step(meta.target, meta.index)
@@ -356,33 +361,31 @@ class PipelinePool:
         """The child run ``head`` ended, as read from the store (by :meth:`child_ended`, or by the
         claim of the callback delivered in place).
 
-        A completed child of a pipeline run this process read before is checked against the
-        tenant and creation time it read then, without reading the meta again: its record
-        (``pipe_record.lua``) answers 'unknown' unless the id still names the pipeline run of that
-        creation time, and the child is then taken again from a fresh read. Any other end reads
-        the meta first, as its retry or failure acts on the pipeline run at once."""
+        A completed child of a pipeline run this process read before at the child's step is
+        checked against the tenant it read then, without reading the meta again; every child's
+        record (``pipe_record.lua``) carries the creation time read, and answers 'unknown' unless
+        the id still names the pipeline run of that creation time: the child is then taken again
+        from a fresh read. Any other end reads the meta first, as its retry or failure acts on the
+        pipeline run at once."""
         run_id = head.run_id
         link = head.link
         if not isinstance(link, PipelineLink) or not head.terminal:
             log.warning("run %s is not an ended pipeline child run; ignored", run_id[:200])
             return
-        known = self._known.get(link.pipeline_id) if head.phase is Phase.COMPLETED else None
-        if known is None:
+        meta = self._known.get(link.pipeline_id) if head.phase is Phase.COMPLETED else None
+        if meta is None or meta.seq != link.seq:
             meta = self.store.meta(link.pipeline_id)
             if meta is None or not self._is_child(head, meta):
                 log.warning("run %s is not a child of pipeline run %s; ignored", run_id, link.pipeline_id)
                 return
             if len(self._known) >= 256:
                 self._known.clear()
-            self._known[link.pipeline_id] = (meta.tenant, meta.created_at)
-            tenant, created_at, fresh = meta.tenant, meta.created_at, True
-        else:
-            (tenant, created_at), fresh = known, False
-            if not self._is_child_of(head, link.pipeline_id, tenant):
-                self._known.pop(link.pipeline_id, None)  # maybe another run under that id now
-                self.child_run_ended(head)
-                return
-        step = self._step_of(link.pipeline_id, created_at, link.seq)
+            self._known[link.pipeline_id] = meta
+        elif not self._is_child(head, meta):
+            self._known.pop(link.pipeline_id, None)  # maybe another run under that id now
+            self.child_run_ended(head)
+            return
+        step = self._step_of(link.pipeline_id, meta.created_at, link.seq)
         if step is None:
             return
         answer = (head.answer, head.output) if head.phase is Phase.COMPLETED else None
@@ -398,26 +401,22 @@ class PipelinePool:
             answer,
             error,
             True,
-            created_at=None if fresh else created_at,
+            known=meta,
         )
         if recorded == "unknown":
             self._known.pop(link.pipeline_id, None)
             self.child_run_ended(head)  # reads the meta: the pipeline run under that id, if any
 
-    @classmethod
-    def _is_child(cls, head: RunHead, meta: PipelineMeta) -> bool:
+    @staticmethod
+    def _is_child(head: RunHead, meta: PipelineMeta) -> bool:
         """Whether ``head`` is a child run this pipeline run created: its runtime-set link names
         the pipeline, its id is the link's child id, and it belongs to the pipeline's tenant."""
-        return cls._is_child_of(head, meta.pipeline_id, meta.tenant)
-
-    @staticmethod
-    def _is_child_of(head: RunHead, pipeline_id: str, tenant: str | None) -> bool:
         link = head.link
         return (
             isinstance(link, PipelineLink)
-            and link.pipeline_id == pipeline_id
+            and link.pipeline_id == meta.pipeline_id
             and head.run_id == child_run_id(link.pipeline_id, link.seq, link.item, link.attempt)
-            and head.tenant == tenant
+            and head.tenant == meta.tenant
         )
 
     def _ended(
@@ -432,11 +431,12 @@ class PipelinePool:
         answer: tuple[Any, Any] | None,
         error: dict[str, Any] | None,
         retryable: bool,
-        created_at: float | None = None,
+        known: PipelineMeta | None = None,
     ) -> str | None:
         """Record how the item ended (or retry it), and move on; returns the record's answer
-        (None: retried). ``created_at``: as for :meth:`PipelineStore.record`, for an end that
-        cannot be retried (a completed child)."""
+        (None: retried). ``known``: the pipeline run as read at the item's step, maybe a while
+        ago; the record then checks that the id still names it (else 'unknown', nothing done),
+        and the pump that follows starts from it rather than reading the meta again."""
         result: dict[str, Any] = {"run_id": run_id}
         if status == "completed" and answer is not None:
             result.update(status="completed", answer=answer[0], output=answer[1])
@@ -468,6 +468,7 @@ class PipelinePool:
         # A child run of this pipeline ended (``retryable``): noted with its record if its creator
         # died before noting it.
         started = _started_event(seq, step, item, run_id) if retryable else None
+        created_at = known.created_at if known is not None else None
         recorded = self.store.record(pipeline_id, seq, item, attempt, result, ended, started, created_at)
         if recorded not in ("recorded", "waiting", "complete"):
             return recorded
@@ -493,7 +494,7 @@ class PipelinePool:
         if recorded == "complete":
             self.advance(pipeline_id, seq)
         elif recorded == "recorded":  # items wait to start: one may take the room given back
-            self.pump(pipeline_id, seq)
+            self.pump(pipeline_id, seq, known)
         return recorded
 
     # -- ending ------------------------------------------------------------------------------
