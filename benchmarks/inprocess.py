@@ -28,10 +28,11 @@ RESETSTAT`` after the warm-up, ``INFO commandstats`` and ``INFO cpu`` after): th
 the server (``usec`` of ``evalsha``) and the server's main-thread CPU per transition, and the calls
 per transition of every command, the scripts' inner ones included. The calls are counts; the
 microseconds are timings, which another process's load moves somewhat.
-``--system direct|eval|pipeline`` measures per item (``--items`` per round, one warm-up round):
-N one-think runs submitted directly, as the cases of an eval, or as the items of a one-map
-pipeline run; it adds the tasks run per item, and with ``--redis-stats`` the round trips this
-process made to Redis per item (a pipeline of commands is one).
+``--system direct|eval|pipeline|pipeline-cap8`` measures per item (``--items`` per round, one
+warm-up round): N one-think runs submitted directly, as the cases of an eval, or as the items of a
+one-map pipeline run (``pipeline-cap8``: whose map keeps at most 8 children live, so that each
+child's end starts the next one); it adds the tasks run per item, and with ``--redis-stats`` the
+round trips this process made to Redis per item (a pipeline of commands is one).
 ``--profile FILE`` writes a cProfile of the counted runs (CPU time) for ``python -m pstats FILE``.
 """
 
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
 
 AGENTS = "benchmarks.agents"
 #: The systems measured per item rather than per transition (``fanin_runs``).
-FANIN = ("direct", "eval", "pipeline")
+FANIN = ("direct", "eval", "pipeline", "pipeline-cap8")
 
 
 def decode(raw: bytes) -> tuple[str, str, list[Any], dict[str, Any]]:
@@ -156,7 +157,8 @@ def fanin_runs(url: str, system: str, items: int, tasks: list[str]) -> Callable[
             done = progress.counts[0].passed if progress.meta.status == "completed" else 0
         else:
             text = "\n".join(f"item {round_}:{i}" for i in range(items))
-            handle = client.submit_pipeline("bench-map", text, check=False)
+            name = "bench-map-8" if system == "pipeline-cap8" else "bench-map"
+            handle = client.submit_pipeline(name, text, check=False)
             drain(r, queues, run_task)
             status = handle.status()
             done = len(status.output) if status.status == "completed" else 0

@@ -16,7 +16,8 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import redis
@@ -24,7 +25,13 @@ from celery import Celery
 from pydantic import ValidationError
 
 from producer.assistants import Assistants
-from producer.publishing import PUBLISH_ERRORS, MessageBuilder, broker_is_store, publish_commands
+from producer.publishing import (
+    PUBLISH_ERRORS,
+    MessageBuilder,
+    RuntimePublisher,
+    broker_is_store,
+    publish_commands,
+)
 from producer.schedules import Schedules
 from shared.assistants import AssistantVersion
 from shared.bulk import BulkJob, BulkOutcome, BulkStore, bulk_task
@@ -77,6 +84,7 @@ __all__ = [
     "RequestConflict",
     "RunHandle",
     "RunNotFound",
+    "RunRequest",
     "RunTimeout",
     "signal_view",
     "NoLiveWorker",
@@ -144,6 +152,27 @@ def _search_query(query: SearchQuery | None, filters: dict[str, Any]) -> SearchQ
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise InvalidRequest(f"bad search: {problems}"[:500]) from None
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One run for :meth:`Client.submit_many`: what :meth:`Client.submit` takes for it."""
+
+    agent: str
+    input: str
+    run_id: str | None = None
+    thread_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    model: str | None = None
+    tenant: str | None = None
+    callback: Callback | dict[str, Any] | None = None
+    state: dict[str, Any] | None = None
+    namespace: str | None = None
+    #: The runtime's own (see :meth:`Client.submit`).
+    link: PipelineLink | EvalLink | None = None
+    thread_policy: ThreadPolicy | None = None
+    assistant: str | None = None
+    assistant_version: int | None = None
 
 
 class RunTimeout(WesichainError, TimeoutError):
@@ -247,37 +276,32 @@ class Client:
         with it (and the runtime's callback task that reports it back); a producer's request
         never carries one, and its callback may name no reserved task (``shared/request.py``).
         """
-        fields: dict[str, Any] = {"agent": agent, "input": input}
-        for name, value in (
-            ("thread_id", thread_id),
-            ("metadata", metadata),
-            ("model", model),
-            ("tenant", tenant),
-            ("callback", callback),
-            ("state", state),
-            ("namespace", namespace),
-            ("thread_policy", thread_policy),
-            ("assistant", assistant),
-            ("assistant_version", assistant_version),
-        ):
-            if value is not None:
-                fields[name] = value
-        request = validate_request(fields, self.settings.limits, runtime_callback=link is not None)
-        asked_version = request.assistant_version
-        request, pinned_to = self.assistants.store.pin(request)
-        if idempotency_key is not None:
-            run_id = idempotent_run_id(request.tenant, idempotency_key)
-        run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
-        if check_agent:
-            self._check_agent(request.agent, request.metadata, pinned_to)
-        head = new_run(run_id, request, link=link)
-        start = start_task(run_id, namespace=request.namespace)
+        new = RunRequest(
+            agent,
+            input,
+            run_id=run_id,
+            thread_id=thread_id,
+            metadata=metadata,
+            model=model,
+            tenant=tenant,
+            callback=callback,
+            state=state,
+            namespace=namespace,
+            link=link,
+            thread_policy=thread_policy,
+            assistant=assistant,
+            assistant_version=assistant_version,
+        )
+        head, start, asked_version = self._new_run(new, check_agent, idempotency_key)
+        run_id = head.run_id
         if idempotency_key is not None and (archive := self.store.archive) is not None:
             archived = archive.load(run_id)  # the key's run ended and left Redis: still the same run
             if archived is not None:
                 self._check_same_request(archived, _as_pinned(head, archived, asked_version), idempotency_key)
                 return RunHandle(self, run_id)
-        created = self._create_in_thread(head, start, check_agent)
+        (created,) = self._create_in_thread([(head, start)], check_agent)
+        if isinstance(created, WesichainError):
+            raise created
         if not created:
             if idempotency_key is None:
                 raise InvalidRequest(f"run id {run_id!r} already exists")
@@ -288,20 +312,90 @@ class Client:
             if existing.phase is not Phase.IDLE:
                 return RunHandle(self, run_id)
             # Still waiting for its start: the first submit may have died before sending it.
-        self._send_start(start)
+        self._send_starts([start])
         return RunHandle(self, run_id)
 
-    def _create_in_thread(self, head: RunHead, start: TaskSpec, check_agent: bool) -> bool:
-        """Take the run's turn in its thread (if it has one), then create it; False if its id is taken."""
-        turn = self._take_thread_turn(head, check_agent)
+    def submit_many(
+        self, requests: Sequence[RunRequest], *, check_agent: bool = True
+    ) -> list[bool | WesichainError]:
+        """Create several runs, then send the starts of those created: the creates in one round
+        trip and the starts in one more on a standalone Redis, where :meth:`submit` takes two per
+        run. For each request: True if its run was created (and its start sent), False if its id
+        is taken (nothing written, nothing sent), or why it was refused (:class:`InvalidRequest`,
+        :class:`StoreFull`); the others are created all the same. Any other error raises.
+
+        For the runtime's own runs made many at a time with ids of their own (a pipeline's
+        children, an eval's cases): no idempotency key.
+        """
+        outcomes: list[bool | WesichainError] = [False] * len(requests)
+        new: list[tuple[int, RunHead, TaskSpec]] = []
+        for i, request in enumerate(requests):
+            try:
+                head, start, _ = self._new_run(request, check_agent, None)
+            except InvalidRequest as exc:
+                outcomes[i] = exc
+                continue
+            new.append((i, head, start))
+        created = self._create_in_thread([(head, start) for _, head, start in new], check_agent)
+        for (i, _, _), made in zip(new, created, strict=True):
+            outcomes[i] = made
+        self._send_starts([start for (_, _, start), made in zip(new, created, strict=True) if made is True])
+        return outcomes
+
+    def _new_run(
+        self, new: RunRequest, check_agent: bool, idempotency_key: str | None
+    ) -> tuple[RunHead, TaskSpec, int | None]:
+        """The run a request makes (validated, pinned to its assistant's version), its start task,
+        and the assistant version the request asked for; raises :class:`InvalidRequest`."""
+        fields: dict[str, Any] = {"agent": new.agent, "input": new.input}
+        for name, value in (
+            ("thread_id", new.thread_id),
+            ("metadata", new.metadata),
+            ("model", new.model),
+            ("tenant", new.tenant),
+            ("callback", new.callback),
+            ("state", new.state),
+            ("namespace", new.namespace),
+            ("thread_policy", new.thread_policy),
+            ("assistant", new.assistant),
+            ("assistant_version", new.assistant_version),
+        ):
+            if value is not None:
+                fields[name] = value
+        request = validate_request(fields, self.settings.limits, runtime_callback=new.link is not None)
+        asked_version = request.assistant_version
+        request, pinned_to = self.assistants.store.pin(request)
+        run_id = new.run_id
+        if idempotency_key is not None:
+            run_id = idempotent_run_id(request.tenant, idempotency_key)
+        run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
+        if check_agent:
+            self._check_agent(request.agent, request.metadata, pinned_to)
+        head = new_run(run_id, request, link=new.link)
+        return head, start_task(run_id, namespace=request.namespace), asked_version
+
+    def _create_in_thread(
+        self, runs: Sequence[tuple[RunHead, TaskSpec]], check_agent: bool
+    ) -> list[bool | WesichainError]:
+        """Take each run's turn in its thread (if it has one), then create them (see
+        :meth:`_create_many` for the answers)."""
+        turns: list[ThreadTurn | None] = []
         try:
-            created = self._create(head, start)
+            for head, _ in runs:
+                turns.append(self._take_thread_turn(head, check_agent))
+            created = self._create_many(runs)
         except Exception:
-            if turn is not None and head.thread_id is not None:
-                self.store.hand_thread_on(head.tenant, head.thread_id, head.run_id)  # never created
+            for (head, _), turn in zip(runs, turns, strict=False):  # the turns taken so far
+                if turn is not None and head.thread_id is not None:
+                    self.store.hand_thread_on(head.tenant, head.thread_id, head.run_id)  # never created
             raise
-        if turn is not None:
-            self._stop_runs(turn.ahead)
+        for (head, _), turn, made in zip(runs, turns, created, strict=True):
+            if turn is None:
+                continue
+            if isinstance(made, bool):
+                self._stop_runs(turn.ahead)
+            elif head.thread_id is not None:
+                self.store.hand_thread_on(head.tenant, head.thread_id, head.run_id)  # never created
         return created
 
     def _take_thread_turn(self, head: RunHead, check_agent: bool) -> ThreadTurn | None:
@@ -331,33 +425,64 @@ class Client:
         for run_id in run_ids:
             RunHandle(self, run_id).cancel()
 
-    def _send_start(self, start: TaskSpec) -> None:
-        """Send a new run's start task. The run is created, its start in its outbox: should the
-        broker refuse the task, the run is still accepted, and the workers' sweeper sends the task
-        once the broker takes messages again (``shared/unsent.py``). Raising here instead would
-        have a caller retry, and start a second run beside the first."""
+    def _send_starts(self, starts: Sequence[TaskSpec]) -> None:
+        """Send new runs' start tasks. The runs are created, each start in its run's outbox:
+        should the broker refuse them, the runs are still accepted, and the workers' sweeper sends
+        the tasks once the broker takes messages again (``shared/unsent.py``). Raising here instead
+        would have a caller retry, and start second runs beside the first."""
         try:
-            self.send_run_task(start)
+            self.send_run_tasks(starts)
         except PUBLISH_ERRORS as exc:
-            mark_unsent(self.store, start, exc, delay_s=0)
+            for start in starts:
+                mark_unsent(self.store, start, exc, delay_s=0)
 
     def send_run_task(self, task: TaskSpec) -> None:
         """Send one of a run's tasks, on its namespace's queue if it names one."""
-        if self._messages is None:
-            self.app.send_task(task.name, kwargs=task.arguments, task_id=task.task_id, queue=task.queue)
+        self.send_run_tasks([task])
+
+    def send_run_tasks(self, tasks: Sequence[TaskSpec]) -> None:
+        """Send runs' tasks, each on its namespace's queue if it names one: in one publish when
+        the messages are built here, or through a runtime's publisher that sends several at once."""
+        if not tasks:
             return
-        publish_commands(self.store.redis, self._messages.build([task]))
+        if self._messages is not None:
+            publish_commands(self.store.redis, self._messages.build(tasks))
+        elif isinstance(self.app, RuntimePublisher):
+            self.app.send_tasks(tasks)
+        else:
+            for task in tasks:
+                self.app.send_task(task.name, kwargs=task.arguments, task_id=task.task_id, queue=task.queue)
 
     def _create(self, head: RunHead, start: TaskSpec) -> bool:
         """Write the new run (IDLE, its start task in its outbox); False if its id is taken."""
+        (created,) = self._create_many([(head, start)])
+        if isinstance(created, WesichainError):
+            raise created
+        return created
+
+    def _create_many(self, runs: Sequence[tuple[RunHead, TaskSpec]]) -> list[bool | WesichainError]:
+        """Write new runs (IDLE, each with its start task in its outbox), in one round trip on a
+        standalone Redis: for each, True if written, False if its id is taken, or
+        :class:`StoreFull` when Redis is (nearly) full."""
+        if not runs:
+            return []
         if not self.settings.embedded:
-            self.memory_guard.check()
-        try:
-            return self.store.create(head, [start])
-        except redis.exceptions.OutOfMemoryError:
-            raise StoreFull(
-                full_message(self.memory_guard.state(), self.settings.submit_max_memory)
-            ) from None
+            try:
+                self.memory_guard.check()
+            except StoreFull as exc:
+                return [exc] * len(runs)
+        replies = self.store.create_many([(head, [start]) for head, start in runs])
+        outcomes: list[bool | WesichainError] = []
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.OutOfMemoryError):
+                outcomes.append(
+                    StoreFull(full_message(self.memory_guard.state(), self.settings.submit_max_memory))
+                )
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                outcomes.append(reply)
+        return outcomes
 
     def children(self, run_id: str) -> list[RunHead]:
         """The run's subagent runs (each names it in ``parent``), in the order its steps started
@@ -458,7 +583,7 @@ class Client:
         start = start_task(new_id, namespace=source.namespace)
         if not self._create(head, start):
             raise InvalidRequest(f"run id {new_id!r} already exists")
-        self._send_start(start)
+        self._send_starts([start])
         return RunHandle(self, new_id)
 
     def _fork_model(
@@ -795,7 +920,7 @@ class RunHandle:
         phase, woken = self.client.store.cancel_unparking(self.run_id)
         if woken:
             head = self.status()
-            self.client._send_start(start_task(self.run_id, namespace=head.namespace))
+            self.client._send_starts([start_task(self.run_id, namespace=head.namespace)])
         elif phase is Phase.AWAITING_APPROVAL:
             # No worker holds a parked run: wake one to commit the interruption.
             self._send_decide(self.status())

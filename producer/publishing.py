@@ -360,8 +360,11 @@ class RuntimePublisher:
     pipeline children), publishing through the runtime's own path (which may push Celery's message
     on the store's connection) rather than through ``send_task`` and a second broker connection."""
 
-    def __init__(self, send: Callable[[TaskSpec], None]) -> None:
+    def __init__(
+        self, send: Callable[[TaskSpec], None], send_many: Callable[[Sequence[TaskSpec]], None] | None = None
+    ) -> None:
         self._send = send
+        self._send_many = send_many
 
     def send_task(
         self,
@@ -376,6 +379,14 @@ class RuntimePublisher:
             name=name, task_id=task_id or uuid.uuid4().hex, arguments=kwargs or {}, args=args or []
         )
         self._send(spec.model_copy(update={"queue": queue}))
+
+    def send_tasks(self, tasks: Sequence[TaskSpec]) -> None:
+        """Send several tasks: in one publish when the runtime can, else one after another."""
+        if self._send_many is not None:
+            self._send_many(tasks)
+            return
+        for task in tasks:
+            self._send(task)
 
 
 def broker_is_store(settings: Settings) -> bool:

@@ -70,6 +70,7 @@ __all__ = [
     "OUTBOX_CLAIMED",
     "PHASE",
     "PIPE_CAP",
+    "PIPE_CREATED_AT",
     "PIPE_DONE",
     "PIPE_ERROR",
     "PIPE_EVENT_FIELD",
@@ -276,6 +277,9 @@ PIPE_UPDATED_MS = "updated_ms"
 PIPE_OUTPUT = "output"
 PIPE_ERROR = "error"
 PIPE_FINISHED_MS = "finished_ms"
+#: When it was created (``repr`` of Unix seconds): with its id, which pipeline run it is (an id
+#: may be used again once its run expired).
+PIPE_CREATED_AT = "created_at"
 #: PIPE_STATUS while the pipeline run goes on (any other status is how it ended).
 PIPE_RUNNING = "running"
 #: The field of each entry of a pipeline run's events stream: the event's JSON.
@@ -425,6 +429,7 @@ _VALUES = {
         "PIPE_OUTPUT",
         "PIPE_ERROR",
         "PIPE_FINISHED_MS",
+        "PIPE_CREATED_AT",
         "PIPE_RUNNING",
         "PIPE_EVENT_FIELD",
         "EVAL_STATUS",

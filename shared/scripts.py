@@ -113,7 +113,7 @@ SPECS: dict[str, ScriptSpec] = {
     "claim_phase": _spec(
         "run attempts_key leases messages_key results_key inbox last_claim_key",
         "run_id version phase epoch step token holder lease_ms messages_from want_results want_inbox"
-        " last_claim",
+        " last_claim want_callback",
         words="missing stale busy ok none expired",
     ),
     "claim_call": _spec(
@@ -243,8 +243,8 @@ SPECS: dict[str, ScriptSpec] = {
     "pipe_reserve": _spec("meta", "seq want"),
     "pipe_record": _spec(
         "meta results attempts events children",
-        "seq item attempt result event events_maxlen run_id started_event",
-        words="stale dup ended complete recorded waiting",
+        "seq item attempt result event events_maxlen run_id started_event created_at",
+        words="unknown stale dup ended complete recorded waiting",
     ),
     "pipe_retry": _spec("meta attempts", "seq item attempt", words="stale ok"),
     "pipe_end": _spec(
@@ -268,7 +268,7 @@ SPECS: dict[str, ScriptSpec] = {
         "cap lease_ms want max_tokens max_cost_micro eval_id",
         words="stopped budget full ok empty",
     ),
-    "eval_claim": _spec("results scoring", "item lease_ms", words="done busy ok"),
+    "eval_claim": _spec("results scoring cases", "item lease_ms case", words="done busy ok"),
     "eval_record": _spec(
         "results slots scoring counts meta pending active cases",
         "item result variant passed failed tokens cost_micro eval_id finished_ms retention_ms",
@@ -495,17 +495,53 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, RedisCluster)
 
 
-def run_many(client: Any, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+def run_many(
+    client: Any,
+    script: Script,
+    calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
+    *,
+    raise_on_error: bool = True,
+) -> list[Any]:
     """Run ``script`` once per (keys, args): pipelined in one round trip on a standalone Redis.
+
+    The pipeline sends ``EVALSHA`` itself: redis-py's ``Script`` in a pipeline asks ``SCRIPT
+    EXISTS`` first, a round trip of its own at every call. A Redis that lost its scripts (a restart,
+    a ``SCRIPT FLUSH``) ran none of the calls it answered ``NOSCRIPT``; each of those goes through
+    redis-py's own call, which loads the script. With ``raise_on_error`` False an error reply is
+    returned in its call's place (the other calls ran) instead of raised.
 
     redis-py's cluster pipeline refuses scripts (their keys' slots may lie on several primaries),
     so on a cluster they are sent one after the other.
     """
     if not calls:
         return []
+    for keys, args in calls:
+        script.spec.check(script.name, keys, args)
     if is_cluster(client):
-        return [script(keys=list(keys), args=list(args)) for keys, args in calls]
-    with client.pipeline(transaction=False) as pipe:
-        for keys, args in calls:
-            script(keys=list(keys), args=list(args), client=pipe)
-        return list(pipe.execute())
+        replies = [_reply_or_error(script, keys, args) for keys, args in calls]
+    else:
+        sha = script.sha
+        with client.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+            replies = list(pipe.execute(raise_on_error=False))
+        for i, reply in enumerate(replies):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                replies[i] = _reply_or_error(script, *calls[i], via_client=True)
+    if raise_on_error:
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+    return replies
+
+
+def _reply_or_error(
+    script: Script, keys: Sequence[Any], args: Sequence[Any], via_client: bool = False
+) -> Any:
+    """One call's reply, or the error Redis answered to it."""
+    try:
+        if via_client:
+            return script.call_via_client(list(keys), list(args))
+        return script(keys=list(keys), args=list(args))
+    except redis.exceptions.ResponseError as exc:
+        return exc

@@ -196,6 +196,10 @@ class RuntimeHolder:
             gate=model_gate(store, agents, settings, renew_s),
             tracing=Tracing(settings.otel),
             prepare=builder.build if builder is not None and settings.commit_publish else None,
+            # Celery's messages pushed in one pipelined round trip, as ``send`` pushes one.
+            send_many=(lambda specs: run_commands(store.redis, builder.build(specs)))
+            if builder is not None
+            else None,
         )
         # A case run's end is scored right after its terminal commit (see ``worker/evals.py``).
         runtime.local_callbacks[TASK_EVAL_SCORE] = lambda head: self.evals().score_run(head)
@@ -223,7 +227,9 @@ class RuntimeHolder:
             runtime = self.get()
             # The children's starts go out as the worker's own phases do (see ``RuntimePublisher``).
             client = Client(
-                self.settings, app=cast(Celery, RuntimePublisher(runtime.send)), store=runtime.store
+                self.settings,
+                app=cast(Celery, RuntimePublisher(runtime.send, runtime.send_all)),
+                store=runtime.store,
             )
             self._pipelines = PipelinePool(client, runtime.agents, runtime.send)
             self._pipelines_pid = os.getpid()

@@ -50,19 +50,18 @@ _clients: dict[tuple[int, bool], httpx.Client] = {}
 
 
 def run_callback(rt: Runtime, delivery: Delivery, step: int, phase: str) -> None:
-    want = PhaseClaim(delivery.run_id, delivery.version, Phase(phase), delivery.epoch, step)
+    # Where the callback stands and its attempts so far are read with the claim.
+    want = PhaseClaim(
+        delivery.run_id, delivery.version, Phase(phase), delivery.epoch, step, read_callback=True
+    )
     claim = rt.store.claim_phase(want, rt.holder())
     if not isinstance(claim, Claim):
         rt.on_unclaimed(claim, delivery)
         return
     head = claim.head
-    store = rt.store
-    # Where the callback stands and its attempts so far, in one read.
-    pending, raw_state = store.redis.hmget(
-        store.keys.run(head.run_id), protocol.CALLBACK, protocol.CALLBACK_STATE
-    )
-    if pending != "pending" or head.callback is None:
-        store.release(head.run_id, claim.field, claim.token)  # delivered (or given up) already
+    pending, raw_state = claim.callback or (None, None)
+    if pending != protocol.CALLBACK_PENDING or head.callback is None:
+        rt.store.release(head.run_id, claim.field, claim.token)  # delivered (or given up) already
         return
     state = CallbackState.model_validate_json(raw_state) if raw_state else CallbackState()
     attempt = state.attempts + 1

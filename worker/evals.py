@@ -21,10 +21,11 @@ from typing import Any, cast
 
 from celery import Celery
 
-from producer.client import Client
+from producer.client import Client, RunRequest
 from producer.publishing import RuntimePublisher
 from shared.agents import AgentRegistry
 from shared.errors import InvalidRequest, ModelTransport, StoreFull
+from shared.evals.dataset import Case
 from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult, RunOutcome, trajectory
 from shared.evals.scorers import JudgeReply
@@ -56,7 +57,7 @@ class EvalPool:
     def for_runtime(cls, rt: Runtime) -> EvalPool:
         # The client only submits (Client.submit sends the start by name): publishing through the
         # runtime is what the worker's own phases do, without a second broker connection.
-        client = Client(rt.settings, app=cast(Celery, RuntimePublisher(rt.send)), store=rt.store)
+        client = Client(rt.settings, app=cast(Celery, RuntimePublisher(rt.send, rt.send_all)), store=rt.store)
         return cls(client, rt.send, rt.agents, rt.gate, rt.metrics)
 
     def __init__(
@@ -107,49 +108,61 @@ class EvalPool:
             got = self.evals.acquire(eval_id, meta.spec, PUMP_BATCH, self.lease_s)
             if got.status != "ok":
                 return started
-            for item in got.items:
-                started += self.start(meta, item)
+            started += self.start_many(meta, got.items)
 
     def start(self, meta: EvalMeta, item: Item) -> int:
         """Create the item's case run unless it exists, then hold its slot; 1 if it was created."""
-        eval_id, spec = meta.eval_id, meta.spec
-        variant = spec.variants[item.variant]
-        run_id = run_id_of(eval_id, item)
-        case = self.evals.case(eval_id, item.case)
-        created = 0
-        try:
-            self.client.submit(
-                variant.agent,
-                case.input,
-                run_id=run_id,
-                model=variant.model,
-                thread_id=f"{run_id}:{case.thread}" if case.thread else None,
-                metadata={**variant.metadata, **case.metadata} or None,
-                # Scored in place by the worker that ended the run (on the namespace's queues,
-                # if the eval names one), unless the spec sends scorings to a queue of their own.
-                callback=Callback(task=TASK_EVAL_SCORE, queue=spec.queue),
-                link=EvalLink(eval_id=eval_id, item=str(item)),
-                check_agent=False,
-                namespace=spec.namespace,
-                # A tenant's eval runs as that tenant: its case runs open in its console.
-                tenant=meta.tenant,
-            )
-            created = 1
-        except StoreFull as exc:
-            # Leave the slot leased: the sweeper tries again once its lease ran out.
-            log.warning("eval %s: case run %s not created yet: %s", eval_id, run_id, exc)
-            return 0
-        except InvalidRequest as exc:
-            if self.runs.load(run_id) is None:
-                # The case itself cannot run (e.g. its input is too long): record why, once.
-                self._record_unrunnable(meta, item, run_id, exc)
-                return 0
-        self.evals.bind(eval_id, item)
-        return created
+        return self.start_many(meta, [item])
 
-    def _record_unrunnable(self, meta: EvalMeta, item: Item, run_id: str, exc: InvalidRequest) -> None:
-        ended = RunOutcome(run_id=run_id, status="failed", error=exc.info().model_dump(mode="json"))
-        case = self.evals.case(meta.eval_id, item.case)
+    def start_many(self, meta: EvalMeta, items: list[Item]) -> int:
+        """Create the items' case runs unless they exist (their cases read in one round trip, the
+        runs created in one ``submit_many``), then hold the slots of those that exist (one
+        command); returns how many runs were created."""
+        eval_id, spec = meta.eval_id, meta.spec
+        cases = self.evals.cases_of(eval_id, [item.case for item in items])
+        requests = []
+        for item, case in zip(items, cases, strict=True):
+            variant = spec.variants[item.variant]
+            run_id = run_id_of(eval_id, item)
+            requests.append(
+                RunRequest(
+                    variant.agent,
+                    case.input,
+                    run_id=run_id,
+                    model=variant.model,
+                    thread_id=f"{run_id}:{case.thread}" if case.thread else None,
+                    metadata={**variant.metadata, **case.metadata} or None,
+                    # Scored in place by the worker that ended the run (on the namespace's queues,
+                    # if the eval names one), unless the spec sends scorings to a queue of their own.
+                    callback=Callback(task=TASK_EVAL_SCORE, queue=spec.queue),
+                    link=EvalLink(eval_id=eval_id, item=str(item)),
+                    namespace=spec.namespace,
+                    # A tenant's eval runs as that tenant: its case runs open in its console.
+                    tenant=meta.tenant,
+                )
+            )
+        outcomes = self.client.submit_many(requests, check_agent=False)
+        bound: list[Item] = []
+        for item, case, request, outcome_ in zip(items, cases, requests, outcomes, strict=True):
+            if isinstance(outcome_, StoreFull):
+                # Leave the slot leased: the sweeper tries again once its lease ran out.
+                log.warning("eval %s: case run %s not created yet: %s", eval_id, request.run_id, outcome_)
+            elif outcome_ is True or self.runs.load(request.run_id or "") is not None:
+                bound.append(item)
+            else:
+                # The case itself cannot run (e.g. its input is too long): record why, once.
+                refused = outcome_ if isinstance(outcome_, InvalidRequest) else None
+                self._record_unrunnable(meta, item, case, request.run_id or "", refused)
+        # The items' runs exist: their slots are held until their results are recorded.
+        self.evals.checked(eval_id, bound, time.time() * 1000)
+        return sum(1 for outcome_ in outcomes if outcome_ is True)
+
+    def _record_unrunnable(
+        self, meta: EvalMeta, item: Item, case: Case, run_id: str, refused: InvalidRequest | None
+    ) -> None:
+        if refused is None:  # its id was taken, by a run gone since
+            refused = InvalidRequest(f"run id {run_id!r} already exists")
+        ended = RunOutcome(run_id=run_id, status="failed", error=refused.info().model_dump(mode="json"))
         self.evals.record(meta.eval_id, item, result_of(meta.spec, item, case, ended, ""))
 
     # -- scoring ended runs ----------------------------------------------------------------------
@@ -191,11 +204,11 @@ class EvalPool:
             # operator's eval): anything else is not a run this pool created.
             log.warning("run %s is not the case run of eval %s item %s; ignored", run_id, eval_id, item)
             return None
-        if self.evals.claim_scoring(eval_id, item, self.lease_s) != "ok":
+        _, case = self.evals.claim_scoring(eval_id, item, self.lease_s)
+        if case is None:
             return None  # scored already, or being scored
         ended = outcome(head)
         steps = trajectory(self.runs.load_messages(run_id))
-        case = self.evals.case(eval_id, item.case)
         outcome_ = run_outcome(ended, steps)
         try:
             result = result_of(meta.spec, item, case, outcome_, head.model, self.judge)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from producer.client import Client
+from producer.client import Client, RunRequest
 from shared.agents import AgentRegistry
-from shared.errors import ConfigError, InvalidRequest, StoreFull
+from shared.errors import ConfigError, InvalidRequest, StoreFull, WesichainError
 from shared.pipeline.definition import Step
 from shared.pipeline.store import PipelineMeta, PipelineStore, child_run_id
 from shared.pipeline.tasks import CHILD_CALLBACK
@@ -58,6 +58,8 @@ class PipelinePool:
         self.grace_s = max(10.0, client.settings.lease_s * 2)
         #: Steps taken, by (pipeline id, its creation time, seq): see :meth:`_step_of`.
         self._steps: dict[tuple[str, float, int], Step] = {}
+        #: Pipeline runs as read before, by id: see :meth:`child_run_ended`.
+        self._known: dict[str, PipelineMeta] = {}
 
     # -- moving on ---------------------------------------------------------------------------------
 
@@ -199,14 +201,14 @@ class PipelinePool:
     def _step(self, target: str, index: int) -> Step:
         return self.agents.steps_of(target)[index]
 
-    def _step_of(self, meta: PipelineMeta, seq: int) -> Step | None:
+    def _step_of(self, pipeline_id: str, created_at: float, seq: int) -> Step | None:
         """The step the pipeline run took as step ``seq`` (None: not taken). A step taken never
         changes, so it is kept per pipeline run (its id and creation time: an id may be used again
         once its run expired) and read once per process, not for each child that ends."""
-        key = (meta.pipeline_id, meta.created_at, seq)
+        key = (pipeline_id, created_at, seq)
         step = self._steps.get(key)
         if step is None:
-            described = self.store.steps(meta.pipeline_id).get(seq)
+            described = self.store.steps(pipeline_id).get(seq)
             if described is None:
                 return None
             if len(self._steps) >= 256:
@@ -216,11 +218,17 @@ class PipelinePool:
 
     # -- starting child runs -------------------------------------------------------------------
 
-    def pump(self, pipeline_id: str, seq: int) -> int:
+    def pump(self, pipeline_id: str, seq: int, known: PipelineMeta | None = None) -> int:
         """Start the step's items while its cap has room; returns how many runs were created. The
-        children of a batch are noted together once all are created (one script): a pump that
-        dies before leaves them created and unnoted, which the child's record or the sweeper notes."""
-        meta = self.store.meta(pipeline_id)
+        children of a batch are created together, then noted together once all are (one script):
+        a pump that dies before leaves them created and unnoted, which the child's record or the
+        sweeper notes.
+
+        ``known``: the pipeline run as read at step ``seq`` (its id, tenant, namespace and step
+        never change), which a record at that step just found to be still that run; its counts
+        and status may be old, and need not be current: the reserve script takes items only
+        while the run is running at step ``seq``, within the cap as Redis has it."""
+        meta = known if known is not None and known.seq == seq else self.store.meta(pipeline_id)
         if meta is None or meta.terminal or meta.seq != seq:
             return 0
         step = self._step(meta.target, meta.index)
@@ -229,71 +237,94 @@ class PipelinePool:
             items = self.store.reserve(pipeline_id, seq, PUMP_BATCH)
             if not items:
                 return created
-            to_note: list[tuple[int, str]] = []
-            for item, (text, attempt) in zip(
-                items, self.store.items_to_start(pipeline_id, seq, items), strict=True
-            ):
-                made, run_id = self._create_child(meta, step, item, attempt, text)
-                created += made
-                if run_id is not None:
-                    to_note.append((item, run_id))
+            batch = [
+                (item, attempt, text)
+                for item, (text, attempt) in zip(
+                    items, self.store.items_to_start(pipeline_id, seq, items), strict=True
+                )
+            ]
+            made, to_note = self._create_children(meta, step, batch)
+            created += made
             self._note_children(meta, step, to_note)
+            if len(items) < PUMP_BATCH:
+                # The cap or the items ran out: room given back later comes with an item's
+                # record, whose own pump takes it (and the sweeper's, should that pump die).
+                return created
 
     def start_item(
         self, meta: PipelineMeta, step: Step, item: int, attempt: int, text: str | None = None
     ) -> int:
         """Create the item's child run for ``attempt`` unless it exists, and note it; 1 if this
         call created it. ``text``: the item's input, when the caller read it already."""
-        made, run_id = self._create_child(meta, step, item, attempt, text)
-        if run_id is not None:
-            self._note_children(meta, step, [(item, run_id)])
+        made, to_note = self._create_children(meta, step, [(item, attempt, text)])
+        self._note_children(meta, step, to_note)
         return made
 
-    def _create_child(
-        self, meta: PipelineMeta, step: Step, item: int, attempt: int, text: str | None
-    ) -> tuple[int, str | None]:
-        """Create the item's child run for ``attempt`` unless it exists: (1 if this call created
-        it, the run id to note: None when there is none, because Redis is full for now or the
-        item failed instead)."""
+    def _create_children(
+        self, meta: PipelineMeta, step: Step, items: Sequence[tuple[int, int, str | None]]
+    ) -> tuple[int, list[tuple[int, str]]]:
+        """Create the child run of each (item, attempt, input text or None: read it) unless it
+        exists, all in one ``submit_many``: (how many this call created, the (item, run id) to
+        note). An item has none to note when Redis is full for now (it stays taken, and the
+        sweeper creates it once Redis has room) or when it failed instead."""
         pipeline_id, seq = meta.pipeline_id, meta.seq
-        run_id = child_run_id(pipeline_id, seq, item, attempt)
-        link = PipelineLink(pipeline_id=pipeline_id, seq=seq, item=item, attempt=attempt)
-        if text is None:
-            text = self.store.item_input(pipeline_id, seq, item) or ""
-        try:
-            state = self._state_before(pipeline_id, seq) if step.state else None
-            self.client.submit(
+        state = self._state_before(pipeline_id, seq) if step.state else None
+        requests = [
+            RunRequest(
                 step.agent or "",
-                text,
-                run_id=run_id,
+                text if text is not None else self.store.item_input(pipeline_id, seq, item) or "",
+                run_id=child_run_id(pipeline_id, seq, item, attempt),
                 callback=CHILD_CALLBACK,
-                link=link,
-                check_agent=False,
+                link=PipelineLink(pipeline_id=pipeline_id, seq=seq, item=item, attempt=attempt),
                 tenant=meta.tenant,
                 state=state,
                 namespace=meta.namespace,
             )
-            return 1, run_id
-        except StoreFull as exc:
-            # The item stays taken and uncreated: the sweeper creates it once Redis has room.
-            log.warning("pipeline %s: child run %s not created yet: %s", pipeline_id, run_id, exc)
-            return 0, None
-        except InvalidRequest as exc:
-            existing = self.runs.load(run_id)
-            if existing is None:
-                # The item cannot run at all (e.g. its input is too long): it fails, once.
-                error = exc.info().model_dump(mode="json")
-                self._ended(meta.pipeline_id, step, seq, item, attempt, run_id, "failed", None, error, False)
-                return 0, None
-            if not self._is_child(existing, meta):
-                # Its id was taken by a run this pipeline did not create: never adopt it.
-                error = {
-                    "kind": "RunIdTaken",
-                    "message": f"the child run id {run_id} is taken by a run this pipeline did not start",
-                }
-                self._ended(meta.pipeline_id, step, seq, item, attempt, run_id, "failed", None, error, False)
-                return 0, None
-            return 0, run_id  # created before (by a creator that died, or is at it right now)
+            for item, attempt, text in items
+        ]
+        outcomes = self.client.submit_many(requests, check_agent=False)
+        created, to_note = 0, []
+        for (item, attempt, _), request, outcome in zip(items, requests, outcomes, strict=True):
+            run_id = request.run_id or ""
+            if outcome is True:
+                created += 1
+                to_note.append((item, run_id))
+            elif isinstance(outcome, StoreFull):
+                log.warning("pipeline %s: child run %s not created yet: %s", pipeline_id, run_id, outcome)
+            elif self._taken_by_child(meta, step, item, attempt, run_id, outcome):
+                to_note.append(
+                    (item, run_id)
+                )  # created before (by a creator that died, or is at it right now)
+        return created, to_note
+
+    def _taken_by_child(
+        self,
+        meta: PipelineMeta,
+        step: Step,
+        item: int,
+        attempt: int,
+        run_id: str,
+        refused: bool | WesichainError,
+    ) -> bool:
+        """Whether the child run id that was not created is this item's child, created before;
+        if not, the item fails, once: it cannot run at all (``refused``: why, e.g. its input is too
+        long), or its id was taken by a run this pipeline did not create."""
+        existing = self.runs.load(run_id)
+        if existing is None:
+            if not isinstance(refused, InvalidRequest):  # its id was taken, by a run gone since
+                refused = InvalidRequest(f"run id {run_id!r} already exists")
+            error = refused.info().model_dump(mode="json")
+            self._ended(meta.pipeline_id, step, meta.seq, item, attempt, run_id, "failed", None, error, False)
+            return False
+        if not self._is_child(existing, meta):
+            # Its id was taken by a run this pipeline did not create: never adopt it.
+            error = {
+                "kind": "RunIdTaken",
+                "message": f"the child run id {run_id} is taken by a run this pipeline did not start",
+            }
+            self._ended(meta.pipeline_id, step, meta.seq, item, attempt, run_id, "failed", None, error, False)
+            return False
+        return True
 
     def _note_children(self, meta: PipelineMeta, step: Step, children: list[tuple[int, str]]) -> None:
         """Note (and announce) created child runs of the current step (item, run id), once whoever
@@ -328,22 +359,38 @@ class PipelinePool:
 
     def child_run_ended(self, head: RunHead) -> None:
         """The child run ``head`` ended, as read from the store (by :meth:`child_ended`, or by the
-        claim of the callback delivered in place)."""
+        claim of the callback delivered in place).
+
+        A completed child of a pipeline run this process read before at the child's step is
+        checked against the tenant it read then, without reading the meta again; every child's
+        record (``pipe_record.lua``) carries the creation time read, and answers 'unknown' unless
+        the id still names the pipeline run of that creation time: the child is then taken again
+        from a fresh read. Any other end reads the meta first, as its retry or failure acts on the
+        pipeline run at once."""
         run_id = head.run_id
         link = head.link
         if not isinstance(link, PipelineLink) or not head.terminal:
             log.warning("run %s is not an ended pipeline child run; ignored", run_id[:200])
             return
-        meta = self.store.meta(link.pipeline_id)
-        if meta is None or not self._is_child(head, meta):
-            log.warning("run %s is not a child of pipeline run %s; ignored", run_id, link.pipeline_id)
+        meta = self._known.get(link.pipeline_id) if head.phase is Phase.COMPLETED else None
+        if meta is None or meta.seq != link.seq:
+            meta = self.store.meta(link.pipeline_id)
+            if meta is None or not self._is_child(head, meta):
+                log.warning("run %s is not a child of pipeline run %s; ignored", run_id, link.pipeline_id)
+                return
+            if len(self._known) >= 256:
+                self._known.clear()
+            self._known[link.pipeline_id] = meta
+        elif not self._is_child(head, meta):
+            self._known.pop(link.pipeline_id, None)  # maybe another run under that id now
+            self.child_run_ended(head)
             return
-        step = self._step_of(meta, link.seq)
+        step = self._step_of(link.pipeline_id, meta.created_at, link.seq)
         if step is None:
             return
         answer = (head.answer, head.output) if head.phase is Phase.COMPLETED else None
         error = head.error.model_dump(mode="json") if head.error is not None else None
-        self._ended(
+        recorded = self._ended(
             link.pipeline_id,
             step,
             link.seq,
@@ -354,7 +401,11 @@ class PipelinePool:
             answer,
             error,
             True,
+            known=meta,
         )
+        if recorded == "unknown":
+            self._known.pop(link.pipeline_id, None)
+            self.child_run_ended(head)  # reads the meta: the pipeline run under that id, if any
 
     @staticmethod
     def _is_child(head: RunHead, meta: PipelineMeta) -> bool:
@@ -380,7 +431,12 @@ class PipelinePool:
         answer: tuple[Any, Any] | None,
         error: dict[str, Any] | None,
         retryable: bool,
-    ) -> None:
+        known: PipelineMeta | None = None,
+    ) -> str | None:
+        """Record how the item ended (or retry it), and move on; returns the record's answer
+        (None: retried). ``known``: the pipeline run as read at the item's step, maybe a while
+        ago; the record then checks that the id still names it (else 'unknown', nothing done),
+        and the pump that follows starts from it rather than reading the meta again."""
         result: dict[str, Any] = {"run_id": run_id}
         if status == "completed" and answer is not None:
             result.update(status="completed", answer=answer[0], output=answer[1])
@@ -399,7 +455,7 @@ class PipelinePool:
                 meta = self.store.meta(pipeline_id)
                 if meta is not None and not meta.terminal:
                     self.start_item(meta, step, item, attempt + 1)
-                return
+                return None
             result.update(status="skipped" if step.on_error == "skip" else "failed", error=error)
         ended = {
             "kind": "child_ended",
@@ -412,9 +468,10 @@ class PipelinePool:
         # A child run of this pipeline ended (``retryable``): noted with its record if its creator
         # died before noting it.
         started = _started_event(seq, step, item, run_id) if retryable else None
-        recorded = self.store.record(pipeline_id, seq, item, attempt, result, ended, started)
+        created_at = known.created_at if known is not None else None
+        recorded = self.store.record(pipeline_id, seq, item, attempt, result, ended, started, created_at)
         if recorded not in ("recorded", "waiting", "complete"):
-            return
+            return recorded
         if result["status"] == "failed":
             meta = self.store.meta(pipeline_id)
             if meta is not None:
@@ -433,11 +490,12 @@ class PipelinePool:
                         "child_error": child_error,
                     },
                 )
-            return
+            return recorded
         if recorded == "complete":
             self.advance(pipeline_id, seq)
         elif recorded == "recorded":  # items wait to start: one may take the room given back
-            self.pump(pipeline_id, seq)
+            self.pump(pipeline_id, seq, known)
+        return recorded
 
     # -- ending ------------------------------------------------------------------------------
 

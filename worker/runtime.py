@@ -103,6 +103,8 @@ class Runtime:
     tracing: Tracing = field(default_factory=Tracing)
     #: Commit and publish in one script (None: commit, then send).
     prepare: Prepare | None = None
+    #: Sends several tasks in one publish (None: ``send`` each); see :meth:`send_all`.
+    send_many: Callable[[Sequence[TaskSpec]], None] | None = None
     #: Callback tasks this worker runs in place of sending them (name -> the task's function,
     #: given the ended run as the callback's claim read it); see ``worker/callback.py``.
     local_callbacks: dict[str, Callable[[RunHead], object]] = field(default_factory=dict)
@@ -194,6 +196,15 @@ class Runtime:
             except PUBLISH_ERRORS as exc:
                 mark_unsent(self.store, task, exc)
                 raise
+
+    def send_all(self, tasks: Sequence[TaskSpec]) -> None:
+        """Send ``tasks`` (runs' tasks built elsewhere, such as the starts of runs a pool
+        creates): in one publish when this worker can, else one ``send`` each."""
+        if self.send_many is not None:
+            self.send_many(tasks)
+            return
+        for task in tasks:
+            self.send(task)
 
     def push_for(self, outbox: Sequence[TaskSpec], epoch: int) -> list[BrokerCommand]:
         """The broker commands a commit script runs to publish ``outbox`` under ``epoch`` (none

@@ -254,6 +254,16 @@ class EvalStore:
             raise EvalNotFound(f"eval {eval_id!r} has no case {index}")
         return Case.model_validate_json(raw)
 
+    def cases_of(self, eval_id: str, indexes: list[int]) -> list[Case]:
+        """The cases at ``indexes``, read in one round trip (as :meth:`case` reads one)."""
+        if len(indexes) == 1:
+            return [self.case(eval_id, indexes[0])]
+        raws = self.redis.hmget(self.keys.eval_cases(eval_id), [str(i) for i in indexes]) if indexes else []
+        return [
+            Case.model_validate_json(raw) if raw is not None else self.case(eval_id, index)
+            for index, raw in zip(indexes, raws, strict=True)
+        ]
+
     def cases(self, eval_id: str) -> dict[int, Case]:
         raw = {int(_text(k)): v for k, v in self.redis.hgetall(self.keys.eval_cases(eval_id)).items()}
         if not raw and self.archive is not None and self._from_archive(eval_id) is not None:
@@ -365,12 +375,19 @@ class EvalStore:
         """The item's run exists: its slot is held until its result is recorded."""
         self.checked(eval_id, [item], time.time() * 1000)
 
-    def claim_scoring(self, eval_id: str, item: Item, lease_s: float) -> str:
+    def claim_scoring(self, eval_id: str, item: Item, lease_s: float) -> tuple[str, Case | None]:
+        """Claim the scoring of ``item`` ('ok'; 'done': its result is recorded; 'busy': another
+        scorer holds it), and with an 'ok' its case, read in the same round trip."""
         k = self.keys
         reply = self._scripts["eval_claim"](
-            keys=[k.eval_results(eval_id), k.eval_scoring(eval_id)], args=[str(item), int(lease_s * 1000)]
+            keys=[k.eval_results(eval_id), k.eval_scoring(eval_id), k.eval_cases(eval_id)],
+            args=[str(item), int(lease_s * 1000), item.case],
         )
-        return _text(reply)
+        status = _text(reply[0])
+        if status != "ok":
+            return status, None
+        raw = reply[1]
+        return status, Case.model_validate_json(raw) if raw else self.case(eval_id, item.case)
 
     def defer_scoring(self, eval_id: str, item: Item) -> None:
         """Give a claimed scoring back (its judge is waiting for provider capacity), so that the

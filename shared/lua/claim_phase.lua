@@ -3,7 +3,8 @@
 --       the holder's last-claim key in this shard
 -- ARGV last_claim: this claim as the liveness records list it, kept for the lease under the
 -- holder's last-claim key (a worker killed before its main process listed the claim).
--- Returns {status, head, attempts, messages, prior, results, last_error, signals_sent} where status is
+-- Returns {status, head, attempts, messages, prior, results, last_error, signals_sent, callback} where
+-- status is
 --   'missing'  no such run;
 --   'stale'    the run is not at this version, phase, epoch and step: a duplicate or late delivery
 --              (head then holds version, phase, step, epoch, outbox, outbox_claimed);
@@ -13,10 +14,12 @@
 -- head of 'ok' is {body, request, epoch, cancel}. signals_sent (with want_inbox '1', else '') is the
 -- sequence number of the last signal sent into the run: a think compares it with its cursor and
 -- reads the inbox only when it is behind, so a run no one signals pays no round trip for it.
+-- callback (with want_callback '1', else empty) is {callback, callback_state} of the run: where its
+-- callback stands and its attempts so far, which a callback's delivery reads with its claim.
 -- One HMGET reads everything the claim checks and returns: the claim's own writes below touch none
 -- of the fields returned in head.
 local run_id, version, phase, epoch, step, token, holder, lease_ms, messages_from, want_results, want_inbox,
-  last_claim = unpack(ARGV, 1, 12)
+  last_claim, want_callback = unpack(ARGV, 1, 13)
 local run, attempts_key, leases, messages_key, results_key, inbox, last_claim_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 
@@ -62,5 +65,7 @@ local last_error = ''
 if attempts > 1 then last_error = redis.call('HGET', attempts_key, last_error_field(version, F_RUNNING)) or '' end
 local signals_sent = ''
 if want_inbox == '1' then signals_sent = redis.call('HGET', inbox, INBOX_NEXT) or '0' end
+local callback = {}
+if want_callback == '1' then callback = redis.call('HMGET', run, F_CALLBACK, F_CALLBACK_STATE) end
 return {'ok', {state[8], state[9], state[4], state[10]}, attempts, messages, prior, results, last_error,
-  signals_sent}
+  signals_sent, callback}

@@ -237,10 +237,13 @@ class PipelineStore:
         result: dict[str, Any],
         event: dict[str, Any],
         started: dict[str, Any] | None = None,
+        created_at: float | None = None,
     ) -> str:
         """Record how an item ended, and its event, once (see ``pipe_record.lua`` for the answers).
         ``started``: the ``child_started`` event of the child run that ended (None: the item had
-        none), written with the child's note if its creator died before noting it."""
+        none), written with the child's note if its creator died before noting it.
+        ``created_at``: the pipeline run's creation time as the caller knows it from an earlier
+        read ('unknown' when the id is no longer that run's; None: the caller read it just now)."""
         k = self.keys
         reply = self._scripts["pipe_record"](
             keys=[
@@ -259,6 +262,7 @@ class PipelineStore:
                 EVENTS_MAXLEN,
                 started["run_id"] if started is not None else "",
                 _event_json(started) if started is not None else "",
+                repr(created_at) if created_at is not None else "",
             ],
         )
         return _text(reply)

@@ -64,6 +64,8 @@ class PhaseClaim:
     read_results: bool = False
     #: Read how many signals were sent into the run (``Claim.signals_sent``).
     read_inbox: bool = False
+    #: Read where the run's callback stands and its attempts (``Claim.callback``).
+    read_callback: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,9 @@ class Claim:
     #: The sequence number of the last signal sent into the run, read with the claim when asked
     #: for (``PhaseClaim.read_inbox``; None otherwise): a cursor at it means nothing is pending.
     signals_sent: int | None = None
+    #: The run's callback status and state (JSON) as stored, read with the claim when asked for
+    #: (``PhaseClaim.read_callback``; None otherwise, and either may be None when unset).
+    callback: tuple[str | None, str | None] | None = None
 
     @property
     def ref(self) -> ClaimRef:
@@ -227,6 +232,7 @@ class ClaimsMixin(RunsMixin):
                 "1" if want.read_results else "0",
                 "1" if want.read_inbox else "0",
                 HeldClaim(run_id, protocol.RUNNING, holder, want.version).dump(),
+                "1" if want.read_callback else "0",
             ],
         )
         status = _s(reply[0])
@@ -252,6 +258,7 @@ class ClaimsMixin(RunsMixin):
             last_error=_s(reply[6]),
             claimed_at=time.time(),
             signals_sent=int(_s(reply[7])) if want.read_inbox else None,
+            callback=_callback_of(reply[8]) if want.read_callback else None,
         )
 
     def claim_call(self, want: CallClaim, holder: str) -> ClaimOutcome:
@@ -533,3 +540,9 @@ class ClaimsMixin(RunsMixin):
             ],
         )
         return None if _s(reply[0]) == "stale" else int(reply[1])
+
+
+def _callback_of(reply: Any) -> tuple[str | None, str | None]:
+    """A run's (callback, callback_state) fields from the claim's reply (Lua's false: unset)."""
+    status, state = reply
+    return (_s(status) if status else None, _s(state) if state else None)

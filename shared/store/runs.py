@@ -14,6 +14,7 @@ import redis
 from shared import protocol
 from shared.errors import InternalInvariant
 from shared.messages import MESSAGE_ADAPTER, Message
+from shared.scripts import run_many
 from shared.search import index_dimensions
 from shared.state import Phase, RunHead, TaskSpec, ToolResult
 from shared.store.base import StoreCore, _dump_outbox, _s, new_op
@@ -124,32 +125,53 @@ class RunsMixin(StoreCore):
 
     def create(self, head: RunHead, outbox: Sequence[TaskSpec]) -> bool:
         """Create an IDLE run at version 1; False if a run with this id already exists."""
-        if head.version != 1 or head.phase is not Phase.IDLE:
-            raise InternalInvariant(f"a run is created IDLE at version 1, not {head.phase} v{head.version}")
-        k, run_id, tenant = self.keys, head.run_id, head.tenant
-        indexes = [
-            k.index_of(run_id, tenant, dimension, value)
-            for dimension, value in index_dimensions(head, self.settings.search_attributes)
-        ]
-        reply = self._run(
-            "create",
-            [
-                k.run(run_id),
-                k.checkpoints(run_id),
-                k.leases_of(run_id),
-                k.runs_index_of(run_id),
-                k.indexes_of(run_id),
-                k.inflight_of(run_id),
-                *indexes,
-            ],
-            [
-                run_id,
-                new_op(),
-                head.dump_request(),
-                head.dump_body(),
-                _dump_outbox(outbox),
-                self._queued_ms,
-                tenant or "-",
-            ],
-        )
-        return _s(reply) == "created"
+        (created,) = self.create_many([(head, outbox)])
+        if isinstance(created, Exception):
+            raise created
+        return created
+
+    def create_many(self, runs: Sequence[tuple[RunHead, Sequence[TaskSpec]]]) -> list[bool | Exception]:
+        """Create IDLE runs at version 1, each with its outbox, in one round trip on a standalone
+        Redis: for each, True if created, False if a run with its id already exists, or the error
+        Redis answered for it (an ``OutOfMemoryError``; the others were still created)."""
+        k, calls = self.keys, []
+        for head, outbox in runs:
+            if head.version != 1 or head.phase is not Phase.IDLE:
+                raise InternalInvariant(
+                    f"a run is created IDLE at version 1, not {head.phase} v{head.version}"
+                )
+            run_id, tenant = head.run_id, head.tenant
+            indexes = [
+                k.index_of(run_id, tenant, dimension, value)
+                for dimension, value in index_dimensions(head, self.settings.search_attributes)
+            ]
+            calls.append(
+                (
+                    [
+                        k.run(run_id),
+                        k.checkpoints(run_id),
+                        k.leases_of(run_id),
+                        k.runs_index_of(run_id),
+                        k.indexes_of(run_id),
+                        k.inflight_of(run_id),
+                        *indexes,
+                    ],
+                    [
+                        run_id,
+                        new_op(),
+                        head.dump_request(),
+                        head.dump_body(),
+                        _dump_outbox(outbox),
+                        self._queued_ms,
+                        tenant or "-",
+                    ],
+                )
+            )
+        if len(calls) == 1:  # one run: on the thread's own script connection
+            keys, args = calls[0]
+            try:
+                return [_s(self._run("create", keys, args)) == "created"]
+            except redis.exceptions.ResponseError as exc:
+                return [exc]
+        replies = run_many(self.redis, self._scripts["create"], calls, raise_on_error=False)
+        return [reply if isinstance(reply, Exception) else _s(reply) == "created" for reply in replies]

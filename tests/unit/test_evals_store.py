@@ -89,10 +89,11 @@ def test_a_recorded_result_says_whether_items_wait_to_start(store: EvalStore) ->
 def test_claims_of_scoring_are_exclusive_until_they_expire(store: EvalStore) -> None:
     store.create("e", SPEC, CASES, "d.jsonl")
     item = Item(0, 0, 0)
-    assert store.claim_scoring("e", item, lease_s=10) == "ok"
-    assert store.claim_scoring("e", item, lease_s=10) == "busy"
+    status, case = store.claim_scoring("e", item, lease_s=10)
+    assert status == "ok" and case == store.case("e", item.case)
+    assert store.claim_scoring("e", item, lease_s=10) == ("busy", None)
     store.record("e", item, result(item))
-    assert store.claim_scoring("e", item, lease_s=10) == "done"
+    assert store.claim_scoring("e", item, lease_s=10) == ("done", None)
 
 
 def test_a_budget_stops_new_runs_and_cancel_resume_move_the_status(store: EvalStore) -> None:

@@ -91,3 +91,18 @@ def test_a_batch_of_children_is_noted_in_one_call_each_once() -> None:
     assert s.mark_children("p", 0, batch) == ([False, False, False], True)
     assert s.end("p", 0, "cancelled") == "ok"
     assert s.mark_children("p", 0, batch)[1] is False
+
+
+def test_a_record_made_with_a_creation_time_read_before_is_refused_once_the_id_names_another_run() -> None:
+    s = step_of(items=2, cap=2)
+    assert s.reserve("p", 0, 50) == range(2)
+    meta = s.meta("p")
+    assert meta is not None
+    result = {"run_id": child_run_id("p", 0, 0, 0), "status": "completed"}
+    ended = {"kind": "child_ended", "item": 0}
+
+    # What a process read of another pipeline run under the same id (one that expired since).
+    assert s.record("p", 0, 0, 0, result, ended, created_at=meta.created_at - 60) == "unknown"
+    assert s.results("p", 0) == {}
+    assert s.record("p", 0, 0, 0, result, ended, created_at=meta.created_at) == "waiting"
+    assert s.results("p", 0) == {0: result}

@@ -1,13 +1,16 @@
 -- Record how item ARGV[2] of step ARGV[1] ended, once, with its event. KEYS: meta, results,
 -- attempts, events, children. ARGV: seq, item, attempt (of the child that ended), result JSON,
 -- event JSON, the stream's approximate bound, the child run's id and its child_started event JSON
--- (both empty: the item had no child run). A child whose creator died between creating it and
+-- (both empty: the item had no child run), and the pipeline run's creation time as the caller knows
+-- it (empty: the caller read the meta just now). A child whose creator died between creating it and
 -- noting it (pipe_mark) is noted here, with its event, so its start is in the stream once.
--- Returns 'stale' (another step, or a later attempt), 'dup' (recorded already), 'ended' (recorded;
+-- Returns 'unknown' (no pipeline run of that creation time has this id: the caller's knowledge is
+-- out of date), 'stale' (another step, or a later attempt), 'dup' (recorded already), 'ended' (recorded;
 -- the pipeline ended meanwhile), 'complete' (recorded, the step's last), 'recorded' (recorded, and
 -- the step has items not started yet) or 'waiting' (recorded; every item is started, so there is
 -- nothing to start in the room it gave back).
 local meta = KEYS[1]
+if ARGV[9] ~= '' and redis.call('HGET', meta, PIPE_CREATED_AT) ~= ARGV[9] then return 'unknown' end
 if redis.call('HGET', meta, PIPE_SEQ) ~= ARGV[1] then return 'stale' end
 if (redis.call('HGET', KEYS[3], ARGV[2]) or '0') ~= ARGV[3] then return 'stale' end
 if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[4]) == 0 then return 'dup' end
