@@ -414,7 +414,7 @@ class Client:
         if turn.woken:
             woken = self.store.load(turn.woken)
             if woken is not None:
-                self._send_start(start_task(turn.woken, namespace=woken.namespace))
+                self._send_starts([start_task(turn.woken, namespace=woken.namespace)])
         if turn.verdict == "busy":
             raise ThreadBusy(head.thread_id, turn.holder)
         return turn

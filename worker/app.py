@@ -197,7 +197,7 @@ class RuntimeHolder:
             tracing=Tracing(settings.otel),
             prepare=builder.build if builder is not None and settings.commit_publish else None,
             # Celery's messages pushed in one pipelined round trip, as ``send`` pushes one.
-            send_many=(lambda specs: run_commands(store.redis, builder.build(specs)))
+            send_many=(lambda specs: publish_commands(store.redis, builder.build(specs)))
             if builder is not None
             else None,
         )
