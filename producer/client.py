@@ -55,6 +55,7 @@ from shared.state import (
 )
 from shared.store import RunPage, RunStore, ThreadTurn
 from shared.tasks import decide_task, start_task
+from shared.tenants import check_model_allowed
 from shared.timeline import Timeline, build_timeline
 from shared.timetravel import Checkpoint, checkpoint_of, fork_conversation, forked_handoffs
 from shared.unsent import mark_unsent
@@ -131,6 +132,17 @@ def _as_pinned(head: RunHead, existing: RunHead, asked_version: int | None) -> R
 
 class BulkJobNotFound(WesichainError, LookupError):
     """No bulk job has this id (for this tenant), or it expired."""
+
+
+def _check_models(tenant: str | None, allowed: tuple[str, ...] | None, *named: str | None) -> None:
+    """Refuse (:class:`~shared.tenants.ModelNotAllowed`) a tenant's new run naming a model (its
+    own, its assistant version's) that is not among ``allowed`` (None: any). An empty one names
+    none: a stored request without an override has ``""``."""
+    if allowed is None or tenant is None:
+        return
+    for model in named:
+        if model:
+            check_model_allowed(tenant, model, allowed)
 
 
 def _search_query(query: SearchQuery | None, filters: dict[str, Any]) -> SearchQuery:
@@ -219,6 +231,7 @@ class Client:
         thread_policy: ThreadPolicy | None = None,
         assistant: str | None = None,
         assistant_version: int | None = None,
+        allowed_models: tuple[str, ...] | None = None,
     ) -> RunHandle:
         """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request.
 
@@ -243,6 +256,10 @@ class Client:
         (``client.assistants``), pinned to its current version now (or to ``assistant_version``):
         updating the assistant later changes nothing of this run.
 
+        ``allowed_models``: the models the tenant may name (``Tenants.models``; None: any). The
+        run's ``model`` and the model of the assistant version it is pinned to must be among
+        them, else :class:`~shared.tenants.ModelNotAllowed` and nothing is created.
+
         ``link`` is the runtime's own: a pipeline's child run or an eval's case run is created
         with it (and the runtime's callback task that reports it back); a producer's request
         never carries one, and its callback may name no reserved task (``shared/request.py``).
@@ -265,6 +282,9 @@ class Client:
         request = validate_request(fields, self.settings.limits, runtime_callback=link is not None)
         asked_version = request.assistant_version
         request, pinned_to = self.assistants.store.pin(request)
+        _check_models(
+            request.tenant, allowed_models, request.model, pinned_to.config.model if pinned_to else None
+        )
         if idempotency_key is not None:
             run_id = idempotent_run_id(request.tenant, idempotency_key)
         run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
@@ -375,12 +395,19 @@ class Client:
         return [Checkpoint.of(h) for h in heads]
 
     def retry(
-        self, run: RunHead | str, *, idempotency_key: str | None = None, check_agent: bool = True
+        self,
+        run: RunHead | str,
+        *,
+        idempotency_key: str | None = None,
+        check_agent: bool = True,
+        allowed_models: tuple[str, ...] | None = None,
     ) -> RunHandle:
         """A fresh run with the same request as ``run`` (a run id, or its head): its agent, input,
         thread, metadata, callback, namespace, thread policy and assistant version, and the model
         override and starting state of its first checkpoint. The original is untouched; unlike
-        :meth:`fork`, nothing of its conversation is kept. ``idempotency_key`` as for :meth:`submit`.
+        :meth:`fork`, nothing of its conversation is kept. ``idempotency_key`` and
+        ``allowed_models`` as for :meth:`submit`: a model allowed when the run was created but
+        taken back since is refused.
         """
         source = self.store.load(run) if isinstance(run, str) else run
         if source is None:
@@ -402,6 +429,7 @@ class Client:
             assistant=source.assistant,
             assistant_version=source.assistant_version,
             check_agent=check_agent,
+            allowed_models=allowed_models,
         )
 
     def fork(
@@ -413,6 +441,7 @@ class Client:
         model: str | None = None,
         new_run_id: str | None = None,
         check_agent: bool = True,
+        allowed_models: tuple[str, ...] | None = None,
     ) -> RunHandle:
         """Start a new run from checkpoint ``at_version`` of run ``run_id``; the original is untouched.
 
@@ -421,6 +450,8 @@ class Client:
         ``PROVIDER:MODEL`` (default: the original's at that checkpoint). It records its origin
         (``RunHead.fork``) and gets the agent's whole step budget. A fork of a handed-off run goes
         on under the agent in charge at that checkpoint, with its handoff records.
+        ``allowed_models`` as for :meth:`submit`: the fork's ``model`` and the models the original's
+        request named (its own, its assistant version's) must be among them.
         """
         source = self.store.load(run_id)
         if source is None:
@@ -436,6 +467,23 @@ class Client:
         if chosen := model or self._fork_model(run_id, heads, origin, input) or source.model:
             fields["model"] = chosen
         request = validate_request(fields, self.settings.limits)
+        if allowed_models is not None and source.tenant is not None:
+            # The models the original's request named: its override (its first checkpoint's: the
+            # start fills in the agent's) and its assistant version's; the agents' own are not
+            # the tenant's choice (a fork goes on under the agent in charge at its checkpoint).
+            created = heads[0] if heads else source
+            assistant = (
+                self.assistants.store.get(source.tenant, source.assistant, source.assistant_version)
+                if source.assistant is not None
+                else None
+            )
+            _check_models(
+                source.tenant,
+                allowed_models,
+                model,
+                created.model,
+                assistant.config.model if assistant is not None else None,
+            )
         if check_agent:
             self._check_agent(request.agent, request.metadata)
         new_id = check_run_id(new_run_id) if new_run_id is not None else uuid.uuid4().hex

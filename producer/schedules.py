@@ -46,6 +46,7 @@ from shared.schedules import (
     tick_key,
     tick_pipeline_id,
 )
+from shared.tenants import Tenants
 
 if TYPE_CHECKING:
     from producer.client import Client
@@ -470,10 +471,18 @@ class Schedules:
                 check_agent=False,
                 thread_policy="enqueue" if thread is not None else None,
                 assistant=schedule.assistant,
+                allowed_models=self._allowed_models(schedule),
             )
         except (InvalidRequest, RequestConflict, ThreadBusy) as exc:
             return ScheduleTick(tick=tick, outcome="failed", reason=str(exc)[:300], at=now)
         return ScheduleTick(tick=tick, outcome="started", run_id=handle.run_id, at=now)
+
+    def _allowed_models(self, schedule: Schedule) -> tuple[str, ...] | None:
+        """The models a tick's run may take from its assistant: its tenant's allowed ones now (a
+        model taken back since the schedule was made fails the tick, ``ModelNotAllowed``)."""
+        if schedule.tenant is None or schedule.assistant is None:
+            return None  # a schedule names no model of its own: only its assistant can
+        return Tenants(self._client.store.redis, self._client.store.keys).models(schedule.tenant)
 
 
 def check_until_change(until: int | None, clear_until: bool) -> None:
