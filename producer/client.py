@@ -55,7 +55,7 @@ from shared.state import (
 )
 from shared.store import RunPage, RunStore, ThreadTurn
 from shared.tasks import decide_task, start_task
-from shared.tenants import check_model_allowed
+from shared.tenants import check_models_allowed
 from shared.timeline import Timeline, build_timeline
 from shared.timetravel import Checkpoint, checkpoint_of, fork_conversation, forked_handoffs
 from shared.unsent import mark_unsent
@@ -132,17 +132,6 @@ def _as_pinned(head: RunHead, existing: RunHead, asked_version: int | None) -> R
 
 class BulkJobNotFound(WesichainError, LookupError):
     """No bulk job has this id (for this tenant), or it expired."""
-
-
-def _check_models(tenant: str | None, allowed: tuple[str, ...] | None, *named: str | None) -> None:
-    """Refuse (:class:`~shared.tenants.ModelNotAllowed`) a tenant's new run naming a model (its
-    own, its assistant version's) that is not among ``allowed`` (None: any). An empty one names
-    none: a stored request without an override has ``""``."""
-    if allowed is None or tenant is None:
-        return
-    for model in named:
-        if model:
-            check_model_allowed(tenant, model, allowed)
 
 
 def _search_query(query: SearchQuery | None, filters: dict[str, Any]) -> SearchQuery:
@@ -282,7 +271,7 @@ class Client:
         request = validate_request(fields, self.settings.limits, runtime_callback=link is not None)
         asked_version = request.assistant_version
         request, pinned_to = self.assistants.store.pin(request)
-        _check_models(
+        check_models_allowed(
             request.tenant, allowed_models, request.model, pinned_to.config.model if pinned_to else None
         )
         if idempotency_key is not None:
@@ -477,7 +466,7 @@ class Client:
                 if source.assistant is not None
                 else None
             )
-            _check_models(
+            check_models_allowed(
                 source.tenant,
                 allowed_models,
                 model,

@@ -45,6 +45,7 @@ __all__ = [
     "TenantSettings",
     "Tenants",
     "check_model_allowed",
+    "check_models_allowed",
     "digest",
     "live_record",
     "model_pattern",
@@ -165,6 +166,17 @@ def check_model_allowed(tenant: str, model: str, allowed: tuple[str, ...]) -> No
     provider, name = key
     if f"{provider}:{name}" not in allowed and f"{provider}:{ANY_MODEL}" not in allowed:
         raise ModelNotAllowed(tenant, model, allowed)
+
+
+def check_models_allowed(tenant: str | None, allowed: tuple[str, ...] | None, *named: str | None) -> None:
+    """:func:`check_model_allowed` for each model a tenant's new run would name (its own, its
+    assistant version's); None (no tenant, or no list: the operator's) allows any. An empty model
+    names none: a stored request without an override has ``""``."""
+    if allowed is None or tenant is None:
+        return
+    for model in named:
+        if model:
+            check_model_allowed(tenant, model, allowed)
 
 
 #: A provider's name in an allowed model (the providers' names and a caller's own, in lower case).

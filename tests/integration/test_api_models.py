@@ -329,17 +329,15 @@ def test_a_schedule_s_ticks_use_its_assistant_s_model_only_while_it_is_allowed(
         "/v1/assistants", json={"name": name, "agent": "concierge", "config": {"model": OTHER}}
     )
     assert made.status_code == 201, made.text
-    schedule = allowed.http.post(
-        "/v1/schedules",
-        json={
-            "agent": "concierge",
-            "assistant": name,
-            "input": f"tick {uuid.uuid4().hex[:6]}",
-            "metadata": {"hotel": "the Ritz"},
-            "timing": {"every_s": 1},
-            "overlap": "allow",
-        },
-    )
+    body = {
+        "agent": "concierge",
+        "assistant": name,
+        "input": f"tick {uuid.uuid4().hex[:6]}",
+        "metadata": {"hotel": "the Ritz"},
+        "timing": {"every_s": 1},
+        "overlap": "allow",
+    }
+    schedule = allowed.http.post("/v1/schedules", json=body)
     assert schedule.status_code == 201, schedule.text
     schedule_id = schedule.json()["schedule_id"]
 
@@ -359,6 +357,10 @@ def test_a_schedule_s_ticks_use_its_assistant_s_model_only_while_it_is_allowed(
         failed = wait_until(lambda: ticks("failed"), TIMEOUT, interval=0.2, what="a refused tick")[0]
         assert failed["run_id"] is None
         assert failed["reason"] == f"tenant {allowed.name} may not name the model {OTHER!r}"
+        # Nor may a new schedule run that assistant now (once the API processes see the change).
+        wait_applied(allowed, OTHER, allowed=False)
+        again = allowed.http.post("/v1/schedules", json={**body, "input": "again"})
+        refused(again, OTHER, [])
     finally:
         assert allowed.http.post(f"/v1/schedules/{schedule_id}/pause").status_code == 200
         scheduler.stop()
