@@ -79,6 +79,7 @@ __all__ = [
     "ENV_API_KEY",
     "ENV_API_URL",
     "Forbidden",
+    "ModelNotAllowed",
     "RESUME_FOR_S",
     "RateLimited",
     "Refusals",
@@ -108,6 +109,11 @@ class Forbidden(ApiRequestError):
     names the namespace and those it is allowed)."""
 
 
+class ModelNotAllowed(Forbidden):
+    """The caller's tenant may not name this model for a run (its own ``model``, or an
+    assistant's): ``details`` name the model and those it is allowed."""
+
+
 class RateLimited(ApiRequestError):
     """A tenant limit (submits per minute, runs in flight): try again after ``retry_after_s``."""
 
@@ -117,6 +123,9 @@ class RateLimited(ApiRequestError):
         super().__init__(status, kind, message, details)
         self.retry_after_s = retry_after_s
 
+
+#: The refusals of what the caller's tenant may not do, by kind.
+_FORBIDDEN: dict[str, type[Forbidden]] = {"forbidden": Forbidden, "model_not_allowed": ModelNotAllowed}
 
 #: How one operation reads an error kind of its own (an assistant's ``not_found`` is
 #: :class:`UnknownAssistant`, not :class:`RunNotFound`): kind -> the exception, from the message
@@ -158,8 +167,8 @@ def _raise_for(response: httpx.Response, refusals: Refusals | None = None) -> No
         raise StoreFull(message)
     if kind == "quota_exceeded" and "max_memory_items" in details:
         raise MemoryFull(int(details["max_memory_items"]))
-    if kind == "forbidden":
-        raise Forbidden(status, kind, message, details)
+    if kind in _FORBIDDEN:
+        raise _FORBIDDEN[kind](status, kind, message, details)
     if status == 429:
         raise RateLimited(status, kind, message, details, float(response.headers.get("retry-after", "1")))
     raise ApiRequestError(status, kind, message, details)

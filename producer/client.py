@@ -62,6 +62,7 @@ from shared.state import (
 )
 from shared.store import RunPage, RunStore, ThreadTurn
 from shared.tasks import decide_task, start_task
+from shared.tenants import check_models_allowed
 from shared.timeline import Timeline, build_timeline
 from shared.timetravel import Checkpoint, checkpoint_of, fork_conversation, forked_handoffs
 from shared.unsent import mark_unsent
@@ -248,6 +249,7 @@ class Client:
         thread_policy: ThreadPolicy | None = None,
         assistant: str | None = None,
         assistant_version: int | None = None,
+        allowed_models: tuple[str, ...] | None = None,
     ) -> RunHandle:
         """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request.
 
@@ -272,6 +274,10 @@ class Client:
         (``client.assistants``), pinned to its current version now (or to ``assistant_version``):
         updating the assistant later changes nothing of this run.
 
+        ``allowed_models``: the models the tenant may name (``Tenants.models``; None: any). The
+        run's ``model`` and the model of the assistant version it is pinned to must be among
+        them, else :class:`~shared.tenants.ModelNotAllowed` and nothing is created.
+
         ``link`` is the runtime's own: a pipeline's child run or an eval's case run is created
         with it (and the runtime's callback task that reports it back); a producer's request
         never carries one, and its callback may name no reserved task (``shared/request.py``).
@@ -292,7 +298,7 @@ class Client:
             assistant=assistant,
             assistant_version=assistant_version,
         )
-        head, start, asked_version = self._new_run(new, check_agent, idempotency_key)
+        head, start, asked_version = self._new_run(new, check_agent, idempotency_key, allowed_models)
         run_id = head.run_id
         if idempotency_key is not None and (archive := self.store.archive) is not None:
             archived = archive.load(run_id)  # the key's run ended and left Redis: still the same run
@@ -343,10 +349,15 @@ class Client:
         return outcomes
 
     def _new_run(
-        self, new: RunRequest, check_agent: bool, idempotency_key: str | None
+        self,
+        new: RunRequest,
+        check_agent: bool,
+        idempotency_key: str | None,
+        allowed_models: tuple[str, ...] | None = None,
     ) -> tuple[RunHead, TaskSpec, int | None]:
         """The run a request makes (validated, pinned to its assistant's version), its start task,
-        and the assistant version the request asked for; raises :class:`InvalidRequest`."""
+        and the assistant version the request asked for; raises :class:`InvalidRequest`, and
+        :class:`~shared.tenants.ModelNotAllowed` for a model outside ``allowed_models``."""
         fields: dict[str, Any] = {"agent": new.agent, "input": new.input}
         for name, value in (
             ("thread_id", new.thread_id),
@@ -365,6 +376,9 @@ class Client:
         request = validate_request(fields, self.settings.limits, runtime_callback=new.link is not None)
         asked_version = request.assistant_version
         request, pinned_to = self.assistants.store.pin(request)
+        check_models_allowed(
+            request.tenant, allowed_models, request.model, pinned_to.config.model if pinned_to else None
+        )
         run_id = new.run_id
         if idempotency_key is not None:
             run_id = idempotent_run_id(request.tenant, idempotency_key)
@@ -504,12 +518,19 @@ class Client:
         return [Checkpoint.of(h) for h in heads]
 
     def retry(
-        self, run: RunHead | str, *, idempotency_key: str | None = None, check_agent: bool = True
+        self,
+        run: RunHead | str,
+        *,
+        idempotency_key: str | None = None,
+        check_agent: bool = True,
+        allowed_models: tuple[str, ...] | None = None,
     ) -> RunHandle:
         """A fresh run with the same request as ``run`` (a run id, or its head): its agent, input,
         thread, metadata, callback, namespace, thread policy and assistant version, and the model
         override and starting state of its first checkpoint. The original is untouched; unlike
-        :meth:`fork`, nothing of its conversation is kept. ``idempotency_key`` as for :meth:`submit`.
+        :meth:`fork`, nothing of its conversation is kept. ``idempotency_key`` and
+        ``allowed_models`` as for :meth:`submit`: a model allowed when the run was created but
+        taken back since is refused.
         """
         source = self.store.load(run) if isinstance(run, str) else run
         if source is None:
@@ -531,6 +552,7 @@ class Client:
             assistant=source.assistant,
             assistant_version=source.assistant_version,
             check_agent=check_agent,
+            allowed_models=allowed_models,
         )
 
     def fork(
@@ -542,6 +564,7 @@ class Client:
         model: str | None = None,
         new_run_id: str | None = None,
         check_agent: bool = True,
+        allowed_models: tuple[str, ...] | None = None,
     ) -> RunHandle:
         """Start a new run from checkpoint ``at_version`` of run ``run_id``; the original is untouched.
 
@@ -550,6 +573,8 @@ class Client:
         ``PROVIDER:MODEL`` (default: the original's at that checkpoint). It records its origin
         (``RunHead.fork``) and gets the agent's whole step budget. A fork of a handed-off run goes
         on under the agent in charge at that checkpoint, with its handoff records.
+        ``allowed_models`` as for :meth:`submit`: the fork's ``model`` and the models the original's
+        request named (its own, its assistant version's) must be among them.
         """
         source = self.store.load(run_id)
         if source is None:
@@ -565,6 +590,23 @@ class Client:
         if chosen := model or self._fork_model(run_id, heads, origin, input) or source.model:
             fields["model"] = chosen
         request = validate_request(fields, self.settings.limits)
+        if allowed_models is not None and source.tenant is not None:
+            # The models the original's request named: its override (its first checkpoint's: the
+            # start fills in the agent's) and its assistant version's; the agents' own are not
+            # the tenant's choice (a fork goes on under the agent in charge at its checkpoint).
+            created = heads[0] if heads else source
+            assistant = (
+                self.assistants.store.get(source.tenant, source.assistant, source.assistant_version)
+                if source.assistant is not None
+                else None
+            )
+            check_models_allowed(
+                source.tenant,
+                allowed_models,
+                model,
+                created.model,
+                assistant.config.model if assistant is not None else None,
+            )
         if check_agent:
             self._check_agent(request.agent, request.metadata)
         new_id = check_run_id(new_run_id) if new_run_id is not None else uuid.uuid4().hex

@@ -46,6 +46,7 @@ from shared.schedules import (
     tick_key,
     tick_pipeline_id,
 )
+from shared.tenants import Tenants, check_models_allowed
 
 if TYPE_CHECKING:
     from producer.client import Client
@@ -101,6 +102,7 @@ class Schedules:
         check_agent: bool = True,
         pipeline: str | None = None,
         until: int | None = None,
+        allowed_models: tuple[str, ...] | None = None,
     ) -> Schedule:
         """A new schedule that starts a run of ``agent`` with ``input`` at every tick of
         ``timing`` (``{"cron": "*/5 * * * *", "timezone": "Europe/Paris"}`` or ``{"every_s": 60}``),
@@ -115,7 +117,8 @@ class Schedules:
         waits, due, until the previous pipeline run ended), ``allow`` starts it beside the other.
         Raises :class:`InvalidRequest` for a bad schedule or run request, and (with
         ``check_agent``) ``UnknownAgent``/``NoLiveWorker`` as ``submit`` does, ``UnknownPipeline``
-        or an input the pipeline cannot take as ``submit_pipeline`` does.
+        or an input the pipeline cannot take as ``submit_pipeline`` does. ``allowed_models`` as
+        for ``submit``: the assistant's model (checked again at every tick).
         """
         if tenant is not None:
             check_name("tenant", tenant)
@@ -176,6 +179,7 @@ class Schedules:
                 fields[name] = value
         request = validate_request(fields, self._client.settings.limits)
         request, pinned = self._client.assistants.store.pin(request)  # the assistant exists
+        check_models_allowed(tenant, allowed_models, pinned.config.model if pinned is not None else None)
         if check_agent:
             self._client._check_agent(request.agent, request.metadata, pinned)
         parsed = parsed.anchored(now)
@@ -470,10 +474,18 @@ class Schedules:
                 check_agent=False,
                 thread_policy="enqueue" if thread is not None else None,
                 assistant=schedule.assistant,
+                allowed_models=self._allowed_models(schedule),
             )
         except (InvalidRequest, RequestConflict, ThreadBusy) as exc:
             return ScheduleTick(tick=tick, outcome="failed", reason=str(exc)[:300], at=now)
         return ScheduleTick(tick=tick, outcome="started", run_id=handle.run_id, at=now)
+
+    def _allowed_models(self, schedule: Schedule) -> tuple[str, ...] | None:
+        """The models a tick's run may take from its assistant: its tenant's allowed ones now (a
+        model taken back since the schedule was made fails the tick, ``ModelNotAllowed``)."""
+        if schedule.tenant is None or schedule.assistant is None:
+            return None  # a schedule names no model of its own: only its assistant can
+        return Tenants(self._client.store.redis, self._client.store.keys).models(schedule.tenant)
 
 
 def check_until_change(until: int | None, clear_until: bool) -> None:

@@ -6,13 +6,17 @@ id is the start of that digest. Each tenant has a webhook signing secret (create
 its limits, and the queue namespaces its runs may name besides the default one (none unless an
 operator allows some), so one tenant cannot put work on the workers another team runs, and the
 Celery tasks and queues its runs' completion callbacks may name (none unless an operator allows
-some), so one tenant cannot send messages to queues or tasks it was not given.
+some), so one tenant cannot send messages to queues or tasks it was not given; and the models its
+requests may name for a run (none unless an operator allows some: its runs use the models of
+their agents), so a tenant spends only the provider accounts, and sends its conversations only
+under the terms, an operator chose for it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import time
 from collections.abc import Iterable
@@ -21,23 +25,30 @@ from dataclasses import dataclass
 import redis
 from pydantic import BaseModel, Field
 
-from shared.errors import InvalidRequest
+from shared.errors import ConfigError, InvalidRequest
 from shared.keys import Keys
+from shared.llm.names import REACT_PREFIX, split_model_string
 from shared.queues import check_namespace
-from shared.request import check_callback_queue, check_callback_task, check_name
+from shared.request import MAX_NAME_CHARS, check_callback_queue, check_callback_task, check_name
 from shared.webhooks import new_secret
 
 __all__ = [
     "KEY_PREFIX",
+    "ANY_MODEL",
     "MAX_TENANT_CALLBACKS",
+    "MAX_TENANT_MODELS",
     "MAX_TENANT_NAMESPACES",
     "CeleryCallbacks",
     "KeyRecord",
+    "ModelNotAllowed",
     "TenantLimits",
     "TenantSettings",
     "Tenants",
+    "check_model_allowed",
+    "check_models_allowed",
     "digest",
     "live_record",
+    "model_pattern",
 ]
 
 KEY_PREFIX = "wsk_"
@@ -45,6 +56,10 @@ KEY_PREFIX = "wsk_"
 MAX_TENANT_NAMESPACES = 100
 #: Celery callback tasks, and queues, one tenant may be allowed (each).
 MAX_TENANT_CALLBACKS = 100
+#: Models (or ``PROVIDER:*`` patterns) one tenant may be allowed.
+MAX_TENANT_MODELS = 100
+#: The model part of an allowed pattern that stands for every model of its provider.
+ANY_MODEL = "*"
 
 
 def digest(key: str) -> str:
@@ -92,6 +107,80 @@ class TenantSettings:
     namespaces: tuple[str, ...]
     #: The Celery callbacks its runs may name (none: webhooks only).
     callbacks: CeleryCallbacks = CeleryCallbacks()
+    #: The models its requests may name for a run, ``PROVIDER:MODEL`` or ``PROVIDER:*`` (sorted;
+    #: none: its runs use their agents' models).
+    models: tuple[str, ...] = ()
+
+
+class ModelNotAllowed(InvalidRequest):
+    """A tenant's request names a model for a run (its own ``model``, or its assistant's) that
+    the tenant is not allowed; ``details`` name the model and the tenant's allowed ones."""
+
+    def __init__(self, tenant: str, model: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(
+            f"tenant {tenant} may not name the model {model[:MAX_NAME_CHARS]!r}",
+            model=model[:MAX_NAME_CHARS],
+            allowed=list(allowed),
+        )
+
+
+def _model_key(model: str) -> tuple[str, str] | None:
+    """``model`` as the workers read it (``shared/llm/names.py``): its provider (lower case) and
+    model, whatever the case of the provider, the spaces around them or a ReAct wrapper (the same
+    model called through a text protocol); None if no worker could read it as a model."""
+    if len(model) > MAX_NAME_CHARS:
+        return None
+    try:
+        _, provider, name = split_model_string(model)
+    except ConfigError:
+        return None
+    return provider, name
+
+
+def model_pattern(raw: str) -> str:
+    """An entry of a tenant's allowed models as stored: ``provider:MODEL`` or ``provider:*`` (the
+    provider in lower case, as the workers read it). Raises :class:`InvalidRequest` for anything
+    else: a ``*`` anywhere but as the whole model, a ReAct wrapper (allowing a model allows it
+    wrapped too), an entry over ``MAX_NAME_CHARS``."""
+    key = _model_key(raw) if not raw.strip().startswith(REACT_PREFIX) else None
+    if key is None or not _PROVIDER.fullmatch(key[0]):
+        raise InvalidRequest(
+            f"an allowed model is PROVIDER:MODEL or PROVIDER:{ANY_MODEL} (at most {MAX_NAME_CHARS}"
+            f" chars, no {REACT_PREFIX!r}), got {raw[:80]!r}"
+        )
+    provider, name = key
+    if ANY_MODEL in name and name != ANY_MODEL:
+        raise InvalidRequest(
+            f"only a whole model may be {ANY_MODEL!r} (PROVIDER:{ANY_MODEL}), got {raw[:80]!r}"
+        )
+    return f"{provider}:{name}"
+
+
+def check_model_allowed(tenant: str, model: str, allowed: tuple[str, ...]) -> None:
+    """Raise :class:`ModelNotAllowed` unless ``model`` is one of ``allowed`` (entries of
+    :func:`model_pattern`) as the workers read it. A ``*`` the request names is a model name like
+    any other: only an allowed entry is a pattern."""
+    key = _model_key(model)
+    if key is None or not allowed:
+        raise ModelNotAllowed(tenant, model, allowed)
+    provider, name = key
+    if f"{provider}:{name}" not in allowed and f"{provider}:{ANY_MODEL}" not in allowed:
+        raise ModelNotAllowed(tenant, model, allowed)
+
+
+def check_models_allowed(tenant: str | None, allowed: tuple[str, ...] | None, *named: str | None) -> None:
+    """:func:`check_model_allowed` for each model a tenant's new run would name (its own, its
+    assistant version's); None (no tenant, or no list: the operator's) allows any. An empty model
+    names none: a stored request without an override has ``""``."""
+    if allowed is None or tenant is None:
+        return
+    for model in named:
+        if model:
+            check_model_allowed(tenant, model, allowed)
+
+
+#: A provider's name in an allowed model (the providers' names and a caller's own, in lower case).
+_PROVIDER = re.compile(r"[a-z0-9][a-z0-9_.-]{0,47}")
 
 
 class Tenants:
@@ -164,20 +253,22 @@ class Tenants:
         return TenantLimits.model_validate_json(raw) if raw else TenantLimits()
 
     def settings(self, tenant: str) -> TenantSettings:
-        """The tenant's limits, default webhook URL and allowed namespaces, in one read."""
-        raw_limits, callback, raw_namespaces, raw_tasks, raw_queues = self.redis.hmget(
+        """The tenant's limits, default webhook URL and allow-lists, in one read."""
+        raw_limits, callback, raw_namespaces, raw_tasks, raw_queues, raw_models = self.redis.hmget(
             self.keys.tenant(tenant),
             "limits",
             "callback_url",
             "namespaces",
             "callback_tasks",
             "callback_queues",
+            "models",
         )
         return TenantSettings(
             limits=TenantLimits.model_validate_json(raw_limits) if raw_limits else TenantLimits(),
             default_callback=str(callback) if callback else None,
             namespaces=_names_of(raw_namespaces),
             callbacks=CeleryCallbacks(_names_of(raw_tasks), _names_of(raw_queues)),
+            models=_names_of(raw_models),
         )
 
     def celery_callbacks(self, tenant: str) -> CeleryCallbacks:
@@ -239,6 +330,27 @@ class Tenants:
             self.redis.hset(key, "namespaces", json.dumps(allowed))
         else:
             self.redis.hdel(key, "namespaces")
+        self.redis.sadd(self.keys.tenants(), tenant)
+        return tuple(allowed)
+
+    def models(self, tenant: str) -> tuple[str, ...]:
+        """The models the tenant's requests may name for a run (sorted; none: their agents')."""
+        return _names_of(self.redis.hget(self.keys.tenant(tenant), "models"))
+
+    def set_models(self, tenant: str, models: Iterable[str]) -> tuple[str, ...]:
+        """Allow exactly ``models`` (``PROVIDER:MODEL`` or ``PROVIDER:*``); returns them as stored,
+        sorted. Raises :class:`InvalidRequest` for a malformed entry or too many."""
+        check_name("tenant", tenant)
+        allowed = sorted({model_pattern(raw) for raw in models})
+        if len(allowed) > MAX_TENANT_MODELS:
+            raise InvalidRequest(
+                f"a tenant may be allowed at most {MAX_TENANT_MODELS} models, not {len(allowed)}"
+            )
+        key = self.keys.tenant(tenant)
+        if allowed:
+            self.redis.hset(key, "models", json.dumps(allowed))
+        else:
+            self.redis.hdel(key, "models")
         self.redis.sadd(self.keys.tenants(), tenant)
         return tuple(allowed)
 

@@ -7,6 +7,10 @@ The sweeper's :meth:`BulkPool.tick` sends the task again for a running job nobod
 task is overdue: a worker killed mid-chunk leaves its lock to expire, and the chunk is redone by
 another, passing over the runs it recorded.
 
+A tenant's job retries and forks its runs as the API would (``Client.retry``, ``Client.fork``),
+each checked against the models the tenant is allowed when the chunk is worked: a run whose model
+was taken back since is recorded failed (``ModelNotAllowed``), not redone with it.
+
 Outcome reasons are the runtime's own words (never a run's input or metadata): they are shown to
 the tenant and may be logged.
 """
@@ -23,6 +27,7 @@ from producer.publishing import PUBLISH_ERRORS
 from shared.bulk import BulkJob, BulkOutcome, BulkStore, bulk_task
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy
 from shared.state import RunHead, TaskSpec
+from shared.tenants import Tenants
 from shared.timetravel import last_good_checkpoint
 
 __all__ = [
@@ -50,6 +55,7 @@ class BulkPool:
         self.client = client
         self.store = client.store
         self.jobs = BulkStore(self.store.redis, self.store.keys)
+        self.tenants = Tenants(self.store.redis, self.store.keys)
         self.send = send
         #: A delivery holds a job this long past its last renewal (once per run acted on).
         self.lease_s = lease_s
@@ -82,6 +88,8 @@ class BulkPool:
         page = self.store.search_runs(tenant, job.query, cursor=cursor, limit=CHUNK)
         recorded = 0
         interval = 1.0 / job.rate_per_s
+        # Read once a chunk (a change applies from the next one), as the API reads it per request.
+        models = self.tenants.models(tenant) if tenant is not None and job.action != "cancel" else None
         for head in page.runs:
             if self.jobs.status(tenant, job_id) != "running":
                 return recorded, None  # cancelled
@@ -91,7 +99,7 @@ class BulkPool:
                 continue
             started = time.monotonic()
             try:
-                outcome = self._act(job, head)
+                outcome = self._act(job, head, models)
             except _Later as exc:
                 log.warning("bulk job %s waits: %s", job_id, exc)
                 return recorded, _BACK_OFF_S
@@ -113,7 +121,8 @@ class BulkPool:
 
     # -- the actions ----------------------------------------------------------------------------
 
-    def _act(self, job: BulkJob, head: RunHead) -> BulkOutcome:
+    def _act(self, job: BulkJob, head: RunHead, models: tuple[str, ...] | None) -> BulkOutcome:
+        """Act on one run; ``models``: those its tenant may name (None: any)."""
         run_id = head.run_id
         if head.parent is not None or head.link is not None:
             return _skipped(run_id, "started by the runtime (a subagent, pipeline or eval run)")
@@ -129,9 +138,9 @@ class BulkPool:
         new_id: str | None
         try:
             if job.action == "retry":
-                new_id = self._retry(head, key)
+                new_id = self._retry(head, key, models)
             else:
-                new_id = self._fork(head, key)
+                new_id = self._fork(head, key, models)
         except (NoLiveWorker, StoreFull) as exc:
             raise _Later(type(exc).__name__) from None
         except PUBLISH_ERRORS as exc:
@@ -142,11 +151,11 @@ class BulkPool:
             return _skipped(run_id, "no checkpoint before its end")
         return BulkOutcome(run_id=run_id, result="acted", new_run_id=new_id)
 
-    def _retry(self, head: RunHead, key: str) -> str:
+    def _retry(self, head: RunHead, key: str, models: tuple[str, ...] | None) -> str:
         """A fresh run with the same request (``Client.retry``)."""
-        return self.client.retry(head, idempotency_key=key).run_id
+        return self.client.retry(head, idempotency_key=key, allowed_models=models).run_id
 
-    def _fork(self, head: RunHead, key: str) -> str | None:
+    def _fork(self, head: RunHead, key: str, models: tuple[str, ...] | None) -> str | None:
         """A fork from the last checkpoint before the run ended (``last_good_checkpoint``)."""
         new_id = idempotent_run_id(head.tenant, key)
         if self.store.load(new_id) is not None:
@@ -154,7 +163,7 @@ class BulkPool:
         good = last_good_checkpoint(self.store.checkpoints(head.run_id))
         if good is None:
             return None
-        return self.client.fork(head.run_id, good.version, new_run_id=new_id).run_id
+        return self.client.fork(head.run_id, good.version, new_run_id=new_id, allowed_models=models).run_id
 
     # -- the sweeper's repair -------------------------------------------------------------------
 

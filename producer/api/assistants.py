@@ -1,6 +1,8 @@
 """``/v1/assistants``: a tenant's assistants (``shared/assistants.py``): create, change, read,
 list, compare and roll back. Every route is scoped by the caller's tenant: another tenant's
-assistant answers 404 exactly as a name never created."""
+assistant answers 404 exactly as a name never created. A version that names a model is one only
+a tenant allowed that model may make (``producer/api/namespaces.py``), and a run pinned to it is
+checked again when it is created."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from producer.api.errors import ApiError
+from producer.api.namespaces import allowed_model
 from producer.api.runs import ERRORS, Svc, Who
 from producer.client import NoLiveWorker, UnknownAgent
 from shared.assistants import (
@@ -136,9 +139,11 @@ _FAILS = (InvalidRequest, NoLiveWorker)
     summary="Create an assistant",
     description="Version 1 of a new assistant of the caller's tenant. The configuration is checked"
     " against what the live workers say its agent lets assistants configure: a field it does not is a"
-    " 422 naming the field (``details.field``). A taken name is a 409.",
+    " 422 naming the field (``details.field``). A taken name is a 409. A ``model`` the caller's tenant"
+    " is not allowed is a 403 ``model_not_allowed``.",
 )
 def create_assistant(body: AssistantBody, services: Svc, who: Who) -> AssistantVersion:
+    allowed_model(services.gate, who, body.config.model)
     try:
         return services.client.assistants.create(body.name, body.agent, body.config, tenant=who.tenant)
     except _FAILS as exc:
@@ -179,9 +184,11 @@ def get_assistant(
     response_model=AssistantVersion,
     summary="Change an assistant (a new version)",
     description="The body's configuration, as a whole, becomes a new version and the current one;"
-    " runs created before keep the version they were pinned to.",
+    " runs created before keep the version they were pinned to. A ``model`` the caller's tenant is not"
+    " allowed is a 403 ``model_not_allowed``.",
 )
 def update_assistant(name: Name, body: AssistantUpdateBody, services: Svc, who: Who) -> AssistantVersion:
+    allowed_model(services.gate, who, body.config.model)
     try:
         return services.client.assistants.update(
             name, body.config, tenant=who.tenant, if_version=body.if_version
@@ -230,9 +237,14 @@ def diff_assistant(
     status_code=201,
     response_model=AssistantVersion,
     summary="Roll an assistant back (a new version equal to an old one)",
+    description="A 403 ``model_not_allowed`` if the old version names a model the caller's tenant is"
+    " not allowed now.",
 )
 def rollback_assistant(name: Name, body: RollbackBody, services: Svc, who: Who) -> AssistantVersion:
     try:
+        if who.tenant is not None:  # versions never change: the one checked is the one copied
+            old = services.client.assistants.get(name, version=body.version, tenant=who.tenant)
+            allowed_model(services.gate, who, old.config.model)
         return services.client.assistants.rollback(
             name, body.version, tenant=who.tenant, if_version=body.if_version
         )

@@ -108,6 +108,23 @@ def register(
             help=f"take {what} NAME back (repeatable)",
         )
     cc.add_argument("--clear", action="store_true", help="allow no Celery callback (webhooks only)")
+    md = ksub.add_parser(
+        "models",
+        parents=[common],
+        help="show or set the models a tenant's requests may name for a run (none: its agents' own)",
+    )
+    md.add_argument("--tenant", required=True, help="the tenant to show or set")
+    md.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="allow PROVIDER:MODEL, or every model of a provider with PROVIDER:* (repeatable)",
+    )
+    md.add_argument(
+        "--disallow", action="append", default=[], metavar="MODEL", help="take MODEL back (repeatable)"
+    )
+    md.add_argument("--clear", action="store_true", help="allow none: runs use their agents' models")
     cb = ksub.add_parser(
         "callback", parents=[common], help="show or set the webhook of a tenant's runs that name none"
     )
@@ -197,6 +214,7 @@ def keys(args: argparse.Namespace) -> int:
         "limits": _limits,
         "namespaces": _namespaces,
         "celery-callbacks": _celery_callbacks,
+        "models": _models,
         "callback": _default_callback,
         "operator": _operator,
     }
@@ -227,6 +245,26 @@ def _namespaces(tenants: Tenants, args: argparse.Namespace) -> int:
         allowed = (allowed | set(args.allow)) - set(args.disallow)
         tenants.set_namespaces(args.tenant, allowed)
     print(json.dumps(list(tenants.namespaces(args.tenant))))
+    return 0
+
+
+def _models(tenants: Tenants, args: argparse.Namespace) -> int:
+    """``keys models``: change the tenant's allowed models as asked; print them."""
+    from shared.errors import InvalidRequest
+    from shared.tenants import model_pattern
+
+    now = tenants.models(args.tenant)
+    if args.clear or args.allow or args.disallow:
+        try:
+            # Compared as stored: ``--disallow OpenAI:gpt-4o`` takes back ``openai:gpt-4o``.
+            kept = set() if args.clear else set(now)
+            added = {model_pattern(raw) for raw in args.allow}
+            taken_back = {model_pattern(raw) for raw in args.disallow}
+            now = tenants.set_models(args.tenant, (kept | added) - taken_back)
+        except InvalidRequest as exc:
+            print(f"wesichain: {exc.message}", file=sys.stderr)
+            return 2
+    print(json.dumps(list(now)))
     return 0
 
 

@@ -31,7 +31,8 @@ in other slots and the read waits for the script, two round trips), while the de
 trip with the read of the created run for the submit's answer. No lock is held, so one tenant's
 submits still run side by side.
 
-A tenant's limits, default webhook and allowed queue namespaces are read at most every
+A tenant's limits, default webhook and allow-lists (queue namespaces, Celery callbacks, models)
+are read at most every
 ``cache_s`` seconds.
 """
 
@@ -162,6 +163,10 @@ class SubmitGate:
     def celery_callbacks(self, tenant: str) -> CeleryCallbacks:
         """The Celery callback tasks and queues the tenant's runs may name (as cached)."""
         return self._settings(tenant).callbacks
+
+    def models(self, tenant: str) -> tuple[str, ...]:
+        """The models the tenant's requests may name for a run (as cached)."""
+        return self._settings(tenant).models
 
     def _settings(self, tenant: str) -> TenantSettings:
         now = time.monotonic()

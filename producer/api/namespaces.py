@@ -1,4 +1,5 @@
-"""Which queue namespaces, and which Celery callbacks, a caller may send work to over the API.
+"""Which queue namespaces, and which Celery callbacks, a caller may send work to over the API;
+which models it may name for a run.
 
 A namespace routes a run's tasks to the workers consuming it (``shared/queues.py``), which are
 often another team's. The default namespace is every caller's; any other only for a tenant an
@@ -7,6 +8,12 @@ of the tenant's naming on a queue, so its task and queue are allow-listed the sa
 (``wesichain keys celery-callbacks``); a webhook needs no allowance. Without authentication the
 caller is the operator, who may name any (but the runtime's reserved tasks and queues, which no
 request may name: ``shared/request.py``).
+
+A model a request names for a run (its ``model``, an assistant's configuration) is spent on an
+account and under terms an operator chose, so it is allow-listed too (``wesichain keys models``):
+a tenant allowed none runs its agents' own models. The check is here, where a tenant's request
+comes in, and nowhere on the workers: the start message is trusted from whoever may publish it
+(the broker's users), exactly as for namespaces.
 """
 
 from __future__ import annotations
@@ -18,9 +25,16 @@ from producer.api.errors import ApiError
 from shared.errors import InvalidRequest
 from shared.queues import check_namespace
 from shared.state import Callback
-from shared.tenants import CeleryCallbacks
+from shared.tenants import CeleryCallbacks, ModelNotAllowed, check_model_allowed
 
-__all__ = ["AllowList", "allowed_callback", "allowed_namespace"]
+__all__ = [
+    "AllowList",
+    "allowed_callback",
+    "allowed_model",
+    "allowed_models",
+    "allowed_namespace",
+    "model_refusal",
+]
 
 
 class AllowList(Protocol):
@@ -29,6 +43,8 @@ class AllowList(Protocol):
     def namespaces(self, tenant: str) -> tuple[str, ...]: ...
 
     def celery_callbacks(self, tenant: str) -> CeleryCallbacks: ...
+
+    def models(self, tenant: str) -> tuple[str, ...]: ...
 
 
 def allowed_namespace(gate: AllowList, who: Caller, raw: str | None) -> str | None:
@@ -72,3 +88,25 @@ def allowed_callback(gate: AllowList, who: Caller, callback: Callback | None) ->
             f"tenant {who.tenant} may not send callbacks to the queue {callback.queue!r}",
             details={"queue": callback.queue, "allowed": list(allowed.queues)},
         )
+
+
+def allowed_models(gate: AllowList, who: Caller) -> tuple[str, ...] | None:
+    """The models the caller may name for a run (for :class:`~producer.client.Client`'s
+    ``allowed_models``, which checks an assistant's too); None: any (no tenant)."""
+    return gate.models(who.tenant) if who.tenant is not None else None
+
+
+def allowed_model(gate: AllowList, who: Caller, model: str | None) -> None:
+    """Refuse (403 ``model_not_allowed``) a model the caller's tenant may not name for a run."""
+    if model is None or who.tenant is None:
+        return
+    try:
+        check_model_allowed(who.tenant, model, gate.models(who.tenant))
+    except ModelNotAllowed as exc:
+        raise model_refusal(exc) from None
+
+
+def model_refusal(exc: ModelNotAllowed) -> ApiError:
+    """The API's answer to a model the tenant may not name: 403 ``model_not_allowed``, whose
+    details name the model and the tenant's allowed ones."""
+    return ApiError(403, "model_not_allowed", exc.message, details=exc.details)

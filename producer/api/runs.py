@@ -27,13 +27,20 @@ from producer.api.models import (
     SubmitBody,
     run_view,
 )
-from producer.api.namespaces import allowed_callback, allowed_namespace
+from producer.api.namespaces import (
+    allowed_callback,
+    allowed_model,
+    allowed_models,
+    allowed_namespace,
+    model_refusal,
+)
 from producer.api.services import Services
 from producer.client import NoLiveWorker, RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy
 from shared.request import check_name, validate_request
 from shared.state import Callback, CallbackState, Decision, Phase, RunHead, RunStatus
 from shared.store import CURSOR_PATTERN
+from shared.tenants import ModelNotAllowed
 from shared.versions import waiting_for
 from shared.webhooks import check_url
 from shared.workers import LiveWorker
@@ -160,7 +167,9 @@ def _waiting_for(
     " the same request sent again returns the same run instead of starting another; the same key"
     " with a different request is a 409, and so is a ``thread_policy`` of ``reject`` while another"
     " run of the thread has not ended (kind ``thread_busy``, naming that run in ``details.run_id``)."
-    " A ``namespace`` the caller's tenant is not allowed is a 403."
+    " A ``namespace`` the caller's tenant is not allowed is a 403 ``forbidden``; a ``model`` it is not"
+    " allowed, or an assistant whose version names one, a 403 ``model_not_allowed`` (``details.model``,"
+    " ``details.allowed``)."
     " An agent no live worker serves is a 422 ``unknown_agent``; while no live worker is known at all"
     " (workers registering again after a Redis restart) it is a 503 ``no_live_worker`` with"
     " Retry-After: send the same request again.",
@@ -182,6 +191,7 @@ def submit(
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
     namespace = allowed_namespace(services.gate, who, body.namespace)
+    allowed_model(services.gate, who, body.model)
     callback = body.callback
     if callback is None and who.tenant is not None:
         # A run that names no callback gets its tenant's default webhook, if it has one.
@@ -205,6 +215,7 @@ def submit(
             thread_policy=body.thread_policy,
             assistant=body.assistant,
             assistant_version=body.assistant_version,
+            allowed_models=allowed_models(services.gate, who),
         )
         head = start.created(handle.run_id)
     return json_answer(_view(services, head, services.recent_workers()), 202)
@@ -270,6 +281,8 @@ def _starting(services: Services, who: Caller, agent: str, replay: bool) -> Iter
         ) from None
     except RequestConflict as exc:
         raise ApiError(409, "conflict", str(exc)) from None
+    except ModelNotAllowed as exc:
+        raise model_refusal(exc) from None
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
     except StoreFull as exc:
@@ -432,7 +445,9 @@ def _decider(who: Caller) -> str:
     " fork it). 409 ``wrong_state`` while the run has not ended, or for a run the runtime started"
     " (a subagent, pipeline or eval run: retry its parent, pipeline or eval). With an"
     " ``Idempotency-Key``, the same retry sent again returns the same new run. Counted against the"
-    " tenant's limits as a submit is.",
+    " tenant's limits as a submit is. Its model (and its assistant version's) is checked against what"
+    " the tenant is allowed now: one taken back since the run was created is a 403"
+    " ``model_not_allowed``.",
 )
 def retry(
     run_id: str,
@@ -456,7 +471,9 @@ def retry(
         services.store.redis.exists(services.keys.run(idempotent_run_id(who.tenant, idempotency_key)))
     )
     with _starting(services, who, head.agent, replay):
-        handle = services.client.retry(head, idempotency_key=idempotency_key)
+        handle = services.client.retry(
+            head, idempotency_key=idempotency_key, allowed_models=allowed_models(services.gate, who)
+        )
     return _view(services, handle.status())
 
 

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from producer.api.errors import ApiError
+from producer.api.namespaces import allowed_models, model_refusal
 from producer.api.runs import ERRORS, Svc, Who
 from producer.client import NoLiveWorker, UnknownAgent
 from producer.pipelines import UnknownPipeline
@@ -29,6 +30,7 @@ from shared.schedules import (
     ScheduleTick,
     Timing,
 )
+from shared.tenants import ModelNotAllowed
 
 __all__ = [
     "FireTimes",
@@ -133,7 +135,9 @@ def _not_found(schedule_id: str) -> ApiError:
     response_model=Schedule,
     summary="Create a schedule",
     description="Starts a run of the agent at every tick, once per tick however many schedulers"
-    " run. 422 for a bad timing or run request.",
+    " run. 422 for a bad timing or run request; 403 ``model_not_allowed`` for an ``assistant`` whose"
+    " current version names a model the caller's tenant is not allowed (checked again at every tick:"
+    " a tick whose model was taken back is recorded failed).",
 )
 def create_schedule(body: ScheduleBody, services: Svc, who: Who) -> Schedule:
     try:
@@ -151,7 +155,10 @@ def create_schedule(body: ScheduleBody, services: Svc, who: Who) -> Schedule:
             check_agent=body.check_agent,
             pipeline=body.pipeline,
             until=body.until,
+            allowed_models=allowed_models(services.gate, who),
         )
+    except ModelNotAllowed as exc:
+        raise model_refusal(exc) from None
     except UnknownAgent as exc:
         raise ApiError(
             422, "unknown_agent", exc.message, details={"agent": (body.agent or "")[:80]}

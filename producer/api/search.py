@@ -15,12 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from producer.api.errors import ApiError
 from producer.api.models import RunList, RunView, run_view
+from producer.api.namespaces import allowed_models, model_refusal
 from producer.api.runs import ERRORS, Svc, Who, owned_run
 from producer.client import BulkJobNotFound, NoLiveWorker, UnknownAgent
 from shared.bulk import DEFAULT_RATE_PER_S, MAX_RATE_PER_S, MIN_RATE_PER_S, BulkAction, BulkJob, BulkOutcome
 from shared.errors import InvalidRequest, StoreFull
 from shared.search import SearchQuery, UndeclaredSearchKey
 from shared.store import CURSOR_PATTERN
+from shared.tenants import ModelNotAllowed
 from shared.timetravel import checkpoint_of, last_good_checkpoint
 
 __all__ = [
@@ -135,7 +137,8 @@ def search(body: SearchBody, services: Svc, who: Who) -> RunList:
     summary="Start a new run from a checkpoint of a run",
     description="The new run thinks again from the conversation as it was at ``version`` (default:"
     " the last checkpoint before the run ended); the original is untouched. 422 for a version the run"
-    " does not have.",
+    " does not have; 403 ``model_not_allowed`` if its model (or its assistant version's) is not one"
+    " the tenant is allowed now.",
 )
 def fork(run_id: str, services: Svc, who: Who, body: ForkBody | None = None) -> RunView:
     source = owned_run(services, who, run_id)
@@ -155,7 +158,11 @@ def fork(run_id: str, services: Svc, who: Who, body: ForkBody | None = None) -> 
     else:
         reservation = None
     try:
-        handle = services.client.fork(run_id, at.version, input=wanted.input)
+        handle = services.client.fork(
+            run_id, at.version, input=wanted.input, allowed_models=allowed_models(services.gate, who)
+        )
+    except ModelNotAllowed as exc:
+        raise model_refusal(exc) from None
     except UnknownAgent as exc:
         raise ApiError(422, "unknown_agent", exc.message, details={"agent": source.agent}) from None
     except NoLiveWorker as exc:

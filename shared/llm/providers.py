@@ -12,14 +12,13 @@ from collections.abc import Callable, Mapping
 from shared.errors import ConfigError
 from shared.llm.anthropic import AnthropicAdapter
 from shared.llm.base import LlmAdapter
+from shared.llm.names import split_model_string
 from shared.llm.ollama import OllamaAdapter
 from shared.llm.openai import OpenAIAdapter
 from shared.llm.react import ReActAdapter
 from shared.llm.settings import HttpSettings
 
-__all__ = ["PROVIDERS", "REACT_PREFIX", "build_adapter", "split_model_string"]
-
-REACT_PREFIX = "react+"
+__all__ = ["PROVIDERS", "build_adapter"]
 
 _FACTORIES: dict[str, Callable[..., LlmAdapter]] = {
     "openai": OpenAIAdapter.from_env,
@@ -27,20 +26,6 @@ _FACTORIES: dict[str, Callable[..., LlmAdapter]] = {
     "anthropic": AnthropicAdapter.from_env,
 }
 PROVIDERS = tuple(sorted(_FACTORIES))
-
-
-def split_model_string(model_string: str) -> tuple[bool, str, str]:
-    """``react+ollama:llama3`` -> (True, "ollama", "llama3"). Model names may contain colons
-    (``ollama:llama3:8b``); only the first one separates the provider."""
-    text = model_string.strip()
-    react = text.startswith(REACT_PREFIX)
-    provider, sep, model = text.removeprefix(REACT_PREFIX).partition(":")
-    if not sep or not provider or not model:
-        raise ConfigError(
-            f"model string {model_string!r} must look like PROVIDER:MODEL (optionally prefixed with "
-            f"{REACT_PREFIX!r}), e.g. 'openai:gpt-4o-mini'"
-        )
-    return react, provider.strip().lower(), model.strip()
 
 
 def build_adapter(

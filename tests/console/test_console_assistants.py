@@ -35,7 +35,9 @@ def api(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _client(api: ApiProcess, server: RedisServer) -> tuple[str, httpx.Client]:
-    key, _ = Tenants(server.client(), Keys()).create_key(f"t-{uuid.uuid4().hex[:8]}", "browser")
+    tenants = Tenants(server.client(), Keys())
+    key, record = tenants.create_key(f"t-{uuid.uuid4().hex[:8]}", "browser")
+    tenants.set_models(record.tenant, ["scripted:*"])  # its assistants name scripted models
     return key, httpx.Client(base_url=api.url, headers=bearer(key), timeout=30)
 
 

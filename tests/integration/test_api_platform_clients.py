@@ -58,7 +58,10 @@ def api(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _key(server: RedisServer) -> str:
-    key, _ = Tenants(server.client(), Keys()).create_key(f"t-{uuid.uuid4().hex[:8]}", "test")
+    """A new tenant's key; the tenant may name the scripted models its assistants configure."""
+    tenants = Tenants(server.client(), Keys())
+    key, record = tenants.create_key(f"t-{uuid.uuid4().hex[:8]}", "test")
+    tenants.set_models(record.tenant, ["scripted:*"])
     return key
 
 

@@ -58,7 +58,9 @@ def rds(server: RedisServer) -> Iterator[redis.Redis]:
 
 def _tenant(api: ApiProcess, server: RedisServer) -> Iterator[Tenant]:
     name = f"t-{uuid.uuid4().hex[:8]}"
-    key, _ = Tenants(server.client(), Keys()).create_key(name, "test")
+    tenants = Tenants(server.client(), Keys())
+    key, _ = tenants.create_key(name, "test")
+    tenants.set_models(name, ["scripted:*"])  # its assistants name the scripted models
     with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as http:
         yield Tenant(name, http)
 

@@ -121,6 +121,7 @@ def test_the_client_the_api_and_a_bare_message_create_the_same_run(
     tenants = Tenants(redis_server.client(), Keys())
     key, _ = tenants.create_key(tenant)
     tenants.set_celery_callbacks(tenant, ["billing.done"], ["billing-same"])
+    tenants.set_models(tenant, ["scripted:direct"])
     request: dict[str, Any] = {
         "agent": "direct",
         "input": "the same request",

@@ -15,8 +15,9 @@ from shared.state import Phase
 from shared.tasks import start_task
 
 
-def _queued_task_ids(client: Client) -> list[str]:
-    """The task ids of every Celery message waiting in any queue list of the broker's Redis."""
+def _queued_task_ids(client: Client, runs: set[str]) -> list[str]:
+    """The task ids of the Celery messages of ``runs`` waiting in any queue list of the broker's
+    Redis (the session's broker may hold other tests' messages)."""
     r = connect(client.settings.broker_endpoint())
     ids: list[str] = []
     for key in cast(list[Any], r.keys("*")):
@@ -26,17 +27,21 @@ def _queued_task_ids(client: Client) -> list[str]:
                     ids.append(json.loads(raw)["headers"]["id"])
                 except (ValueError, KeyError, TypeError):
                     continue
-    return ids
+    return [task_id for task_id in ids if task_id.split(":", 1)[0] in runs]
 
 
 @pytest.mark.redis_broker
 def test_a_batch_creates_each_new_run_once_and_sends_only_their_starts(client: Client) -> None:
-    taken = client.submit("echo", "first", run_id="batch-taken", check_agent=False).run_id
+    # In a queue namespace no worker consumes: the starts stay in the broker to be counted.
+    ns = "submit-many"
+    taken = client.submit("echo", "first", run_id="batch-taken", check_agent=False, namespace=ns).run_id
     requests = [
-        RunRequest("echo", "one", run_id="batch-1"),
-        RunRequest("echo", "again", run_id=taken),
-        RunRequest("echo", "x" * (client.settings.limits.max_input_chars + 1), run_id="batch-long"),
-        RunRequest("echo", "two", run_id="batch-2", tenant="acme"),
+        RunRequest("echo", "one", run_id="batch-1", namespace=ns),
+        RunRequest("echo", "again", run_id=taken, namespace=ns),
+        RunRequest(
+            "echo", "x" * (client.settings.limits.max_input_chars + 1), run_id="batch-long", namespace=ns
+        ),
+        RunRequest("echo", "two", run_id="batch-2", tenant="acme", namespace=ns),
     ]
 
     outcomes = client.submit_many(requests, check_agent=False)
@@ -49,11 +54,14 @@ def test_a_batch_creates_each_new_run_once_and_sends_only_their_starts(client: C
     assert first is not None and first.phase is Phase.IDLE and first.input == "one"
     assert second is not None and second.tenant == "acme"
     assert again is not None and again.input == "first"  # the taken id's run is untouched
-    queued = _queued_task_ids(client)
-    assert sorted(queued) == sorted(start_task(run_id).task_id for run_id in (taken, "batch-1", "batch-2"))
+    ours = {taken, "batch-1", "batch-long", "batch-2"}
+    queued = _queued_task_ids(client, ours)
+    assert sorted(queued) == sorted(
+        start_task(run_id, namespace=ns).task_id for run_id in (taken, "batch-1", "batch-2")
+    )
     # The same batch again creates nothing and sends nothing.
     assert client.submit_many(requests[:2], check_agent=False) == [False, False]
-    assert sorted(_queued_task_ids(client)) == sorted(queued)
+    assert sorted(_queued_task_ids(client, ours)) == sorted(queued)
 
 
 def test_a_batch_after_redis_lost_its_scripts_still_creates_each_run(client: Client) -> None:

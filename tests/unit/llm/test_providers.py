@@ -9,9 +9,10 @@ import pytest
 from shared.errors import ConfigError
 from shared.llm.anthropic import AnthropicAdapter
 from shared.llm.base import LlmAdapter, ModelRequest, ModelResponse, StreamPart
+from shared.llm.names import split_model_string
 from shared.llm.ollama import OllamaAdapter
 from shared.llm.openai import OpenAIAdapter
-from shared.llm.providers import build_adapter, split_model_string
+from shared.llm.providers import build_adapter
 from shared.llm.react import ReActAdapter
 from tests.unit.llm.support import API_KEY
 
