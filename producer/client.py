@@ -54,6 +54,7 @@ from shared.state import (
     ThreadPolicy,
 )
 from shared.store import RunPage, RunStore, ThreadTurn
+from shared.store.runs import Creation
 from shared.tasks import decide_task, start_task
 from shared.timeline import Timeline, build_timeline
 from shared.timetravel import Checkpoint, checkpoint_of, fork_conversation, forked_handoffs
@@ -278,7 +279,7 @@ class Client:
                 self._check_same_request(archived, _as_pinned(head, archived, asked_version), idempotency_key)
                 return RunHandle(self, run_id)
         created = self._create_in_thread(head, start, check_agent)
-        if not created:
+        if created == "exists":
             if idempotency_key is None:
                 raise InvalidRequest(f"run id {run_id!r} already exists")
             existing = self.store.load(run_id)
@@ -288,11 +289,12 @@ class Client:
             if existing.phase is not Phase.IDLE:
                 return RunHandle(self, run_id)
             # Still waiting for its start: the first submit may have died before sending it.
-        self._send_start(start)
+        if created != "pushed":
+            self._send_start(start)
         return RunHandle(self, run_id)
 
-    def _create_in_thread(self, head: RunHead, start: TaskSpec, check_agent: bool) -> bool:
-        """Take the run's turn in its thread (if it has one), then create it; False if its id is taken."""
+    def _create_in_thread(self, head: RunHead, start: TaskSpec, check_agent: bool) -> Creation:
+        """Take the run's turn in its thread (if it has one), then create it (see :meth:`_create`)."""
         turn = self._take_thread_turn(head, check_agent)
         try:
             created = self._create(head, start)
@@ -344,12 +346,17 @@ class Client:
             return
         publish_commands(self.store.redis, self._messages.build([task]))
 
-    def _create(self, head: RunHead, start: TaskSpec) -> bool:
-        """Write the new run (IDLE, its start task in its outbox); False if its id is taken."""
+    def _create(self, head: RunHead, start: TaskSpec) -> Creation:
+        """Write the new run (IDLE, its start task in its outbox); ``exists`` if its id is taken.
+        When the broker is the store's Redis, the create script pushes the start's message too
+        (``pushed``: one round trip for both, and no window between them); ``created``: the caller
+        sends the start."""
         if not self.settings.embedded:
             self.memory_guard.check()
+        messages = self._messages if self.settings.commit_publish else None
+        push = messages.build([start]) if messages is not None else []
         try:
-            return self.store.create(head, [start])
+            return self.store.create_run(head, [start], push)
         except redis.exceptions.OutOfMemoryError:
             raise StoreFull(
                 full_message(self.memory_guard.state(), self.settings.submit_max_memory)
@@ -452,9 +459,11 @@ class Client:
             assistant_version=source.assistant_version,
         )
         start = start_task(new_id, namespace=source.namespace)
-        if not self._create(head, start):
+        created = self._create(head, start)
+        if created == "exists":
             raise InvalidRequest(f"run id {new_id!r} already exists")
-        self._send_start(start)
+        if created != "pushed":
+            self._send_start(start)
         return RunHandle(self, new_id)
 
     def _fork_model(

@@ -108,6 +108,7 @@ SPECS: dict[str, ScriptSpec] = {
         "run checkpoints leases runs_index registry inflight",
         "run_id op request body outbox queued_lease_ms tenant",
         more_keys="the index keys to enter the run in",
+        more_args="the broker commands that publish the start task (push_broker)",
         words="created exists",
     ),
     "claim_phase": _spec(

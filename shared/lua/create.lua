@@ -2,14 +2,17 @@
 -- run entered in its tenant's indexes (all, by agent, by status, by thread) and in-flight count.
 -- KEYS: run hash, checkpoints list, leases zset, runs index zset, index registry set, in-flight
 --       hash (all of the run's shard), then the index keys to enter it in
--- Returns 'created', or 'exists' when a run with this id is already there (a replay of this very
--- create, known by its op id, answers 'created' again).
+-- ARGV after the seven: the broker commands that publish the start task (see push_broker; a new
+-- run's epoch is 0), run with the create: the run and its start in one step.
+-- Returns {'created', pushed}, or {'exists'} when a run with this id is already there (a replay of
+-- this very create, known by its op id, answers {'created', '0'}: the caller publishes, as after a
+-- replayed commit). pushed: '1' if the start was published here.
 local run_id, op, request, body, outbox, queued_lease_ms, tenant = unpack(ARGV, 1, 7)
 local run, checkpoints, leases, runs_index, registry, inflight = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
 if redis.call('EXISTS', run) == 1 then
-  if redis.call('HGET', run, F_OP) == op then return 'created' end
-  return 'exists'
+  if redis.call('HGET', run, F_OP) == op then return {'created', '0'} end
+  return {'exists'}
 end
 local now = now_ms()
 local queued_until = now + tonumber(queued_lease_ms)
@@ -24,4 +27,4 @@ for i = 7, #KEYS do
   redis.call('SADD', registry, KEYS[i])
 end
 redis.call('HINCRBY', inflight, tenant, 1)
-return 'created'
+return {'created', push_broker('0', 8)}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from shared.errors import InternalInvariant
 from shared.keys import Keys
 from shared.messages import Message
 from shared.scripts import register_scripts
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from shared.archive import Archive
 
 __all__ = [
+    "PUBLISH_COMMANDS",
+    "BrokerCommand",
     "MessageCache",
     "StoreCore",
     "new_op",
@@ -128,6 +131,25 @@ class MessageCache:
             self._runs.move_to_end(run_id)
             while len(self._runs) > self.max_runs:
                 self._runs.popitem(last=False)
+
+
+#: One Redis command of a task's publish to a Redis broker, as kombu would run it: its name and
+#: arguments (see ``producer/publishing.py``).
+BrokerCommand = tuple[str, tuple[str, ...]]
+
+#: The commands a create or commit script runs for a publish (it refuses any other).
+PUBLISH_COMMANDS = frozenset({"lpush", "publish", "pexpire"})
+
+
+def _push_args(epoch: int, push: Sequence[BrokerCommand]) -> list[str]:
+    """Broker commands as script arguments: the epoch they were built for, their count, then name,
+    argument count and arguments of each."""
+    flat = [str(epoch), str(len(push))]
+    for name, args in push:
+        if name not in PUBLISH_COMMANDS:
+            raise InternalInvariant(f"publish command {name!r} is not one a script may run")
+        flat += [name, str(len(args)), *args]
+    return flat
 
 
 def _dump_outbox(outbox: Sequence[TaskSpec]) -> str:

@@ -7,7 +7,7 @@ in the same types.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import redis
 
@@ -16,12 +16,18 @@ from shared.errors import InternalInvariant
 from shared.messages import MESSAGE_ADAPTER, Message
 from shared.search import index_dimensions
 from shared.state import Phase, RunHead, TaskSpec, ToolResult
-from shared.store.base import StoreCore, _dump_outbox, _s, new_op
+from shared.store.base import BrokerCommand, StoreCore, _dump_outbox, _push_args, _s, new_op
 
 __all__ = [
+    "Creation",
     "RunsMixin",
     "loaded_head",
 ]
+
+
+#: What creating a run did: created it and ran the publish of its start (``pushed``), created it
+#: (the caller publishes), or found a run with its id already there.
+Creation = Literal["pushed", "created", "exists"]
 
 
 def loaded_head(raw: Sequence[Any]) -> RunHead | None:
@@ -124,6 +130,16 @@ class RunsMixin(StoreCore):
 
     def create(self, head: RunHead, outbox: Sequence[TaskSpec]) -> bool:
         """Create an IDLE run at version 1; False if a run with this id already exists."""
+        return self.create_run(head, outbox) != "exists"
+
+    def create_run(
+        self, head: RunHead, outbox: Sequence[TaskSpec], push: Sequence[BrokerCommand] = ()
+    ) -> Creation:
+        """Create an IDLE run at version 1, ``exists`` if a run with this id already exists.
+
+        ``push``: the broker commands that publish the run's start task (Redis broker on this
+        server only), run by the script with the create: ``pushed`` says they ran, ``created``
+        that the caller publishes (none given, or a replay of this very create)."""
         if head.version != 1 or head.phase is not Phase.IDLE:
             raise InternalInvariant(f"a run is created IDLE at version 1, not {head.phase} v{head.version}")
         k, run_id, tenant = self.keys, head.run_id, head.tenant
@@ -150,6 +166,9 @@ class RunsMixin(StoreCore):
                 _dump_outbox(outbox),
                 self._queued_ms,
                 tenant or "-",
+                *_push_args(0, push),
             ],
         )
-        return _s(reply) == "created"
+        if _s(reply[0]) != "created":
+            return "exists"
+        return "pushed" if _s(reply[1]) == "1" else "created"
