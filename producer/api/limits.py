@@ -49,7 +49,7 @@ from redis.crc import key_slot
 from producer.api.errors import ApiError
 from shared.errors import ConfigError
 from shared.protocol import lua_prelude
-from shared.scripts import is_cluster, script_body
+from shared.scripts import ScriptSpec, is_cluster, script_body
 from shared.state import RunHead
 from shared.store import RunStore
 from shared.store.runs import loaded_head
@@ -111,6 +111,14 @@ return {1, redis.call('ZCARD', KEYS[2]), inflight()}
 """
 
 
+#: What the reservation script takes: the submit window script's KEYS and ARGV, then its own.
+_RESERVE_SPEC = ScriptSpec(
+    keys=("window", "reserved"),
+    args=("limit", "window", "member", "ttl_ms", "tenant"),
+    more_keys="(single Redis) the in-flight hash of every shard",
+)
+
+
 def _reserve_source() -> str:
     window = script_body("submit_window")
     body = _RESERVE_BODY.replace("--WINDOW--", window)
@@ -140,8 +148,12 @@ class SubmitGate:
         self.store = store
         self.tenants = tenants
         self.cache_s = cache_s
-        self._reserve = store.redis.register_script(_reserve_source())
+        # On the store's kept connections: a submit's script skips redis-py's pool, retry wrapper
+        # and hooks, as the create script does (``shared.scripts.ScriptConnections``).
+        self._reserve = store.register_script("submit_reserve", _reserve_source(), _RESERVE_SPEC)
         self._cluster = is_cluster(store.redis)
+        #: Every shard's in-flight hash, the reservation script's KEYS after its own two.
+        self._inflight_keys = [store.keys.inflight(shard) for shard in range(store.keys.shards)]
         window = store.keys.submits("tenant")  # tenants' names hold no braces: one check for all
         if self._cluster and key_slot(reservations_key(window).encode()) != key_slot(window.encode()):
             raise ConfigError(f"the key prefix {store.keys.prefix!r} puts a tenant's keys in different slots")
@@ -234,8 +246,7 @@ class SubmitGate:
         if self._cluster:
             admitted, value, _ = self._reserve(keys=keys, args=[*args, ""])
             return int(admitted), int(value), self.store.inflight(tenant)
-        shards = [self.store.keys.inflight(shard) for shard in range(self.store.keys.shards)]
-        admitted, value, inflight = self._reserve(keys=[*keys, *shards], args=[*args, tenant])
+        admitted, value, inflight = self._reserve(keys=[*keys, *self._inflight_keys], args=[*args, tenant])
         return int(admitted), int(value), int(inflight)
 
     def release(self, reservation: Reservation | None) -> None:

@@ -20,7 +20,7 @@ import redis
 from shared.errors import InternalInvariant
 from shared.keys import Keys
 from shared.messages import Message
-from shared.scripts import register_scripts
+from shared.scripts import Script, ScriptSpec, register_scripts, script_connections
 from shared.settings import Settings
 from shared.state import TaskSpec
 
@@ -61,7 +61,8 @@ class StoreCore:
         self.redis = client
         self.settings = settings
         self.keys = Keys(settings.prefix, settings.shards)
-        self._scripts = register_scripts(client)
+        self._connections = script_connections(client)
+        self._scripts = register_scripts(client, self._connections)
         self._messages = MessageCache()
         self._archive = archive
         self._archive_lock = threading.Lock()
@@ -93,6 +94,11 @@ class StoreCore:
         if archive is None or self._in_redis(run_id):
             return None
         return archive
+
+    def register_script(self, name: str, source: str, spec: ScriptSpec) -> Script:
+        """A script of the store's client built around its own (``spec``: what it takes), sent on
+        the same kept connections as the store's scripts."""
+        return Script(name, self.redis.register_script(source), self._connections, spec)
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return self._scripts[name](keys=list(keys), args=[str(a) for a in args])
