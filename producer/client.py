@@ -54,7 +54,7 @@ from shared.state import (
     ThreadPolicy,
 )
 from shared.store import RunPage, RunStore, ThreadTurn
-from shared.store.runs import Creation
+from shared.store.runs import Creation, Release
 from shared.tasks import decide_task, start_task
 from shared.timeline import Timeline, build_timeline
 from shared.timetravel import Checkpoint, checkpoint_of, fork_conversation, forked_handoffs
@@ -220,6 +220,7 @@ class Client:
         thread_policy: ThreadPolicy | None = None,
         assistant: str | None = None,
         assistant_version: int | None = None,
+        release: Release | None = None,
     ) -> RunHandle:
         """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request.
 
@@ -247,6 +248,11 @@ class Client:
         ``link`` is the runtime's own: a pipeline's child run or an eval's case run is created
         with it (and the runtime's callback task that reports it back); a producer's request
         never carries one, and its callback may name no reserved task (``shared/request.py``).
+
+        ``release`` (standalone Redis only): a sorted set's member the create script removes in
+        the step that creates the run, as the API gives up its hold of the run's place under its
+        tenant's limits. The handle's ``created`` is the run as this call created it (the member
+        is removed then); None when it found the run already there (the member is not removed).
         """
         fields: dict[str, Any] = {"agent": agent, "input": input}
         for name, value in (
@@ -278,7 +284,7 @@ class Client:
             if archived is not None:
                 self._check_same_request(archived, _as_pinned(head, archived, asked_version), idempotency_key)
                 return RunHandle(self, run_id)
-        created = self._create_in_thread(head, start, check_agent)
+        created = self._create_in_thread(head, start, check_agent, release)
         if created == "exists":
             if idempotency_key is None:
                 raise InvalidRequest(f"run id {run_id!r} already exists")
@@ -291,13 +297,15 @@ class Client:
             # Still waiting for its start: the first submit may have died before sending it.
         if created != "pushed":
             self._send_start(start)
-        return RunHandle(self, run_id)
+        return RunHandle(self, run_id, created=head if created != "exists" else None)
 
-    def _create_in_thread(self, head: RunHead, start: TaskSpec, check_agent: bool) -> Creation:
+    def _create_in_thread(
+        self, head: RunHead, start: TaskSpec, check_agent: bool, release: Release | None = None
+    ) -> Creation:
         """Take the run's turn in its thread (if it has one), then create it (see :meth:`_create`)."""
         turn = self._take_thread_turn(head, check_agent)
         try:
-            created = self._create(head, start)
+            created = self._create(head, start, release)
         except Exception:
             if turn is not None and head.thread_id is not None:
                 self.store.hand_thread_on(head.tenant, head.thread_id, head.run_id)  # never created
@@ -346,7 +354,7 @@ class Client:
             return
         publish_commands(self.store.redis, self._messages.build([task]))
 
-    def _create(self, head: RunHead, start: TaskSpec) -> Creation:
+    def _create(self, head: RunHead, start: TaskSpec, release: Release | None = None) -> Creation:
         """Write the new run (IDLE, its start task in its outbox); ``exists`` if its id is taken.
         When the broker is the store's Redis, the create script pushes the start's message too
         (``pushed``: one round trip for both, and no window between them); ``created``: the caller
@@ -356,7 +364,7 @@ class Client:
         messages = self._messages if self.settings.commit_publish else None
         push = messages.build([start]) if messages is not None else []
         try:
-            return self.store.create_run(head, [start], push)
+            return self.store.create_run(head, [start], push, release)
         except redis.exceptions.OutOfMemoryError:
             raise StoreFull(
                 full_message(self.memory_guard.state(), self.settings.submit_max_memory)
@@ -711,9 +719,12 @@ class Client:
 class RunHandle:
     """One run: its status, its events, and the cancel and approval verbs."""
 
-    def __init__(self, client: Client, run_id: str) -> None:
+    def __init__(self, client: Client, run_id: str, *, created: RunHead | None = None) -> None:
         self.client = client
         self.run_id = run_id
+        #: The run as the submit that returned this handle created it (None: another handle, or a
+        #: submit that found the run already there).
+        self.created = created
 
     def __repr__(self) -> str:
         return f"RunHandle({self.run_id!r})"

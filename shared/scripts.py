@@ -107,8 +107,8 @@ SPECS: dict[str, ScriptSpec] = {
     # -- the run store ---------------------------------------------------------------------------
     "create": _spec(
         "run checkpoints leases runs_index registry inflight",
-        "run_id op request body outbox queued_lease_ms tenant",
-        more_keys="the index keys to enter the run in",
+        "run_id op request body outbox queued_lease_ms tenant released",
+        more_keys="the index keys to enter the run in, then (released given) the set to remove it from",
         more_args="the broker commands that publish the start task (push_broker)",
         words="created exists",
     ),

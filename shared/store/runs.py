@@ -7,6 +7,7 @@ in the same types.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import redis
@@ -20,9 +21,19 @@ from shared.store.base import BrokerCommand, StoreCore, _dump_outbox, _push_args
 
 __all__ = [
     "Creation",
+    "Release",
     "RunsMixin",
     "loaded_head",
 ]
+
+
+@dataclass(frozen=True)
+class Release:
+    """A member of a sorted set that creating a run removes in the same step: a producer's hold of
+    the run's place under a limit (``producer/api/limits.py``), given up the moment the run counts."""
+
+    key: str
+    member: str
 
 
 #: What creating a run did: created it and ran the publish of its start (``pushed``), created it
@@ -133,13 +144,19 @@ class RunsMixin(StoreCore):
         return self.create_run(head, outbox) != "exists"
 
     def create_run(
-        self, head: RunHead, outbox: Sequence[TaskSpec], push: Sequence[BrokerCommand] = ()
+        self,
+        head: RunHead,
+        outbox: Sequence[TaskSpec],
+        push: Sequence[BrokerCommand] = (),
+        release: Release | None = None,
     ) -> Creation:
         """Create an IDLE run at version 1, ``exists`` if a run with this id already exists.
 
         ``push``: the broker commands that publish the run's start task (Redis broker on this
         server only), run by the script with the create: ``pushed`` says they ran, ``created``
-        that the caller publishes (none given, or a replay of this very create)."""
+        that the caller publishes (none given, or a replay of this very create).
+        ``release``: a sorted set's member removed in the same step once the run is created (not
+        when it ``exists``); on a standalone Redis only (on a cluster it is in another slot)."""
         if head.version != 1 or head.phase is not Phase.IDLE:
             raise InternalInvariant(f"a run is created IDLE at version 1, not {head.phase} v{head.version}")
         k, run_id, tenant = self.keys, head.run_id, head.tenant
@@ -157,6 +174,7 @@ class RunsMixin(StoreCore):
                 k.indexes_of(run_id),
                 k.inflight_of(run_id),
                 *indexes,
+                *([release.key] if release is not None else []),
             ],
             [
                 run_id,
@@ -166,6 +184,7 @@ class RunsMixin(StoreCore):
                 _dump_outbox(outbox),
                 self._queued_ms,
                 tenant or "-",
+                release.member if release is not None else "",
                 *_push_args(0, push),
             ],
         )

@@ -61,10 +61,11 @@ def test_concurrent_submits_leave_no_reservation_and_answer_the_runs_they_create
     assert [a.status_code for a in answers] == [202] * 12
     runs = [a.json() for a in answers]
     assert len({r["run_id"] for r in runs}) == 12
-    # The answer is the run as read in the round trip that dropped the reservation, after its start
-    # was sent (a worker may have taken it already); its workers were live, so it waits for nothing.
-    assert {(r["agent"], r["waiting_for"]) for r in runs} == {("direct", None)}
-    assert {r["status"] for r in runs} <= {"queued", "running", "completed"}
+    # The answer is the run as its submit created it (the create script dropped the reservation and
+    # pushed the start); its workers were live, so it waits for nothing.
+    assert {(r["agent"], r["waiting_for"], r["status"], r["version"]) for r in runs} == {
+        ("direct", None, "queued", 1)
+    }
     assert sorted(r["input"] for r in runs) == sorted(f"hello {i}" for i in range(12))
     # Every reservation was dropped once its run was created.
     redis = redis_server.client()
@@ -138,12 +139,12 @@ def test_on_one_redis_the_reservation_script_reads_the_in_flight_counts_itself(
     assert len(reads) == Keys().shards
 
 
-def test_the_create_script_pushes_the_start_and_a_submit_takes_three_commands_of_the_api(
+def test_a_submit_is_two_scripts_of_the_api_the_create_dropping_the_reservation_and_pushing_the_start(
     api: ApiProcess, redis_server: RedisServer
 ) -> None:
-    """With the broker on the store's Redis, the run and its start's Celery message are written in
-    one script: the API sends the reservation's script, the create script, and the reservation's
-    drop with the read of the run for the answer (one round trip), and no publish of its own."""
+    """On one Redis, with the broker on it: the API sends the reservation's script and the create
+    script, which drops the reservation and pushes the start's Celery message in the step that
+    creates the run; no drop, read-back or publish of the API's own."""
     if is_cluster(redis_server.url):
         pytest.skip("a Redis Cluster run state has a broker of its own")
     tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
@@ -162,8 +163,10 @@ def test_the_create_script_pushes_the_start_and_a_submit_takes_three_commands_of
     # Those naming the run or the reservation (the others are reads a process caches for a few
     # seconds: the tenant's settings, Redis's memory, the worker registry).
     submit_path = [c.split()[0] for c in own if run_id in c or reserved in c]
-    assert submit_path == ["EVALSHA", "EVALSHA", "ZREM", "HMGET"], own
-    assert not [c for c in own if c.startswith("LPUSH ")], own
+    assert submit_path == ["EVALSHA", "EVALSHA"], own
+    assert not [c for c in own if c.startswith(("LPUSH ", "ZREM "))], own
+    drops = [c["client_type"] for c in seen if c["command"].startswith(f"ZREM {reserved} ")]
+    assert drops == ["lua"], seen
     starts = [c["client_type"] for c in seen if _starts(c["command"], run_id)]
     assert starts == ["lua"], seen
 
