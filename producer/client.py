@@ -61,6 +61,7 @@ from shared.state import (
     ThreadPolicy,
 )
 from shared.store import RunPage, RunStore, ThreadTurn
+from shared.store.runs import Creation, NewRun, Release
 from shared.tasks import decide_task, start_task
 from shared.tenants import check_models_allowed
 from shared.timeline import Timeline, build_timeline
@@ -250,6 +251,7 @@ class Client:
         assistant: str | None = None,
         assistant_version: int | None = None,
         allowed_models: tuple[str, ...] | None = None,
+        release: Release | None = None,
     ) -> RunHandle:
         """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request.
 
@@ -281,6 +283,11 @@ class Client:
         ``link`` is the runtime's own: a pipeline's child run or an eval's case run is created
         with it (and the runtime's callback task that reports it back); a producer's request
         never carries one, and its callback may name no reserved task (``shared/request.py``).
+
+        ``release`` (standalone Redis only): a sorted set's member the create script removes in
+        the step that creates the run, as the API gives up its hold of the run's place under its
+        tenant's limits. The handle's ``created`` is the run as this call created it (the member
+        is removed then); None when it found the run already there (the member is not removed).
         """
         new = RunRequest(
             agent,
@@ -305,10 +312,10 @@ class Client:
             if archived is not None:
                 self._check_same_request(archived, _as_pinned(head, archived, asked_version), idempotency_key)
                 return RunHandle(self, run_id)
-        (created,) = self._create_in_thread([(head, start)], check_agent)
+        (created,) = self._create_in_thread([(head, start)], check_agent, release)
         if isinstance(created, WesichainError):
             raise created
-        if not created:
+        if created == "exists":
             if idempotency_key is None:
                 raise InvalidRequest(f"run id {run_id!r} already exists")
             existing = self.store.load(run_id)
@@ -318,16 +325,18 @@ class Client:
             if existing.phase is not Phase.IDLE:
                 return RunHandle(self, run_id)
             # Still waiting for its start: the first submit may have died before sending it.
-        self._send_starts([start])
-        return RunHandle(self, run_id)
+        if created != "pushed":
+            self._send_starts([start])
+        return RunHandle(self, run_id, created=head if created != "exists" else None)
 
     def submit_many(
         self, requests: Sequence[RunRequest], *, check_agent: bool = True
     ) -> list[bool | WesichainError]:
-        """Create several runs, then send the starts of those created: the creates in one round
-        trip and the starts in one more on a standalone Redis, where :meth:`submit` takes two per
-        run. For each request: True if its run was created (and its start sent), False if its id
-        is taken (nothing written, nothing sent), or why it was refused (:class:`InvalidRequest`,
+        """Create several runs and send the starts of those created: in one round trip on a
+        standalone Redis that is the broker too (each create script pushes its run's start), where
+        :meth:`submit` takes one per run; else the creates in one and the starts in one more. For
+        each request: True if its run was created (and its start sent), False if its id is taken
+        (nothing written, nothing sent), or why it was refused (:class:`InvalidRequest`,
         :class:`StoreFull`); the others are created all the same. Any other error raises.
 
         For the runtime's own runs made many at a time with ids of their own (a pipeline's
@@ -344,8 +353,10 @@ class Client:
             new.append((i, head, start))
         created = self._create_in_thread([(head, start) for _, head, start in new], check_agent)
         for (i, _, _), made in zip(new, created, strict=True):
-            outcomes[i] = made
-        self._send_starts([start for (_, _, start), made in zip(new, created, strict=True) if made is True])
+            outcomes[i] = made if isinstance(made, WesichainError) else made != "exists"
+        self._send_starts(
+            [start for (_, _, start), made in zip(new, created, strict=True) if made == "created"]
+        )
         return outcomes
 
     def _new_run(
@@ -389,15 +400,15 @@ class Client:
         return head, start_task(run_id, namespace=request.namespace), asked_version
 
     def _create_in_thread(
-        self, runs: Sequence[tuple[RunHead, TaskSpec]], check_agent: bool
-    ) -> list[bool | WesichainError]:
+        self, runs: Sequence[tuple[RunHead, TaskSpec]], check_agent: bool, release: Release | None = None
+    ) -> list[Creation | WesichainError]:
         """Take each run's turn in its thread (if it has one), then create them (see
-        :meth:`_create_many` for the answers)."""
+        :meth:`_create_many` for the answers and ``release``)."""
         turns: list[ThreadTurn | None] = []
         try:
             for head, _ in runs:
                 turns.append(self._take_thread_turn(head, check_agent))
-            created = self._create_many(runs)
+            created = self._create_many(runs, release)
         except Exception:
             for (head, _), turn in zip(runs, turns, strict=False):  # the turns taken so far
                 if turn is not None and head.thread_id is not None:
@@ -406,7 +417,7 @@ class Client:
         for (head, _), turn, made in zip(runs, turns, created, strict=True):
             if turn is None:
                 continue
-            if isinstance(made, bool):
+            if not isinstance(made, WesichainError):
                 self._stop_runs(turn.ahead)
             elif head.thread_id is not None:
                 self.store.hand_thread_on(head.tenant, head.thread_id, head.run_id)  # never created
@@ -467,26 +478,39 @@ class Client:
             for task in tasks:
                 self.app.send_task(task.name, kwargs=task.arguments, task_id=task.task_id, queue=task.queue)
 
-    def _create(self, head: RunHead, start: TaskSpec) -> bool:
-        """Write the new run (IDLE, its start task in its outbox); False if its id is taken."""
+    def _create(self, head: RunHead, start: TaskSpec) -> Creation:
+        """Write one new run as :meth:`_create_many` does; raises :class:`StoreFull`."""
         (created,) = self._create_many([(head, start)])
         if isinstance(created, WesichainError):
             raise created
         return created
 
-    def _create_many(self, runs: Sequence[tuple[RunHead, TaskSpec]]) -> list[bool | WesichainError]:
+    def _create_many(
+        self, runs: Sequence[tuple[RunHead, TaskSpec]], release: Release | None = None
+    ) -> list[Creation | WesichainError]:
         """Write new runs (IDLE, each with its start task in its outbox), in one round trip on a
-        standalone Redis: for each, True if written, False if its id is taken, or
-        :class:`StoreFull` when Redis is (nearly) full."""
+        standalone Redis: for each, what creating it did (``exists``: its id is taken), or
+        :class:`StoreFull` when Redis is (nearly) full. When the broker is the store's Redis, each
+        create script pushes its run's start message too (``pushed``: no window between the two);
+        ``created``: the caller sends the start. ``release`` (one run only): the hold on the run's
+        place under its tenant's limits that its create gives up (``producer/api/limits.py``)."""
         if not runs:
             return []
+        if release is not None and len(runs) != 1:
+            raise ValueError("a release goes with the create of one run")
         if not self.settings.embedded:
             try:
                 self.memory_guard.check()
             except StoreFull as exc:
                 return [exc] * len(runs)
-        replies = self.store.create_many([(head, [start]) for head, start in runs])
-        outcomes: list[bool | WesichainError] = []
+        messages = self._messages if self.settings.commit_publish else None
+        replies = self.store.create_many(
+            [
+                NewRun(head, [start], messages.build([start]) if messages is not None else (), release)
+                for head, start in runs
+            ]
+        )
+        outcomes: list[Creation | WesichainError] = []
         for reply in replies:
             if isinstance(reply, redis.exceptions.OutOfMemoryError):
                 outcomes.append(
@@ -623,9 +647,11 @@ class Client:
             assistant_version=source.assistant_version,
         )
         start = start_task(new_id, namespace=source.namespace)
-        if not self._create(head, start):
+        creation = self._create(head, start)
+        if creation == "exists":
             raise InvalidRequest(f"run id {new_id!r} already exists")
-        self._send_starts([start])
+        if creation != "pushed":
+            self._send_starts([start])
         return RunHandle(self, new_id)
 
     def _fork_model(
@@ -873,9 +899,12 @@ class Client:
 class RunHandle:
     """One run: its status, its events, and the cancel and approval verbs."""
 
-    def __init__(self, client: Client, run_id: str) -> None:
+    def __init__(self, client: Client, run_id: str, *, created: RunHead | None = None) -> None:
         self.client = client
         self.run_id = run_id
+        #: The run as the submit that returned this handle created it (None: another handle, or a
+        #: submit that found the run already there).
+        self.created = created
 
     def __repr__(self) -> str:
         return f"RunHandle({self.run_id!r})"

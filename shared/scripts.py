@@ -51,6 +51,7 @@ __all__ = [
     "register_scripts",
     "run_many",
     "script_body",
+    "script_connections",
     "script_files",
     "script_source",
 ]
@@ -106,8 +107,9 @@ SPECS: dict[str, ScriptSpec] = {
     # -- the run store ---------------------------------------------------------------------------
     "create": _spec(
         "run checkpoints leases runs_index registry inflight",
-        "run_id op request body outbox queued_lease_ms tenant",
-        more_keys="the index keys to enter the run in",
+        "run_id op request body outbox queued_lease_ms tenant released",
+        more_keys="the index keys to enter the run in, then (released given) the set to remove it from",
+        more_args="the broker commands that publish the start task (push_broker)",
         words="created exists",
     ),
     "claim_phase": _spec(
@@ -389,9 +391,17 @@ class Script:
 
     __slots__ = ("_connections", "_script", "name", "spec")
 
-    def __init__(self, name: str, script: Any, connections: ScriptConnections | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        script: Any,
+        connections: ScriptConnections | None = None,
+        spec: ScriptSpec | None = None,
+    ) -> None:
         self.name = name
-        self.spec = SPECS[name]
+        #: A script of a file has the spec :data:`SPECS` holds for it; one built around a file's
+        #: script (the API's reservation, ``producer/api/limits.py``) brings its own.
+        self.spec = spec or SPECS[name]
         self._script = script
         self._connections = connections
 
@@ -466,19 +476,26 @@ def register_script(client: Any, name: str, connections: ScriptConnections | Non
     return Script(name, client.register_script(script_source(name)), connections)
 
 
-def register_scripts(client: redis.Redis) -> dict[str, Script]:
+def register_scripts(client: redis.Redis, connections: ScriptConnections | None = None) -> dict[str, Script]:
     """Every script of :data:`SCRIPT_NAMES` registered on ``client`` (EVALSHA, reloaded by redis-py
-    after a Redis restart).
+    after a Redis restart), sent on the threads' kept ``connections`` (default: new ones, see
+    :func:`script_connections`).
 
     On a cluster they are loaded on every primary at once (``SCRIPT LOAD`` goes to all of them),
     rather than on each primary's first NOSCRIPT reply; a promoted replica still gets them then.
     """
-    connections = ScriptConnections(client) if _plain_standalone(client) else None
+    connections = connections or script_connections(client)
     scripts = {name: register_script(client, name, connections) for name in SCRIPT_NAMES}
     if is_cluster(client):
         for script in scripts.values():
             script.sha = client.script_load(script.script)
     return scripts
+
+
+def script_connections(client: Any) -> ScriptConnections | None:
+    """Kept connections for the scripts of ``client``, if it is one they are for (see
+    :func:`_plain_standalone`)."""
+    return ScriptConnections(client) if _plain_standalone(client) else None
 
 
 def _plain_standalone(client: Any) -> bool:

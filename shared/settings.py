@@ -242,8 +242,9 @@ class Settings:
     #: ``maxmemory``, keeping the rest for the runs already going (0 < x <= 1).
     submit_max_memory: float = 0.9
     #: ``WESICHAIN_COMMIT_PUBLISH``: with a Redis broker on the store's server, the commit script
-    #: pushes the next phase's Celery message itself (one round trip, no commit/publish gap). ``0``
-    #: commits, then publishes, leaving the gap to the outbox and the sweeper.
+    #: pushes the next phase's Celery message itself (one round trip, no commit/publish gap), and
+    #: the client's create script a new run's start message. ``0`` commits (creates), then
+    #: publishes, leaving the gap to the outbox and the sweeper.
     commit_publish: bool = True
     #: ``WESICHAIN_BROKER_URL`` / ``--broker``: an ``amqp://`` (or ``amqps://``) RabbitMQ, or a
     #: ``redis://`` (``rediss://``) standalone Redis other than the run state's, as the broker; empty

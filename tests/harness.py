@@ -4,7 +4,7 @@ test session gives each server (``tests/broker.py``), the workers serving the su
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # Imported for its effect too: it installs the session's broker rule (RabbitMQ with --broker rabbitmq).
 import tests.broker  # noqa: F401
@@ -21,6 +21,9 @@ from worker.testing.harness import (
     wait_until,
 )
 
+if TYPE_CHECKING:
+    from shared.store import RunStore
+
 __all__ = [
     "ROOT",
     "PortTaken",
@@ -31,6 +34,7 @@ __all__ = [
     "running",
     "start_all",
     "stop_all",
+    "wait_thread_free",
     "wait_until",
 ]
 
@@ -41,3 +45,14 @@ AGENTS = "tests.agents_fixture"
 class WorkerProcess(harness.WorkerProcess):
     def __init__(self, name: str, redis_url: str, *, agents: str = AGENTS, **options: Any) -> None:
         super().__init__(name, redis_url, agents=agents, **options)
+
+
+def wait_thread_free(store: RunStore, thread: str, timeout: float, tenant: str | None = None) -> None:
+    """Wait until no run holds ``thread``. A run hands its thread on in a step after its terminal
+    commit (the thread's keys are on another slot), so a caller that saw the run end may look
+    before the thread is released."""
+    wait_until(
+        lambda: store.thread_holder(tenant, thread)[0] == "",
+        timeout,
+        what=f"thread {thread} to be handed on by its last run",
+    )

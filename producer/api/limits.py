@@ -11,7 +11,8 @@ and create a run too. A submit therefore *reserves* its place before it reads th
    reservations the tenant has, its own included;
 2. the submit reads the in-flight counts, and goes on only if runs in flight plus reservations fit
    the limit;
-3. it drops its reservation once its run is created (or its create failed).
+3. it drops its reservation once its run is created (or its create failed); on a single Redis the
+   create script drops it itself, in the step that counts the run.
 
 This cannot admit one run too many. Take any runs in flight at the same moment, and among their
 submits the last to reserve: every other one reserved before it, and at that moment either still
@@ -27,8 +28,9 @@ when reservations tip it over, it withdraws (its window entry too) and tries aga
 milliseconds, and answers ``503 unavailable`` (Retry-After) if that lasts ``ADMIT_WAIT_S``.
 Admitting costs one round trip more than creating the run: on a single Redis the script reads the
 counts itself once it has reserved (steps 1 and 2 in one command; on Redis Cluster the counts are
-in other slots and the read waits for the script, two round trips), while the delete shares its round
-trip with the read of the created run for the submit's answer. No lock is held, so one tenant's
+in other slots and the read waits for the script, two round trips), while the delete rides the
+create script (on Redis Cluster, a round trip of its own after it; a resubmit that finds its run
+already there shares it with the read of that run for the answer). No lock is held, so one tenant's
 submits still run side by side.
 
 A tenant's limits, default webhook and allow-lists (queue namespaces, Celery callbacks, models)
@@ -50,10 +52,10 @@ from redis.crc import key_slot
 from producer.api.errors import ApiError
 from shared.errors import ConfigError
 from shared.protocol import lua_prelude
-from shared.scripts import is_cluster, script_body
+from shared.scripts import ScriptSpec, is_cluster, script_body
 from shared.state import RunHead
 from shared.store import RunStore
-from shared.store.runs import loaded_head
+from shared.store.runs import Release, loaded_head
 from shared.tenants import CeleryCallbacks, TenantLimits, Tenants, TenantSettings
 
 __all__ = [
@@ -112,6 +114,14 @@ return {1, redis.call('ZCARD', KEYS[2]), inflight()}
 """
 
 
+#: What the reservation script takes: the submit window script's KEYS and ARGV, then its own.
+_RESERVE_SPEC = ScriptSpec(
+    keys=("window", "reserved"),
+    args=("limit", "window", "member", "ttl_ms", "tenant"),
+    more_keys="(single Redis) the in-flight hash of every shard",
+)
+
+
 def _reserve_source() -> str:
     window = script_body("submit_window")
     body = _RESERVE_BODY.replace("--WINDOW--", window)
@@ -141,8 +151,12 @@ class SubmitGate:
         self.store = store
         self.tenants = tenants
         self.cache_s = cache_s
-        self._reserve = store.redis.register_script(_reserve_source())
+        # On the store's kept connections: a submit's script skips redis-py's pool, retry wrapper
+        # and hooks, as the create script does (``shared.scripts.ScriptConnections``).
+        self._reserve = store.register_script("submit_reserve", _reserve_source(), _RESERVE_SPEC)
         self._cluster = is_cluster(store.redis)
+        #: Every shard's in-flight hash, the reservation script's KEYS after its own two.
+        self._inflight_keys = [store.keys.inflight(shard) for shard in range(store.keys.shards)]
         window = store.keys.submits("tenant")  # tenants' names hold no braces: one check for all
         if self._cluster and key_slot(reservations_key(window).encode()) != key_slot(window.encode()):
             raise ConfigError(f"the key prefix {store.keys.prefix!r} puts a tenant's keys in different slots")
@@ -239,8 +253,7 @@ class SubmitGate:
         if self._cluster:
             admitted, value, _ = self._reserve(keys=keys, args=[*args, ""])
             return int(admitted), int(value), self.store.inflight(tenant)
-        shards = [self.store.keys.inflight(shard) for shard in range(self.store.keys.shards)]
-        admitted, value, inflight = self._reserve(keys=[*keys, *shards], args=[*args, tenant])
+        admitted, value, inflight = self._reserve(keys=[*keys, *self._inflight_keys], args=[*args, tenant])
         return int(admitted), int(value), int(inflight)
 
     def release(self, reservation: Reservation | None) -> None:
@@ -248,6 +261,14 @@ class SubmitGate:
         if reservation is not None:
             window = self.store.keys.submits(reservation.tenant)
             self.store.redis.zrem(reservations_key(window), reservation.token)
+
+    def released_with_create(self, reservation: Reservation | None) -> Release | None:
+        """What the create script drops as it creates the run (``RunStore.create_run``): the
+        reservation's entry, on a single Redis (on Redis Cluster it is in another slot than the
+        run: None, and :meth:`release` drops it once the run is created)."""
+        if reservation is None or self._cluster:
+            return None
+        return Release(reservations_key(self.store.keys.submits(reservation.tenant)), reservation.token)
 
     def release_and_load(self, reservation: Reservation | None, run_id: str) -> RunHead | None:
         """:meth:`release` once the run is created, and read its head (the submit's answer) in the

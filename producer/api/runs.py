@@ -216,8 +216,9 @@ def submit(
             assistant=body.assistant,
             assistant_version=body.assistant_version,
             allowed_models=allowed_models(services.gate, who),
+            release=start.with_create,
         )
-        head = start.created(handle.run_id)
+        head = start.created(handle)
     return json_answer(_view(services, head, services.recent_workers()), 202)
 
 
@@ -242,12 +243,22 @@ class _Start:
         self.services = services
         self.reservation = reservation
         self.released = False
+        #: The reservation for the create script to drop as it creates the run (standalone Redis).
+        self.with_create = services.gate.released_with_create(reservation)
 
-    def created(self, run_id: str) -> RunHead:
-        """The run is created: drop the reservation and read the run, in one round trip."""
+    def created(self, handle: RunHandle) -> RunHead:
+        """The run is started: its head for the answer, the reservation dropped. A run this submit
+        created is answered as created, its reservation dropped by the create script itself (on
+        Redis Cluster, here); a run the submit found (an idempotent resubmit) is read, in the
+        round trip that drops the reservation."""
+        if handle.created is not None:
+            if self.with_create is None:
+                self.release()
+            self.released = True
+            return handle.created
         self.released = True
-        head = self.services.gate.release_and_load(self.reservation, run_id)
-        return head if head is not None else RunHandle(self.services.client, run_id).status()
+        head = self.services.gate.release_and_load(self.reservation, handle.run_id)
+        return head if head is not None else handle.status()
 
     def release(self) -> None:
         if not self.released:

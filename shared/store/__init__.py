@@ -35,10 +35,8 @@ around. Every name this module offered before the split is still imported from h
 
 from __future__ import annotations
 
-from shared.store.base import MessageCache, new_op, new_token
+from shared.store.base import PUBLISH_COMMANDS, BrokerCommand, MessageCache, new_op, new_token
 from shared.store.claims import (
-    PUBLISH_COMMANDS,
-    BrokerCommand,
     Busy,
     CallClaim,
     Claim,

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from shared.errors import InternalInvariant
 from shared.keys import Keys
 from shared.messages import Message
-from shared.scripts import register_scripts
+from shared.scripts import Script, ScriptSpec, register_scripts, script_connections
 from shared.settings import Settings
 from shared.state import TaskSpec
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from shared.archive import Archive
 
 __all__ = [
+    "PUBLISH_COMMANDS",
+    "BrokerCommand",
     "MessageCache",
     "StoreCore",
     "new_op",
@@ -58,7 +61,8 @@ class StoreCore:
         self.redis = client
         self.settings = settings
         self.keys = Keys(settings.prefix, settings.shards)
-        self._scripts = register_scripts(client)
+        self._connections = script_connections(client)
+        self._scripts = register_scripts(client, self._connections)
         self._messages = MessageCache()
         self._archive = archive
         self._archive_lock = threading.Lock()
@@ -90,6 +94,11 @@ class StoreCore:
         if archive is None or self._in_redis(run_id):
             return None
         return archive
+
+    def register_script(self, name: str, source: str, spec: ScriptSpec) -> Script:
+        """A script of the store's client built around its own (``spec``: what it takes), sent on
+        the same kept connections as the store's scripts."""
+        return Script(name, self.redis.register_script(source), self._connections, spec)
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return self._scripts[name](keys=list(keys), args=[str(a) for a in args])
@@ -128,6 +137,25 @@ class MessageCache:
             self._runs.move_to_end(run_id)
             while len(self._runs) > self.max_runs:
                 self._runs.popitem(last=False)
+
+
+#: One Redis command of a task's publish to a Redis broker, as kombu would run it: its name and
+#: arguments (see ``producer/publishing.py``).
+BrokerCommand = tuple[str, tuple[str, ...]]
+
+#: The commands a create or commit script runs for a publish (it refuses any other).
+PUBLISH_COMMANDS = frozenset({"lpush", "publish", "pexpire"})
+
+
+def _push_args(epoch: int, push: Sequence[BrokerCommand]) -> list[str]:
+    """Broker commands as script arguments: the epoch they were built for, their count, then name,
+    argument count and arguments of each."""
+    flat = [str(epoch), str(len(push))]
+    for name, args in push:
+        if name not in PUBLISH_COMMANDS:
+            raise InternalInvariant(f"publish command {name!r} is not one a script may run")
+        flat += [name, str(len(args)), *args]
+    return flat
 
 
 def _dump_outbox(outbox: Sequence[TaskSpec]) -> str:

@@ -24,12 +24,18 @@ from shared.liveness import HeldClaim
 from shared.messages import MESSAGE_ADAPTER, Message, dump_message
 from shared.scripts import is_cluster, run_many
 from shared.state import Phase, RunHead, TaskSpec, ToolResult
-from shared.store.base import _dump_outbox, _load_outbox, _s, new_op, new_token
+from shared.store.base import (
+    BrokerCommand,
+    _dump_outbox,
+    _load_outbox,
+    _push_args,
+    _s,
+    new_op,
+    new_token,
+)
 from shared.store.runs import RunsMixin
 
 __all__ = [
-    "PUBLISH_COMMANDS",
-    "BrokerCommand",
     "Busy",
     "CallClaim",
     "Claim",
@@ -177,25 +183,6 @@ class ClaimRef:
     #: When the claim was taken and how many claims of the work it is (0: not known).
     claimed_at: float = 0.0
     attempt: int = 0
-
-
-#: One Redis command of a task's publish to a Redis broker, as kombu would run it: its name and
-#: arguments (see ``producer/publishing.py``).
-BrokerCommand = tuple[str, tuple[str, ...]]
-
-#: The commands a commit script runs for a publish (it refuses any other).
-PUBLISH_COMMANDS = frozenset({"lpush", "publish", "pexpire"})
-
-
-def _push_args(epoch: int, push: Sequence[BrokerCommand]) -> list[str]:
-    """Broker commands as script arguments: the epoch they were built for, their count, then name,
-    argument count and arguments of each."""
-    flat = [str(epoch), str(len(push))]
-    for name, args in push:
-        if name not in PUBLISH_COMMANDS:
-            raise InternalInvariant(f"publish command {name!r} is not one a commit may run")
-        flat += [name, str(len(args)), *args]
-    return flat
 
 
 class ClaimsMixin(RunsMixin):

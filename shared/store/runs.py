@@ -7,7 +7,8 @@ in the same types.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import redis
 
@@ -17,12 +18,47 @@ from shared.messages import MESSAGE_ADAPTER, Message
 from shared.scripts import run_many
 from shared.search import index_dimensions
 from shared.state import Phase, RunHead, TaskSpec, ToolResult
-from shared.store.base import StoreCore, _dump_outbox, _s, new_op
+from shared.store.base import BrokerCommand, StoreCore, _dump_outbox, _push_args, _s, new_op
 
 __all__ = [
+    "Creation",
+    "NewRun",
+    "Release",
     "RunsMixin",
     "loaded_head",
 ]
+
+
+@dataclass(frozen=True)
+class Release:
+    """A member of a sorted set that creating a run removes in the same step: a producer's hold of
+    the run's place under a limit (``producer/api/limits.py``), given up the moment the run counts."""
+
+    key: str
+    member: str
+
+
+#: What creating a run did: created it and ran the publish of its start (``pushed``), created it
+#: (the caller publishes), or found a run with its id already there.
+Creation = Literal["pushed", "created", "exists"]
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A run to create (:meth:`RunsMixin.create_many`): its head, its outbox, the broker commands
+    that publish its start with the create, and the hold the create gives up (see
+    :meth:`RunsMixin.create_run`)."""
+
+    head: RunHead
+    outbox: Sequence[TaskSpec]
+    push: Sequence[BrokerCommand] = ()
+    release: Release | None = None
+
+
+def _creation(reply: Any) -> Creation:
+    if _s(reply[0]) != "created":
+        return "exists"
+    return "pushed" if _s(reply[1]) == "1" else "created"
 
 
 def loaded_head(raw: Sequence[Any]) -> RunHead | None:
@@ -125,53 +161,70 @@ class RunsMixin(StoreCore):
 
     def create(self, head: RunHead, outbox: Sequence[TaskSpec]) -> bool:
         """Create an IDLE run at version 1; False if a run with this id already exists."""
-        (created,) = self.create_many([(head, outbox)])
+        return self.create_run(head, outbox) != "exists"
+
+    def create_run(
+        self,
+        head: RunHead,
+        outbox: Sequence[TaskSpec],
+        push: Sequence[BrokerCommand] = (),
+        release: Release | None = None,
+    ) -> Creation:
+        """Create an IDLE run at version 1, ``exists`` if a run with this id already exists.
+
+        ``push``: the broker commands that publish the run's start task (Redis broker on this
+        server only), run by the script with the create: ``pushed`` says they ran, ``created``
+        that the caller publishes (none given, or a replay of this very create).
+        ``release``: a sorted set's member removed in the same step once the run is created (not
+        when it ``exists``); on a standalone Redis only (on a cluster it is in another slot)."""
+        (created,) = self.create_many([NewRun(head, outbox, push, release)])
         if isinstance(created, Exception):
             raise created
         return created
 
-    def create_many(self, runs: Sequence[tuple[RunHead, Sequence[TaskSpec]]]) -> list[bool | Exception]:
-        """Create IDLE runs at version 1, each with its outbox, in one round trip on a standalone
-        Redis: for each, True if created, False if a run with its id already exists, or the error
-        Redis answered for it (an ``OutOfMemoryError``; the others were still created)."""
-        k, calls = self.keys, []
-        for head, outbox in runs:
-            if head.version != 1 or head.phase is not Phase.IDLE:
-                raise InternalInvariant(
-                    f"a run is created IDLE at version 1, not {head.phase} v{head.version}"
-                )
-            run_id, tenant = head.run_id, head.tenant
-            indexes = [
-                k.index_of(run_id, tenant, dimension, value)
-                for dimension, value in index_dimensions(head, self.settings.search_attributes)
-            ]
-            calls.append(
-                (
-                    [
-                        k.run(run_id),
-                        k.checkpoints(run_id),
-                        k.leases_of(run_id),
-                        k.runs_index_of(run_id),
-                        k.indexes_of(run_id),
-                        k.inflight_of(run_id),
-                        *indexes,
-                    ],
-                    [
-                        run_id,
-                        new_op(),
-                        head.dump_request(),
-                        head.dump_body(),
-                        _dump_outbox(outbox),
-                        self._queued_ms,
-                        tenant or "-",
-                    ],
-                )
-            )
+    def create_many(self, runs: Sequence[NewRun]) -> list[Creation | Exception]:
+        """Create runs as :meth:`create_run` does, in one round trip on a standalone Redis: for
+        each, what creating it did, or the error Redis answered for it (an ``OutOfMemoryError``;
+        the others were still created)."""
+        calls = [self._create_call(run) for run in runs]
         if len(calls) == 1:  # one run: on the thread's own script connection
             keys, args = calls[0]
             try:
-                return [_s(self._run("create", keys, args)) == "created"]
+                return [_creation(self._run("create", keys, args))]
             except redis.exceptions.ResponseError as exc:
                 return [exc]
         replies = run_many(self.redis, self._scripts["create"], calls, raise_on_error=False)
-        return [reply if isinstance(reply, Exception) else _s(reply) == "created" for reply in replies]
+        return [reply if isinstance(reply, Exception) else _creation(reply) for reply in replies]
+
+    def _create_call(self, run: NewRun) -> tuple[list[str], list[Any]]:
+        """The create script's keys and arguments for ``run``."""
+        head, release = run.head, run.release
+        if head.version != 1 or head.phase is not Phase.IDLE:
+            raise InternalInvariant(f"a run is created IDLE at version 1, not {head.phase} v{head.version}")
+        k, run_id, tenant = self.keys, head.run_id, head.tenant
+        indexes = [
+            k.index_of(run_id, tenant, dimension, value)
+            for dimension, value in index_dimensions(head, self.settings.search_attributes)
+        ]
+        keys = [
+            k.run(run_id),
+            k.checkpoints(run_id),
+            k.leases_of(run_id),
+            k.runs_index_of(run_id),
+            k.indexes_of(run_id),
+            k.inflight_of(run_id),
+            *indexes,
+            *([release.key] if release is not None else []),
+        ]
+        args = [
+            run_id,
+            new_op(),
+            head.dump_request(),
+            head.dump_body(),
+            _dump_outbox(run.outbox),
+            self._queued_ms,
+            tenant or "-",
+            release.member if release is not None else "",
+            *_push_args(0, run.push),
+        ]
+        return keys, args

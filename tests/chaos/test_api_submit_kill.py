@@ -1,10 +1,10 @@
 """An API process SIGKILLed in the middle of a burst of submits at a tenant's in-flight limit.
 
-The submit path reserves a place and reads the in-flight counts in one pipelined round trip, and
-drops the reservation in the round trip that reads the created run back. A process killed
-anywhere in between leaves, at worst, a reservation of its own (expiring after
-``RESERVE_TTL_MS``) and perhaps a created run whose reservation is still counted: both only make
-later submits wait. So, across the kill and a restart, no more runs than the limit are ever in
+The submit path reserves a place and reads the in-flight counts in one script, and the create
+script drops the reservation in the step that counts the run (on Redis Cluster, a round trip
+after it). A process killed anywhere in between leaves, at worst, a reservation of its own
+(expiring after ``RESERVE_TTL_MS``) and perhaps a created run whose reservation is still counted:
+both only make later submits wait. So, across the kill and a restart, no more runs than the limit are ever in
 flight, every run a client was answered 202 for exists, and once the dead process's reservations
 have expired the tenant gets exactly its limit again.
 """

@@ -36,7 +36,7 @@ from tests.chaos.support import (
     wait_delivered,
     wait_paused,
 )
-from tests.harness import RedisServer, wait_until
+from tests.harness import RedisServer, wait_thread_free, wait_until
 
 AGENTS = "tests.agents_threads"
 WAITING = 6
@@ -132,5 +132,5 @@ def test_duplicate_starts_of_parked_runs_start_each_once_through_a_kill(
     # delivery holding it: then it is dropped as busy) parked it again, beyond each run's own park.
     parks = "".join(w.log() for w in cluster.workers).count(" of its thread to end")
     assert parks > WAITING
-    assert client.store.thread_holder(None, thread)[0] == ""
+    wait_thread_free(client.store, thread, RUN_TIMEOUT_S)
     assert [r_id for r_id in waiting if client.store.thread_wait(r_id) is not None] == []

@@ -11,8 +11,8 @@ from producer.client import Client
 from shared.messages import SystemMessage, UserMessage
 from shared.settings import Settings
 from shared.state import Phase
-from tests.chaos.support import Cluster, wait_paused, wait_terminal
-from tests.harness import RedisServer
+from tests.chaos.support import RUN_TIMEOUT_S, Cluster, wait_paused, wait_terminal
+from tests.harness import RedisServer, wait_thread_free
 
 AGENTS = "shared.examples.research"
 
@@ -41,6 +41,6 @@ def test_start_phases_killed_on_a_thread_after_a_handoff(cluster: Cluster, serve
             "What is a lease?",
             "What is Flower?",
         ]
-        assert client.store.thread_holder(None, thread)[0] == ""  # the thread was handed on, free
+        wait_thread_free(client.store, thread, RUN_TIMEOUT_S)  # the thread is handed on, free
     finally:
         client.close()

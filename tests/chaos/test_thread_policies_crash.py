@@ -34,7 +34,7 @@ from tests.chaos.support import (
     starts,
     wait_paused,
 )
-from tests.harness import RedisServer, wait_until
+from tests.harness import RedisServer, wait_thread_free, wait_until
 
 AGENTS = "tests.agents_threads"
 SUBMITS = 20
@@ -89,11 +89,7 @@ def _assert_nothing_stranded(client: Client, thread: str, run_ids: list[str]) ->
     The last run's hand-on of its thread follows its terminal commit (a step of its own, that the
     sweeper repairs when a kill falls between them), so a caller that saw the run end may look
     before the thread is released: it is waited for, then everything is asserted."""
-    wait_until(
-        lambda: client.store.thread_holder(None, thread)[0] == "",
-        RUN_TIMEOUT_S,
-        what=f"thread {thread} to be handed on by its last run",
-    )
+    wait_thread_free(client.store, thread, RUN_TIMEOUT_S)
     assert client.store.thread_waiting(None, thread) == []
     assert [r for r in run_ids if client.store.thread_wait(r) is not None] == []
 

@@ -7,16 +7,20 @@ frames. Real uvicorn, real workers, real redis-server."""
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import psutil
 import pytest
 
 from producer.api.limits import reservations_key
 from shared.keys import Keys
+from shared.tasks import TASK_START
 from shared.tenants import TenantLimits, Tenants
 from tests.api_support import SSE, ApiProcess, Frame, bearer, frames, wait_status
 from tests.broker import is_cluster
@@ -57,10 +61,11 @@ def test_concurrent_submits_leave_no_reservation_and_answer_the_runs_they_create
     assert [a.status_code for a in answers] == [202] * 12
     runs = [a.json() for a in answers]
     assert len({r["run_id"] for r in runs}) == 12
-    # The answer is the run as read in the round trip that dropped the reservation, after its start
-    # was sent (a worker may have taken it already); its workers were live, so it waits for nothing.
-    assert {(r["agent"], r["waiting_for"]) for r in runs} == {("direct", None)}
-    assert {r["status"] for r in runs} <= {"queued", "running", "completed"}
+    # The answer is the run as its submit created it (the create script dropped the reservation and
+    # pushed the start); its workers were live, so it waits for nothing.
+    assert {(r["agent"], r["waiting_for"], r["status"], r["version"]) for r in runs} == {
+        ("direct", None, "queued", 1)
+    }
     assert sorted(r["input"] for r in runs) == sorted(f"hello {i}" for i in range(12))
     # Every reservation was dropped once its run was created.
     redis = redis_server.client()
@@ -87,14 +92,10 @@ def test_the_reservation_is_loaded_again_after_redis_lost_its_scripts(
     assert third.json()["error"]["kind"] == "rate_limited"
 
 
-def test_on_one_redis_the_reservation_script_reads_the_in_flight_counts_itself(
-    api: ApiProcess, redis_server: RedisServer
-) -> None:
-    """Steps 1 and 2 of the admission (producer/api/limits.py) in one command: the API sends no
-    read of a shard's in-flight hash of its own, the script reads every shard's after reserving."""
-    if is_cluster(redis_server.url):
-        pytest.skip("on Redis Cluster the counts are read after the script, on their own nodes")
-    _, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+def _monitored_submit(
+    api: ApiProcess, redis_server: RedisServer, key: str
+) -> tuple[str, list[dict[str, str]]]:
+    """One submit, and every command Redis ran while it was served (MONITOR): its run id and them."""
     marker = f"end-of-submit-{uuid.uuid4().hex}"
     seen: list[dict[str, str]] = []
     listening = threading.Event()
@@ -115,14 +116,67 @@ def test_on_one_redis_the_reservation_script_reads_the_in_flight_counts_itself(
         # MONITOR starts streaming once the server has taken it: wait until a command shows.
         while not seen:
             redis_server.client().ping()
-        assert http.post("/v1/runs", json={"agent": "direct", "input": "counted"}).status_code == 202
+        answer = http.post("/v1/runs", json={"agent": "direct", "input": "counted"})
+        assert answer.status_code == 202, answer.text
     redis_server.client().get(marker)
     watcher.join(TIMEOUT)
     assert not watcher.is_alive()
+    return answer.json()["run_id"], seen
+
+
+def test_on_one_redis_the_reservation_script_reads_the_in_flight_counts_itself(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    """Steps 1 and 2 of the admission (producer/api/limits.py) in one command: the API sends no
+    read of a shard's in-flight hash of its own, the script reads every shard's after reserving."""
+    if is_cluster(redis_server.url):
+        pytest.skip("on Redis Cluster the counts are read after the script, on their own nodes")
+    _, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    _, seen = _monitored_submit(api, redis_server, key)
     hashes = {Keys().inflight(shard) for shard in range(Keys().shards)}
     reads = [c for c in seen if c["command"].startswith("HGET ") and c["command"].split()[1] in hashes]
     assert reads and all(c["client_type"] == "lua" for c in reads), reads
     assert len(reads) == Keys().shards
+
+
+def test_a_submit_is_two_scripts_of_the_api_the_create_dropping_the_reservation_and_pushing_the_start(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    """On one Redis, with the broker on it: the API sends the reservation's script and the create
+    script, which drops the reservation and pushes the start's Celery message in the step that
+    creates the run; no drop, read-back or publish of the API's own."""
+    if is_cluster(redis_server.url):
+        pytest.skip("a Redis Cluster run state has a broker of its own")
+    tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    run_id, seen = _monitored_submit(api, redis_server, key)
+    reserved = reservations_key(Keys().submits(tenant))
+    assert api.proc is not None
+    # The API's own commands: those sent on its process's connections to Redis (the workers, which
+    # run the new run at once, have theirs).
+    redis_port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
+    api_ports = {
+        str(c.laddr.port)
+        for c in psutil.Process(api.proc.pid).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == redis_port
+    }
+    own = [c["command"] for c in seen if c["client_type"] != "lua" and c["client_port"] in api_ports]
+    # Those naming the run or the reservation (the others are reads a process caches for a few
+    # seconds: the tenant's settings, Redis's memory, the worker registry).
+    submit_path = [c.split()[0] for c in own if run_id in c or reserved in c]
+    assert submit_path == ["EVALSHA", "EVALSHA"], own
+    assert not [c for c in own if c.startswith(("LPUSH ", "ZREM "))], own
+    drops = [c["client_type"] for c in seen if c["command"].startswith(f"ZREM {reserved} ")]
+    assert drops == ["lua"], seen
+    starts = [c["client_type"] for c in seen if _starts(c["command"], run_id)]
+    assert starts == ["lua"], seen
+
+
+def _starts(command: str, run_id: str) -> bool:
+    """Whether a command of MONITOR's output is the push of run ``run_id``'s start task."""
+    if not command.startswith("LPUSH "):
+        return False
+    message = json.loads(command.split(" ", 2)[2].encode().decode("unicode_escape").strip('"'))
+    return message["headers"]["task"] == TASK_START and run_id in base64.b64decode(message["body"]).decode()
 
 
 def test_another_tenant_can_neither_read_nor_follow_nor_steer_a_submitted_run(

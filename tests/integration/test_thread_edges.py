@@ -25,7 +25,7 @@ from shared.tenants import Tenants
 from tests.agents_fixture import GATE_DIR_ENV
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.broker import Settings
-from tests.harness import RedisServer, WorkerProcess, wait_until
+from tests.harness import RedisServer, WorkerProcess, wait_thread_free, wait_until
 
 AGENTS = "tests.agents_threads"
 TIMEOUT = 60
@@ -195,4 +195,4 @@ def test_cancelling_a_run_parked_for_its_thread_ends_it_at_once_and_the_next_one
     assert head.phase is Phase.COMPLETED
     users = [m.content for m in client.store.load_messages(second.run_id) if isinstance(m, UserMessage)]
     assert users == ["look", "second"]
-    assert client.store.thread_holder(None, thread)[0] == ""
+    wait_thread_free(client.store, thread, TIMEOUT)

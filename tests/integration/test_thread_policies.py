@@ -21,7 +21,7 @@ from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessag
 from shared.state import Phase, ThreadPolicy
 from tests.agents_fixture import GATE_DIR_ENV
 from tests.conftest import own_store
-from tests.harness import RedisServer, WorkerProcess, running, wait_until
+from tests.harness import RedisServer, WorkerProcess, running, wait_thread_free, wait_until
 from tests.redis_cluster import RedisCluster
 
 TIMEOUT = 60
@@ -128,7 +128,7 @@ def test_enqueue_runs_every_message_in_thread_order_each_on_the_whole_history(
         previous_input = head.input
     # The charge ran once.
     assert _count(gate, f"{blocker.run_id}:1:call_0.effects") == 1
-    assert client.store.thread_holder(None, thread)[0] == ""
+    wait_thread_free(client.store, thread, TIMEOUT)
 
 
 def test_reject_refuses_every_submit_naming_the_busy_run_and_creates_nothing(

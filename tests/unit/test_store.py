@@ -20,6 +20,7 @@ from shared.llm.base import Usage
 from shared.messages import Message, SystemMessage, ToolMessage, UserMessage
 from shared.state import Decision, Phase, RunHead, TaskSpec
 from shared.store import Busy, CallClaim, Claim, ClaimRef, Done, Due, PhaseClaim, RunStore, Stale
+from shared.store.runs import Release
 from shared.tasks import start_task, task_for
 from tests.harness import RedisServer, wait_until
 from tests.store_support import make_store, redis_ms
@@ -87,6 +88,24 @@ def test_create_once(store: RunStore) -> None:
     before = snapshot(store, "run-1")
     assert store.create(RunHead.new_idle("run-1", "other-agent", "another question"), []) is False
     assert snapshot(store, "run-1") == before
+
+
+def test_create_runs_the_start_push_and_the_release_only_when_it_creates(store: RunStore) -> None:
+    """The broker commands and the member to release ride the create: both run when the run is
+    created, neither when its id is taken (the caller then releases and publishes itself)."""
+    store.redis.zadd("held", {"mine": 1, "other": 1})
+    push = [("lpush", ("queue", "start-of-run-2"))]
+    head = RunHead.new_idle("run-2", "research", "q")
+    assert store.create_run(head, [start_task("run-2")], push, Release("held", "mine")) == "pushed"
+    assert store.redis.lrange("queue", 0, -1) == ["start-of-run-2"]
+    assert store.redis.zrange("held", 0, -1) == ["other"]
+    assert store.load("run-2") == head
+    again = RunHead.new_idle("run-2", "research", "another")
+    assert store.create_run(again, [start_task("run-2")], push, Release("held", "other")) == "exists"
+    assert store.redis.lrange("queue", 0, -1) == ["start-of-run-2"]
+    assert store.redis.zrange("held", 0, -1) == ["other"]
+    # Without broker commands the run is created and the caller publishes.
+    assert store.create_run(RunHead.new_idle("run-3", "research", "q"), [start_task("run-3")]) == "created"
 
 
 def test_create_refuses_anything_but_a_new_idle_head(store: RunStore) -> None:
