@@ -4,13 +4,17 @@ The commit script enters every run that ends in its shard's *ended* set, scored 
 A pass of the archiver takes, shard by shard, the runs that ended more than
 ``Settings.archive_after_s`` ago, in batches of ``Settings.archive_batch``:
 
-1. read each run whole from Redis (head, conversation, checkpoints, events, tool results): the
-   head parsed, every other part kept as the JSON the runtime wrote (``StoredRun``);
-2. write the batch to the database in one transaction and commit it (runs already there are
-   skipped: a pass that died after its commit left them);
-3. read back what the database holds of each run and compare it with what was read;
-4. only then delete the run's keys and index entries from Redis, in one script per run that
-   deletes nothing unless the run is still ended at the version archived.
+1. read each run whole from Redis (head, conversation, checkpoints, events, tool results) with
+   the ``archive_read`` and ``archive_results`` scripts: the head parsed, every other part kept
+   as the JSON the runtime wrote (``StoredRun``);
+2. write the batch to the database and read back what it holds of each run, in one transaction,
+   and commit it (runs already there are skipped: a pass that died after its commit left them);
+3. compare what was read back with what was read;
+4. only then delete the runs' keys and index entries from Redis with the ``archive_drop``
+   script, which deletes nothing of a run unless it is still ended at the version archived.
+
+Each script takes up to ``_RUNS_PER_CALL`` runs a call (a call holds Redis for its whole length);
+a batch's calls go in one round trip.
 
 A crash anywhere leaves each run in Redis, in the archive, or in both until the next pass (reads
 prefer Redis and listings show it once): never lost, never archived twice. A database outage
