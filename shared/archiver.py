@@ -297,7 +297,7 @@ class Archiver:
 
 #: Runs (or step results) per call of the archiver's scripts: a call holds Redis for its whole
 #: length, so a batch goes in several calls, sent together in one round trip.
-_RUNS_PER_CALL = 100
+_RUNS_PER_CALL = 25
 
 
 def _chunks(items: list[_T]) -> list[list[_T]]:
