@@ -6,7 +6,8 @@ an answer):
 
 * Redis memory per live run, per ended run not archived yet, and what is left after archiving;
 * archive throughput: runs per second one archiver moves into PostgreSQL (read from Redis, written
-  with ``COPY`` in one transaction per batch, read back and compared, deleted from Redis);
+  with ``COPY`` and read back in one transaction per batch, compared, deleted from Redis), the
+  archiver's runs per CPU second and redis-server's CPU per archived run;
 * database bytes per archived run (tables, indexes and TOAST);
 * the latency of an archived run's status read (``RunHandle.status()``: Redis, then PostgreSQL).
 
@@ -92,6 +93,11 @@ def _db_bytes(archive: Archive, url: str) -> int:
         return int(cur.fetchone()[0])
 
 
+def _redis_cpu_s(store: RunStore) -> float:
+    cpu = store.redis.info("cpu")
+    return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+
 def _settle(store: RunStore, timeout_s: float = 15.0) -> int:
     """Redis's memory once its housekeeping stopped shrinking its key tables (or after ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
@@ -159,6 +165,7 @@ def measure(runs: int, backend: str, batch: int, archivers: int = 1) -> dict[str
         full = _used(store)
         ended_bytes = (full - base) / runs
 
+        redis_cpu = _redis_cpu_s(store)
         started, cpu = time.monotonic(), time.process_time()
         if archivers == 1:
             report = archiver.run_once(after_s=0)
@@ -166,6 +173,7 @@ def measure(runs: int, backend: str, batch: int, archivers: int = 1) -> dict[str
         else:
             _archive_in_processes(settings, archivers)
         archive_s, archive_cpu_s = time.monotonic() - started, time.process_time() - cpu
+        redis_cpu = _redis_cpu_s(store) - redis_cpu
         assert not any(store.redis.exists(store.keys.run(r)) for r in run_ids[:100])
         assert len(archive.present(run_ids)) == runs
         left = _settle(store) - base
@@ -196,6 +204,8 @@ def measure(runs: int, backend: str, batch: int, archivers: int = 1) -> dict[str
             "archive_runs_per_s_per_archiver": round(runs / archive_s / archivers),
             # The archiver's own CPU (one process only): runs per CPU second of the archiver.
             "archive_runs_per_cpu_s": round(runs / archive_cpu_s) if archivers == 1 else None,
+            # redis-server's CPU over the archiving (the scripts' reads and deletes), per run.
+            "archive_redis_cpu_ms_per_run": round(redis_cpu / runs * 1000, 3),
             "runs_made_per_s": round(runs / made_s),
             "status_read_ms_p50": round(statistics.median(timings), 3),
             "status_read_ms_p99": round(timings[int(len(timings) * 0.99) - 1], 3),

@@ -4,13 +4,17 @@ The commit script enters every run that ends in its shard's *ended* set, scored 
 A pass of the archiver takes, shard by shard, the runs that ended more than
 ``Settings.archive_after_s`` ago, in batches of ``Settings.archive_batch``:
 
-1. read each run whole from Redis (head, conversation, checkpoints, events, tool results): the
-   head parsed, every other part kept as the JSON the runtime wrote (``StoredRun``);
-2. write the batch to the database in one transaction and commit it (runs already there are
-   skipped: a pass that died after its commit left them);
-3. read back what the database holds of each run and compare it with what was read;
-4. only then delete the run's keys and index entries from Redis, in one script per run that
-   deletes nothing unless the run is still ended at the version archived.
+1. read each run whole from Redis (head, conversation, checkpoints, events, tool results) with
+   the ``archive_read`` and ``archive_results`` scripts: the head parsed, every other part kept
+   as the JSON the runtime wrote (``StoredRun``);
+2. write the batch to the database and read back what it holds of each run, in one transaction,
+   and commit it (runs already there are skipped: a pass that died after its commit left them);
+3. compare what was read back with what was read;
+4. only then delete the runs' keys and index entries from Redis with the ``archive_drop``
+   script, which deletes nothing of a run unless it is still ended at the version archived.
+
+Each script takes up to ``_RUNS_PER_CALL`` runs a call (a call holds Redis for its whole length);
+a batch's calls go in one round trip.
 
 A crash anywhere leaves each run in Redis, in the archive, or in both until the next pass (reads
 prefer Redis and listings show it once): never lost, never archived twice. A database outage
@@ -30,9 +34,8 @@ import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from shared import protocol
 from shared.archive import Archive, StoredRun
 from shared.errors import ArchiveUnavailable
 from shared.evals.archiving import EvalArchiver
@@ -41,13 +44,15 @@ from shared.memory import memory_of
 from shared.memory_archive import export_memory
 from shared.scripts import register_scripts, run_many
 from shared.search import index_dimensions
-from shared.state import TERMINAL_PHASES, RunHead
+from shared.state import RunHead
 from shared.store import RunStore
 from shared.tenants import Tenants
 
 __all__ = ["ArchiveReport", "Archiver"]
 
 log = logging.getLogger("wesichain.archiver")
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -96,6 +101,8 @@ class Archiver:
         self.redis = store.redis
         scripts = register_scripts(store.redis)
         self._lock = scripts["lock"]
+        self._read_runs = scripts["archive_read"]
+        self._read_results = scripts["archive_results"]
         self._drop = scripts["archive_drop"]
         self.token = uuid.uuid4().hex
         #: How long a shard stays locked to this archiver without a new batch (renewed per batch).
@@ -162,9 +169,7 @@ class Archiver:
             report.gone += len(gone)
         if not records:
             return
-        before = self.archive.present([r.run_id for r in records])
-        self.archive.put([r for r in records if r.run_id not in before])
-        after = self.archive.summaries([r.run_id for r in records])
+        before, after = self.archive.put_and_summarize(records)
         verified = []
         for record in records:
             held = after.get(record.run_id)
@@ -192,49 +197,54 @@ class Archiver:
     def _read(self, ids: list[str]) -> tuple[list[StoredRun], list[str], list[str]]:
         """The runs of ``ids`` read whole; the ones to look at later; the ones whose keys are gone."""
         k = self.keys
-        with self.redis.pipeline(transaction=False) as pipe:
-            for run_id in ids:
-                pipe.hgetall(k.run(run_id))
-            hashes = [{_s(f): _s(v) for f, v in h.items()} for h in pipe.execute()]
-        ready: list[tuple[str, dict[str, str]]] = []
+        calls: list[tuple[list[str], list[str]]] = [
+            (
+                [
+                    key
+                    for run_id in chunk
+                    for key in (k.run(run_id), k.messages(run_id), k.checkpoints(run_id), k.events(run_id))
+                ],
+                [],
+            )
+            for chunk in _chunks(ids)
+        ]
+        replies = [reply for chunk in run_many(self.redis, self._read_runs, calls) for reply in chunk]
+        ready: list[tuple[RunHead, list[Any]]] = []
         later: list[str] = []
         gone: list[str] = []
-        for run_id, fields in zip(ids, hashes, strict=True):
-            if protocol.BODY not in fields:
+        for run_id, reply in zip(ids, replies, strict=True):
+            if not reply:
                 gone.append(run_id)
-            elif fields.get(protocol.CALLBACK) == "pending" or fields.get(protocol.PHASE) not in _TERMINAL:
+            elif len(reply) == 1:
                 later.append(run_id)
             else:
-                ready.append((run_id, fields))
-        with self.redis.pipeline(transaction=False) as pipe:
-            for run_id, fields in ready:
-                pipe.lrange(k.messages(run_id), 0, -1)
-                pipe.lrange(k.checkpoints(run_id), 0, -1)
-                pipe.xrange(k.events(run_id))
-                for step in range(1, int(fields.get(protocol.STEP, "0")) + 1):
-                    pipe.hgetall(k.results(run_id, step))
-            replies = iter(pipe.execute())
+                # Only the head is parsed (its columns and indexes come from it): every other part
+                # is copied as the JSON the runtime wrote (``StoredRun``).
+                ready.append((RunHead.compose(_s(reply[0]), _s(reply[1]), int(reply[2])), reply))
+        steps = [k.results(head.run_id, step) for head, _ in ready for step in range(1, head.step + 1)]
+        results = (
+            dict(zip(fields[::2], fields[1::2], strict=True))
+            for chunk in run_many(self.redis, self._read_results, [(keys, []) for keys in _chunks(steps)])
+            for fields in chunk
+        )
         records = []
-        for _, fields in ready:
-            # Only the head is parsed (its columns and indexes come from it): every other part is
-            # copied as the JSON the runtime wrote (``StoredRun``).
-            epoch = int(fields[protocol.EPOCH])
-            head = RunHead.compose(fields[protocol.BODY], fields[protocol.REQUEST], epoch)
-            messages, checkpoints, events = next(replies), next(replies), next(replies)
-            results = [
-                (step, _s(call_id), _s(raw))
-                for step in range(1, head.step + 1)
-                for call_id, raw in sorted(next(replies).items())
-            ]
+        for head, (_, _, _, created, callback_state, messages, checkpoints, events) in ready:
             records.append(
                 StoredRun(
                     head=head,
-                    created_ms=int(fields.get(protocol.CREATED, "0")),
+                    created_ms=int(created or 0),
                     messages=[_s(m) for m in messages],
                     checkpoints=[(_checkpoint_version(b), _s(b)) for b in checkpoints],
-                    events=[(_s(eid), _event_json(entry)) for eid, entry in events],
-                    results=results,
-                    callback_state=fields.get(protocol.CALLBACK_STATE),
+                    events=[
+                        (_s(events[i]), _event_json(events[i], events[i + 1]))
+                        for i in range(0, len(events), 2)
+                    ],
+                    results=[
+                        (step, _s(call_id), _s(raw))
+                        for step in range(1, head.step + 1)
+                        for call_id, raw in sorted(next(results).items())
+                    ],
+                    callback_state=None if callback_state is None else _s(callback_state),
                 )
             )
         return records, later, gone
@@ -258,22 +268,20 @@ class Archiver:
 
     def _drop_many(self, runs: list[tuple[str, RunHead | None]]) -> list[str]:
         """Delete runs from Redis, each with the head archived (None: its keys are gone already)."""
-        if not runs:
-            return []
         k = self.keys
         calls = []
-        for run_id, head in runs:
-            parts = self._parts(head) if head is not None else []
-            keys = [
-                k.run(run_id),
-                k.leases_of(run_id),
-                k.runs_index_of(run_id),
-                k.ended_of(run_id),
-                *parts,
-                *(self._indexes(head) if head is not None else []),
-            ]
-            calls.append((keys, [run_id, head.version if head is not None else 0, len(parts)]))
-        return [_s(r) for r in run_many(self.redis, self._drop, calls)]
+        for chunk in _chunks(runs):
+            keys: list[str] = []
+            args: list[str | int] = []
+            for run_id, head in chunk:
+                parts = self._parts(head) if head is not None else []
+                indexes = self._indexes(head) if head is not None else []
+                keys += [k.run(run_id), k.leases_of(run_id), k.runs_index_of(run_id), k.ended_of(run_id)]
+                keys += parts
+                keys += indexes
+                args += [run_id, head.version if head is not None else 0, len(parts), len(indexes)]
+            calls.append((keys, args))
+        return [_s(outcome) for outcomes in run_many(self.redis, self._drop, calls) for outcome in outcomes]
 
     def _hold(self, shard: int) -> bool:
         ttl_ms = int(self.lock_s * 1000)
@@ -287,11 +295,19 @@ class Archiver:
         return int(seconds) * 1000 + int(micros) // 1000
 
 
-_TERMINAL = frozenset(phase.value for phase in TERMINAL_PHASES)
+#: Runs (or step results) per call of the archiver's scripts: a call holds Redis for its whole
+#: length, so a batch goes in several calls, sent together in one round trip.
+_RUNS_PER_CALL = 25
 
 
-def _event_json(entry: dict[Any, Any]) -> str:
-    return _s(entry["e"] if "e" in entry else entry[b"e"])
+def _chunks(items: list[_T]) -> list[list[_T]]:
+    return [items[i : i + _RUNS_PER_CALL] for i in range(0, len(items), _RUNS_PER_CALL)]
+
+
+def _event_json(stream_id: Any, event: Any) -> str:
+    if event is None:  # written by something else than the runtime: not an event to archive
+        raise ValueError(f"the stream entry {_s(stream_id)} holds no event")
+    return _s(event)
 
 
 def _checkpoint_version(body: str | bytes) -> int:

@@ -206,10 +206,14 @@ SPECS: dict[str, ScriptSpec] = {
     ),
     "limit_release": _spec("state slots", "holder tpm extra back_off_ms"),
     "limit_renew": _spec("slots", "holder lease_ms"),
+    "archive_read": _spec(
+        "", more_keys="for each run: its hash, messages, checkpoints, events", words="later"
+    ),
+    "archive_results": _spec("", more_keys="step results hashes"),
     "archive_drop": _spec(
-        "run leases runs_index ended",
-        "run_id version n_parts",
-        more_keys="the run's other keys (n_parts of them), then its listing indexes",
+        "",
+        more_keys="for each run: its hash, leases, runs index, ended, its other keys, its listing indexes",
+        more_args="for each run: run_id, version, n_parts, n_indexes",
         words="changed dropped gone",
     ),
     # -- assistants (shared.assistant_store) --------------------------------------------------------
@@ -315,6 +319,8 @@ SCRIPT_NAMES = (
     "limit_acquire",
     "limit_release",
     "limit_renew",
+    "archive_read",
+    "archive_results",
     "archive_drop",
 )
 

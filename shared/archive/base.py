@@ -119,6 +119,12 @@ class Archive(EvalArchive, MemoryArchive):
         """Write runs in one transaction, skipping those already archived; how many were new."""
 
     @abstractmethod
+    def put_and_summarize(self, records: Sequence[StoredRun]) -> tuple[set[str], dict[str, RunSummary]]:
+        """Write the runs not archived yet and read back what the archive holds of every one, in
+        one transaction, committed when it returns: (the runs it held already, each run's summary;
+        absent: not archived). What the archiver writes a batch with."""
+
+    @abstractmethod
     def present(self, run_ids: Sequence[str]) -> set[str]:
         """Which of these runs the archive holds."""
 

@@ -73,46 +73,57 @@ class SqlArchive(SqlEvalArchive, SqlMemoryArchive, Archive):
     def put(self, records: Sequence[StoredRun]) -> int:
         if not records:
             return 0
-        db = self.db
-        with db.transaction() as cur:
-            present = self._present(cur, [r.run_id for r in records])
-            new = [r for r in records if r.run_id not in present]
-            if not new:
-                return 0
-            now = time.time()
-            cur.executemany(
-                db.sql(
-                    "INSERT INTO wesichain_runs (run_id, tenant, agent, status, thread_id, created_ms,"
-                    " ended_at, archived_at, version, head, callback_state)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                ),
-                [_run_row(r, now) for r in new],
-            )
-            self._insert(
-                cur,
-                "wesichain_messages (run_id, seq, body)",
-                3,
-                ((r.run_id, i, body) for r in new for i, body in enumerate(r.messages)),
-            )
-            self._insert(
-                cur,
-                "wesichain_events (run_id, stream_ms, stream_seq, body)",
-                4,
-                ((r.run_id, *parse_stream_id(sid), body) for r in new for sid, body in r.events),
-            )
-            self._insert(
-                cur,
-                "wesichain_checkpoints (run_id, version, body)",
-                3,
-                ((r.run_id, version, body) for r in new for version, body in r.checkpoints),
-            )
-            self._insert(
-                cur,
-                "wesichain_tool_results (run_id, step, call_id, body)",
-                4,
-                ((r.run_id, step, call_id, body) for r in new for step, call_id, body in r.results),
-            )
-            return len(new)
+        with self.db.transaction() as cur:
+            held = self._present(cur, [r.run_id for r in records])
+            return self._write(cur, [r for r in records if r.run_id not in held])
+
+    def put_and_summarize(self, records: Sequence[StoredRun]) -> tuple[set[str], dict[str, RunSummary]]:
+        if not records:
+            return set(), {}
+        run_ids = [r.run_id for r in records]
+        with self.db.transaction() as cur:
+            held = self._present(cur, run_ids)
+            self._write(cur, [r for r in records if r.run_id not in held])
+            # Read back in the transaction that wrote: what it counts is what its commit keeps.
+            return held, self._summaries(cur, run_ids)
+
+    def _write(self, cur: Cursor, new: Sequence[StoredRun]) -> int:
+        """Every row of these runs (none of them archived yet), each table in bulk."""
+        if not new:
+            return 0
+        now = time.time()
+        self._insert(
+            cur,
+            "wesichain_runs (run_id, tenant, agent, status, thread_id, created_ms, ended_at, archived_at,"
+            " version, head, callback_state)",
+            11,
+            (_run_row(r, now) for r in new),
+        )
+        self._insert(
+            cur,
+            "wesichain_messages (run_id, seq, body)",
+            3,
+            ((r.run_id, i, body) for r in new for i, body in enumerate(r.messages)),
+        )
+        self._insert(
+            cur,
+            "wesichain_events (run_id, stream_ms, stream_seq, body)",
+            4,
+            ((r.run_id, *parse_stream_id(sid), body) for r in new for sid, body in r.events),
+        )
+        self._insert(
+            cur,
+            "wesichain_checkpoints (run_id, version, body)",
+            3,
+            ((r.run_id, version, body) for r in new for version, body in r.checkpoints),
+        )
+        self._insert(
+            cur,
+            "wesichain_tool_results (run_id, step, call_id, body)",
+            4,
+            ((r.run_id, step, call_id, body) for r in new for step, call_id, body in r.results),
+        )
+        return len(new)
 
     def _insert(self, cur: Cursor, table: str, width: int, rows: Iterable[tuple[Any, ...]]) -> None:
         batch = list(rows)
@@ -133,26 +144,21 @@ class SqlArchive(SqlEvalArchive, SqlMemoryArchive, Archive):
     def summaries(self, run_ids: Sequence[str]) -> dict[str, RunSummary]:
         if not run_ids:
             return {}
-        where, params = self.db.any_of("run_id", run_ids)
-        # One round trip, each table counted by its primary key's index.
-        counts = " UNION ALL ".join(
-            f"SELECT '{table}', run_id, COUNT(*) FROM {table} WHERE {where} GROUP BY run_id"
-            for table in _COUNTED
-        )
         with self.db.transaction() as cur:
-            cur.execute(f"SELECT run_id, version FROM wesichain_runs WHERE {where}", params)
-            versions = {row[0]: int(row[1]) for row in cur.fetchall()}
-            cur.execute(counts, params * len(_COUNTED))
-            found: dict[tuple[str, str], int] = {(row[0], row[1]): int(row[2]) for row in cur.fetchall()}
+            return self._summaries(cur, run_ids)
+
+    def _summaries(self, cur: Cursor, run_ids: Sequence[str]) -> dict[str, RunSummary]:
+        where, params = self.db.any_of("r.run_id", run_ids)
+        # One statement; each part counted for its run through its table's primary key, so the
+        # work follows the batch, not the table's size, with or without the planner's statistics
+        # (a filter on the batch's ids scanned every table whole while they were small or new).
+        counts = ", ".join(
+            f"(SELECT COUNT(*) FROM {table} p WHERE p.run_id = r.run_id)" for table in _COUNTED
+        )
+        cur.execute(f"SELECT r.run_id, r.version, {counts} FROM wesichain_runs r WHERE {where}", params)
         return {
-            run_id: RunSummary(
-                version=version,
-                messages=found.get(("wesichain_messages", run_id), 0),
-                checkpoints=found.get(("wesichain_checkpoints", run_id), 0),
-                events=found.get(("wesichain_events", run_id), 0),
-                results=found.get(("wesichain_tool_results", run_id), 0),
-            )
-            for run_id, version in versions.items()
+            run_id: RunSummary(int(version), int(messages), int(checkpoints), int(events), int(results))
+            for run_id, version, messages, checkpoints, events, results in cur.fetchall()
         }
 
     # -- reading ----------------------------------------------------------------------------------

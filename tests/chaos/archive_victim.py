@@ -54,15 +54,15 @@ def main(point: str, batch: int, marker: Path) -> None:
 
         db.insert_many = insert_then_stop
     elif point == "after_commit":
-        put = archiver.archive.put
+        put = archiver.archive.put_and_summarize
 
-        def put_then_stop(records: Any) -> int:
+        def put_then_stop(records: Any) -> Any:
             written = put(records)
             if this_batch():
                 _stop_here(marker)
             return written
 
-        archiver.archive.put = put_then_stop  # type: ignore[method-assign]
+        archiver.archive.put_and_summarize = put_then_stop  # type: ignore[method-assign]
     elif point == "mid_delete":
         drop_many = archiver._drop_many
 

@@ -64,6 +64,18 @@ def test_batches_are_idempotent(archive: SqlArchive) -> None:
     assert archive.summaries(["r1"])["r1"].events == 3
 
 
+def test_a_batch_is_written_and_read_back_in_one_go(archive: SqlArchive) -> None:
+    first = [sample_record("r1", 1000).stored(), sample_record("r2", 1001).stored()]
+    held, summaries = archive.put_and_summarize(first)
+    assert held == set() and summaries == {r.run_id: r.summary() for r in first}
+    # r1 was there already: it is not written again, and is read back as it was
+    again = [sample_record("r1", 1000).stored(), sample_record("r3", 1002).stored()]
+    held, summaries = archive.put_and_summarize(again)
+    assert held == {"r1"} and summaries == {r.run_id: r.summary() for r in again}
+    assert archive.put_and_summarize([]) == (set(), {})
+    assert archive.present(["r1", "r2", "r3", "r4"]) == {"r1", "r2", "r3"}
+
+
 def test_listing_is_newest_first_by_time_then_id(archive: SqlArchive) -> None:
     records = [
         sample_record("a", 1000),

@@ -40,6 +40,7 @@ REDIS_WORDS = frozenset(
         "GET",
         "HDEL",
         "HEXISTS",
+        "HGETALL",
         "HGET",
         "HINCRBY",
         "HLEN",
@@ -60,6 +61,7 @@ REDIS_WORDS = frozenset(
         "SREM",
         "TIME",
         "XADD",
+        "XRANGE",
         "ZADD",
         "ZCARD",
         "ZRANGE",
@@ -76,11 +78,12 @@ REDIS_WORDS = frozenset(
         "WITHSCORES",
         "LIMIT",
         # Arguments in Redis's syntax: an approximate MAXLEN, a stream id Redis picks, an unbounded
-        # and an exclusive score range bound.
+        # and an exclusive score range bound, a stream's last id.
         "~",
         "*",
         "-inf",
         "(",
+        "+",
     }
 )
 
