@@ -25,7 +25,7 @@ from shared.errors import ConfigError, InternalInvariant, InvalidRequest, Poison
 from shared.events import Event, this_worker, worker_identity
 from shared.fsm import Transition
 from shared.middleware import MiddlewareContext
-from shared.pool import Throughput
+from shared.pool_records import Throughput
 from shared.settings import Settings
 from shared.state import Phase, PhaseRun, RunHead, TaskSpec, ToolResult
 from shared.store import BrokerCommand, Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
@@ -304,7 +304,7 @@ class Runtime:
         return None
 
     def _count_end(self, before: RunHead, after: RunHead) -> None:
-        """A run's end this process committed, in the pool's per-minute counters (``shared/pool.py``).
+        """A run's end this process committed, in the pool's per-minute counters (``shared/pool_records.py``).
 
         Best effort, after the commit: a failure to count loses one count, never the run's end."""
         if not after.terminal or before.terminal:
