@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: model providers, the client and the producer's commands, evals, pipelines, bulk jobs and the
 #: archive, and the long-term memory store (with its embedding), opened by a phase's first memory
 #: operation, and the fork code, loaded by the first fork; the pool's operator view (with the
-#: timeline), which only the API and the client read (the workers write its records).
+#: timeline), which only the API and the client read (the workers write its records); the
+#: webhooks' signing and the tenants' records, loaded by a run's first callback.
 NOT_IMPORTED = (
     "httpx",
     "rich",
@@ -43,6 +44,8 @@ NOT_IMPORTED = (
     "shared.timetravel",
     "shared.pool",
     "shared.timeline",
+    "shared.webhooks",
+    "shared.tenants",
 )
 
 PROGRAM = """
