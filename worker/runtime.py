@@ -18,8 +18,6 @@ import redis
 from producer.publishing import PUBLISH_ERRORS
 from shared import fsm
 from shared.agents import Agent, AgentRegistry
-from shared.assistant_store import AssistantStore
-from shared.assistants import AssistantConfig, apply_config
 from shared.call_memory import PhaseMemory
 from shared.errors import ConfigError, InternalInvariant, InvalidRequest, PoisonPhase, RunErrorInfo
 from shared.events import Event, this_worker, worker_identity
@@ -41,6 +39,7 @@ from worker.timeouts import hard_limit_s
 from worker.tracing import Tracing
 
 if TYPE_CHECKING:
+    from shared.assistants import AssistantConfig
     from shared.memory import Memory
 
 __all__ = [
@@ -138,6 +137,12 @@ class Runtime:
         key = (head.tenant, head.assistant, head.assistant_version, agent.name, agent.version)
         found = self.configured.get(key)
         if found is None:
+            # The assistants' store loads with the first run that names an assistant: a worker
+            # whose runs name none never needs it (it is the package's own module, nothing that
+            # configuration could leave out).
+            from shared.assistant_store import AssistantStore
+            from shared.assistants import apply_config
+
             try:
                 version = AssistantStore(self.store.redis, self.store.keys).get(
                     head.tenant, head.assistant, head.assistant_version

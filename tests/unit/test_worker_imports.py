@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: archive, and the long-term memory store (with its embedding), opened by a phase's first memory
 #: operation, and the fork code, loaded by the first fork; the pool's operator view (with the
 #: timeline), which only the API and the client read (the workers write its records); the
-#: webhooks' signing and the tenants' records, loaded by a run's first callback.
+#: webhooks' signing and the tenants' records, loaded by a run's first callback; the assistants'
+#: store, loaded by the first run that names an assistant.
 NOT_IMPORTED = (
     "httpx",
     "rich",
@@ -46,6 +47,7 @@ NOT_IMPORTED = (
     "shared.timeline",
     "shared.webhooks",
     "shared.tenants",
+    "shared.assistant_store",
 )
 
 PROGRAM = """
