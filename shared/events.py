@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from functools import cache
 from typing import Annotated, Any, Literal, Protocol, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, Field, TypeAdapter
 
 from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
@@ -91,12 +91,6 @@ def this_worker() -> WorkerId:
 
 
 class _Event(BaseModel):
-    # Each kind's validator and serializer are built on its first use, not at import: a worker
-    # writes a handful of kinds in ordinary runs and reads none, and the twenty kinds built up
-    # front (with the union's adapter below) cost every worker process about 0.1-0.2 MiB.
-    # tests/unit/test_event_kinds.py builds every one, so a kind that cannot build fails there.
-    model_config = ConfigDict(defer_build=True)
-
     run_id: str
     step: int
     ts: float = Field(default_factory=time.time)
@@ -334,8 +328,7 @@ Event = Annotated[
     | SignalApplied,
     Field(discriminator="kind"),
 ]
-#: Built on the first event read (see ``_Event``'s ``defer_build``).
-EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event, config=ConfigDict(defer_build=True))
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 #: Every event kind, in the union's order.
 EVENT_KINDS: tuple[str, ...] = tuple(t.model_fields["kind"].default for t in get_args(get_args(Event)[0]))
 
