@@ -40,7 +40,8 @@ from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.events import END_EVENTS, Event, ToolDispatched, follow_events, read_all_events
 from shared.memory import Memory, memory_of
 from shared.pipeline.store import PipelinePage, PipelineStore, stored_pipeline_id
-from shared.pool import Obituaries, PoolView, pool_view, with_deaths
+from shared.pool import PoolView, pool_view, with_deaths
+from shared.pool_records import Obituaries
 from shared.prompts import Prompt, missing_variables
 from shared.redis_client import connect
 from shared.request import check_name, check_run_id, new_run, validate_request

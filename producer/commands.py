@@ -15,7 +15,7 @@ from producer.client import Client, RunHandle, RunNotFound
 from producer.render import render_event, render_head
 from shared.errors import InvalidRequest
 from shared.events import END_EVENTS, Event
-from shared.pool import MAX_SERIES_MINUTES
+from shared.pool_records import MAX_SERIES_MINUTES
 from shared.signals import SignalView
 from shared.state import Phase, RunHead
 from shared.versions import VersionLoad, waiting_for, waiting_reason

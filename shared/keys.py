@@ -236,13 +236,13 @@ class Keys:
         return f"{self.prefix}{{workers}}:drains"
 
     def worker_deaths(self) -> str:
-        """Sorted set: worker starts the sweeper found dead (JSON, ``shared/pool.py``), scored by
+        """Sorted set: worker starts the sweeper found dead (JSON, ``shared/pool_records.py``), scored by
         the Redis time (ms) their liveness ran out; bounded in number and age."""
         return f"{self.prefix}{{workers}}:deaths"
 
     def ends_per_minute(self, minute_s: int) -> str:
         """Hash: runs that ended in the minute starting at ``minute_s`` (Unix seconds), by status,
-        for the pool and per tenant (``shared/pool.py``); expires a day later."""
+        for the pool and per tenant (``shared/pool_records.py``); expires a day later."""
         return f"{self.prefix}{{pool}}:ends:{minute_s}"
 
     def lives(self) -> str:

@@ -32,14 +32,17 @@ from shared.queues import queue_in
 from shared.state import Callback, CallbackState, Phase, RunHead, TaskSpec
 from shared.store import Claim, PhaseClaim
 from shared.tasks import task_for
-from shared.tenants import Tenants
-from shared.webhooks import outcome, outcome_bytes, signed_headers, webhook_endpoint
 from worker.runtime import Delivery, Runtime
 
 if TYPE_CHECKING:
     # Loaded on a webhook's first delivery: httpx (and what it loads) costs a worker that never
     # posts one several MiB in every process.
     import httpx
+
+# The outcome's form and its signing (shared/webhooks.py) and the tenants' secrets
+# (shared/tenants.py) load on a run's first callback, as httpx does: about 120 KiB in every
+# process (the main one and each pool child) of a worker whose runs name no callback. Both are
+# the package's own pure-Python modules, with nothing configured to find at start-up.
 
 __all__ = ["run_callback"]
 
@@ -108,6 +111,8 @@ def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None
             # given the run as this claim read it from the store, not read again.
             local(head)
             return None, None
+        from shared.webhooks import outcome
+
         spec = TaskSpec(
             name=callback.task,
             task_id=f"{head.run_id}:callback",
@@ -122,6 +127,8 @@ def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None
         except Exception as exc:  # the broker refused it: try again later
             return f"{type(exc).__name__}: {exc}"[:500], None
         return None, None
+    from shared.webhooks import outcome_bytes, signed_headers, webhook_endpoint
+
     url = callback.url or ""
     try:
         # The URL's form only: its host is resolved and checked by the client, once, for the
@@ -146,6 +153,8 @@ def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None
 
 def _secret(rt: Runtime, head: RunHead) -> str:
     if head.tenant is not None:
+        from shared.tenants import Tenants
+
         return Tenants(rt.store.redis, rt.store.keys).webhook_secret(head.tenant)
     if not rt.settings.webhook_secret:
         raise InvalidRequest(

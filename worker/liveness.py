@@ -30,7 +30,7 @@ from celery.worker import state as worker_state
 from shared import protocol
 from shared.events import worker_identity
 from shared.liveness import DeadStart, HeldClaim, Lives
-from shared.pool import Obituaries
+from shared.pool_records import Obituaries
 from shared.store import Due, new_token
 from shared.tasks import TASK_TOOL
 from worker.runtime import Runtime

@@ -18,14 +18,12 @@ import redis
 from producer.publishing import PUBLISH_ERRORS
 from shared import fsm
 from shared.agents import Agent, AgentRegistry
-from shared.assistant_store import AssistantStore
-from shared.assistants import AssistantConfig, apply_config
 from shared.call_memory import PhaseMemory
 from shared.errors import ConfigError, InternalInvariant, InvalidRequest, PoisonPhase, RunErrorInfo
 from shared.events import Event, this_worker, worker_identity
 from shared.fsm import Transition
 from shared.middleware import MiddlewareContext
-from shared.pool import Throughput
+from shared.pool_records import Throughput
 from shared.settings import Settings
 from shared.state import Phase, PhaseRun, RunHead, TaskSpec, ToolResult
 from shared.store import BrokerCommand, Busy, ClaimOutcome, ClaimRef, Done, RunStore, Stale
@@ -41,6 +39,7 @@ from worker.timeouts import hard_limit_s
 from worker.tracing import Tracing
 
 if TYPE_CHECKING:
+    from shared.assistants import AssistantConfig
     from shared.memory import Memory
 
 __all__ = [
@@ -140,6 +139,12 @@ class Runtime:
         key = (head.tenant, head.assistant, head.assistant_version, agent.name, agent.version)
         found = self.configured.get(key)
         if found is None:
+            # The assistants' store loads with the first run that names an assistant: a worker
+            # whose runs name none never needs it (it is the package's own module, nothing that
+            # configuration could leave out).
+            from shared.assistant_store import AssistantStore
+            from shared.assistants import apply_config
+
             try:
                 version = AssistantStore(self.store.redis, self.store.keys).get(
                     head.tenant, head.assistant, head.assistant_version
@@ -315,7 +320,7 @@ class Runtime:
         return None
 
     def _count_end(self, before: RunHead, after: RunHead) -> None:
-        """A run's end this process committed, in the pool's per-minute counters (``shared/pool.py``).
+        """A run's end this process committed, in the pool's per-minute counters (``shared/pool_records.py``).
 
         Best effort, after the commit: a failure to count loses one count, never the run's end."""
         if not after.terminal or before.terminal:

@@ -15,7 +15,6 @@ from typing import Any
 
 from shared import fsm
 from shared.agents import Agent
-from shared.assistant_store import AssistantStore
 from shared.assistants import check_config, schema_of
 from shared.errors import ConfigError, InvalidRequest, RunConfigError, excerpt
 from shared.handoffs import conversation_of
@@ -182,7 +181,11 @@ def _create(rt: Runtime, run_id: str, create: dict[str, Any]) -> InvalidRequest 
         # The same run the Python client would create for this request: every field, the tenant
         # and the callback included (``new_run``), its assistant pinned to a version now.
         request = validate_request(create, rt.settings.limits)
-        request = AssistantStore(rt.store.redis, rt.store.keys).pin(request)[0]
+        if request.assistant is not None:
+            # Loaded by the first request that names an assistant (see Runtime._configured).
+            from shared.assistant_store import AssistantStore
+
+            request = AssistantStore(rt.store.redis, rt.store.keys).pin(request)[0]
         head = new_run(run_id, request)
     except InvalidRequest as exc:
         # Record the run anyway, with what can be kept of the request, so the sender can read why.

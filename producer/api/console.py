@@ -16,7 +16,8 @@ from producer.api.auth import Caller
 from producer.api.runs import ERRORS, Svc, Who, owned_run
 from producer.api.services import Services
 from shared.events import read_all_events
-from shared.pool import Obituaries, with_deaths
+from shared.pool import with_deaths
+from shared.pool_records import Obituaries
 from shared.timeline import Timeline, build_timeline
 
 __all__ = ["STATIC", "Identity", "index", "router", "static_files", "timeline", "whoami"]

@@ -17,7 +17,8 @@ from starlette.concurrency import run_in_threadpool
 from producer.api.auth import Caller
 from producer.api.runs import ERRORS, Svc, Who
 from producer.api.services import Services
-from shared.pool import MAX_SERIES_MINUTES, PoolView
+from shared.pool import PoolView
+from shared.pool_records import MAX_SERIES_MINUTES
 
 __all__ = ["pool", "router"]
 

@@ -1,4 +1,4 @@
-"""The operator view's own records (``shared/pool.py``): runs ended per minute, counted per tenant
+"""The operator view's own records (``shared/pool_records.py``): runs ended per minute, counted per tenant
 and for the pool; dead worker starts, bounded, and the timeline markers they make."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import fakeredis
 
 from shared.keys import Keys
 from shared.liveness import DeadStart, HeldClaim
-from shared.pool import MAX_DEATHS, Obituaries, Throughput, death_markers, known_queues
+from shared.pool import death_markers, known_queues
+from shared.pool_records import MAX_DEATHS, Obituaries, Throughput
 from shared.state import Phase, RunHead
 from shared.timeline import Timeline
 

@@ -19,7 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Loaded only when used: the HTTP client (and the terminal renderer it loads with it), the
 #: model providers, the client and the producer's commands, evals, pipelines, bulk jobs and the
 #: archive, and the long-term memory store (with its embedding), opened by a phase's first memory
-#: operation, and the fork code, loaded by the first fork.
+#: operation, and the fork code, loaded by the first fork; the pool's operator view (with the
+#: timeline), which only the API and the client read (the workers write its records); the
+#: webhooks' signing and the tenants' records, loaded by a run's first callback; the assistants'
+#: store, loaded by the first run that names an assistant.
 NOT_IMPORTED = (
     "httpx",
     "rich",
@@ -40,6 +43,11 @@ NOT_IMPORTED = (
     "shared.memory",
     "shared.embedding",
     "shared.timetravel",
+    "shared.pool",
+    "shared.timeline",
+    "shared.webhooks",
+    "shared.tenants",
+    "shared.assistant_store",
 )
 
 PROGRAM = """
