@@ -290,13 +290,8 @@ class Tenants:
             raise InvalidRequest(
                 f"a tenant may be allowed at most {MAX_TENANT_CALLBACKS} callback tasks and as many queues"
             )
-        key = self.keys.tenant(tenant)
-        for field, names in (("callback_tasks", allowed_tasks), ("callback_queues", allowed_queues)):
-            if names:
-                self.redis.hset(key, field, json.dumps(names))
-            else:
-                self.redis.hdel(key, field)
-        self.redis.sadd(self.keys.tenants(), tenant)
+        self._set_allowed(tenant, "callback_tasks", allowed_tasks)
+        self._set_allowed(tenant, "callback_queues", allowed_queues)
         return CeleryCallbacks(tuple(allowed_tasks), tuple(allowed_queues))
 
     def is_operator(self, tenant: str) -> bool:
@@ -325,12 +320,7 @@ class Tenants:
             raise InvalidRequest(
                 f"a tenant may be allowed at most {MAX_TENANT_NAMESPACES} namespaces, not {len(allowed)}"
             )
-        key = self.keys.tenant(tenant)
-        if allowed:
-            self.redis.hset(key, "namespaces", json.dumps(allowed))
-        else:
-            self.redis.hdel(key, "namespaces")
-        self.redis.sadd(self.keys.tenants(), tenant)
+        self._set_allowed(tenant, "namespaces", allowed)
         return tuple(allowed)
 
     def models(self, tenant: str) -> tuple[str, ...]:
@@ -346,13 +336,17 @@ class Tenants:
             raise InvalidRequest(
                 f"a tenant may be allowed at most {MAX_TENANT_MODELS} models, not {len(allowed)}"
             )
-        key = self.keys.tenant(tenant)
-        if allowed:
-            self.redis.hset(key, "models", json.dumps(allowed))
-        else:
-            self.redis.hdel(key, "models")
-        self.redis.sadd(self.keys.tenants(), tenant)
+        self._set_allowed(tenant, "models", allowed)
         return tuple(allowed)
+
+    def _set_allowed(self, tenant: str, field: str, names: list[str]) -> None:
+        """Store one of the tenant's allow-lists (none: the field goes, and nothing is allowed)."""
+        key = self.keys.tenant(tenant)
+        if names:
+            self.redis.hset(key, field, json.dumps(names))
+        else:
+            self.redis.hdel(key, field)
+        self.redis.sadd(self.keys.tenants(), tenant)
 
     def set_limits(self, tenant: str, limits: TenantLimits) -> None:
         check_name("tenant", tenant)
