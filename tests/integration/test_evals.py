@@ -109,8 +109,16 @@ def calls(server: RedisServer) -> dict[str, int]:
     return {str(k): int(v) for k, v in r.hgetall(CALLS_KEY).items()}
 
 
-def test_200_cases_x_2_variants_x_2_repeats(evals: EvalClient, server: RedisServer, tmp_path: Path) -> None:
-    cases = [{"id": f"c{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 201)]
+#: The big eval's cases. With 2 variants x 2 repeats they make 520 results: more than one HSCAN
+#: batch (500) of the results hash (a 520-entry hash takes two HSCAN calls, as 800 did), and over
+#: 40 times the concurrency cap of 12, which the sampler sees held and used. 200 cases (800 case
+#: runs) proved nothing more than these 520 case runs do.
+CASES = 130
+RESULTS = CASES * 2 * 2
+
+
+def test_130_cases_x_2_variants_x_2_repeats(evals: EvalClient, server: RedisServer, tmp_path: Path) -> None:
+    cases = [{"id": f"c{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, CASES + 1)]
     spec = write_eval(
         tmp_path,
         cases,
@@ -130,16 +138,16 @@ def test_200_cases_x_2_variants_x_2_repeats(evals: EvalClient, server: RedisServ
     assert created
     with CapSampler(evals, eval_id) as sampler:
         progress = evals.wait(eval_id, timeout=240)
-    assert progress.meta.status == "completed" and progress.recorded == 800
+    assert progress.meta.status == "completed" and progress.recorded == RESULTS
     a, b = progress.counts
-    wrong_b = sum(1 for m in range(1, 201) if m % 3 == 0)  # evals-b answers these wrong
+    wrong_b = sum(1 for m in range(1, CASES + 1) if m % 3 == 0)  # evals-b answers these wrong
     # c7's "flaky" scorer raises: that case fails on both variants, both repeats, and nothing else.
-    assert (a.done, a.failed, a.passed) == (400, 0, 398)
-    assert (b.done, b.failed, b.passed) == (400, 0, 400 - 2 * wrong_b - 2)
+    assert (a.done, a.failed, a.passed) == (2 * CASES, 0, 2 * CASES - 2)
+    assert (b.done, b.failed, b.passed) == (2 * CASES, 0, 2 * CASES - 2 * wrong_b - 2)
     results = evals.results(eval_id)
-    assert len(results) == 800 and len({r.run_id for r in results}) == 800
+    assert len(results) == RESULTS and len({r.run_id for r in results}) == RESULTS
     assert {r.run_id for r in results} == {
-        run_id_of(eval_id, Item(v, c, r)) for v in range(2) for c in range(200) for r in range(2)
+        run_id_of(eval_id, Item(v, c, r)) for v in range(2) for c in range(CASES) for r in range(2)
     }
     c7 = [r for r in results if r.case_id == "c7"]
     assert {r.error_kind for r in c7} == {"ScorerError"} and all(not r.passed for r in c7)
@@ -148,7 +156,9 @@ def test_200_cases_x_2_variants_x_2_repeats(evals: EvalClient, server: RedisServ
     assert c9b.scores[1].explanation == "19 is odd"
     # Every case run asked its model exactly once: twice per (model, case) with two repeats.
     counted = calls(server)
-    assert counted == {f"{model}|double {m}": 2 for model in ("evals-a", "evals-b") for m in range(1, 201)}
+    assert counted == {
+        f"{model}|double {m}": 2 for model in ("evals-a", "evals-b") for m in range(1, CASES + 1)
+    }
     # The cap held across the pool: sampled eval runs in flight, and slots held.
     assert sampler.samples and max(runs for runs, _ in sampler.samples) <= 12
     assert max(slots for _, slots in sampler.samples) <= 12
@@ -156,7 +166,7 @@ def test_200_cases_x_2_variants_x_2_repeats(evals: EvalClient, server: RedisServ
     # Submitting the same eval again attaches to it: nothing runs twice.
     again, created = evals.submit_file(spec)
     assert (again, created) == (eval_id, False)
-    assert evals.progress(eval_id).recorded == 800 and calls(server) == counted
+    assert evals.progress(eval_id).recorded == RESULTS and calls(server) == counted
 
 
 def test_cancel_stops_new_case_runs_and_resume_finishes_them_once(
