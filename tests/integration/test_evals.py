@@ -28,7 +28,7 @@ from shared.tenants import Tenants
 from tests.agents_evals import CALLS_KEY
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.broker import Settings, broker_env, queued
-from tests.conftest import own_store
+from tests.conftest import InProcessCli, own_store
 from tests.harness import ROOT, RedisServer, WorkerProcess, running, wait_until
 from tests.redis_cluster import RedisCluster
 
@@ -288,7 +288,7 @@ def cli(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_cli_gates_ci_on_the_threshold_and_on_a_significant_regression(
-    evals: EvalClient, server: RedisServer, tmp_path: Path
+    evals: EvalClient, server: RedisServer, tmp_path: Path, cli_in_process: InProcessCli
 ) -> None:
     cases = [{"id": f"g{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 31)]
     spec = write_eval(
@@ -301,6 +301,7 @@ def test_the_cli_gates_ci_on_the_threshold_and_on_a_significant_regression(
             {"name": "b", "agent": "doubler", "model": "scripted:evals-b"},
         ],
     )
+    # The gate CI sees: the exit status of a process of its own. The other commands run in this one.
     run = cli(server, "run", str(spec), "--wait", "--report", str(tmp_path / "r.html"))
     assert run.returncode == 1, run.stderr  # b passes 20 of 30: below 80%
     assert "below the pass threshold 80%: b" in run.stderr
@@ -312,10 +313,14 @@ def test_the_cli_gates_ci_on_the_threshold_and_on_a_significant_regression(
     assert [c["verdict"].split(" (")[0] for c in data["comparisons"]] == ["significant regression"]
     assert data["verdict"]["verdict"] == "mixed" and data["verdict"]["below"] == ["b"]
 
-    assert cli(server, "status", eval_id, "--gate").returncode == 1
-    assert cli(server, "status", eval_id).returncode == 0
+    def in_process(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {"WESICHAIN_AGENTS": AGENTS, **broker_env(server.url)}
+        return cli_in_process("eval", *args, "--redis", server.url, env=env)
 
-    compared = cli(server, "compare", eval_id, "--variants", "a", "b")
+    assert in_process(server, "status", eval_id, "--gate").returncode == 1
+    assert in_process(server, "status", eval_id).returncode == 0
+
+    compared = in_process(server, "compare", eval_id, "--variants", "a", "b")
     assert compared.returncode == 1, compared.stderr
     assert (
         f"{eval_id}/a -> {eval_id}/b: 30 paired runs, pass 30/30 -> 20/30; 10 worse, 0 better:"
@@ -323,19 +328,19 @@ def test_the_cli_gates_ci_on_the_threshold_and_on_a_significant_regression(
     )
     assert "significant regression (p = 0.00195)" in compared.stdout
     assert "regressions: g12, g15, g18, g21, g24, g27, g3, g30, g6, g9" in compared.stdout
-    same = cli(server, "compare", eval_id, eval_id)  # each variant against itself: no change
+    same = in_process(server, "compare", eval_id, eval_id)  # each variant against itself: no change
     assert same.returncode == 0 and same.stdout.count("no significant change (p = 1)") == 2
 
-    junit = cli(server, "results", eval_id, "--format", "junit")
+    junit = in_process(server, "results", eval_id, "--format", "junit")
     assert (
         junit.returncode == 0
         and '<testsuite name="' + eval_id + '" tests="60" failures="10" errors="0"' in junit.stdout
     )
-    rows = cli(server, "results", eval_id, "--format", "csv").stdout.splitlines()
+    rows = in_process(server, "results", eval_id, "--format", "csv").stdout.splitlines()
     assert rows[0].startswith("variant,case_id,repeat,passed,status,answer,error,steps") and len(rows) == 61
-    jsonl = [json.loads(line) for line in cli(server, "results", eval_id).stdout.splitlines()]
+    jsonl = [json.loads(line) for line in in_process(server, "results", eval_id).stdout.splitlines()]
     assert len(jsonl) == 60 and {r["run_id"] for r in jsonl} == {r.run_id for r in evals.results(eval_id)}
-    missing = cli(server, "status", "no-such-eval")
+    missing = in_process(server, "status", "no-such-eval")
     assert missing.returncode == 1 and "no eval 'no-such-eval'" in missing.stderr
 
 
