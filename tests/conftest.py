@@ -9,16 +9,21 @@ redis-server of each test's own as the broker (or RabbitMQ, with both options).
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
+import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 
 import pytest
 
+from producer.cli import main
 from producer.client import Client
+from shared.settings import ENV_AGENTS, ENV_BROKER_URL, ENV_REDIS_URL
 from tests.broker import ENV_TEST_BROKER, Settings, drop_all, rabbitmq_available
 from tests.chaos.support import RECOVERY_PROPERTY, SOAK_PROPERTY
 from tests.harness import RedisServer, WorkerProcess, running
@@ -208,6 +213,45 @@ def client(redis_server: RedisServer) -> Iterator[Client]:
     c = Client(Settings(redis_url=redis_server.url, agents_module="tests.agents_fixture"))
     yield c
     c.close()
+
+
+#: Runs ``wesichain ARGV`` in the test's process (see :func:`cli_in_process`).
+InProcessCli = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture
+def cli_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> InProcessCli:
+    """``wesichain ARGV`` through :func:`producer.cli.main` in the test's process, with ``env`` set
+    (a value of None unsets it): the command's own parsing, handler, output and exit status,
+    without the second of CPU a new interpreter spends importing the package. A test that
+    proves the installed entry point keeps one ``python -m producer.cli`` subprocess for that."""
+    # main() exports --redis/--agents/--broker for worker children: whatever it sets is undone
+    # after the test (setenv records the value to restore, also the absence of one).
+    for name in (ENV_REDIS_URL, ENV_AGENTS, ENV_BROKER_URL):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+        if not os.environ[name]:
+            monkeypatch.delenv(name)
+
+    def run(*argv: str, env: Mapping[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
+        for name, value in (env or {}).items():
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        capsys.readouterr()
+        # A command leaves its clients for the process's exit to close (an API command's HTTP
+        # connection): here they close when collected, which is no leak of the command's.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            try:
+                status = main(list(argv))
+            except SystemExit as exc:  # argparse refusing the arguments
+                status = exc.code if isinstance(exc.code, int) else 1
+            gc.collect()
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["wesichain", *argv], status, out, err)
+
+    return run
 
 
 # -- the chaos suite's measurements ---------------------------------------------------------------

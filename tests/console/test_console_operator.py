@@ -68,12 +68,14 @@ def test_the_operator_view_shows_workers_queues_and_parked_runs(
         httpx.Client(base_url=api.url, headers=bearer(tenant_key), timeout=30) as shop,
         httpx.Client(base_url=api.url, headers=bearer(operator_key), timeout=30) as ops,
     ):
-        # A known setup: two runs parked for approval, three queued where no worker consumes.
+        # A known setup: two runs parked for approval, three queued where no worker consumes, one
+        # of the operator's completed. Each run's first think pauses (WORKER_ENV): submitted
+        # together, the three that reach a worker pause side by side, not one pause after another.
         parked = [submit(shop, "needs_approval") for _ in range(2)]
+        own = submit(ops, "direct")
+        queued = [submit(shop, "direct", namespace=NAMESPACE) for _ in range(3)]
         for run_id in parked:
             wait_status(shop, run_id, {"awaiting_approval"}, timeout=90)
-        queued = [submit(shop, "direct", namespace=NAMESPACE) for _ in range(3)]
-        own = submit(ops, "direct")
         wait_status(ops, own, {"completed"}, timeout=90)
 
         page = operator_page

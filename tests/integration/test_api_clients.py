@@ -22,6 +22,7 @@ from shared.state import Phase
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess
 from tests.broker import Settings
+from tests.conftest import InProcessCli
 from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 
 TIMEOUT = 60
@@ -110,26 +111,40 @@ def test_sync_client_resumes_a_stream_across_an_api_restart(redis_server: RedisS
     assert [(e.stream_id, e.kind) for e in received] == redis_events(redis_server, handle.run_id)
 
 
-def test_cli_works_against_the_api(api: ApiProcess, key: str) -> None:
+def test_cli_works_against_the_api(api: ApiProcess, key: str, cli_in_process: InProcessCli) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WESICHAIN_API_KEY": key}
     env.pop("WESICHAIN_REDIS_URL", None)
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "producer.cli", *args],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-            env=env,
-        )
-
-    submitted = cli("submit", "direct", "hello", "--api", api.url, "--wait", "--json")
+    # The installed entry point, once: a process of its own submits and follows the run.
+    submitted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "producer.cli",
+            "submit",
+            "direct",
+            "hello",
+            "--api",
+            api.url,
+            "--wait",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=env,
+    )
     assert submitted.returncode == 0, submitted.stderr
     lines = [json.loads(line) for line in submitted.stdout.splitlines()]
     assert lines[-1]["answer"] == "The answer is 42." and lines[-2]["kind"] == "Completed"
     run_id = lines[-1]["run_id"]
-    env["WESICHAIN_API_URL"] = api.url
+
+    # The other commands in this process, the API's URL and key from the environment as above.
+    over_api = {"WESICHAIN_API_KEY": key, "WESICHAIN_API_URL": api.url, "WESICHAIN_REDIS_URL": None}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return cli_in_process(*args, env=over_api)
+
     status = cli("status", run_id, "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["phase"] == "completed"
     events = cli("events", run_id, "--json")

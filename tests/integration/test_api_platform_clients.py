@@ -24,7 +24,7 @@ from shared.keys import Keys
 from shared.search import SearchQuery
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess
-from tests.conftest import own_store
+from tests.conftest import InProcessCli, own_store
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.redis_cluster import RedisCluster
 
@@ -203,25 +203,24 @@ def test_async_client_memory_with_semantic_search(api: ApiProcess, server: Redis
     asyncio.run(scenario())
 
 
-def _cli(api: ApiProcess, key: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "WESICHAIN_API_URL": api.url, "WESICHAIN_API_KEY": key}
-    return subprocess.run(
-        [sys.executable, "-m", "producer.cli", *argv],
-        env=env,
+def test_the_cli_over_the_api(api: ApiProcess, server: RedisServer, cli_in_process: InProcessCli) -> None:
+    key, other = _key(server), _key(server)
+    name = f"cli-{uuid.uuid4().hex[:6]}"
+    # The installed entry point, once, in a process of its own; the other commands in this process.
+    made = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "assistants", "--json", "create", name]
+        + ["--agent", "concierge", "--config", json.dumps(V1)],
+        env={**os.environ, "WESICHAIN_API_URL": api.url, "WESICHAIN_API_KEY": key},
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
     )
-
-
-def test_the_cli_over_the_api(api: ApiProcess, server: RedisServer) -> None:
-    key, other = _key(server), _key(server)
-    name = f"cli-{uuid.uuid4().hex[:6]}"
-    made = _cli(
-        api, key, "assistants", "--json", "create", name, "--agent", "concierge", "--config", json.dumps(V1)
-    )
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["version"] == 1
+
+    def _cli(api: ApiProcess, key: str, *argv: str) -> subprocess.CompletedProcess[str]:
+        return cli_in_process(*argv, env={"WESICHAIN_API_URL": api.url, "WESICHAIN_API_KEY": key})
+
     listed = _cli(api, key, "assistants", "ls")
     assert listed.stdout.split("\t")[:2] == [name, "v1"]
     missing = _cli(api, other, "assistants", "show", name)

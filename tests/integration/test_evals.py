@@ -28,7 +28,7 @@ from shared.tenants import Tenants
 from tests.agents_evals import CALLS_KEY
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.broker import Settings, broker_env, queued
-from tests.conftest import own_store
+from tests.conftest import InProcessCli, own_store
 from tests.harness import ROOT, RedisServer, WorkerProcess, running, wait_until
 from tests.redis_cluster import RedisCluster
 
@@ -109,8 +109,16 @@ def calls(server: RedisServer) -> dict[str, int]:
     return {str(k): int(v) for k, v in r.hgetall(CALLS_KEY).items()}
 
 
-def test_200_cases_x_2_variants_x_2_repeats(evals: EvalClient, server: RedisServer, tmp_path: Path) -> None:
-    cases = [{"id": f"c{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 201)]
+#: The big eval's cases. With 2 variants x 2 repeats they make 520 results: more than one HSCAN
+#: batch (500) of the results hash (a 520-entry hash takes two HSCAN calls, as 800 did), and over
+#: 40 times the concurrency cap of 12, which the sampler sees held and used. 200 cases (800 case
+#: runs) proved nothing more than these 520 case runs do.
+CASES = 130
+RESULTS = CASES * 2 * 2
+
+
+def test_130_cases_x_2_variants_x_2_repeats(evals: EvalClient, server: RedisServer, tmp_path: Path) -> None:
+    cases = [{"id": f"c{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, CASES + 1)]
     spec = write_eval(
         tmp_path,
         cases,
@@ -130,16 +138,16 @@ def test_200_cases_x_2_variants_x_2_repeats(evals: EvalClient, server: RedisServ
     assert created
     with CapSampler(evals, eval_id) as sampler:
         progress = evals.wait(eval_id, timeout=240)
-    assert progress.meta.status == "completed" and progress.recorded == 800
+    assert progress.meta.status == "completed" and progress.recorded == RESULTS
     a, b = progress.counts
-    wrong_b = sum(1 for m in range(1, 201) if m % 3 == 0)  # evals-b answers these wrong
+    wrong_b = sum(1 for m in range(1, CASES + 1) if m % 3 == 0)  # evals-b answers these wrong
     # c7's "flaky" scorer raises: that case fails on both variants, both repeats, and nothing else.
-    assert (a.done, a.failed, a.passed) == (400, 0, 398)
-    assert (b.done, b.failed, b.passed) == (400, 0, 400 - 2 * wrong_b - 2)
+    assert (a.done, a.failed, a.passed) == (2 * CASES, 0, 2 * CASES - 2)
+    assert (b.done, b.failed, b.passed) == (2 * CASES, 0, 2 * CASES - 2 * wrong_b - 2)
     results = evals.results(eval_id)
-    assert len(results) == 800 and len({r.run_id for r in results}) == 800
+    assert len(results) == RESULTS and len({r.run_id for r in results}) == RESULTS
     assert {r.run_id for r in results} == {
-        run_id_of(eval_id, Item(v, c, r)) for v in range(2) for c in range(200) for r in range(2)
+        run_id_of(eval_id, Item(v, c, r)) for v in range(2) for c in range(CASES) for r in range(2)
     }
     c7 = [r for r in results if r.case_id == "c7"]
     assert {r.error_kind for r in c7} == {"ScorerError"} and all(not r.passed for r in c7)
@@ -148,7 +156,9 @@ def test_200_cases_x_2_variants_x_2_repeats(evals: EvalClient, server: RedisServ
     assert c9b.scores[1].explanation == "19 is odd"
     # Every case run asked its model exactly once: twice per (model, case) with two repeats.
     counted = calls(server)
-    assert counted == {f"{model}|double {m}": 2 for model in ("evals-a", "evals-b") for m in range(1, 201)}
+    assert counted == {
+        f"{model}|double {m}": 2 for model in ("evals-a", "evals-b") for m in range(1, CASES + 1)
+    }
     # The cap held across the pool: sampled eval runs in flight, and slots held.
     assert sampler.samples and max(runs for runs, _ in sampler.samples) <= 12
     assert max(slots for _, slots in sampler.samples) <= 12
@@ -156,7 +166,7 @@ def test_200_cases_x_2_variants_x_2_repeats(evals: EvalClient, server: RedisServ
     # Submitting the same eval again attaches to it: nothing runs twice.
     again, created = evals.submit_file(spec)
     assert (again, created) == (eval_id, False)
-    assert evals.progress(eval_id).recorded == 800 and calls(server) == counted
+    assert evals.progress(eval_id).recorded == RESULTS and calls(server) == counted
 
 
 def test_cancel_stops_new_case_runs_and_resume_finishes_them_once(
@@ -278,7 +288,7 @@ def cli(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_cli_gates_ci_on_the_threshold_and_on_a_significant_regression(
-    evals: EvalClient, server: RedisServer, tmp_path: Path
+    evals: EvalClient, server: RedisServer, tmp_path: Path, cli_in_process: InProcessCli
 ) -> None:
     cases = [{"id": f"g{m}", "input": f"double {m}", "expected": str(2 * m)} for m in range(1, 31)]
     spec = write_eval(
@@ -291,6 +301,7 @@ def test_the_cli_gates_ci_on_the_threshold_and_on_a_significant_regression(
             {"name": "b", "agent": "doubler", "model": "scripted:evals-b"},
         ],
     )
+    # The gate CI sees: the exit status of a process of its own. The other commands run in this one.
     run = cli(server, "run", str(spec), "--wait", "--report", str(tmp_path / "r.html"))
     assert run.returncode == 1, run.stderr  # b passes 20 of 30: below 80%
     assert "below the pass threshold 80%: b" in run.stderr
@@ -302,10 +313,14 @@ def test_the_cli_gates_ci_on_the_threshold_and_on_a_significant_regression(
     assert [c["verdict"].split(" (")[0] for c in data["comparisons"]] == ["significant regression"]
     assert data["verdict"]["verdict"] == "mixed" and data["verdict"]["below"] == ["b"]
 
-    assert cli(server, "status", eval_id, "--gate").returncode == 1
-    assert cli(server, "status", eval_id).returncode == 0
+    def in_process(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {"WESICHAIN_AGENTS": AGENTS, **broker_env(server.url)}
+        return cli_in_process("eval", *args, "--redis", server.url, env=env)
 
-    compared = cli(server, "compare", eval_id, "--variants", "a", "b")
+    assert in_process(server, "status", eval_id, "--gate").returncode == 1
+    assert in_process(server, "status", eval_id).returncode == 0
+
+    compared = in_process(server, "compare", eval_id, "--variants", "a", "b")
     assert compared.returncode == 1, compared.stderr
     assert (
         f"{eval_id}/a -> {eval_id}/b: 30 paired runs, pass 30/30 -> 20/30; 10 worse, 0 better:"
@@ -313,19 +328,19 @@ def test_the_cli_gates_ci_on_the_threshold_and_on_a_significant_regression(
     )
     assert "significant regression (p = 0.00195)" in compared.stdout
     assert "regressions: g12, g15, g18, g21, g24, g27, g3, g30, g6, g9" in compared.stdout
-    same = cli(server, "compare", eval_id, eval_id)  # each variant against itself: no change
+    same = in_process(server, "compare", eval_id, eval_id)  # each variant against itself: no change
     assert same.returncode == 0 and same.stdout.count("no significant change (p = 1)") == 2
 
-    junit = cli(server, "results", eval_id, "--format", "junit")
+    junit = in_process(server, "results", eval_id, "--format", "junit")
     assert (
         junit.returncode == 0
         and '<testsuite name="' + eval_id + '" tests="60" failures="10" errors="0"' in junit.stdout
     )
-    rows = cli(server, "results", eval_id, "--format", "csv").stdout.splitlines()
+    rows = in_process(server, "results", eval_id, "--format", "csv").stdout.splitlines()
     assert rows[0].startswith("variant,case_id,repeat,passed,status,answer,error,steps") and len(rows) == 61
-    jsonl = [json.loads(line) for line in cli(server, "results", eval_id).stdout.splitlines()]
+    jsonl = [json.loads(line) for line in in_process(server, "results", eval_id).stdout.splitlines()]
     assert len(jsonl) == 60 and {r["run_id"] for r in jsonl} == {r.run_id for r in evals.results(eval_id)}
-    missing = cli(server, "status", "no-such-eval")
+    missing = in_process(server, "status", "no-such-eval")
     assert missing.returncode == 1 and "no eval 'no-such-eval'" in missing.stderr
 
 

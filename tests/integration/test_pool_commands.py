@@ -25,6 +25,7 @@ from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS
 from shared.versions import version_queues_of
 from tests.api_support import ApiProcess
 from tests.broker import broker_env
+from tests.conftest import InProcessCli
 from tests.harness import ROOT, RedisServer, wait_until
 
 pytestmark = pytest.mark.standalone_redis
@@ -115,15 +116,19 @@ def redis_server() -> Iterator[RedisServer]:
     server.cleanup()
 
 
-def test_the_readme_s_worker_commands_make_a_healthy_pool(redis_server: RedisServer, tmp_path: Path) -> None:
+def test_the_readme_s_worker_commands_make_a_healthy_pool(
+    redis_server: RedisServer, tmp_path: Path, cli_in_process: InProcessCli
+) -> None:
     exported, commands = readme_pool_commands()
     assert len(commands) == 2 and all("--name" not in c and "-n" not in c for c in commands)
-    env = _clean_env(**{**exported, "WESICHAIN_REDIS_URL": redis_server.url, **broker_env(redis_server.url)})
+    settings = {**exported, "WESICHAIN_REDIS_URL": redis_server.url, **broker_env(redis_server.url)}
+    env = _clean_env(**settings)
     api = ApiProcess(redis_server.url)
     with started(commands, env, tmp_path, tmp_path) as procs:
 
         def listed() -> list[dict[str, Any]] | None:
-            done = wesichain(env, tmp_path, "workers", "--json")
+            # Polled in this process: a new interpreter each poll would spend a second importing.
+            done = cli_in_process("workers", "--json", env=settings)
             assert done.returncode == 0, done.stderr
             workers: list[dict[str, Any]] = json.loads(done.stdout)
             return workers if len(workers) == len(procs) else None

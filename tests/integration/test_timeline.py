@@ -12,6 +12,7 @@ from producer.client import Client
 from shared.state import Phase
 from shared.timeline import Timeline
 from tests.broker import broker_env
+from tests.conftest import InProcessCli
 from tests.harness import WorkerProcess
 
 TIMEOUT = 30
@@ -54,21 +55,26 @@ def test_timeline_of_a_fan_out_run(workers: list[WorkerProcess], client: Client)
     assert timeline.start == head.created_at and timeline.end >= max(b.end for b in timeline.bars)
 
 
-def test_cli_timeline(workers: list[WorkerProcess], client: Client) -> None:
+def test_cli_timeline(workers: list[WorkerProcess], client: Client, cli_in_process: InProcessCli) -> None:
     handle = client.submit("one_hop", "go")
     handle.wait(TIMEOUT)
     url = client.settings.redis_url
-    env = {**os.environ, "WESICHAIN_REDIS_URL": url, "COLUMNS": "120", **broker_env(url)}
+    env = {"WESICHAIN_REDIS_URL": url, "COLUMNS": "120", **broker_env(url)}
     cli = [sys.executable, "-m", "producer.cli", "timeline", handle.run_id]
-    out = subprocess.run([*cli, "--json"], env=env, capture_output=True, text=True, timeout=60, check=True)
+    # The installed entry point once, in a process of its own; the picture and the refusal in this one.
+    out = subprocess.run(
+        [*cli, "--json"], env={**os.environ, **env}, capture_output=True, text=True, timeout=60, check=True
+    )
     assert Timeline.model_validate_json(out.stdout) == handle.timeline()
 
-    picture = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    drawn = cli_in_process("timeline", handle.run_id, env=env)
+    assert drawn.returncode == 0, drawn.stderr
+    picture = drawn.stdout
     timeline = json.loads(out.stdout)
     assert f"run {handle.run_id}" in picture and "completed" in picture
     for lane in timeline["lanes"]:
         assert lane in picture
     assert "queued think" in picture and "tool add" in picture
 
-    missing = subprocess.run([*cli[:-1], "no-such-run"], env=env, capture_output=True, text=True, timeout=60)
+    missing = cli_in_process("timeline", "no-such-run", env=env)
     assert missing.returncode != 0 and "no run 'no-such-run'" in missing.stderr
