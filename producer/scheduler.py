@@ -38,6 +38,8 @@ log = logging.getLogger("wesichain.scheduler")
 DEFAULT_INTERVAL_S = 0.25
 #: The longest wait between tries while Redis is unreachable.
 _MAX_BACK_OFF_S = 2.0
+#: The first words a scheduler logs once it runs its passes (its start-up, imports included, is over).
+STARTED = "scheduler: started"
 
 
 class Scheduler:
@@ -59,6 +61,7 @@ class Scheduler:
         self._stopped.set()
 
     def run(self) -> None:
+        log.info("%s: firing due ticks, a pass every %.2f s", STARTED, self.interval_s)
         back_off = self.interval_s
         while not self._stopped.is_set():
             try:

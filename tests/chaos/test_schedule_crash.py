@@ -7,6 +7,7 @@ fired."""
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 import uuid
@@ -14,6 +15,7 @@ import uuid
 import pytest
 
 from producer.client import Client
+from producer.scheduler import STARTED
 from shared.schedules import redis_now
 from tests.broker import Settings
 from tests.harness import RedisServer, WorkerProcess, wait_until
@@ -26,6 +28,14 @@ TIMEOUT = 120
 #: they try at the cap at least once, and six ticks fall due while Redis is down.
 #: Longer proves nothing more (catch-up fires up to 200 ticks) and only adds to the suite's time.
 OUTAGE_S = 6
+#: SIGKILLs of a scheduler in its passes (0.1 s apart: each kill falls 0.5 to 6 passes in, at a
+#: random point of one: deciding a tick, submitting its run or advancing the schedule).
+KILLS = 8
+
+
+def _has_started(scheduler: SchedulerProcess, times: int) -> bool:
+    """Whether ``scheduler`` has begun running its passes ``times`` times (each start logs it)."""
+    return scheduler.log().count(STARTED) >= times
 
 
 def _runs_of(client: Client, tenant: str) -> list[str]:
@@ -66,10 +76,17 @@ def test_killed_schedulers_and_a_redis_outage_lose_no_tick_and_start_none_twice(
         def started() -> int:
             return client.schedules.get(sid, tenant=tenant).started
 
-        # 1. The victim is SIGKILLed again and again wherever it is in its pass, racing the steady one.
+        # 1. The victim is SIGKILLed again and again wherever it is in its passes, racing the steady
+        # one: each time only once it runs them (its start-up alone outlasts the random delay, and
+        # a kill during its imports would prove nothing about a pass).
         wait_until(lambda: started() >= 2, TIMEOUT, interval=0.1, what="the first ticks")
-        for _ in range(15):
-            wait_until(lambda: victim.alive, TIMEOUT, what="the victim running")
+        for round_ in range(1, KILLS + 1):
+            wait_until(
+                functools.partial(_has_started, victim, round_),
+                TIMEOUT,
+                interval=0.05,
+                what="the victim's passes",
+            )
             time.sleep(rng.uniform(0.05, 0.6))  # a random point of its passes: the fault's timing
             victim.kill()
             victim.start()
