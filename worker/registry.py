@@ -50,6 +50,10 @@ DEAF_AFTER_S = 10.0
 RECHECK_S = 0.25
 
 
+#: The consumer state of a worker shutting down as asked: not consuming, and nothing wrong.
+STOPPING = "stopping: shutting down"
+
+
 class ConsumerWatch:
     """Tells whether Celery's consumer takes messages, and what it is doing (see the module doc).
 
@@ -80,6 +84,9 @@ class ConsumerWatch:
     def state(self) -> tuple[bool, str]:
         now = time.monotonic()
         if getattr(getattr(self.consumer, "blueprint", None), "state", None) in (CLOSE, TERMINATE):
+            if worker_state.should_stop is not None or worker_state.should_terminate is not None:
+                # Asked to shut down (SIGTERM, SIGQUIT, a drain): it stops consuming on purpose.
+                return False, STOPPING
             # Its consumer stopped (an error Celery does not recover from) while the process lives on.
             return False, "deaf: its consumer stopped"
         if (
@@ -242,7 +249,7 @@ class RegistryBeat:
             keys=[keys.worker(self.worker_id), keys.workers()],
             args=[self.worker_id, record.model_dump_json(), int(self.interval_s * 3000)],
         )
-        if not record.consuming:
+        if not record.consuming and record.consumer_state != STOPPING:
             log.error("worker %s cannot consume: %s", self.worker_id, record.consumer_state)
 
     def run_forever(self) -> None:

@@ -12,8 +12,10 @@ from typing import Any
 
 import amqp
 import pytest
+from celery.bootsteps import CLOSE, RUN
+from celery.worker import state as worker_state
 
-from worker.registry import ConsumerWatch
+from worker.registry import STOPPING, ConsumerWatch
 
 
 @dataclass
@@ -156,11 +158,22 @@ class Blueprint:
 
 def test_a_stopped_consumer_is_deaf(clock: Clock) -> None:
     """A consumer Celery stopped for good (its blueprint closed) while the process lives on."""
-    from celery.bootsteps import CLOSE, RUN
-
     c = consumer()
     watch = ConsumerWatch(c)
     c.blueprint = Blueprint(RUN)
     assert watch.state() == (True, "consuming")
     c.blueprint = Blueprint(CLOSE)
     assert watch.state() == (False, "deaf: its consumer stopped")
+
+
+@pytest.mark.parametrize("asked", ["should_stop", "should_terminate"])
+def test_a_consumer_closed_by_a_shutdown_is_stopping_not_deaf(
+    monkeypatch: pytest.MonkeyPatch, asked: str
+) -> None:
+    # A warm or cold shutdown closes the consumer on purpose: not consuming, and nothing to report
+    # as an error (every deploy would log one); closed with no shutdown asked, it is deaf.
+    c = consumer()
+    c.blueprint = Blueprint(CLOSE)
+    assert ConsumerWatch(c).state() == (False, "deaf: its consumer stopped")
+    monkeypatch.setattr(worker_state, asked, 0)
+    assert ConsumerWatch(c).state() == (False, STOPPING)
