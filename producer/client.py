@@ -562,6 +562,9 @@ class Client:
             raise RunNotFound(f"no run {run!r}")
         created = self.store.checkpoints(source.run_id, 0, 0)
         first = created[0] if created else source
+        if allowed_models is not None and first.model and _inherited_model(source):
+            # A fork's model is the one its original ran with (no one named it): the retry keeps it.
+            allowed_models = (*allowed_models, first.model)
         return self.submit(
             source.agent,
             source.input,
@@ -629,7 +632,7 @@ class Client:
                 source.tenant,
                 allowed_models,
                 model,
-                created.model,
+                None if _inherited_model(source) else created.model,
                 assistant.config.model if assistant is not None else None,
             )
         if check_agent:
@@ -642,7 +645,12 @@ class Client:
             metadata=request.metadata,
             model=request.model,
             tenant=source.tenant,
-            fork=ForkOrigin(run_id=run_id, version=at_version, edited_input=input is not None),
+            fork=ForkOrigin(
+                run_id=run_id,
+                version=at_version,
+                edited_input=input is not None,
+                model_named=model is not None,
+            ),
             namespace=source.namespace,
             assistant=source.assistant,
             assistant_version=source.assistant_version,
@@ -895,6 +903,12 @@ class Client:
             self._messages.close()
         self.store.close_archive()
         self.store.redis.close()
+
+
+def _inherited_model(run: RunHead) -> bool:
+    """Whether the run's model is a fork's inheritance (the one its original ran with), not a
+    model anyone named: a retry or a fork of it may keep it whatever models its tenant may name."""
+    return run.fork is not None and not run.fork.model_named
 
 
 class RunHandle:

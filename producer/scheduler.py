@@ -30,7 +30,7 @@ from producer.schedules import SchedulerHooks
 from shared.errors import ConfigError
 from shared.schedules import redis_now
 
-__all__ = ["DEFAULT_INTERVAL_S", "Scheduler", "load_scheduler_hooks"]
+__all__ = ["DEFAULT_INTERVAL_S", "STARTED", "Scheduler", "load_scheduler_hooks"]
 
 log = logging.getLogger("wesichain.scheduler")
 

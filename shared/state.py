@@ -318,6 +318,9 @@ class ForkOrigin(BaseModel):
     version: int
     #: The fork's input replaces the last user message of the original's conversation.
     edited_input: bool = False
+    #: Its model was named by whoever forked it; else it is the one the original ran with at that
+    #: checkpoint (recorded so the fork runs it too), which is not the tenant's choice.
+    model_named: bool = False
 
 
 class PhaseRun(BaseModel):

@@ -37,7 +37,7 @@ from shared.workers import WorkerRecord, describe_agents
 from worker.runtime import Runtime
 from worker.versions import Drain
 
-__all__ = ["ConsumerWatch", "DEAF_AFTER_S", "RECHECK_S", "RegistryBeat"]
+__all__ = ["DEAF_AFTER_S", "RECHECK_S", "STOPPING", "ConsumerWatch", "RegistryBeat"]
 
 log = logging.getLogger("wesichain.registry")
 

@@ -64,7 +64,7 @@ def test_fork_with_another_model_or_an_edited_input(client: Client) -> None:
     run_id = _original(client)
     other = client.fork(run_id, 6, model="scripted:hops_alt").wait(TIMEOUT)
     assert other.answer == "alt: user='first question' results=['1.0']"
-    assert other.model == "scripted:hops_alt"
+    assert other.model == "scripted:hops_alt" and other.fork is not None and other.fork.model_named
     edited = client.fork(run_id, 2, input="second question").wait(TIMEOUT)
     assert edited.answer == "done: user='second question' results=['1.0', '2.0']"
     assert edited.fork == ForkOrigin(run_id=run_id, version=2, edited_input=True)
@@ -88,4 +88,4 @@ def test_cli_checkpoints_and_fork(
     assert main(["fork", run_id, "6", "--wait", "--json", "--model", "scripted:hops_alt"]) == 0
     final = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert final["answer"] == "alt: user='first question' results=['1.0']"
-    assert final["fork"] == {"run_id": run_id, "version": 6, "edited_input": False}
+    assert final["fork"] == {"run_id": run_id, "version": 6, "edited_input": False, "model_named": True}

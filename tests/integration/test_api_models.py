@@ -190,9 +190,14 @@ def test_a_tenant_allowed_no_model_may_not_override_one_and_runs_its_agent_s(
     assert answer(bare, plain) == "done by concierge-a"
     assert seen_models(server, text) == ["concierge-a", "concierge-a"]
     # Its retries and forks name no model either (the start filled in the agent's): all run.
+    fork = started(bare.http.post(f"/v1/runs/{plain}/fork", json={}))
+    assert answer(bare, fork) == "done by concierge-a"
+    assert answer(bare, started(bare.http.post(f"/v1/runs/{plain}/retry"))) == "done by concierge-a"
+    # A fork records the model its original ran with, to run it too; nobody named it, so a retry
+    # or a fork of the fork keeps it as well.
     for again in (
-        bare.http.post(f"/v1/runs/{plain}/retry"),
-        bare.http.post(f"/v1/runs/{plain}/fork", json={}),
+        bare.http.post(f"/v1/runs/{fork}/retry"),
+        bare.http.post(f"/v1/runs/{fork}/fork", json={}),
     ):
         assert answer(bare, started(again)) == "done by concierge-a"
 

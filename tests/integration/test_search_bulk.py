@@ -213,7 +213,12 @@ def test_fork_over_http(tenant: Tenant, attacker: Tenant) -> None:
     assert forked.status_code == 202, forked.text
     fork = tenant.ended(forked.json()["run_id"])
     assert fork["status"] == "completed"
-    assert fork["fork"] == {"run_id": source, "version": last_good, "edited_input": False}
+    assert fork["fork"] == {
+        "run_id": source,
+        "version": last_good,
+        "edited_input": False,
+        "model_named": False,
+    }
     assert fork["metadata"] == {"customer": "fork"}
 
     edited = tenant.http.post(f"/v1/runs/{source}/fork", json={"version": 1, "input": "another question"})
