@@ -35,6 +35,8 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 import redis
+import redis.connection
+from redis.utils import HIREDIS_AVAILABLE
 
 from shared.protocol import lua_prelude
 
@@ -333,6 +335,14 @@ class ScriptNameError(RuntimeError):
     """Two Lua files share a name: a script is found by its name alone, wherever it lives."""
 
 
+#: redis-py's serializer of a connection that packs with hiredis (None: hiredis is not installed).
+_HIREDIS_SERIALIZER: Any = (
+    getattr(redis.connection, "HiredisRespSerializer", None) if HIREDIS_AVAILABLE else None
+)
+if _HIREDIS_SERIALIZER is not None:
+    from hiredis import pack_command as _hiredis_pack
+
+
 class ScriptConnections:
     """A connection of its own per thread for the scripts of one standalone Redis client.
 
@@ -364,9 +374,7 @@ class ScriptConnections:
             held = self._local.held = _HeldConnection(self._pool)
         connection = held.connection
         try:
-            connection.send_packed_command(
-                connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            )
+            connection.send_packed_command(held.pack(("EVALSHA", script.sha, len(keys), *keys, *args)))
             return connection.read_response()
         except (redis.exceptions.NoScriptError, redis.ConnectionError, redis.TimeoutError):
             pass
@@ -376,13 +384,31 @@ class ScriptConnections:
 class _HeldConnection:
     """A connection a thread keeps out of a pool: it goes back when the thread ends."""
 
-    __slots__ = ("connection", "pid", "pool")
+    __slots__ = ("connection", "hiredis", "pid", "pool")
 
     def __init__(self, pool: redis.ConnectionPool) -> None:
         self.pool = pool
         self.pid = os.getpid()
         self.connection: Any = None  # a pool whose connect fails keeps nothing to give back
         self.connection = pool.get_connection()
+        #: The connection packs with hiredis: see :meth:`pack`.
+        self.hiredis = _HIREDIS_SERIALIZER is not None and isinstance(
+            getattr(self.connection, "_command_packer", None), _HIREDIS_SERIALIZER
+        )
+
+    def pack(self, command: tuple[Any, ...]) -> Any:
+        """``command`` in the Redis protocol, as the connection's own ``pack_command`` packs it.
+
+        With hiredis, redis-py's pack walks every argument in Python (converting a bytearray or
+        a memoryview, which no script argument is) before handing the tuple to hiredis; a commit
+        has about 40 arguments. Handed to hiredis at once, the bytes are the same.
+        """
+        if self.hiredis:
+            try:
+                return [_hiredis_pack(command)]
+            except TypeError:
+                pass  # a type only redis-py converts: its own pack does, or says what is wrong
+        return self.connection.pack_command(*command)
 
     def __del__(self) -> None:
         try:

@@ -156,3 +156,20 @@ def test_a_thread_that_cannot_connect_raises_as_redis_py_does_and_connects_once_
         rds.close()
     finally:
         own.cleanup()
+
+
+def test_a_kept_connection_packs_a_script_call_as_redis_py_does(rds: redis.Redis) -> None:
+    from shared.scripts import _HeldConnection
+
+    held = _HeldConnection(rds.connection_pool)
+    assert held.hiredis  # the test suite's redis-py packs with hiredis
+    connection = held.connection
+    for command in (
+        ("EVALSHA", "a" * 40, 2, "run:{r1}", "claims:{r1}", "7", 3, 1.5, "é", b"\x00bytes"),
+        # Types only redis-py's own pack converts: handed to it, the same bytes come out.
+        ("EVALSHA", "a" * 40, 1, "k", bytearray(b"ba"), memoryview(b"mv")),
+    ):
+        assert b"".join(held.pack(command)) == b"".join(connection.pack_command(*command))
+    # A type nothing packs fails as redis-py's own call fails.
+    with pytest.raises(redis.DataError):
+        held.pack(("EVALSHA", "a" * 40, 1, "k", object()))
