@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: webhooks' signing and the tenants' records, loaded by a run's first callback; the assistants'
 #: store and configurations (what every run needs of assistants is in shared.configurable), loaded
 #: by the first run that names an assistant; the check of a pipeline's steps, loaded by the first
-#: pipeline an agents module registers (tests.agents_fixture registers none).
+#: pipeline an agents module registers (tests.agents_fixture registers none); the search query,
+#: loaded by the first listing (a worker creates runs: the indexes are in shared.search_index).
 NOT_IMPORTED = (
     "httpx",
     "rich",
@@ -53,6 +54,7 @@ NOT_IMPORTED = (
     "shared.assistants",
     "shared.pipeline.check",
     "shared.pipeline.types",
+    "shared.search",
 )
 
 PROGRAM = """
