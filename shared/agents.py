@@ -22,7 +22,7 @@ from types import ModuleType
 
 from pydantic import BaseModel
 
-from shared.assistants import Configurable
+from shared.configurable import Configurable
 from shared.context import ContextBudget
 from shared.errors import ConfigError
 from shared.handoffs import MAX_HANDOFFS_CEILING, Handoff, normalised
@@ -31,7 +31,6 @@ from shared.llm.base import LlmAdapter, OutputFormat
 from shared.messages import ToolCall
 from shared.middleware import Middleware
 from shared.output import MAX_SCHEMA_CHARS, output_format
-from shared.pipeline.check import check_pipeline
 from shared.pipeline.definition import Pipeline, Step
 from shared.policy import Policy
 from shared.prompts import INPUT_VARIABLE, Prompt
@@ -231,6 +230,10 @@ class AgentRegistry:
         register its agents, and the pipelines its branches go to, first."""
         if pipeline.name in self._pipelines:
             raise ConfigError(f"pipeline {pipeline.name!r} is registered twice")
+        # Loaded by the first pipeline an agents module registers, when its registry loads (before
+        # a worker forks): the worker of agents modules that register none never needs the check.
+        from shared.pipeline.check import check_pipeline
+
         check_pipeline(pipeline, self.get, self._pipelines)
         self._pipelines[pipeline.name] = pipeline
         return pipeline

@@ -43,7 +43,7 @@ from shared.evals.store import EvalStore
 from shared.memory import memory_of
 from shared.memory_archive import export_memory
 from shared.scripts import register_scripts, run_many
-from shared.search import index_dimensions
+from shared.search_index import index_dimensions
 from shared.state import RunHead
 from shared.store import RunStore
 from shared.tenants import Tenants

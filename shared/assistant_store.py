@@ -28,9 +28,9 @@ from shared.assistants import (
     AssistantVersion,
     FieldChange,
     UnknownAssistant,
-    check_assistant_name,
     diff_configs,
 )
+from shared.configurable import check_assistant_name
 from shared.errors import InvalidRequest
 from shared.keys import Keys
 from shared.request import RunRequest

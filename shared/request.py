@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.assistants import check_assistant_name
+from shared.configurable import check_assistant_name
 from shared.errors import InvalidRequest
 from shared.queues import check_namespace
 from shared.settings import Limits

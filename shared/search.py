@@ -1,4 +1,5 @@
-"""Searching runs: the query, the metadata keys an operator declares indexable, and the indexes.
+"""Searching runs: the query and the metadata keys an operator declares indexable (the indexes a
+run is in are ``shared/search_index.py``'s).
 
 A search combines filters (agent, agent version, status, error kind, thread, a creation time range
 and ``metadata`` key=value pairs) over one tenant's runs, newest first, paged with the listing's
@@ -7,33 +8,30 @@ cursor (creation ms, run id) across the runs in Redis and those in the archive
 
 Metadata is the producer's, so only the keys the operator declares (``WESICHAIN_SEARCH_ATTRIBUTES``,
 Temporal's search attributes) are indexed: the create script enters a run in one index per declared
-key whose value is a string of at most :data:`MAX_SEARCH_VALUE_CHARS` characters. A search naming
+key whose value is a string of at most
+:data:`~shared.search_index.MAX_SEARCH_VALUE_CHARS` characters. A search naming
 any other key is refused (:class:`UndeclaredSearchKey`) rather than answered by a scan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Annotated, Any
+from collections.abc import Iterable, Sequence
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from shared.errors import InvalidRequest
+from shared.search_index import MAX_SEARCH_VALUE_CHARS, meta_value, searchable_value
 from shared.settings import SEARCH_KEY_PATTERN
 from shared.state import RunHead, RunStatus
 
 __all__ = [
     "MAX_SEARCH_FILTERS",
-    "MAX_SEARCH_VALUE_CHARS",
     "MAX_UNIX_S",
     "SearchQuery",
     "UndeclaredSearchKey",
-    "index_dimensions",
-    "searchable_value",
 ]
 
-#: A declared key's value is indexed when it is a string of at most this many characters.
-MAX_SEARCH_VALUE_CHARS = 256
 #: Metadata key=value filters one search may combine.
 MAX_SEARCH_FILTERS = 8
 #: The latest time a filter may name (Unix seconds, the year 2286): bounds the arithmetic.
@@ -101,7 +99,7 @@ class SearchQuery(BaseModel):
             return "thread", self.thread_id
         if self.metadata:
             key = min(self.metadata)
-            return "meta", _meta_value(key, self.metadata[key])
+            return "meta", meta_value(key, self.metadata[key])
         if self.agent is not None:
             return "agent", self.agent
         if self.status is not None:
@@ -128,29 +126,3 @@ class SearchQuery(BaseModel):
         runs it creates itself (a retry, a fork) never match it."""
         until = now if self.until is None else min(self.until, now)
         return self.model_copy(update={"until": until})
-
-
-def searchable_value(value: Any) -> str | None:
-    """A metadata value as its index holds it: a string within the bound; anything else is not
-    indexed (None)."""
-    if isinstance(value, str) and 0 < len(value) <= MAX_SEARCH_VALUE_CHARS:
-        return value
-    return None
-
-
-def _meta_value(key: str, value: str) -> str:
-    return f"{key}={value}"
-
-
-def index_dimensions(head: RunHead, declared: Iterable[str]) -> list[tuple[str, str]]:
-    """Every listing index a run is in, as (dimension, value): all of its tenant's, its agent's,
-    its status's, its thread's, and one per declared metadata key with a searchable value."""
-    dimensions = [("all", ""), ("agent", head.agent), ("status", head.status)]
-    if head.thread_id is not None:
-        dimensions.append(("thread", head.thread_id))
-    metadata: Mapping[str, Any] = head.metadata
-    for key in declared:
-        value = searchable_value(metadata.get(key))
-        if value is not None:
-            dimensions.append(("meta", _meta_value(key, value)))
-    return dimensions

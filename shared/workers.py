@@ -16,7 +16,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from shared.agents import AgentRegistry
-from shared.assistants import ConfigSchema, schema_of
+from shared.configurable import ConfigSchema, schema_of
 from shared.handoffs import handoff_tool
 from shared.keys import Keys
 from shared.state import DEFAULT_THREAD_POLICY, ThreadPolicy

@@ -19,7 +19,7 @@ import redis
 from pydantic import BaseModel
 
 from shared.agents import Agent, AgentRegistry
-from shared.assistants import Configurable
+from shared.configurable import Configurable
 from shared.llm.base import ModelRequest, ModelResponse
 from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import Message, SystemMessage, ToolMessage, UserMessage

@@ -15,7 +15,7 @@ from typing import Any
 
 from shared import fsm
 from shared.agents import Agent
-from shared.assistants import check_config, schema_of
+from shared.configurable import schema_of
 from shared.errors import ConfigError, InvalidRequest, RunConfigError, excerpt
 from shared.handoffs import conversation_of
 from shared.messages import AssistantMessage, Message, SystemMessage, ToolMessage, UserMessage
@@ -69,6 +69,10 @@ def run_start(rt: Runtime, delivery: Delivery, create: dict[str, Any] | None = N
         except ConfigError as exc:
             return rt.fail(current, claim.ref, RunConfigError(str(exc), step=0).info())
         if config is not None:
+            # Loaded with the first run that names an assistant (Runtime._configured loaded its
+            # configuration already): a worker whose runs name none never needs it.
+            from shared.assistants import check_config
+
             try:
                 # Checked when it was saved against what the workers then advertised; again here,
                 # against this worker's agent, which a deploy may have changed since.

@@ -17,7 +17,6 @@ from producer.api.namespaces import allowed_model
 from producer.api.runs import ERRORS, Svc, Who
 from producer.client import NoLiveWorker, UnknownAgent
 from shared.assistants import (
-    ASSISTANT_NAME_PATTERN,
     AssistantConfig,
     AssistantConflict,
     AssistantExists,
@@ -25,6 +24,7 @@ from shared.assistants import (
     FieldChange,
     UnknownAssistant,
 )
+from shared.configurable import ASSISTANT_NAME_PATTERN
 from shared.errors import InvalidRequest
 from shared.request import MAX_NAME_CHARS, NAME_PATTERN
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.assistants import ASSISTANT_NAME_PATTERN
+from shared.configurable import ASSISTANT_NAME_PATTERN
 from shared.queues import MAX_NAMESPACE_CHARS, NAMESPACE_PATTERN
 from shared.request import MAX_NAME_CHARS, NAME_PATTERN, NOT_BLANK, RunRequest
 from shared.state import Callback, ThreadPolicy

@@ -8,13 +8,15 @@ through both.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from shared.errors import InvalidRequest
-from shared.search import SearchQuery
 from shared.state import RunHead
 from shared.store.base import _s
 from shared.store.runs import RunsMixin
+
+if TYPE_CHECKING:
+    from shared.search import SearchQuery
 
 __all__ = [
     "CURSOR_PATTERN",
@@ -54,6 +56,10 @@ class ListingMixin(RunsMixin):
         max_scan: int = 2000,
     ) -> RunPage:
         """A tenant's runs, newest first: :meth:`search_runs` with these filters only."""
+        # Loaded by the first listing: the search's models are the API's and the client's (a
+        # worker lists runs only for a bulk job), so a worker does not carry them.
+        from shared.search import SearchQuery
+
         # Unvalidated: a status no run has lists nothing, as it always did.
         query = SearchQuery.model_construct(
             agent=agent, status=cast(Any, status), thread_id=thread_id, since=since, metadata={}

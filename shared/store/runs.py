@@ -16,7 +16,7 @@ from shared import protocol
 from shared.errors import InternalInvariant
 from shared.messages import MESSAGE_ADAPTER, Message
 from shared.scripts import run_many
-from shared.search import index_dimensions
+from shared.search_index import index_dimensions
 from shared.state import Phase, RunHead, TaskSpec, ToolResult
 from shared.store.base import BrokerCommand, StoreCore, _dump_outbox, _push_args, _s, new_op
 

@@ -17,14 +17,13 @@ from shared.assistants import (
     AssistantConflict,
     AssistantExists,
     AssistantInvalid,
-    Configurable,
     UnknownAssistant,
     apply_config,
     check_config,
     diff_configs,
     prefill,
-    schema_of,
 )
+from shared.configurable import Configurable, schema_of
 from shared.errors import ConfigError, InvalidRequest
 from shared.keys import Keys
 from shared.prompts import Prompt

@@ -12,7 +12,8 @@ from pydantic import ValidationError
 
 from shared.bulk import BulkOutcome, BulkStore
 from shared.errors import ConfigError, InvalidRequest, RunErrorInfo
-from shared.search import MAX_SEARCH_VALUE_CHARS, SearchQuery, UndeclaredSearchKey, index_dimensions
+from shared.search import SearchQuery, UndeclaredSearchKey
+from shared.search_index import MAX_SEARCH_VALUE_CHARS, index_dimensions
 from shared.settings import Settings
 from shared.state import Phase, RunHead
 from shared.store import RunStore

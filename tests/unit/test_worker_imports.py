@@ -22,7 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 #: operation, and the fork code, loaded by the first fork; the pool's operator view (with the
 #: timeline), which only the API and the client read (the workers write its records); the
 #: webhooks' signing and the tenants' records, loaded by a run's first callback; the assistants'
-#: store, loaded by the first run that names an assistant.
+#: store and configurations (what every run needs of assistants is in shared.configurable), loaded
+#: by the first run that names an assistant; the check of a pipeline's steps, loaded by the first
+#: pipeline an agents module registers (tests.agents_fixture registers none); the search query,
+#: loaded by the first listing (a worker creates runs: the indexes are in shared.search_index).
 NOT_IMPORTED = (
     "httpx",
     "rich",
@@ -48,6 +51,10 @@ NOT_IMPORTED = (
     "shared.webhooks",
     "shared.tenants",
     "shared.assistant_store",
+    "shared.assistants",
+    "shared.pipeline.check",
+    "shared.pipeline.types",
+    "shared.search",
 )
 
 PROGRAM = """
