@@ -45,7 +45,8 @@ else
   attempts = redis.call('HINCRBY', attempts_key, counted, 1)
 end
 redis.call('ZADD', leases, 'LT', deadline, run_id)
-redis.call('SET', last_claim_key, last_claim, 'PX', lease_ms)
+-- At least 1 ms: SET refuses PX 0 (a lease under a millisecond, as a benchmark's takeover loop sets).
+redis.call('SET', last_claim_key, last_claim, 'PX', math.max(lease_ms, 1))
 -- A last error is written only about a claim counted in attempts (release.lua, recover.lua): the
 -- first claim of this call at this version has none to read.
 local last_error = ''

@@ -54,7 +54,8 @@ else
   attempts = redis.call('HINCRBY', attempts_key, counted, 1)
 end
 redis.call('ZADD', leases, 'LT', deadline, run_id)
-redis.call('SET', last_claim_key, last_claim, 'PX', lease_ms)
+-- At least 1 ms: SET refuses PX 0 (a lease under a millisecond, as a benchmark's takeover loop sets).
+redis.call('SET', last_claim_key, last_claim, 'PX', math.max(lease_ms, 1))
 local messages = {}
 if messages_from ~= '' then messages = redis.call('LRANGE', messages_key, tonumber(messages_from), -1) end
 local results = {}
