@@ -12,6 +12,7 @@ worker package, so a producer needs only the agent's name and the Redis URL.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -155,6 +156,11 @@ def _search_query(query: SearchQuery | None, filters: dict[str, Any]) -> SearchQ
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise InvalidRequest(f"bad search: {problems}"[:500]) from None
+
+
+#: The fields of a :class:`RunRequest` that are not the request a producer makes: the run's id
+#: and the runtime's own link.
+_NOT_REQUESTED = frozenset({"run_id", "link"})
 
 
 @dataclass(frozen=True)
@@ -370,21 +376,11 @@ class Client:
         """The run a request makes (validated, pinned to its assistant's version), its start task,
         and the assistant version the request asked for; raises :class:`InvalidRequest`, and
         :class:`~shared.tenants.ModelNotAllowed` for a model outside ``allowed_models``."""
-        fields: dict[str, Any] = {"agent": new.agent, "input": new.input}
-        for name, value in (
-            ("thread_id", new.thread_id),
-            ("metadata", new.metadata),
-            ("model", new.model),
-            ("tenant", new.tenant),
-            ("callback", new.callback),
-            ("state", new.state),
-            ("namespace", new.namespace),
-            ("thread_policy", new.thread_policy),
-            ("assistant", new.assistant),
-            ("assistant_version", new.assistant_version),
-        ):
-            if value is not None:
-                fields[name] = value
+        fields = {
+            field.name: value
+            for field in dataclasses.fields(new)
+            if field.name not in _NOT_REQUESTED and (value := getattr(new, field.name)) is not None
+        }
         request = validate_request(fields, self.settings.limits, runtime_callback=new.link is not None)
         asked_version = request.assistant_version
         request, pinned_to = self.assistants.store.pin(request)

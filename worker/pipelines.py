@@ -292,9 +292,8 @@ class PipelinePool:
             elif isinstance(outcome, StoreFull):
                 log.warning("pipeline %s: child run %s not created yet: %s", pipeline_id, run_id, outcome)
             elif self._taken_by_child(meta, step, item, attempt, run_id, outcome):
-                to_note.append(
-                    (item, run_id)
-                )  # created before (by a creator that died, or is at it right now)
+                # Created before, by a creator that died or is at it right now: noted all the same.
+                to_note.append((item, run_id))
         return created, to_note
 
     def _taken_by_child(

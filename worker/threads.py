@@ -41,7 +41,7 @@ def take_thread_turn(
     policy = head.thread_policy or agent_policy
     turn = rt.store.admit_to_thread(head.tenant, head.thread_id, head.run_id, policy)
     if turn.woken:
-        _publish_start(rt, turn.woken)
+        _turn_came(rt, turn.woken)
     if turn.verdict == "busy":
         # A bare start message: nobody to answer, so the run records why it did not run.
         return False, rt.fail(current, claim, ThreadBusy(head.thread_id, turn.holder, step=0).info())
@@ -79,8 +79,13 @@ def wake(rt: Runtime, run_id: str) -> None:
     """Unpark a run whose turn in its thread came, and publish its start (once: only the call that
     unparks it publishes; from then on the sweeper watches the start like any queued task)."""
     if rt.store.wake_from_thread(run_id):
-        log.info("run %s: its turn in its thread came", run_id)
-        _publish_start(rt, run_id)
+        _turn_came(rt, run_id)
+
+
+def _turn_came(rt: Runtime, run_id: str) -> None:
+    """``run_id`` was unparked by this call (its turn came): publish its start."""
+    log.info("run %s: its turn in its thread came", run_id)
+    _publish_start(rt, run_id)
 
 
 def _publish_start(rt: Runtime, run_id: str) -> None:
@@ -100,8 +105,7 @@ def hand_thread_on(rt: Runtime, head: RunHead) -> None:
     try:
         woken = rt.store.pass_thread_on(head.tenant, head.thread_id, head.run_id)
         if woken is not None:
-            log.info("run %s: its turn in its thread came", woken)
-            _publish_start(rt, woken)
+            _turn_came(rt, woken)
     except Exception:
         log.exception("run %s: handing its thread on failed; the sweeper will", head.run_id)
 
@@ -126,7 +130,7 @@ def repair_threads(rt: Runtime) -> int:
             log.warning("thread %s: handed on from run %s (its hand-on was lost)", thread.thread_id, holder)
             moved += 1
             if woken is not None:
-                _publish_start(rt, woken)
+                _turn_came(rt, woken)
         elif head.phase is Phase.IDLE and store.thread_wait(holder) is not None:
             log.warning("run %s: woken for its thread %s (its wake was lost)", holder, thread.thread_id)
             wake(rt, holder)

@@ -191,6 +191,9 @@ def submit(
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
     namespace = allowed_namespace(services.gate, who, body.namespace)
+    # Refused before the reservation, as a namespace is, so that it spends none of the tenant's
+    # submits; the model of the assistant version the run is pinned to is checked by the client,
+    # which pins it (allowed_models below).
     allowed_model(services.gate, who, body.model)
     callback = body.callback
     if callback is None and who.tenant is not None:
