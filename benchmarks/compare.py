@@ -4,8 +4,9 @@
 
 Absolute times drift 20-35 % between runs on the same machine, so metrics are compared by the
 ratios each run measured against its own reference (the ``normalized`` value of a gated metric:
-latency over the bare Celery hop of the same scenario, memory over the bare worker's RSS, targets
-as ratios); a metric without a reference is compared as is.
+a scenario's latency over its floor in the same run, the model's time plus a bare Celery hop per
+transition; memory over the bare worker's RSS; targets as ratios); a metric without a reference,
+or whose reference differs from the baseline's (its ``normalized_unit``), is compared as is.
 
 Gates, on the relative change in the bad direction:
 
@@ -68,7 +69,15 @@ def compare(new: dict[str, Any], base: dict[str, Any]) -> tuple[list[dict[str, A
             notes.append(f"{gid}: only in {'the new run' if gid in g_new else 'the baseline'}")
             continue
         n, b = g_new[gid], g_base[gid]
+        # Normalized values compare only in the same unit: a gate whose reference changed is
+        # compared on its raw value once (and says so), then on the new unit.
         use_norm = "normalized" in n and "normalized" in b
+        if use_norm and n.get("normalized_unit") != b.get("normalized_unit"):
+            use_norm = False
+            notes.append(
+                f"{gid}: normalized as {n.get('normalized_unit')!r}, the baseline as"
+                f" {b.get('normalized_unit')!r}: compared on the raw values"
+            )
         nv, bv = (n["normalized"], b["normalized"]) if use_norm else (n["value"], b["value"])
         if not bv or not nv:
             continue
