@@ -159,8 +159,8 @@ def _search_query(query: SearchQuery | None, filters: dict[str, Any]) -> SearchQ
 
 
 #: The fields of a :class:`RunRequest` that are not the request a producer makes: the run's id
-#: and the runtime's own link.
-_NOT_REQUESTED = frozenset({"run_id", "link"})
+#: and the runtime's own link and model inheritance.
+_NOT_REQUESTED = frozenset({"run_id", "link", "model_inherited"})
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,9 @@ class RunRequest:
     thread_policy: ThreadPolicy | None = None
     assistant: str | None = None
     assistant_version: int | None = None
+    #: The runtime's own: ``model`` is kept from the run a retry repeats, named by no one
+    #: (``RunHead.model_inherited``).
+    model_inherited: bool = False
 
 
 class RunTimeout(WesichainError, TimeoutError):
@@ -259,6 +262,7 @@ class Client:
         assistant_version: int | None = None,
         allowed_models: tuple[str, ...] | None = None,
         release: Release | None = None,
+        model_inherited: bool = False,
     ) -> RunHandle:
         """Create the run and send its start task; raises :class:`InvalidRequest` for a bad request.
 
@@ -290,6 +294,8 @@ class Client:
         ``link`` is the runtime's own: a pipeline's child run or an eval's case run is created
         with it (and the runtime's callback task that reports it back); a producer's request
         never carries one, and its callback may name no reserved task (``shared/request.py``).
+        ``model_inherited`` is the runtime's too: a retry's ``model`` that no one named
+        (``RunHead.model_inherited``).
 
         ``release`` (standalone Redis only): a sorted set's member the create script removes in
         the step that creates the run, as the API gives up its hold of the run's place under its
@@ -311,6 +317,7 @@ class Client:
             thread_policy=thread_policy,
             assistant=assistant,
             assistant_version=assistant_version,
+            model_inherited=model_inherited,
         )
         head, start, asked_version = self._new_run(new, check_agent, idempotency_key, allowed_models)
         run_id = head.run_id
@@ -393,7 +400,7 @@ class Client:
         run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         if check_agent:
             self._check_agent(request.agent, request.metadata, pinned_to)
-        head = new_run(run_id, request, link=new.link)
+        head = new_run(run_id, request, link=new.link, model_inherited=new.model_inherited)
         return head, start_task(run_id, namespace=request.namespace), asked_version
 
     def _create_in_thread(
@@ -558,8 +565,10 @@ class Client:
             raise RunNotFound(f"no run {run!r}")
         created = self.store.checkpoints(source.run_id, 0, 0)
         first = created[0] if created else source
-        if allowed_models is not None and first.model and _inherited_model(source):
-            # A fork's model is the one its original ran with (no one named it): the retry keeps it.
+        inherited = bool(first.model) and _inherited_model(source)
+        if allowed_models is not None and inherited:
+            # A fork's model is the one its original ran with (no one named it): the retry keeps
+            # it, and records so, for a retry or a fork of the retry to keep it too.
             allowed_models = (*allowed_models, first.model)
         return self.submit(
             source.agent,
@@ -577,6 +586,7 @@ class Client:
             assistant_version=source.assistant_version,
             check_agent=check_agent,
             allowed_models=allowed_models,
+            model_inherited=inherited,
         )
 
     def fork(
@@ -647,6 +657,7 @@ class Client:
                 edited_input=input is not None,
                 model_named=model is not None,
             ),
+            model_inherited=model is None and bool(request.model),
             namespace=source.namespace,
             assistant=source.assistant,
             assistant_version=source.assistant_version,
@@ -902,9 +913,10 @@ class Client:
 
 
 def _inherited_model(run: RunHead) -> bool:
-    """Whether the run's model is a fork's inheritance (the one its original ran with), not a
-    model anyone named: a retry or a fork of it may keep it whatever models its tenant may name."""
-    return run.fork is not None and not run.fork.model_named
+    """Whether the run's model is an inheritance (a fork's original's, or a retry's of such a
+    run), not a model anyone named: a retry or a fork of it may keep it whatever models its tenant
+    may name. (A fork created before ``RunHead.model_inherited`` says so by its origin alone.)"""
+    return run.model_inherited or (run.fork is not None and not run.fork.model_named)
 
 
 class RunHandle:

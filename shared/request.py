@@ -184,19 +184,28 @@ def validate_request(raw: Mapping[str, Any], limits: Limits, *, runtime_callback
     )
 
 
-def new_run(run_id: str, request: RunRequest, *, link: PipelineLink | EvalLink | None = None) -> RunHead:
+def new_run(
+    run_id: str,
+    request: RunRequest,
+    *,
+    link: PipelineLink | EvalLink | None = None,
+    model_inherited: bool = False,
+) -> RunHead:
     """The new run (IDLE, version 1) a validated request stands for, with every field it holds.
 
     The one place a request becomes a run: the Python client (and the HTTP API through it) and a
     bare ``wesichain.start`` message both create their runs here, so a field added to
     :class:`RunRequest` reaches the run on every path (a field ``RunHead.new_idle`` does not take
-    fails at once, in every test that creates a run). ``link`` is the runtime's own (a pipeline's
-    child, an eval's case): no request carries one.
+    fails at once, in every test that creates a run). ``link`` (a pipeline's child, an eval's
+    case) and ``model_inherited`` (a retry keeping a model no one named, ``RunHead``) are the
+    runtime's own: no request carries them.
     """
     fields = {
         name: getattr(request, name) for name in RunRequest.model_fields if name not in ("agent", "input")
     }
-    return RunHead.new_idle(run_id, request.agent, request.input, link=link, **fields)
+    return RunHead.new_idle(
+        run_id, request.agent, request.input, link=link, model_inherited=model_inherited, **fields
+    )
 
 
 def _callback(raw: Any, runtime_callback: bool) -> Callback | None:

@@ -377,6 +377,10 @@ class RunHead(BaseModel):
     assistant_version: int | None = None
     #: The run and checkpoint this run was forked from (None: not a fork).
     fork: ForkOrigin | None = None
+    #: Its ``model`` was named by no one: kept from the run it goes on from (a fork's original,
+    #: unless the fork named one) or repeats (a retry of such a run). Not the tenant's choice, so a
+    #: retry or a fork of it may keep that model whatever models the tenant may name now.
+    model_inherited: bool = False
     #: The run whose subagent call this run is (None: a top-level run).
     parent: ParentLink | None = None
     #: The pipeline item or eval case the runtime started this run for (None: neither).
@@ -477,6 +481,7 @@ class RunHead(BaseModel):
         tenant: str | None = None,
         callback: Callback | None = None,
         fork: ForkOrigin | None = None,
+        model_inherited: bool = False,
         parent: ParentLink | None = None,
         link: PipelineLink | EvalLink | None = None,
         state: dict[str, Any] | None = None,
@@ -499,6 +504,7 @@ class RunHead(BaseModel):
             tenant=tenant,
             callback=callback,
             fork=fork,
+            model_inherited=model_inherited,
             parent=parent,
             link=link,
             state=state,

@@ -200,6 +200,17 @@ def test_a_tenant_allowed_no_model_may_not_override_one_and_runs_its_agent_s(
         bare.http.post(f"/v1/runs/{fork}/fork", json={}),
     ):
         assert answer(bare, started(again)) == "done by concierge-a"
+    # The retry records the model as kept, not named: its own retries and forks keep it too.
+    retried = started(bare.http.post(f"/v1/runs/{fork}/retry"))
+    assert answer(bare, retried) == "done by concierge-a"
+    twice = started(bare.http.post(f"/v1/runs/{retried}/retry"))
+    assert answer(bare, twice) == "done by concierge-a"
+    assert answer(bare, started(bare.http.post(f"/v1/runs/{twice}/fork", json={}))) == "done by concierge-a"
+    # No producer can claim a model as kept: the field is the runtime's, not the request's.
+    forged = bare.http.post(
+        "/v1/runs", json={"agent": "concierge", "input": "x", "model": OTHER, "model_inherited": True}
+    )
+    assert forged.status_code == 422, forged.text
 
 
 def test_an_allowed_tenant_s_run_calls_the_model_it_named_and_only_that_one(
