@@ -266,9 +266,11 @@ class MessageBuilder:
         parent = self.app.current_worker_task
         root_id = parent_id = None
         if parent:
-            root_id = parent.request.root_id or parent.request.id
-            parent_id = parent.request.id
-            parent.add_trail(self.app.AsyncResult(spec.task_id))  # as send_task does
+            request = parent.request
+            root_id = request.root_id or request.id
+            parent_id = request.id
+            if parent.trail:  # as send_task does (a task without a trail keeps no children)
+                parent.add_trail(self.app.AsyncResult(spec.task_id))
         return [template.fill(spec, argsrepr, kwargsrepr, root_id, parent_id, self.app.thread_oid)]
 
     def _send_tasks(self, specs: Sequence[TaskSpec]) -> list[BrokerCommand]:
