@@ -132,8 +132,7 @@ class ModelCall:
                 self._pending.append(item.text)
             elif isinstance(item, ModelResponse):
                 final = item
-                if not self.stream:
-                    break  # a call that does not stream has nothing after its answer but its end
+                break  # the answer is a call's last part (a stream ends with it): only its end follows
             if time.monotonic() - self._last_flush >= DELTA_FLUSH_S:
                 self._flush()
         self._flush(last=True)
