@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 __all__ = ["Keys", "RunKeys"]
 
-#: Runs whose key names a :class:`Keys` keeps (past it, it starts over): a worker's runs in flight.
-_CACHED_RUNS = 4096
+#: Runs whose key names a :class:`Keys` keeps (past it, it starts over). Few: a process sees again
+#: the runs it works on now, and a run it must build again costs one shard hash, not one a name.
+_CACHED_RUNS = 64
 
 
 @dataclass(frozen=True, slots=True)
