@@ -155,11 +155,6 @@ _MARK = "\x00wesichain-filled:{}\x00"
 _MARKED = re.compile(r'"\\u0000wesichain-filled:(\w+)\\u0000"')
 
 
-def _json_value(value: str | None) -> str:
-    """``value`` as ``json.dumps`` writes it inside the message (ASCII, the C encoder's escapes)."""
-    return "null" if value is None else _encode_string(value)
-
-
 @dataclass(frozen=True)
 class MessageTemplate:
     """A message ``send_task`` built for one kind of task (name, queue, time limit, argument
@@ -227,7 +222,9 @@ class MessageTemplate:
         pieces = self.pieces
         text = [pieces[0]]
         for name, after in zip(self.filled, pieces[1:], strict=True):
-            text += (_json_value(values[name]), after)
+            # Each value as ``json.dumps`` writes it in the message (ASCII, the C encoder's escapes).
+            value = values[name]
+            text += ("null" if value is None else _encode_string(value), after)
         return ("lpush", (self.key, "".join(text)))
 
 
