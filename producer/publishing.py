@@ -43,10 +43,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _encode_string
 from typing import Any
 
 import redis
@@ -142,6 +144,16 @@ class CollectingTransport(redis_transport.Transport):
 #: What a message's body carries after its arguments when the task has no links, chain or chord.
 _NO_LINKS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
+#: The fields :meth:`MessageTemplate.fill` writes, by where they are in the message.
+_FILLED = {
+    "body": ("body",),
+    "headers": ("id", "root_id", "parent_id", "argsrepr", "kwargsrepr"),
+    "properties": ("correlation_id", "reply_to", "delivery_tag"),
+}
+#: What stands for a filled field in the template's JSON: no string Celery writes looks like it.
+_MARK = "\x00wesichain-filled:{}\x00"
+_MARKED = re.compile(r'"\\u0000wesichain-filled:(\w+)\\u0000"')
+
 
 @dataclass(frozen=True)
 class MessageTemplate:
@@ -152,6 +164,21 @@ class MessageTemplate:
     key: str
     #: The message as kombu's channel pushed it, parsed (key order kept).
     message: dict[str, Any]
+    #: The message's JSON around the fields :meth:`fill` writes, and those fields in that order:
+    #: a message is the pieces and the fields' values joined, not the whole dict dumped again.
+    pieces: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    filled: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        marked = dict(self.message)
+        for part, names in _FILLED.items():
+            if part == "body":
+                marked["body"] = _MARK.format("body")
+            else:
+                marked[part] = {**self.message[part], **{name: _MARK.format(name) for name in names}}
+        cut = _MARKED.split(json.dumps(marked))
+        object.__setattr__(self, "pieces", tuple(cut[0::2]))
+        object.__setattr__(self, "filled", tuple(cut[1::2]))
 
     @classmethod
     def of(cls, commands: Sequence[BrokerCommand]) -> MessageTemplate | None:
@@ -181,23 +208,24 @@ class MessageTemplate:
         reply_to: str,
     ) -> BrokerCommand:
         body = json.dumps([list(spec.args), spec.arguments, _NO_LINKS])
-        message = dict(self.message)
-        message["body"] = base64.b64encode(body.encode()).decode()
-        message["headers"] = {
-            **self.message["headers"],
+        values = {
+            "body": base64.b64encode(body.encode()).decode(),
             "id": spec.task_id,
             "root_id": root_id or spec.task_id,
             "parent_id": parent_id,
             "argsrepr": argsrepr,
             "kwargsrepr": kwargsrepr,
-        }
-        message["properties"] = {
-            **self.message["properties"],
             "correlation_id": spec.task_id,
             "reply_to": reply_to,
             "delivery_tag": str(uuid.uuid4()),
         }
-        return ("lpush", (self.key, json.dumps(message)))
+        pieces = self.pieces
+        text = [pieces[0]]
+        for name, after in zip(self.filled, pieces[1:], strict=True):
+            # Each value as ``json.dumps`` writes it in the message (ASCII, the C encoder's escapes).
+            value = values[name]
+            text += ("null" if value is None else _encode_string(value), after)
+        return ("lpush", (self.key, "".join(text)))
 
 
 class MessageBuilder:
@@ -266,9 +294,11 @@ class MessageBuilder:
         parent = self.app.current_worker_task
         root_id = parent_id = None
         if parent:
-            root_id = parent.request.root_id or parent.request.id
-            parent_id = parent.request.id
-            parent.add_trail(self.app.AsyncResult(spec.task_id))  # as send_task does
+            request = parent.request
+            root_id = request.root_id or request.id
+            parent_id = request.id
+            if parent.trail:  # as send_task does (a task without a trail keeps no children)
+                parent.add_trail(self.app.AsyncResult(spec.task_id))
         return [template.fill(spec, argsrepr, kwargsrepr, root_id, parent_id, self.app.thread_oid)]
 
     def _send_tasks(self, specs: Sequence[TaskSpec]) -> list[BrokerCommand]:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from functools import cache
 from typing import Annotated, Any, Literal, Protocol, get_args
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from shared.errors import RunErrorInfo
 from shared.llm.base import Usage
@@ -63,6 +63,9 @@ __all__ = [
 class WorkerId(BaseModel):
     """The process that produced an event: the worker's name (its host by default) and pid."""
 
+    # Frozen: one instance names every event of the process (:func:`this_worker`).
+    model_config = ConfigDict(frozen=True)
+
     host: str
     pid: int
 
@@ -85,9 +88,17 @@ def worker_identity() -> str:
     return _identity or _hostname()
 
 
+_this_worker: WorkerId | None = None
+
+
 def this_worker() -> WorkerId:
-    # pid is read each time: prefork children inherit the parent's memory after fork.
-    return WorkerId(host=worker_identity(), pid=os.getpid())
+    # Built once per process and name; pid is read each time: prefork children inherit the
+    # parent's memory after fork.
+    global _this_worker
+    me, host, pid = _this_worker, worker_identity(), os.getpid()
+    if me is None or me.pid != pid or me.host != host:
+        me = _this_worker = WorkerId(host=host, pid=pid)
+    return me
 
 
 class _Event(BaseModel):

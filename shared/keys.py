@@ -18,9 +18,48 @@ run indexes are trimmed by the sweeper.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["Keys"]
+__all__ = ["Keys", "RunKeys"]
+
+#: Runs whose key names a :class:`Keys` keeps (past it, it starts over). Few: a process sees again
+#: the runs it works on now, and a run it must build again costs one shard hash, not one a name.
+_CACHED_RUNS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RunKeys:
+    """The key names of one run that its claims, commits and renewals use (see :class:`Keys`)."""
+
+    #: The shard's hash tag with the prefix (``wesichain:{s7}:``): the shard's own keys follow it.
+    tag: str
+    run: str
+    messages: str
+    checkpoints: str
+    events: str
+    inbox: str
+    attempts: str
+    leases: str
+    indexes: str
+    inflight: str
+    ended: str
+
+    def results(self, step: int) -> str:
+        return f"{self.run}:step:{step}:results"
+
+    def last_claim(self, holder: str) -> str:
+        return _last_claim(self.tag, holder)
+
+    def index(self, tenant: str | None, dimension: str = "all", value: str = "") -> str:
+        return _index(self.tag, tenant, dimension, value)
+
+
+def _last_claim(tag: str, holder: str) -> str:
+    return f"{tag}last-claim:{holder}"
+
+
+def _index(tag: str, tenant: str | None, dimension: str, value: str) -> str:
+    return f"{tag}idx:{tenant or '-'}:{dimension}:{value}"
 
 
 @dataclass(frozen=True)
@@ -29,6 +68,8 @@ class Keys:
 
     prefix: str = "wesichain:"
     shards: int = 16
+    #: :meth:`of` by run id: every phase of a run builds the same dozen names again otherwise.
+    _runs: dict[str, RunKeys] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def shard(self, run_id: str) -> int:
         return zlib.crc32(run_id.encode()) % self.shards
@@ -36,53 +77,74 @@ class Keys:
     def _tag(self, shard: int) -> str:
         return f"{self.prefix}{{s{shard}}}:"
 
-    def _run(self, run_id: str) -> str:
-        return f"{self._tag(self.shard(run_id))}run:{run_id}"
+    def of(self, run_id: str) -> RunKeys:
+        """The key names of ``run_id``'s own keys and of its shard's (built once per run)."""
+        found = self._runs.get(run_id)
+        if found is None:
+            tag = self._tag(self.shard(run_id))
+            run = f"{tag}run:{run_id}"
+            found = RunKeys(
+                tag=tag,
+                run=run,
+                messages=run + ":messages",
+                checkpoints=run + ":checkpoints",
+                events=run + ":events",
+                inbox=run + ":inbox",
+                attempts=run + ":attempts",
+                leases=tag + "leases",
+                indexes=tag + "indexes",
+                inflight=tag + "inflight",
+                ended=tag + "ended",
+            )
+            if len(self._runs) >= _CACHED_RUNS:
+                self._runs.clear()
+            self._runs[run_id] = found
+        return found
 
     def run(self, run_id: str) -> str:
         """Hash: the run's head and claims (field names in :mod:`shared.protocol`)."""
-        return self._run(run_id)
+        return self.of(run_id).run
 
     def messages(self, run_id: str) -> str:
         """List: the conversation, append-only (RPUSH), so a commit never rewrites history."""
-        return self._run(run_id) + ":messages"
+        return self.of(run_id).messages
 
     def checkpoints(self, run_id: str) -> str:
         """List: the body of every committed head, in version order (index = version - 1)."""
-        return self._run(run_id) + ":checkpoints"
+        return self.of(run_id).checkpoints
 
     def events(self, run_id: str) -> str:
         """Stream: the run's typed events, capped with MAXLEN."""
-        return self._run(run_id) + ":events"
+        return self.of(run_id).events
 
     def results(self, run_id: str, step: int) -> str:
         """Hash: call_id -> tool result JSON for one step; HSETNX makes each result once."""
-        return f"{self._run(run_id)}:step:{step}:results"
+        return self.of(run_id).results(step)
 
     def inbox(self, run_id: str) -> str:
         """Hash: the signals sent into the run (by sequence number), their client keys and their
         outcomes (field names in :mod:`shared.protocol`, ``INBOX_*``)."""
-        return self._run(run_id) + ":inbox"
+        return self.of(run_id).inbox
 
     def attempts(self, run_id: str) -> str:
         """Hash: claims per piece of work and version, last errors, lost publishes (poison detection)."""
-        return self._run(run_id) + ":attempts"
+        return self.of(run_id).attempts
 
     def leases(self, shard: int) -> str:
         """Sorted set: run ids of the shard, scored by the Redis time (ms) the sweeper must look at them."""
         return self._tag(shard) + "leases"
 
     def leases_of(self, run_id: str) -> str:
-        return self.leases(self.shard(run_id))
+        return self.of(run_id).leases
 
     def last_claim(self, shard: int, holder: str) -> str:
         """String (expiring with the claim's lease): the last claim one process (``host:pid``) took
         on a run of this shard, written by the claim itself, so that a worker killed right after a
         claim has it handed on without its main process having listed it (``shared/liveness.py``)."""
-        return f"{self._tag(shard)}last-claim:{holder}"
+        return _last_claim(self._tag(shard), holder)
 
     def last_claim_of(self, run_id: str, holder: str) -> str:
-        return self.last_claim(self.shard(run_id), holder)
+        return self.of(run_id).last_claim(holder)
 
     def runs_index(self, shard: int) -> str:
         """Sorted set: run ids of the shard scored by creation time (ms), for listing."""
@@ -97,10 +159,10 @@ class Keys:
         ``dimension`` narrows it: ``all``, or ``agent``, ``status``, ``thread`` with ``value``.
         The commit scripts keep them (a run's status index moves with the run).
         """
-        return f"{self._tag(shard)}idx:{tenant or '-'}:{dimension}:{value}"
+        return _index(self._tag(shard), tenant, dimension, value)
 
     def index_of(self, run_id: str, tenant: str | None, dimension: str = "all", value: str = "") -> str:
-        return self.index(self.shard(run_id), tenant, dimension, value)
+        return self.of(run_id).index(tenant, dimension, value)
 
     def ended(self, shard: int) -> str:
         """Sorted set: ended runs of the shard still in Redis, scored by when they ended (Redis ms).
@@ -111,14 +173,14 @@ class Keys:
         return self._tag(shard) + "ended"
 
     def ended_of(self, run_id: str) -> str:
-        return self.ended(self.shard(run_id))
+        return self.of(run_id).ended
 
     def indexes(self, shard: int) -> str:
         """Set: every index key of the shard (the sweeper trims them past the retention)."""
         return self._tag(shard) + "indexes"
 
     def indexes_of(self, run_id: str) -> str:
-        return self.indexes(self.shard(run_id))
+        return self.of(run_id).indexes
 
     def sync(self, shard: int) -> str:
         """String: written just before a replication wait on the shard's primary (its value: the
@@ -139,7 +201,7 @@ class Keys:
         return self._tag(shard) + "inflight"
 
     def inflight_of(self, run_id: str) -> str:
-        return self.inflight(self.shard(run_id))
+        return self.of(run_id).inflight
 
     def tenant(self, name: str) -> str:
         """Hash: a tenant's settings (webhook secret, default callback, limits)."""

@@ -46,12 +46,12 @@ def phase_context(**fields: Any) -> Iterator[None]:
 
 
 def begin_phase(**fields: Any) -> None:
-    """The task on this thread starts a phase (Celery's task_prerun): lines are about it from now."""
+    """The task on this thread starts a phase (``LoggedTask.before_start``): lines are about it from now."""
     _context.set({k: v for k, v in fields.items() if v is not None})
 
 
 def end_phase() -> None:
-    """The task on this thread ended (task_postrun): lines are about no phase any more."""
+    """The task on this thread ended (``LoggedTask.after_return``): lines are about no phase any more."""
     _context.set(None)
 
 

@@ -113,7 +113,9 @@ class ModelCall:
         self.held = held
         self.stream = stream
         self.max_delta_chars = max_delta_chars
-        self._parts: queue.Queue[Part] = queue.Queue()
+        # A SimpleQueue: its put and get are C, where a Queue's wait builds a Condition's lock each
+        # time; only one thread takes the parts.
+        self._parts: queue.SimpleQueue[Part] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._pending: list[str] = []
         self._last_flush = time.monotonic()
@@ -130,6 +132,7 @@ class ModelCall:
                 self._pending.append(item.text)
             elif isinstance(item, ModelResponse):
                 final = item
+                break  # the answer is a call's last part (a stream ends with it): only its end follows
             if time.monotonic() - self._last_flush >= DELTA_FLUSH_S:
                 self._flush()
         self._flush(last=True)

@@ -17,7 +17,7 @@ import hashlib
 import logging
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from shared.errors import ConfigError
@@ -41,6 +41,10 @@ def span_id_of(run_id: str) -> int:
     return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[16:24], "big") or 1
 
 
+#: What a span is when tracing is off (``nullcontext`` keeps no state: one serves every span).
+_NO_SPAN: AbstractContextManager[None] = nullcontext()
+
+
 class Tracing:
     """Starts spans when tracing is on; otherwise every span is a no-op costing nothing."""
 
@@ -59,13 +63,15 @@ class Tracing:
     def enabled(self) -> bool:
         return self._tracer is not None
 
-    @contextmanager
-    def span(self, name: str, run_id: str, **attributes: Any) -> Iterator[Any]:
+    def span(self, name: str, run_id: str, **attributes: Any) -> AbstractContextManager[Any]:
         """A span of ``run_id``'s trace; inside another span of this thread, its child. Yields the
         span (None when tracing is off); an exception leaving it is recorded on it."""
         if self._tracer is None:
-            yield None
-            return
+            return _NO_SPAN  # not a generator's context manager: every phase has a span or two
+        return self._span(name, run_id, attributes)
+
+    @contextmanager
+    def _span(self, name: str, run_id: str, attributes: dict[str, Any]) -> Iterator[Any]:
         from opentelemetry import context, trace
         from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 

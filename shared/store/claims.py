@@ -192,19 +192,20 @@ class ClaimsMixin(RunsMixin):
 
     def claim_phase(self, want: PhaseClaim, holder: str) -> ClaimOutcome:
         """Claim a phase for this delivery, in one round trip (see ``claim_phase.lua``)."""
-        k, run_id = self.keys, want.run_id
+        run_id = want.run_id
+        k = self.keys.of(run_id)
         token = new_token()
         cached = self._messages.get(run_id) if want.read_messages else None
         reply = self._run(
             "claim_phase",
             [
-                k.run(run_id),
-                k.attempts(run_id),
-                k.leases_of(run_id),
-                k.messages(run_id),
-                k.results(run_id, want.step),
-                k.inbox(run_id),
-                k.last_claim_of(run_id, holder),
+                k.run,
+                k.attempts,
+                k.leases,
+                k.messages,
+                k.results(want.step),
+                k.inbox,
+                k.last_claim(holder),
             ],
             [
                 run_id,
@@ -250,17 +251,12 @@ class ClaimsMixin(RunsMixin):
 
     def claim_call(self, want: CallClaim, holder: str) -> ClaimOutcome:
         """Claim one tool call for this delivery (see ``claim_call.lua``)."""
-        k, run_id = self.keys, want.run_id
+        run_id = want.run_id
+        k = self.keys.of(run_id)
         token = new_token()
         reply = self._run(
             "claim_call",
-            [
-                k.run(run_id),
-                k.attempts(run_id),
-                k.leases_of(run_id),
-                k.results(run_id, want.step),
-                k.last_claim_of(run_id, holder),
-            ],
+            [k.run, k.attempts, k.leases, k.results(want.step), k.last_claim(holder)],
             [
                 run_id,
                 want.version,
@@ -320,12 +316,14 @@ class ClaimsMixin(RunsMixin):
         """
         if not claims:
             return []
-        k = self.keys
         replies = run_many(
             self.redis,
             self._scripts["renew"],
             [
-                ([k.run(run_id), k.leases_of(run_id)], [run_id, field, token, self._lease_ms, int(extend)])
+                (
+                    [(k := self.keys.of(run_id)).run, k.leases],
+                    [run_id, field, token, self._lease_ms, int(extend)],
+                )
                 for run_id, field, token, extend in claims
             ],
         )
@@ -393,7 +391,8 @@ class ClaimsMixin(RunsMixin):
         if head.version != expected_version + 1:
             raise InternalInvariant(f"commit of version {head.version} over {expected_version}")
         limits = self.settings.limits
-        k, run_id, tenant = self.keys, head.run_id, head.tenant
+        run_id, tenant = head.run_id, head.tenant
+        k = self.keys.of(run_id)
         kind = (
             "terminal" if head.terminal else ("parked" if head.phase is Phase.AWAITING_APPROVAL else "live")
         )
@@ -428,24 +427,23 @@ class ClaimsMixin(RunsMixin):
         ]
         # A finished run's per-step keys expire with it (bounded: steps <= max_steps).
         extra = (
-            [k.attempts(run_id), k.inbox(run_id)]
-            + [k.results(run_id, step) for step in range(1, head.step + 1)]
+            [k.attempts, k.inbox] + [k.results(step) for step in range(1, head.step + 1)]
             if kind == "terminal"
             else []
         )
-        status_keys = [k.index_of(run_id, tenant, "status", s.status) for s in (current, head)]
         reply = self._run(
             "commit",
             [
-                k.run(run_id),
-                k.messages(run_id),
-                k.checkpoints(run_id),
-                k.events(run_id),
-                k.leases_of(run_id),
-                k.indexes_of(run_id),
-                k.inflight_of(run_id),
-                *status_keys,
-                k.ended_of(run_id),
+                k.run,
+                k.messages,
+                k.checkpoints,
+                k.events,
+                k.leases,
+                k.indexes,
+                k.inflight,
+                k.index(tenant, "status", current.status),
+                k.index(tenant, "status", head.status),
+                k.ended,
                 *extra,
             ],
             args,
@@ -470,16 +468,11 @@ class ClaimsMixin(RunsMixin):
         ``push``: the broker commands that publish ``observe`` under ``head``'s epoch, run by the
         script with the fan-in as :meth:`commit` runs its own.
         """
-        k, run_id = self.keys, head.run_id
+        run_id = head.run_id
+        k = self.keys.of(run_id)
         reply = self._run(
             "record_result",
-            [
-                k.run(run_id),
-                k.results(run_id, head.step),
-                k.events(run_id),
-                k.leases_of(run_id),
-                k.checkpoints(run_id),
-            ],
+            [k.run, k.results(head.step), k.events, k.leases, k.checkpoints],
             [
                 run_id,
                 new_op(),

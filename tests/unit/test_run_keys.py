@@ -1,0 +1,42 @@
+"""A run's key names, built once per run: the same names the per-name methods give."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared import keys as keys_module
+from shared.keys import Keys
+
+
+def test_a_runs_cached_names_are_the_per_name_methods_names() -> None:
+    k = Keys("p:", 16)
+    run = "0123abcd"
+    shard = k.shard(run)
+    of = k.of(run)
+    assert of.run == f"p:{{s{shard}}}:run:{run}" == k.run(run)
+    assert (of.messages, of.checkpoints, of.events, of.inbox, of.attempts) == (
+        k.messages(run),
+        k.checkpoints(run),
+        k.events(run),
+        k.inbox(run),
+        k.attempts(run),
+    )
+    assert (of.leases, of.indexes, of.inflight, of.ended) == (
+        k.leases(shard),
+        k.indexes(shard),
+        k.inflight(shard),
+        k.ended(shard),
+    )
+    assert of.results(3) == k.results(run, 3) == f"{of.run}:step:3:results"
+    assert of.last_claim("h:1") == k.last_claim(shard, "h:1") == k.last_claim_of(run, "h:1")
+    assert of.index("t", "status", "running") == k.index(shard, "t", "status", "running")
+    assert k.of(run) is of
+
+
+def test_the_cache_is_bounded_and_not_part_of_the_layouts_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    k = Keys("p:", 4)
+    monkeypatch.setattr(keys_module, "_CACHED_RUNS", 3)
+    names = [k.of(f"run-{i}").run for i in range(10)]
+    assert len(k._runs) <= 3
+    assert names == [k.run(f"run-{i}") for i in range(10)]
+    assert k == Keys("p:", 4) and hash(k) == hash(Keys("p:", 4))
