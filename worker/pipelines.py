@@ -254,7 +254,7 @@ class PipelinePool:
     ) -> None:
         """Start ``batch``, taken by a record with the step's pump ``lease``; then, in the script
         that notes them, take the room other ends gave back meanwhile (their records answered
-        'pumping'), until none is left and the lease is given up. Ends close together so share one
+        'pumping'), until none is left and the lease is given up. So ends close together share one
         pump: one take, create and note for all their items, not one each. After
         :data:`PUMP_ROUNDS` takes the lease is handed on to a live child's record."""
         rounds = 0
