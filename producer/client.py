@@ -17,7 +17,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -63,6 +63,7 @@ from shared.state import (
     ThreadPolicy,
 )
 from shared.store import RunPage, RunStore, ThreadTurn
+from shared.store.base import BrokerCommand
 from shared.store.runs import Creation, NewRun, Release
 from shared.tasks import decide_task, start_task
 from shared.tenants import check_models_allowed
@@ -199,7 +200,12 @@ class Client:
     """Submits runs and follows them, with the Redis URL and agent names only."""
 
     def __init__(
-        self, settings: Settings, *, app: Celery | None = None, store: RunStore | None = None
+        self,
+        settings: Settings,
+        *,
+        app: Celery | None = None,
+        store: RunStore | None = None,
+        prepare: Callable[[Sequence[TaskSpec]], list[BrokerCommand]] | None = None,
     ) -> None:
         self.settings = settings
         #: Builds a task's Celery message from its kind's template and pushes it on the store's
@@ -212,6 +218,10 @@ class Client:
             if broker_is_store(settings):
                 self._messages = MessageBuilder(app)
         self.app = app
+        #: Builds the broker commands a create script runs to push the new run's start (no
+        #: publish after it): the client's own messages, or, for a given app, its owner's builder
+        #: (``prepare``: a worker's ``Runtime.prepare``, for the runs its pools create).
+        self._prepare = self._messages.build if self._messages is not None else prepare
         self.store = store or RunStore(connect(settings), settings)
         self.workers = WorkerDirectory(self.store.redis, self.store.keys, settings.registry_interval_s)
         #: Refuses new runs while Redis is nearly at its maxmemory (see ``shared/retention.py``).
@@ -507,10 +517,10 @@ class Client:
                 self.memory_guard.check()
             except StoreFull as exc:
                 return [exc] * len(runs)
-        messages = self._messages if self.settings.commit_publish else None
+        prepare = self._prepare if self.settings.commit_publish else None
         replies = self.store.create_many(
             [
-                NewRun(head, [start], messages.build([start]) if messages is not None else (), release)
+                NewRun(head, [start], prepare([start]) if prepare is not None else (), release)
                 for head, start in runs
             ]
         )

@@ -405,6 +405,11 @@ class Keys:
         """Hash: item index -> how its child ended, as JSON; HSETNX records each item once."""
         return f"{self._pipe(pipeline_id)}:results:{seq}"
 
+    def pipe_pump(self, pipeline_id: str, seq: int) -> str:
+        """String with a short expiry: the token of the pump taking step ``seq``'s items now, which
+        takes the room that ends give back meanwhile (``pipe_record.lua``, ``pipe_mark.lua``)."""
+        return f"{self._pipe(pipeline_id)}:pump:{seq}"
+
     def pipe_events(self, pipeline_id: str) -> str:
         """Stream: the pipeline run's events (steps, each child's start and end, its own end)."""
         return self._pipe(pipeline_id) + ":events"

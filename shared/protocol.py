@@ -460,6 +460,27 @@ _VALUES = {
 }
 
 _HELPERS = """
+-- Take up to 'want' items of step 'seq' of the pipeline run whose meta hash is 'meta' to start
+-- now, within the step's cap on live children ('items', 'attempts': the step's hashes of input
+-- texts and current attempts). An item is live from here until its result is recorded
+-- (pipe_record), so the cap holds across the pool whoever takes items. Returns {first item,
+-- count, then the input text of each, then the current attempt of each} (count 0: none now).
+local function pipe_take(meta, items, attempts, seq, want)
+  local f = redis.call('HMGET', meta, PIPE_STATUS, PIPE_SEQ, PIPE_STARTED, PIPE_DONE, PIPE_CAP, PIPE_TOTAL)
+  if f[1] ~= PIPE_RUNNING or f[2] ~= seq then return {0, 0} end
+  local started, done = tonumber(f[3]), tonumber(f[4])
+  local n = math.min(tonumber(f[5]) - (started - done), tonumber(f[6]) - started, want)
+  if n <= 0 then return {started, 0} end
+  redis.call('HSET', meta, PIPE_STARTED, tostring(started + n))
+  local fields = {}
+  for i = 1, n do fields[i] = tostring(started + i - 1) end
+  local texts = redis.call('HMGET', items, unpack(fields))
+  local tries = redis.call('HMGET', attempts, unpack(fields))
+  local taken = {started, n}
+  for i = 1, n do taken[2 + i] = texts[i] or '' end
+  for i = 1, n do taken[2 + n + i] = tries[i] or '0' end
+  return taken
+end
 -- Run the broker commands of a publish (ARGV from index 'at': the epoch they were built for, their
 -- count, then name, argument count and arguments of each) if the run is still at that epoch
 -- ('epoch': the run's epoch field, which the caller has read).

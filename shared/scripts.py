@@ -248,11 +248,11 @@ SPECS: dict[str, ScriptSpec] = {
         more_args="the items' input texts, in item order",
         words="stale ok",
     ),
-    "pipe_reserve": _spec("meta", "seq want"),
+    "pipe_reserve": _spec("meta items attempts", "seq want"),
     "pipe_record": _spec(
-        "meta results attempts events children",
-        "seq item attempt result event events_maxlen run_id started_event created_at",
-        words="unknown stale dup ended complete recorded waiting",
+        "meta results attempts events children items pump",
+        "seq item attempt result event events_maxlen run_id started_event created_at want token lease_ms",
+        words="unknown stale dup ended complete recorded waiting pumping",
     ),
     "pipe_retry": _spec("meta attempts", "seq item attempt", words="stale ok"),
     "pipe_end": _spec(
@@ -262,7 +262,9 @@ SPECS: dict[str, ScriptSpec] = {
         words="* stale ok",
     ),
     "pipe_mark": _spec(
-        "children events meta", "events_maxlen", more_args="item, run_id and event of each child to note"
+        "children events meta items attempts pump",
+        "events_maxlen seq want token lease_ms hand_on",
+        more_args="item, run_id and event of each child to note",
     ),
     # -- evals (shared.evals.store) ------------------------------------------------------------------
     "eval_create": _spec(

@@ -229,6 +229,8 @@ class RuntimeHolder:
                 self.settings,
                 app=cast(Celery, RuntimePublisher(runtime.send, runtime.send_all)),
                 store=runtime.store,
+                # Each child's create script pushes its start, as a commit pushes its tasks.
+                prepare=runtime.prepare,
             )
             self._pipelines = PipelinePool(client, runtime.agents, runtime.send)
             self._pipelines_pid = os.getpid()

@@ -18,6 +18,7 @@ No worker waits for a child: between two of these tasks a pipeline run is only s
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,12 +27,12 @@ from producer.client import Client, RunRequest
 from shared.agents import AgentRegistry
 from shared.errors import ConfigError, InvalidRequest, StoreFull, WesichainError
 from shared.pipeline.definition import Step
-from shared.pipeline.store import PipelineMeta, PipelineStore, child_run_id
+from shared.pipeline.store import ItemToStart, PipelineMeta, PipelineStore, PumpLease, child_run_id
 from shared.pipeline.tasks import CHILD_CALLBACK
 from shared.pipeline.values import as_input, jsonable, value_of
 from shared.state import Phase, PipelineLink, RunHead, TaskSpec
 
-__all__ = ["MAX_ITEMS", "PUMP_BATCH", "PipelinePool", "StepError"]
+__all__ = ["MAX_ITEMS", "PUMP_BATCH", "PUMP_LEASE_MS", "PUMP_ROUNDS", "PipelinePool", "StepError"]
 
 log = logging.getLogger("wesichain.pipelines")
 
@@ -39,6 +40,12 @@ log = logging.getLogger("wesichain.pipelines")
 MAX_ITEMS = 10_000
 #: Items one pump takes at a time (it loops until the cap or the items run out).
 PUMP_BATCH = 50
+#: How long a step's pump lease lasts past its holder's last take: the wait, after a holder died,
+#: before another end takes the room (the sweeper's repair takes it otherwise).
+PUMP_LEASE_MS = 2000
+#: Takes after which the holder of a step's pump lease hands it on (to the record of a live child),
+#: so that one callback does not pump a long step all by itself.
+PUMP_ROUNDS = 32
 
 
 class StepError(Exception):
@@ -53,7 +60,9 @@ class PipelinePool:
         self.agents = agents
         self.send = send
         self.runs = client.store
-        self.store = PipelineStore(client.store.redis, client.store.keys, client.settings.retention_s)
+        self.store = PipelineStore(
+            client.store.redis, client.store.keys, client.settings.retention_s, client.store.connections
+        )
         #: How long an ended child may wait for its callback before the sweeper records it.
         self.grace_s = max(10.0, client.settings.lease_s * 2)
         #: Steps taken, by (pipeline id, its creation time, seq): see :meth:`_step_of`.
@@ -218,38 +227,41 @@ class PipelinePool:
 
     # -- starting child runs -------------------------------------------------------------------
 
-    def pump(self, pipeline_id: str, seq: int, known: PipelineMeta | None = None) -> int:
+    def pump(self, pipeline_id: str, seq: int) -> int:
         """Start the step's items while its cap has room; returns how many runs were created. The
         children of a batch are created together, then noted together once all are (one script):
         a pump that dies before leaves them created and unnoted, which the child's record or the
-        sweeper notes.
-
-        ``known``: the pipeline run as read at step ``seq`` (its id, tenant, namespace and step
-        never change), which a record at that step just found to be still that run; its counts
-        and status may be old, and need not be current: the reserve script takes items only
-        while the run is running at step ``seq``, within the cap as Redis has it."""
-        meta = known if known is not None and known.seq == seq else self.store.meta(pipeline_id)
+        sweeper notes. (An end's record pumps under the step's lease: :meth:`_pump_leased`.)"""
+        meta = self.store.meta(pipeline_id)
         if meta is None or meta.terminal or meta.seq != seq:
             return 0
         step = self._step(meta.target, meta.index)
         created = 0
         while True:
-            items = self.store.reserve(pipeline_id, seq, PUMP_BATCH)
-            if not items:
+            batch = self.store.reserve(pipeline_id, seq, PUMP_BATCH)
+            if not batch:
                 return created
-            batch = [
-                (item, attempt, text)
-                for item, (text, attempt) in zip(
-                    items, self.store.items_to_start(pipeline_id, seq, items), strict=True
-                )
-            ]
             made, to_note = self._create_children(meta, step, batch)
             created += made
             self._note_children(meta, step, to_note)
-            if len(items) < PUMP_BATCH:
+            if len(batch) < PUMP_BATCH:
                 # The cap or the items ran out: room given back later comes with an item's
                 # record, whose own pump takes it (and the sweeper's, should that pump die).
                 return created
+
+    def _pump_leased(
+        self, meta: PipelineMeta, step: Step, batch: list[ItemToStart], lease: PumpLease
+    ) -> None:
+        """Start ``batch``, taken by a record with the step's pump ``lease``; then, in the script
+        that notes them, take the room other ends gave back meanwhile (their records answered
+        'pumping'), until none is left and the lease is given up. So ends close together share one
+        pump: one take, create and note for all their items, not one each. After
+        :data:`PUMP_ROUNDS` takes the lease is handed on to a live child's record."""
+        rounds = 0
+        while batch:
+            rounds += 1
+            _, to_note = self._create_children(meta, step, batch)
+            batch = self._note_children(meta, step, to_note, lease, hand_on=rounds >= PUMP_ROUNDS)
 
     def start_item(
         self, meta: PipelineMeta, step: Step, item: int, attempt: int, text: str | None = None
@@ -325,19 +337,30 @@ class PipelinePool:
             return False
         return True
 
-    def _note_children(self, meta: PipelineMeta, step: Step, children: list[tuple[int, str]]) -> None:
+    def _note_children(
+        self,
+        meta: PipelineMeta,
+        step: Step,
+        children: list[tuple[int, str]],
+        lease: PumpLease | None = None,
+        hand_on: bool = False,
+    ) -> list[ItemToStart]:
         """Note (and announce) created child runs of the current step (item, run id), once whoever
-        notes them: their creator may have died right after creating them."""
-        if not children:
-            return
+        notes them: their creator may have died right after creating them. For the holder of the
+        step's pump ``lease``: the items it takes next (none: it gave the lease up)."""
+        if not children and lease is None:
+            return []
         seq = meta.seq
         started = [(item, run_id, _started_event(seq, step, item, run_id)) for item, run_id in children]
-        _, running = self.store.mark_children(meta.pipeline_id, seq, started)
+        _, running, batch = self.store.mark_children(
+            meta.pipeline_id, seq, started, lease, PUMP_BATCH, hand_on
+        )
         if not running:
             # Ended (cancelled, or failed) while these children were being created: its cascade
             # may have looked before they existed.
             for _, run_id in children:
                 self.client.handle(run_id).cancel()
+        return batch
 
     # -- learning that a child ended -----------------------------------------------------------
 
@@ -435,7 +458,11 @@ class PipelinePool:
         """Record how the item ended (or retry it), and move on; returns the record's answer
         (None: retried). ``known``: the pipeline run as read at the item's step, maybe a while
         ago; the record then checks that the id still names it (else 'unknown', nothing done),
-        and the pump that follows starts from it rather than reading the meta again."""
+        and the pump that follows starts from it rather than reading the meta again.
+
+        A record that leaves items waiting takes, in its own script, the step's pump lease and
+        the items the cap has room for, and starts them (:meth:`_pump_leased`); when another holds
+        the lease ('pumping'), that one takes the room this end gave back."""
         result: dict[str, Any] = {"run_id": run_id}
         if status == "completed" and answer is not None:
             result.update(status="completed", answer=answer[0], output=answer[1])
@@ -468,7 +495,11 @@ class PipelinePool:
         # died before noting it.
         started = _started_event(seq, step, item, run_id) if retryable else None
         created_at = known.created_at if known is not None else None
-        recorded = self.store.record(pipeline_id, seq, item, attempt, result, ended, started, created_at)
+        # A failure ends the pipeline run: nothing more to start.
+        lease = PumpLease(os.urandom(8).hex(), PUMP_LEASE_MS) if result["status"] != "failed" else None
+        recorded, batch = self.store.record(
+            pipeline_id, seq, item, attempt, result, ended, started, created_at, PUMP_BATCH, lease
+        )
         if recorded not in ("recorded", "waiting", "complete"):
             return recorded
         if result["status"] == "failed":
@@ -492,8 +523,15 @@ class PipelinePool:
             return recorded
         if recorded == "complete":
             self.advance(pipeline_id, seq)
-        elif recorded == "recorded":  # items wait to start: one may take the room given back
-            self.pump(pipeline_id, seq, known)
+        elif recorded == "recorded" and batch and lease is not None:
+            # The pipeline run as read at step ``seq`` (its id, tenant, namespace and step never
+            # change), which the record just found to be still that run; its counts and status
+            # may be old: the scripts take items only while it is running at that step.
+            meta = known if known is not None and known.seq == seq else self.store.meta(pipeline_id)
+            if meta is not None and not meta.terminal and meta.seq == seq:
+                self._pump_leased(meta, step, batch, lease)
+            # Else it ended or moved on meanwhile: the items taken are never started, and the
+            # lease lapses.
         return recorded
 
     # -- ending ------------------------------------------------------------------------------

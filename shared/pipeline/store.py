@@ -15,14 +15,14 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
 from shared import protocol
 from shared.errors import InvalidRequest
 from shared.keys import Keys
-from shared.scripts import register_script
+from shared.scripts import ScriptConnections, register_script
 
 __all__ = [
     "DEFAULT_RETENTION_S",
@@ -30,9 +30,12 @@ __all__ = [
     "PIPELINE_ID",
     "PIPELINE_ITEM",
     "PIPELINE_STEP",
+    "ItemToStart",
     "PipelineMeta",
     "PipelinePage",
     "PipelineStore",
+    "PumpLease",
+    "Recorded",
     "child_run_id",
     "parse_cursor",
     "public_pipeline_id",
@@ -117,6 +120,27 @@ class PipelineMeta:
         return self.status != "running"
 
 
+#: An item of a step to start: (item, its current attempt, its input text).
+ItemToStart = tuple[int, int, str]
+
+
+class PumpLease(NamedTuple):
+    """A pump's claim on taking a step's items (``Keys.pipe_pump``): whoever holds it takes the
+    room other ends give back meanwhile, before it gives the lease up (``pipe_mark.lua``)."""
+
+    token: str
+    #: How long the lease lasts unless its holder takes items again (a dead holder's lapses).
+    lease_ms: int
+
+
+class Recorded(NamedTuple):
+    """What recording an item's end did (``pipe_record.lua`` lists the answers), and the items the
+    record took to start, under the pump lease it then holds (none: it holds no lease)."""
+
+    answer: str
+    items: list[ItemToStart]
+
+
 @dataclass(frozen=True)
 class PipelinePage:
     """A page of a tenant's pipeline runs, newest first."""
@@ -129,12 +153,19 @@ class PipelinePage:
 class PipelineStore:
     """Reads and writes pipeline runs on the run store's Redis client and keys."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, retention_s: float = DEFAULT_RETENTION_S) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        retention_s: float = DEFAULT_RETENTION_S,
+        connections: ScriptConnections | None = None,
+    ) -> None:
         self.redis = client
         self.keys = keys
         #: How long an ended pipeline run's keys stay (as an ended run's do: ``Settings.retention_s``).
         self.retention_s = retention_s
-        self._scripts = {name: register_script(client, name) for name in _SCRIPTS}
+        # ``connections``: the run store's kept ones, so the scripts skip redis-py's pool per call.
+        self._scripts = {name: register_script(client, name, connections) for name in _SCRIPTS}
 
     def create(
         self,
@@ -221,12 +252,18 @@ class PipelineStore:
         )
         return _text(reply) == "ok"
 
-    def reserve(self, pipeline_id: str, seq: int, want: int) -> range:
-        """Items of step ``seq`` to start now, within its cap (empty: none)."""
-        first, count = self._scripts["pipe_reserve"](
-            keys=[self.keys.pipe_meta(pipeline_id)], args=[seq, want]
+    def reserve(self, pipeline_id: str, seq: int, want: int) -> list[ItemToStart]:
+        """Up to ``want`` items of step ``seq`` to start now, within its cap (empty: none)."""
+        k = self.keys
+        reply = self._scripts["pipe_reserve"](
+            keys=[
+                k.pipe_meta(pipeline_id),
+                k.pipe_items(pipeline_id, seq),
+                k.pipe_attempts(pipeline_id, seq),
+            ],
+            args=[seq, want],
         )
-        return range(int(first), int(first) + int(count))
+        return _taken(reply)
 
     def record(
         self,
@@ -238,12 +275,16 @@ class PipelineStore:
         event: dict[str, Any],
         started: dict[str, Any] | None = None,
         created_at: float | None = None,
-    ) -> str:
+        want: int = 0,
+        lease: PumpLease | None = None,
+    ) -> Recorded:
         """Record how an item ended, and its event, once (see ``pipe_record.lua`` for the answers).
         ``started``: the ``child_started`` event of the child run that ended (None: the item had
         none), written with the child's note if its creator died before noting it.
         ``created_at``: the pipeline run's creation time as the caller knows it from an earlier
-        read ('unknown' when the id is no longer that run's; None: the caller read it just now)."""
+        read ('unknown' when the id is no longer that run's; None: the caller read it just now).
+        ``want`` > 0 with a ``lease``: when items wait to start, take the step's pump lease (else
+        'pumping': its holder takes the room) and up to ``want`` items within the cap."""
         k = self.keys
         reply = self._scripts["pipe_record"](
             keys=[
@@ -252,6 +293,8 @@ class PipelineStore:
                 k.pipe_attempts(pipeline_id, seq),
                 k.pipe_events(pipeline_id),
                 k.pipe_children(pipeline_id, seq),
+                k.pipe_items(pipeline_id, seq),
+                k.pipe_pump(pipeline_id, seq),
             ],
             args=[
                 seq,
@@ -263,9 +306,12 @@ class PipelineStore:
                 started["run_id"] if started is not None else "",
                 _event_json(started) if started is not None else "",
                 repr(created_at) if created_at is not None else "",
+                want if lease is not None else 0,
+                lease.token if lease is not None else "",
+                lease.lease_ms if lease is not None else 0,
             ],
         )
-        return _text(reply)
+        return Recorded(_text(reply[0]), _taken(reply[1:]) if len(reply) > 1 else [])
 
     def retry(self, pipeline_id: str, seq: int, item: int, attempt: int) -> bool:
         """Move the item to attempt ``attempt + 1``; False if that happened already (or cannot)."""
@@ -293,20 +339,6 @@ class PipelineStore:
 
     # -- a step's items ------------------------------------------------------------------------
 
-    def items_to_start(self, pipeline_id: str, seq: int, items: range) -> list[tuple[str, int]]:
-        """The input text and current attempt of each of ``items``, in one round trip."""
-        if not items:
-            return []
-        fields = [str(item) for item in items]
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(self.keys.pipe_items(pipeline_id, seq), fields)
-            pipe.hmget(self.keys.pipe_attempts(pipeline_id, seq), fields)
-            texts, attempts = pipe.execute()
-        return [
-            (_text(text) if text is not None else "", int(attempt) if attempt is not None else 0)
-            for text, attempt in zip(texts, attempts, strict=True)
-        ]
-
     def item_input(self, pipeline_id: str, seq: int, item: int) -> str | None:
         raw = self.redis.hget(self.keys.pipe_items(pipeline_id, seq), str(item))
         return _text(raw) if raw is not None else None
@@ -316,22 +348,42 @@ class PipelineStore:
         return {int(_text(k)): int(v) for k, v in raw.items()}
 
     def mark_children(
-        self, pipeline_id: str, seq: int, children: list[tuple[int, str, dict[str, Any]]]
-    ) -> tuple[list[bool], bool]:
+        self,
+        pipeline_id: str,
+        seq: int,
+        children: list[tuple[int, str, dict[str, Any]]],
+        lease: PumpLease | None = None,
+        want: int = 0,
+        hand_on: bool = False,
+    ) -> tuple[list[bool], bool, list[ItemToStart]]:
         """Note that each child run of step ``seq`` named (item, run id, event) exists (it is the
         one to cancel, or to wait for) and add its event, once, in one script: for each, True the
-        first time it is noted, whoever notes it; and whether the pipeline run was still running
-        once they were noted (if not, its end's cascade may have missed them)."""
+        first time it is noted, whoever notes it; whether the pipeline run was still running
+        once they were noted (if not, its end's cascade may have missed them); and, for the holder
+        of the step's pump ``lease``, up to ``want`` more items to start (none: the lease is given
+        up; ``hand_on``: given up while a child of the step is live, see ``pipe_mark.lua``)."""
         k = self.keys
-        status, noted = self._scripts["pipe_mark"](
-            keys=[k.pipe_children(pipeline_id, seq), k.pipe_events(pipeline_id), k.pipe_meta(pipeline_id)],
+        status, noted, taken = self._scripts["pipe_mark"](
+            keys=[
+                k.pipe_children(pipeline_id, seq),
+                k.pipe_events(pipeline_id),
+                k.pipe_meta(pipeline_id),
+                k.pipe_items(pipeline_id, seq),
+                k.pipe_attempts(pipeline_id, seq),
+                k.pipe_pump(pipeline_id, seq),
+            ],
             args=[
                 EVENTS_MAXLEN,
+                seq,
+                want if lease is not None else 0,
+                lease.token if lease is not None else "",
+                lease.lease_ms if lease is not None else 0,
+                "1" if hand_on else "0",
                 *[part for item, run_id, event in children for part in (item, run_id, _event_json(event))],
             ],
         )
         running = status is not None and _text(status) == protocol.PIPE_RUNNING
-        return [int(n) == 1 for n in noted], running
+        return [int(n) == 1 for n in noted], running, _taken(taken)
 
     def children(self, pipeline_id: str, seq: int) -> dict[int, str]:
         raw = self.redis.hgetall(self.keys.pipe_children(pipeline_id, seq))
@@ -503,6 +555,16 @@ def parse_cursor(cursor: str | None) -> tuple[int, str] | None:
 
 def _cursor(position: tuple[int, str]) -> str:
     return f"{position[0]}.{position[1]}"
+
+
+def _taken(reply: Any) -> list[ItemToStart]:
+    """The items ``pipe_take`` took: (item, attempt, input text) of each."""
+    first, count = int(reply[0]), int(reply[1])
+    texts, attempts = reply[2 : 2 + count], reply[2 + count : 2 + 2 * count]
+    return [
+        (first + i, int(attempt), _text(text))
+        for i, (text, attempt) in enumerate(zip(texts, attempts, strict=True))
+    ]
 
 
 def _event_json(event: dict[str, Any]) -> str:

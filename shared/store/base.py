@@ -20,7 +20,7 @@ import redis
 from shared.errors import InternalInvariant
 from shared.keys import Keys
 from shared.messages import Message
-from shared.scripts import Script, ScriptSpec, register_scripts, script_connections
+from shared.scripts import Script, ScriptConnections, ScriptSpec, register_scripts, script_connections
 from shared.settings import Settings
 from shared.state import TaskSpec
 
@@ -66,6 +66,12 @@ class StoreCore:
         self._messages = MessageCache()
         self._archive = archive
         self._archive_lock = threading.Lock()
+
+    @property
+    def connections(self) -> ScriptConnections | None:
+        """The kept connections the store's scripts go on: a feature's store on the same client
+        (``shared/pipeline/store.py``) sends its scripts on them too."""
+        return self._connections
 
     @property
     def archive(self) -> Archive | None:

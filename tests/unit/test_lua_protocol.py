@@ -70,11 +70,13 @@ REDIS_WORDS = frozenset(
         "ZREM",
         "ZREMRANGEBYSCORE",
         "ZSCORE",
-        # Options: XADD's bound, ZADD's update conditions, SET's expiry, ZRANGE's scores and limit.
+        # Options: XADD's bound, ZADD's update conditions, SET's expiry and condition, ZRANGE's
+        # scores and limit.
         "MAXLEN",
         "LT",
         "XX",
         "PX",
+        "NX",
         "WITHSCORES",
         "LIMIT",
         # Arguments in Redis's syntax: an approximate MAXLEN, a stream id Redis picks, an unbounded
