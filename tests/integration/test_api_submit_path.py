@@ -23,7 +23,7 @@ from shared.keys import Keys
 from shared.tasks import TASK_START
 from shared.tenants import TenantLimits, Tenants
 from tests.api_support import SSE, ApiProcess, Frame, bearer, frames, wait_status
-from tests.broker import is_cluster
+from tests.broker import commit_publishes, is_cluster
 from tests.harness import RedisServer, WorkerProcess
 
 TIMEOUT = 60
@@ -145,8 +145,8 @@ def test_a_submit_is_two_scripts_of_the_api_the_create_dropping_the_reservation_
     """On one Redis, with the broker on it: the API sends the reservation's script and the create
     script, which drops the reservation and pushes the start's Celery message in the step that
     creates the run; no drop, read-back or publish of the API's own."""
-    if is_cluster(redis_server.url):
-        pytest.skip("a Redis Cluster run state has a broker of its own")
+    if not commit_publishes(redis_server.url):
+        pytest.skip("the broker is not the run state's Redis (RabbitMQ, or Redis Cluster's own broker)")
     tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
     run_id, seen = _monitored_submit(api, redis_server, key)
     reserved = reservations_key(Keys().submits(tenant))
@@ -231,3 +231,73 @@ def test_followers_asking_for_different_kinds_each_get_their_own_frames(
         expected = [e for e in every if wanted is None or e["kind"] in wanted]
         assert [f.event for f in followed] == expected, kinds
         assert all(f.id == f.event["id"] for f in followed)
+
+
+def _api_connections(api: ApiProcess, redis_server: RedisServer) -> list[str]:
+    """The ids Redis gives the API process's connections to it (CLIENT LIST)."""
+    assert api.proc is not None
+    redis_port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
+    ports = {
+        c.laddr.port
+        for c in psutil.Process(api.proc.pid).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == redis_port
+    }
+    return [
+        str(c["id"]) for c in redis_server.client().client_list() if int(c["addr"].rsplit(":", 1)[1]) in ports
+    ]
+
+
+def test_submits_go_on_after_redis_dropped_the_api_s_connections(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    """The connections a submit's scripts keep (on the event loop, and on the worker threads) are
+    connected again once Redis has closed them: submits are accepted again at once, and none
+    leaves its reservation. (A request that meets a dropped connection of the asyncio client's
+    pool, the API key's read, is answered the retryable 503 ``unavailable``.)"""
+    if is_cluster(redis_server.url):
+        pytest.skip("CLIENT KILL of one standalone server's clients")
+    tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+        before = [http.post("/v1/runs", json={"agent": "direct", "input": f"b{i}"}) for i in range(3)]
+        assert [a.status_code for a in before] == [202] * 3, [a.text for a in before]
+        killed = _api_connections(api, redis_server)
+        assert killed
+        for client_id in killed:
+            redis_server.client().client_kill_filter(_id=client_id)
+        accepted: list[httpx.Response] = []
+        refused: list[httpx.Response] = []
+        while len(accepted) < 3:
+            answer = http.post("/v1/runs", json={"agent": "direct", "input": f"a{len(accepted)}"})
+            (accepted if answer.status_code == 202 else refused).append(answer)
+            assert len(refused) <= len(killed), [r.text for r in refused]
+        assert {(r.status_code, r.json()["error"]["kind"]) for r in refused} <= {(503, "unavailable")}
+        for answer in accepted:
+            assert wait_status(http, answer.json()["run_id"], {"completed"})["input"].startswith("a")
+    assert redis_server.client().zcard(reservations_key(Keys().submits(tenant))) == 0
+
+
+def test_a_submit_answers_alike_whatever_serves_it(api: ApiProcess, redis_server: RedisServer) -> None:
+    """The common submit (no idempotency key, thread, assistant nor webhook) and those the API
+    serves with reads of their own (here an idempotency key, a thread) answer the same view of a
+    new queued run; an idempotency key's replay is the same run, and its reuse for another request
+    a 409."""
+    tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    idem = {"idempotency-key": f"k-{uuid.uuid4().hex}"}
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+        plain = http.post("/v1/runs", json={"agent": "direct", "input": "plain"})
+        keyed = http.post("/v1/runs", json={"agent": "direct", "input": "keyed"}, headers=idem)
+        threaded = http.post(
+            "/v1/runs", json={"agent": "direct", "input": "threaded", "thread_id": f"t-{uuid.uuid4().hex}"}
+        )
+        again = http.post("/v1/runs", json={"agent": "direct", "input": "keyed"}, headers=idem)
+        other = http.post("/v1/runs", json={"agent": "direct", "input": "not the same"}, headers=idem)
+        answers = [plain, keyed, threaded]
+        assert [a.status_code for a in answers] == [202] * 3, [a.text for a in answers]
+        views = [a.json() for a in answers]
+        assert {v["status"] for v in views} == {"queued"} and {v["version"] for v in views} == {1}
+        assert len({frozenset(v) for v in views}) == 1  # the same fields
+        assert again.status_code == 202 and again.json()["run_id"] == keyed.json()["run_id"]
+        assert other.status_code == 409 and other.json()["error"]["kind"] == "conflict"
+        for view in views:
+            assert wait_status(http, view["run_id"], {"completed"})["input"] == view["input"]
+    assert redis_server.client().zcard(reservations_key(Keys().submits(tenant))) == 0
