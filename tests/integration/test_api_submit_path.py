@@ -301,3 +301,45 @@ def test_a_submit_answers_alike_whatever_serves_it(api: ApiProcess, redis_server
         for view in views:
             assert wait_status(http, view["run_id"], {"completed"})["input"] == view["input"]
     assert redis_server.client().zcard(reservations_key(Keys().submits(tenant))) == 0
+
+
+def test_a_run_s_first_follower_reads_its_events_without_catching_up(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    """The stream of a run nobody follows in the API process yet is served by the feed's own
+    reads after the follower's cursor: no read of the stream's last id, no catch-up reads; every
+    event arrives once, in order."""
+    if is_cluster(redis_server.url):
+        pytest.skip("MONITOR of one standalone server")
+    _, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    events_key = ""
+    seen: list[dict[str, str]] = []
+    listening = threading.Event()
+    done = threading.Event()
+
+    def monitor() -> None:
+        with redis_server.client().monitor() as m:
+            listening.set()
+            while not done.is_set():
+                seen.append(m.next_command())
+
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+        run = http.post("/v1/runs", json={"agent": "direct", "input": "followed"}).json()
+        events_key = Keys().events(run["run_id"])
+        wait_status(http, run["run_id"], {"completed"})
+        watcher = threading.Thread(target=monitor, daemon=True)
+        watcher.start()
+        assert listening.wait(TIMEOUT)
+        while not seen:
+            redis_server.client().ping()
+        with http.stream("GET", f"/v1/runs/{run['run_id']}/events", headers=SSE) as response:
+            got = [f.event for f in frames(response) if f.data]
+        done.set()
+        redis_server.client().ping()  # the monitor's last command
+        watcher.join(TIMEOUT)
+        page = http.get(f"/v1/runs/{run['run_id']}/events").json()
+    assert [e["id"] for e in got] == [e["id"] for e in page["events"]] and got[-1]["kind"] == "Completed"
+    reads = [c["command"].split()[0] for c in seen if events_key in c["command"]]
+    # The ended run's check that it has events left to send (else 204), then the feed's reads
+    # only (the first brings every event; the next waits until the stream is closed).
+    assert reads[0] == "XRANGE" and set(reads[1:]) == {"XREAD"}, reads
