@@ -540,8 +540,9 @@ class Client:
 
     def creation_outcome(self, reply: Creation | Exception) -> Creation | StoreFull:
         """What a create did, from its reply (``RunStore.create_many``'s, or ``creation_of`` of the
-        script's): a Redis out of memory is :class:`StoreFull` (read :meth:`store_full` first,
-        whose message reads how full it is); any other error raises."""
+        script's): an out-of-memory reply is :class:`StoreFull` (:meth:`store_full`, which reads
+        how full Redis is: a caller on an event loop builds it on a thread); any other error
+        raises."""
         if isinstance(reply, redis.exceptions.OutOfMemoryError):
             return self.store_full()
         if isinstance(reply, Exception):

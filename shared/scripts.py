@@ -488,10 +488,10 @@ class LoopConnections:
     loop's thread only (no lock).
 
     A connection that fails, times out or is cancelled between a command and its reply is
-    disconnected by redis-py and handed back to the pool (which connects it again); the command
-    then goes through the client's own path, with its retries, as for :class:`ScriptConnections`
-    (every script that writes recognises its own replay). An error reply leaves the connection
-    sound.
+    disconnected by redis-py and handed back to the pool (which connects it again); after a failure
+    or a timeout the command goes through the client's own path, with its retries, as for
+    :class:`ScriptConnections` (every script that writes recognises its own replay). An error
+    reply leaves the connection sound. The kept connections count against the pool's size.
     """
 
     def __init__(self, client: Any, keep: int = 4) -> None:

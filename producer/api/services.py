@@ -61,7 +61,8 @@ class Services:
                     **options,
                 )
             )
-        #: Connections the event loop keeps for a submit's scripts (a single Redis only).
+        #: Connections the event loop keeps for a submit's scripts (a single Redis only): at most
+        #: 4 idle, of the 8 the pool holds beyond the streams'.
         self.loop_connections = None if settings.redis_cluster else LoopConnections(self.aredis)
         self.gate = SubmitGate(self.store, self.tenants, loop=self.loop_connections)
         #: Whether a submit can be served on the event loop (``producer/api/runs.py``): a single
