@@ -253,7 +253,7 @@ def test_submits_go_on_after_redis_dropped_the_api_s_connections(
     """The connections a submit's scripts keep (on the event loop, and on the worker threads) are
     connected again once Redis has closed them: submits are accepted again at once, and none
     leaves its reservation. (A request that meets a dropped connection of the asyncio client's
-    pool, the API key's read, is answered the retryable 503 ``unavailable``.)"""
+    own pool may still be answered the retryable 503 ``unavailable``.)"""
     if is_cluster(redis_server.url):
         pytest.skip("CLIENT KILL of one standalone server's clients")
     tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
