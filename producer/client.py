@@ -329,7 +329,25 @@ class Client:
             assistant_version=assistant_version,
             model_inherited=model_inherited,
         )
-        head, start, asked_version = self._new_run(new, check_agent, idempotency_key, allowed_models)
+        return self.submit_request(
+            new,
+            check_agent=check_agent,
+            idempotency_key=idempotency_key,
+            allowed_models=allowed_models,
+            release=release,
+        )
+
+    def submit_request(
+        self,
+        new: RunRequest,
+        *,
+        check_agent: bool = True,
+        idempotency_key: str | None = None,
+        allowed_models: tuple[str, ...] | None = None,
+        release: Release | None = None,
+    ) -> RunHandle:
+        """:meth:`submit` of a request already gathered in a :class:`RunRequest`."""
+        head, start, asked_version = self.plan_run(new, check_agent, idempotency_key, allowed_models)
         run_id = head.run_id
         if idempotency_key is not None and (archive := self.store.archive) is not None:
             archived = archive.load(run_id)  # the key's run ended and left Redis: still the same run
@@ -350,7 +368,7 @@ class Client:
                 return RunHandle(self, run_id)
             # Still waiting for its start: the first submit may have died before sending it.
         if created != "pushed":
-            self._send_starts([start])
+            self.send_starts([start])
         return RunHandle(self, run_id, created=head if created != "exists" else None)
 
     def submit_many(
@@ -370,7 +388,7 @@ class Client:
         new: list[tuple[int, RunHead, TaskSpec]] = []
         for i, request in enumerate(requests):
             try:
-                head, start, _ = self._new_run(request, check_agent, None)
+                head, start, _ = self.plan_run(request, check_agent, None)
             except InvalidRequest as exc:
                 outcomes[i] = exc
                 continue
@@ -378,12 +396,12 @@ class Client:
         created = self._create_in_thread([(head, start) for _, head, start in new], check_agent)
         for (i, _, _), made in zip(new, created, strict=True):
             outcomes[i] = made if isinstance(made, WesichainError) else made != "exists"
-        self._send_starts(
+        self.send_starts(
             [start for (_, _, start), made in zip(new, created, strict=True) if made == "created"]
         )
         return outcomes
 
-    def _new_run(
+    def plan_run(
         self,
         new: RunRequest,
         check_agent: bool,
@@ -392,7 +410,12 @@ class Client:
     ) -> tuple[RunHead, TaskSpec, int | None]:
         """The run a request makes (validated, pinned to its assistant's version), its start task,
         and the assistant version the request asked for; raises :class:`InvalidRequest`, and
-        :class:`~shared.tenants.ModelNotAllowed` for a model outside ``allowed_models``."""
+        :class:`~shared.tenants.ModelNotAllowed` for a model outside ``allowed_models``.
+
+        What creating the run decides, apart from the writes (:meth:`run_to_create` and
+        :meth:`creation_outcome` are the rest), shared by :meth:`submit` and the API's submit on
+        its event loop. It reads Redis only for an assistant's pin and for the worker registry
+        when :meth:`serves_cached` is False."""
         fields = {
             field.name: value
             for field in dataclasses.fields(new)
@@ -453,7 +476,7 @@ class Client:
         if turn.woken:
             woken = self.store.load(turn.woken)
             if woken is not None:
-                self._send_starts([start_task(turn.woken, namespace=woken.namespace)])
+                self.send_starts([start_task(turn.woken, namespace=woken.namespace)])
         if turn.verdict == "busy":
             raise ThreadBusy(head.thread_id, turn.holder)
         return turn
@@ -464,7 +487,7 @@ class Client:
         for run_id in run_ids:
             RunHandle(self, run_id).cancel()
 
-    def _send_starts(self, starts: Sequence[TaskSpec]) -> None:
+    def send_starts(self, starts: Sequence[TaskSpec]) -> None:
         """Send new runs' start tasks. The runs are created, each start in its run's outbox:
         should the broker refuse them, the runs are still accepted, and the workers' sweeper sends
         the tasks once the broker takes messages again (``shared/unsent.py``). Raising here instead
@@ -517,24 +540,35 @@ class Client:
                 self.memory_guard.check()
             except StoreFull as exc:
                 return [exc] * len(runs)
+        replies = self.store.create_many([self.run_to_create(head, start, release) for head, start in runs])
+        return [self.creation_outcome(reply) for reply in replies]
+
+    @property
+    def pushes_starts(self) -> bool:
+        """Whether a run's create script pushes its start message too (the broker is the store's
+        Redis): its creation is then one round trip, and nothing is sent after it."""
+        return self._prepare is not None and self.settings.commit_publish
+
+    def run_to_create(self, head: RunHead, start: TaskSpec, release: Release | None = None) -> NewRun:
+        """A planned run (:meth:`plan_run`) as its create script writes it: with the broker
+        commands that push its start when :attr:`pushes_starts`, and ``release``."""
         prepare = self._prepare if self.settings.commit_publish else None
-        replies = self.store.create_many(
-            [
-                NewRun(head, [start], prepare([start]) if prepare is not None else (), release)
-                for head, start in runs
-            ]
-        )
-        outcomes: list[Creation | WesichainError] = []
-        for reply in replies:
-            if isinstance(reply, redis.exceptions.OutOfMemoryError):
-                outcomes.append(
-                    StoreFull(full_message(self.memory_guard.state(), self.settings.submit_max_memory))
-                )
-            elif isinstance(reply, Exception):
-                raise reply
-            else:
-                outcomes.append(reply)
-        return outcomes
+        return NewRun(head, [start], prepare([start]) if prepare is not None else (), release)
+
+    def creation_outcome(self, reply: Creation | Exception) -> Creation | StoreFull:
+        """What a create did, from its reply (``RunStore.create_many``'s, or ``creation_of`` of the
+        script's): an out-of-memory reply is :class:`StoreFull` (:meth:`store_full`, which reads
+        how full Redis is: a caller on an event loop builds it on a thread); any other error
+        raises."""
+        if isinstance(reply, redis.exceptions.OutOfMemoryError):
+            return self.store_full()
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def store_full(self) -> StoreFull:
+        """The refusal of a run Redis had no memory to create (reads how full it is)."""
+        return StoreFull(full_message(self.memory_guard.state(), self.settings.submit_max_memory))
 
     def children(self, run_id: str) -> list[RunHead]:
         """The run's subagent runs (each names it in ``parent``), in the order its steps started
@@ -677,7 +711,7 @@ class Client:
         if creation == "exists":
             raise InvalidRequest(f"run id {new_id!r} already exists")
         if creation != "pushed":
-            self._send_starts([start])
+            self.send_starts([start])
         return RunHandle(self, new_id)
 
     def _fork_model(
@@ -792,6 +826,12 @@ class Client:
         self.bulk_job(job_id, tenant=tenant)
         BulkStore(self.store.redis, self.store.keys).end(tenant, job_id, "cancelled")
         return self.bulk_job(job_id, tenant=tenant)
+
+    def serves_cached(self, agent: str) -> bool:
+        """Whether :meth:`served` answers for ``agent`` from what it read of the registry, without
+        reading it again (read within ``registry_interval_s``, and ``agent`` was served then)."""
+        fresh = time.monotonic() - self._served_at <= self.settings.registry_interval_s
+        return fresh and agent in self._served
 
     def served(self, agent: str) -> AgentInfo:
         """What the live workers advertise of ``agent``; :class:`UnknownAgent` or
@@ -1024,7 +1064,7 @@ class RunHandle:
         phase, woken = self.client.store.cancel_unparking(self.run_id)
         if woken:
             head = self.status()
-            self.client._send_starts([start_task(self.run_id, namespace=head.namespace)])
+            self.client.send_starts([start_task(self.run_id, namespace=head.namespace)])
         elif phase is Phase.AWAITING_APPROVAL:
             # No worker holds a parked run: wake one to commit the interruption.
             self._send_decide(self.status())

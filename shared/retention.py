@@ -266,6 +266,10 @@ class MemoryGuard:
         )
         return max(states, key=lambda state: (state.fraction, state.used))
 
+    def fresh(self) -> bool:
+        """Whether :meth:`check` answers from what it read of Redis, without reading it again."""
+        return self._state is not None and time.monotonic() - self._checked < self.interval_s
+
     def check(self) -> None:
         """Raise :class:`StoreFull` when Redis uses its share of ``maxmemory`` or more."""
         now = time.monotonic()

@@ -41,6 +41,7 @@ from redis.utils import HIREDIS_AVAILABLE
 from shared.protocol import lua_prelude
 
 __all__ = [
+    "LoopConnections",
     "SCRIPT_NAMES",
     "SPECS",
     "Script",
@@ -343,6 +344,8 @@ _HIREDIS_SERIALIZER: Any = (
 )
 if _HIREDIS_SERIALIZER is not None:
     from hiredis import pack_command as _hiredis_pack
+if HIREDIS_AVAILABLE:
+    from hiredis import pack_command as hiredis_pack_command
 
 
 class ScriptConnections:
@@ -460,6 +463,83 @@ class Script:
     def call_via_client(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """The script's reply through redis-py's own call (loading the script when Redis lacks it)."""
         return self._script(keys=keys, args=args)
+
+
+def _loop_packed(connection: Any, command: tuple[Any, ...]) -> Any:
+    """``command`` in the Redis protocol for an asyncio connection: redis-py's asyncio pack walks
+    every argument in Python (about 25 for a create); hiredis packs the same bytes at once (the
+    commands here carry only text and integers, encoded as UTF-8 as the connection's encoder does)."""
+    if HIREDIS_AVAILABLE:
+        try:
+            return [hiredis_pack_command(command)]
+        except TypeError:
+            pass  # a type only redis-py converts: its own pack does, or says what is wrong
+    return connection.pack_command(*command)
+
+
+class LoopConnections:
+    """:class:`ScriptConnections`' counterpart on an event loop: connections kept out of a
+    standalone asyncio client's pool (``redis.asyncio``), for the commands a request sends on
+    its way (the API's submit: its reservation and create scripts).
+
+    redis-py's asyncio way to a command takes a connection from its pool and gives it back through
+    the pool's condition, timeouts and hooks, about as many function calls again as sending the
+    command and reading its reply. A command here takes an idle kept connection (or one from the
+    pool when every kept one is busy: commands of concurrent requests run side by side), and keeps
+    it again after the reply, up to ``keep`` of them; the rest go back to the pool. For the event
+    loop's thread only (no lock).
+
+    A connection that fails, times out or is cancelled between a command and its reply is
+    disconnected by redis-py and handed back to the pool (which connects it again); after a failure
+    or a timeout the command goes through the client's own path, with its retries, as for
+    :class:`ScriptConnections` (every script that writes recognises its own replay). An error
+    reply leaves the connection sound. The kept connections count against the pool's size.
+    """
+
+    def __init__(self, client: Any, keep: int = 4) -> None:
+        self.client = client
+        self._pool = client.connection_pool
+        self._idle: list[Any] = []
+        self._keep = keep
+
+    async def execute(self, *command: Any) -> Any:
+        """``command``'s reply (an error reply raises, as redis-py does)."""
+        connection = self._idle.pop() if self._idle else await self._pool.get_connection()
+        try:
+            await connection.send_packed_command(_loop_packed(connection, command))
+            reply = await connection.read_response()
+        except redis.exceptions.ResponseError:
+            await self._keep_or_release(connection)
+            raise
+        except (redis.ConnectionError, redis.TimeoutError):
+            await self._pool.release(connection)
+            return await self.client.execute_command(*command)
+        except BaseException:
+            await self._pool.release(connection)
+            raise
+        await self._keep_or_release(connection)
+        return reply
+
+    async def run(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """``script``'s reply to ``keys`` and ``args``; a script Redis does not know (``NOSCRIPT``,
+        after a restart or a ``SCRIPT FLUSH``) is sent whole with ``EVAL``, which loads it."""
+        script.spec.check(script.name, keys, args)
+        try:
+            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            return await self.execute("EVAL", script.script, len(keys), *keys, *args)
+
+    async def _keep_or_release(self, connection: Any) -> None:
+        if len(self._idle) < self._keep:
+            self._idle.append(connection)
+        else:
+            await self._pool.release(connection)
+
+    async def close(self) -> None:
+        """Give the kept connections back to the pool (before the client closes it)."""
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await self._pool.release(connection)
 
 
 @cache

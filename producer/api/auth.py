@@ -47,10 +47,18 @@ async def caller(
             401, "unauthorized", "send an API key as 'Authorization: Bearer <key>'", headers=_CHALLENGE
         )
     address = services.tenants.record_key(credentials.credentials.strip())
-    record = live_record(await services.aredis.get(address)) if address is not None else None
+    record = live_record(await _get(services, address)) if address is not None else None
     if record is None:
         raise ApiError(401, "unauthorized", "the API key is unknown or revoked", headers=_CHALLENGE)
     return Caller(tenant=record.tenant, key_id=record.id)
+
+
+async def _get(services: Services, key: str) -> str | None:
+    """``GET key`` on the event loop's kept connections (a single Redis: they skip the pool's
+    per-command work), else on the asyncio client."""
+    loop = services.loop_connections
+    raw = await (loop.execute("GET", key) if loop is not None else services.aredis.get(key))
+    return None if raw is None else str(raw)
 
 
 class LoopbackOnly:

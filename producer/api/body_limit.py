@@ -54,23 +54,26 @@ class BodyLimit:
         chunks: list[bytes] = []
         seen = 0
         more = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
-        while more:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                await self._too_slow(scope, receive, send, seen)
-                return
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunk = message.get("body", b"")
-            seen += len(chunk)
-            if seen > self.max_bytes:
-                await self._too_large(scope, receive, send)
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
+        try:
+            # One deadline for the whole body (``asyncio.wait_for`` around each read would start
+            # a task per read, on every request).
+            async with asyncio.timeout(self.timeout_s):
+                while more:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return  # the client went away
+                    chunk = message.get("body", b"")
+                    seen += len(chunk)
+                    if seen > self.max_bytes:
+                        break
+                    chunks.append(chunk)
+                    more = message.get("more_body", False)
+        except TimeoutError:
+            await self._too_slow(scope, receive, send, seen)
+            return
+        if seen > self.max_bytes:
+            await self._too_large(scope, receive, send)
+            return
         body = b"".join(chunks)
         problems = non_finite_numbers(body)
         if problems:

@@ -8,13 +8,19 @@ batch, not 100. A subscriber that resumes after an event id first reads what it 
 1. it registers its queue with the feed, then waits until the feed has fixed the id it reads
    after (the stream's last id when the feed started);
 2. it reads every event after its own cursor with ``XRANGE`` (everything up to at least the
-   feed's starting id, since it reads after the feed started);
+   feed's starting id, since it reads after the feed started), until a read returns less than a
+   full batch (it reached the stream's end as it was then);
 3. it sends the feed's batches, skipping ids at or below the last one it sent.
 
-Every event is in (2) or (3), and the skip sends none twice. A subscriber whose queue holds more
-than ``MAX_QUEUED`` batches (a client that does not read) is dropped: its stream ends, and the
-client resumes with ``Last-Event-ID`` without losing anything. A feed ends with its last
-subscriber; one whose read fails ends its subscribers' streams (they resume on another try).
+Every event is in (2) or (3), and the skip sends none twice. The subscriber that starts a feed
+(a run's first follower in this process, the usual case) has the feed read after its own cursor
+instead: it needs no (2), and its stream opens on the feed's first read (one round trip where it
+took three or four: the stream's last id, the catch-up, its empty end, then the live read).
+
+A subscriber whose queue holds more than ``MAX_QUEUED`` batches (a client that does not read) is
+dropped: its stream ends, and the client resumes with ``Last-Event-ID`` without losing anything.
+A feed ends with its last subscriber; one whose read fails ends its subscribers' streams (they
+resume on another try).
 """
 
 from __future__ import annotations
@@ -82,20 +88,26 @@ def _entries(raw: Any) -> list[Entry]:
 class Feed:
     """The reader of one run's stream in this process, and its subscribers' queues."""
 
-    def __init__(self, hub: FeedHub, key: str) -> None:
+    def __init__(self, hub: FeedHub, key: str, start_after: str | None = None, opener: Any = None) -> None:
         self.hub = hub
         self.key = key
         self.queues: set[asyncio.Queue[list[Entry] | None]] = set()
         self.ready = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        #: The id the feed reads after (None: the stream's last when it starts).
+        self.start_after = start_after
+        #: The queue of the subscriber whose cursor is ``start_after``: it has nothing to catch up.
+        self.opener: asyncio.Queue[list[Entry] | None] | None = opener
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._pump())
 
     async def _pump(self) -> None:
         try:
-            latest = await self.hub.redis.xrevrange(self.key, count=1)
-            cursor = str(latest[0][0]) if latest else "0-0"
+            cursor = self.start_after
+            if cursor is None:
+                latest = await self.hub.redis.xrevrange(self.key, count=1)
+                cursor = str(latest[0][0]) if latest else "0-0"
             self.ready.set()
             while True:
                 reply: Any = await self.hub.redis.xread(
@@ -137,13 +149,18 @@ class FeedHub:
             del self.feeds[feed.key]
 
     @contextlib.asynccontextmanager
-    async def subscribe(self, key: str) -> AsyncIterator[tuple[Feed, asyncio.Queue[list[Entry] | None]]]:
-        """A queue that gets every batch the run's feed reads from now on (registered first)."""
+    async def subscribe(
+        self, key: str, cursor: str | None = None
+    ) -> AsyncIterator[tuple[Feed, asyncio.Queue[list[Entry] | None]]]:
+        """A queue that gets every batch the run's feed reads from now on (registered first). A
+        feed this starts reads after ``cursor`` (None: after the stream's last id), and the queue
+        is its ``opener``."""
+        queue: asyncio.Queue[list[Entry] | None] = asyncio.Queue()
         feed = self.feeds.get(key)
         if feed is None or feed.task is None or feed.task.done():
-            feed = self.feeds[key] = Feed(self, key)
+            opener = queue if cursor is not None else None
+            feed = self.feeds[key] = Feed(self, key, cursor, opener)
             feed.start()
-        queue: asyncio.Queue[list[Entry] | None] = asyncio.Queue()
         feed.queues.add(queue)
         try:
             await feed.ready.wait()
@@ -157,14 +174,15 @@ class FeedHub:
     async def follow(self, key: str, cursor: str, idle_s: float) -> AsyncGenerator[list[Entry] | None, None]:
         """Batches of events after ``cursor``, in order, each once; ``None`` after ``idle_s``
         without any (the caller may stop or go on). Ends when the feed drops this follower."""
-        async with self.subscribe(key) as (_, queue):
-            while True:  # catch up on what came before the feed's first read
-                raw = await self.redis.xrange(key, min=stream_after(cursor), count=BATCH)
-                if not raw:
-                    break
-                batch = _entries(raw)
-                cursor = batch[-1][0]
-                yield batch
+        async with self.subscribe(key, cursor) as (feed, queue):
+            caught_up = feed.opener is queue  # the feed reads after this cursor itself
+            while not caught_up:  # catch up on what came before the feed's first read
+                raw = await self.redis.xrange(key, min=stream_after(cursor), count=BATCH) or []
+                caught_up = len(raw) < BATCH  # the stream's end as it was after the feed started
+                if raw:
+                    batch = _entries(raw)
+                    cursor = batch[-1][0]
+                    yield batch
             while True:
                 try:
                     # Not wait_for, which runs the get in a task of its own: a task per follower

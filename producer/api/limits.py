@@ -40,6 +40,7 @@ are read at most every
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import threading
@@ -52,7 +53,7 @@ from redis.crc import key_slot
 from producer.api.errors import ApiError
 from shared.errors import ConfigError
 from shared.protocol import lua_prelude
-from shared.scripts import ScriptSpec, is_cluster, script_body
+from shared.scripts import LoopConnections, ScriptSpec, is_cluster, script_body
 from shared.state import RunHead
 from shared.store import RunStore
 from shared.store.runs import Release, loaded_head
@@ -147,10 +148,19 @@ class Reservation:
 
 
 class SubmitGate:
-    def __init__(self, store: RunStore, tenants: Tenants, cache_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        store: RunStore,
+        tenants: Tenants,
+        cache_s: float = 5.0,
+        loop: LoopConnections | None = None,
+    ) -> None:
         self.store = store
         self.tenants = tenants
         self.cache_s = cache_s
+        #: The event loop's connections to the same (single) Redis, for :meth:`reserve_on_loop`
+        #: and :meth:`release_on_loop`.
+        self.loop = loop
         # On the store's kept connections: a submit's script skips redis-py's pool, retry wrapper
         # and hooks, as the create script does (``shared.scripts.ScriptConnections``).
         self._reserve = store.register_script("submit_reserve", _reserve_source(), _RESERVE_SPEC)
@@ -182,6 +192,20 @@ class SubmitGate:
         """The models the tenant's requests may name for a run (as cached)."""
         return self._settings(tenant).models
 
+    @property
+    def serves_loop(self) -> bool:
+        """Whether :meth:`reserve_on_loop` can serve (an asyncio client of a single Redis)."""
+        return self.loop is not None and not self._cluster
+
+    def cached(self, tenant: str) -> TenantSettings | None:
+        """The tenant's settings if they are cached and fresh (no read); None: :meth:`limits` and
+        the others read them."""
+        with self._lock:
+            cached = self._cache.get(tenant)
+        if cached is not None and time.monotonic() - cached[0] < self.cache_s:
+            return cached[1]
+        return None
+
     def _settings(self, tenant: str) -> TenantSettings:
         now = time.monotonic()
         with self._lock:
@@ -204,46 +228,33 @@ class SubmitGate:
         """Count one submit of ``tenant`` and hold its place under the in-flight limit until
         :meth:`release` (call it once the run is created, or its create failed); raise a 429
         :class:`ApiError` if a limit forbids it, a 503 one if the answer stays open too long."""
-        limits = self.limits(tenant)
-        window = self.store.keys.submits(tenant)
-        keys = [window, reservations_key(window)]
-        token = uuid.uuid4().hex
-        deadline = time.monotonic() + ADMIT_WAIT_S
-        pause = 0.002
+        admission = _Admission(tenant, self.limits(tenant), self.store.keys.submits(tenant))
         while True:
-            admitted, value, inflight = self._reserve_and_count(
-                tenant, keys, [limits.submits_per_minute, WINDOW_MS, token, RESERVE_TTL_MS]
-            )
-            if not int(admitted):
-                self._refuse_inflight(tenant, limits, inflight)  # the older limit is named first
-                retry_s = max(1, math.ceil(int(value) / 1000))
-                raise ApiError(
-                    429,
-                    "rate_limited",
-                    f"tenant {tenant} may start {limits.submits_per_minute} runs a minute;"
-                    f" retry in {retry_s}s",
-                    details={"limit": limits.submits_per_minute, "retry_after_s": retry_s},
-                    headers={"Retry-After": str(retry_s)},
-                )
-            if inflight + int(value) <= limits.max_inflight:
-                return Reservation(tenant, token)
-            # Over the limit: give the place back (and the window's entry: nothing was started).
+            if admission.holds(*self._reserve_and_count(tenant, admission.keys, admission.args)):
+                return admission.reservation
             with self.store.redis.pipeline(transaction=False) as pipe:
-                pipe.zrem(keys[0], token)
-                pipe.zrem(keys[1], token)
+                for key in admission.keys:
+                    pipe.zrem(key, admission.token)
                 pipe.execute()
-            self._refuse_inflight(tenant, limits, inflight)
-            # The counts have room: other submits' reservations filled it, and each is created or
-            # withdrawn within milliseconds. Jitter keeps the contenders from meeting again.
-            if time.monotonic() >= deadline:
-                raise ApiError(
-                    503,
-                    "unavailable",
-                    f"too many submits of tenant {tenant} at once near its in-flight limit; retry",
-                    headers={"Retry-After": "1"},
-                )
-            time.sleep(pause * (0.5 + random.random()))
-            pause = min(pause * 2, 0.05)
+            time.sleep(admission.pause())
+
+    async def reserve_on_loop(self, tenant: str, limits: TenantLimits) -> Reservation:
+        """:meth:`reserve` on the event loop's asyncio client, for a single Redis (on a cluster the
+        in-flight counts are a read of their own: :attr:`serves_loop` is False); ``limits``: the
+        tenant's, as :meth:`cached` has them."""
+        loop = self.loop
+        if loop is None or self._cluster:
+            raise ConfigError("a reservation on the event loop needs the connections of a single Redis")
+        admission = _Admission(tenant, limits, self.store.keys.submits(tenant))
+        while True:
+            reply = await loop.run(
+                self._reserve, [*admission.keys, *self._inflight_keys], [*admission.args, tenant]
+            )
+            if admission.holds(*reply):
+                return admission.reservation
+            for key in admission.keys:  # rare (near the limit): a round trip each
+                await loop.execute("ZREM", key, admission.token)
+            await asyncio.sleep(admission.pause())
 
     def _reserve_and_count(self, tenant: str, keys: list[str], args: list[int | str]) -> tuple[int, int, int]:
         """Step 1 (the reservation), then step 2 (the in-flight counts). On a single Redis the
@@ -261,6 +272,12 @@ class SubmitGate:
         if reservation is not None:
             window = self.store.keys.submits(reservation.tenant)
             self.store.redis.zrem(reservations_key(window), reservation.token)
+
+    async def release_on_loop(self, reservation: Reservation | None) -> None:
+        """:meth:`release` on the event loop's connections."""
+        if reservation is not None and self.loop is not None:
+            window = self.store.keys.submits(reservation.tenant)
+            await self.loop.execute("ZREM", reservations_key(window), reservation.token)
 
     def released_with_create(self, reservation: Reservation | None) -> Release | None:
         """What the create script drops as it creates the run (``RunStore.create_run``): the
@@ -280,16 +297,67 @@ class SubmitGate:
             replies = pipe.execute()
         return loaded_head(replies[-1])
 
-    @staticmethod
-    def _refuse_inflight(tenant: str, limits: TenantLimits, inflight: int) -> None:
-        if inflight >= limits.max_inflight:
+
+class _Admission:
+    """One submit's way through the reservation (see the module's docstring), whichever client
+    sends the script: its keys and arguments, what each answer means, and how long to wait
+    before trying again."""
+
+    def __init__(self, tenant: str, limits: TenantLimits, window: str) -> None:
+        self.tenant = tenant
+        self.limits = limits
+        self.keys = [window, reservations_key(window)]
+        self.token = uuid.uuid4().hex
+        self.args: list[int | str] = [limits.submits_per_minute, WINDOW_MS, self.token, RESERVE_TTL_MS]
+        self.reservation = Reservation(tenant, self.token)
+        self._deadline = time.monotonic() + ADMIT_WAIT_S
+        self._pause = 0.002
+        self._inflight = 0
+
+    def holds(self, admitted: int | str, value: int | str, inflight: int | str) -> bool:
+        """Whether the script's answer holds the place (False: withdraw it, both entries, and try
+        again after :meth:`pause`); raises a 429 :class:`ApiError` when a limit forbids it."""
+        limits, self._inflight = self.limits, int(inflight)
+        if not int(admitted):
+            _refuse_inflight(self.tenant, limits, self._inflight)  # the older limit is named first
+            retry_s = max(1, math.ceil(int(value) / 1000))
             raise ApiError(
                 429,
-                "too_many_in_flight",
-                f"tenant {tenant} has {inflight} runs in flight; its limit is {limits.max_inflight}",
-                details={"limit": limits.max_inflight, "in_flight": inflight},
-                headers={"Retry-After": str(INFLIGHT_RETRY_S)},
+                "rate_limited",
+                f"tenant {self.tenant} may start {limits.submits_per_minute} runs a minute;"
+                f" retry in {retry_s}s",
+                details={"limit": limits.submits_per_minute, "retry_after_s": retry_s},
+                headers={"Retry-After": str(retry_s)},
             )
+        return self._inflight + int(value) <= limits.max_inflight
+
+    def pause(self) -> float:
+        """How long to wait before trying again, once the place is withdrawn; a 429 when the
+        counts alone reach the limit, a 503 once the answer has stayed open ``ADMIT_WAIT_S``."""
+        _refuse_inflight(self.tenant, self.limits, self._inflight)
+        # The counts have room: other submits' reservations filled it, and each is created or
+        # withdrawn within milliseconds. Jitter keeps the contenders from meeting again.
+        if time.monotonic() >= self._deadline:
+            raise ApiError(
+                503,
+                "unavailable",
+                f"too many submits of tenant {self.tenant} at once near its in-flight limit; retry",
+                headers={"Retry-After": "1"},
+            )
+        pause = self._pause * (0.5 + random.random())
+        self._pause = min(self._pause * 2, 0.05)
+        return pause
+
+
+def _refuse_inflight(tenant: str, limits: TenantLimits, inflight: int) -> None:
+    if inflight >= limits.max_inflight:
+        raise ApiError(
+            429,
+            "too_many_in_flight",
+            f"tenant {tenant} has {inflight} runs in flight; its limit is {limits.max_inflight}",
+            details={"limit": limits.max_inflight, "in_flight": inflight},
+            headers={"Retry-After": str(INFLIGHT_RETRY_S)},
+        )
 
 
 class StreamSlots:

@@ -25,10 +25,11 @@ from producer.api.errors import ApiError
 from shared.errors import InvalidRequest
 from shared.queues import check_namespace
 from shared.state import Callback
-from shared.tenants import CeleryCallbacks, ModelNotAllowed, check_model_allowed
+from shared.tenants import CeleryCallbacks, ModelNotAllowed, TenantSettings, check_model_allowed
 
 __all__ = [
     "AllowList",
+    "CachedAllowList",
     "allowed_callback",
     "allowed_model",
     "allowed_models",
@@ -45,6 +46,23 @@ class AllowList(Protocol):
     def celery_callbacks(self, tenant: str) -> CeleryCallbacks: ...
 
     def models(self, tenant: str) -> tuple[str, ...]: ...
+
+
+class CachedAllowList:
+    """The allow-lists of one tenant's settings as read once (``SubmitGate.cached``): a request
+    checked against them reads nothing, whenever the cache would have expired."""
+
+    def __init__(self, settings: TenantSettings) -> None:
+        self.settings = settings
+
+    def namespaces(self, tenant: str) -> tuple[str, ...]:
+        return self.settings.namespaces
+
+    def celery_callbacks(self, tenant: str) -> CeleryCallbacks:
+        return self.settings.callbacks
+
+    def models(self, tenant: str) -> tuple[str, ...]:
+        return self.settings.models
 
 
 def allowed_namespace(gate: AllowList, who: Caller, raw: str | None) -> str | None:

@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
+import redis
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
 from producer.api.auth import Caller, caller
 from producer.api.errors import ApiError, ErrorBody
@@ -28,6 +30,8 @@ from producer.api.models import (
     run_view,
 )
 from producer.api.namespaces import (
+    AllowList,
+    CachedAllowList,
     allowed_callback,
     allowed_model,
     allowed_models,
@@ -35,12 +39,20 @@ from producer.api.namespaces import (
     model_refusal,
 )
 from producer.api.services import Services
-from producer.client import NoLiveWorker, RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
-from shared.errors import InvalidRequest, StoreFull, ThreadBusy
+from producer.client import (
+    NoLiveWorker,
+    RequestConflict,
+    RunHandle,
+    RunRequest,
+    UnknownAgent,
+    idempotent_run_id,
+)
+from shared.errors import ConfigError, InvalidRequest, StoreFull, ThreadBusy
 from shared.request import check_name, validate_request
 from shared.state import Callback, CallbackState, Decision, Phase, RunHead, RunStatus
 from shared.store import CURSOR_PATTERN
-from shared.tenants import ModelNotAllowed
+from shared.store.runs import creation_of
+from shared.tenants import ModelNotAllowed, TenantSettings
 from shared.versions import waiting_for
 from shared.webhooks import check_url
 from shared.workers import LiveWorker
@@ -174,50 +186,150 @@ def _waiting_for(
     " (workers registering again after a Redis restart) it is a 503 ``no_live_worker`` with"
     " Retry-After: send the same request again.",
 )
-def submit(
+async def submit(
     body: SubmitBody,
     services: Svc,
     who: Who,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
 ) -> Response:
+    on_loop = _on_loop(services, who, body, idempotency_key)
+    if on_loop is None:
+        return await run_in_threadpool(_submit_in_thread, body, services, who, idempotency_key)
+    return await _submit_on_loop(body, services, who, *on_loop)
+
+
+def _on_loop(
+    services: Services, who: Caller, body: SubmitBody, idempotency_key: str | None
+) -> tuple[TenantSettings | None, list[LiveWorker]] | None:
+    """What a submit served on the event loop goes by, when it can be: the common one, whose every
+    read but its two scripts is answered from this process's caches. None: a worker thread serves
+    it (:func:`_submit_in_thread`), with the sync client's reads: an idempotency key (its replay
+    and the archive), a thread (its admission), an assistant (its pin), a webhook (its host's
+    resolution), a cache to read again (the tenant's settings, the worker registry, Redis's
+    memory), Redis Cluster (the reservation's counts and drop are round trips of their own), or a
+    broker the create script cannot push to (RabbitMQ)."""
+    if not services.submits_on_loop or idempotency_key is not None:
+        return None
+    if body.thread_id is not None or body.assistant is not None:
+        return None
+    tenant = services.gate.cached(who.tenant) if who.tenant is not None else None
+    live = services.cached_workers()
+    client = services.client
+    if (who.tenant is not None and tenant is None) or live is None:
+        return None
+    url = body.callback.url if body.callback is not None else tenant.default_callback if tenant else None
+    if url is not None and not services.config.settings.webhook_allow_private:
+        return None  # its host is resolved (and checked public) before the run is accepted
+    if not client.serves_cached(body.agent) or not client.memory_guard.fresh():
+        return None
+    return tenant, live
+
+
+async def _submit_on_loop(
+    body: SubmitBody, services: Services, who: Caller, tenant: TenantSettings | None, live: list[LiveWorker]
+) -> Response:
+    """A submit on the event loop: the same decisions as the sync client's (``Client.plan_run``,
+    ``run_to_create``, ``creation_outcome``), the reservation and the create script sent on the
+    event loop's kept connections (``shared.scripts.LoopConnections``): two round trips after the
+    key's read, no worker thread."""
+    allowed: AllowList = CachedAllowList(tenant) if tenant is not None else services.gate
+    default = tenant.default_callback if tenant is not None else None
+    namespace, callback = _checked(services, who, body, allowed, default)
+    client, gate, loop = services.client, services.gate, services.loop_connections
+    if loop is None:
+        raise ConfigError("a submit on the event loop needs the connections of a single Redis")
+    reservation = None
+    if who.tenant is not None and tenant is not None:
+        reservation = await gate.reserve_on_loop(who.tenant, tenant.limits)
+    released = False
+    try:
+        new = _run_request(body, who, namespace, callback)
+        head, start, _ = client.plan_run(new, True, None, allowed_models(allowed, who))
+        client.memory_guard.check()
+        to_create = client.run_to_create(head, start, gate.released_with_create(reservation))
+        keys, args = services.store.create_call(to_create)
+        try:
+            reply = creation_of(await loop.run(services.store.script("create"), keys, args))
+        except redis.exceptions.OutOfMemoryError:
+            raise await run_in_threadpool(client.store_full) from None  # reads how full Redis is
+        outcome = client.creation_outcome(reply)
+        released = outcome != "exists"  # the create script dropped the reservation with the run
+        if outcome == "exists":
+            raise InvalidRequest(f"run id {head.run_id!r} already exists")
+        if outcome != "pushed":
+            await run_in_threadpool(client.send_starts, [start])
+    except _REFUSED as exc:
+        raise _refusal(exc, body.agent) from None
+    finally:
+        if not released:
+            await gate.release_on_loop(reservation)
+    return json_answer(_created_view(head, live), 202)
+
+
+def _created_view(head: RunHead, live: list[LiveWorker]) -> RunView:
+    """:func:`_view` of a run this request has just created outside any thread, without a read: it
+    has no callback state yet (written once it ends), nor a decision, nor a run it waits for."""
+    return run_view(head, waiting_for=waiting_for(head, live, False, None))
+
+
+def _checked(
+    services: Services, who: Caller, body: SubmitBody, allowed: AllowList, default_callback: str | None
+) -> tuple[str | None, Callback | None]:
+    """A submit's request checked before its reservation (so that a refusal spends none of the
+    tenant's submits): its fields, the namespace, model and callback the caller may name; the
+    namespace, and the callback the run gets (its tenant's default webhook if it names none)."""
     fields = body.model_dump(exclude_none=True)
     try:
         validate_request(
             {**fields, "tenant": who.tenant} if who.tenant else fields, services.config.settings.limits
         )
-        replay = idempotency_key is not None and bool(
-            services.store.redis.exists(services.keys.run(idempotent_run_id(who.tenant, idempotency_key)))
-        )
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
-    namespace = allowed_namespace(services.gate, who, body.namespace)
-    # Refused before the reservation, as a namespace is, so that it spends none of the tenant's
-    # submits; the model of the assistant version the run is pinned to is checked by the client,
-    # which pins it (allowed_models below).
-    allowed_model(services.gate, who, body.model)
+    namespace = allowed_namespace(allowed, who, body.namespace)
+    # The model of the assistant version the run is pinned to is checked by the client, which
+    # pins it (allowed_models).
+    allowed_model(allowed, who, body.model)
     callback = body.callback
-    if callback is None and who.tenant is not None:
-        # A run that names no callback gets its tenant's default webhook, if it has one.
-        default = services.gate.default_callback(who.tenant)
-        callback = Callback(url=default) if default else None
+    if callback is None and default_callback:
+        callback = Callback(url=default_callback)
     if callback is not None and callback.url is not None:
         _check_callback_url(services, callback.url)
-    allowed_callback(services.gate, who, callback)
+    allowed_callback(allowed, who, callback)
+    return namespace, callback
+
+
+def _run_request(
+    body: SubmitBody, who: Caller, namespace: str | None, callback: Callback | None
+) -> RunRequest:
+    return RunRequest(
+        body.agent,
+        body.input,
+        thread_id=body.thread_id,
+        metadata=body.metadata,
+        model=body.model,
+        tenant=who.tenant,
+        callback=callback,
+        state=body.state,
+        namespace=namespace,
+        thread_policy=body.thread_policy,
+        assistant=body.assistant,
+        assistant_version=body.assistant_version,
+    )
+
+
+def _submit_in_thread(
+    body: SubmitBody, services: Services, who: Caller, idempotency_key: str | None
+) -> Response:
+    """A submit on a worker thread, with the sync client (see :func:`_on_loop` for when)."""
+    default = services.gate.default_callback(who.tenant) if who.tenant is not None else None
+    namespace, callback = _checked(services, who, body, services.gate, default)
+    replay = idempotency_key is not None and bool(
+        services.store.redis.exists(services.keys.run(idempotent_run_id(who.tenant, idempotency_key)))
+    )
     with _starting(services, who, body.agent, replay) as start:
-        handle = services.client.submit(
-            body.agent,
-            body.input,
-            thread_id=body.thread_id,
-            metadata=body.metadata,
-            model=body.model,
-            tenant=who.tenant,
-            callback=callback,
+        handle = services.client.submit_request(
+            _run_request(body, who, namespace, callback),
             idempotency_key=idempotency_key,
-            state=body.state,
-            namespace=namespace,
-            thread_policy=body.thread_policy,
-            assistant=body.assistant,
-            assistant_version=body.assistant_version,
             allowed_models=allowed_models(services.gate, who),
             release=start.with_create,
         )
@@ -280,30 +392,41 @@ def _starting(services: Services, who: Caller, agent: str, replay: bool) -> Iter
     start = _Start(services, reservation)
     try:
         yield start
-    except ThreadBusy as exc:
-        # The caller's own thread (thread ids are per tenant): the busy run is its own to name.
-        details = {"thread_id": exc.thread_id, "run_id": exc.run_id, "retryable": True}
-        raise ApiError(409, "thread_busy", exc.message, details=details) from None
-    except UnknownAgent as exc:
-        raise ApiError(422, "unknown_agent", exc.message, details={"agent": agent}) from None
-    except NoLiveWorker as exc:
-        # Transient (workers registering again after a Redis restart): the client retries, unlike
-        # for a 422, which says the same request will never be accepted.
-        retry_s = str(max(1, math.ceil(exc.retry_after_s)))
-        raise ApiError(
-            503, "no_live_worker", str(exc), details={"agent": agent}, headers={"Retry-After": retry_s}
-        ) from None
-    except RequestConflict as exc:
-        raise ApiError(409, "conflict", str(exc)) from None
-    except ModelNotAllowed as exc:
-        raise model_refusal(exc) from None
-    except InvalidRequest as exc:
-        raise ApiError(422, "invalid_request", exc.message) from None
-    except StoreFull as exc:
-        raise ApiError(503, "store_full", str(exc), headers={"Retry-After": str(_FULL_RETRY_S)}) from None
+    except _REFUSED as exc:
+        raise _refusal(exc, agent) from None
     finally:
         # Only now: the run is in the in-flight counts (or was not created), see producer/api/limits.py.
         start.release()
+
+
+#: What starting a run may refuse it for: :func:`_refusal` answers each.
+_REFUSED = (ThreadBusy, NoLiveWorker, InvalidRequest, StoreFull, RequestConflict)
+
+
+def _refusal(exc: Exception, agent: str) -> ApiError:
+    """The API's answer to the client's refusal of a run (one of :data:`_REFUSED`)."""
+    if isinstance(exc, ThreadBusy):
+        # The caller's own thread (thread ids are per tenant): the busy run is its own to name.
+        details = {"thread_id": exc.thread_id, "run_id": exc.run_id, "retryable": True}
+        return ApiError(409, "thread_busy", exc.message, details=details)
+    if isinstance(exc, UnknownAgent):
+        return ApiError(422, "unknown_agent", exc.message, details={"agent": agent})
+    if isinstance(exc, NoLiveWorker):
+        # Transient (workers registering again after a Redis restart): the client retries, unlike
+        # for a 422, which says the same request will never be accepted.
+        retry_s = str(max(1, math.ceil(exc.retry_after_s)))
+        return ApiError(
+            503, "no_live_worker", str(exc), details={"agent": agent}, headers={"Retry-After": retry_s}
+        )
+    if isinstance(exc, RequestConflict):
+        return ApiError(409, "conflict", str(exc))
+    if isinstance(exc, ModelNotAllowed):
+        return model_refusal(exc)
+    if isinstance(exc, InvalidRequest):
+        return ApiError(422, "invalid_request", exc.message)
+    if isinstance(exc, StoreFull):
+        return ApiError(503, "store_full", str(exc), headers={"Retry-After": str(_FULL_RETRY_S)})
+    raise exc
 
 
 @router.get("/runs/{run_id}", response_model=RunView, summary="A run's current state")

@@ -13,6 +13,7 @@ from producer.api.feeds import FeedHub
 from producer.api.limits import StreamSlots, SubmitGate
 from producer.client import Client
 from shared.keys import Keys
+from shared.scripts import LoopConnections
 from shared.tenants import Tenants
 from shared.tls import endpoint
 from shared.workers import LiveWorker
@@ -31,7 +32,6 @@ class Services:
         self.store = self.client.store
         self.keys: Keys = self.store.keys
         self.tenants = Tenants(self.store.redis, self.keys)
-        self.gate = SubmitGate(self.store, self.tenants)
         # Each followed run has one feed waiting in XREAD BLOCK on a connection of its own, and a
         # stream catching up reads on another for a moment: the pool is as large as the number of
         # streams allowed (a stream over that number is refused, not queued).
@@ -61,6 +61,13 @@ class Services:
                     **options,
                 )
             )
+        #: Connections the event loop keeps for a submit's scripts (a single Redis only): at most
+        #: 4 idle, of the 8 the pool holds beyond the streams'.
+        self.loop_connections = None if settings.redis_cluster else LoopConnections(self.aredis)
+        self.gate = SubmitGate(self.store, self.tenants, loop=self.loop_connections)
+        #: Whether a submit can be served on the event loop (``producer/api/runs.py``): a single
+        #: Redis, the store's, that is the broker too, so that the create script pushes the start.
+        self.submits_on_loop = self.gate.serves_loop and self.client.pushes_starts and not settings.embedded
         self.feeds = FeedHub(self.aredis, max(1, int(config.keepalive_s * 1000)))
         self.streams = StreamSlots(config.max_streams, config.streams_per_tenant)
         self._recent_workers: tuple[float, list[LiveWorker]] = (-math.inf, [])
@@ -76,6 +83,13 @@ class Services:
             self._recent_workers = (now, live)  # one assignment: threads see the old pair or the new
         return live
 
+    def cached_workers(self) -> list[LiveWorker] | None:
+        """:meth:`recent_workers` if that reads nothing now; None when it would read the registry."""
+        read_at, live = self._recent_workers
+        return live if time.monotonic() - read_at <= RECENT_WORKERS_S else None
+
     async def close(self) -> None:
+        if self.loop_connections is not None:
+            await self.loop_connections.close()
         await self.aredis.aclose()
         self.client.close()

@@ -106,6 +106,11 @@ class StoreCore:
         the same kept connections as the store's scripts."""
         return Script(name, self.redis.register_script(source), self._connections, spec)
 
+    def script(self, name: str) -> Script:
+        """One of the store's scripts, for a caller that sends it on a client of its own (the
+        API's event loop: ``shared.scripts.run_async``)."""
+        return self._scripts[name]
+
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return self._scripts[name](keys=list(keys), args=[str(a) for a in args])
 

@@ -25,6 +25,7 @@ __all__ = [
     "NewRun",
     "Release",
     "RunsMixin",
+    "creation_of",
     "loaded_head",
 ]
 
@@ -55,7 +56,8 @@ class NewRun:
     release: Release | None = None
 
 
-def _creation(reply: Any) -> Creation:
+def creation_of(reply: Any) -> Creation:
+    """What creating a run did, from the create script's reply."""
     if _s(reply[0]) != "created":
         return "exists"
     return "pushed" if _s(reply[1]) == "1" else "created"
@@ -186,18 +188,19 @@ class RunsMixin(StoreCore):
         """Create runs as :meth:`create_run` does, in one round trip on a standalone Redis: for
         each, what creating it did, or the error Redis answered for it (an ``OutOfMemoryError``;
         the others were still created)."""
-        calls = [self._create_call(run) for run in runs]
+        calls = [self.create_call(run) for run in runs]
         if len(calls) == 1:  # one run: on the thread's own script connection
             keys, args = calls[0]
             try:
-                return [_creation(self._run("create", keys, args))]
+                return [creation_of(self._run("create", keys, args))]
             except redis.exceptions.ResponseError as exc:
                 return [exc]
         replies = run_many(self.redis, self._scripts["create"], calls, raise_on_error=False)
-        return [reply if isinstance(reply, Exception) else _creation(reply) for reply in replies]
+        return [reply if isinstance(reply, Exception) else creation_of(reply) for reply in replies]
 
-    def _create_call(self, run: NewRun) -> tuple[list[str], list[Any]]:
-        """The create script's keys and arguments for ``run``."""
+    def create_call(self, run: NewRun) -> tuple[list[str], list[Any]]:
+        """The create script's keys and arguments for ``run`` (its reply: :func:`creation_of`), for
+        :meth:`create_many` and for a caller that sends the script itself (the API's event loop)."""
         head, release = run.head, run.release
         if head.version != 1 or head.phase is not Phase.IDLE:
             raise InternalInvariant(f"a run is created IDLE at version 1, not {head.phase} v{head.version}")

@@ -23,7 +23,7 @@ from shared.keys import Keys
 from shared.tasks import TASK_START
 from shared.tenants import TenantLimits, Tenants
 from tests.api_support import SSE, ApiProcess, Frame, bearer, frames, wait_status
-from tests.broker import is_cluster
+from tests.broker import commit_publishes, is_cluster
 from tests.harness import RedisServer, WorkerProcess
 
 TIMEOUT = 60
@@ -145,8 +145,8 @@ def test_a_submit_is_two_scripts_of_the_api_the_create_dropping_the_reservation_
     """On one Redis, with the broker on it: the API sends the reservation's script and the create
     script, which drops the reservation and pushes the start's Celery message in the step that
     creates the run; no drop, read-back or publish of the API's own."""
-    if is_cluster(redis_server.url):
-        pytest.skip("a Redis Cluster run state has a broker of its own")
+    if not commit_publishes(redis_server.url):
+        pytest.skip("the broker is not the run state's Redis (RabbitMQ, or Redis Cluster's own broker)")
     tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
     run_id, seen = _monitored_submit(api, redis_server, key)
     reserved = reservations_key(Keys().submits(tenant))
@@ -231,3 +231,115 @@ def test_followers_asking_for_different_kinds_each_get_their_own_frames(
         expected = [e for e in every if wanted is None or e["kind"] in wanted]
         assert [f.event for f in followed] == expected, kinds
         assert all(f.id == f.event["id"] for f in followed)
+
+
+def _api_connections(api: ApiProcess, redis_server: RedisServer) -> list[str]:
+    """The ids Redis gives the API process's connections to it (CLIENT LIST)."""
+    assert api.proc is not None
+    redis_port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
+    ports = {
+        c.laddr.port
+        for c in psutil.Process(api.proc.pid).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == redis_port
+    }
+    return [
+        str(c["id"]) for c in redis_server.client().client_list() if int(c["addr"].rsplit(":", 1)[1]) in ports
+    ]
+
+
+def test_submits_go_on_after_redis_dropped_the_api_s_connections(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    """The connections a submit's scripts keep (on the event loop, and on the worker threads) are
+    connected again once Redis has closed them: submits are accepted again at once, and none
+    leaves its reservation. (A request that meets a dropped connection of the asyncio client's
+    own pool may still be answered the retryable 503 ``unavailable``.)"""
+    if is_cluster(redis_server.url):
+        pytest.skip("CLIENT KILL of one standalone server's clients")
+    tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+        before = [http.post("/v1/runs", json={"agent": "direct", "input": f"b{i}"}) for i in range(3)]
+        assert [a.status_code for a in before] == [202] * 3, [a.text for a in before]
+        killed = _api_connections(api, redis_server)
+        assert killed
+        for client_id in killed:
+            redis_server.client().client_kill_filter(_id=client_id)
+        accepted: list[httpx.Response] = []
+        refused: list[httpx.Response] = []
+        while len(accepted) < 3:
+            answer = http.post("/v1/runs", json={"agent": "direct", "input": f"a{len(accepted)}"})
+            (accepted if answer.status_code == 202 else refused).append(answer)
+            assert len(refused) <= len(killed), [r.text for r in refused]
+        assert {(r.status_code, r.json()["error"]["kind"]) for r in refused} <= {(503, "unavailable")}
+        for answer in accepted:
+            assert wait_status(http, answer.json()["run_id"], {"completed"})["input"].startswith("a")
+    assert redis_server.client().zcard(reservations_key(Keys().submits(tenant))) == 0
+
+
+def test_a_submit_answers_alike_whatever_serves_it(api: ApiProcess, redis_server: RedisServer) -> None:
+    """The common submit (no idempotency key, thread, assistant nor webhook) and those the API
+    serves with reads of their own (here an idempotency key, a thread) answer the same view of a
+    new queued run; an idempotency key's replay is the same run, and its reuse for another request
+    a 409."""
+    tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    idem = {"idempotency-key": f"k-{uuid.uuid4().hex}"}
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+        plain = http.post("/v1/runs", json={"agent": "direct", "input": "plain"})
+        keyed = http.post("/v1/runs", json={"agent": "direct", "input": "keyed"}, headers=idem)
+        threaded = http.post(
+            "/v1/runs", json={"agent": "direct", "input": "threaded", "thread_id": f"t-{uuid.uuid4().hex}"}
+        )
+        again = http.post("/v1/runs", json={"agent": "direct", "input": "keyed"}, headers=idem)
+        other = http.post("/v1/runs", json={"agent": "direct", "input": "not the same"}, headers=idem)
+        answers = [plain, keyed, threaded]
+        assert [a.status_code for a in answers] == [202] * 3, [a.text for a in answers]
+        views = [a.json() for a in answers]
+        assert {v["status"] for v in views} == {"queued"} and {v["version"] for v in views} == {1}
+        assert len({frozenset(v) for v in views}) == 1  # the same fields
+        assert again.status_code == 202 and again.json()["run_id"] == keyed.json()["run_id"]
+        assert other.status_code == 409 and other.json()["error"]["kind"] == "conflict"
+        for view in views:
+            assert wait_status(http, view["run_id"], {"completed"})["input"] == view["input"]
+    assert redis_server.client().zcard(reservations_key(Keys().submits(tenant))) == 0
+
+
+def test_a_run_s_first_follower_reads_its_events_without_catching_up(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    """The stream of a run nobody follows in the API process yet is served by the feed's own
+    reads after the follower's cursor: no read of the stream's last id, no catch-up reads; every
+    event arrives once, in order."""
+    if is_cluster(redis_server.url):
+        pytest.skip("MONITOR of one standalone server")
+    _, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    events_key = ""
+    seen: list[dict[str, str]] = []
+    listening = threading.Event()
+    done = threading.Event()
+
+    def monitor() -> None:
+        with redis_server.client().monitor() as m:
+            listening.set()
+            while not done.is_set():
+                seen.append(m.next_command())
+
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+        run = http.post("/v1/runs", json={"agent": "direct", "input": "followed"}).json()
+        events_key = Keys().events(run["run_id"])
+        wait_status(http, run["run_id"], {"completed"})
+        watcher = threading.Thread(target=monitor, daemon=True)
+        watcher.start()
+        assert listening.wait(TIMEOUT)
+        while not seen:
+            redis_server.client().ping()
+        with http.stream("GET", f"/v1/runs/{run['run_id']}/events", headers=SSE) as response:
+            got = [f.event for f in frames(response) if f.data]
+        done.set()
+        redis_server.client().ping()  # the monitor's last command
+        watcher.join(TIMEOUT)
+        page = http.get(f"/v1/runs/{run['run_id']}/events").json()
+    assert [e["id"] for e in got] == [e["id"] for e in page["events"]] and got[-1]["kind"] == "Completed"
+    reads = [c["command"].split()[0] for c in seen if events_key in c["command"]]
+    # The ended run's check that it has events left to send (else 204), then the feed's reads
+    # only (the first brings every event; the next waits until the stream is closed).
+    assert reads[0] == "XRANGE" and set(reads[1:]) == {"XREAD"}, reads
