@@ -34,6 +34,28 @@ GATES: dict[str, tuple[float, str]] = {
 }
 
 
+#: The unit of the latency scenario's gates (``benchmarks/scenarios.py``): a run's latency over its
+#: floor in the same run, the model's time plus a bare hop per transition. Results written before
+#: it gated overhead in bare hops; their figures give the new unit as well.
+LATENCY_UNIT = "x floor (model time + a bare hop per transition)"
+
+
+def _latency_over_floor(results: dict[str, Any], gid: str) -> float | None:
+    """Latency gate ``gid`` (``latency.AGENT@VARIANT.p50|p95``) of ``results`` in
+    :data:`LATENCY_UNIT`, from the scenario's own figures; None if they are not there."""
+    parts = gid.split(".")
+    if len(parts) != 3 or parts[0] != "latency" or parts[2] not in ("p50", "p95"):
+        return None
+    metrics = results["scenarios"].get("latency", {}).get("metrics", {})
+    run = metrics.get("scenarios", {}).get(parts[1])
+    hop = metrics.get("bare_hop_ms", {}).get("p50")
+    try:
+        floor = run["model_calls"] * run["model_latency_ms"] + run["transitions"] * hop
+        return round(float(run["latency_ms"][parts[2]]) / float(floor), 4)
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
 def _load(path: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(Path(path).read_text())
     if "scenarios" not in data:
@@ -69,15 +91,20 @@ def compare(new: dict[str, Any], base: dict[str, Any]) -> tuple[list[dict[str, A
             notes.append(f"{gid}: only in {'the new run' if gid in g_new else 'the baseline'}")
             continue
         n, b = g_new[gid], g_base[gid]
-        # Normalized values compare only in the same unit: a gate whose reference changed is
-        # compared on its raw value once (and says so), then on the new unit.
+        # Normalized values compare only in the same unit: a baseline in an older unit is put in
+        # the new one from its own figures where it can be (:func:`_latency_over_floor`), else
+        # the gate is compared on its raw values (and says so).
         use_norm = "normalized" in n and "normalized" in b
         if use_norm and n.get("normalized_unit") != b.get("normalized_unit"):
-            use_norm = False
-            notes.append(
-                f"{gid}: normalized as {n.get('normalized_unit')!r}, the baseline as"
-                f" {b.get('normalized_unit')!r}: compared on the raw values"
-            )
+            again = _latency_over_floor(base, gid) if n.get("normalized_unit") == LATENCY_UNIT else None
+            if again is not None:
+                b = {**b, "normalized": again, "normalized_unit": LATENCY_UNIT}
+            else:
+                use_norm = False
+                notes.append(
+                    f"{gid}: normalized as {n.get('normalized_unit')!r}, the baseline as"
+                    f" {b.get('normalized_unit')!r}: compared on the raw values"
+                )
         nv, bv = (n["normalized"], b["normalized"]) if use_norm else (n["value"], b["value"])
         if not bv or not nv:
             continue

@@ -28,6 +28,7 @@ from redis import Redis
 
 from benchmarks import bare
 from benchmarks.agents import SLOW_LATENCY_S, SLOW_SUFFIX
+from benchmarks.compare import LATENCY_UNIT
 from benchmarks.harness import (
     Cluster,
     PeakRss,
@@ -53,8 +54,8 @@ from worker.testing.harness import wait_until
 #: Tasks per step of a one-tool step: think, tool, observe.
 TASKS_PER_TOOL_STEP = 3
 #: The unit of a latency gate: a scenario's latency over its floor in the same run, the model's
-#: time plus one bare Celery hop per transition.
-LATENCY_NORM_UNIT = "x floor (model time + a bare hop per transition)"
+#: time plus one bare Celery hop per transition (``compare.py`` reads results in it).
+LATENCY_NORM_UNIT = LATENCY_UNIT
 #: Celery's task_received probe loaded into the backlog's workers (``--include``), and the hash
 #: it counts deliveries in. The benchmark process itself does not import it: it would connect the
 #: signal receiver here too.
