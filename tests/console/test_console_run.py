@@ -134,6 +134,29 @@ def test_a_failed_run_shows_its_error_and_is_retried_and_forked_from_its_page(
     assert f"{run_id} v1" in (page.text_content("#run-facts") or "")
 
 
+def test_a_run_page_left_for_another_keeps_nothing_clickable_while_the_next_loads(
+    page: Page, http: httpx.Client, api: ApiProcess
+) -> None:
+    """Moving from one run's page to another's hides the first at once: its retry and fork
+    buttons, still drawn while the next page checks the key, would act on the run left behind."""
+    first = submit(http, "tool_fails")
+    second = submit(http, "tool_fails")
+    wait_status(http, first, {"failed"})
+    page.goto(f"{api.url}/#/runs/{first}")
+    page.wait_for_selector('#checkpoints button.fork[data-version="1"]')
+    # A listener added after the console's own runs once its navigation has begun.
+    shown = page.evaluate(
+        """(to) => new Promise((resolve) => {
+            window.addEventListener("hashchange", () => resolve(!$("#run-view").hidden), { once: true });
+            location.hash = to;
+        })""",
+        f"#/runs/{second}",
+    )
+    assert shown is False
+    page.wait_for_selector(f'#run-title:text("Run {second}")')
+    page.wait_for_selector("#run-view:not([hidden])")
+
+
 def test_retry_is_refused_for_a_run_that_has_not_ended(http: httpx.Client) -> None:
     run_id = submit(http, "hostile_charge")
     wait_status(http, run_id, {"awaiting_approval"})

@@ -484,15 +484,25 @@ function memoryView() {
 
 // -- routing ---------------------------------------------------------------------------------
 
+// Bumped by every navigation: a route still waiting for its key check when the next one starts
+// builds no view (two live views would draw into the same page).
+let routing = 0;
+
 async function route() {
+  const mine = ++routing;
   if (view) view.stop();
   view = null;
+  // Nothing of the page left behind stays clickable while the next one loads: a button of the
+  // previous run's (retry, fork) would act on that run.
+  show(null);
   const match = location.hash.match(/^#\/runs\/([A-Za-z0-9_.:-]+)$/);
   try {
     const health = await api("/v1/whoami");
+    if (mine !== routing) return;
     $("#whoami").textContent = health.tenant ? `tenant ${health.tenant}` : "no tenant (auth off)";
     $("#signout").hidden = !sessionStorage.getItem(KEY_STORE);
   } catch (err) {
+    if (mine !== routing) return;
     if (err instanceof Unauthorised) return needKey(sessionStorage.getItem(KEY_STORE) ? "That key was refused." : "");
     $("#whoami").textContent = err.message;
   }
