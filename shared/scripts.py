@@ -342,10 +342,21 @@ class ScriptNameError(RuntimeError):
 _HIREDIS_SERIALIZER: Any = (
     getattr(redis.connection, "HiredisRespSerializer", None) if HIREDIS_AVAILABLE else None
 )
-if _HIREDIS_SERIALIZER is not None:
-    from hiredis import pack_command as _hiredis_pack
 if HIREDIS_AVAILABLE:
-    from hiredis import pack_command as hiredis_pack_command
+    from hiredis import pack_command as _hiredis_pack
+
+
+def _packed(connection: Any, command: tuple[Any, ...], hiredis: bool) -> Any:
+    """``command`` in the Redis protocol: with ``hiredis``, packed by hiredis at once, where
+    redis-py's pack walks every argument in Python first (converting a bytearray or a memoryview,
+    which no script argument is); the bytes are the same. Else, or for a type only redis-py
+    converts, the connection's own ``pack_command`` (which also says what is wrong)."""
+    if hiredis:
+        try:
+            return [_hiredis_pack(command)]
+        except TypeError:
+            pass
+    return connection.pack_command(*command)
 
 
 class ScriptConnections:
@@ -402,18 +413,9 @@ class _HeldConnection:
         )
 
     def pack(self, command: tuple[Any, ...]) -> Any:
-        """``command`` in the Redis protocol, as the connection's own ``pack_command`` packs it.
-
-        With hiredis, redis-py's pack walks every argument in Python (converting a bytearray or
-        a memoryview, which no script argument is) before handing the tuple to hiredis; a commit
-        has about 40 arguments. Handed to hiredis at once, the bytes are the same.
-        """
-        if self.hiredis:
-            try:
-                return [_hiredis_pack(command)]
-            except TypeError:
-                pass  # a type only redis-py converts: its own pack does, or says what is wrong
-        return self.connection.pack_command(*command)
+        """``command`` in the Redis protocol, as the connection's own ``pack_command`` packs it
+        (a commit has about 40 arguments: see :func:`_packed`)."""
+        return _packed(self.connection, command, self.hiredis)
 
     def __del__(self) -> None:
         try:
@@ -465,18 +467,6 @@ class Script:
         return self._script(keys=keys, args=args)
 
 
-def _loop_packed(connection: Any, command: tuple[Any, ...]) -> Any:
-    """``command`` in the Redis protocol for an asyncio connection: redis-py's asyncio pack walks
-    every argument in Python (about 25 for a create); hiredis packs the same bytes at once (the
-    commands here carry only text and integers, encoded as UTF-8 as the connection's encoder does)."""
-    if HIREDIS_AVAILABLE:
-        try:
-            return [hiredis_pack_command(command)]
-        except TypeError:
-            pass  # a type only redis-py converts: its own pack does, or says what is wrong
-    return connection.pack_command(*command)
-
-
 class LoopConnections:
     """:class:`ScriptConnections`' counterpart on an event loop: connections kept out of a
     standalone asyncio client's pool (``redis.asyncio``), for the commands a request sends on
@@ -506,7 +496,9 @@ class LoopConnections:
         """``command``'s reply (an error reply raises, as redis-py does)."""
         connection = self._idle.pop() if self._idle else await self._pool.get_connection()
         try:
-            await connection.send_packed_command(_loop_packed(connection, command))
+            # redis-py's asyncio pack walks every argument in Python (about 25 for a create); the
+            # commands here carry only text and integers, encoded as UTF-8 as its encoder does.
+            await connection.send_packed_command(_packed(connection, command, HIREDIS_AVAILABLE))
             reply = await connection.read_response()
         except redis.exceptions.ResponseError:
             await self._keep_or_release(connection)

@@ -207,11 +207,10 @@ class SubmitGate:
         return None
 
     def _settings(self, tenant: str) -> TenantSettings:
+        cached = self.cached(tenant)
+        if cached is not None:
+            return cached
         now = time.monotonic()
-        with self._lock:
-            cached = self._cache.get(tenant)
-        if cached is not None and now - cached[0] < self.cache_s:
-            return cached[1]
         settings = self.tenants.settings(tenant)
         with self._lock:
             if len(self._cache) > 10_000:  # bounded: tenants come and go
