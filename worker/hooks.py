@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Sequence
 
 from shared.errors import ConfigError
-from shared.state import Phase, TaskSpec
+from shared.state import Phase, RunHead, TaskSpec
 from shared.store import RunStore
 
 __all__ = ["Hooks", "load_hooks"]
@@ -25,8 +25,8 @@ class Hooks:
     def on_claimed(self, phase: Phase, run_id: str, store: RunStore) -> None:
         """A delivery claimed a phase (or a tool call, ``Phase.ACTING``) and is about to do it."""
 
-    def after_commit(self, phase: Phase, run_id: str, store: RunStore) -> None:
-        """A ``phase`` task committed its transition and has not published the next tasks yet."""
+    def after_commit(self, phase: Phase, committed: RunHead, store: RunStore) -> None:
+        """A ``phase`` task committed ``committed`` and has not published the next tasks yet."""
 
     def outgoing(self, spec: TaskSpec) -> Sequence[TaskSpec]:
         """The tasks to send for ``spec`` (by default just it)."""

@@ -300,7 +300,7 @@ class Runtime:
         if result.status == "committed":
             self.metrics.committed(current.head, head)
             self._count_end(current.head, head)
-            self.hooks.after_commit(current.phase, head.run_id, self.store)
+            self.hooks.after_commit(current.phase, head, self.store)
             if not result.pushed:
                 self.publish(sent, result.epoch)
             if here is not None:

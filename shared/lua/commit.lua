@@ -51,11 +51,13 @@ if signals_cursor ~= '' and tonumber(redis.call('HGET', KEYS[12], INBOX_NEXT) or
 end
 
 local queued_until = now + tonumber(queued_lease_ms)
-if claim_field ~= '' then
-  redis.call('HDEL', run, F_RUNNING, F_DECISION, claim_field)
-else
-  redis.call('HDEL', run, F_RUNNING, F_DECISION)
-end
+-- A run that moves on from IDLE waits for its thread no more. A duplicate start can park it again
+-- (thread_park.lua) after its wake and just before the woken start claims it and goes; that
+-- duplicate's own wake then finds the run started and leaves the mark, so the start clears it.
+local cleared = {F_RUNNING, F_DECISION}
+if claim_field ~= '' then cleared[#cleared + 1] = claim_field end
+if phase ~= P_IDLE then cleared[#cleared + 1] = F_THREAD_WAIT end
+redis.call('HDEL', run, unpack(cleared))
 redis.call('HSET', run, F_VERSION, new_version, F_PHASE, phase, F_STEP, step, F_BODY, body,
   F_OUTBOX, outbox, F_OUTBOX_CLAIMED, '0', F_CALLS, calls, F_QUEUED_UNTIL, queued_until,
   F_QUEUED_CHECKS, '0', F_OP, op)

@@ -9,12 +9,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from shared import protocol
+from shared import fsm, protocol
+from shared.messages import UserMessage
 from shared.state import Phase
 from shared.store import RunStore, ThreadTurn
 from tests.harness import RedisServer
 from tests.store_support import make_store
-from worker.testing.runs import claim, create, ended_run, live_run
+from worker.testing.runs import claim, commit, create, ended_run, live_run
 
 TENANT = "acme"
 THREAD = "t1"
@@ -134,6 +135,26 @@ def test_park_then_wake_once(store: RunStore) -> None:
     assert not store.wake_from_thread(head.run_id)  # only one waker publishes the start
     assert store.thread_wait(head.run_id) is None
     assert store.redis.zscore(store.keys.leases_of(head.run_id), head.run_id) is not None
+
+
+def test_a_start_that_goes_clears_a_park_left_by_a_duplicate_racing_its_wake(store: RunStore) -> None:
+    # The order a duplicate start can take around a wake: it claims the parked run, the run before
+    # it ends and wakes it, the duplicate (still holding its claim) parks it again, and the woken
+    # start claims it and goes before the duplicate's second look wakes it. That wake finds it
+    # started and leaves its mark; the start's commit must not leave a running run "waiting".
+    head = create(store)
+    why = {"thread_id": THREAD, "waiting_for": "a"}
+    assert store.park_for_thread(head.run_id, head.version, claim(store, head).ref.token, why)
+    duplicate = claim(store, head)
+    assert store.wake_from_thread(head.run_id)
+    assert store.park_for_thread(head.run_id, head.version, duplicate.ref.token, why)
+    idle = fsm.Idle(head)
+    commit(
+        store, idle, idle.start([UserMessage(content="question")], agent_version="1", model="m", max_steps=5)
+    )
+    assert not store.wake_from_thread(head.run_id)
+    assert store.thread_wait(head.run_id) is None
+    assert store.load(head.run_id).phase is Phase.THINKING  # type: ignore[union-attr]
 
 
 def test_a_cancel_unparks_a_parked_run_and_only_flags_any_other(store: RunStore) -> None:

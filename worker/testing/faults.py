@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from producer.schedules import SchedulerHooks
 from shared.schedules import Schedule, ScheduleStore, ScheduleTick
-from shared.state import Phase, TaskSpec
+from shared.state import Phase, RunHead, TaskSpec
 from shared.store import RunStore
 from worker.hooks import Hooks
 
@@ -66,12 +66,15 @@ class ChaosHooks(Hooks, SchedulerHooks):
             store.redis.set(pid_key(phase, run_id), str(os.getpid()), ex=3600)
             time.sleep(self.pause_s)
 
-    def after_commit(self, phase: Phase, run_id: str, store: RunStore) -> None:
+    def after_commit(self, phase: Phase, committed: RunHead, store: RunStore) -> None:
+        run_id = committed.run_id
         name = f"crash_after_commit:{phase.value}"
         if name in self.faults and self._once(name, store, run_id):
             os.kill(os.getpid(), signal.SIGKILL)
+        # The process whose own commit ended the run: not one that committed an earlier phase and
+        # reads the run after the next phase (already published) ended it elsewhere.
         ended = "crash_after_commit:ended"
-        if ended in self.faults and _ended(store, run_id) and self._once(ended, store, run_id):
+        if ended in self.faults and committed.terminal and self._once(ended, store, run_id):
             os.kill(os.getpid(), signal.SIGKILL)
 
     def after_tick_submitted(
@@ -87,7 +90,3 @@ class ChaosHooks(Hooks, SchedulerHooks):
             return ()
         return (spec, spec) if "duplicate_publish" in self.faults else (spec,)
 
-
-def _ended(store: RunStore, run_id: str) -> bool:
-    head = store.load(run_id)
-    return head is not None and head.terminal
