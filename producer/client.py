@@ -77,7 +77,7 @@ from shared.versions import (
     version_loads,
     waiting_for,
 )
-from shared.workers import AgentInfo, WorkerDirectory
+from shared.workers import AgentInfo, LiveWorker, WorkerDirectory, agents_served
 
 if TYPE_CHECKING:
     from producer.pipelines import PipelineHandle
@@ -830,8 +830,16 @@ class Client:
     def serves_cached(self, agent: str) -> bool:
         """Whether :meth:`served` answers for ``agent`` from what it read of the registry, without
         reading it again (read within ``registry_interval_s``, and ``agent`` was served then)."""
-        fresh = time.monotonic() - self._served_at <= self.settings.registry_interval_s
-        return fresh and agent in self._served
+        return self.registry_fresh() and agent in self._served
+
+    def registry_fresh(self, for_s: float = 0.0) -> bool:
+        """Whether what :meth:`served` read of the registry is fresh (for ``for_s`` seconds more)."""
+        return time.monotonic() - self._served_at <= self.settings.registry_interval_s - for_s
+
+    def note_live_workers(self, live: list[LiveWorker], read_at: float) -> None:
+        """What :meth:`served` answers from, as read of the registry by another (a caller that
+        keeps the live workers itself, at ``read_at`` on ``time.monotonic``)."""
+        self._served, self._served_at = agents_served(live), read_at
 
     def served(self, agent: str) -> AgentInfo:
         """What the live workers advertise of ``agent``; :class:`UnknownAgent` or

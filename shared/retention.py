@@ -266,23 +266,34 @@ class MemoryGuard:
         )
         return max(states, key=lambda state: (state.fraction, state.used))
 
-    def fresh(self) -> bool:
-        """Whether :meth:`check` answers from what it read of Redis, without reading it again."""
-        return self._state is not None and time.monotonic() - self._checked < self.interval_s
+    def fresh(self, for_s: float = 0.0) -> bool:
+        """Whether :meth:`check` answers from what it read of Redis, without reading it again (and
+        will for ``for_s`` seconds more)."""
+        return self._state is not None and time.monotonic() - self._checked < self.interval_s - for_s
+
+    def refresh(self) -> None:
+        """Read how full Redis is now (what :meth:`check` then answers from). Takes no lock while
+        it reads: a check on an event loop, which answers from a fresh reading, never waits."""
+        self._state, self._checked = self._read()
 
     def check(self) -> None:
         """Raise :class:`StoreFull` when Redis uses its share of ``maxmemory`` or more."""
-        now = time.monotonic()
-        with self._lock:
-            if self._state is None or now - self._checked >= self.interval_s:
-                try:
-                    self._state = self.state()
-                except redis.ResponseError:  # INFO renamed away: nothing to go by
-                    self._state = MemoryState(0, 0, "")
-                self._checked = now
-            state = self._state
+        state = self._state if self.fresh() else None
+        if state is None:
+            with self._lock:  # one reader at a time: the others then find it fresh
+                if not self.fresh():
+                    self._state, self._checked = self._read()
+                state = self._state
+        assert state is not None
         if state.maximum and state.fraction >= self.limit:
             raise StoreFull(full_message(state, self.limit))
+
+    def _read(self) -> tuple[MemoryState, float]:
+        now = time.monotonic()
+        try:
+            return self.state(), now
+        except redis.ResponseError:  # INFO renamed away: nothing to go by
+            return MemoryState(0, 0, ""), now
 
 
 def _memory(info: dict[str, Any]) -> MemoryState:

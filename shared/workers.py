@@ -28,6 +28,7 @@ __all__ = [
     "ToolInfo",
     "WorkerDirectory",
     "WorkerRecord",
+    "agents_served",
     "describe_agents",
 ]
 
@@ -184,15 +185,20 @@ class WorkerDirectory:
 
     def agents(self) -> dict[str, AgentInfo]:
         """Every agent some live, consuming worker serves, by name."""
-        found: dict[str, AgentInfo] = {}
-        for worker in self.live():
-            if worker.record.consuming or worker.record.consumer_state == "saturated":
-                for agent in worker.record.agents:
-                    found.setdefault(agent.name, agent)
-        return found
+        return agents_served(self.live())
 
     def consumers_of(self, queue: str) -> list[WorkerRecord]:
         return [w.record for w in self.live() if queue in w.record.queues and w.record.consuming]
+
+
+def agents_served(live: list[LiveWorker]) -> dict[str, AgentInfo]:
+    """Every agent some of the ``live`` workers serves while consuming, by name."""
+    found: dict[str, AgentInfo] = {}
+    for worker in live:
+        if worker.record.consuming or worker.record.consumer_state == "saturated":
+            for agent in worker.record.agents:
+                found.setdefault(agent.name, agent)
+    return found
 
 
 def _text(value: Any) -> str:

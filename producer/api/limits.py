@@ -197,19 +197,17 @@ class SubmitGate:
         """Whether :meth:`reserve_on_loop` can serve (an asyncio client of a single Redis)."""
         return self.loop is not None and not self._cluster
 
-    def cached(self, tenant: str) -> TenantSettings | None:
-        """The tenant's settings if they are cached and fresh (no read); None: :meth:`limits` and
-        the others read them."""
+    def cached(self, tenant: str, for_s: float = 0.0) -> TenantSettings | None:
+        """The tenant's settings if they are cached and fresh (for ``for_s`` seconds more; no
+        read); None: :meth:`limits` and the others read them."""
         with self._lock:
             cached = self._cache.get(tenant)
-        if cached is not None and time.monotonic() - cached[0] < self.cache_s:
+        if cached is not None and time.monotonic() - cached[0] < self.cache_s - for_s:
             return cached[1]
         return None
 
-    def _settings(self, tenant: str) -> TenantSettings:
-        cached = self.cached(tenant)
-        if cached is not None:
-            return cached
+    def refresh(self, tenant: str) -> TenantSettings:
+        """Read the tenant's settings now (what the others then answer from)."""
         now = time.monotonic()
         settings = self.tenants.settings(tenant)
         with self._lock:
@@ -217,6 +215,10 @@ class SubmitGate:
                 self._cache.clear()
             self._cache[tenant] = (now, settings)
         return settings
+
+    def _settings(self, tenant: str) -> TenantSettings:
+        cached = self.cached(tenant)
+        return cached if cached is not None else self.refresh(tenant)
 
     def admit(self, tenant: str) -> None:
         """Count one submit of ``tenant`` that creates no run itself; raise a 429 :class:`ApiError`

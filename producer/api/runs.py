@@ -208,9 +208,10 @@ def _on_loop(
     resolution), a cache to read again (the tenant's settings, the worker registry, Redis's
     memory), Redis Cluster (the reservation's counts and drop are round trips of their own), or a
     broker the create script cannot push to (RabbitMQ)."""
-    if not services.submits_on_loop or idempotency_key is not None:
+    if not services.submits_on_loop:
         return None
-    if body.thread_id is not None or body.assistant is not None:
+    services.refresh_ahead(who.tenant)
+    if idempotency_key is not None or body.thread_id is not None or body.assistant is not None:
         return None
     tenant = services.gate.cached(who.tenant) if who.tenant is not None else None
     live = services.cached_workers()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
 from typing import Any, cast
@@ -18,10 +20,15 @@ from shared.tenants import Tenants
 from shared.tls import endpoint
 from shared.workers import LiveWorker
 
-__all__ = ["RECENT_WORKERS_S", "Services"]
+__all__ = ["RECENT_WORKERS_S", "REFRESH_AHEAD", "Services"]
+
+log = logging.getLogger("wesichain.api")
 
 #: How old the worker list a submit's answer is computed from may be (see ``recent_workers``).
 RECENT_WORKERS_S = 1.0
+#: A cache the submit on the event loop answers from is read again, in the background, once this
+#: share of its life is left (see ``Services.refresh_ahead``).
+REFRESH_AHEAD = 0.5
 
 
 class Services:
@@ -71,6 +78,8 @@ class Services:
         self.feeds = FeedHub(self.aredis, max(1, int(config.keepalive_s * 1000)))
         self.streams = StreamSlots(config.max_streams, config.streams_per_tenant)
         self._recent_workers: tuple[float, list[LiveWorker]] = (-math.inf, [])
+        #: The background read of :meth:`refresh_ahead` under way, if any (one at a time).
+        self._refreshing: asyncio.Future[None] | None = None
 
     def recent_workers(self) -> list[LiveWorker]:
         """The live workers as read at most ``RECENT_WORKERS_S`` ago: for the answer to a submit,
@@ -83,10 +92,50 @@ class Services:
             self._recent_workers = (now, live)  # one assignment: threads see the old pair or the new
         return live
 
-    def cached_workers(self) -> list[LiveWorker] | None:
-        """:meth:`recent_workers` if that reads nothing now; None when it would read the registry."""
+    def cached_workers(self, for_s: float = 0.0) -> list[LiveWorker] | None:
+        """:meth:`recent_workers` if that reads nothing now (nor for ``for_s`` seconds more); None
+        when it would read the registry."""
         read_at, live = self._recent_workers
-        return live if time.monotonic() - read_at <= RECENT_WORKERS_S else None
+        return live if time.monotonic() - read_at <= RECENT_WORKERS_S - for_s else None
+
+    def refresh_ahead(self, tenant: str | None) -> None:
+        """Read again, once and off the event loop, whichever of the caches a submit on the loop
+        answers from (``producer/api/runs.py``) is in the last part of its life: the worker
+        registry, how full Redis is, the tenant's settings. Under a steady stream of submits they
+        then never expire: had one expired, every submit arriving until it was read again would
+        go to a worker thread and read it there, each on its own."""
+        if self._refreshing is not None:
+            return
+        client = self.client
+        workers = self.cached_workers(RECENT_WORKERS_S * REFRESH_AHEAD) is None or not client.registry_fresh(
+            self.config.settings.registry_interval_s * REFRESH_AHEAD
+        )
+        memory = not client.memory_guard.fresh(client.memory_guard.interval_s * REFRESH_AHEAD)
+        settings = tenant is not None and self.gate.cached(tenant, self.gate.cache_s * REFRESH_AHEAD) is None
+        if not (workers or memory or settings):
+            return
+        job = asyncio.get_running_loop().run_in_executor(
+            None, self._refresh, workers, memory, tenant if settings else None
+        )
+        self._refreshing = job
+        job.add_done_callback(self._refreshed)
+
+    def _refresh(self, workers: bool, memory: bool, tenant: str | None) -> None:
+        if workers:
+            read_at = time.monotonic()
+            live = self.client.workers.live()
+            self._recent_workers = (read_at, live)
+            self.client.note_live_workers(live, read_at)  # one read of the registry serves both
+        if memory:
+            self.client.memory_guard.refresh()
+        if tenant is not None:
+            self.gate.refresh(tenant)
+
+    def _refreshed(self, job: asyncio.Future[None]) -> None:
+        self._refreshing = None
+        if not job.cancelled() and (exc := job.exception()) is not None:
+            # Nothing lost: a cache that expires sends the submits to read it themselves.
+            log.warning("reading the submit's caches again failed: %s", exc)
 
     async def close(self) -> None:
         if self.loop_connections is not None:

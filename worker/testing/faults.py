@@ -89,4 +89,3 @@ class ChaosHooks(Hooks, SchedulerHooks):
         if f"lose:{spec.name}" in self.faults and not spec.arguments.get("epoch"):
             return ()
         return (spec, spec) if "duplicate_publish" in self.faults else (spec,)
-
