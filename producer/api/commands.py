@@ -42,6 +42,13 @@ def register(
         " WESICHAIN_API_BODY_TIMEOUT_S)",
     )
     a.add_argument(
+        "--head-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="seconds a request's line and headers may take to arrive, then the connection is closed"
+        " (default 10, WESICHAIN_API_HEAD_TIMEOUT_S)",
+    )
+    a.add_argument(
         "--max-streams-per-tenant",
         type=int,
         help="event streams one tenant may hold in one process (default a quarter of --max-streams,"
@@ -147,6 +154,7 @@ def api(args: argparse.Namespace) -> int:
     from producer.api.config import (
         ENV_API_AUTH,
         ENV_API_BODY_TIMEOUT,
+        ENV_API_HEAD_TIMEOUT,
         ENV_API_HOST,
         ENV_API_MAX_STREAMS,
         ENV_API_MAX_STREAMS_PER_TENANT,
@@ -164,6 +172,8 @@ def api(args: argparse.Namespace) -> int:
         os.environ[ENV_API_MAX_STREAMS] = str(args.max_streams)
     if args.body_timeout is not None:
         os.environ[ENV_API_BODY_TIMEOUT] = str(args.body_timeout)
+    if args.head_timeout is not None:
+        os.environ[ENV_API_HEAD_TIMEOUT] = str(args.head_timeout)
     if args.max_streams_per_tenant is not None:
         os.environ[ENV_API_MAX_STREAMS_PER_TENANT] = str(args.max_streams_per_tenant)
     if args.no_auth:
@@ -171,9 +181,12 @@ def api(args: argparse.Namespace) -> int:
     ApiConfig.from_env()  # refuse bad settings (auth off on a public address) before binding
     import uvicorn
 
+    from producer.api.http_protocol import HeadDeadline
+
     uvicorn.run(
         "producer.api.app:create_app",
         factory=True,
+        http=HeadDeadline,
         host=args.host,
         port=args.port,
         workers=args.workers,

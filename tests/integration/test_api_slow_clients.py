@@ -3,6 +3,8 @@
 
 - bodies trickled a byte at a time (slowloris), which the body's read deadline ends with a 408 and a
   closed connection, while the process goes on serving everyone else;
+- request heads trickled likewise, on a new connection or on a kept-alive one after its first
+  answer, which the head's deadline ends with a 408; a connection that sends nothing is closed;
 - event streams whose connection is reset (RST, SO_LINGER 0) in the middle of the stream, after
   which the tenant opens its full share of streams again.
 """
@@ -27,6 +29,7 @@ from tests.harness import RedisServer, WorkerProcess, wait_until
 
 TIMEOUT = 60
 BODY_TIMEOUT_S = 2.0
+HEAD_TIMEOUT_S = 1.5
 SHARE = 2
 #: How many trickling clients at once.
 SLOW_CLIENTS = 8
@@ -40,7 +43,7 @@ def api(redis_server: RedisServer, workers: list[WorkerProcess]) -> Iterator[Api
     process = ApiProcess(
         redis_server.url,
         env={"WESICHAIN_API_KEEPALIVE_S": "0.3", "WESICHAIN_API_MAX_STREAMS_PER_TENANT": str(SHARE)},
-        args=("--body-timeout", str(BODY_TIMEOUT_S)),
+        args=("--body-timeout", str(BODY_TIMEOUT_S), "--head-timeout", str(HEAD_TIMEOUT_S)),
     ).start()
     yield process
     process.stop()
@@ -63,19 +66,26 @@ def _answer(received: bytes) -> tuple[int, dict[str, str], dict[str, object]] | 
 
 
 class Trickle:
-    """A POST whose headers are sent whole and whose body comes one byte at a time."""
+    """A POST whose headers are sent whole and whose body comes one byte at a time (``length``,
+    ``chunked``), or whose head itself does (``head``: a header's value, byte after byte)."""
 
-    def __init__(self, api: ApiProcess, key: str, framing: str) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", api.port), timeout=TIMEOUT)
+    def __init__(self, api: ApiProcess, key: str, framing: str, sock: socket.socket | None = None) -> None:
+        self.sock = sock or socket.create_connection(("127.0.0.1", api.port), timeout=TIMEOUT)
         self.sock.setblocking(False)
-        length = "Transfer-Encoding: chunked" if framing == "chunked" else f"Content-Length: {TRICKLE_BYTES}"
-        head = (
-            f"POST /v1/runs HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\n{length}\r\n\r\n"
-        )
-        # A chunk announcing more bytes than will ever come in time.
-        opening = f"{TRICKLE_BYTES:x}\r\n" if framing == "chunked" else ""
-        self.sock.sendall((head + opening).encode())
+        self.pad = b"a" if framing == "head" else b" "
+        if framing == "head":
+            start = f"POST /v1/runs HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer {key}\r\nX-Pad: "
+        else:
+            length = (
+                "Transfer-Encoding: chunked" if framing == "chunked" else f"Content-Length: {TRICKLE_BYTES}"
+            )
+            head = (
+                f"POST /v1/runs HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer {key}\r\n"
+                f"Content-Type: application/json\r\n{length}\r\n\r\n"
+            )
+            # A chunk announcing more bytes than will ever come in time.
+            start = head + (f"{TRICKLE_BYTES:x}\r\n" if framing == "chunked" else "")
+        self.sock.sendall(start.encode())
         self.received = b""
         self.sent = 0
         self.closed = False
@@ -92,7 +102,7 @@ class Trickle:
             self.closed = True
         if not self.closed and self.sent < TRICKLE_BYTES:
             try:
-                self.sent += self.sock.send(b" ")
+                self.sent += self.sock.send(self.pad)
             except (BrokenPipeError, ConnectionResetError):
                 self.closed = True
 
@@ -108,34 +118,93 @@ def test_trickled_bodies_are_cut_off_and_the_api_serves_others_meanwhile(
         slow = [Trickle(api, key, "chunked" if i % 2 else "length") for i in range(SLOW_CLIENTS)]
         for t in slow:
             stack.callback(t.close)
-        served = 0
-        # Until every trickle is answered or its bounded body is all sent (then the test fails).
-        while not all(t.closed for t in slow) and any(t.sent < TRICKLE_BYTES for t in slow):
-            for t in slow:
-                t.step()
-            # Everyone else is served while the trickles hold their connections.
-            if served < 3:
-                run = http.post("/v1/runs", json={"agent": "needs_approval", "input": "x"})
-                assert run.status_code == 202, run.text
-                served += 1
-            time.sleep(TRICKLE_PAUSE_S)
+        served = _trickle_all(slow, http)  # everyone else is served while the trickles hold on
         assert served == 3
-        for t in slow:
-            answer = _answer(t.received)
-            assert answer is not None, f"no answer after {t.sent} bytes: {t.received[:300]!r}"
-            status, headers, body = answer
-            assert status == 408
-            assert headers["connection"] == "close"
-            error = body["error"]
-            assert isinstance(error, dict)
-            assert error["kind"] == "request_timeout"
-            assert error["details"]["timeout_s"] == BODY_TIMEOUT_S
-            assert t.closed and t.sent < TRICKLE_BYTES
+        _cut_off(slow, BODY_TIMEOUT_S)
         # Nothing was half-written: the tenant has exactly the runs served in full.
         runs = http.get("/v1/runs", params={"limit": 100}).json()["runs"]
         assert len(runs) == served
         for r in runs:
             assert http.post(f"/v1/runs/{r['run_id']}/cancel").status_code == 202
+
+
+def _cut_off(slow: list[Trickle], timeout_s: float) -> None:
+    """Each trickle was answered 408 in the API's error shape and its connection closed."""
+    for t in slow:
+        answer = _answer(t.received)
+        assert answer is not None, f"no answer after {t.sent} bytes: {t.received[:300]!r}"
+        status, headers, body = answer
+        assert status == 408
+        assert headers["connection"] == "close"
+        error = body["error"]
+        assert isinstance(error, dict)
+        assert error["kind"] == "request_timeout"
+        assert error["details"]["timeout_s"] == timeout_s
+        assert t.closed and t.sent < TRICKLE_BYTES
+
+
+def _trickle_all(slow: list[Trickle], http: httpx.Client) -> int:
+    """Step every trickle until each is closed or has sent its bounded bytes (then the test fails),
+    serving a submit of another client meanwhile, three times; returns how many were served."""
+    served = 0
+    while not all(t.closed for t in slow) and any(t.sent < TRICKLE_BYTES for t in slow):
+        for t in slow:
+            t.step()
+        if served < 3:
+            run = http.post("/v1/runs", json={"agent": "needs_approval", "input": "x"})
+            assert run.status_code == 202, run.text
+            served += 1
+        time.sleep(TRICKLE_PAUSE_S)
+    return served
+
+
+def test_trickled_request_heads_are_cut_off_on_new_and_kept_alive_connections(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    key = tenant_key(redis_server, "slowhead")
+    with ExitStack() as stack, httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+        slow = [Trickle(api, key, "head") for _ in range(SLOW_CLIENTS // 2)]
+        # Kept alive: a first request answered whole, then the next head trickled on that connection.
+        for _ in range(SLOW_CLIENTS // 2):
+            sock = socket.create_connection(("127.0.0.1", api.port), timeout=TIMEOUT)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: api\r\n\r\n")
+            first = b""
+            while _answer(first) is None:
+                data = sock.recv(65536)
+                assert data, f"closed before its first answer: {first!r}"
+                first += data
+            assert first.startswith(b"HTTP/1.1 200"), first[:300]
+            slow.append(Trickle(api, key, "head", sock))
+        for t in slow:
+            stack.callback(t.close)
+        served = _trickle_all(slow, http)
+        assert served == 3
+        _cut_off(slow, HEAD_TIMEOUT_S)
+        runs = http.get("/v1/runs", params={"limit": 100}).json()["runs"]
+        assert len(runs) == served  # only the submits served in full made runs
+        for r in runs:
+            assert http.post(f"/v1/runs/{r['run_id']}/cancel").status_code == 202
+
+
+def test_a_connection_that_sends_nothing_is_closed_and_a_prompt_head_is_served(api: ApiProcess) -> None:
+    idle = socket.create_connection(("127.0.0.1", api.port), timeout=TIMEOUT)
+    prompt = socket.create_connection(("127.0.0.1", api.port), timeout=TIMEOUT)
+    try:
+        # A head sent in two parts, well within the deadline, is served as any other.
+        prompt.sendall(b"GET /healthz HTTP/1.1\r\n")
+        prompt.sendall(b"Host: api\r\n\r\n")
+        answer = b""
+        while _answer(answer) is None:
+            data = prompt.recv(65536)
+            assert data, f"closed before its answer: {answer!r}"
+            answer += data
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        # Nothing sent: closed without an answer once the head's deadline passed (recv's own
+        # timeout, far longer, bounds the wait).
+        assert idle.recv(65536) == b""
+    finally:
+        idle.close()
+        prompt.close()
 
 
 def _open_stream(api: ApiProcess, key: str, run_id: str) -> socket.socket:

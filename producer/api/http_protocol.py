@@ -1,0 +1,109 @@
+"""The API server's HTTP/1.1 connections: uvicorn's h11 protocol with a deadline for a request's head.
+
+uvicorn bounds the size of a request's head (h11's 16 KiB) but not the time it may take: a client
+that opens a connection and sends nothing, or sends its request line and headers a byte now and
+then (slowloris), holds the connection (a socket, a file descriptor, a protocol object) for as
+long as it likes, and enough such clients take every descriptor the process has. Here a request's
+head must arrive whole within ``head_timeout_s`` (``WESICHAIN_API_HEAD_TIMEOUT_S``, ``wesichain
+api --head-timeout``) of the connection's opening, or, on a kept-alive connection, of the first
+byte after the previous answer (until that byte, uvicorn's keep-alive timeout holds). A head
+begun and not finished in time is answered 408 in the API's error shape and the connection
+closed; a connection on which nothing was sent is closed without an answer, as an idle kept-alive
+one is. The body has its own deadline (``body_limit.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from functools import cache
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from producer.api.config import head_timeout_from_env
+
+__all__ = ["HeadDeadline"]
+
+log = logging.getLogger("wesichain.api")
+
+
+@cache
+def _head_timeout_s() -> float:
+    return head_timeout_from_env()
+
+
+class HeadDeadline(H11Protocol):
+    """uvicorn's h11 connection, cut off when a request's head does not arrive in time."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.head_timeout_s = _head_timeout_s()
+        self._head_due: asyncio.TimerHandle | None = None
+        #: Whether a byte of the awaited head came (then a late head is answered 408).
+        self._head_begun = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._awaiting_head():
+            if self._head_due is None:
+                self._arm()  # the first byte after an answer: the keep-alive wait is over
+            self._head_begun = self._head_begun or bool(data)
+        super().data_received(data)
+        self._settle()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may start a pipelined request whose head came already
+        self._settle()
+        if self._awaiting_head() and self.conn.trailing_data[0] and self._head_due is None:
+            self._arm()  # part of the next head came with the last request: its clock runs
+            self._head_begun = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _awaiting_head(self) -> bool:
+        """No request is being served: what comes now is the next request's head."""
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_begun = False
+        self._head_due = self.loop.call_later(self.head_timeout_s, self._head_late)
+
+    def _disarm(self) -> None:
+        if self._head_due is not None:
+            self._head_due.cancel()
+            self._head_due = None
+
+    def _settle(self) -> None:
+        if not self._awaiting_head():
+            self._disarm()  # the head came whole: the request is the app's (and the body's deadline)
+
+    def _head_late(self) -> None:
+        self._head_due = None
+        if self.transport.is_closing() or not self._awaiting_head():
+            return
+        if self._head_begun:
+            timeout = self.head_timeout_s
+            body = json.dumps(
+                {
+                    "error": {
+                        "kind": "request_timeout",
+                        "message": f"the request's line and headers did not arrive within {timeout:g} s",
+                        "details": {"timeout_s": timeout},
+                    }
+                }
+            ).encode()
+            head = (
+                "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+            )
+            self.transport.write(head.encode() + body)
+            log.info("closed a connection of %s: its request's head was late (%g s)", self.client, timeout)
+        self.transport.close()
