@@ -137,3 +137,43 @@ def test_the_registry_says_how_durable_redis_is(tmp_path: Path, appendonly: bool
         client.close()
         worker.stop()
         server.cleanup()
+
+
+def test_a_celery_option_the_worker_does_not_take_is_a_one_line_error(redis_server: RedisServer) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "producer.cli",
+            "worker",
+            "--redis",
+            redis_server.url,
+            "--",
+            "--no-such-option",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2
+    assert done.stderr == "wesichain worker: No such option '--no-such-option'.\n"
+
+
+def test_the_worker_runs_celery_s_worker_command_without_its_command_line_plugins() -> None:
+    # Celery's `celery` group imports every installed `celery.commands` plugin (Flower and its web
+    # server, the shell's REPL) into the worker, and every pool process forked from it.
+    probe = (
+        "import sys\n"
+        "from worker.app import app\n"
+        "from worker.commands import run_celery_worker\n"
+        "code = run_celery_worker(app, ['--help'])\n"
+        "plugins = ('flower', 'tornado', 'prompt_toolkit', 'click_repl')\n"
+        "print(code, sorted(m for m in plugins if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--concurrency" in done.stdout  # Celery's own worker options
+    assert done.stdout.splitlines()[-1] == "0 []"
