@@ -28,6 +28,7 @@ __all__ = [
     "metrics",
     "prune",
     "register",
+    "run_celery_worker",
     "sweeper",
     "worker",
 ]

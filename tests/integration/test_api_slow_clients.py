@@ -128,6 +128,16 @@ def test_trickled_bodies_are_cut_off_and_the_api_serves_others_meanwhile(
             assert http.post(f"/v1/runs/{r['run_id']}/cancel").status_code == 202
 
 
+def _read_answer(sock: socket.socket) -> bytes:
+    """One whole answer read from a blocking socket (its timeout bounds the wait)."""
+    received = b""
+    while _answer(received) is None:
+        data = sock.recv(65536)
+        assert data, f"closed before its answer: {received!r}"
+        received += data
+    return received
+
+
 def _cut_off(slow: list[Trickle], timeout_s: float) -> None:
     """Each trickle was answered 408 in the API's error shape and its connection closed."""
     for t in slow:
@@ -168,11 +178,7 @@ def test_trickled_request_heads_are_cut_off_on_new_and_kept_alive_connections(
         for _ in range(SLOW_CLIENTS // 2):
             sock = socket.create_connection(("127.0.0.1", api.port), timeout=TIMEOUT)
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: api\r\n\r\n")
-            first = b""
-            while _answer(first) is None:
-                data = sock.recv(65536)
-                assert data, f"closed before its first answer: {first!r}"
-                first += data
+            first = _read_answer(sock)
             assert first.startswith(b"HTTP/1.1 200"), first[:300]
             slow.append(Trickle(api, key, "head", sock))
         for t in slow:
@@ -193,11 +199,7 @@ def test_a_connection_that_sends_nothing_is_closed_and_a_prompt_head_is_served(a
         # A head sent in two parts, well within the deadline, is served as any other.
         prompt.sendall(b"GET /healthz HTTP/1.1\r\n")
         prompt.sendall(b"Host: api\r\n\r\n")
-        answer = b""
-        while _answer(answer) is None:
-            data = prompt.recv(65536)
-            assert data, f"closed before its answer: {answer!r}"
-            answer += data
+        answer = _read_answer(prompt)
         assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
         # Nothing sent: closed without an answer once the head's deadline passed (recv's own
         # timeout, far longer, bounds the wait).
