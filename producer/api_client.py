@@ -498,6 +498,10 @@ class _AssistantOps:
         return _parsed(request, _version)
 
     @staticmethod
+    def _delete(name: str) -> _Op[None]:
+        return _parsed(_Request("DELETE", _assistant_path(name), {}, _ASSISTANT_REFUSALS), lambda _: None)
+
+    @staticmethod
     def _get(name: str, version: int | None) -> _Op[AssistantVersion]:
         params = {"version": version} if version is not None else {}
         request = _Request("GET", _assistant_path(name), {"params": params}, _ASSISTANT_REFUSALS)
@@ -892,6 +896,9 @@ class ApiAssistants(_AssistantOps):
 
     def rollback(self, name: str, version: int, *, if_version: int | None = None) -> AssistantVersion:
         return self._client._run(self._rollback(name, version, if_version))
+
+    def delete(self, name: str) -> None:
+        self._client._run(self._delete(name))
 
     def get(self, name: str, *, version: int | None = None) -> AssistantVersion:
         return self._client._run(self._get(name, version))
@@ -1486,6 +1493,9 @@ class AsyncAssistants(_AssistantOps):
 
     async def rollback(self, name: str, version: int, *, if_version: int | None = None) -> AssistantVersion:
         return await self._client._run(self._rollback(name, version, if_version))
+
+    async def delete(self, name: str) -> None:
+        await self._client._run(self._delete(name))
 
     async def get(self, name: str, *, version: int | None = None) -> AssistantVersion:
         return await self._client._run(self._get(name, version))

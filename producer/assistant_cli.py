@@ -87,6 +87,12 @@ class _Over:
         assert self.redis is not None
         return self.redis.list(tenant=self.tenant, limit=500)
 
+    def delete(self, name: str) -> None:
+        if self.api is not None:
+            return self.api.delete(name)
+        assert self.redis is not None
+        return self.redis.delete(name, tenant=self.tenant)
+
     def diff(self, name: str, before: int, after: int) -> list[FieldChange]:
         if self.api is not None:
             return self.api.diff(name, before, after)
@@ -110,15 +116,26 @@ def run_assistants(args: argparse.Namespace) -> int:
     elif command == "show":
         _print_version(assistants.get(args.name, args.version), as_json)
     elif command == "ls":
-        for found in assistants.every():
-            if as_json:
-                print(json.dumps({"name": found.name, "agent": found.agent, "version": found.version}))
-            else:
-                print(f"{found.name}\tv{found.version}\t{found.agent}")
+        _print_summaries(assistants.every(), as_json)
+    elif command == "delete":
+        assistants.delete(args.name)
+        print(json.dumps({"deleted": args.name}) if as_json else f"deleted {args.name}")
     elif command == "diff":
-        for change in assistants.diff(args.name, args.before, args.after):
-            if as_json:
-                print(change.model_dump_json())
-            else:
-                print(f"{change.field}: {json.dumps(change.before)} -> {json.dumps(change.after)}")
+        _print_changes(assistants.diff(args.name, args.before, args.after), as_json)
     return 0
+
+
+def _print_summaries(found: list[AssistantSummary], as_json: bool) -> None:
+    for one in found:
+        if as_json:
+            print(json.dumps({"name": one.name, "agent": one.agent, "version": one.version}))
+        else:
+            print(f"{one.name}\tv{one.version}\t{one.agent}")
+
+
+def _print_changes(changes: list[FieldChange], as_json: bool) -> None:
+    for change in changes:
+        if as_json:
+            print(change.model_dump_json())
+        else:
+            print(f"{change.field}: {json.dumps(change.before)} -> {json.dumps(change.after)}")

@@ -77,6 +77,12 @@ class Assistants:
             self._check(old.agent, old.config)
         return self.store.rollback(tenant, name, version, if_version=if_version)
 
+    def delete(self, name: str, *, tenant: str | None = None) -> None:
+        """Delete an assistant: no new run, read or change names it any more, and it leaves the
+        tenant's count; runs already pinned to one of its versions go on with it (its versions are
+        kept for the runs' retention). Creating the name again continues its version numbers."""
+        self.store.delete(tenant, name, keep_s=self._client.settings.retention_s)
+
     def get(self, name: str, *, version: int | None = None, tenant: str | None = None) -> AssistantVersion:
         """One version of an assistant (None: the current one)."""
         return self.store.get(tenant, name, version)

@@ -267,7 +267,7 @@ def _assistant_commands(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
     a = sub.add_parser(
-        "assistants", parents=[common], help="create, change, show, compare and roll back assistants"
+        "assistants", parents=[common], help="create, change, show, compare, roll back and delete assistants"
     )
     a.add_argument("--tenant", help="without --api: whose assistants (default: the tenant-less runs')")
     a.add_argument("--api", metavar="URL", help="use the HTTP API at URL (default $WESICHAIN_API_URL)")
@@ -294,6 +294,8 @@ def _assistant_commands(
     r = acts.add_parser("rollback", help="a new version equal to VERSION")
     r.add_argument("name")
     r.add_argument("version", type=int)
+    rm = acts.add_parser("delete", help="no new run names it; runs pinned to it go on with their version")
+    rm.add_argument("name")
 
 
 def assistants_command(args: argparse.Namespace) -> int:

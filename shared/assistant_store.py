@@ -3,7 +3,14 @@
 Every key carries the tenant (``Keys.assistant_versions``, ``Keys.assistants``) and every method
 takes it: a tenant reads, changes and runs only its own assistants, and another tenant's name is
 as unknown as a name never created. A version is appended once (``assistant_put.lua``) and never
-rewritten or dropped, so a run pinned to it finds it as it was for as long as the run lives.
+rewritten, so a run pinned to it finds it as it was for as long as the run lives.
+
+A deleted assistant (``assistant_delete.lua``) leaves the tenant's index: no request reads, lists,
+changes or runs it, and it no longer counts against ``MAX_ASSISTANTS``. Its versions are kept
+``keep_s`` seconds (the runs' retention) for the runs already pinned to one of them, which go on
+with it (:meth:`AssistantStore.get` with ``deleted=True``: the runtime's read of a pinned version).
+Creating the name again meanwhile continues their numbering: a version number never means two
+configurations.
 
 A rollback appends a new version equal to the old one (``restored_from`` says which) rather than
 moving a pointer back: the list of versions stays the history of what was current when, "current"
@@ -60,6 +67,7 @@ class AssistantStore:
         self.redis = client
         self.keys = keys
         self._put = register_script(client, "assistant_put")
+        self._delete = register_script(client, "assistant_delete")
 
     def create(self, tenant: str | None, name: str, agent: str, config: AssistantConfig) -> AssistantVersion:
         """Version 1 of a new assistant (:class:`AssistantExists` if the name is taken)."""
@@ -81,18 +89,33 @@ class AssistantStore:
         old = self.get(tenant, name, version)
         return self._append(tenant, name, old.agent, old.config, "rollback", if_version, version)
 
-    def get(self, tenant: str | None, name: str, version: int | None = None) -> AssistantVersion:
-        """One version (None: the current one); :class:`UnknownAssistant` if there is none."""
+    def get(
+        self, tenant: str | None, name: str, version: int | None = None, *, deleted: bool = False
+    ) -> AssistantVersion:
+        """One version (None: the current one); :class:`UnknownAssistant` if there is none, or if
+        the assistant was deleted (unless ``deleted``: a run pinned to a version reads it still)."""
         check_assistant_name(name)
         key = self.keys.assistant_versions(tenant, name)
         if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
             raise InvalidRequest(f"an assistant version is a number from 1, got {str(version)[:20]!r}")
-        raw = self.redis.lindex(key, -1 if version is None else version - 1)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.lindex(key, -1 if version is None else version - 1)
+            pipe.llen(key)
+            pipe.zscore(self.keys.assistants(tenant), name)
+            raw, count, listed = pipe.execute()
+        if not count or (listed is None and not deleted):
+            raise UnknownAssistant(f"no assistant {name!r}")
         if raw is None:
-            if version is None or not self.redis.exists(key):
-                raise UnknownAssistant(f"no assistant {name!r}")
             raise UnknownAssistant(f"assistant {name!r} has no version {version}")
-        return _parse(name, raw, version if version is not None else int(self.redis.llen(key)))
+        return _parse(name, raw, version if version is not None else int(count))
+
+    def delete(self, tenant: str | None, name: str, *, keep_s: int) -> None:
+        """Delete an assistant (:class:`UnknownAssistant` if the tenant has none of that name); its
+        versions stay readable to the runs pinned to them for ``keep_s`` seconds."""
+        check_assistant_name(name)
+        keys = [self.keys.assistant_versions(tenant, name), self.keys.assistants(tenant)]
+        if int(self._delete(keys, [name, max(1, int(keep_s))])) == 0:
+            raise UnknownAssistant(f"no assistant {name!r}")
 
     def versions(
         self, tenant: str | None, name: str, *, before: int | None = None, limit: int = 50
@@ -102,9 +125,13 @@ class AssistantStore:
         if not 1 <= limit <= 500:
             raise InvalidRequest(f"limit must be in 1..500, got {limit}")
         key = self.keys.assistant_versions(tenant, name)
-        count = int(self.redis.llen(key))
-        if count == 0:
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.llen(key)
+            pipe.zscore(self.keys.assistants(tenant), name)
+            count, listed = pipe.execute()
+        if not count or listed is None:
             raise UnknownAssistant(f"no assistant {name!r}")
+        count = int(count)
         top = min(count, before - 1) if before is not None else count
         if top < 1:
             return []
@@ -183,6 +210,10 @@ class AssistantStore:
         if status == "moved":
             raise AssistantConflict(
                 f"assistant {name!r} is at version {number}, not {if_version}: read it again and retry"
+            )
+        if status == "spent":
+            raise AssistantInvalid(
+                "name", f"the name {name!r} has had its most versions ({MAX_VERSIONS}): choose another"
             )
         if status == "full":
             if mode == "create":

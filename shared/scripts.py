@@ -223,8 +223,9 @@ SPECS: dict[str, ScriptSpec] = {
     "assistant_put": _spec(
         "versions index",
         "name mode record expected max_versions max_assistants",
-        words="create exists missing moved full ok",
+        words="create exists missing moved full spent ok",
     ),
+    "assistant_delete": _spec("versions index", "name keep_s"),
     # -- bulk jobs (shared.bulk) ---------------------------------------------------------------------
     "bulk_record": _spec("job outcomes", "run_id outcome counter"),
     # -- schedules (shared.schedules) ---------------------------------------------------------------

@@ -147,7 +147,7 @@ class Runtime:
 
             try:
                 version = AssistantStore(self.store.redis, self.store.keys).get(
-                    head.tenant, head.assistant, head.assistant_version
+                    head.tenant, head.assistant, head.assistant_version, deleted=True
                 )
             except InvalidRequest as exc:
                 raise ConfigError(f"the run's assistant: {exc.message}") from None

@@ -1,5 +1,5 @@
 """``/v1/assistants``: a tenant's assistants (``shared/assistants.py``): create, change, read,
-list, compare and roll back. Every route is scoped by the caller's tenant: another tenant's
+list, compare, roll back and delete. Every route is scoped by the caller's tenant: another tenant's
 assistant answers 404 exactly as a name never created. A version that names a model is one only
 a tenant allowed that model may make (``producer/api/namespaces.py``), and a run pinned to it is
 checked again when it is created."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from producer.api.errors import ApiError
@@ -32,6 +32,7 @@ __all__ = [
     "Name",
     "assistant_versions",
     "create_assistant",
+    "delete_assistant",
     "diff_assistant",
     "get_assistant",
     "list_assistants",
@@ -250,3 +251,21 @@ def rollback_assistant(name: Name, body: RollbackBody, services: Svc, who: Who) 
         )
     except _FAILS as exc:
         raise _refused(exc) from None
+
+
+@router.delete(
+    "/assistants/{name}",
+    status_code=204,
+    response_class=Response,
+    summary="Delete an assistant",
+    description="No new run, read or change names it any more (404), and it no longer counts against"
+    " the tenant's 500 assistants. Runs already pinned to one of its versions go on with it: its"
+    " versions are kept for the runs' retention. Creating the name again continues its version"
+    " numbers, so that a version number never means two configurations.",
+)
+def delete_assistant(name: Name, services: Svc, who: Who) -> Response:
+    try:
+        services.client.assistants.delete(name, tenant=who.tenant)
+    except _FAILS as exc:
+        raise _refused(exc) from None
+    return Response(status_code=204)

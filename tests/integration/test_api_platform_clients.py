@@ -111,6 +111,7 @@ def test_assistants_over_the_api_client(client: ApiClient, attacker: ApiClient) 
         lambda: attacker.assistants.diff(name, 1, 2),
         lambda: attacker.assistants.update(name, V1),
         lambda: attacker.assistants.rollback(name, 2),
+        lambda: attacker.assistants.delete(name),
     ):
         with pytest.raises(UnknownAssistant):
             attempt()
@@ -121,6 +122,12 @@ def test_assistants_over_the_api_client(client: ApiClient, attacker: ApiClient) 
     assert client.assistants.get(name).version == 3
     with pytest.raises(UnknownAssistant):
         client.assistants.get("../runs")  # not a name: refused before any request
+    # Deleted: gone for the client as for a name never created, the second delete included.
+    client.assistants.delete(name)
+    for gone in (lambda: client.assistants.get(name), lambda: client.assistants.delete(name)):
+        with pytest.raises(UnknownAssistant):
+            gone()
+    assert client.assistants.list() == []
 
 
 def test_search_fork_and_bulk_over_the_api_client(client: ApiClient, attacker: ApiClient) -> None:

@@ -1,6 +1,7 @@
 """Assistants end to end on a real redis-server, a real worker and a real ``wesichain api``:
 versions pinned to runs (asserted on what the scripted model received), rollback, diff, a field the
-agent did not declare, the tool subset enforced, and a tenant attacking another's assistants."""
+agent did not declare, the tool subset enforced, a tenant attacking another's assistants, and a
+delete while a run pinned to the assistant is in its tool."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ import redis
 
 from shared.keys import Keys
 from shared.tenants import Tenants
-from tests.agents_assistants import EFFECTS_KEY, SEEN_KEY
+from tests.agents_assistants import EFFECTS_KEY, HOLD_PIDS_KEY, RELEASE_KEY, SEEN_KEY
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.conftest import own_store
-from tests.harness import RedisServer, WorkerProcess
+from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.redis_cluster import RedisCluster
 
 AGENTS = "tests.agents_assistants"
@@ -215,6 +216,7 @@ def test_a_tenant_cannot_reach_another_tenants_assistant(
     ok(tenant.http.post("/v1/assistants", json={"name": name, "agent": "concierge", "config": V1}), 201)
     for response in (
         attacker.http.get(f"/v1/assistants/{name}"),
+        attacker.http.delete(f"/v1/assistants/{name}"),
         attacker.http.get(f"/v1/assistants/{name}", params={"version": 1}),
         attacker.http.get(f"/v1/assistants/{name}/versions"),
         attacker.http.get(f"/v1/assistants/{name}/diff", params={"from": 1, "to": 1}),
@@ -238,3 +240,53 @@ def test_a_tenant_cannot_reach_another_tenants_assistant(
     assert run(tenant, f"own {name}", assistant=name)["answer"] == "done by concierge-a"
     # Malformed names never reach Redis.
     refused(attacker.http.get("/v1/assistants/has:colon"), 422, "invalid_request")
+
+
+def test_a_deleted_assistant_takes_no_new_run_and_its_pinned_run_goes_on(
+    tenant: Tenant, rds: redis.Redis
+) -> None:
+    name = f"gone-{uuid.uuid4().hex[:6]}"
+    config = {**V1, "tools": ["hold", "lookup"]}
+    ok(tenant.http.post("/v1/assistants", json={"name": name, "agent": "concierge", "config": config}), 201)
+    ok(tenant.http.put(f"/v1/assistants/{name}", json={"config": config}), 200)
+    started = ok(
+        tenant.http.post("/v1/runs", json={"agent": "concierge", "input": f"hold {name}", "assistant": name}),
+        202,
+    )
+    run_id = started["run_id"]
+    wait_until(lambda: rds.hget(HOLD_PIDS_KEY, run_id), TIMEOUT, what="the run to be in its tool")
+
+    deleted = tenant.http.delete(f"/v1/assistants/{name}")
+    assert (deleted.status_code, deleted.content) == (204, b"")
+    for response in (
+        tenant.http.get(f"/v1/assistants/{name}"),
+        tenant.http.get(f"/v1/assistants/{name}", params={"version": 1}),
+        tenant.http.get(f"/v1/assistants/{name}/versions"),
+        tenant.http.put(f"/v1/assistants/{name}", json={"config": V2}),
+        tenant.http.delete(f"/v1/assistants/{name}"),
+    ):
+        refused(response, 404, "not_found")
+    assert name not in [a["name"] for a in ok(tenant.http.get("/v1/assistants"), 200)["assistants"]]
+    refused(
+        tenant.http.post("/v1/runs", json={"agent": "concierge", "input": f"new {name}", "assistant": name}),
+        422,
+        "invalid_request",
+    )
+
+    # The run pinned to version 2 before the delete finishes with it.
+    rds.set(RELEASE_KEY.format(run_id), "1", ex=600)
+    ended = wait_status(tenant.http, run_id, {"completed", "failed"}, TIMEOUT)
+    assert (ended["status"], ended["assistant_version"], ended["answer"]) == (
+        "completed",
+        2,
+        "done by concierge-a",
+    )
+
+    # Created again, the name continues its numbering: version 2 still means what it meant.
+    again = ok(
+        tenant.http.post("/v1/assistants", json={"name": name, "agent": "concierge", "config": V2}), 201
+    )
+    assert again["version"] == 3
+    assert set_fields(
+        ok(tenant.http.get(f"/v1/assistants/{name}", params={"version": 2}), 200)["config"]
+    ) == (config)

@@ -11,7 +11,7 @@ import redis
 from pydantic import BaseModel
 
 from shared.agents import Agent
-from shared.assistant_store import AssistantStore
+from shared.assistant_store import MAX_ASSISTANTS, AssistantStore
 from shared.assistants import (
     AssistantConfig,
     AssistantConflict,
@@ -258,3 +258,49 @@ def test_listing_pages_in_name_order(store: AssistantStore) -> None:
         store.create(None, name, "concierge", AssistantConfig())
     assert [a.name for a in store.list(None, limit=2)] == ["a", "b"]
     assert [a.name for a in store.list(None, after="b")] == ["c"]
+
+
+def test_a_deleted_assistant_is_gone_for_requests_and_kept_for_its_pinned_runs(store: AssistantStore) -> None:
+    store.create("t1", "bot", "concierge", AssistantConfig(max_steps=3))
+    store.update("t1", "bot", AssistantConfig(max_steps=5))
+    with pytest.raises(UnknownAssistant):
+        store.delete("t2", "bot", keep_s=60)  # another tenant's: as unknown as a name never created
+    assert store.get("t1", "bot").version == 2
+    store.delete("t1", "bot", keep_s=60)
+    request = RunRequest(agent="concierge", input="hi", tenant="t1", assistant="bot")
+    for refused in (
+        lambda: store.get("t1", "bot"),
+        lambda: store.get("t1", "bot", 1),
+        lambda: store.versions("t1", "bot"),
+        lambda: store.diff("t1", "bot", 1, 2),
+        lambda: store.update("t1", "bot", AssistantConfig()),
+        lambda: store.rollback("t1", "bot", 1),
+        lambda: store.pin(request),
+        lambda: store.pin(request.model_copy(update={"assistant_version": 1})),
+        lambda: store.delete("t1", "bot", keep_s=60),
+    ):
+        with pytest.raises(UnknownAssistant):
+            refused()
+    assert store.list("t1") == []
+    # A run pinned to a version before the delete reads it still, for as long as it is kept.
+    assert store.get("t1", "bot", 1, deleted=True).config.max_steps == 3
+    ttl = store.redis.ttl(store.keys.assistant_versions("t1", "bot"))
+    assert 0 < ttl <= 60
+
+    # Created again: its numbering goes on, so version 1 still means what it meant, and it is kept.
+    again = store.create("t1", "bot", "concierge", AssistantConfig(max_steps=7))
+    assert again.version == 3
+    assert store.get("t1", "bot", 1).config.max_steps == 3
+    assert store.redis.ttl(store.keys.assistant_versions("t1", "bot")) == -1
+    assert [a.name for a in store.list("t1")] == ["bot"]
+
+
+def test_deleting_an_assistant_frees_its_place_under_the_tenants_cap(store: AssistantStore) -> None:
+    for i in range(MAX_ASSISTANTS):
+        store.create("t1", f"bot-{i}", "concierge", AssistantConfig())
+    with pytest.raises(AssistantInvalid, match="at most"):
+        store.create("t1", "one-more", "concierge", AssistantConfig())
+    store.delete("t1", "bot-7", keep_s=60)
+    assert store.create("t1", "one-more", "concierge", AssistantConfig()).version == 1
+    with pytest.raises(AssistantInvalid, match="at most"):
+        store.create("t1", "bot-7", "concierge", AssistantConfig())

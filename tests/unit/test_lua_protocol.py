@@ -53,6 +53,7 @@ REDIS_WORDS = frozenset(
         "LPOS",
         "LRANGE",
         "LREM",
+        "PERSIST",
         "PEXPIRE",
         "PTTL",
         "RPUSH",
