@@ -96,3 +96,25 @@ def test_versions_diff_and_rollback_from_the_assistants_page(
     current = http.get(f"/v1/assistants/{name}").json()
     assert current["version"] == 3 and current["restored_from"] == 1
     assert current["config"]["model"] == "scripted:concierge-a"
+
+
+def test_an_assistant_is_deleted_from_its_page_on_a_second_click(
+    page: tuple[Page, httpx.Client], api: ApiProcess
+) -> None:
+    tab, http = page
+    name = f"gone-{uuid.uuid4().hex[:6]}"
+    config = {"model": "scripted:concierge-a", "tools": ["lookup"]}
+    created = http.post("/v1/assistants", json={"name": name, "agent": "concierge", "config": config})
+    assert created.status_code == 201, created.text
+
+    tab.goto(f"{api.url}/#/assistants")
+    tab.click(f'#assistants tr[data-assistant="{name}"] a')
+    tab.wait_for_selector('#assistant-versions tr[data-version="1"]')
+    tab.click("#assistant-delete")
+    assert tab.text_content("#assistant-delete") == f"Delete {name}: no new run can name it (click again)"
+    assert http.get(f"/v1/assistants/{name}").status_code == 200  # one click deletes nothing
+    tab.click("#assistant-delete")
+    tab.wait_for_selector(f'#assistants tr[data-assistant="{name}"]', state="detached")
+    assert tab.is_hidden("#assistant-box")
+    gone = http.get(f"/v1/assistants/{name}")
+    assert gone.status_code == 404, gone.text

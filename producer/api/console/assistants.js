@@ -1,5 +1,6 @@
 // The assistants page (#/assistants): the tenant's assistants, the versions of one, what changed
-// between two of them, and a rollback to any earlier one. Names and configurations are
+// between two of them, a rollback to any earlier one, and deleting one (a second click confirms:
+// runs already pinned to it go on, but no new run can name it). Names and configurations are
 // producer-written: they are rendered as text, never as markup.
 "use strict";
 
@@ -24,6 +25,9 @@ function assistantsView() {
     chosen = name;
     $("#assistant-box").hidden = false;
     $("#assistant-title").textContent = `Assistant ${name}`;
+    const remove = $("#assistant-delete");
+    remove.textContent = "Delete this assistant";
+    remove.classList.remove("confirm");
     $("#assistant-diff tbody").replaceChildren();
     try {
       const { versions } = await api(`/v1/assistants/${encodeURIComponent(name)}/versions?limit=500`);
@@ -61,7 +65,25 @@ function assistantsView() {
     } catch (err) { handleError(err, "#assistants-error"); }
   }
 
+  async function remove() {
+    const button = $("#assistant-delete");
+    if (!chosen) return;
+    if (!button.classList.contains("confirm")) {
+      button.classList.add("confirm");
+      button.textContent = `Delete ${chosen}: no new run can name it (click again)`;
+      return;
+    }
+    const name = chosen;
+    try {
+      await api(`/v1/assistants/${encodeURIComponent(name)}`, { method: "DELETE" });
+      chosen = null;
+      $("#assistant-box").hidden = true;
+      await list();
+    } catch (err) { handleError(err, "#assistants-error"); }
+  }
+
   $("#diff-form").onsubmit = (e) => { e.preventDefault(); if (chosen) diff(); };
+  $("#assistant-delete").onclick = remove;
   $("#assistant-box").hidden = true;
   list();
   return { stop() {} };
