@@ -320,9 +320,11 @@ def test_callback_tasks_and_queues_are_allow_listed_per_tenant(server: RedisServ
 
 def test_pipeline_ids_are_per_tenant(victim: Tenant, attacker: Tenant) -> None:
     pid = f"nightly-{uuid.uuid4().hex[:6]}"
-    # The attacker takes the id first (squatting), with another request.
+    # The attacker takes the id first (squatting), with another request: a slow one (each of its
+    # two steps sleeps PIPE_SLOW_S), still running when it is cancelled below; a fast chain could
+    # end first, and its cancel would rightly be a 409.
     squat = attacker.http.post(
-        "/v1/pipelines", json={"pipeline": "chain", "input": "squat", "pipeline_id": pid}
+        "/v1/pipelines", json={"pipeline": "chain", "input": "slow squat", "pipeline_id": pid}
     )
     assert squat.status_code == 202 and squat.json()["pipeline_id"] == pid
     mine = victim.http.post("/v1/pipelines", json={"pipeline": "chain", "input": "mine", "pipeline_id": pid})
