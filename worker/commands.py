@@ -207,7 +207,7 @@ def worker(args: argparse.Namespace) -> int:
 
     queues = consumed_queues(args.queues, args.namespace)
     check_agents_module(app)  # before consuming anything: a worker that cannot import them must not start
-    argv = ["worker", f"--queues={queues}", f"--pool={args.pool}", f"--loglevel={args.loglevel}"]
+    argv = [f"--queues={queues}", f"--pool={args.pool}", f"--loglevel={args.loglevel}"]
     if args.concurrency:
         argv.append(f"--concurrency={args.concurrency}")
     celery_args = [a for a in args.celery_args if a != "--"]
@@ -216,7 +216,7 @@ def worker(args: argparse.Namespace) -> int:
     elif not any(a.startswith(("-n", "--hostname")) for a in celery_args):
         argv.append(f"--hostname={default_node_name(queues, os.getpid())}")
     argv.extend(celery_args)
-    return run_celery_worker(app, argv[1:])
+    return run_celery_worker(app, argv)
 
 
 def run_celery_worker(app: Any, argv: list[str]) -> int:
@@ -224,9 +224,8 @@ def run_celery_worker(app: Any, argv: list[str]) -> int:
 
     Not ``app.worker_main``: that goes through the ``celery`` command group, which imports every
     installed ``celery.commands`` plugin (Flower with Tornado and prometheus-client, the shell's
-    REPL with prompt_toolkit and Pygments) into the worker, and so into every pool process forked
-    from it: about 23 MiB in each process that nothing here uses. The command and its options are
-    the same."""
+    REPL with prompt_toolkit) into the worker, and so into every pool process forked from it:
+    11-12 MiB in each process that nothing here uses. The command and its options are the same."""
     from celery.bin.base import CLIContext
     from celery.bin.worker import worker as command
     from click.exceptions import ClickException, Exit

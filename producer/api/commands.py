@@ -159,6 +159,7 @@ def api(args: argparse.Namespace) -> int:
         ENV_API_MAX_STREAMS,
         ENV_API_MAX_STREAMS_PER_TENANT,
         ApiConfig,
+        head_timeout_from_env,
     )
 
     if args.openapi:
@@ -179,6 +180,7 @@ def api(args: argparse.Namespace) -> int:
     if args.no_auth:
         os.environ[ENV_API_AUTH] = "off"
     ApiConfig.from_env()  # refuse bad settings (auth off on a public address) before binding
+    head_timeout_from_env()  # the connections' own setting, read apart from the app's
     import uvicorn
 
     from producer.api.http_protocol import HeadDeadline

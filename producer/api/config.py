@@ -36,8 +36,9 @@ ENV_API_HEAD_TIMEOUT = "WESICHAIN_API_HEAD_TIMEOUT_S"
 
 
 def head_timeout_from_env() -> float:
-    """``WESICHAIN_API_HEAD_TIMEOUT_S`` (default 10): read by the server's connections
-    (``producer/api/http_protocol.py``), which are built before, and apart from, the app."""
+    """``WESICHAIN_API_HEAD_TIMEOUT_S`` (default 10): seconds a request's line and headers have to
+    arrive in. Read by the server's connections (``producer/api/http_protocol.py``), which are
+    built before, and apart from, the app and its :class:`ApiConfig`."""
     raw = os.environ.get(ENV_API_HEAD_TIMEOUT, "10")
     try:
         seconds = float(raw)
@@ -70,10 +71,6 @@ class ApiConfig:
     #: client that trickles its body (or stops sending it) is answered 408 and its connection
     #: closed, so it holds a connection for this long at most, however slowly it sends.
     body_timeout_s: float = 30.0
-    #: Seconds a request's head (request line and headers) has to arrive in, from the connection's
-    #: opening or from the first byte after the previous answer: a client that trickles it, or
-    #: opens a connection and sends nothing, is cut off then (``http_protocol.py``).
-    head_timeout_s: float = 10.0
     #: Seconds between keep-alive comments on an idle event stream.
     keepalive_s: float = 15.0
     #: Event streams one process serves at once (each holds one Redis connection while it waits).
@@ -89,8 +86,8 @@ class ApiConfig:
             )
         if self.max_streams < 1 or self.keepalive_s <= 0 or self.max_body_bytes < 1024:
             raise ConfigError("max_streams >= 1, keepalive_s > 0 and max_body_bytes >= 1024 are required")
-        if not 0 < self.body_timeout_s <= 3600 or not 0 < self.head_timeout_s <= 3600:
-            raise ConfigError("body_timeout_s and head_timeout_s must be above 0 and at most 3600")
+        if not 0 < self.body_timeout_s <= 3600:
+            raise ConfigError("body_timeout_s must be above 0 and at most 3600")
         if self.max_streams_per_tenant is not None and self.max_streams_per_tenant < 1:
             raise ConfigError("max_streams_per_tenant >= 1 is required")
 
@@ -118,7 +115,6 @@ class ApiConfig:
                 max_streams_per_tenant=int(per_tenant) if per_tenant else None,
                 max_body_bytes=int(env.get(ENV_API_MAX_BODY, str(256 * 1024))),
                 body_timeout_s=float(env.get(ENV_API_BODY_TIMEOUT, "30")),
-                head_timeout_s=head_timeout_from_env(),
             )
         except ValueError as exc:
             raise ConfigError(f"bad API setting: {exc}") from None

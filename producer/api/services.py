@@ -85,11 +85,16 @@ class Services:
         """The live workers as read at most ``RECENT_WORKERS_S`` ago: for the answer to a submit,
         whose ``waiting_for`` needs them, without reading the registry at every submit (it changes
         at the workers' heartbeat, every ``registry_interval_s``)."""
-        now = time.monotonic()
-        read_at, live = self._recent_workers
-        if now - read_at > RECENT_WORKERS_S:
-            live = self.client.workers.live()
-            self._recent_workers = (now, live)  # one assignment: threads see the old pair or the new
+        live = self.cached_workers()
+        return live if live is not None else self._read_workers()
+
+    def _read_workers(self) -> list[LiveWorker]:
+        """Read the registry: the live workers kept here, and the agents they serve for the client
+        (one read serves both)."""
+        read_at = time.monotonic()
+        live = self.client.workers.live()
+        self._recent_workers = (read_at, live)  # one assignment: threads see the old pair or the new
+        self.client.note_live_workers(live, read_at)
         return live
 
     def cached_workers(self, for_s: float = 0.0) -> list[LiveWorker] | None:
@@ -122,10 +127,7 @@ class Services:
 
     def _refresh(self, workers: bool, memory: bool, tenant: str | None) -> None:
         if workers:
-            read_at = time.monotonic()
-            live = self.client.workers.live()
-            self._recent_workers = (read_at, live)
-            self.client.note_live_workers(live, read_at)  # one read of the registry serves both
+            self._read_workers()
         if memory:
             self.client.memory_guard.refresh()
         if tenant is not None:
