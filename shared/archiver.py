@@ -67,7 +67,8 @@ class ArchiveReport:
     deferred: int = 0
     #: Entries of runs whose keys had expired before they were archived (nothing to archive).
     gone: int = 0
-    #: Runs whose archived copy did not match Redis's: kept in Redis (an error is logged).
+    #: Runs whose archived copy did not match Redis's: kept in Redis (an error is logged) and
+    #: tried again by the next pass.
     mismatched: int = 0
     #: Shards another archiver was working on.
     shards_busy: int = 0
@@ -162,7 +163,7 @@ class Archiver:
         records, later, gone = self._read(ids)
         if later:
             # Its callback is still being delivered: look again once it has waited as long again.
-            self.redis.zadd(self.keys.ended(shard), dict.fromkeys(later, self._now_ms()), xx=True)
+            self._to_back(shard, later)
             report.deferred += len(later)
         if gone:
             self._drop_many([(run_id, None) for run_id in gone])
@@ -170,11 +171,11 @@ class Archiver:
         if not records:
             return
         before, after = self.archive.put_and_summarize(records)
-        verified = []
+        verified, mismatched = [], []
         for record in records:
             held = after.get(record.run_id)
             if held != record.summary():
-                report.mismatched += 1
+                mismatched.append(record.run_id)
                 log.error(
                     "run %s: the archive holds %s, Redis %s: kept in Redis",
                     record.run_id,
@@ -183,6 +184,11 @@ class Archiver:
                 )
                 continue
             verified.append(record)
+        if mismatched:
+            # To the back of the ended set, as if it had just ended: this pass goes on with the
+            # others instead of reading it again and again, and the next one tries it again.
+            self._to_back(shard, mismatched)
+            report.mismatched += len(mismatched)
         outcomes = self._drop_many([(r.run_id, r.head) for r in verified])
         for record, outcome in zip(verified, outcomes, strict=True):
             if outcome == "changed":
@@ -193,6 +199,10 @@ class Archiver:
                 report.archived += 1
 
     # -- Redis -----------------------------------------------------------------------------------
+
+    def _to_back(self, shard: int, run_ids: list[str]) -> None:
+        """Score ended runs as if they had ended now (only runs still in the set)."""
+        self.redis.zadd(self.keys.ended(shard), dict.fromkeys(run_ids, self._now_ms()), xx=True)
 
     def _read(self, ids: list[str]) -> tuple[list[StoredRun], list[str], list[str]]:
         """The runs of ``ids`` read whole; the ones to look at later; the ones whose keys are gone."""
