@@ -28,6 +28,11 @@ RESETSTAT`` after the warm-up, ``INFO commandstats`` and ``INFO cpu`` after): th
 the server (``usec`` of ``evalsha``) and the server's main-thread CPU per transition, and the calls
 per transition of every command, the scripts' inner ones included. The calls are counts; the
 microseconds are timings, which another process's load moves somewhat.
+``--redis-instructions`` runs redis-server under valgrind's callgrind, counting only over the
+counted runs, and reports the instructions it executed per transition: in all, in the scripts
+(``EVALSHA``, the Lua interpreter and the commands the scripts call), and in those inner commands
+alone (``redis.call``'s dispatch included). A count, the same on a loaded machine as on a quiet one
+for the same code; what a script costs Redis is read from it, change by change.
 ``--system direct|eval|pipeline|pipeline-cap8`` measures per item (``--items`` per round, one
 warm-up round): N one-think runs submitted directly, as the cases of an eval, or as the items of a
 one-map pipeline run (``pipeline-cap8``: whose map keeps at most 8 children live, so that each
@@ -44,6 +49,9 @@ import cProfile
 import importlib
 import json
 import os
+import shutil
+import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -221,8 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="runs counted (after one warm-up run)")
     p.add_argument("--profile", metavar="FILE", help="write a cProfile (CPU time) of the counted runs")
     p.add_argument("--redis-stats", action="store_true", help="add redis-server's figures per transition")
+    p.add_argument(
+        "--redis-instructions", action="store_true", help="count redis-server's instructions (valgrind)"
+    )
     args = p.parse_args(argv)
     server = RedisServer()
+    counter = RedisInstructions(server) if args.redis_instructions else None
     server.start()
     try:
         tasks: list[str] = []
@@ -240,10 +252,14 @@ def main(argv: list[str] | None = None) -> int:
             profiler.enable()
         del tasks[:]
         round_trips = count_round_trips() if args.redis_stats else None
+        if counter is not None:
+            counter.collect(True)
         cpu0, wall0, transitions = time.process_time(), time.perf_counter(), 0
         for _ in range(args.runs):
             transitions += one()
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        if counter is not None:
+            counter.collect(False)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
@@ -264,9 +280,64 @@ def main(argv: list[str] | None = None) -> int:
             figures["redis"]["round_trips_per_transition"] = round(round_trips() / transitions, 2)
     finally:
         server.stop()
+    if counter is not None:
+        figures["redis_instructions_per_transition"] = counter.per(transitions)
     figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(figures))
     return 0
+
+
+class RedisInstructions:
+    """redis-server run under callgrind, instrumented only while told to (``--instr-atstart=no``)."""
+
+    def __init__(self, server: RedisServer) -> None:
+        if shutil.which("valgrind") is None:
+            raise SystemExit("--redis-instructions needs valgrind (Debian: apt-get install valgrind)")
+        self.dir = tempfile.mkdtemp(prefix="wesichain-callgrind-")
+        self.out = os.path.join(self.dir, "callgrind.out")
+        wrapper = os.path.join(self.dir, "redis-server")
+        with open(wrapper, "w") as f:
+            f.write(
+                "#!/bin/sh\nexec valgrind --tool=callgrind --instr-atstart=no"
+                f' --callgrind-out-file={self.out} {server.binary} "$@"\n'
+            )
+        os.chmod(wrapper, 0o755)
+        server.binary = wrapper
+        self.server = server
+
+    def collect(self, on: bool) -> None:
+        assert self.server.proc is not None
+        subprocess.run(
+            ["callgrind_control", "-i", "on" if on else "off", str(self.server.proc.pid)],
+            check=True,
+            capture_output=True,
+        )
+
+    def per(self, transitions: int) -> dict[str, float]:
+        """Instructions per transition (read once the server has stopped and written its counts)."""
+        text = subprocess.run(
+            ["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--auto=no", self.out],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+        def count(label: str) -> int:
+            for line in text.splitlines():
+                first = line.split(maxsplit=1)[0] if line.strip() else ""
+                if label in line and first.replace(",", "").isdigit():
+                    return int(first.replace(",", ""))
+            return 0
+
+        return {
+            name: round(count(label) / transitions)
+            for name, label in (
+                ("all", "PROGRAM TOTALS"),
+                ("scripts", ":evalShaCommand "),
+                ("scripts_inner_commands", ":scriptCall "),
+            )
+        }
 
 
 def server_cpu_s(r: redis.Redis) -> float:
