@@ -252,8 +252,12 @@ class Keys:
         return f"{self.prefix}{{limit:{scope}}}:slots"
 
     def _thread(self, tenant: str | None, thread_id: str) -> str:
-        # Every key of one thread shares its hash tag: each thread script touches one slot.
-        return f"{self.prefix}{{thread:{tenant or '-'}:{thread_id}}}"
+        # Every key of one thread shares its hash tag: each thread script touches one slot. The
+        # tenant's part holds no ':' (it is escaped as '%3A'; no name holds '%'), so the first ':'
+        # after it ends it: tenant "a" with thread "b:c" and tenant "a:b" with thread "c" are two
+        # threads, not one both tenants would read and write.
+        owner = "-" if tenant is None else tenant.replace(":", "%3A")
+        return f"{self.prefix}{{thread:{owner}:{thread_id}}}"
 
     def thread(self, tenant: str | None, thread_id: str) -> str:
         """List: run ids of one conversation thread of one tenant, oldest first (the thread order)."""

@@ -226,7 +226,7 @@ def _thread_history(rt: Runtime, head: RunHead, window_size: int) -> list[Messag
     for run_id in reversed(earlier[-THREAD_LOOKBACK:]):
         if run_id in rolled_back:
             continue
-        previous = [m for m in _conversation_of_run(rt, run_id) if not isinstance(m, SystemMessage)]
+        previous = [m for m in _conversation_of_run(rt, run_id, head) if not isinstance(m, SystemMessage)]
         if previous:
             recorded = _recorded_results(rt, run_id)
             break
@@ -238,13 +238,15 @@ def _thread_history(rt: Runtime, head: RunHead, window_size: int) -> list[Messag
     return window
 
 
-def _conversation_of_run(rt: Runtime, run_id: str) -> list[Message]:
+def _conversation_of_run(rt: Runtime, run_id: str, head: RunHead) -> list[Message]:
     """The conversation an earlier run of the thread ended with, as its last agent saw it: after a
     handoff, not the stored list, which keeps what came before the handoff too (with a filtered
-    history, the user's words twice)."""
-    messages = rt.store.load_messages(run_id)
+    history, the user's words twice). Nothing of a run of another tenant or thread: the thread's
+    keys name only this one, but a conversation is never read on a key's word alone."""
     earlier = rt.store.load(run_id)
-    return conversation_of(earlier.handoffs, messages) if earlier is not None else messages
+    if earlier is None or (earlier.tenant, earlier.thread_id) != (head.tenant, head.thread_id):
+        return []
+    return conversation_of(earlier.handoffs, rt.store.load_messages(run_id))
 
 
 def _recorded_results(rt: Runtime, run_id: str) -> dict[str, ToolResult]:

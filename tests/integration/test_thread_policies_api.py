@@ -120,3 +120,40 @@ def test_reject_is_a_409_naming_the_busy_run_and_other_tenants_cannot_touch_the_
         "/v1/runs", json={"agent": "echo", "input": "now?", "thread_id": thread, "thread_policy": "reject"}
     )
     assert after.status_code == 202, after.text
+
+
+def test_a_tenant_whose_name_prefixes_anothers_cannot_reach_its_threads(
+    api: ApiProcess, gate: Path, redis_server: RedisServer
+) -> None:
+    # Tenant names may hold ':', and so may thread ids: "org" with thread "eu:t1" and "org:eu" with
+    # thread "t1" once named the same Redis keys, so either read, joined and stopped the other's.
+    (gate / "open").unlink(missing_ok=True)
+    org = f"t-{uuid.uuid4().hex[:8]}"
+    tenants = Tenants(redis_server.client(), Keys())
+    victim_key, _ = tenants.create_key(f"{org}:eu", "test")
+    attacker_key, _ = tenants.create_key(org, "test")
+    with (
+        httpx.Client(base_url=api.url, headers=bearer(victim_key), timeout=30) as victim,
+        httpx.Client(base_url=api.url, headers=bearer(attacker_key), timeout=30) as attacker,
+    ):
+        first = victim.post("/v1/runs", json={"agent": "echo", "input": "my secret", "thread_id": "t1"})
+        assert wait_status(victim, first.json()["run_id"], {"completed"}, TIMEOUT)["status"] == "completed"
+        busy = victim.post("/v1/runs", json={"agent": "thread_charge", "input": "charge", "thread_id": "t1"})
+        busy_id = busy.json()["run_id"]
+        wait_until(lambda: _starts(gate, busy_id) == 1, TIMEOUT, what="the victim's charge to start")
+
+        for i, policy in enumerate(("reject", "interrupt", "rollback")):
+            body = {"agent": "echo", "input": "hi", "thread_id": "eu:t1", "thread_policy": policy}
+            mine = attacker.post("/v1/runs", json=body)
+            assert mine.status_code == 202, mine.text  # not busy: the victim's thread is not its own
+            done = wait_status(attacker, mine.json()["run_id"], {"completed"}, TIMEOUT)
+            # Its own thread's history only: the system prompt, then each of its questions and answers.
+            assert done["answer"] == f"seen 0 tool results in {2 + 2 * i} messages", done
+        assert redis_server.client().hget(Keys().run(busy_id), "cancel") is None
+        assert victim.get(f"/v1/runs/{busy_id}").json()["status"] == "running"
+        (gate / "open").touch()
+        assert wait_status(victim, busy_id, {"completed"}, TIMEOUT)["status"] == "completed"
+        # The victim's thread goes on with its own runs only.
+        after = victim.post("/v1/runs", json={"agent": "echo", "input": "again", "thread_id": "t1"})
+        ended = wait_status(victim, after.json()["run_id"], {"completed"}, TIMEOUT)
+        assert ended["answer"].startswith("seen 1 tool results"), ended

@@ -40,3 +40,14 @@ def test_the_cache_is_bounded_and_not_part_of_the_layouts_identity(monkeypatch: 
     assert len(k._runs) <= 3
     assert names == [k.run(f"run-{i}") for i in range(10)]
     assert k == Keys("p:", 4) and hash(k) == hash(Keys("p:", 4))
+
+
+def test_a_threads_keys_name_one_tenant_and_one_thread() -> None:
+    keys = Keys()
+    # Tenant names and thread ids may both hold ':': no split of one pair names another's keys.
+    pairs = [("org", "eu:t1"), ("org:eu", "t1"), (None, "org:eu:t1"), ("org:eu:t1", "x")]
+    for name in ("thread", "thread_state", "thread_waiting", "thread_rolled_back"):
+        made = [getattr(keys, name)(tenant, thread) for tenant, thread in pairs]
+        assert len(set(made)) == len(pairs), made
+    # A tenant without ':' keeps the keys it had.
+    assert keys.thread("acme", "t:1") == "wesichain:{thread:acme:t:1}"
