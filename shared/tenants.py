@@ -41,11 +41,14 @@ __all__ = [
     "CeleryCallbacks",
     "KeyRecord",
     "ModelNotAllowed",
+    "NotAllowed",
     "TenantLimits",
     "TenantSettings",
     "Tenants",
+    "check_callback_allowed",
     "check_model_allowed",
     "check_models_allowed",
+    "check_namespace_allowed",
     "digest",
     "live_record",
     "model_pattern",
@@ -121,6 +124,46 @@ class ModelNotAllowed(InvalidRequest):
             f"tenant {tenant} may not name the model {model[:MAX_NAME_CHARS]!r}",
             model=model[:MAX_NAME_CHARS],
             allowed=list(allowed),
+        )
+
+
+class NotAllowed(InvalidRequest):
+    """A tenant's new run would send work where the tenant may not: a queue namespace, or a Celery
+    callback's task or queue, it was never allowed or was allowed once and no longer is (a retry,
+    a fork or a bulk job copies those of a run made while they were). ``details`` name it and the
+    allowed ones."""
+
+
+def check_namespace_allowed(tenant: str, namespace: str | None, allowed: tuple[str, ...]) -> None:
+    """Raise :class:`NotAllowed` unless the tenant may send a run to ``namespace`` (None: the
+    default one, everyone's); ``allowed``: its allowed namespaces."""
+    if namespace is not None and namespace not in allowed:
+        raise NotAllowed(
+            f"tenant {tenant} may not send runs to the queue namespace {namespace!r}",
+            namespace=namespace,
+            allowed=list(allowed),
+        )
+
+
+def check_callback_allowed(
+    tenant: str, task: str | None, queue: str | None, allowed: CeleryCallbacks
+) -> None:
+    """Raise :class:`NotAllowed` unless the tenant may name the Celery callback ``task`` (None:
+    none, or a webhook) on ``queue``. The queue is checked whatever the run's namespace: a callback
+    queue is where the message lands, so it would be a way around the namespace allow-list."""
+    if task is None:
+        return
+    if task not in allowed.tasks:
+        raise NotAllowed(
+            f"tenant {tenant} may not name the Celery callback task {task!r}",
+            task=task,
+            allowed=list(allowed.tasks),
+        )
+    if queue is not None and queue not in allowed.queues:
+        raise NotAllowed(
+            f"tenant {tenant} may not send callbacks to the queue {queue!r}",
+            queue=queue,
+            allowed=list(allowed.queues),
         )
 
 

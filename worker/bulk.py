@@ -8,8 +8,9 @@ task is overdue: a worker killed mid-chunk leaves its lock to expire, and the ch
 another, passing over the runs it recorded.
 
 A tenant's job retries and forks its runs as the API would (``Client.retry``, ``Client.fork``),
-each checked against the models the tenant is allowed when the chunk is worked: a run whose model
-was taken back since is recorded failed (``ModelNotAllowed``), not redone with it.
+each checked against what the tenant is allowed when the chunk is worked: a run whose model, queue
+namespace or Celery callback was taken back since is recorded failed (``ModelNotAllowed``,
+``NotAllowed``), not redone with it.
 
 Outcome reasons are the runtime's own words (never a run's input or metadata): they are shown to
 the tenant and may be logged.
@@ -27,7 +28,7 @@ from producer.publishing import PUBLISH_ERRORS
 from shared.bulk import BulkJob, BulkOutcome, BulkStore, bulk_task
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy
 from shared.state import RunHead, TaskSpec
-from shared.tenants import Tenants
+from shared.tenants import Tenants, TenantSettings, check_callback_allowed, check_namespace_allowed
 from shared.timetravel import last_good_checkpoint
 
 __all__ = [
@@ -89,7 +90,7 @@ class BulkPool:
         recorded = 0
         interval = 1.0 / job.rate_per_s
         # Read once a chunk (a change applies from the next one), as the API reads it per request.
-        models = self.tenants.models(tenant) if tenant is not None and job.action != "cancel" else None
+        allowed = self.tenants.settings(tenant) if tenant is not None and job.action != "cancel" else None
         for head in page.runs:
             if self.jobs.status(tenant, job_id) != "running":
                 return recorded, None  # cancelled
@@ -99,7 +100,7 @@ class BulkPool:
                 continue
             started = time.monotonic()
             try:
-                outcome = self._act(job, head, models)
+                outcome = self._act(job, head, allowed)
             except _Later as exc:
                 log.warning("bulk job %s waits: %s", job_id, exc)
                 return recorded, _BACK_OFF_S
@@ -121,8 +122,8 @@ class BulkPool:
 
     # -- the actions ----------------------------------------------------------------------------
 
-    def _act(self, job: BulkJob, head: RunHead, models: tuple[str, ...] | None) -> BulkOutcome:
-        """Act on one run; ``models``: those its tenant may name (None: any)."""
+    def _act(self, job: BulkJob, head: RunHead, allowed: TenantSettings | None) -> BulkOutcome:
+        """Act on one run; ``allowed``: what its tenant may name now (None: anything)."""
         run_id = head.run_id
         if head.parent is not None or head.link is not None:
             return _skipped(run_id, "started by the runtime (a subagent, pipeline or eval run)")
@@ -136,7 +137,14 @@ class BulkPool:
         # Derived from (job, run): redoing this run after a crash finds the run made the first time.
         key = f"bulk:{job.job_id}:{run_id}"
         new_id: str | None
+        models = allowed.models if allowed is not None else None
         try:
+            if allowed is not None and head.tenant is not None:
+                # What the run was allowed when it was made may have been taken back since.
+                check_namespace_allowed(head.tenant, head.namespace, allowed.namespaces)
+                if job.action == "retry" and head.callback is not None:
+                    callback = head.callback
+                    check_callback_allowed(head.tenant, callback.task, callback.queue, allowed.callbacks)
             if job.action == "retry":
                 new_id = self._retry(head, key, models)
             else:

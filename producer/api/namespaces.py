@@ -24,17 +24,27 @@ from producer.api.auth import Caller
 from producer.api.errors import ApiError
 from shared.errors import InvalidRequest
 from shared.queues import check_namespace
-from shared.state import Callback
-from shared.tenants import CeleryCallbacks, ModelNotAllowed, TenantSettings, check_model_allowed
+from shared.state import Callback, RunHead
+from shared.tenants import (
+    CeleryCallbacks,
+    ModelNotAllowed,
+    NotAllowed,
+    TenantSettings,
+    check_callback_allowed,
+    check_model_allowed,
+    check_namespace_allowed,
+)
 
 __all__ = [
     "AllowList",
     "CachedAllowList",
+    "allowed_again",
     "allowed_callback",
     "allowed_model",
     "allowed_models",
     "allowed_namespace",
     "model_refusal",
+    "refusal",
 ]
 
 
@@ -74,38 +84,36 @@ def allowed_namespace(gate: AllowList, who: Caller, raw: str | None) -> str | No
         raise ApiError(422, "invalid_request", exc.message) from None
     if namespace is None or who.tenant is None:
         return namespace
-    allowed = gate.namespaces(who.tenant)
-    if namespace not in allowed:
-        raise ApiError(
-            403,
-            "forbidden",
-            f"tenant {who.tenant} may not send runs to the queue namespace {namespace!r}",
-            details={"namespace": namespace, "allowed": list(allowed)},
-        )
+    try:
+        check_namespace_allowed(who.tenant, namespace, gate.namespaces(who.tenant))
+    except NotAllowed as exc:
+        raise refusal(exc) from None
     return namespace
 
 
 def allowed_callback(gate: AllowList, who: Caller, callback: Callback | None) -> None:
     """Refuse (403 ``forbidden``) a Celery callback whose task, or queue, the caller's tenant was
-    not allowed. The queue is checked whatever the run's namespace: a callback queue is where the
-    message lands, so it is a way around the namespace allow-list otherwise."""
+    not allowed (``check_callback_allowed``)."""
     if callback is None or callback.task is None or who.tenant is None:
         return
-    allowed = gate.celery_callbacks(who.tenant)
-    if callback.task not in allowed.tasks:
-        raise ApiError(
-            403,
-            "forbidden",
-            f"tenant {who.tenant} may not name the Celery callback task {callback.task!r}",
-            details={"task": callback.task, "allowed": list(allowed.tasks)},
-        )
-    if callback.queue is not None and callback.queue not in allowed.queues:
-        raise ApiError(
-            403,
-            "forbidden",
-            f"tenant {who.tenant} may not send callbacks to the queue {callback.queue!r}",
-            details={"queue": callback.queue, "allowed": list(allowed.queues)},
-        )
+    try:
+        check_callback_allowed(who.tenant, callback.task, callback.queue, gate.celery_callbacks(who.tenant))
+    except NotAllowed as exc:
+        raise refusal(exc) from None
+
+
+def allowed_again(gate: AllowList, who: Caller, source: RunHead, *, callback: bool) -> None:
+    """Refuse (403 ``forbidden``) a new run copied from ``source`` (a retry, with its callback; a
+    fork, without) whose namespace or Celery callback the caller's tenant is no longer allowed: an
+    allowance taken back holds for the runs made from old ones too."""
+    allowed_namespace(gate, who, source.namespace)
+    if callback:
+        allowed_callback(gate, who, source.callback)
+
+
+def refusal(exc: NotAllowed) -> ApiError:
+    """The API's answer to a destination the tenant may not send work to: 403 ``forbidden``."""
+    return ApiError(403, "forbidden", exc.message, details=exc.details)
 
 
 def allowed_models(gate: AllowList, who: Caller) -> tuple[str, ...] | None:

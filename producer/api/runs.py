@@ -32,6 +32,7 @@ from producer.api.models import (
 from producer.api.namespaces import (
     AllowList,
     CachedAllowList,
+    allowed_again,
     allowed_callback,
     allowed_model,
     allowed_models,
@@ -583,9 +584,9 @@ def _decider(who: Caller) -> str:
     " fork it). 409 ``wrong_state`` while the run has not ended, or for a run the runtime started"
     " (a subagent, pipeline or eval run: retry its parent, pipeline or eval). With an"
     " ``Idempotency-Key``, the same retry sent again returns the same new run. Counted against the"
-    " tenant's limits as a submit is. Its model (and its assistant version's) is checked against what"
-    " the tenant is allowed now: one taken back since the run was created is a 403"
-    " ``model_not_allowed``.",
+    " tenant's limits as a submit is. Its model (and its assistant version's), namespace and Celery"
+    " callback are checked against what the tenant is allowed now: a model taken back since the run"
+    " was created is a 403 ``model_not_allowed``, a namespace or callback a 403 ``forbidden``.",
 )
 def retry(
     run_id: str,
@@ -605,6 +606,7 @@ def retry(
             f"run {run_id} was started by the runtime (a subagent, pipeline or eval run)",
             details={"status": head.status},
         )
+    allowed_again(services.gate, who, head, callback=True)
     replay = idempotency_key is not None and bool(
         services.store.redis.exists(services.keys.run(idempotent_run_id(who.tenant, idempotency_key)))
     )

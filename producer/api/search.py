@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from producer.api.errors import ApiError
 from producer.api.models import RunList, RunView, run_view
-from producer.api.namespaces import allowed_models, model_refusal
+from producer.api.namespaces import allowed_again, allowed_models, model_refusal
 from producer.api.runs import ERRORS, Svc, Who, owned_run
 from producer.client import BulkJobNotFound, NoLiveWorker, UnknownAgent
 from shared.bulk import DEFAULT_RATE_PER_S, MAX_RATE_PER_S, MIN_RATE_PER_S, BulkAction, BulkJob, BulkOutcome
@@ -138,7 +138,7 @@ def search(body: SearchBody, services: Svc, who: Who) -> RunList:
     description="The new run thinks again from the conversation as it was at ``version`` (default:"
     " the last checkpoint before the run ended); the original is untouched. 422 for a version the run"
     " does not have; 403 ``model_not_allowed`` if its model (or its assistant version's) is not one"
-    " the tenant is allowed now.",
+    " the tenant is allowed now, 403 ``forbidden`` if its namespace is not.",
 )
 def fork(run_id: str, services: Svc, who: Who, body: ForkBody | None = None) -> RunView:
     source = owned_run(services, who, run_id)
@@ -153,6 +153,7 @@ def fork(run_id: str, services: Svc, who: Who, body: ForkBody | None = None) -> 
             f"run {run_id} has no checkpoint v{wanted.version} (versions: {versions})",
             details={"versions": versions},
         )
+    allowed_again(services.gate, who, source, callback=False)
     if source.tenant is not None:
         reservation = services.gate.reserve(source.tenant)
     else:

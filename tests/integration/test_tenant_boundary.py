@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -388,3 +389,65 @@ def test_idempotency_compares_the_canonical_request(victim: Tenant, server: Redi
     wait_status(http, run["run_id"], {"completed", "failed"}, TIMEOUT)
     assert http.post("/v1/runs", json=modelled, headers=key2).json()["run_id"] == run["run_id"]
     refused(http.post("/v1/runs", json=body, headers=key2), 409, "conflict")
+
+
+def test_a_namespace_or_callback_taken_back_is_not_reused_by_retry_fork_or_bulk(
+    server: RedisServer, attacker: Tenant, tmp_path: Path
+) -> None:
+    http, tenants = attacker.http, Tenants(server.client(), Keys())
+    queue = f"billing-{uuid.uuid4().hex[:6]}"
+    tenants.set_namespaces(attacker.name, ["nightly"])
+    tenants.set_celery_callbacks(attacker.name, ["billing.done"], [queue])
+    callback = {"task": "billing.done", "queue": queue}
+    body = {"agent": "worker", "input": "x", "namespace": "nightly", "callback": callback}
+
+    def accepted() -> httpx.Response | None:  # an API process rereads a tenant's settings within 5 s
+        response = http.post("/v1/runs", json=body)
+        return response if response.status_code == 202 else None
+
+    nightly = WorkerProcess(
+        "tb-nightly", server.url, agents=AGENTS, namespaces=("nightly",), log_dir=str(tmp_path)
+    ).start()
+    try:
+        run_id = wait_until(accepted, TIMEOUT, interval=0.5, what="the allowances to apply").json()["run_id"]
+        wait_status(http, run_id, {"completed"}, TIMEOUT)
+        wait_until(lambda: queued(server.url, queue) == 1, TIMEOUT, what="its callback to be sent")
+    finally:
+        nightly.stop()
+    tenants.set_namespaces(attacker.name, [])
+    tenants.set_celery_callbacks(attacker.name, [], [])
+    # A probe no worker could run: while the allowance holds it is a 422 (no such agent), not a run.
+    probe = {**body, "agent": "no-such-agent"}
+    revoked = lambda: http.post("/v1/runs", json=probe).status_code == 403  # noqa: E731
+    wait_until(revoked, TIMEOUT, 0.5, what="the revocation")
+
+    assert "namespace 'nightly'" in refused(http.post(f"/v1/runs/{run_id}/retry"), 403, "forbidden")
+    assert "namespace 'nightly'" in refused(http.post(f"/v1/runs/{run_id}/fork", json={}), 403, "forbidden")
+    # With the namespace allowed again but not the callback, a retry is still refused for it.
+    tenants.set_namespaces(attacker.name, ["nightly"])
+    wait_until(
+        lambda: (
+            http.post(f"/v1/runs/{run_id}/retry").status_code == 403
+            and "billing.done" in http.post(f"/v1/runs/{run_id}/retry").text
+        ),
+        TIMEOUT,
+        interval=0.5,
+        what="the namespace to be allowed again",
+    )
+    tenants.set_namespaces(attacker.name, [])
+    for action in ("retry", "fork"):
+        job = http.post("/v1/bulk", json={"action": action, "query": {"agent": "worker"}, "rate_per_s": 50})
+        assert job.status_code == 202, job.text
+        job_id = job.json()["job_id"]
+
+        def ended(job_id: str = job_id) -> bool:
+            return bool(http.get(f"/v1/bulk/{job_id}").json()["status"] != "running")
+
+        wait_until(ended, TIMEOUT, what="the job")
+        outcomes = {o["run_id"]: o for o in http.get(f"/v1/bulk/{job_id}/runs").json()["outcomes"]}
+        assert outcomes[run_id]["result"] == "failed", outcomes[run_id]
+        assert outcomes[run_id]["reason"].startswith("NotAllowed: ")
+    # Nothing was started from the old run, and no callback message was sent.
+    listed = http.get("/v1/runs", params={"agent": "worker"}).json()["runs"]
+    assert [r["run_id"] for r in listed] == [run_id]
+    assert queued(server.url, queue) == 1  # the first run's own
