@@ -26,9 +26,26 @@ from tests.harness import RedisServer
 TENANT = "ahead"
 
 
+class Clock:
+    """``time.monotonic`` for a test: it moves only when the test moves it, so a cache is exactly as
+    old as the test says, however long a loaded machine takes between two lines."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
-def services() -> Iterator[Services]:
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def services(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> Iterator[Services]:
     server = RedisServer().start()
+    monkeypatch.setattr(time, "monotonic", clock)
     redis = server.client()
     seconds, _ = redis.time()
     record = WorkerRecord(
@@ -62,13 +79,10 @@ def _read_all(svc: Services) -> None:
 
 
 def _age(svc: Services, seconds: float) -> None:
-    """Make every cache ``seconds`` older than it is."""
-    read_at, live = svc._recent_workers
-    svc._recent_workers = (read_at - seconds, live)
-    svc.client._served_at -= seconds
-    svc.client.memory_guard._checked -= seconds
-    cached_at, settings = svc.gate._cache[TENANT]
-    svc.gate._cache[TENANT] = (cached_at - seconds, settings)
+    """Make every cache ``seconds`` older than it is: the process's clock moves on."""
+    clock = time.monotonic
+    assert isinstance(clock, Clock)
+    clock.now += seconds
 
 
 def _all_fresh(svc: Services) -> bool:
