@@ -25,9 +25,11 @@ until the previous pipeline run ended; the missed policy bounds what piles up me
 from __future__ import annotations
 
 import builtins
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
+from producer.admission import Admissions, Reservation, TenantLimited
 from shared.errors import ConfigError, InvalidRequest, ThreadBusy, WesichainError
 from shared.pipeline.store import PipelineStore, stored_pipeline_id
 from shared.request import check_name, validate_request
@@ -442,6 +444,42 @@ class Schedules:
     def _start(self, schedule: Schedule, tick: int, now: float) -> ScheduleTick:
         """The tick's run (the same one however often this is called); transient failures (Redis,
         the broker, memory) raise, leaving the tick due, and a refused request is recorded."""
+        try:
+            reservation = self._admitted(schedule, tick)
+        except TenantLimited as exc:
+            # At its limits the tenant starts nothing more, by the API or by its schedules.
+            return ScheduleTick(
+                tick=tick, outcome="failed", reason=f"{exc.kind}: {exc.message}"[:300], at=now
+            )
+        try:
+            return self._submit(schedule, tick, now)
+        finally:
+            self._admissions.release(reservation)
+
+    def _admitted(self, schedule: Schedule, tick: int) -> Reservation | None:
+        """The tick's place under its tenant's limits, as an API submit takes one (None: a
+        schedule without a tenant, or a tick whose run a scheduler that died started already)."""
+        from producer.client import idempotent_run_id
+
+        tenant = schedule.tenant
+        if tenant is None:
+            return None
+        store = self._client.store
+        if schedule.pipeline is not None:
+            stored = stored_pipeline_id(tenant, tick_pipeline_id(schedule.schedule_id, tick))
+            made = PipelineStore(store.redis, store.keys).meta(stored) is not None
+        else:
+            run_id = idempotent_run_id(tenant, tick_key(schedule.schedule_id, tick))
+            made = bool(store.redis.exists(store.keys.run(run_id)))
+        if made:
+            return None
+        return self._admissions.reserve(tenant, Tenants(store.redis, store.keys).limits(tenant))
+
+    @functools.cached_property
+    def _admissions(self) -> Admissions:
+        return Admissions(self._client.store)
+
+    def _submit(self, schedule: Schedule, tick: int, now: float) -> ScheduleTick:
         from producer.client import RequestConflict
         from producer.pipelines import PipelineConflict
 

@@ -10,7 +10,9 @@ another, passing over the runs it recorded.
 A tenant's job retries and forks its runs as the API would (``Client.retry``, ``Client.fork``),
 each checked against what the tenant is allowed when the chunk is worked: a run whose model, queue
 namespace or Celery callback was taken back since is recorded failed (``ModelNotAllowed``,
-``NotAllowed``), not redone with it.
+``NotAllowed``), not redone with it. Each takes its place under the tenant's limits as a submit
+does (``producer/admission.py``): while the tenant has as many runs in flight as it may, or has
+started as many as it may this minute, the job waits.
 
 Outcome reasons are the runtime's own words (never a run's input or metadata): they are shown to
 the tenant and may be logged.
@@ -23,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from producer.admission import Admissions, TenantLimited
 from producer.client import Client, NoLiveWorker, RequestConflict, RunHandle, UnknownAgent, idempotent_run_id
 from producer.publishing import PUBLISH_ERRORS
 from shared.bulk import BulkJob, BulkOutcome, BulkStore, bulk_task
@@ -45,8 +48,8 @@ _BACK_OFF_S = 5.0
 
 
 class _Later(Exception):
-    """The pool cannot act now (no live worker, Redis full, broker down): the chunk stops here
-    and the job goes on later (nothing is recorded for the run)."""
+    """The pool cannot act now (no live worker, Redis full, broker down, the tenant at its limits):
+    the chunk stops here and the job goes on later (nothing is recorded for the run)."""
 
 
 class BulkPool:
@@ -57,6 +60,8 @@ class BulkPool:
         self.store = client.store
         self.jobs = BulkStore(self.store.redis, self.store.keys)
         self.tenants = Tenants(self.store.redis, self.store.keys)
+        #: A retry's or fork's place under its tenant's limits, as an API submit takes one.
+        self.admissions = Admissions(self.store)
         self.send = send
         #: A delivery holds a job this long past its last renewal (once per run acted on).
         self.lease_s = lease_s
@@ -138,6 +143,7 @@ class BulkPool:
         key = f"bulk:{job.job_id}:{run_id}"
         new_id: str | None
         models = allowed.models if allowed is not None else None
+        reservation = None
         try:
             if allowed is not None and head.tenant is not None:
                 # What the run was allowed when it was made may have been taken back since.
@@ -145,16 +151,23 @@ class BulkPool:
                 if job.action == "retry" and head.callback is not None:
                     callback = head.callback
                     check_callback_allowed(head.tenant, callback.task, callback.queue, allowed.callbacks)
+                # The tenant's runs in flight and submits per minute bound its bulk jobs too: at
+                # its limits, the job waits (``_Later``) as a submit would be told to.
+                reservation = self.admissions.reserve(head.tenant, allowed.limits)
             if job.action == "retry":
                 new_id = self._retry(head, key, models)
             else:
                 new_id = self._fork(head, key, models)
+        except TenantLimited as exc:
+            raise _Later(exc.kind) from None
         except (NoLiveWorker, StoreFull) as exc:
             raise _Later(type(exc).__name__) from None
         except PUBLISH_ERRORS as exc:
             raise _Later(type(exc).__name__) from None
         except (UnknownAgent, RequestConflict, InvalidRequest, ThreadBusy) as exc:
             return BulkOutcome(run_id=run_id, result="failed", reason=_reason(exc))
+        finally:
+            self.admissions.release(reservation)
         if new_id is None:
             return _skipped(run_id, "no checkpoint before its end")
         return BulkOutcome(run_id=run_id, result="acted", new_run_id=new_id)

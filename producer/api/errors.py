@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from producer.admission import TenantLimited
 from shared.errors import ArchiveUnavailable
 
 __all__ = ["ApiError", "ErrorBody", "ErrorInfo", "error_response", "install_error_handlers"]
@@ -77,7 +78,8 @@ _KIND_OF_STATUS = {
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    @app.exception_handler(TenantLimited)
+    async def _api_error(request: Request, exc: ApiError | TenantLimited) -> JSONResponse:
         return error_response(exc.status, exc.kind, exc.message, exc.details, exc.headers)
 
     @app.exception_handler(RequestValidationError)

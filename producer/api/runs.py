@@ -16,9 +16,9 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from producer.admission import Reservation
 from producer.api.auth import Caller, caller
 from producer.api.errors import ApiError, ErrorBody
-from producer.api.limits import Reservation
 from producer.api.models import (
     CheckpointList,
     DecisionBody,

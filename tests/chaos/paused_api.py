@@ -14,7 +14,8 @@ import os
 import sys
 import time
 
-from producer.api.limits import Reservation, SubmitGate
+from producer.admission import Reservation
+from producer.api.limits import SubmitGate
 from producer.cli import main
 from shared.redis_client import connect
 from shared.settings import Settings

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 
-from producer.api.limits import RESERVE_TTL_MS, reservations_key
+from producer.admission import RESERVE_TTL_MS, reservations_key
 from shared.keys import Keys
 from shared.tenants import TenantLimits, Tenants
 from tests.api_support import ApiProcess, bearer

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from producer.api.limits import RESERVE_TTL_MS, reservations_key
+from producer.admission import RESERVE_TTL_MS, reservations_key
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.store import RunStore

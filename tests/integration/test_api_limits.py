@@ -8,6 +8,7 @@ import base64
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -241,3 +242,45 @@ def test_auth_is_off_only_on_loopback(redis_server: RedisServer, workers: list[W
             assert run["run_id"] in ids and theirs not in ids
     finally:
         local.stop()
+
+
+def test_a_bulk_retry_waits_for_room_under_the_tenants_in_flight_limit(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    tenant = f"bulk-{uuid.uuid4().hex[:6]}"
+    set_limits(redis_server, tenant, "--max-inflight", "1")
+    with tenant_client(api, redis_server, tenant) as http:
+
+        def parked_then_cancelled() -> dict[str, Any]:
+            run = http.post("/v1/runs", json={"agent": "needs_approval", "input": "x"}).json()
+            wait_status(http, run["run_id"], {"awaiting_approval"}, TIMEOUT)
+            assert http.post(f"/v1/runs/{run['run_id']}/cancel").status_code == 202
+            return wait_status(http, run["run_id"], {"interrupted"}, TIMEOUT)
+
+        originals = [parked_then_cancelled() for _ in range(2)]
+        # The job's runs only: its retries are created after the originals, past this bound.
+        until = originals[-1]["created_at"] + 0.1
+        wait_until(lambda: time.time() > until, TIMEOUT, what="the bound to pass")
+        query = {"agent": "needs_approval", "until": until}
+        job = http.post("/v1/bulk", json={"action": "retry", "query": query, "rate_per_s": 50})
+        assert job.status_code == 202, job.text
+        job_id = job.json()["job_id"]
+        known = {r["run_id"] for r in originals}
+
+        def next_retry() -> dict[str, Any] | None:
+            listed = http.get("/v1/runs", params={"agent": "needs_approval"}).json()["runs"]
+            new = [r for r in listed if r["run_id"] not in known and r["status"] == "awaiting_approval"]
+            return new[0] if new else None
+
+        retries = []
+        for _ in originals:
+            # Each retry waits until the one before has given its place back.
+            retry = wait_until(next_retry, TIMEOUT, interval=0.1, what="the next retry to park")
+            known.add(retry["run_id"])
+            assert http.post(f"/v1/runs/{retry['run_id']}/cancel").status_code == 202
+            retries.append(wait_status(http, retry["run_id"], {"interrupted"}, TIMEOUT))
+        wait_until(lambda: http.get(f"/v1/bulk/{job_id}").json()["status"] == "done", TIMEOUT, what="the job")
+        outcomes = http.get(f"/v1/bulk/{job_id}/runs").json()["outcomes"]
+        assert sorted(o["result"] for o in outcomes) == ["acted", "acted"]
+        # Never two in flight: the second retry was created after the first had ended.
+        assert retries[1]["created_at"] >= retries[0]["updated_at"]

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from producer.api.limits import reservations_key
+from producer.admission import reservations_key
 from shared.keys import Keys
 from shared.tasks import TASK_START
 from shared.tenants import TenantLimits, Tenants

@@ -17,7 +17,7 @@ from producer.client import Client
 from shared.keys import Keys
 from shared.schedules import Schedule, redis_now
 from shared.state import Phase
-from shared.tenants import Tenants
+from shared.tenants import TenantLimits, Tenants
 from tests.agents_fixture import RELEASE_KEY
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.broker import Settings
@@ -365,3 +365,21 @@ def test_bad_schedules_are_refused_with_a_structured_error(
     assert error["kind"] in {"invalid_request", "unknown_agent"}
     assert needle in response.text
     assert http.get("/v1/schedules").json() == {"schedules": []}
+
+
+def test_a_tenants_run_limits_hold_for_its_schedules_ticks(client: Client, pool: None) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    Tenants(client.store.redis, client.store.keys).set_limits(tenant, TenantLimits(max_inflight=1))
+    schedule = client.schedules.create(
+        "inbox_stateless", "hold", {"every_s": 1}, tenant=tenant, overlap="allow", **LATE_NOT_MISSED
+    )
+    sid = schedule.schedule_id
+    ticks = _wait_ticks(client, tenant, sid, 3)
+    client.schedules.pause(sid, tenant=tenant)
+    # The first tick's run holds the tenant's only place; the next ticks start nothing, and say why.
+    assert ticks[0]["outcome"] == "started", ticks
+    for later in ticks[1:]:
+        assert later["outcome"] == "failed" and later["reason"].startswith("too_many_in_flight: "), ticks
+    assert _all_runs(client, tenant) == [ticks[0]["run_id"]]
+    client.store.redis.set(RELEASE_KEY + ticks[0]["run_id"], "1")
+    client.schedules.delete(sid, tenant=tenant)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from redis.crc import key_slot
 
+from producer.admission import reservations_key
 from producer.api.config import ApiConfig
 from producer.api.errors import ApiError
-from producer.api.limits import StreamSlots, reservations_key
+from producer.api.limits import StreamSlots
 from shared.errors import ConfigError
 from shared.keys import Keys
 from shared.settings import Settings
