@@ -52,6 +52,7 @@ from pydantic import BaseModel, Field
 from shared.embedding import Embedding, cosine, pack_vector, unpack_vector
 from shared.errors import InvalidRequest, WesichainError
 from shared.keys import Keys
+from shared.request import check_json_depth
 from shared.scripts import Script, register_script
 from shared.state import MemoryWrite
 from shared.tenants import TenantLimits, Tenants
@@ -180,6 +181,7 @@ def check_value(value: object) -> str:
     most MAX_VALUE_BYTES (the message never quotes the value: it is tenant content)."""
     if not isinstance(value, Mapping):
         raise InvalidRequest(f"a memory value is a JSON object, not {type(value).__name__}")
+    check_json_depth("a memory value", value)
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         size = len(text.encode("utf-8"))

@@ -29,9 +29,11 @@ __all__ = [
     "RESERVED_TASK_PREFIXES",
     "RunRequest",
     "StartMessage",
+    "MAX_JSON_DEPTH",
     "check_callback",
     "check_callback_queue",
     "check_callback_task",
+    "check_json_depth",
     "check_name",
     "check_thread_policy",
     "check_run_id",
@@ -265,9 +267,34 @@ def _check_input(text: Any, limits: Limits) -> None:
         raise InvalidRequest(f"input is {len(text)} chars; the limit is {limits.max_input_chars}")
 
 
+#: How deeply a producer's free-form JSON (metadata, state, memory values, updates) may nest. Every
+#: reader of what is stored parses it again (pydantic's JSON parser refuses past about 200 levels,
+#: its serializer past 255): a deeper value accepted once would be a run, an item or a signal that
+#: no one could read back, not even to cancel or delete it.
+MAX_JSON_DEPTH = 32
+
+
+def check_json_depth(what: str, value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Refuse (:class:`InvalidRequest`) a JSON value whose objects and arrays nest deeper than
+    ``max_depth``; iterative, so any depth is measured without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if depth > max_depth:
+            raise InvalidRequest(f"{what} nests deeper than {max_depth} levels of objects and arrays")
+        stack.extend((child, depth + 1) for child in children)
+
+
 def _check_metadata(metadata: Any, limits: Limits) -> None:
     if not isinstance(metadata, dict):
         raise InvalidRequest(f"metadata must be a JSON object, got {type(metadata).__name__}")
+    check_json_depth("metadata", metadata)
     try:
         size = len(json.dumps(metadata))
     except (TypeError, ValueError) as exc:
@@ -283,6 +310,7 @@ MAX_STATE_BYTES = 64 * 1024
 def _check_state(state: Any) -> None:
     if not isinstance(state, dict):
         raise InvalidRequest(f"state must be a JSON object, got {type(state).__name__}")
+    check_json_depth("state", state)
     try:
         size = len(json.dumps(state, separators=(",", ":")))
     except (TypeError, ValueError) as exc:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.errors import InvalidRequest
 from shared.messages import Message, UserMessage
+from shared.request import check_json_depth
 from shared.run_state import StateError, check_state
 from shared.state import RunHead
 
@@ -131,6 +132,7 @@ def new_signal(
     else:
         if not isinstance(body, dict) or not body or not all(isinstance(k, str) for k in body):
             raise InvalidRequest("patch: an update is a non-empty JSON object of state fields")
+        check_json_depth("patch", body)
         signal = Signal(seq=0, kind=kind, patch=body, key=key, by=by[:200], at=at)
     if (size := len(body_json(signal))) > MAX_SIGNAL_BYTES:
         raise InvalidRequest(

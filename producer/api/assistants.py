@@ -29,6 +29,7 @@ from shared.errors import InvalidRequest
 from shared.request import MAX_NAME_CHARS, NAME_PATTERN
 
 __all__ = [
+    "MAX_VERSION",
     "Name",
     "assistant_versions",
     "create_assistant",
@@ -49,6 +50,10 @@ __all__ = [
 ]
 
 router = APIRouter(prefix="/v1", responses=ERRORS, tags=["assistants"])
+
+#: The largest version number a request may name (far above any assistant's cap): a larger one is
+#: a 422, not an index Redis refuses.
+MAX_VERSION = 2**31
 
 Name = Annotated[str, Path(min_length=1, max_length=100, pattern=ASSISTANT_NAME_PATTERN)]
 
@@ -72,7 +77,10 @@ class AssistantUpdateBody(BaseModel):
 
     config: AssistantConfig
     if_version: int | None = Field(
-        default=None, ge=1, description="Only if this is still the current version (else 409)."
+        default=None,
+        ge=1,
+        le=MAX_VERSION,
+        description="Only if this is still the current version (else 409).",
     )
 
 
@@ -81,8 +89,8 @@ class RollbackBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: int = Field(ge=1)
-    if_version: int | None = Field(default=None, ge=1)
+    version: int = Field(ge=1, le=MAX_VERSION)
+    if_version: int | None = Field(default=None, ge=1, le=MAX_VERSION)
 
 
 class AssistantSummaryView(BaseModel):
@@ -172,7 +180,7 @@ def list_assistants(
     "/assistants/{name}", response_model=AssistantVersion, summary="An assistant's current (or given) version"
 )
 def get_assistant(
-    name: Name, services: Svc, who: Who, version: Annotated[int | None, Query(ge=1)] = None
+    name: Name, services: Svc, who: Who, version: Annotated[int | None, Query(ge=1, le=MAX_VERSION)] = None
 ) -> AssistantVersion:
     try:
         return services.client.assistants.get(name, version=version, tenant=who.tenant)
@@ -205,7 +213,7 @@ def assistant_versions(
     name: Name,
     services: Svc,
     who: Who,
-    before: Annotated[int | None, Query(ge=1)] = None,
+    before: Annotated[int | None, Query(ge=1, le=MAX_VERSION)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> AssistantVersionList:
     try:
@@ -223,8 +231,8 @@ def diff_assistant(
     name: Name,
     services: Svc,
     who: Who,
-    before: Annotated[int, Query(ge=1, alias="from")],
-    after: Annotated[int, Query(ge=1, alias="to")],
+    before: Annotated[int, Query(ge=1, le=MAX_VERSION, alias="from")],
+    after: Annotated[int, Query(ge=1, le=MAX_VERSION, alias="to")],
 ) -> AssistantDiff:
     try:
         changes = services.client.assistants.diff(name, before, after, tenant=who.tenant)

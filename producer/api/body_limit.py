@@ -13,8 +13,10 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer.api.errors import error_response
+from shared.errors import InvalidRequest
+from shared.request import MAX_JSON_DEPTH, check_json_depth
 
-__all__ = ["BodyLimit", "non_finite_numbers"]
+__all__ = ["MAX_BODY_DEPTH", "BodyLimit", "non_finite_numbers"]
 
 #: A declared length with more digits is over any limit (and is not handed to int()).
 _MAX_LENGTH_DIGITS = 18
@@ -167,10 +169,16 @@ class _NotFinite:
         self.problem = problem
 
 
+#: How deeply a request body may nest: its deepest free-form field (``MAX_JSON_DEPTH``) and the
+#: objects that hold it.
+MAX_BODY_DEPTH = MAX_JSON_DEPTH + 4
+
+
 def non_finite_numbers(body: bytes) -> list[dict[str, str]]:
     """Each place a JSON ``body`` holds NaN, Infinity, -Infinity or a number too large for a
     double, as ``{"where", "problem"}`` in the shape of the API's validation errors (empty if there
-    is none, or if the body is not JSON at all: the route answers that with its own error).
+    is none, or if the body is not JSON at all: the route answers that with its own error); or the
+    one problem of a body nested deeper than ``MAX_BODY_DEPTH``.
 
     Python's json reads all of them, as floats that are not finite, and pydantic then stores them
     as null: the request would be taken with data other than the client sent."""
@@ -195,6 +203,12 @@ def non_finite_numbers(body: bytes) -> list[dict[str, str]]:
         document = json.loads(body, parse_constant=constant, parse_float=number)
     except (ValueError, RecursionError):  # not JSON (or not UTF-8, or nested past the stack)
         return []
+    try:
+        # Free-form fields (metadata, state, memory values, updates) are bounded where they are
+        # checked; a whole body that nests this deep is no request of the API's.
+        check_json_depth("the request body", document, MAX_BODY_DEPTH)
+    except InvalidRequest as exc:
+        return [{"where": "body", "problem": exc.message}]
     if not found:
         return []
     problems: list[dict[str, str]] = []

@@ -69,7 +69,8 @@ def _wanted(kinds: frozenset[str] | None, kind: str | None) -> bool:
 def _cursor(value: str | None) -> str:
     if value is None or value == "":
         return "0-0"
-    if not _STREAM_ID.match(value):
+    if not _STREAM_ID.match(value) or max(int(part) for part in value.split("-")) >= 2**64:
+        # Redis's stream ids are two unsigned 64-bit numbers: a larger one it refuses outright.
         raise ApiError(422, "invalid_request", f"an event id looks like 1700000000000-0, got {value[:40]!r}")
     return value
 

@@ -490,7 +490,7 @@ def checkpoints(
     run_id: str,
     services: Svc,
     who: Who,
-    after_version: Annotated[int, Query(ge=0)] = 0,
+    after_version: Annotated[int, Query(ge=0, le=2**31)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 1000,
 ) -> CheckpointList:
     owned_run(services, who, run_id)

@@ -337,3 +337,50 @@ def test_auth_off_on_all_addresses_under_plain_uvicorn_serves_loopback_callers_o
             refused(remote.get("/console/"))
     finally:
         server.stop()
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def test_json_nested_past_its_bound_is_refused_before_anything_is_stored(tenant: httpx.Client) -> None:
+    # Each was once stored, and then no reader could parse it back: a run no one could load or
+    # cancel that the sweeper handed on for ever, a memory item no read could return.
+    for path, body, method in [
+        ("/v1/runs", {"agent": "direct", "input": "x", "metadata": _nested(33)}, "POST"),
+        ("/v1/runs", {"agent": "direct", "input": "x", "state": _nested(33)}, "POST"),
+        ("/v1/memory/items", {"namespace": ["n"], "key": "k", "value": _nested(33)}, "PUT"),
+    ]:
+        response = tenant.request(method, path, json=body)
+        assert response.status_code == 422, (path, response.text)
+        assert "nests deeper than 32 levels" in response.json()["error"]["message"], response.text
+    # Far deeper (the depths pydantic's parser or serializer refuse): the body itself is refused.
+    for depth in (220, 300):
+        response = tenant.post("/v1/runs", json={"agent": "direct", "input": "x", "metadata": _nested(depth)})
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["details"]["problems"] == [
+            {"where": "body", "problem": "the request body nests deeper than 36 levels of objects and arrays"}
+        ]
+    # At the bound it is a run like any other.
+    fine = tenant.post("/v1/runs", json={"agent": "direct", "input": "x", "metadata": _nested(32)})
+    assert fine.status_code == 202, fine.text
+    assert [r["run_id"] for r in tenant.get("/v1/runs").json()["runs"]] == [fine.json()["run_id"]]
+    assert tenant.get(f"/v1/runs/{fine.json()['run_id']}").json()["metadata"] == _nested(32)
+
+
+def test_numbers_past_what_redis_reads_are_refused(tenant: httpx.Client) -> None:
+    run_id = tenant.post("/v1/runs", json={"agent": "direct", "input": "x"}).json()["run_id"]
+    for response in [
+        tenant.get(f"/v1/runs/{run_id}/events", params={"after": "99999999999999999999-0"}),
+        tenant.get(
+            f"/v1/runs/{run_id}/events",
+            headers={"Last-Event-ID": "1-99999999999999999999", "Accept": "text/event-stream"},
+        ),
+        tenant.get(f"/v1/runs/{run_id}/checkpoints", params={"after_version": 2**63 - 1}),
+        tenant.get("/v1/assistants/none", params={"version": 2**63}),
+    ]:
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["kind"] == "invalid_request"
