@@ -137,7 +137,9 @@ class BulkStore:
         rate = DEFAULT_RATE_PER_S if rate_per_s is None else float(rate_per_s)
         if not MIN_RATE_PER_S <= rate <= MAX_RATE_PER_S:
             raise InvalidRequest(f"rate_per_s must be in {MIN_RATE_PER_S}..{MAX_RATE_PER_S}, got {rate}")
-        running = sum(1 for job in self.list_jobs(tenant, MAX_JOBS_PER_TENANT) if job.status == "running")
+        # Counted in the running jobs themselves, not in the tenant's listing, which keeps its newest
+        # jobs only: a tenant making and cancelling jobs would push its running ones out of it.
+        running = sum(1 for owner, _ in self.active() if owner == tenant)
         if running >= MAX_RUNNING_PER_TENANT:
             raise InvalidRequest(
                 f"{running} bulk jobs are running already (at most {MAX_RUNNING_PER_TENANT}): wait for"
@@ -234,11 +236,13 @@ class BulkStore:
         key = self.keys.bulk_job(tenant, job_id)
         self.redis.hset(key, mapping={"cursor": cursor, "updated_at": time.time()})
 
-    def kicked(self, tenant: str | None, job_id: str) -> None:
-        """Note that a task for the job was just sent (the sweeper waits for it before sending another)."""
-        self.redis.hset(self.keys.bulk_job(tenant, job_id), "kicked_at", time.time())
+    def kicked(self, tenant: str | None, job_id: str, countdown: float = 0.0) -> None:
+        """Note that a task for the job was just sent, due in ``countdown`` seconds (the sweeper
+        waits for it, from when it is due, before sending another)."""
+        self.redis.hset(self.keys.bulk_job(tenant, job_id), "kicked_at", time.time() + max(0.0, countdown))
 
     def kicked_at(self, tenant: str | None, job_id: str) -> float:
+        """When the job's last task sent is due (see :meth:`kicked`)."""
         raw = self.redis.hget(self.keys.bulk_job(tenant, job_id), "kicked_at")
         return float(_s(raw)) if raw else 0.0
 

@@ -45,6 +45,9 @@ log = logging.getLogger("wesichain.bulk")
 CHUNK = 20
 #: Seconds a task waits before it tries again, when the pool cannot take new runs now.
 _BACK_OFF_S = 5.0
+#: The longest a task waits between two runs (a slower rate ends the task and sends the next one
+#: with the wait as its countdown).
+_MAX_WAIT_IN_TASK_S = 0.25
 
 
 class _Later(Exception):
@@ -110,8 +113,13 @@ class BulkPool:
                 log.warning("bulk job %s waits: %s", job_id, exc)
                 return recorded, _BACK_OFF_S
             recorded += int(self.jobs.record(tenant, job_id, outcome))
-            # The rate: one run per interval, the action's own time included.
-            self.sleep(max(0.0, interval - (time.monotonic() - started)))
+            # The rate: one run per interval, the action's own time included. A longer wait is not
+            # spent holding a worker's slot: the next task is sent with it as its countdown, and
+            # goes on with the page's next run (the cursor moves once the whole page is done).
+            wait = interval - (time.monotonic() - started)
+            if wait > _MAX_WAIT_IN_TASK_S:
+                return recorded, wait
+            self.sleep(max(0.0, wait))
         if page.next_cursor is None:
             self.jobs.end(tenant, job_id, "done")
             return recorded, None
@@ -119,7 +127,7 @@ class BulkPool:
         return recorded, 0.0
 
     def _kick(self, tenant: str | None, job_id: str, countdown: float) -> None:
-        self.jobs.kicked(tenant, job_id)
+        self.jobs.kicked(tenant, job_id, countdown)
         try:
             self.send(bulk_task(tenant, job_id, countdown=countdown))
         except PUBLISH_ERRORS as exc:  # the sweeper sends it once the broker takes messages again

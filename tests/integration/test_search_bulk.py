@@ -20,9 +20,10 @@ import pytest
 
 from producer.client import Client
 from shared.archiver import Archiver
+from shared.bulk import MAX_JOBS_PER_TENANT, MAX_RUNNING_PER_TENANT, BulkStore
 from shared.keys import Keys
 from shared.search import SearchQuery
-from shared.tenants import Tenants
+from shared.tenants import TenantLimits, Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.archive_support import BACKENDS, archive_url
 from tests.broker import Settings
@@ -294,6 +295,57 @@ def test_bulk_retry_fork_and_cancel(tenant: Tenant) -> None:
     assert [j["job_id"] for j in listed] == [job_id, fork_job["job_id"], job["job_id"]]
     again = tenant.http.post(f"/v1/bulk/{job_id}/cancel")
     assert again.status_code == 409 and again.json()["error"]["kind"] == "wrong_state"
+
+
+def test_a_slow_bulk_job_holds_no_worker_between_its_runs(tenant: Tenant, server: RedisServer) -> None:
+    runs = [tenant.submit("direct", f"slow {i}", metadata={"customer": "slow"}) for i in range(3)]
+    for run_id in runs:
+        tenant.ended(run_id)
+    # One run every 5 s: the job once slept those seconds in its task, holding a worker's slot (ten
+    # such jobs, the most a tenant may run, held ten).
+    job = tenant.http.post(
+        "/v1/bulk", json={"action": "cancel", "query": {"metadata": {"customer": "slow"}}, "rate_per_s": 0.2}
+    )
+    job_id = job.json()["job_id"]
+    jobs = BulkStore(server.client(), Keys())
+
+    def between_runs() -> bool:
+        view = tenant.http.get(f"/v1/bulk/{job_id}").json()
+        return bool(
+            view["status"] == "running" and view["skipped"] == 1 and not jobs.held(tenant.name, job_id)
+        )
+
+    # After its first run no task holds the job: the next is sent with the wait as its countdown.
+    wait_until(between_runs, TIMEOUT, interval=0.05, what="the job to wait between runs, holding nothing")
+    done = tenant.bulk_ended(job_id)
+    assert (done["status"], done["skipped"], done["acted"]) == ("done", 3, 0)
+    assert set(tenant.outcomes(job_id)) == set(runs)
+
+
+def test_a_tenants_running_jobs_are_capped_however_many_it_made(tenant: Tenant, server: RedisServer) -> None:
+    # At its in-flight limit (one parked run) a retry job waits, running, until it is cancelled.
+    tenant.ended(tenant.submit("direct", "retry me", metadata={"customer": "capped"}))
+    Tenants(server.client(), Keys()).set_limits(tenant.name, TenantLimits(max_inflight=1))
+    parked = tenant.submit("needs_approval", "hold the place")
+    wait_status(tenant.http, parked, {"awaiting_approval"}, TIMEOUT)
+    waiting = {"action": "retry", "query": {"metadata": {"customer": "capped"}}}
+
+    def make() -> httpx.Response:
+        return tenant.http.post("/v1/bulk", json=waiting)
+
+    running = [make().json()["job_id"] for _ in range(MAX_RUNNING_PER_TENANT - 1)]
+    # Jobs made and cancelled push the running ones out of the tenant's listing of its newest jobs,
+    # which the cap was once counted in.
+    for _ in range(MAX_JOBS_PER_TENANT):
+        filler = make()
+        assert filler.status_code == 202, filler.text
+        assert tenant.http.post(f"/v1/bulk/{filler.json()['job_id']}/cancel").status_code == 202
+    running.append(make().json()["job_id"])
+    refused = make()
+    assert refused.status_code == 422 and "bulk jobs are running already" in refused.text, refused.text
+    for job_id in running:
+        assert tenant.http.post(f"/v1/bulk/{job_id}/cancel").status_code == 202
+    assert tenant.http.post(f"/v1/runs/{parked}/cancel").status_code == 202
 
 
 def test_another_tenants_runs_and_jobs_are_out_of_reach(tenant: Tenant, attacker: Tenant) -> None:
