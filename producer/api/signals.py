@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from producer.api.auth import Caller
 from producer.api.errors import ApiError
+from producer.api.limits import StreamSlot
 from producer.api.runs import ERRORS, Svc, Who, owned_run
 from producer.api.services import Services
 from producer.client import RequestConflict, RunHandle, RunNotFound, SignalRefused, signal_view
@@ -140,11 +141,20 @@ async def get_signal(
     await asyncio.to_thread(owned_run, services, who, run_id)
     deadline = time.monotonic() + wait
     delay = 0.02
-    while True:
-        view = await asyncio.to_thread(signal_view, services.store, run_id, signal_id)
-        if view is None:
-            raise ApiError(404, "not_found", f"no signal {signal_id} in run {run_id!r}")
-        if view.status != "pending" or time.monotonic() >= deadline:
-            return view
-        await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 0.25)
+    slot: StreamSlot | None = None
+    try:
+        while True:
+            view = await asyncio.to_thread(signal_view, services.store, run_id, signal_id)
+            if view is None:
+                raise ApiError(404, "not_found", f"no signal {signal_id} in run {run_id!r}")
+            if view.status != "pending" or time.monotonic() >= deadline:
+                return view
+            if slot is None:
+                # A wait holds a connection and polls Redis, as an event stream does: it takes one
+                # of the tenant's stream places for as long (429 ``too_many_streams`` past them).
+                slot = services.streams.take(who.tenant)
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.25)
+    finally:
+        if slot is not None:
+            slot.release()

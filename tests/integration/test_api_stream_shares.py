@@ -81,3 +81,28 @@ def test_a_tenant_at_its_share_of_streams_leaves_the_others_theirs(
         with hog.stream("GET", path, headers=SSE) as one, hog.stream("GET", path, headers=SSE) as two:
             assert one.status_code == two.status_code == 200
         assert hog.post(f"/v1/runs/{hog_run}/cancel").status_code == 202
+
+
+def test_a_waiting_signal_poll_takes_a_stream_place(api: ApiProcess, redis_server: RedisServer) -> None:
+    with tenant_http(api, redis_server, "poller") as http:
+        run_id = parked_run(http)
+        sent = http.post(f"/v1/runs/{run_id}/messages", json={"text": "are you there?"})
+        assert sent.status_code == 202, sent.text
+        poll = f"/v1/runs/{run_id}/signals/{sent.json()['id']}"
+        with ExitStack() as held:
+            for _ in range(SHARE):
+                stream = held.enter_context(http.stream("GET", f"/v1/runs/{run_id}/events", headers=SSE))
+                assert stream.status_code == 200
+            # Held polls would be as many connections polling Redis: a wait needs a place.
+            refused = http.get(poll, params={"wait": 5})
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["kind"] == "too_many_streams"
+            # Asking without waiting holds nothing.
+            assert http.get(poll).json()["status"] == "pending"
+
+        def waited() -> bool:
+            response = http.get(poll, params={"wait": 0.2})
+            return response.status_code == 200 and response.json()["status"] == "pending"
+
+        wait_until(waited, timeout=TIMEOUT, what="the stream places to be given back")
+        assert http.post(f"/v1/runs/{run_id}/cancel").status_code == 202
