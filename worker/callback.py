@@ -64,7 +64,8 @@ def run_callback(rt: Runtime, delivery: Delivery, step: int, phase: str) -> None
     head = claim.head
     pending, raw_state = claim.callback or (None, None)
     if pending != protocol.CALLBACK_PENDING or head.callback is None:
-        rt.store.release(head.run_id, claim.field, claim.token)  # delivered (or given up) already
+        # Delivered (or given up) already: nothing to do.
+        rt.store.release(head.run_id, claim.field, claim.token, head.version)
         return
     state = CallbackState.model_validate_json(raw_state) if raw_state else CallbackState()
     attempt = state.attempts + 1

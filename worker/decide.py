@@ -31,7 +31,7 @@ def run_decide(rt: Runtime, delivery: Delivery, step: int | None = None) -> RunH
         approval = head.approval
         if decision is None or approval is None:
             log.warning("run %s: decide without a stored decision; still waiting", head.run_id)
-            rt.store.release(head.run_id, claim.field, claim.token)
+            rt.store.release(head.run_id, claim.field, claim.token, head.version)
             return None
         if approval.kind == "unknown_outcome":
             # Who decided, and why, is recorded as for approved or denied calls.
@@ -73,7 +73,7 @@ def _children_ended(rt: Runtime, current: fsm.Parked, claim: Claim) -> RunHead |
     results = rt.store.load_results(head.run_id, head.step)
     missing = set(waited) - {r.call_id for r in results}
     if missing:
-        rt.store.release(head.run_id, claim.field, claim.token)
+        rt.store.release(head.run_id, claim.field, claim.token, head.version)
         return None
     policy = rt.agent_of(head).policy
     verdict = after_tools(

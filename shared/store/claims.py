@@ -351,10 +351,13 @@ class ClaimsMixin(RunsMixin):
             replies = pipe.execute()
         return int(replies[1])
 
-    def release(self, run_id: str, field: str, token: str) -> bool:
-        """Give up a claim this token holds (atomically: only if it still holds it)."""
+    def release(self, run_id: str, field: str, token: str, version: int) -> bool:
+        """Give up a claim this token holds, at the run's ``version``, without having done its work
+        (atomically: only if it still holds it); the claim is no longer counted in the attempts."""
         k = self.keys
-        reply = self._run("release", [k.run(run_id), k.attempts(run_id)], [field, "token", token, "0", ""])
+        reply = self._run(
+            "release", [k.run(run_id), k.attempts(run_id)], [field, "token", token, str(version), ""]
+        )
         return int(reply) == 1
 
     def expire_dead_holder(self, run_id: str, version: int, field: str, holder: str, reason: str) -> bool:

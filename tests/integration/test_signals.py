@@ -13,6 +13,7 @@ import pytest
 
 from producer.cli import main
 from producer.client import Client, RequestConflict, RunHandle, SignalRefused
+from shared import protocol
 from shared.errors import InvalidRequest
 from shared.messages import UserMessage
 from shared.signals import SignalView
@@ -170,6 +171,30 @@ def test_a_message_wakes_a_parked_run_whose_agent_allows_it(
     done = waiting.wait(TIMEOUT)
     assert done.answer == "woken by never mind, cancel the refund; ran"
     assert waiting.signal(1).status == "accepted"
+
+
+def test_many_messages_into_a_parked_run_that_waits_for_its_human_do_not_fail_it(
+    workers: list[WorkerProcess], client: Client
+) -> None:
+    waiting = client.submit("waits_for_decision", "please refund")
+    _parked(waiting)
+    # Each message sends a decide, which finds no decision and gives the run back: once counted as
+    # an attempt of the decide, the sixth failed the run as poison.
+    sent = client.settings.max_phase_attempts + 3
+    for i in range(sent):
+        waiting.send_message(f"still there? {i}")
+    decided = protocol.attempts_field(waiting.status().version, protocol.RUNNING)
+
+    def every_decide_given_back() -> bool:
+        # Each decide's claim is taken back out of the attempts as it gives the run back.
+        return client.store.attempts(waiting.run_id).get(decided) == "0"
+
+    wait_until(every_decide_given_back, TIMEOUT, what="the decides to find no decision")
+    assert waiting.status().phase is Phase.AWAITING_APPROVAL
+    waiting.approve()
+    done = waiting.wait(TIMEOUT)
+    assert done.phase is Phase.COMPLETED, done.error
+    assert [waiting.signal(n).status for n in range(1, sent + 1)] == ["accepted"] * sent
 
 
 def test_a_message_sent_while_the_parking_think_asks_the_model_wakes_the_run(

@@ -328,18 +328,21 @@ def test_claim_counts_attempts_and_sets_the_lease_by_redis_time(store: RunStore)
     assert hash_of(store, run_id)[protocol.OUTBOX_CLAIMED] == "1"
     # A second delivery while the claim is live does nothing, whatever it claims to be.
     assert isinstance(store.claim_phase(PhaseClaim(run_id, 1, Phase.IDLE, 0, 0), HOLDER), Busy)
-    # A released claim leaves no trace of an unknown outcome.
-    assert store.release(run_id, first.field, first.token)
-    assert not store.release(run_id, first.field, first.token)
-    again = claim(store, head)
-    assert (again.attempts, again.prior) == (2, "none")
-    assert store.attempts(run_id) == {protocol.attempts_field(1, protocol.RUNNING): "2"}
+    # A released claim leaves no trace of an unknown outcome, and is no attempt of the work: a
+    # delivery that found nothing to do (a decide before any decision) did not try it.
+    assert store.release(run_id, first.field, first.token, 1)
+    assert not store.release(run_id, first.field, first.token, 1)
+    for _ in range(10):  # as many early decides as messages sent into a parked run
+        again = claim(store, head)
+        assert (again.attempts, again.prior) == (1, "none")
+        assert store.release(run_id, again.field, again.token, 1)
+    assert store.attempts(run_id) == {protocol.attempts_field(1, protocol.RUNNING): "0"}
 
 
 def test_release_only_by_the_holder(store: RunStore) -> None:
     head = create(store)
     held = claim(store, head)
-    assert not store.release(head.run_id, held.field, "another-token")
+    assert not store.release(head.run_id, held.field, "another-token", head.version)
     assert protocol.RUNNING in hash_of(store, head.run_id)
 
 
