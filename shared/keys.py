@@ -293,6 +293,13 @@ class Keys:
         before the commit that pins them; an ended or re-pinned run is dropped when it is read."""
         return f"{self.prefix}{{workers}}:pinned:{agent}:{version}"
 
+    def pinned_of(self, agent: str, version: str, tenant: str | None) -> str:
+        """Set: the runs of one tenant (``-``: none) pinned to ``agent`` ``version``, kept beside
+        :meth:`pinned` so a tenant's count reads its own runs only. The tenant's ``:`` is escaped,
+        so its part ends at the first ``:``."""
+        owner = "-" if tenant is None else tenant.replace(":", "%3A")
+        return f"{self.prefix}{{workers}}:pinned-of:{owner}:{agent}:{version}"
+
     def pinned_versions(self) -> str:
         """Set: ``AGENT:VERSION`` of every version some live run may be pinned to."""
         return f"{self.prefix}{{workers}}:pinned"

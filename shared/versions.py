@@ -254,9 +254,10 @@ class PinnedRuns:
         self.redis = store.redis
         self.keys = store.keys
 
-    def pin(self, run_id: str, agent: str, version: str) -> None:
+    def pin(self, run_id: str, agent: str, version: str, tenant: str | None = None) -> None:
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.sadd(self.keys.pinned(agent, version), run_id)
+            pipe.sadd(self.keys.pinned_of(agent, version, tenant), run_id)
             pipe.sadd(self.keys.pinned_versions(), f"{agent}:{version}")
             pipe.execute()
 
@@ -270,8 +271,10 @@ class PinnedRuns:
         return sorted(found)
 
     def count(self, agent: str, version: str, tenant: str | None | Literal["*"] = "*") -> PinnedCount:
-        """The live runs pinned to ``agent`` ``version`` (of ``tenant`` only, unless ``"*"``)."""
-        key = self.keys.pinned(agent, version)
+        """The live runs pinned to ``agent`` ``version`` (of ``tenant`` only, unless ``"*"``: then
+        its own set is read, so a tenant's count costs what its own runs do, not every tenant's)."""
+        every = tenant == "*"
+        key = self.keys.pinned(agent, version) if every else self.keys.pinned_of(agent, version, tenant)
         active = parked = 0
         gone: list[str] = []
         cursor: Any = 0
@@ -297,7 +300,7 @@ class PinnedRuns:
                 break
         if gone:
             self.redis.srem(key, *gone)
-        if not active and not parked and not self.redis.exists(key):
+        if every and not active and not parked and not self.redis.exists(key):
             self.redis.srem(self.keys.pinned_versions(), f"{agent}:{version}")
         return PinnedCount(agent, version, active, parked)
 

@@ -119,7 +119,7 @@ def pin(rt: Runtime, head: RunHead, agent: Agent) -> str:
     """The version ``head``'s run is pinned to with ``agent``'s code, indexed before the commit that
     records it (the one place a run's version is chosen: the start, and a run handed to an agent)."""
     version = version_to_pin(agent.versions)
-    PinnedRuns(rt.store).pin(head.run_id, agent.name, version)
+    PinnedRuns(rt.store).pin(head.run_id, agent.name, version, head.tenant)
     return version
 
 
