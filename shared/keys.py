@@ -58,6 +58,14 @@ def _last_claim(tag: str, holder: str) -> str:
     return f"{tag}last-claim:{holder}"
 
 
+def _owner(tenant: str | None) -> str:
+    """A tenant's part of a key that more names follow (``-``: runs without one). It holds no ``:``
+    (escaped as ``%3A``; no name holds ``%``), so the first ``:`` after it ends it: tenant ``a``
+    with thread ``b:c`` and tenant ``a:b`` with thread ``c`` name two keys, not one both tenants
+    would read and write."""
+    return "-" if tenant is None else tenant.replace(":", "%3A")
+
+
 def _index(tag: str, tenant: str | None, dimension: str, value: str) -> str:
     return f"{tag}idx:{tenant or '-'}:{dimension}:{value}"
 
@@ -252,12 +260,8 @@ class Keys:
         return f"{self.prefix}{{limit:{scope}}}:slots"
 
     def _thread(self, tenant: str | None, thread_id: str) -> str:
-        # Every key of one thread shares its hash tag: each thread script touches one slot. The
-        # tenant's part holds no ':' (it is escaped as '%3A'; no name holds '%'), so the first ':'
-        # after it ends it: tenant "a" with thread "b:c" and tenant "a:b" with thread "c" are two
-        # threads, not one both tenants would read and write.
-        owner = "-" if tenant is None else tenant.replace(":", "%3A")
-        return f"{self.prefix}{{thread:{owner}:{thread_id}}}"
+        # Every key of one thread shares its hash tag: each thread script touches one slot.
+        return f"{self.prefix}{{thread:{_owner(tenant)}:{thread_id}}}"
 
     def thread(self, tenant: str | None, thread_id: str) -> str:
         """List: run ids of one conversation thread of one tenant, oldest first (the thread order)."""
@@ -295,10 +299,8 @@ class Keys:
 
     def pinned_of(self, agent: str, version: str, tenant: str | None) -> str:
         """Set: the runs of one tenant (``-``: none) pinned to ``agent`` ``version``, kept beside
-        :meth:`pinned` so a tenant's count reads its own runs only. The tenant's ``:`` is escaped,
-        so its part ends at the first ``:``."""
-        owner = "-" if tenant is None else tenant.replace(":", "%3A")
-        return f"{self.prefix}{{workers}}:pinned-of:{owner}:{agent}:{version}"
+        :meth:`pinned` so a tenant's count reads its own runs only."""
+        return f"{self.prefix}{{workers}}:pinned-of:{_owner(tenant)}:{agent}:{version}"
 
     def pinned_versions(self) -> str:
         """Set: ``AGENT:VERSION`` of every version some live run may be pinned to."""

@@ -30,6 +30,7 @@ from shared.keys import Keys
 from shared.llm.names import REACT_PREFIX, split_model_string
 from shared.queues import check_namespace
 from shared.request import MAX_NAME_CHARS, check_callback_queue, check_callback_task, check_name
+from shared.state import RunHead
 from shared.webhooks import new_secret
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "TenantSettings",
     "Tenants",
     "check_callback_allowed",
+    "check_copy_allowed",
     "check_model_allowed",
     "check_models_allowed",
     "check_namespace_allowed",
@@ -165,6 +167,20 @@ def check_callback_allowed(
             queue=queue,
             allowed=list(allowed.queues),
         )
+
+
+def check_copy_allowed(
+    source: RunHead, namespaces: tuple[str, ...], callbacks: CeleryCallbacks, *, callback: bool
+) -> None:
+    """Raise :class:`NotAllowed` unless a new run copied from ``source`` (a retry, which keeps its
+    Celery callback: ``callback``; a fork, which does not) may still go where it went: what its
+    tenant was allowed when it was made may have been taken back since. ``namespaces`` and
+    ``callbacks``: what the tenant is allowed now."""
+    if source.tenant is None:
+        return
+    check_namespace_allowed(source.tenant, source.namespace, namespaces)
+    if callback and source.callback is not None:
+        check_callback_allowed(source.tenant, source.callback.task, source.callback.queue, callbacks)
 
 
 def _model_key(model: str) -> tuple[str, str] | None:

@@ -31,7 +31,7 @@ from producer.publishing import PUBLISH_ERRORS
 from shared.bulk import BulkJob, BulkOutcome, BulkStore, bulk_task
 from shared.errors import InvalidRequest, StoreFull, ThreadBusy
 from shared.state import RunHead, TaskSpec
-from shared.tenants import Tenants, TenantSettings, check_callback_allowed, check_namespace_allowed
+from shared.tenants import Tenants, TenantSettings, check_copy_allowed
 from shared.timetravel import last_good_checkpoint
 
 __all__ = [
@@ -154,11 +154,9 @@ class BulkPool:
         reservation = None
         try:
             if allowed is not None and head.tenant is not None:
-                # What the run was allowed when it was made may have been taken back since.
-                check_namespace_allowed(head.tenant, head.namespace, allowed.namespaces)
-                if job.action == "retry" and head.callback is not None:
-                    callback = head.callback
-                    check_callback_allowed(head.tenant, callback.task, callback.queue, allowed.callbacks)
+                check_copy_allowed(
+                    head, allowed.namespaces, allowed.callbacks, callback=job.action == "retry"
+                )
                 # The tenant's runs in flight and submits per minute bound its bulk jobs too: at
                 # its limits, the job waits (``_Later``) as a submit would be told to.
                 reservation = self.admissions.reserve(head.tenant, allowed.limits)

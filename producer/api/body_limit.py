@@ -16,7 +16,7 @@ from producer.api.errors import error_response
 from shared.errors import InvalidRequest
 from shared.request import MAX_JSON_DEPTH, check_json_depth
 
-__all__ = ["MAX_BODY_DEPTH", "BodyLimit", "non_finite_numbers"]
+__all__ = ["MAX_BODY_DEPTH", "BodyLimit", "json_body_problems"]
 
 #: A declared length with more digits is over any limit (and is not handed to int()).
 _MAX_LENGTH_DIGITS = 18
@@ -77,7 +77,7 @@ class BodyLimit:
             await self._too_large(scope, receive, send)
             return
         body = b"".join(chunks)
-        problems = non_finite_numbers(body)
+        problems = json_body_problems(body)
         if problems:
             summary = "; ".join(f"{p['where']}: {p['problem']}" for p in problems[:5])
             details = {"problems": problems[:20]}
@@ -174,7 +174,7 @@ class _NotFinite:
 MAX_BODY_DEPTH = MAX_JSON_DEPTH + 4
 
 
-def non_finite_numbers(body: bytes) -> list[dict[str, str]]:
+def json_body_problems(body: bytes) -> list[dict[str, str]]:
     """Each place a JSON ``body`` holds NaN, Infinity, -Infinity or a number too large for a
     double, as ``{"where", "problem"}`` in the shape of the API's validation errors (empty if there
     is none, or if the body is not JSON at all: the route answers that with its own error); or the

@@ -31,6 +31,7 @@ from shared.tenants import (
     NotAllowed,
     TenantSettings,
     check_callback_allowed,
+    check_copy_allowed,
     check_model_allowed,
     check_namespace_allowed,
 )
@@ -104,11 +105,16 @@ def allowed_callback(gate: AllowList, who: Caller, callback: Callback | None) ->
 
 def allowed_again(gate: AllowList, who: Caller, source: RunHead, *, callback: bool) -> None:
     """Refuse (403 ``forbidden``) a new run copied from ``source`` (a retry, with its callback; a
-    fork, without) whose namespace or Celery callback the caller's tenant is no longer allowed: an
-    allowance taken back holds for the runs made from old ones too."""
-    allowed_namespace(gate, who, source.namespace)
-    if callback:
-        allowed_callback(gate, who, source.callback)
+    fork, without) whose namespace or Celery callback the caller's tenant is no longer allowed
+    (``check_copy_allowed``)."""
+    if who.tenant is None:
+        return
+    try:
+        check_copy_allowed(
+            source, gate.namespaces(who.tenant), gate.celery_callbacks(who.tenant), callback=callback
+        )
+    except NotAllowed as exc:
+        raise refusal(exc) from None
 
 
 def refusal(exc: NotAllowed) -> ApiError:

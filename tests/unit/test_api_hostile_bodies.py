@@ -13,7 +13,7 @@ import pytest
 from starlette.types import Message
 
 from producer.api.app import create_app
-from producer.api.body_limit import non_finite_numbers
+from producer.api.body_limit import json_body_problems
 from producer.api.config import ApiConfig
 from shared.settings import Settings
 
@@ -131,7 +131,7 @@ def test_the_same_length_twice_is_one_length() -> None:
 
 def test_where_numbers_json_does_not_have_are() -> None:
     body = b'{"a": [1, NaN, {"b": -Infinity}], "c": "NaN", "d": 1e999, "e": 2.5, "f": Infinity}'
-    assert non_finite_numbers(body) == [
+    assert json_body_problems(body) == [
         {"where": "body.a.1", "problem": "NaN is not a JSON number; send a finite number, a string or null"},
         {
             "where": "body.a.2.b",
@@ -144,12 +144,12 @@ def test_where_numbers_json_does_not_have_are() -> None:
         },
     ]
     # JSON in UTF-16 (json.loads takes it, so FastAPI does) hides the bytes "NaN", not the value.
-    assert [p["where"] for p in non_finite_numbers('{"x": NaN}'.encode("utf-16"))] == ["body.x"]
-    assert non_finite_numbers(b'{"x": 1.5, "y": "Infinity", "z": 10000000000000000000000}') == []
+    assert [p["where"] for p in json_body_problems('{"x": NaN}'.encode("utf-16"))] == ["body.x"]
+    assert json_body_problems(b'{"x": 1.5, "y": "Infinity", "z": 10000000000000000000000}') == []
     # Not JSON: left to the route, which answers bad_json.
-    assert non_finite_numbers(b'{"x": NaN') == []
-    assert non_finite_numbers(b"[" * 100_000 + b"NaN" + b"]" * 100_000) == []
-    assert non_finite_numbers(b"") == []
+    assert json_body_problems(b'{"x": NaN') == []
+    assert json_body_problems(b"[" * 100_000 + b"NaN" + b"]" * 100_000) == []
+    assert json_body_problems(b"") == []
 
 
 @pytest.mark.parametrize(
