@@ -80,6 +80,24 @@ def slow(args: SleepArgs, ctx: ToolContext) -> SleepResult:
     return SleepResult(label=args.label, pid=os.getpid())
 
 
+#: String per run: set by a test to let the run's ``held`` or ``hold`` call return.
+RELEASE_KEY = "test:release:"
+
+
+@tool
+def held(args: SleepArgs, ctx: ToolContext) -> SleepResult:
+    """A retry-safe call that runs until the test releases it: a test that acts "while the call
+    runs" then never depends on how long its own steps take on a loaded machine."""
+    _record(STARTS_KEY, ctx)
+    deadline = time.monotonic() + args.seconds
+    while not _redis().exists(RELEASE_KEY + ctx.run_id) and time.monotonic() < deadline:
+        if ctx.cancelled():
+            break
+        time.sleep(0.02)
+    _record(EFFECTS_KEY, ctx)
+    return SleepResult(label=args.label, pid=os.getpid())
+
+
 @tool(retry_safe=False)
 def charge(args: SleepArgs, ctx: ToolContext) -> SleepResult:
     """A side effect that must never happen twice (think: a payment)."""
@@ -221,6 +239,7 @@ TOOLS = ToolSet(
         add,
         progress,
         slow,
+        held,
         charge,
         charge_gated,
         crash_worker,
@@ -348,12 +367,13 @@ registry.add(
 
 # -- agents of the chaos suite (tests/chaos) ------------------------------------------------------
 
-#: Step 1 a quick tool, step 2 a 5 s tool: old deliveries of step 1 can be replayed while step 2 runs.
+#: Step 1 a quick tool, step 2 a call held until the test releases the run (``RELEASE_KEY``):
+#: old deliveries of step 1 are replayed while step 2 runs, however slow the machine.
 _add(
     "late_delivery",
     [
         reply(None, ("add", {"a": 1, "b": 2})),
-        reply(None, ("slow", {"seconds": 5, "label": "late"})),
+        reply(None, ("held", {"seconds": 60, "label": "late"})),
         reply("late deliveries changed nothing"),
     ],
 )
@@ -543,8 +563,6 @@ for _name, _policy in _CUT_POLICIES.items():
 
 # -- signals: messages and state updates sent into a running run ------------------------------------
 
-#: String per run: set by a test to let the run's ``hold`` call return.
-RELEASE_KEY = "test:release:"
 #: String per run: the pid of the process whose ``hold`` call is waiting.
 HOLDING_KEY = "test:holding:"
 

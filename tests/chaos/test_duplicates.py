@@ -16,6 +16,7 @@ import pytest
 
 from producer.client import Client
 from shared.state import Phase
+from tests.agents_fixture import RELEASE_KEY
 from tests.broker import DELIVERIES_KEY, Settings
 from tests.chaos.support import (
     RUN_TIMEOUT_S,
@@ -174,6 +175,7 @@ def test_late_deliveries_after_a_takeover_change_nothing(cluster: Cluster, clien
     assert starts(r, idem(run_id, 2)) == 1, "an old-epoch delivery started the running call again"
     assert starts(r, idem(run_id, 1)) == 0 and effects(r, idem(run_id, 1)) == 1
 
+    r.set(RELEASE_KEY + run_id, 1)
     check_clean_run(client, run_id, "late_delivery")
     assert starts(r, idem(run_id, 2)) == 1
     done = handle.status()
