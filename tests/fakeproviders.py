@@ -811,9 +811,15 @@ class _Handler(BaseHTTPRequestHandler):
         renderer = self.fake.renderer
         if self.path.endswith(renderer.route):
             broken = self.fake.enter()
+            # A whole (not streamed) answer leaves the provider's count before it is sent: the
+            # client may send its next request the moment it has read this one, which can be
+            # before this thread runs again, and that is not two requests at once.
+            whole = broken is not None or not renderer.is_stream(body)
             try:
                 if self.fake.latency_s:
                     self.fake.stopping.wait(self.fake.latency_s)
+                if whole:
+                    self.fake.leave()
                 if broken is not None:
                     self.fake.record(RecordedRequest("POST", self.path, headers, body, time.monotonic()))
                     self._status_fault(
@@ -822,7 +828,8 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 self._answer(headers, body)
             finally:
-                self.fake.leave()
+                if not whole:
+                    self.fake.leave()
             return
         self._answer(headers, body)
 

@@ -275,8 +275,11 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
                 " === 'Run nightly-2:v1:c5:r0'",
                 timeout=UI_TIMEOUT_MS,
             )
-            back = page.wait_for_selector("#eval-link", timeout=UI_TIMEOUT_MS)
-            assert back is not None and back.get_attribute("href") == "/evals/nightly-2#item=1%3A5%3A0"
+            # A locator, not an element handle: the run's page re-renders as it refreshes, and a
+            # handle to the link it replaced can no longer be clicked.
+            back = page.locator("#eval-link")
+            back.wait_for(timeout=UI_TIMEOUT_MS)
+            assert back.get_attribute("href") == "/evals/nightly-2#item=1%3A5%3A0"
             assert back.text_content() == "case 5, variant 1, repeat 0 of eval nightly-2"
             back.click()
             # The viewer opens that case and marks this run among its variants' runs.
