@@ -37,7 +37,7 @@ from producer.client import (
     RunTimeout,
     UnknownAgent,
 )
-from shared.assistant_store import AssistantSummary
+from shared.assistant_store import AssistantsFull, AssistantSummary
 from shared.assistants import (
     AssistantConfig,
     AssistantConflict,
@@ -446,11 +446,21 @@ def _assistant_invalid(message: str, details: dict[str, Any]) -> Exception:
     return AssistantInvalid(str(field), message) if field else InvalidRequest(message, **details)
 
 
+def _assistants_full(message: str, details: dict[str, Any]) -> Exception:
+    frees_at = details.get("frees_at")
+    return AssistantsFull(
+        int(details.get("max_assistant_bytes", 0)),
+        int(details.get("held_bytes", 0)),
+        float(frees_at) if frees_at is not None else None,
+    )
+
+
 #: The assistants' errors as the Redis client raises them (``shared/assistants.py``).
 _ASSISTANT_REFUSALS: Refusals = {
     "not_found": lambda message, _: UnknownAssistant(message),
     "conflict": lambda message, _: AssistantConflict(message),
     "invalid_request": _assistant_invalid,
+    "quota_exceeded": _assistants_full,
 }
 _CREATE_REFUSALS: Refusals = {
     **_ASSISTANT_REFUSALS,

@@ -12,6 +12,12 @@ with it (:meth:`AssistantStore.get` with ``deleted=True``: the runtime's read of
 Creating the name again meanwhile continues their numbering: a version number never means two
 configurations.
 
+The bytes of every version a tenant's Redis holds count against its ``max_assistant_bytes``
+(``TenantLimits``), a deleted assistant's kept versions included until they expire: otherwise
+creating, filling and deleting names would let one tenant fill Redis with versions nobody lists.
+A change past the quota raises :class:`AssistantsFull`, saying when the next deleted assistant's
+versions stop counting.
+
 A rollback appends a new version equal to the old one (``restored_from`` says which) rather than
 moving a pointer back: the list of versions stays the history of what was current when, "current"
 is always the newest, and a run started after the rollback records a version that did not exist
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,12 +49,29 @@ from shared.errors import InvalidRequest
 from shared.keys import Keys
 from shared.request import RunRequest
 from shared.scripts import register_script
+from shared.tenants import TenantLimits, Tenants
 
-__all__ = ["AssistantStore", "AssistantSummary", "MAX_ASSISTANTS", "MAX_VERSIONS"]
+__all__ = ["AssistantStore", "AssistantSummary", "AssistantsFull", "MAX_ASSISTANTS", "MAX_VERSIONS"]
 
 #: The most assistants one tenant may have, and versions one assistant may have.
 MAX_ASSISTANTS = 500
 MAX_VERSIONS = 1000
+
+
+class AssistantsFull(InvalidRequest):
+    """The tenant's assistants' versions hold its ``max_assistant_bytes`` already: ``details`` give
+    the quota, the bytes held, and when (epoch seconds; None: never by itself) the next deleted
+    assistant's versions expire and stop counting."""
+
+    def __init__(self, limit: int, held: int, frees_at: float | None) -> None:
+        when = f"; a deleted assistant's versions stop counting at {frees_at:.0f}" if frees_at else ""
+        super().__init__(
+            f"the tenant's assistants hold {held} of their {limit} bytes: this version does not fit{when}",
+            max_assistant_bytes=limit,
+            held_bytes=held,
+            frees_at=frees_at,
+        )
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -61,11 +85,17 @@ class AssistantSummary:
 
 
 class AssistantStore:
-    """A deployment's assistants, every call scoped by its ``tenant`` (None: the tenant-less runs')."""
+    """A deployment's assistants, every call scoped by its ``tenant`` (None: the tenant-less runs').
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    ``max_bytes`` gives a tenant's byte quota (default: its ``TenantLimits``, read at each change,
+    so an operator's change applies at once)."""
+
+    def __init__(
+        self, client: redis.Redis, keys: Keys, max_bytes: Callable[[str | None], int] | None = None
+    ) -> None:
         self.redis = client
         self.keys = keys
+        self.max_bytes = max_bytes or _tenant_quota(client, keys)
         self._put = register_script(client, "assistant_put")
         self._delete = register_script(client, "assistant_delete")
 
@@ -113,7 +143,11 @@ class AssistantStore:
         """Delete an assistant (:class:`UnknownAssistant` if the tenant has none of that name); its
         versions stay readable to the runs pinned to them for ``keep_s`` seconds."""
         check_assistant_name(name)
-        keys = [self.keys.assistant_versions(tenant, name), self.keys.assistants(tenant)]
+        keys = [
+            self.keys.assistant_versions(tenant, name),
+            self.keys.assistants(tenant),
+            self.keys.assistants_kept(tenant),
+        ]
         if int(self._delete(keys, [name, max(1, int(keep_s))])) == 0:
             raise UnknownAssistant(f"no assistant {name!r}")
 
@@ -191,8 +225,14 @@ class AssistantStore:
     ) -> AssistantVersion:
         created_at = time.time()
         record = _Record(agent=agent, config=config, created_at=created_at, restored_from=restored_from)
-        status, number = self._put(
-            [self.keys.assistant_versions(tenant, name), self.keys.assistants(tenant)],
+        max_bytes = self.max_bytes(tenant)
+        status, number, *more = self._put(
+            [
+                self.keys.assistant_versions(tenant, name),
+                self.keys.assistants(tenant),
+                self.keys.assistant_sizes(tenant),
+                self.keys.assistants_kept(tenant),
+            ],
             [
                 name,
                 mode,
@@ -200,9 +240,13 @@ class AssistantStore:
                 "" if if_version is None else if_version,
                 MAX_VERSIONS,
                 MAX_ASSISTANTS,
+                max_bytes,
             ],
         )
         status, number = _text(status), int(number)
+        if status == "over":
+            frees_at_ms = int(more[0]) if more else 0
+            raise AssistantsFull(max_bytes, number, frees_at_ms / 1000 if frees_at_ms else None)
         if status == "exists":
             raise AssistantExists(f"assistant {name!r} exists already (version {number}): update it instead")
         if status == "missing":
@@ -247,6 +291,17 @@ class _Record:
             created_at=self.created_at,
             restored_from=self.restored_from,
         ).model_dump_json(exclude={"name", "version"})
+
+
+def _tenant_quota(client: redis.Redis, keys: Keys) -> Callable[[str | None], int]:
+    tenants = Tenants(client, keys)
+
+    def quota(tenant: str | None) -> int:
+        if tenant is None:
+            return TenantLimits().max_assistant_bytes
+        return tenants.limits(tenant).max_assistant_bytes
+
+    return quota
 
 
 def _parse(name: str, raw: Any, version: int) -> AssistantVersion:

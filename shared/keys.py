@@ -339,6 +339,16 @@ class Keys:
         """Sorted set: the names of a tenant's assistants (score 0, in name order)."""
         return f"{self.prefix}{{asst:{tenant or '-'}}}:index"
 
+    def assistant_sizes(self, tenant: str | None) -> str:
+        """Hash: the bytes each of a tenant's assistants' versions hold (deleted ones' until they
+        expire), and their total under ``*total``: what ``max_assistant_bytes`` bounds."""
+        return f"{self.prefix}{{asst:{tenant or '-'}}}:sizes"
+
+    def assistants_kept(self, tenant: str | None) -> str:
+        """Sorted set: a tenant's deleted assistants whose versions are kept, scored by when (ms)
+        they expire and stop counting against its quota."""
+        return f"{self.prefix}{{asst:{tenant or '-'}}}:kept"
+
     # -- evals: every key of every eval shares one hash tag, so each eval script touches one slot --
 
     def _eval(self, eval_id: str) -> str:

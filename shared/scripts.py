@@ -221,11 +221,11 @@ SPECS: dict[str, ScriptSpec] = {
     ),
     # -- assistants (shared.assistant_store) --------------------------------------------------------
     "assistant_put": _spec(
-        "versions index",
-        "name mode record expected max_versions max_assistants",
-        words="create exists missing moved full spent ok",
+        "versions index sizes kept",
+        "name mode record expected max_versions max_assistants max_bytes",
+        words="create exists missing moved full spent over ok *total",
     ),
-    "assistant_delete": _spec("versions index", "name keep_s"),
+    "assistant_delete": _spec("versions index kept", "name keep_s"),
     # -- bulk jobs (shared.bulk) ---------------------------------------------------------------------
     "bulk_record": _spec("job outcomes", "run_id outcome counter"),
     # -- schedules (shared.schedules) ---------------------------------------------------------------

@@ -90,6 +90,13 @@ class TenantLimits(BaseModel):
     max_memory_items: int = Field(
         default=10_000, ge=1, le=10_000_000, description="Items in its long-term memory."
     )
+    max_assistant_bytes: int = Field(
+        default=16 * 2**20,
+        ge=1,
+        le=2**34,
+        description="Bytes its assistants' versions hold, a deleted assistant's kept versions included"
+        " until they expire.",
+    )
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from producer.api.errors import ApiError
 from producer.api.namespaces import allowed_model
 from producer.api.runs import ERRORS, Svc, Who
 from producer.client import NoLiveWorker, UnknownAgent
+from shared.assistant_store import AssistantsFull
 from shared.assistants import (
     AssistantConfig,
     AssistantConflict,
@@ -132,6 +133,8 @@ def _refused(exc: Exception) -> ApiError:
             str(exc),
             headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))},
         )
+    if isinstance(exc, AssistantsFull):
+        return ApiError(409, "quota_exceeded", exc.message, details=exc.details)
     if isinstance(exc, InvalidRequest):
         field = exc.details.get("field")
         return ApiError(422, "invalid_request", exc.message, details={"field": field} if field else None)
@@ -149,7 +152,8 @@ _FAILS = (InvalidRequest, NoLiveWorker)
     description="Version 1 of a new assistant of the caller's tenant. The configuration is checked"
     " against what the live workers say its agent lets assistants configure: a field it does not is a"
     " 422 naming the field (``details.field``). A taken name is a 409. A ``model`` the caller's tenant"
-    " is not allowed is a 403 ``model_not_allowed``.",
+    " is not allowed is a 403 ``model_not_allowed``. A version past the tenant's"
+    " ``max_assistant_bytes`` is a 409 ``quota_exceeded``.",
 )
 def create_assistant(body: AssistantBody, services: Svc, who: Who) -> AssistantVersion:
     allowed_model(services.gate, who, body.config.model)
@@ -194,7 +198,8 @@ def get_assistant(
     summary="Change an assistant (a new version)",
     description="The body's configuration, as a whole, becomes a new version and the current one;"
     " runs created before keep the version they were pinned to. A ``model`` the caller's tenant is not"
-    " allowed is a 403 ``model_not_allowed``.",
+    " allowed is a 403 ``model_not_allowed``. A version past the tenant's ``max_assistant_bytes`` is a"
+    " 409 ``quota_exceeded``.",
 )
 def update_assistant(name: Name, body: AssistantUpdateBody, services: Svc, who: Who) -> AssistantVersion:
     allowed_model(services.gate, who, body.config.model)
@@ -247,7 +252,7 @@ def diff_assistant(
     response_model=AssistantVersion,
     summary="Roll an assistant back (a new version equal to an old one)",
     description="A 403 ``model_not_allowed`` if the old version names a model the caller's tenant is"
-    " not allowed now.",
+    " not allowed now; a 409 ``quota_exceeded`` past the tenant's ``max_assistant_bytes``.",
 )
 def rollback_assistant(name: Name, body: RollbackBody, services: Svc, who: Who) -> AssistantVersion:
     try:

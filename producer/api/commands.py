@@ -82,6 +82,9 @@ def register(
     lim.add_argument("--max-inflight", type=int, help="runs not ended yet")
     lim.add_argument("--submits-per-minute", type=int, help="new runs per minute")
     lim.add_argument("--max-memory-items", type=int, help="items in its long-term memory")
+    lim.add_argument(
+        "--max-assistant-bytes", type=int, help="bytes its assistants' versions hold (deleted ones' kept too)"
+    )
     ns = ksub.add_parser(
         "namespaces",
         parents=[common],
@@ -324,6 +327,7 @@ def _limits(tenants: Tenants, args: argparse.Namespace) -> int:
             ("max_inflight", args.max_inflight),
             ("submits_per_minute", args.submits_per_minute),
             ("max_memory_items", args.max_memory_items),
+            ("max_assistant_bytes", args.max_assistant_bytes),
         )
         if value is not None
     }

@@ -6,6 +6,7 @@ delete while a run pinned to the assistant is in its tool."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import pytest
 import redis
 
 from shared.keys import Keys
-from shared.tenants import Tenants
+from shared.tenants import TenantLimits, Tenants
 from tests.agents_assistants import EFFECTS_KEY, HOLD_PIDS_KEY, RELEASE_KEY, SEEN_KEY
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.conftest import own_store
@@ -290,3 +291,39 @@ def test_a_deleted_assistant_takes_no_new_run_and_its_pinned_run_goes_on(
     assert set_fields(
         ok(tenant.http.get(f"/v1/assistants/{name}", params={"version": 2}), 200)["config"]
     ) == (config)
+
+
+def test_a_tenant_churning_assistant_names_stays_within_its_byte_quota(
+    tenant: Tenant, attacker: Tenant, server: RedisServer
+) -> None:
+    """Creating, filling and deleting names again and again (each delete keeps the versions for
+    the runs' retention) must not let a tenant hold more than its quota; another tenant is not
+    touched by it."""
+    Tenants(server.client(), Keys()).set_limits(attacker.name, TenantLimits(max_assistant_bytes=60_000))
+    big = {"system_prompt": "x" * 9_000}
+    held = 0
+    for i in range(20):
+        name = f"churn-{i}"
+        answer = attacker.http.post(
+            "/v1/assistants", json={"name": name, "agent": "concierge", "config": big}
+        )
+        if answer.status_code == 409:
+            error = refused(answer, 409, "quota_exceeded")
+            break
+        ok(answer, 201)
+        ok(attacker.http.put(f"/v1/assistants/{name}", json={"config": big}), 200)
+        assert attacker.http.delete(f"/v1/assistants/{name}").status_code == 204
+        held += 2
+    else:
+        raise AssertionError("20 names of 2 versions of 9 KB each fitted in a 60 KB quota")
+    assert held == 6  # three names' two versions each: 54 KB of 60 KB, and the seventh does not fit
+    details = error["details"]
+    assert details["max_assistant_bytes"] == 60_000 and 54_000 < details["held_bytes"] <= 60_000
+    assert details["frees_at"] > time.time()  # when the first deleted name's versions expire
+    # Nothing of the refused name was written.
+    refused(attacker.http.get("/v1/assistants/churn-3"), 404, "not_found")
+    # The tenant beside it is not held back.
+    ok(
+        tenant.http.post("/v1/assistants", json={"name": "neighbour", "agent": "concierge", "config": big}),
+        201,
+    )

@@ -4,6 +4,7 @@ immutable versions, rollback as a new version, bounds, and tenants kept apart.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -11,7 +12,7 @@ import redis
 from pydantic import BaseModel
 
 from shared.agents import Agent
-from shared.assistant_store import MAX_ASSISTANTS, AssistantStore
+from shared.assistant_store import MAX_ASSISTANTS, AssistantsFull, AssistantStore
 from shared.assistants import (
     AssistantConfig,
     AssistantConflict,
@@ -32,7 +33,7 @@ from shared.settings import Limits
 from shared.state import REQUEST_FIELDS
 from shared.tools import ToolContext, ToolSet, tool
 from shared.workers import describe_agents
-from tests.harness import RedisServer
+from tests.harness import RedisServer, wait_until
 
 
 class Empty(BaseModel):
@@ -304,3 +305,85 @@ def test_deleting_an_assistant_frees_its_place_under_the_tenants_cap(store: Assi
     assert store.create("t1", "one-more", "concierge", AssistantConfig()).version == 1
     with pytest.raises(AssistantInvalid, match="at most"):
         store.create("t1", "bot-7", "concierge", AssistantConfig())
+
+
+#: A quota of a few versions, for the byte quota's tests.
+SMALL_QUOTA = 2_300
+
+
+@pytest.fixture
+def small(store: AssistantStore) -> AssistantStore:
+    """The same store with a quota of ``SMALL_QUOTA`` bytes for tenant t1 (t2 keeps the default)."""
+    quotas = {"t1": SMALL_QUOTA}
+    return AssistantStore(store.redis, store.keys, lambda tenant: quotas.get(tenant or "", 16 * 2**20))
+
+
+def _prompt(n: int) -> AssistantConfig:
+    return AssistantConfig(system_prompt="x" * n)
+
+
+def test_a_tenants_versions_are_bounded_by_its_byte_quota(small: AssistantStore) -> None:
+    small.create("t1", "bot", "concierge", _prompt(500))
+    small.update("t1", "bot", _prompt(500))
+    small.rollback("t1", "bot", 1)
+    with pytest.raises(AssistantsFull) as refused:
+        small.update("t1", "bot", _prompt(500))
+    held = refused.value.details["held_bytes"]
+    assert refused.value.details["max_assistant_bytes"] == SMALL_QUOTA
+    assert 2_000 < held <= SMALL_QUOTA and refused.value.details["frees_at"] is None
+    with pytest.raises(AssistantsFull):
+        small.create("t1", "another", "concierge", _prompt(500))
+    # Nothing was half-written: the refused version is not there, and a small one still fits.
+    assert small.get("t1", "bot").version == 3
+    assert small.update("t1", "bot", AssistantConfig()).version == 4
+    # Another tenant's quota is its own.
+    for i in range(5):
+        small.create("t2", f"bot-{i}", "concierge", _prompt(500))
+
+
+def test_deleted_assistants_count_until_their_versions_expire(small: AssistantStore) -> None:
+    """Creating, filling and deleting names must not hold more than the quota: a deleted
+    assistant's kept versions count until they expire, and then free their room."""
+    small.create("t1", "a", "concierge", _prompt(800))
+    small.create("t1", "b", "concierge", _prompt(800))
+    small.delete("t1", "a", keep_s=1)
+    with pytest.raises(AssistantsFull) as refused:
+        small.create("t1", "c", "concierge", _prompt(800))
+    frees_at = refused.value.details["frees_at"]
+    assert frees_at is not None and 0 < frees_at - time.time() <= 1.5
+
+    def fits() -> bool:
+        try:
+            small.create("t1", "c", "concierge", _prompt(800))
+        except AssistantsFull:
+            return False
+        return True
+
+    wait_until(fits, 15, interval=0.1, what="the deleted assistant's versions to stop counting")
+    assert small.redis.exists(small.keys.assistant_versions("t1", "a")) == 0
+    assert small.redis.zcard(small.keys.assistants_kept("t1")) == 0
+
+
+def test_a_name_created_again_keeps_counting_its_old_versions(small: AssistantStore) -> None:
+    small.create("t1", "bot", "concierge", _prompt(800))
+    small.delete("t1", "bot", keep_s=600)
+    again = small.create("t1", "bot", "concierge", _prompt(800))
+    assert again.version == 2
+    # Its versions are kept again (no expiry), so they no longer wait to expire as a deleted one's.
+    assert small.redis.zcard(small.keys.assistants_kept("t1")) == 0
+    with pytest.raises(AssistantsFull) as refused:
+        small.update("t1", "bot", _prompt(800))
+    assert refused.value.details["frees_at"] is None
+
+
+def test_versions_written_before_the_quota_count_at_the_names_next_change(small: AssistantStore) -> None:
+    small.create("t1", "old", "concierge", AssistantConfig())
+    key = small.keys.assistant_versions("t1", "old")
+    record = small.redis.lindex(key, 0)
+    assert isinstance(record, bytes | str)  # ASCII JSON: as many characters as bytes
+    # As an older release left it: versions in the list, no sizes kept for them.
+    small.redis.rpush(key, *[record] * 40)
+    small.redis.delete(small.keys.assistant_sizes("t1"))
+    with pytest.raises(AssistantsFull) as refused:
+        small.update("t1", "old", AssistantConfig())
+    assert refused.value.details["held_bytes"] == 41 * len(record)
