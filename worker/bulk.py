@@ -147,8 +147,12 @@ class BulkPool:
             return BulkOutcome(run_id=run_id, result="acted")
         if not head.terminal:
             return _skipped(run_id, f"not ended ({head.status})")
-        # Derived from (job, run): redoing this run after a crash finds the run made the first time.
+        # Derived from (job, run): redoing this run after a crash finds the run made the first time,
+        # before it takes a reservation that would count that run's submit a second time.
         key = f"bulk:{job.job_id}:{run_id}"
+        made = idempotent_run_id(head.tenant, key)
+        if self.store.load(made) is not None:
+            return BulkOutcome(run_id=run_id, result="acted", new_run_id=made)
         new_id: str | None
         models = allowed.models if allowed is not None else None
         reservation = None
@@ -163,7 +167,7 @@ class BulkPool:
             if job.action == "retry":
                 new_id = self._retry(head, key, models)
             else:
-                new_id = self._fork(head, key, models)
+                new_id = self._fork(head, made, models)
         except TenantLimited as exc:
             raise _Later(exc.kind) from None
         except (NoLiveWorker, StoreFull) as exc:
@@ -182,11 +186,8 @@ class BulkPool:
         """A fresh run with the same request (``Client.retry``)."""
         return self.client.retry(head, idempotency_key=key, allowed_models=models).run_id
 
-    def _fork(self, head: RunHead, key: str, models: tuple[str, ...] | None) -> str | None:
-        """A fork from the last checkpoint before the run ended (``last_good_checkpoint``)."""
-        new_id = idempotent_run_id(head.tenant, key)
-        if self.store.load(new_id) is not None:
-            return new_id  # forked before a crash: not twice
+    def _fork(self, head: RunHead, new_id: str, models: tuple[str, ...] | None) -> str | None:
+        """A fork, as ``new_id``, from the last checkpoint before the run ended (``last_good_checkpoint``)."""
         good = last_good_checkpoint(self.store.checkpoints(head.run_id))
         if good is None:
             return None

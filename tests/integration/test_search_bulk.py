@@ -30,6 +30,7 @@ from tests.broker import Settings
 from tests.conftest import own_store
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.redis_cluster import RedisCluster
+from worker.bulk import BulkPool
 
 TIMEOUT = 60
 ENDED = {"completed", "failed", "interrupted"}
@@ -475,3 +476,31 @@ def test_the_cli_searches_and_runs_bulk_jobs(
     assert main(["bulk", "status", job["job_id"], "--redis", server.url, "--tenant", "someone-else"]) != 0
     for run_id in runs:
         assert tenant.ended(run_id)["status"] == "interrupted"
+
+
+def test_a_bulk_run_redone_after_a_crash_counts_its_submit_once(tenant: Tenant, server: RedisServer) -> None:
+    """A job's worker that dies after creating a retry, before recording it, has the run redone:
+    the redo finds the retry made the first time, and neither makes another nor counts another
+    submit against the tenant's submits per minute."""
+    original = tenant.submit("direct", "redo me")
+    tenant.ended(original)
+    client = Client(Settings(redis_url=server.url, agents_module="tests.agents_fixture"))
+    try:
+        pool = BulkPool(client, send=lambda _: None, lease_s=10)
+        # Acted on directly, run by run: its query matches nothing, should the sweeper send its task.
+        job = pool.jobs.create(tenant.name, "retry", SearchQuery(agent="no-such-agent"))
+        head = client.store.load(original)
+        assert head is not None
+        settings = pool.tenants.settings(tenant.name)
+        window = client.store.keys.submits(tenant.name)
+        before = client.store.redis.zcard(window)
+        first = pool._act(job, head, settings)
+        assert first.result == "acted" and first.new_run_id is not None
+        assert client.store.redis.zcard(window) == before + 1
+        redone = pool._act(job, head, settings)  # the crash's redo of the same run
+        assert (redone.result, redone.new_run_id) == ("acted", first.new_run_id)
+        assert client.store.redis.zcard(window) == before + 1
+        tenant.ended(first.new_run_id)
+        pool.jobs.end(tenant.name, job.job_id, "cancelled")
+    finally:
+        client.close()
