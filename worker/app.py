@@ -361,6 +361,33 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
         if holder is not None:
             add_version_queues(self.app, load_registry(holder.settings.agents_module))
 
+    # -- messages the worker cannot take: logged by what they are, never by what they carry --------
+    #
+    # Celery logs such a message's body and headers (up to a kilobyte of each), and a start message
+    # of a bare producer carries its run's input, and its sender's ``kwargsrepr`` header a copy of
+    # it. What identifies the message (its task name, id and size) is logged instead.
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        """A body no decoder reads (malformed, or nested past any parser's depth): dropped, acked so
+        it is not delivered again, and the consumer goes on."""
+        cause = exc.__cause__ or exc.__context__ or exc
+        log.critical(
+            "dropped a message that cannot be decoded (%s): %s; %s",
+            type(cause).__name__,
+            _described(message),
+            str(cause)[:200],
+        )
+        message.ack()
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        super().on_unknown_task(_not_shown(message), _without_reprs(message), exc)
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        super().on_invalid_task(_not_shown(message), _without_reprs(message), exc)
+
+    def on_unknown_message(self, body: Any, message: Any) -> None:
+        super().on_unknown_message(_not_shown(message), _without_reprs(message))
+
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         connection = self.connection
         if connection is not None:
@@ -374,6 +401,29 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
 
             connection.collect = collect_then_forget
         super().on_connection_error_after_connected(exc)
+
+
+def _described(message: Any) -> str:
+    """A message as a log line may show it: its task, id, content type and size, not its body."""
+    headers = getattr(message, "headers", None) or {}
+    return (
+        f"task {str(headers.get('task'))[:200]!r} id {str(headers.get('id'))[:80]!r}"
+        f" ({getattr(message, 'content_type', None)!s}, {len(getattr(message, 'body', b'') or b'')} bytes)"
+    )
+
+
+def _not_shown(message: Any) -> str:
+    """What Celery's report of a refused message shows in place of its body."""
+    return f"<{len(getattr(message, 'body', b'') or b'')} bytes, not shown>"
+
+
+def _without_reprs(message: Any) -> Any:
+    """The message, its headers without the sender's ``argsrepr`` and ``kwargsrepr`` (copies of
+    its arguments) for Celery's report of it."""
+    headers = getattr(message, "headers", None)
+    if isinstance(headers, dict):
+        message.headers = {k: v for k, v in headers.items() if k not in ("argsrepr", "kwargsrepr")}
+    return message
 
 
 def _deliver_callback(rt: Runtime, spec: TaskSpec) -> None:

@@ -50,6 +50,14 @@ def send_from_another_process(url: str, *messages: dict[str, Any]) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    """An object nested ``depth`` levels deep (a few hundred bytes: the size checks pass it)."""
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
 def start(run_id: str, **create: Any) -> dict[str, Any]:
     return {"run_id": run_id, "create": create}
 
@@ -80,6 +88,8 @@ def test_a_plain_celery_app_starts_a_run(
         ({"agent": "direct", "input": "   "}, "InvalidRequest", "empty"),
         ({"agent": "direct", "input": "hi", "surprise": 1}, "InvalidRequest", "surprise"),
         ({"agent": "nosuchagent", "input": "hi"}, "Config", "unknown agent 'nosuchagent'"),
+        ({"agent": "direct", "input": "hi", "metadata": _nested(200)}, "InvalidRequest", "nests deeper"),
+        ({"agent": "direct", "input": "hi", "state": _nested(200)}, "InvalidRequest", "nests deeper"),
     ],
     ids=[
         "huge-input",
@@ -89,6 +99,8 @@ def test_a_plain_celery_app_starts_a_run(
         "empty-input",
         "unknown-field",
         "unknown-agent",
+        "deep-metadata",
+        "deep-state",
     ],
 )
 def test_a_bad_request_fails_visibly(
@@ -155,3 +167,85 @@ def test_the_client_the_api_and_a_bare_message_create_the_same_run(
         request["metadata"],
         "scripted:direct",
     )
+
+
+DEEP_SENDER = """
+import json, sys
+from celery import Celery
+from kombu.serialization import register
+url, depth, messages = sys.argv[1], int(sys.argv[2]), json.loads(sys.stdin.read())
+deep = "[" * depth + "]" * depth
+# A hostile producer writes its JSON by hand: nested deeper than any JSON library would decode.
+register(
+    "json",
+    lambda obj: json.dumps(obj).replace('"@deep@"', deep),
+    json.loads,
+    content_type="application/json",
+    content_encoding="utf-8",
+)
+app = Celery(broker=url)
+for kwargs in messages:
+    app.send_task("wesichain.start", kwargs=kwargs, queue="wesichain.model")
+"""
+
+
+def logged(workers: list[WorkerProcess], words: str) -> str:
+    """The workers' logs, once one of them has logged ``words``."""
+
+    def found() -> str | None:
+        text = "".join(w.log() for w in workers)
+        return text if words in text else None
+
+    text: str = wait_until(found, TIMEOUT, what=f"a worker to log {words!r}")
+    return text
+
+
+def test_a_message_nested_past_any_decoder_is_dropped_and_the_worker_serves_on(
+    redis_server: RedisServer, workers: list[WorkerProcess], client: Client
+) -> None:
+    """A body no JSON decoder can read (nested 100,000 levels) cannot become a run: it is dropped,
+    no worker dies of it, and the runs sent after it are served."""
+    hostile = uuid.uuid4().hex
+    after = uuid.uuid4().hex
+    messages = [
+        start(hostile, agent="direct", input="a private conversation", metadata={"deep": "@deep@"}),
+        start(after, agent="one_hop", input="after the hostile one"),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", DEEP_SENDER, redis_server.url, "100000"],
+        input=json.dumps(messages),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    wait_until(lambda: client.store.load(after) is not None, TIMEOUT, what="the run sent after it")
+    head = client.handle(after).wait(TIMEOUT)
+    assert head.phase is Phase.COMPLETED and head.answer == "1 + 2 = 3"
+    assert client.store.load(hostile) is None
+    assert all(w.alive for w in workers)
+    # Logged by what it is, not by what it carries (Celery would log a kilobyte of its body).
+    logs = logged(workers, "dropped a message that cannot be decoded (RecursionError)")
+    assert "a private conversation" not in logs
+
+
+def test_a_message_for_a_task_no_worker_has_logs_no_arguments(
+    redis_server: RedisServer, workers: list[WorkerProcess], client: Client
+) -> None:
+    """A start message sent under a mistyped task name is refused (Celery's NotRegistered) without
+    its arguments, the run's input among them, written to the worker's log."""
+    run_id = uuid.uuid4().hex
+    sender = SENDER.replace('"wesichain.start"', '"wesichain.strat"')
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", sender, redis_server.url],
+        input=json.dumps([start(run_id, agent="direct", input="another private conversation")]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    logs = logged(workers, "wesichain.strat")
+    assert "another private conversation" not in logs and run_id not in logs
+    assert "bytes, not shown" in logs
+    assert client.store.load(run_id) is None
+    assert all(w.alive for w in workers)
