@@ -67,7 +67,9 @@ def _owner(tenant: str | None) -> str:
 
 
 def _index(tag: str, tenant: str | None, dimension: str, value: str) -> str:
-    return f"{tag}idx:{tenant or '-'}:{dimension}:{value}"
+    # The tenant escaped: tenant ``org`` listing thread ``eu:all:`` must not name the index of
+    # tenant ``org:eu``'s runs, which the first could otherwise fill with ids of its own.
+    return f"{tag}idx:{_owner(tenant)}:{dimension}:{value}"
 
 
 @dataclass(frozen=True)

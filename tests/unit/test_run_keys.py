@@ -42,6 +42,16 @@ def test_the_cache_is_bounded_and_not_part_of_the_layouts_identity(monkeypatch: 
     assert k == Keys("p:", 4) and hash(k) == hash(Keys("p:", 4))
 
 
+def test_a_listing_index_names_one_tenant() -> None:
+    keys = Keys()
+    # Thread ids hold ':': without escaping, tenant org's index of thread "eu:all:" was tenant
+    # org:eu's index of all its runs, and org's runs would fill it.
+    made = {keys.index(3, "org", "thread", "eu:all:"), keys.index(3, "org:eu", "all", "")}
+    assert len(made) == 2
+    assert keys.index(3, "acme", "thread", "t:1") == "wesichain:{s3}:idx:acme:thread:t:1"
+    assert keys.index(3, None) == "wesichain:{s3}:idx:-:all:"
+
+
 def test_a_threads_keys_name_one_tenant_and_one_thread() -> None:
     keys = Keys()
     # Tenant names and thread ids may both hold ':': no split of one pair names another's keys.
