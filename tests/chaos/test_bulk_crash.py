@@ -83,3 +83,59 @@ def test_a_bulk_retry_resumes_after_its_worker_is_killed_and_retries_each_run_on
         first.stop()
         second.kill()
         second.stop()
+
+
+def test_a_slow_bulk_job_whose_waiting_task_dies_with_its_worker_goes_on(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """A job at one run every 5 s waits between runs in a task sent with a countdown, which the
+    worker holds (Celery keeps a countdown task in the worker until it is due). Killed with that
+    worker, the task is gone until the broker's visibility timeout (an hour); the other worker's
+    sweeper sends it again once it is overdue, and the job ends with each run retried once."""
+    sources_n = 3
+    env = {"WESICHAIN_LEASE_S": CHAOS_ENV["WESICHAIN_LEASE_S"], "WESICHAIN_QUEUED_LEASE_S": "2"}
+    first = WorkerProcess("slow1", server.url, concurrency=2, env=env, log_dir=str(tmp_path)).start()
+    second = WorkerProcess("slow2", server.url, concurrency=2, env=env, log_dir=str(tmp_path))
+    client = Client(Settings(redis_url=server.url, agents_module="tests.agents_fixture"))
+    try:
+        sources = [client.submit("model_fail", f"slow case {i}", tenant=TENANT) for i in range(sources_n)]
+        for handle in sources:
+            handle.wait(TIMEOUT)
+        source_ids = {h.run_id for h in sources}
+        job = client.bulk("retry", SearchQuery(status="failed"), tenant=TENANT, rate_per_s=0.2)
+        jobs = BulkStore(client.store.redis, client.store.keys)
+
+        def waiting_between_runs() -> bool:
+            now = client.bulk_job(job.job_id, tenant=TENANT)
+            return now.acted == 1 and not jobs.held(TENANT, job.job_id)
+
+        wait_until(waiting_between_runs, TIMEOUT, interval=0.02, what="the job to wait for its next run")
+
+        def holding_the_countdown_task() -> bool:
+            # The job's first task, then the one sent with the countdown: received, so in this
+            # worker's hands (and the broker's unacked hash), not in the queue.
+            return first.log().count(f"wesichain.bulk.run[bulk:{job.job_id}:") >= 3
+
+        wait_until(holding_the_countdown_task, TIMEOUT, interval=0.02, what="the worker to hold its task")
+        first.kill()
+        first.stop()
+        second.start()
+
+        def ended() -> bool:
+            return client.bulk_job(job.job_id, tenant=TENANT).status != "running"
+
+        wait_until(ended, TIMEOUT, interval=0.1, what="the sweeper to send the lost task and the job to end")
+        done = client.bulk_job(job.job_id, tenant=TENANT)
+        assert (done.status, done.acted, done.skipped, done.failed) == ("done", sources_n, 0, 0)
+        outcomes = client.bulk_outcomes(job.job_id, tenant=TENANT)
+        assert set(outcomes) == source_ids
+        assert {o.new_run_id for o in outcomes.values()} == {
+            idempotent_run_id(TENANT, f"bulk:{job.job_id}:{s}") for s in source_ids
+        }
+        assert "nobody works on it, sending its task again" in second.log()
+    finally:
+        client.close()
+        first.kill()
+        first.stop()
+        second.kill()
+        second.stop()
