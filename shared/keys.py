@@ -17,10 +17,11 @@ run indexes are trimmed by the sweeper.
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass, field
 
-__all__ = ["Keys", "RunKeys"]
+__all__ = ["Keys", "RunKeys", "names_another_runs_key"]
 
 #: Runs whose key names a :class:`Keys` keeps (past it, it starts over). Few: a process sees again
 #: the runs it works on now, and a run it must build again costs one shard hash, not one a name.
@@ -56,6 +57,17 @@ class RunKeys:
 
 def _last_claim(tag: str, holder: str) -> str:
     return f"{tag}last-claim:{holder}"
+
+
+#: The tails :meth:`Keys.of` adds to a run's key to name its other keys. Run ids may hold ``:``,
+#: so an id ending in one of them (``X:inbox``) would name run X's key: reading it as a run is a
+#: Redis type error, and creating it would take the key run X writes later.
+_OTHER_KEY_TAIL = re.compile(r":(?:messages|checkpoints|events|inbox|attempts|step:[0-9]+:results)\Z")
+
+
+def names_another_runs_key(run_id: str) -> bool:
+    """Whether ``run_id``'s key would be one of another run's keys (no run may have such an id)."""
+    return _OTHER_KEY_TAIL.search(run_id) is not None
 
 
 def _owner(tenant: str | None) -> str:

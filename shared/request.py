@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.configurable import check_assistant_name
 from shared.errors import InvalidRequest
+from shared.keys import names_another_runs_key
 from shared.queues import check_namespace
 from shared.settings import Limits
 from shared.state import THREAD_POLICIES, Callback, EvalLink, PipelineLink, RunHead, ThreadPolicy
@@ -343,4 +344,8 @@ def check_name(field: str, value: Any) -> None:
 def check_run_id(run_id: Any) -> str:
     """A run id a producer chose; raises :class:`InvalidRequest` when it cannot name a run."""
     check_name("run_id", run_id)
+    if names_another_runs_key(run_id):
+        raise InvalidRequest(
+            f"run_id {run_id[:80]!r} ends as a run's own keys do (':messages', ':inbox', ...)"
+        )
     return str(run_id)

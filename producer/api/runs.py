@@ -49,7 +49,8 @@ from producer.client import (
     idempotent_run_id,
 )
 from shared.errors import ConfigError, InvalidRequest, StoreFull, ThreadBusy
-from shared.request import check_name, validate_request
+from shared.request import check_run_id as check_any_run_id
+from shared.request import validate_request
 from shared.state import Callback, CallbackState, Decision, Phase, RunHead, RunStatus
 from shared.store import CURSOR_PATTERN
 from shared.store.runs import creation_of
@@ -114,7 +115,7 @@ def owned_run(services: Services, who: Caller, run_id: str) -> RunHead:
 def check_run_id(run_id: str) -> None:
     """404 for a run id no run can have."""
     try:
-        check_name("run_id", run_id)
+        check_any_run_id(run_id)
     except InvalidRequest:
         raise ApiError(404, "not_found", f"no run {run_id[:80]!r}") from None
 

@@ -23,10 +23,11 @@ import httpx
 import pytest
 from celery import Celery
 
-from producer.client import Client
+from producer.client import Client, idempotent_run_id
 from shared.errors import InvalidRequest
 from shared.keys import Keys
 from shared.pipeline.store import child_run_id, stored_pipeline_id
+from shared.request import check_run_id
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.broker import Settings, broker_env, broker_for, queued
@@ -451,3 +452,27 @@ def test_a_namespace_or_callback_taken_back_is_not_reused_by_retry_fork_or_bulk(
     listed = http.get("/v1/runs", params={"agent": "worker"}).json()["runs"]
     assert [r["run_id"] for r in listed] == [run_id]
     assert queued(server.url, queue) == 1  # the first run's own
+
+
+def test_a_run_id_that_names_another_runs_keys_is_no_run(victim: Tenant, attacker: Tenant) -> None:
+    """Run ids may hold ':', and a run's other keys are its key plus ':messages', ':inbox'...: the
+    id 'X:messages' named run X's messages (in the same shard, 1 in 16), so asking for it answered
+    500 where a run that does not exist answers 404: an oracle of another tenant's (idempotent,
+    hence predictable) run ids. No run may have such an id, so it is a 404 like any other."""
+    keys = Keys()
+    for i in range(1000):
+        key = f"order-{uuid.uuid4().hex}-{i}"
+        run_id = idempotent_run_id(victim.name, key)
+        if keys.shard(f"{run_id}:messages") == keys.shard(run_id):
+            break
+    made = victim.http.post(
+        "/v1/runs", json={"agent": "worker", "input": "x"}, headers={"Idempotency-Key": key}
+    )
+    assert made.status_code == 202 and made.json()["run_id"] == run_id, made.text
+    wait_status(victim.http, run_id, {"completed"}, TIMEOUT)
+    for tail in (":messages", ":checkpoints", ":events", ":attempts", ":inbox", ":step:1:results"):
+        for who in (attacker, victim):
+            refused(who.http.get(f"/v1/runs/{run_id}{tail}"), 404, "not_found")
+            refused(who.http.get(f"/v1/runs/{run_id}{tail}/events"), 404, "not_found")
+    with pytest.raises(InvalidRequest, match="ends as a run's own keys do"):
+        check_run_id(f"{run_id}:inbox")
