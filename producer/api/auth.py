@@ -82,7 +82,12 @@ class LoopbackOnly:
       address its connection arrived on; and a proxy on this host forwarding someone else's request
       names that someone, who is refused.
 
-    A connection whose addresses the server does not give (a Unix socket) is refused as well."""
+    A connection whose addresses the server does not give (a Unix socket) is refused as well.
+
+    The request must also name this host as a loopback one (``Host: localhost``, ``127.0.0.1`` or
+    ``[::1]``, with any port): a web page whose own name an attacker rebinds to 127.0.0.1 (DNS
+    rebinding) sends its requests from and to loopback, from the developer's own browser, but
+    under its own name, and would otherwise read and act as the operator."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -113,7 +118,25 @@ class LoopbackOnly:
 
     @staticmethod
     def _local(scope: Scope) -> bool:
-        return _loopback(_host(scope.get("server"))) and _loopback(_host(scope.get("client")))
+        return (
+            _loopback(_host(scope.get("server")))
+            and _loopback(_host(scope.get("client")))
+            and _names_loopback(scope)
+        )
+
+
+def _names_loopback(scope: Scope) -> bool:
+    """Whether the request's ``Host`` names this host by a loopback name (none given: HTTP/1.0,
+    which no browser sends)."""
+    for name, value in scope.get("headers") or ():
+        if name == b"host":
+            host = value.decode("latin-1").strip().lower()
+            if host.startswith("["):  # [::1]:8000
+                host = host[1 : host.find("]")] if "]" in host else ""
+            elif host.count(":") == 1:  # 127.0.0.1:8000, localhost:8000
+                host = host.split(":", 1)[0]
+            return host in ("localhost", "localhost.") or _loopback(host)
+    return True
 
 
 def _host(address: object) -> str:

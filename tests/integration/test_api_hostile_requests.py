@@ -331,6 +331,13 @@ def test_auth_off_on_all_addresses_under_plain_uvicorn_serves_loopback_callers_o
             assert local.get("/v1/runs").status_code == 200
             # A proxy on this host forwarding someone else's request is someone else.
             refused(local.get("/v1/runs", headers={"X-Forwarded-For": "203.0.113.9"}))
+            # A page whose name was rebound to 127.0.0.1 (DNS rebinding) asks from and to loopback,
+            # from the developer's browser, under its own name: refused.
+            for host in (f"rebind.example:{server.port}", "attacker.example", f"10.0.0.1:{server.port}"):
+                refused(local.get("/v1/runs", headers={"Host": host}))
+                refused(local.get("/console/", headers={"Host": host}))
+            for host in (f"localhost:{server.port}", "LOCALHOST", f"127.0.0.1:{server.port}", "[::1]"):
+                assert local.get("/v1/runs", headers={"Host": host}).status_code == 200, host
         with httpx.Client(base_url=f"http://{address}:{server.port}", timeout=30) as remote:
             refused(remote.get("/v1/runs"))
             refused(remote.get("/v1/runs", headers={"X-Forwarded-For": "127.0.0.1"}))
