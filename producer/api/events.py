@@ -38,7 +38,7 @@ from shared.events import END_EVENTS, EVENT_KINDS, stream_after
 from shared.state import Phase, RunHead
 from shared.store.runs import loaded_head
 
-__all__ = ["events", "router"]
+__all__ = ["event_cursor", "events", "router"]
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
@@ -50,6 +50,8 @@ def _kinds(value: str | None) -> frozenset[str] | None:
     if value is None or value == "":
         return None
     asked = frozenset(k.strip() for k in value.split(",") if k.strip())
+    if not asked:
+        raise ApiError(422, "invalid_request", "kinds names no event kind: leave it out for every kind")
     unknown = sorted(asked - set(EVENT_KINDS))
     if unknown:
         raise ApiError(
@@ -66,7 +68,9 @@ def _wanted(kinds: frozenset[str] | None, kind: str | None) -> bool:
     return kinds is None or kind in kinds or kind in END_EVENTS
 
 
-def _cursor(value: str | None) -> str:
+def event_cursor(value: str | None) -> str:
+    """An event id a client sent (``after``, ``Last-Event-ID``) as a stream cursor; 422 unless it is
+    one Redis reads."""
     if value is None or value == "":
         return "0-0"
     if not _STREAM_ID.match(value) or max(int(part) for part in value.split("-")) >= 2**64:
@@ -110,7 +114,7 @@ async def events(
     head = await _owned_run(services, who, run_id)
     only = _kinds(kinds)
     if "text/event-stream" not in request.headers.get("accept", ""):
-        cursor = _cursor(after)
+        cursor = event_cursor(after)
         batch = await run_in_threadpool(services.store.read_events, run_id, cursor, limit)
         ended = any(e.kind in END_EVENTS for _, e in batch) or (len(batch) < limit and head.terminal)
         page = EventPage(
@@ -119,7 +123,7 @@ async def events(
             ended=ended,
         )
         return Response(page.model_dump_json(), media_type="application/json")
-    cursor = _cursor(last_event_id if last_event_id is not None else after)
+    cursor = event_cursor(last_event_id if last_event_id is not None else after)
     if head.terminal and not await services.aredis.xrange(
         services.keys.events(run_id), min=stream_after(cursor), count=1
     ):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from producer.api.auth import Caller
 from producer.api.errors import ApiError
+from producer.api.events import event_cursor
 from producer.api.models import PipelineList, namespace_field
 from producer.api.namespaces import allowed_namespace
 from producer.api.runs import ERRORS, MAX_UNIX_S, Svc, Who
@@ -196,11 +197,12 @@ def pipeline_events(
     pipeline_id: str,
     services: Svc,
     who: Who,
-    after: Annotated[str, Query(max_length=40, pattern=r"^\d+-\d+$")] = "0-0",
+    after: Annotated[str, Query(max_length=41)] = "0-0",
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
 ) -> PipelineEvents:
+    cursor = event_cursor(after)
     handle = _owned(services, who, pipeline_id)
-    page = handle.store.events(handle.pipeline_id, after=after, count=limit)
+    page = handle.store.events(handle.pipeline_id, after=cursor, count=limit)
     return PipelineEvents(
         events=[{"id": event_id, **event} for event_id, event in page], last_id=page[-1][0] if page else None
     )

@@ -95,6 +95,10 @@ def test_pipeline_over_http(tenant_a: httpx.Client, tenant_b: httpx.Client) -> N
     ]
     after = tenant_a.get(f"/v1/pipelines/{pid}/events", params={"after": events["events"][2]["id"]}).json()
     assert [e["id"] for e in after["events"]] == [e["id"] for e in events["events"][3:]]
+    # Past what Redis reads as a stream id: a 422, not Redis's error as a 500.
+    for huge in ("99999999999999999999999-0", "18446744073709551616-0", "0-99999999999999999999999999"):
+        too_far = tenant_a.get(f"/v1/pipelines/{pid}/events", params={"after": huge})
+        assert error_kind(too_far, 422) == "invalid_request", huge
     assert error_kind(tenant_a.post(f"/v1/pipelines/{pid}/cancel"), 409) == "wrong_state"
     # The same id and request again: the same pipeline run; with another request: 409.
     again = tenant_a.post("/v1/pipelines", json={"pipeline": "chain", "input": "web", "pipeline_id": pid})

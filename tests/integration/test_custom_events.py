@@ -94,8 +94,9 @@ def test_the_stream_can_be_filtered_to_custom_events_and_still_ends_with_the_run
     assert [_progress(f.event["data"]) for f in custom[:5]] == PROGRESS
     page = http.get(f"/v1/runs/{run_id}/events", params={"kinds": "CustomEvent", "limit": 3}).json()
     assert [e["kind"] for e in page["events"]] == ["CustomEvent"] * len(page["events"])
-    bad = http.get(f"/v1/runs/{run_id}/events", params={"kinds": "CustomEvent,<script>"})
-    assert bad.status_code == 422 and bad.json()["error"]["kind"] == "invalid_request"
+    for kinds in ("CustomEvent,<script>", ",,,", " "):
+        bad = http.get(f"/v1/runs/{run_id}/events", params={"kinds": kinds})
+        assert bad.status_code == 422 and bad.json()["error"]["kind"] == "invalid_request", kinds
 
 
 def test_another_tenant_cannot_read_a_runs_custom_events(
