@@ -82,6 +82,11 @@ class KeyRecord(BaseModel):
     revoked_at: float | None = None
 
 
+#: What follows a tenant's name in the keys of its own records (``Keys.submits``, ``api_keys``,
+#: ``rate``): no tenant's name may end in one after a ':'.
+_KEY_TAILS = frozenset({"submits", "keys", "rate"})
+
+
 class TenantLimits(BaseModel):
     """What one tenant may do at once (answered with 429 past it)."""
 
@@ -257,6 +262,12 @@ class Tenants:
     def create_key(self, tenant: str, name: str = "") -> tuple[str, KeyRecord]:
         """A new key for ``tenant`` (the tenant is created with it): the key, shown once, and its record."""
         check_name("tenant", tenant)
+        tail = tenant.rsplit(":", 1)[-1]
+        if ":" in tenant and tail in _KEY_TAILS:
+            # ``Keys.tenant`` of tenant ``acme:keys`` would be ``Keys.api_keys`` of tenant acme.
+            raise InvalidRequest(
+                f"tenant {tenant[:80]!r} ends in ':{tail}', as the keys of another tenant's own records do"
+            )
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         hashed = digest(key)
         record = KeyRecord(id=hashed[:12], tenant=tenant, name=name[:200], created_at=time.time())

@@ -149,6 +149,12 @@ class EvalClient:
             raise EvalSpecError(exc.message) from None
         if len(eval_id) > 120:
             raise EvalSpecError(f"eval id {eval_id[:40]!r}... is longer than 120 characters")
+        if ":" in eval_id:
+            # Its annotations' keys join the tenant and the id with ':', and tenant names may hold
+            # ':': tenant org's eval eu:x and tenant org:eu's eval x would share them.
+            raise EvalSpecError(
+                f"eval id {eval_id[:80]!r} holds ':': name the eval (or give --id) without one"
+            )
         try:
             created = self.store.create(eval_id, spec, cases, dataset_name, tenant=tenant, context=context)
         except ValueError as exc:

@@ -425,3 +425,15 @@ def test_a_tenants_run_cannot_forge_an_evals_results(
     assert [r.case_id for r in results] == ["f1", "f2", "f3", "f4"]
     assert all(r.passed for r in results)
     assert [r.run_id for r in results] == [run_id_of(eval_id, Item(0, c, 0)) for c in range(4)]
+
+
+def test_an_eval_id_with_a_colon_is_refused_and_creates_nothing(evals: EvalClient, tmp_path: Path) -> None:
+    """An eval's annotations are keyed by its tenant and its id joined with ':': tenant org's eval
+    eu:x and tenant org:eu's eval x shared them, and each tenant's reviews showed on the other's."""
+    before = evals.store.list_evals(1000)
+    spec = write_eval(tmp_path, [{"id": "a", "input": "double 1", "expected": "2"}], name="colon")
+    for given in ("eu:x", None):
+        named = write_eval(tmp_path, [{"id": "a", "input": "double 1", "expected": "2"}], name="org:eu")
+        with pytest.raises(EvalSpecError, match="holds ':'"):
+            evals.submit_file(spec if given else named, eval_id=given)
+    assert evals.store.list_evals(1000) == before

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fakeredis
 import pytest
 
 from shared import keys as keys_module
+from shared.errors import InvalidRequest
 from shared.keys import Keys
+from shared.tenants import Tenants
 
 
 def test_a_runs_cached_names_are_the_per_name_methods_names() -> None:
@@ -61,3 +64,14 @@ def test_a_threads_keys_name_one_tenant_and_one_thread() -> None:
         assert len(set(made)) == len(pairs), made
     # A tenant without ':' keeps the keys it had.
     assert keys.thread("acme", "t:1") == "wesichain:{thread:acme:t:1}"
+
+
+def test_no_tenant_is_named_as_another_tenants_records_are_keyed() -> None:
+    tenants = Tenants(fakeredis.FakeRedis(decode_responses=True), Keys())
+    # The settings hash of tenant "acme:keys" would be the set of tenant acme's API keys.
+    assert Keys().tenant("acme:keys") == Keys().api_keys("acme")
+    for name in ("acme:keys", "acme:submits", "acme:rate"):
+        with pytest.raises(InvalidRequest, match="as the keys of another tenant's own records do"):
+            tenants.create_key(name)
+    for name in ("acme:eu", "keys", "acme:keys-eu"):
+        assert tenants.create_key(name)[1].tenant == name
