@@ -254,7 +254,8 @@ def list_annotations(eval_id: str, services: Svc, who: Who) -> AnnotationList:
     response_model=Annotation,
     summary="Review a case run",
     description="Mark one case run (``variant:case:repeat`` indexes, as in the viewer) pass or fail,"
-    " override scores (0..1) and comment (at most 2000 characters). The latest annotation is the"
+    " override scores (0..1) and comment (at most 2000 characters; the whole annotation at most 8 KiB"
+    " of JSON). The latest annotation is the"
     " case run's label; every one is kept in the history. The reviewer is the caller's API key.",
 )
 def annotate(eval_id: str, item: str, body: AnnotationInput, services: Svc, who: Who) -> Annotation:
@@ -264,7 +265,10 @@ def annotate(eval_id: str, item: str, body: AnnotationInput, services: Svc, who:
         check_item(meta, item)
     except EvalNotFound as exc:
         raise ApiError(404, "not_found", str(exc)) from None
-    return annotations.put(who.tenant, eval_id, item, body, who.key_id or "operator")
+    try:
+        return annotations.put(who.tenant, eval_id, item, body, who.key_id or "operator")
+    except InvalidRequest as exc:
+        raise ApiError(422, "invalid_request", exc.message) from None
 
 
 @pages.get("/evals", include_in_schema=False)

@@ -23,12 +23,14 @@ import redis
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.archive.base import EvalArchive
+from shared.errors import InvalidRequest
 from shared.evals.errors import EvalNotFound
 from shared.evals.outcome import CaseResult
 from shared.evals.store import EvalMeta, Item
 from shared.keys import Keys
 
 __all__ = [
+    "MAX_ANNOTATION_BYTES",
     "MAX_HISTORY",
     "MAX_NOTE_CHARS",
     "MAX_OVERRIDES",
@@ -45,8 +47,11 @@ __all__ = [
 MAX_NOTE_CHARS = 2000
 #: Scores one annotation may override.
 MAX_OVERRIDES = 50
-#: Annotations kept in one eval's log (the oldest go first).
-MAX_HISTORY = 10_000
+#: Bytes of one annotation as stored (UTF-8 JSON): characters alone let a 2,000-character note and
+#: 50 long scorer names of four-byte characters make 28 KB.
+MAX_ANNOTATION_BYTES = 8_192
+#: Annotations kept in one eval's log (the oldest go first): at most 16 MiB of Redis per eval.
+MAX_HISTORY = 2_000
 _MAX_SCORER_NAME = 100
 
 
@@ -120,6 +125,11 @@ class AnnotationStore:
         """Store ``value`` as ``by``'s annotation of case run ``item`` (now): it becomes the label."""
         annotation = Annotation(**value.model_dump(), item=item, by=by, at=round(time.time(), 3))
         raw = annotation.model_dump_json()
+        if len(raw.encode()) > MAX_ANNOTATION_BYTES:
+            raise InvalidRequest(
+                f"an annotation is at most {MAX_ANNOTATION_BYTES} bytes of JSON as stored, this one"
+                f" {len(raw.encode())}: a shorter note or fewer scores"
+            )
         latest, log = (
             self.keys.eval_annotations(tenant, eval_id),
             self.keys.eval_annotation_log(tenant, eval_id),

@@ -125,6 +125,14 @@ def test_another_tenant_sees_and_reviews_none_of_a_tenants_evals(served: dict[st
             ({"note": "x" * 2001}, 422),
             ({"scores": {"exact": 1.5}}, 422),
             ({"label": "pass", "by": "someone-else"}, 422),
+            # Within every character bound, but 28 KB of four-byte characters: past the byte bound.
+            (
+                {
+                    "note": "\U0001f600" * 2000,
+                    "scores": {"\U0001f600" * 98 + f"{i:02}": 0.5 for i in range(50)},
+                },
+                422,
+            ),
         ):
             answer = http.put("/v1/evals/nightly-1/annotations/0:0:0", json=body)
             assert answer.status_code == status and answer.json()["error"]["kind"] == "invalid_request", body
