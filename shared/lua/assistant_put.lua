@@ -16,6 +16,9 @@
 local versions, index, sizes, kept = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local name, mode, record, expected, max_versions, max_assistants, max_bytes = unpack(ARGV, 1, 7)
 local TOTAL = '*total'  -- no assistant's name starts with '*'
+-- What Redis spends beside the JSON, counted with it: a list entry per version, and per name its
+-- list key, expiry, sizes field and kept entry (measured: about 350 bytes a name).
+local PER_VERSION, PER_NAME = 32, 512
 
 local function forget(old)
   local size = tonumber(redis.call('HGET', sizes, old) or '0')
@@ -47,13 +50,15 @@ if n == 0 then
   forget(name)  -- a deleted name whose versions expired before the purge above reached it
 elseif redis.call('HEXISTS', sizes, name) == 0 then
   -- Versions written before their bytes were counted: counted once, at the name's next change.
-  local size = 0
-  for _, version in ipairs(redis.call('LRANGE', versions, 0, -1)) do size = size + #version end
+  local size = PER_NAME
+  for _, version in ipairs(redis.call('LRANGE', versions, 0, -1)) do size = size + #version + PER_VERSION end
   redis.call('HSET', sizes, name, size)
   redis.call('HINCRBY', sizes, TOTAL, size)
 end
+local cost = #record + PER_VERSION
+if n == 0 then cost = cost + PER_NAME end
 local held = tonumber(redis.call('HGET', sizes, TOTAL) or '0')
-if held + #record > tonumber(max_bytes) then
+if held + cost > tonumber(max_bytes) then
   local next_free = redis.call('ZRANGE', kept, 0, 0, 'WITHSCORES')
   return {'over', held, tonumber(next_free[2] or '0')}
 end
@@ -64,6 +69,6 @@ if mode == 'create' and n > 0 then
 end
 redis.call('RPUSH', versions, record)
 redis.call('ZADD', index, 0, name)
-redis.call('HINCRBY', sizes, name, #record)
-redis.call('HINCRBY', sizes, TOTAL, #record)
+redis.call('HINCRBY', sizes, name, cost)
+redis.call('HINCRBY', sizes, TOTAL, cost)
 return {'ok', n + 1}

@@ -308,7 +308,7 @@ def test_deleting_an_assistant_frees_its_place_under_the_tenants_cap(store: Assi
 
 
 #: A quota of a few versions, for the byte quota's tests.
-SMALL_QUOTA = 2_300
+SMALL_QUOTA = 3_000
 
 
 @pytest.fixture
@@ -344,17 +344,17 @@ def test_a_tenants_versions_are_bounded_by_its_byte_quota(small: AssistantStore)
 def test_deleted_assistants_count_until_their_versions_expire(small: AssistantStore) -> None:
     """Creating, filling and deleting names must not hold more than the quota: a deleted
     assistant's kept versions count until they expire, and then free their room."""
-    small.create("t1", "a", "concierge", _prompt(800))
-    small.create("t1", "b", "concierge", _prompt(800))
+    small.create("t1", "a", "concierge", _prompt(600))
+    small.create("t1", "b", "concierge", _prompt(600))
     small.delete("t1", "a", keep_s=1)
     with pytest.raises(AssistantsFull) as refused:
-        small.create("t1", "c", "concierge", _prompt(800))
+        small.create("t1", "c", "concierge", _prompt(600))
     frees_at = refused.value.details["frees_at"]
     assert frees_at is not None and 0 < frees_at - time.time() <= 1.5
 
     def fits() -> bool:
         try:
-            small.create("t1", "c", "concierge", _prompt(800))
+            small.create("t1", "c", "concierge", _prompt(600))
         except AssistantsFull:
             return False
         return True
@@ -386,4 +386,20 @@ def test_versions_written_before_the_quota_count_at_the_names_next_change(small:
     small.redis.delete(small.keys.assistant_sizes("t1"))
     with pytest.raises(AssistantsFull) as refused:
         small.update("t1", "old", AssistantConfig())
-    assert refused.value.details["held_bytes"] == 41 * len(record)
+    # Each version's JSON and a list entry (32 bytes), and the name's own keys (512 bytes).
+    assert refused.value.details["held_bytes"] == 41 * (len(record) + 32) + 512
+
+
+def test_each_name_counts_what_redis_spends_on_it_beside_its_json(small: AssistantStore) -> None:
+    """Creating and deleting names with the smallest configuration counted only each version's
+    JSON (about 180 bytes), while each name left about 350 bytes more in Redis for the retention:
+    a tenant held three times its quota. Each name counts 512 bytes, each version 32."""
+    made = 0
+    with pytest.raises(AssistantsFull):
+        for i in range(100):
+            small.create("t1", f"n{i}", "concierge", AssistantConfig())
+            small.delete("t1", f"n{i}", keep_s=600)
+            made += 1
+    record = small.redis.lindex(small.keys.assistant_versions("t1", "n0"), 0)
+    assert isinstance(record, bytes | str)
+    assert made == SMALL_QUOTA // (len(record) + 32 + 512)
