@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from producer.admission import Admissions, Reservation, TenantLimited
 from producer.client import Client, RunRequest
 from shared.agents import AgentRegistry
 from shared.errors import ConfigError, InvalidRequest, StoreFull, WesichainError
@@ -31,6 +32,7 @@ from shared.pipeline.store import ItemToStart, PipelineMeta, PipelineStore, Pump
 from shared.pipeline.tasks import CHILD_CALLBACK
 from shared.pipeline.values import as_input, jsonable, value_of
 from shared.state import Phase, PipelineLink, RunHead, TaskSpec
+from shared.tenants import Tenants
 
 __all__ = ["MAX_ITEMS", "PUMP_BATCH", "PUMP_LEASE_MS", "PUMP_ROUNDS", "PipelinePool", "StepError"]
 
@@ -69,6 +71,9 @@ class PipelinePool:
         self._steps: dict[tuple[str, float, int], Step] = {}
         #: Pipeline runs as read before, by id: see :meth:`child_run_ended`.
         self._known: dict[str, PipelineMeta] = {}
+        #: A tenant's child runs take their places under its limits as its submits do.
+        self.admissions = Admissions(client.store)
+        self.tenants = Tenants(client.store.redis, client.store.keys)
 
     # -- moving on ---------------------------------------------------------------------------------
 
@@ -277,8 +282,42 @@ class PipelinePool:
     ) -> tuple[int, list[tuple[int, str]]]:
         """Create the child run of each (item, attempt, input text or None: read it) unless it
         exists, all in one ``submit_many``: (how many this call created, the (item, run id) to
-        note). An item has none to note when Redis is full for now (it stays taken, and the
-        sweeper creates it once Redis has room) or when it failed instead."""
+        note). An item has none to note when Redis is full for now, or its tenant is at its limits
+        (it stays taken, and the sweeper creates it once there is room), or when it failed instead."""
+        reservations = self._admit(meta, len(items))
+        if reservations is not None:
+            items = items[: len(reservations)]
+        try:
+            return self._create_admitted(meta, step, items)
+        finally:
+            for reservation in reservations or ():
+                self.admissions.release(reservation)
+
+    def _admit(self, meta: PipelineMeta, n: int) -> list[Reservation] | None:
+        """Places under the tenant's limits (runs in flight, submits per minute) for up to ``n``
+        children, as many as there is room for (None: a run without a tenant, which has none).
+        Each place is held until its child is created, so concurrent pumps never pass the limit
+        together (``producer/admission.py``)."""
+        if meta.tenant is None:
+            return None
+        limits = self.tenants.limits(meta.tenant)
+        taken: list[Reservation] = []
+        try:
+            while len(taken) < n:
+                taken.append(self.admissions.reserve(meta.tenant, limits))
+        except TenantLimited as exc:
+            log.info(
+                "pipeline %s: %d child runs wait for room under tenant %s's limits (%s)",
+                meta.pipeline_id,
+                n - len(taken),
+                meta.tenant,
+                exc.kind,
+            )
+        return taken
+
+    def _create_admitted(
+        self, meta: PipelineMeta, step: Step, items: Sequence[tuple[int, int, str | None]]
+    ) -> tuple[int, list[tuple[int, str]]]:
         pipeline_id, seq = meta.pipeline_id, meta.seq
         state = self._state_before(pipeline_id, seq) if step.state else None
         requests = [
@@ -559,6 +598,12 @@ class PipelinePool:
                 log.exception("pipeline %s: repair failed", pipeline_id)
         return repaired
 
+    def _tenant_full(self, meta: PipelineMeta) -> bool:
+        """Whether the pipeline run's tenant has no room for another run in flight now."""
+        if meta.tenant is None:
+            return False
+        return self.runs.inflight(meta.tenant) >= self.tenants.limits(meta.tenant).max_inflight
+
     def _repair(self, pipeline_id: str) -> int:
         meta = self.store.meta(pipeline_id)
         if meta is None:
@@ -577,6 +622,9 @@ class PipelinePool:
             self.advance(pipeline_id, meta.seq)
             return 1
         step = self._step(meta.target, meta.index)
+        # Items waiting for room under the tenant's limits wait, taken, for a later pass (each would
+        # only be refused); the rest of the repairs go on.
+        full = self._tenant_full(meta)
         results = self.store.results(pipeline_id, meta.seq)
         children = self.store.children(pipeline_id, meta.seq)
         attempts = self.store.attempts(pipeline_id, meta.seq)
@@ -592,6 +640,8 @@ class PipelinePool:
                 self._ended(pipeline_id, step, meta.seq, item, attempt, run_id, "failed", None, error, True)
                 repaired += 1
             elif children.get(item) != run_id:
+                if full:
+                    continue
                 # Never created, or created and not noted: its creator died (or is at it right now;
                 # creating and noting are both once-only).
                 log.warning("pipeline %s: child run %s was left unstarted; starting it", pipeline_id, run_id)
@@ -601,7 +651,7 @@ class PipelinePool:
                 log.warning("pipeline %s: child run %s ended untold; recording it", pipeline_id, run_id)
                 self.child_ended({"run_id": run_id})
                 repaired += 1
-        if meta.started < meta.total and meta.started - meta.done < meta.cap:
+        if meta.started < meta.total and meta.started - meta.done < meta.cap and not full:
             repaired += int(self.pump(pipeline_id, meta.seq) > 0)
         return repaired
 

@@ -14,7 +14,7 @@ import pytest
 from producer.api_client import ApiClient
 from shared.keys import Keys
 from shared.pipeline.store import child_run_id
-from shared.tenants import Tenants
+from shared.tenants import TenantLimits, Tenants
 from tests.api_support import ApiProcess, bearer
 from tests.conftest import own_store
 from tests.harness import RedisServer, WorkerProcess
@@ -166,3 +166,41 @@ def test_pipeline_runs_are_listed_per_tenant_newest_first_and_paged(
     assert [p.pipeline_id for p in page.pipelines] == mine[::-1] and page.next_cursor is None
     assert error_kind(tenant_a.get("/v1/pipelines", params={"cursor": "nope"}), 422) == "invalid_request"
     assert error_kind(tenant_a.get("/v1/pipelines", params={"status": "lost"}), 422) == "invalid_request"
+
+
+def test_a_tenants_pipeline_children_stay_within_its_in_flight_limit(
+    api: ApiProcess, server: RedisServer
+) -> None:
+    """Each child run of a pipeline run is a run of its tenant: it takes its place under the
+    tenant's limits as a submit does, and waits (its item taken) while there is none. Two map
+    steps of eight once ran sixteen children at once under a limit of two."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    tenants = Tenants(server.client(), Keys())
+    key, _ = tenants.create_key(name, "test")
+    tenants.set_limits(name, TenantLimits(max_inflight=2))
+    r = server.client()
+
+    def in_flight() -> int:
+        return sum(int(r.hget(Keys().inflight(shard), name) or 0) for shard in range(Keys().shards))
+
+    items = ",".join(f"slow {i}" for i in range(8))
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as http:
+        ids = []
+        for n in range(2):
+            answer = http.post(
+                "/v1/pipelines", json={"pipeline": "fan", "input": items, "pipeline_id": f"p{n}"}
+            )
+            assert answer.status_code == 202, answer.text
+            ids.append(answer.json()["pipeline_id"])
+        peak = 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            peak = max(peak, in_flight())
+            statuses = [http.get(f"/v1/pipelines/{pid}").json()["status"] for pid in ids]
+            if "running" not in statuses:
+                break
+        assert statuses == ["completed", "completed"], statuses
+        assert 1 <= peak <= 2, peak
+        # Every item ran once, in its own child run.
+        for pid in ids:
+            assert ended(http, pid)["output"].count("done slow") == 8
