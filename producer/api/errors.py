@@ -19,9 +19,10 @@ __all__ = ["ApiError", "ErrorBody", "ErrorInfo", "error_response", "install_erro
 
 class ErrorInfo(BaseModel):
     kind: str = Field(
-        description="What went wrong: bad_json, invalid_request, unauthorized, forbidden, not_found,"
-        " unknown_agent, quota_exceeded, wrong_state, conflict, thread_busy, run_ended, inbox_full,"
-        " body_too_large, request_timeout, rate_limited, store_full, unavailable, internal."
+        description="What went wrong: bad_json, bad_request, invalid_request, unauthorized, forbidden,"
+        " not_found, unknown_agent, quota_exceeded, wrong_state, conflict, thread_busy, run_ended,"
+        " inbox_full, body_too_large, headers_too_large, request_timeout, rate_limited, store_full,"
+        " unavailable, internal."
     )
     message: str = Field(description="A sentence for a human.")
     details: dict[str, Any] = Field(default_factory=dict, description="Machine-readable specifics.")

@@ -10,6 +10,11 @@ byte after the previous answer (until that byte, uvicorn's keep-alive timeout ho
 begun and not finished in time is answered 408 in the API's error shape and the connection
 closed; a connection on which nothing was sent is closed without an answer, as an idle kept-alive
 one is. The body has its own deadline (``body_limit.py``).
+
+A head h11 cannot read (a malformed request line or header, a ``Content-Length`` that is no
+number, two that differ, a head past h11's 16 KiB) is answered in the API's error shape too, not
+uvicorn's plain text: ``400 bad_request``, or ``431 headers_too_large`` for a head too long, and
+the connection closed.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from functools import cache
 from typing import Any
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from producer.api.config import head_timeout_from_env
@@ -67,6 +74,29 @@ class HeadDeadline(H11Protocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a head h11 refused (it calls this while handling h11's error, which
+        says whether the head was too long): in the API's error shape."""
+        refused = sys.exc_info()[1]
+        hint = refused.error_status_hint if isinstance(refused, h11.RemoteProtocolError) else 400
+        if hint == 431:
+            status, kind, message = 431, "headers_too_large", "the request's line and headers are too long"
+        else:
+            reason = str(refused)[:200] if refused is not None else "malformed"
+            status, kind, message = 400, "bad_request", f"the request's head is not valid HTTP/1.1: {reason}"
+        self._answer_and_close(status, kind, message, {})
+
+    def _answer_and_close(self, status: int, kind: str, message: str, details: dict[str, Any]) -> None:
+        """Write an error answer by hand (no request reached the app) and close the connection."""
+        body = json.dumps({"error": {"kind": kind, "message": message, "details": details}}).encode()
+        phrase = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large"}[status]
+        head = (
+            f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        self.transport.write(head.encode() + body)
+        self.transport.close()
+
     def _awaiting_head(self) -> bool:
         """No request is being served: what comes now is the next request's head."""
         return self.cycle is None or self.cycle.response_complete
@@ -91,19 +121,12 @@ class HeadDeadline(H11Protocol):
             return
         if self._head_begun:
             timeout = self.head_timeout_s
-            body = json.dumps(
-                {
-                    "error": {
-                        "kind": "request_timeout",
-                        "message": f"the request's line and headers did not arrive within {timeout:g} s",
-                        "details": {"timeout_s": timeout},
-                    }
-                }
-            ).encode()
-            head = (
-                "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-            )
-            self.transport.write(head.encode() + body)
             log.info("closed a connection of %s: its request's head was late (%g s)", self.client, timeout)
+            self._answer_and_close(
+                408,
+                "request_timeout",
+                f"the request's line and headers did not arrive within {timeout:g} s",
+                {"timeout_s": timeout},
+            )
+            return
         self.transport.close()

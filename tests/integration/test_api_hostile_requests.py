@@ -172,14 +172,36 @@ def test_a_declared_body_over_the_limit_is_refused_before_it_is_read(api: ApiPro
 
 @pytest.mark.parametrize(
     "lengths",
-    [("10x",), ("-1",), ("10", "12"), ("10, 12",)],
-    ids=["not-a-number", "negative", "two-headers-differ", "one-header-two-values"],
+    [("10x",), ("-1",), ("+10",), ("0x10",), ("1e3",), ("10", "12"), ("10, 12",), ("1" * 23,)],
+    ids=[
+        "not-a-number",
+        "negative",
+        "plus",
+        "hex",
+        "exponent",
+        "two-headers-differ",
+        "one-header-two-values",
+        "23-digits",
+    ],
 )
 def test_malformed_content_lengths_are_refused(api: ApiProcess, lengths: tuple[str, ...]) -> None:
-    # Whether uvicorn's parser or the app refuses it, the body is never taken.
+    # Whether uvicorn's parser or the app refuses it, the body is never taken, and the answer is in
+    # the API's error shape (uvicorn's own was plain text).
     head = post_head(*(f"Content-Length: {n}" for n in lengths))
     done = exchange(api, head, iter([b'{"agent": "direct", "input": "x"}']))
     assert done.status == 400, done.body
+    assert done.headers["content-type"] == "application/json" and done.error()["kind"] == "bad_request"
+    assert done.headers["connection"] == "close"
+
+
+@pytest.mark.parametrize("head", ["huge-header", "many-headers"])
+def test_a_head_too_long_is_refused_in_the_apis_error_shape(api: ApiProcess, head: str) -> None:
+    headers = [f"X-Big: {'a' * 200_000}"] if head == "huge-header" else [f"X-H{i}: v" for i in range(20_000)]
+    done = exchange(api, post_head(*headers, "Content-Length: 2"), iter([b"{}"]))
+    assert done.status == 431, done.body
+    assert done.error()["kind"] == "headers_too_large" and done.headers["connection"] == "close"
+    # The server goes on serving others.
+    assert httpx.get(f"{api.url}/healthz", timeout=30).status_code == 200
 
 
 @pytest.fixture
