@@ -3,11 +3,15 @@ and the two reads only it needs, a run's timeline and who the caller is."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.staticfiles import StaticFiles
@@ -20,7 +24,7 @@ from shared.pool import with_deaths
 from shared.pool_records import Obituaries
 from shared.timeline import Timeline, build_timeline
 
-__all__ = ["STATIC", "Identity", "index", "router", "static_files", "timeline", "whoami"]
+__all__ = ["STATIC", "Identity", "index", "page_headers", "router", "static_files", "timeline", "whoami"]
 
 STATIC = Path(__file__).parent / "console"
 
@@ -34,13 +38,55 @@ class Identity(BaseModel):
     key_id: str | None = Field(description="The public id of the caller's key.")
 
 
+def page_headers(*, scripts: Iterable[str] = (), styles: Iterable[str] = ()) -> dict[str, str]:
+    """The headers of an HTML page the API serves (the console, the eval viewer): it runs only its
+    own scripts and styles (from this origin, or the inline ones given, by hash), talks only to
+    this origin, and no other site may frame it. Nothing in these pages needs more, so a string a
+    tenant stored that escaped into markup still could not run, and a page elsewhere cannot
+    overlay the console to steer a reviewer's clicks."""
+
+    def sources(inline: Iterable[str]) -> str:
+        hashes = (base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() for text in inline)
+        return " ".join(["'self'", *(f"'sha256-{h}'" for h in hashes)])
+
+    policy = "; ".join(
+        [
+            "default-src 'self'",
+            f"script-src {sources(scripts)}",
+            f"style-src {sources(styles)}",
+            "img-src 'self' data:",
+            "connect-src 'self'",
+            "object-src 'none'",
+            "base-uri 'none'",
+            "form-action 'self'",
+            "frame-ancestors 'none'",
+        ]
+    )
+    return {
+        "Cache-Control": "no-cache",
+        "Content-Security-Policy": policy,
+        "X-Frame-Options": "DENY",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
+
+
+class _ConsoleFiles(StaticFiles):
+    """The console's scripts and stylesheets, each only ever read as the type it is served as."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
+
 def static_files() -> StaticFiles:
-    return StaticFiles(directory=STATIC)
+    return _ConsoleFiles(directory=STATIC)
 
 
 @router.get("/", include_in_schema=False)
 def index() -> FileResponse:
-    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+    return FileResponse(STATIC / "index.html", headers=page_headers())
 
 
 @router.get("/v1/whoami", response_model=Identity, responses=ERRORS, summary="The caller's tenant")

@@ -11,6 +11,7 @@ field of the body.
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import cache
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
@@ -18,11 +19,12 @@ from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, Field
 
 from producer.api.auth import Caller
+from producer.api.console import page_headers
 from producer.api.errors import ApiError
 from producer.api.runs import ERRORS, Svc, Who
 from producer.api.services import Services
 from producer.evals.export import export
-from producer.evals.report import comparison_data, index_entry, render_live, report_data
+from producer.evals.report import comparison_data, index_entry, inline_assets, render_live, report_data
 from shared.errors import InvalidRequest
 from shared.evals.annotations import Annotation, AnnotationInput, AnnotationStore, agreement, check_item
 from shared.evals.compare import compare
@@ -274,10 +276,16 @@ def annotate(eval_id: str, item: str, body: AnnotationInput, services: Svc, who:
 @pages.get("/evals", include_in_schema=False)
 @pages.get("/evals/", include_in_schema=False)
 def index_page() -> HTMLResponse:
-    return HTMLResponse(render_live("index"), headers={"Cache-Control": "no-cache"})
+    return HTMLResponse(render_live("index"), headers=_page_headers())
 
 
 @pages.get("/evals/{eval_id}", include_in_schema=False)
 def eval_page(eval_id: str) -> HTMLResponse:
     # The page holds no data: its script reads the eval with the caller's key (404 if not theirs).
-    return HTMLResponse(render_live("eval"), headers={"Cache-Control": "no-cache"})
+    return HTMLResponse(render_live("eval"), headers=_page_headers())
+
+
+@cache
+def _page_headers() -> dict[str, str]:
+    script, style = inline_assets()
+    return page_headers(scripts=[script], styles=[style])

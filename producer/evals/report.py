@@ -30,6 +30,7 @@ __all__ = [
     "MAX_REPORT_TEXT",
     "comparison_data",
     "index_entry",
+    "inline_assets",
     "render_index",
     "render_live",
     "render_report",
@@ -356,6 +357,11 @@ def render_index(entries: Sequence[dict[str, Any]], links: Mapping[str, str]) ->
     """The index of evals as one HTML file: trends per variant and scorer; each eval links to its
     report file in ``links`` (eval id -> relative file name)."""
     return _page("Evals", {"page": "index", "evals": list(entries), "links": dict(links)})
+
+
+def inline_assets() -> tuple[str, str]:
+    """The script and the stylesheet every page has inline (a page's policy allows them by hash)."""
+    return _asset("report.js"), _asset("report.css")
 
 
 def render_live(page: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ __all__ = [
     "screenshot",
     "signed_in",
     "submit",
+    "wait_js",
 ]
 
 #: Debian's chromium (``.ci/run`` installs it); without it the directory's tests are skipped.
@@ -36,6 +38,19 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu"]
 
 #: Generous: the machine running the suite may be loaded.
 UI_TIMEOUT_MS = 60_000
+
+
+def wait_js(page: Page, expression: str, timeout: float = UI_TIMEOUT_MS) -> None:
+    """Wait until the page's JavaScript ``expression`` is truthy (``timeout`` in ms).
+
+    Playwright's ``wait_for_function`` evaluates its predicate with ``eval`` inside the page, which
+    the pages' Content-Security-Policy forbids (no script but their own runs); a function called
+    from outside, as ``evaluate`` does, is not page script and is allowed."""
+    deadline = time.monotonic() + timeout / 1000
+    while not page.evaluate(f"() => Boolean({expression})"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout / 1000:g} s waiting for {expression}")
+        page.wait_for_timeout(50)
 
 
 class Console:

@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, Page
 
 from tests.agents_console import HOSTILE
 from tests.api_support import ApiProcess, wait_status
-from tests.console.support import new_key, screenshot, signed_in, submit
+from tests.console.support import new_key, screenshot, signed_in, submit, wait_js
 from tests.harness import RedisServer
 
 AGENTS = "tests.agents_console"
@@ -45,7 +45,7 @@ def test_the_memory_page_shows_the_tenants_items_as_text(
     put_item(attacker, ["users", "u-42"], "secret", {"leak": "the rival's"})
     page.goto(f"{api.url}/#/memory")
     page.wait_for_selector("#memory-view:not([hidden])")
-    page.wait_for_function("document.querySelectorAll('#memory-items tbody tr').length === 3")
+    wait_js(page, "document.querySelectorAll('#memory-items tbody tr').length === 3")
     assert (page.text_content("#memory-namespaces") or "").removeprefix("Namespaces: ").split(", ") == [
         "teams/t1", "users/u-42", "users/u-7",
     ]  # fmt: skip
@@ -64,17 +64,17 @@ def test_the_memory_page_shows_the_tenants_items_as_text(
     # A prefix narrows to its namespaces; a text to the items whose value holds it.
     page.fill('#memory-form input[name="prefix"]', "users")
     page.click("#memory-form button")
-    page.wait_for_function("document.querySelectorAll('#memory-items tbody tr').length === 2")
+    wait_js(page, "document.querySelectorAll('#memory-items tbody tr').length === 2")
     assert page.text_content("#memory-namespaces") == "Namespaces: users/u-42, users/u-7"
     page.fill('#memory-form input[name="query"]', "dry")
     page.click("#memory-form button")
-    page.wait_for_function("document.querySelectorAll('#memory-items tbody tr').length === 1")
+    wait_js(page, "document.querySelectorAll('#memory-items tbody tr').length === 1")
     assert page.text_content("#memory-items tbody tr td:first-child") == "users/u-7"
     # Bad input: a structured error on the page, nothing shown as found.
     page.fill('#memory-form input[name="prefix"]', "bad label!")
     page.fill('#memory-form input[name="query"]', "")
     page.click("#memory-form button")
-    page.wait_for_function("document.querySelector('#memory-error').textContent !== ''")
+    wait_js(page, "document.querySelector('#memory-error').textContent !== ''")
     assert "bad label!" in (page.text_content("#memory-error") or "")
     no_markup(page, "memory-view")
 
@@ -152,7 +152,7 @@ def test_the_send_form_of_an_ended_run_is_closed_and_a_late_send_is_refused(
     assert page.text_content("#send-closed") == "This run has ended: it takes no more messages."
     # A send that crossed the end (typed before it, sent after): the API's refusal, said plainly.
     page.evaluate("document.querySelector('#send-form').requestSubmit()")
-    page.wait_for_function("document.querySelector('#send-result').textContent.startsWith('refused')")
+    wait_js(page, "document.querySelector('#send-result').textContent.startsWith('refused')")
     refused = page.text_content("#send-result") or ""
     assert refused.startswith("refused (run_ended): "), refused
     answer = http.post(f"/v1/runs/{run_id}/messages", json={"text": "x"})
@@ -167,7 +167,7 @@ def test_the_agent_versions_table_lists_the_pools_versions(
 ) -> None:
     listed = http.get("/v1/versions").json()["versions"]
     assert {(v["agent"], v["version"]) for v in listed} >= {("refunds", "3")}
-    page.wait_for_function(f"document.querySelectorAll('#versions tbody tr').length === {len(listed)}")
+    wait_js(page, f"document.querySelectorAll('#versions tbody tr').length === {len(listed)}")
     rows = page.eval_on_selector_all(
         "#versions tbody tr",
         "rs => rs.map(r => [r.dataset.version, ...Array.from(r.cells).map(c => c.textContent)])",
@@ -194,7 +194,7 @@ def test_the_operator_view_of_a_small_pool(browser: Browser, api: ApiProcess, se
     what they serve, queue depths, parked runs, throughput (``console-operator.png``)."""
     with signed_in(browser, api.url, new_key(server, "ops", operator=True)) as page:
         page.goto(f"{api.url}/#/operator")
-        page.wait_for_function("document.querySelectorAll('#pool-workers tr[data-worker]').length === 2")
+        wait_js(page, "document.querySelectorAll('#pool-workers tr[data-worker]').length === 2")
         serves = page.text_content("#pool-workers tr[data-worker] td:nth-child(2)") or ""
         assert "refunds v3" in serves and "shouter v1" in serves
         screenshot(page, "operator")

@@ -17,7 +17,7 @@ from playwright.sync_api import Browser, Page
 from tests.agents_console import HOSTILE
 from tests.api_support import ApiProcess, wait_status
 from tests.chaos.support import Cluster, idem, wait_tool_started
-from tests.console.support import screenshot, signed_in, submit
+from tests.console.support import screenshot, signed_in, submit, wait_js
 from tests.harness import RedisServer, wait_until
 
 AGENTS = "tests.agents_console"
@@ -39,9 +39,7 @@ def test_an_approval_says_what_is_approved_and_who_decided(
     page.goto(f"{api.url}/#/runs/{run_id}")
     page.wait_for_selector("#pending:not([hidden])")
     # The panel is filled as its data arrives: wait for the last part of it.
-    page.wait_for_function(
-        "() => (document.querySelector('#pending').textContent || '').includes('Asked by')"
-    )
+    wait_js(page, "() => (document.querySelector('#pending').textContent || '').includes('Asked by')")
     # The parked call with its arguments, as text, and what asked for the decision.
     pending = page.text_content("#pending") or ""
     assert "charge · call_0" in pending and f'"label": {json.dumps(HOSTILE)}' in pending
@@ -118,7 +116,7 @@ def test_a_failed_run_shows_its_error_and_is_retried_and_forked_from_its_page(
     page.wait_for_selector('#conversation li.step li.call[data-call="call_0"] .result.bad')
     screenshot(page, "failed")
     page.click("#retry")
-    page.wait_for_function(f"location.hash.startsWith('#/runs/') && !location.hash.endsWith('{run_id}')")
+    wait_js(page, f"location.hash.startsWith('#/runs/') && !location.hash.endsWith('{run_id}')")
     retried = page.evaluate("location.hash").removeprefix("#/runs/")
     page.wait_for_selector("#run-status.badge.failed")
     again = http.get(f"/v1/runs/{retried}").json()
@@ -126,9 +124,10 @@ def test_a_failed_run_shows_its_error_and_is_retried_and_forked_from_its_page(
     # Fork from its first checkpoint: the new run names its origin.
     page.goto(f"{api.url}/#/runs/{run_id}")
     page.click('#checkpoints button.fork[data-version="1"]')
-    page.wait_for_function(
+    wait_js(
+        page,
         f"location.hash.startsWith('#/runs/') && !location.hash.endsWith('{run_id}')"
-        f" && !location.hash.endsWith('{retried}')"
+        f" && !location.hash.endsWith('{retried}')",
     )
     page.wait_for_selector(f'#run-facts a[href="#/runs/{run_id}"]')
     assert f"{run_id} v1" in (page.text_content("#run-facts") or "")

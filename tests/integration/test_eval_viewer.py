@@ -8,6 +8,7 @@ script error and no request to another origin. Another tenant sees and changes n
 from __future__ import annotations
 
 import asyncio
+import base64
 import csv
 import hashlib
 import io
@@ -31,6 +32,7 @@ from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer
 from tests.broker import Settings
 from tests.browser import chromium
+from tests.console.support import wait_js
 from tests.harness import ROOT, RedisServer, WorkerProcess, running
 
 AGENTS = "tests.agents_evals"
@@ -242,8 +244,10 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
             groups = page.eval_on_selector_all("#breakdown tr.group", "rs => rs.map(r => r.dataset.value)")
             assert groups == ["arithmetic", "hostile"]
             page.click("#breakdown tr.group[data-value=hostile] a")
-            page.wait_for_function(
-                "document.getElementById('case-count').textContent === '1 of 6 cases'", timeout=UI_TIMEOUT_MS
+            wait_js(
+                page,
+                "document.getElementById('case-count').textContent === '1 of 6 cases'",
+                timeout=UI_TIMEOUT_MS,
             )
 
             # The hostile case: its texts are text; a diff of answer against expected; the run's link.
@@ -278,7 +282,8 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
 
             # The run's page in the console opens for the tenant, and links back to its case.
             page.goto(api + "/#/runs/nightly-2:v1:c5:r0")
-            page.wait_for_function(
+            wait_js(
+                page,
                 "document.querySelector('#run-title') && document.querySelector('#run-title').textContent"
                 " === 'Run nightly-2:v1:c5:r0'",
                 timeout=UI_TIMEOUT_MS,
@@ -308,7 +313,7 @@ def test_the_viewer_in_a_real_browser(served: dict[str, Any], tmp_path: Path) ->
             # No text ran as script, nor became an element.
             for url in (api + "/evals/nightly-2#open=" + f"h{HOSTILE}", api + "/evals/"):
                 page.goto(url)
-                page.wait_for_function("document.body.dataset.ready === '1'", timeout=UI_TIMEOUT_MS)
+                wait_js(page, "document.body.dataset.ready === '1'", timeout=UI_TIMEOUT_MS)
                 assert page.evaluate("typeof window.__pwned") == "undefined"
                 assert page.evaluate("document.querySelectorAll('img').length") == 0
         finally:
@@ -388,3 +393,24 @@ def test_the_http_clients_read_and_review_a_tenants_evals(served: dict[str, Any]
 
     assert asyncio.run(read()) == (["nightly-2", "nightly-1"], "nightly-2", 1)
     assert set(served["evals"].labels("nightly-1")) == {"0:2:0", "1:0:0"}
+
+
+def test_the_pages_run_only_their_own_scripts_and_no_site_frames_them(served: dict[str, Any]) -> None:
+    """The console and the viewer send a policy that runs only their own scripts and styles (the
+    viewer's inline ones by hash), talks only to the API, and lets no other site frame them; the
+    browser tests above run under it (any script it blocked would have left the pages blank)."""
+    with httpx.Client(base_url=served["api"], timeout=30) as http:
+        for path in ("/", "/evals/", "/evals/nightly-1"):
+            answer = http.get(path)
+            assert answer.status_code == 200, path
+            policy = answer.headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in policy and "connect-src 'self'" in policy, policy
+            assert "'unsafe-inline'" not in policy and "'unsafe-eval'" not in policy, policy
+            assert answer.headers["x-frame-options"] == "DENY"
+            assert answer.headers["x-content-type-options"] == "nosniff"
+        # The viewer's inline script is allowed by its hash alone.
+        script = http.get("/evals/").text.split("<script>")[1].split("</script>")[0]
+        digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+        assert f"'sha256-{digest}'" in http.get("/evals/").headers["content-security-policy"]
+        assert "script-src 'self';" in http.get("/").headers["content-security-policy"]
+        assert http.get("/console/console.js").headers["x-content-type-options"] == "nosniff"
