@@ -55,9 +55,10 @@ NOT_BLANK = r"\S"
 #: child-ended handler, an eval's scorer, a subagent's result...) and Celery's built-in tasks.
 #: Those are started only by the runtime, for runs it created itself (``RunHead.link``/``parent``).
 RESERVED_TASK_PREFIXES = ("wesichain.", "celery.")
-#: Queues no producer may send a callback to: the pool's default queues and Celery's own
-#: (the default ``celery`` queue, its events and remote-control exchanges).
-RESERVED_QUEUE_PREFIXES = ("wesichain.", "celery")
+#: Queues no producer may send a callback to: the pool's default queues, Celery's own (the default
+#: ``celery`` queue, its events and remote-control exchanges) and kombu's Redis bookkeeping
+#: (``unacked``; its ``_kombu.*`` keys no name may start like).
+RESERVED_QUEUE_PREFIXES = ("wesichain.", "celery", "unacked")
 
 
 class RunRequest(BaseModel):
@@ -250,8 +251,15 @@ def check_callback_task(task: str) -> None:
 
 
 def check_callback_queue(queue: str) -> None:
-    """Refuse a callback queue that is malformed or reserved (the pool's, or Celery's), case-folded."""
+    """Refuse a callback queue that is malformed or reserved (the pool's, Celery's or kombu's),
+    case-folded. On the Redis broker a queue is a list of that very name, in the Redis the run
+    state may share: a queue name holds no ':', so it names no key of the run state (whose names
+    are ``prefix:...``), and none of kombu's own keys (``unacked``, ``_kombu.binding.*``)."""
     check_name("callback queue", queue)
+    if ":" in queue:
+        raise InvalidRequest(
+            f"callback queue {queue[:80]!r} holds ':': queue names are letters, digits and . _ @ / -"
+        )
     if queue.casefold().startswith(RESERVED_QUEUE_PREFIXES):
         raise InvalidRequest(
             f"callback queue {queue[:80]!r} is reserved: queues starting with"

@@ -266,8 +266,9 @@ def test_callback_tasks_and_queues_are_allow_listed_per_tenant(server: RedisServ
     refused(
         http.post("/v1/runs", json={"agent": "worker", "input": "x", "callback": sneaky}), 403, "forbidden"
     )
-    # The pool's own queues and Celery's are reserved, whatever the tenant is allowed.
-    for queue in ("wesichain.model", "wesichain.callbacks", "celery", "celeryev"):
+    # The pool's own queues, Celery's and kombu's are reserved, whatever the tenant is allowed, and
+    # so is any name of the run state's keys (on the Redis broker a queue is a list of its name).
+    for queue in ("wesichain.model", "wesichain.callbacks", "celery", "celeryev", "unacked", "_kombu.x"):
         response = http.post(
             "/v1/runs",
             json={"agent": "worker", "input": "x", "callback": {"task": "evil.task", "queue": queue}},
@@ -318,6 +319,21 @@ def test_callback_tasks_and_queues_are_allow_listed_per_tenant(server: RedisServ
         env={"WESICHAIN_REDIS_URL": server.url, "PATH": "/usr/bin:/bin", **broker_env(server.url)},
     )
     assert bad.returncode == 2 and "reserved" in bad.stderr
+    for queue, words in (
+        (f"wesichain:tenant:{attacker.name}:keys", "holds ':'"),
+        ("unacked", "reserved"),
+        ("_kombu.binding.billing", "must be"),  # no name starts with _
+    ):
+        bad = subprocess.run(
+            [sys.executable, "-m", "producer.cli", "keys", "celery-callbacks", "--tenant", attacker.name]
+            + ["--allow-queue", queue],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+            env={"WESICHAIN_REDIS_URL": server.url, "PATH": "/usr/bin:/bin", **broker_env(server.url)},
+        )
+        assert bad.returncode == 2 and words in bad.stderr, (queue, bad.stderr)
 
 
 def test_pipeline_ids_are_per_tenant(victim: Tenant, attacker: Tenant) -> None:
