@@ -142,8 +142,9 @@ class Timing(BaseModel):
                 ZoneInfo(self.timezone)
             except (ZoneInfoNotFoundError, ValueError):
                 raise ValueError(f"unknown time zone {self.timezone!r}") from None
-            if not croniter.is_valid(self.cron):
-                raise ValueError(f"not a cron expression: {self.cron!r}")
+            if len(self.cron.split()) not in (5, 6) or not croniter.is_valid(self.cron):
+                # croniter reads a seventh field (a year) too: not what the docs promise.
+                raise ValueError(f"not a cron expression of 5 fields (6 with seconds): {self.cron!r}")
         elif self.timezone != "UTC":
             raise ValueError("timezone is for cron; an interval counts seconds")
         return self

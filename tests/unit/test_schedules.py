@@ -27,6 +27,7 @@ def _at(*parts: int, tz: ZoneInfo = NY) -> int:
         {},
         {"cron": "* * * * *", "every_s": 5},
         {"cron": "not cron"},
+        {"cron": "* * * * * * *"},  # croniter takes a seventh field (years); the docs say 5 or 6
         {"cron": "* * * * *", "timezone": "Mars/Olympus"},
         {"cron": "* * * * *", "anchor": 5},
         {"every_s": 0},
