@@ -10,10 +10,13 @@ idempotency key. The job ends with exactly 30 retries: one new run per source, n
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from producer.client import Client, idempotent_run_id
-from shared.bulk import BulkStore
+from shared.bulk import BulkJob, BulkStore
 from shared.search import SearchQuery
 from tests.broker import Settings
 from tests.chaos.support import CHAOS_ENV
@@ -24,19 +27,55 @@ TENANT = "bulk-chaos"
 TIMEOUT = 90
 
 
+@dataclass
+class Setup:
+    """A worker running, a second one to start once the first is killed, and failed runs to retry."""
+
+    first: WorkerProcess
+    second: WorkerProcess
+    client: Client
+    sources: set[str]
+
+    def ended_job(self, job_id: str, what: str) -> BulkJob:
+        def ended() -> bool:
+            return self.client.bulk_job(job_id, tenant=TENANT).status != "running"
+
+        wait_until(ended, TIMEOUT, interval=0.1, what=what)
+        return self.client.bulk_job(job_id, tenant=TENANT)
+
+    def check_one_retry_each(self, job_id: str) -> set[str]:
+        """Each source was retried once, as the run its job and id name; returns the retries."""
+        outcomes = self.client.bulk_outcomes(job_id, tenant=TENANT)
+        assert set(outcomes) == self.sources
+        new_ids = {o.new_run_id for o in outcomes.values() if o.new_run_id is not None}
+        assert new_ids == {idempotent_run_id(TENANT, f"bulk:{job_id}:{s}") for s in self.sources}
+        return new_ids
+
+
+@contextmanager
+def setup(server: RedisServer, tmp_path: Path, name: str, sources: int, concurrency: int) -> Iterator[Setup]:
+    env = {"WESICHAIN_LEASE_S": CHAOS_ENV["WESICHAIN_LEASE_S"], "WESICHAIN_QUEUED_LEASE_S": "2"}
+    first = WorkerProcess(f"{name}1", server.url, concurrency=concurrency, env=env, log_dir=str(tmp_path))
+    second = WorkerProcess(f"{name}2", server.url, concurrency=concurrency, env=env, log_dir=str(tmp_path))
+    client = Client(Settings(redis_url=server.url, agents_module="tests.agents_fixture"))
+    try:
+        first.start()
+        handles = [client.submit("model_fail", f"{name} case {i}", tenant=TENANT) for i in range(sources)]
+        for handle in handles:
+            handle.wait(TIMEOUT)
+        yield Setup(first, second, client, {h.run_id for h in handles})
+    finally:
+        client.close()
+        for worker in (first, second):
+            worker.kill()
+            worker.stop()
+
+
 def test_a_bulk_retry_resumes_after_its_worker_is_killed_and_retries_each_run_once(
     server: RedisServer, tmp_path: Path
 ) -> None:
-    env = {"WESICHAIN_LEASE_S": CHAOS_ENV["WESICHAIN_LEASE_S"], "WESICHAIN_QUEUED_LEASE_S": "2"}
-    first = WorkerProcess("bulk1", server.url, concurrency=4, env=env, log_dir=str(tmp_path)).start()
-    second = WorkerProcess("bulk2", server.url, concurrency=4, env=env, log_dir=str(tmp_path))
-    client = Client(Settings(redis_url=server.url, agents_module="tests.agents_fixture"))
-    try:
-        sources = [client.submit("model_fail", f"case {i}", tenant=TENANT) for i in range(SOURCES)]
-        for handle in sources:
-            handle.wait(TIMEOUT)
-        source_ids = {h.run_id for h in sources}
-
+    with setup(server, tmp_path, "bulk", SOURCES, concurrency=4) as it:
+        client = it.client
         job = client.bulk("retry", SearchQuery(status="failed"), tenant=TENANT, rate_per_s=5)
         jobs = BulkStore(client.store.redis, client.store.keys)
 
@@ -45,24 +84,15 @@ def test_a_bulk_retry_resumes_after_its_worker_is_killed_and_retries_each_run_on
             return 5 <= now.acted < SOURCES - 5 and jobs.held(TENANT, job.job_id)
 
         wait_until(mid_chunk, TIMEOUT, interval=0.02, what="the bulk job to be under way")
-        first.kill()
+        it.first.kill()
         killed_at = client.bulk_job(job.job_id, tenant=TENANT).acted
-        first.stop()
+        it.first.stop()
         assert 5 <= killed_at < SOURCES
 
-        second.start()
-
-        def ended() -> bool:
-            return client.bulk_job(job.job_id, tenant=TENANT).status != "running"
-
-        wait_until(ended, TIMEOUT, interval=0.1, what="the bulk job to resume and end on the second worker")
-        done = client.bulk_job(job.job_id, tenant=TENANT)
+        it.second.start()
+        done = it.ended_job(job.job_id, "the bulk job to resume and end on the second worker")
         assert (done.status, done.acted, done.skipped, done.failed) == ("done", SOURCES, 0, 0)
-
-        outcomes = client.bulk_outcomes(job.job_id, tenant=TENANT)
-        assert set(outcomes) == source_ids
-        new_ids = {o.new_run_id for o in outcomes.values() if o.new_run_id is not None}
-        assert new_ids == {idempotent_run_id(TENANT, f"bulk:{job.job_id}:{s}") for s in source_ids}
+        new_ids = it.check_one_retry_each(job.job_id)
         # Exactly 30 runs more in the tenant: the sources and one retry each.
         everything: list[str] = []
         cursor = None
@@ -73,16 +103,10 @@ def test_a_bulk_retry_resumes_after_its_worker_is_killed_and_retries_each_run_on
                 break
             cursor = page.next_cursor
         assert len(everything) == len(set(everything)) == 2 * SOURCES
-        assert set(everything) == source_ids | new_ids
+        assert set(everything) == it.sources | new_ids
         for run_id in new_ids:
             retry = client.store.load(run_id)
             assert retry is not None and retry.agent == "model_fail" and retry.tenant == TENANT
-    finally:
-        client.close()
-        first.kill()
-        first.stop()
-        second.kill()
-        second.stop()
 
 
 def test_a_slow_bulk_job_whose_waiting_task_dies_with_its_worker_goes_on(
@@ -92,16 +116,8 @@ def test_a_slow_bulk_job_whose_waiting_task_dies_with_its_worker_goes_on(
     worker holds (Celery keeps a countdown task in the worker until it is due). Killed with that
     worker, the task is gone until the broker's visibility timeout (an hour); the other worker's
     sweeper sends it again once it is overdue, and the job ends with each run retried once."""
-    sources_n = 3
-    env = {"WESICHAIN_LEASE_S": CHAOS_ENV["WESICHAIN_LEASE_S"], "WESICHAIN_QUEUED_LEASE_S": "2"}
-    first = WorkerProcess("slow1", server.url, concurrency=2, env=env, log_dir=str(tmp_path)).start()
-    second = WorkerProcess("slow2", server.url, concurrency=2, env=env, log_dir=str(tmp_path))
-    client = Client(Settings(redis_url=server.url, agents_module="tests.agents_fixture"))
-    try:
-        sources = [client.submit("model_fail", f"slow case {i}", tenant=TENANT) for i in range(sources_n)]
-        for handle in sources:
-            handle.wait(TIMEOUT)
-        source_ids = {h.run_id for h in sources}
+    with setup(server, tmp_path, "slow", 3, concurrency=2) as it:
+        client = it.client
         job = client.bulk("retry", SearchQuery(status="failed"), tenant=TENANT, rate_per_s=0.2)
         jobs = BulkStore(client.store.redis, client.store.keys)
 
@@ -114,28 +130,13 @@ def test_a_slow_bulk_job_whose_waiting_task_dies_with_its_worker_goes_on(
         def holding_the_countdown_task() -> bool:
             # The job's first task, then the one sent with the countdown: received, so in this
             # worker's hands (and the broker's unacked hash), not in the queue.
-            return first.log().count(f"wesichain.bulk.run[bulk:{job.job_id}:") >= 3
+            return it.first.log().count(f"wesichain.bulk.run[bulk:{job.job_id}:") >= 3
 
         wait_until(holding_the_countdown_task, TIMEOUT, interval=0.02, what="the worker to hold its task")
-        first.kill()
-        first.stop()
-        second.start()
-
-        def ended() -> bool:
-            return client.bulk_job(job.job_id, tenant=TENANT).status != "running"
-
-        wait_until(ended, TIMEOUT, interval=0.1, what="the sweeper to send the lost task and the job to end")
-        done = client.bulk_job(job.job_id, tenant=TENANT)
-        assert (done.status, done.acted, done.skipped, done.failed) == ("done", sources_n, 0, 0)
-        outcomes = client.bulk_outcomes(job.job_id, tenant=TENANT)
-        assert set(outcomes) == source_ids
-        assert {o.new_run_id for o in outcomes.values()} == {
-            idempotent_run_id(TENANT, f"bulk:{job.job_id}:{s}") for s in source_ids
-        }
-        assert "nobody works on it, sending its task again" in second.log()
-    finally:
-        client.close()
-        first.kill()
-        first.stop()
-        second.kill()
-        second.stop()
+        it.first.kill()
+        it.first.stop()
+        it.second.start()
+        done = it.ended_job(job.job_id, "the sweeper to send the lost task and the job to end")
+        assert (done.status, done.acted, done.skipped, done.failed) == ("done", 3, 0, 0)
+        assert len(it.check_one_retry_each(job.job_id)) == 3
+        assert "nobody works on it, sending its task again" in it.second.log()
