@@ -181,10 +181,14 @@ class Admissions:
         """Whether :meth:`reserve_on_loop` can serve (an asyncio client of a single Redis)."""
         return self.loop is not None and not self._cluster
 
-    def reserve(self, tenant: str, limits: TenantLimits) -> Reservation:
+    def reserve(self, tenant: str, limits: TenantLimits, *, wait: bool = True) -> Reservation:
         """Count one submit of ``tenant`` and hold its place under the in-flight limit until
         :meth:`release` (call it once the run is created, or its create failed); raise
-        :class:`TenantLimited` if a limit forbids it (429), or the answer stays open too long (503)."""
+        :class:`TenantLimited` if a limit forbids it (429), or the answer stays open too long (503).
+
+        ``wait=False``: when reservations fill the room the counts leave, refuse at once (429)
+        rather than wait for them to be created or withdrawn. For a caller that holds several
+        places itself (a pipeline's pump): the reservations it would wait for are its own."""
         admission = Admission(tenant, limits, self.store.keys.submits(tenant))
         while True:
             if admission.holds(*self._reserve_and_count(tenant, admission.keys, admission.args)):
@@ -193,6 +197,8 @@ class Admissions:
                 for key in admission.keys:
                     pipe.zrem(key, admission.token)
                 pipe.execute()
+            if not wait:
+                raise admission.no_room()
             time.sleep(admission.pause())
 
     async def reserve_on_loop(self, tenant: str, limits: TenantLimits) -> Reservation:
@@ -286,6 +292,18 @@ class Admission:
                 headers={"Retry-After": str(retry_s)},
             )
         return self._inflight + int(value) <= limits.max_inflight
+
+    def no_room(self) -> TenantLimited:
+        """The refusal of a place the counts and the reservations together leave no room for."""
+        _refuse_inflight(self.tenant, self.limits, self._inflight)
+        return TenantLimited(
+            429,
+            "too_many_in_flight",
+            f"tenant {self.tenant}'s runs in flight and places being taken fill its limit of"
+            f" {self.limits.max_inflight}",
+            details={"limit": self.limits.max_inflight, "in_flight": self._inflight},
+            headers={"Retry-After": str(INFLIGHT_RETRY_S)},
+        )
 
     def pause(self) -> float:
         """How long to wait before trying again, once the place is withdrawn; :class:`TenantLimited`

@@ -304,7 +304,9 @@ class PipelinePool:
         taken: list[Reservation] = []
         try:
             while len(taken) < n:
-                taken.append(self.admissions.reserve(meta.tenant, limits))
+                # Without waiting: once the room is taken, the places that fill it are this
+                # pump's own, which no wait would see given back.
+                taken.append(self.admissions.reserve(meta.tenant, limits, wait=False))
         except TenantLimited as exc:
             log.info(
                 "pipeline %s: %d child runs wait for room under tenant %s's limits (%s)",
