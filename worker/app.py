@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import redis
@@ -34,6 +35,7 @@ from celery.signals import (
 )
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
+from kombu.utils import json as kombu_json
 
 from producer.publishing import MessageBuilder, ReprAMQP, RuntimePublisher, broker_is_store, publish_commands
 from shared.agents import load_registry
@@ -347,6 +349,7 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        _guard_redis_envelopes()
         # A Redis at maxmemory refuses kombu's writes (an ack, the record of a message it hands
         # out) with OutOfMemoryError, a channel error Celery would not recover from: the consumer
         # stopped for good while the process stayed up. Treated as a lost connection, the consumer
@@ -401,6 +404,68 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
 
             connection.collect = collect_then_forget
         super().on_connection_error_after_connected(exc)
+
+
+class _Unreadable(dict[str, Any]):
+    """What kombu's Redis transport is handed in place of a message envelope that is not JSON."""
+
+
+_kombu_loads = cast(Callable[..., Any], kombu_json.loads)
+
+
+def _tolerant_loads(text: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return _kombu_loads(text, *args, **kwargs)
+    except (ValueError, TypeError, RecursionError):
+        return _Unreadable()
+
+
+def _well_formed(envelope: Any) -> bool:
+    """Whether a raw envelope popped from a Redis queue is one kombu can make a message of."""
+    if not isinstance(envelope, dict) or isinstance(envelope, _Unreadable):
+        return False
+    properties = envelope.get("properties")
+    return (
+        isinstance(properties, dict)
+        and isinstance(properties.get("delivery_tag"), str | int)
+        and isinstance(properties.get("delivery_info", {}), dict)
+        and isinstance(properties.get("body_encoding", ""), str)
+        and isinstance(envelope.get("headers") or {}, dict)
+        and isinstance(envelope.get("body") or "", str)
+        and all(isinstance(envelope.get(k) or "", str) for k in ("content-type", "content-encoding"))
+    )
+
+
+def _guard_redis_envelopes() -> None:
+    """Drop, with one log line, a message on a Redis queue whose envelope kombu cannot read.
+
+    Anyone who can reach the broker can push anything onto a queue's list. kombu's Redis transport
+    pops it, then parses it as JSON and builds a message of it outside any handler Celery has: a
+    list entry that is not JSON, or whose headers are not an object, raised out of the consumer's
+    loop and the worker exited ("Unrecoverable error"), one worker per such entry. Here an entry
+    that is not JSON reaches the delivery as an unreadable envelope, and a malformed envelope is
+    dropped there (it was popped, and never entered the unacked hash): logged by its queue and
+    size, never its content."""
+    from kombu.transport import redis as kombu_redis
+    from kombu.transport.virtual import base
+
+    if getattr(base.Transport._deliver, "_wesichain_guard", False):
+        return
+    deliver = cast(Callable[..., None], base.Transport._deliver)
+
+    def _deliver(self: Any, message: Any, queue: str) -> None:
+        if not _well_formed(message):
+            log.critical(
+                "dropped a message on queue %r whose envelope is not kombu's (%s)",
+                queue,
+                "not JSON" if isinstance(message, _Unreadable) else type(message).__name__,
+            )
+            return
+        deliver(self, message, queue)
+
+    _deliver._wesichain_guard = True  # type: ignore[attr-defined]
+    setattr(base.Transport, "_deliver", _deliver)  # noqa: B010 (mypy refuses assigning a method)
+    setattr(kombu_redis, "loads", _tolerant_loads)  # noqa: B010
 
 
 def _described(message: Any) -> str:

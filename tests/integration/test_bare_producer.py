@@ -249,3 +249,35 @@ def test_a_message_for_a_task_no_worker_has_logs_no_arguments(
     assert "bytes, not shown" in logs
     assert client.store.load(run_id) is None
     assert all(w.alive for w in workers)
+
+
+def test_entries_on_a_queue_that_are_no_message_are_dropped_and_every_worker_serves_on(
+    redis_server: RedisServer, workers: list[WorkerProcess], client: Client
+) -> None:
+    """Anyone who can reach the broker can push anything onto a queue's list. kombu pops it and
+    parsed it outside every handler Celery has: an entry that was not JSON, or whose headers were
+    not an object, made the worker that popped it exit. Each is dropped with one log line now."""
+    r = redis_server.client()
+    properties = {"delivery_tag": "t", "body_encoding": "base64", "delivery_info": {}}
+    entries = [
+        b"not json at all",
+        json.dumps({"body": "", "headers": "x", "properties": properties}).encode(),
+        json.dumps({"body": ""}).encode(),
+        json.dumps([1, 2]).encode(),
+        b"[" * 100_000 + b"]" * 100_000,
+    ]
+    for entry in entries:
+        r.lpush("wesichain.model", entry)
+    wait_until(lambda: r.llen("wesichain.model") == 0, TIMEOUT, what="the entries to be taken")
+    after = uuid.uuid4().hex
+    send_from_another_process(redis_server.url, start(after, agent="one_hop", input="after the entries"))
+    wait_until(lambda: client.store.load(after) is not None, TIMEOUT, what="the run sent after them")
+    assert client.handle(after).wait(TIMEOUT).phase is Phase.COMPLETED
+    logs = logged(workers, "whose envelope is not kombu's")
+
+    def dropped() -> int:
+        return sum(w.log().count("whose envelope is not kombu's") for w in workers)
+
+    wait_until(lambda: dropped() == len(entries), TIMEOUT, what="every entry to be dropped")
+    assert "Unrecoverable error" not in logs
+    assert all(w.alive for w in workers)
