@@ -87,3 +87,39 @@ def test_a_follower_that_does_not_read_is_dropped(
 ) -> None:
     monkeypatch.setattr(feeds, "MAX_QUEUED", 3)
     asyncio.run(_slow_follower_scenario(redis_server.url))
+
+
+async def _future_cursor_scenario(url: str) -> None:
+    client = _async_client(url)
+    hub = FeedHub(client, block_ms=200)
+    key = f"feedtest:{uuid.uuid4().hex}"
+    before = [str(await client.xadd(key, {"e": json.dumps({"kind": "Tick", "i": i})})) for i in range(3)]
+    future = "99999999999999-0"
+
+    async def first_batches(cursor: str, n: int) -> list[str]:
+        got: list[str] = []
+        async with contextlib.aclosing(hub.follow(key, cursor, idle_s=0.5)) as batches:
+            async for batch in batches:
+                if batch is not None:
+                    got.extend(event_id for event_id, _ in batch)
+                if len(got) >= n:
+                    return got
+        return got
+
+    # The first follower opens the run's feed with an id past the stream's end (a client's made-up
+    # Last-Event-ID); one that joins after it from the start must still get every event.
+    opener = asyncio.create_task(first_batches(future, 1))
+    await asyncio.sleep(0)
+    while key not in hub.feeds or not hub.feeds[key].ready.is_set():
+        await asyncio.sleep(0.01)
+    joiner = asyncio.create_task(first_batches("0-0", 6))
+    later = [str(await client.xadd(key, {"e": json.dumps({"kind": "Tick", "i": 3 + i})})) for i in range(3)]
+    assert await asyncio.wait_for(joiner, 30) == before + later
+    opener.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await opener
+    await client.aclose()
+
+
+def test_a_follower_from_past_the_streams_end_does_not_blind_the_others(redis_server: RedisServer) -> None:
+    asyncio.run(_future_cursor_scenario(redis_server.url))
