@@ -73,8 +73,9 @@ def event_cursor(value: str | None) -> str:
     one Redis reads."""
     if value is None or value == "":
         return "0-0"
-    if not _STREAM_ID.match(value) or max(int(part) for part in value.split("-")) >= 2**64:
-        # Redis's stream ids are two unsigned 64-bit numbers: a larger one it refuses outright.
+    if not _STREAM_ID.match(value) or max(int(part) for part in value.split("-")) >= 2**64 - 1:
+        # Redis's stream ids are two unsigned 64-bit numbers: a larger one it refuses outright, and
+        # the largest, as the id to read after, leaves no id after it (Redis refuses that too).
         raise ApiError(422, "invalid_request", f"an event id looks like 1700000000000-0, got {value[:40]!r}")
     return value
 

@@ -408,6 +408,12 @@ def test_numbers_past_what_redis_reads_are_refused(tenant: httpx.Client) -> None
             f"/v1/runs/{run_id}/events",
             headers={"Last-Event-ID": "1-99999999999999999999", "Accept": "text/event-stream"},
         ),
+        # The largest id Redis has leaves none after it: Redis refuses to read after it.
+        tenant.get(f"/v1/runs/{run_id}/events", params={"after": f"{2**64 - 1}-{2**64 - 1}"}),
+        tenant.get(
+            f"/v1/runs/{run_id}/events",
+            headers={"Last-Event-ID": f"{2**64 - 1}-{2**64 - 1}", "Accept": "text/event-stream"},
+        ),
         tenant.get(f"/v1/runs/{run_id}/checkpoints", params={"after_version": 2**63 - 1}),
         tenant.get("/v1/assistants/none", params={"version": 2**63}),
     ]:
