@@ -1,13 +1,15 @@
 """The API's side of the tenants' limits: their settings as cached for the submits (limits, default
 webhook, allow-lists), read at most every ``cache_s`` seconds, the reservation of a submit's place
 under its limits (``producer/admission.py``, where the protocol is), and each tenant's share of one
-process's event streams.
+process's event streams and of its scans of long-term memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 from producer.admission import Admissions, Reservation
 from producer.api.errors import ApiError
@@ -18,7 +20,9 @@ from shared.store.runs import Release
 from shared.tenants import CeleryCallbacks, TenantLimits, Tenants, TenantSettings
 
 __all__ = [
+    "SCANS_PER_TENANT",
     "STREAMS_RETRY_S",
+    "ScanShares",
     "StreamSlot",
     "StreamSlots",
     "SubmitGate",
@@ -181,3 +185,45 @@ class StreamSlot:
             slots.by_tenant[self.tenant] = left
         else:
             del slots.by_tenant[self.tenant]  # bounded by the tenants streaming now
+
+
+#: Scans of long-term memory (a search, a listing of namespaces) one tenant may run at once in one
+#: API process. Each reads up to 2,000 items (2 MiB) in a script, or 20,000 index entries, on the
+#: Redis every tenant and worker shares: eight at once from one tenant made another tenant's reads
+#: 40 times slower.
+SCANS_PER_TENANT = 2
+
+
+class ScanShares:
+    """Each tenant's share of this process's memory scans (taken on the API's worker threads)."""
+
+    def __init__(self, per_tenant: int = SCANS_PER_TENANT) -> None:
+        self.per_tenant = per_tenant
+        self._lock = threading.Lock()
+        self._by_tenant: dict[str | None, int] = {}
+
+    @contextlib.contextmanager
+    def hold(self, tenant: str | None) -> Iterator[None]:
+        """A place for one scan of ``tenant`` while inside; a 429 :class:`ApiError` when the
+        tenant's scans already fill its share."""
+        with self._lock:
+            held = self._by_tenant.get(tenant, 0)
+            if held >= self.per_tenant:
+                raise ApiError(
+                    429,
+                    "too_many_scans",
+                    f"tenant {tenant} already runs {held} memory searches or listings on this API"
+                    f" process; its share is {self.per_tenant}",
+                    details={"limit": self.per_tenant, "running": held},
+                    headers={"Retry-After": "1"},
+                )
+            self._by_tenant[tenant] = held + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._by_tenant[tenant] - 1
+                if left:
+                    self._by_tenant[tenant] = left
+                else:
+                    del self._by_tenant[tenant]

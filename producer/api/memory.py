@@ -173,18 +173,20 @@ def delete_item(services: Svc, who: Who, namespace: _Namespace, key: _Key) -> De
     summary="Search items under a namespace prefix",
     description="Items in namespace and key order (``semantic``: most similar first). A search looks"
     " at a bounded number of items of the prefix (and bytes of their values): ``truncated`` says it"
-    " stopped there. A semantic search ranks those items only: there is no nearest-neighbour index.",
+    " stopped there. A semantic search ranks those items only: there is no nearest-neighbour index."
+    " A tenant runs at most 2 searches or listings at once on one API process (429 ``too_many_scans``).",
 )
 def search_items(body: MemorySearch, services: Svc, who: Who) -> SearchResult:
     try:
-        return _memory(services, who).search(
-            body.namespace_prefix,
-            query=body.query,
-            filter=body.filter,
-            limit=body.limit,
-            offset=body.offset,
-            semantic=body.semantic,
-        )
+        with services.scans.hold(who.tenant):
+            return _memory(services, who).search(
+                body.namespace_prefix,
+                query=body.query,
+                filter=body.filter,
+                limit=body.limit,
+                offset=body.offset,
+                semantic=body.semantic,
+            )
     except InvalidRequest as exc:
         raise _invalid(exc) from None
 
@@ -192,9 +194,10 @@ def search_items(body: MemorySearch, services: Svc, who: Who) -> SearchResult:
 @router.post("/namespaces", response_model=NamespaceList, summary="List the namespaces holding items")
 def list_namespaces(body: NamespaceQuery, services: Svc, who: Who) -> NamespaceList:
     try:
-        found = _memory(services, who).list_namespaces(
-            prefix=body.prefix, max_depth=body.max_depth, limit=body.limit, offset=body.offset
-        )
+        with services.scans.hold(who.tenant):
+            found = _memory(services, who).list_namespaces(
+                prefix=body.prefix, max_depth=body.max_depth, limit=body.limit, offset=body.offset
+            )
     except InvalidRequest as exc:
         raise _invalid(exc) from None
     return NamespaceList(namespaces=[list(ns) for ns in found])

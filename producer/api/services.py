@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from producer.api.config import ApiConfig
 from producer.api.feeds import FeedHub
-from producer.api.limits import StreamSlots, SubmitGate
+from producer.api.limits import ScanShares, StreamSlots, SubmitGate
 from producer.client import Client
 from shared.keys import Keys
 from shared.scripts import LoopConnections
@@ -77,6 +77,7 @@ class Services:
         self.submits_on_loop = self.gate.serves_loop and self.client.pushes_starts and not settings.embedded
         self.feeds = FeedHub(self.aredis, max(1, int(config.keepalive_s * 1000)))
         self.streams = StreamSlots(config.max_streams, config.streams_per_tenant)
+        self.scans = ScanShares()
         self._recent_workers: tuple[float, list[LiveWorker]] = (-math.inf, [])
         #: The background read of :meth:`refresh_ahead` under way, if any (one at a time).
         self._refreshing: asyncio.Future[None] | None = None

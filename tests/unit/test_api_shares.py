@@ -1,4 +1,5 @@
-"""Each tenant's share of one process's event streams, and where a tenant's reservations live."""
+"""Each tenant's share of one process's event streams and memory scans, and where a tenant's
+reservations live."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from redis.crc import key_slot
 from producer.admission import reservations_key
 from producer.api.config import ApiConfig
 from producer.api.errors import ApiError
-from producer.api.limits import StreamSlots
+from producer.api.limits import SCANS_PER_TENANT, ScanShares, StreamSlots
 from shared.errors import ConfigError
 from shared.keys import Keys
 from shared.settings import Settings
@@ -50,3 +51,24 @@ def test_the_share_and_the_total_are_each_enforced_and_given_back_once() -> None
 def test_a_tenants_reservations_share_the_slot_of_its_submits_window(prefix: str) -> None:
     window = Keys(prefix=prefix).submits("billing")
     assert key_slot(reservations_key(window).encode()) == key_slot(window.encode())
+
+
+def test_a_tenants_memory_scans_at_once_are_its_share_and_no_more() -> None:
+    """Eight searches at once from one tenant made another tenant's reads 40 times slower: each
+    scans up to 2,000 items in a script on the Redis everyone shares."""
+    scans = ScanShares()
+    with scans.hold("a"), scans.hold("a"):
+        assert SCANS_PER_TENANT == 2
+        with pytest.raises(ApiError) as refused:
+            with scans.hold("a"):
+                pass
+        assert (refused.value.status, refused.value.kind) == (429, "too_many_scans")
+        assert refused.value.details == {"limit": 2, "running": 2}
+        with scans.hold("b"):  # another tenant's share is its own
+            pass
+    # Given back on the way out, a failed scan's too.
+    with pytest.raises(RuntimeError):
+        with scans.hold("a"):
+            raise RuntimeError("the scan failed")
+    with scans.hold("a"), scans.hold("a"):
+        pass
