@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Header, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from producer.api.auth import Caller
@@ -136,6 +136,7 @@ async def get_signal(
     signal_id: Annotated[int, Path(ge=1, le=2**31)],
     services: Svc,
     who: Who,
+    request: Request,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
 ) -> SignalView:
     await asyncio.to_thread(owned_run, services, who, run_id)
@@ -155,6 +156,9 @@ async def get_signal(
                 slot = services.streams.take(who.tenant)
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.25)
+            if await request.is_disconnected():
+                # Nobody reads the answer: give the place back now, not when the wait runs out.
+                return view
     finally:
         if slot is not None:
             slot.release()

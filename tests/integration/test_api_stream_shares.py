@@ -106,3 +106,30 @@ def test_a_waiting_signal_poll_takes_a_stream_place(api: ApiProcess, redis_serve
 
         wait_until(waited, timeout=TIMEOUT, what="the stream places to be given back")
         assert http.post(f"/v1/runs/{run_id}/cancel").status_code == 202
+
+
+def test_a_signal_wait_whose_client_went_away_gives_its_place_back(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    """A wait holds one of the tenant's stream places; a client that hangs up must not keep it for
+    the rest of the wait (30 s at most), or a tenant's dropped polls lock it out of streams."""
+    with tenant_http(api, redis_server, "dropper") as http:
+        run_id = parked_run(http)
+        sent = http.post(f"/v1/runs/{run_id}/messages", json={"text": "still there?"})
+        poll = f"/v1/runs/{run_id}/signals/{sent.json()['id']}"
+        waits = [
+            httpx.Client(base_url=api.url, headers=dict(http.headers), timeout=0.5) for _ in range(SHARE)
+        ]
+        for client in waits:
+            # The client gives up after 0.5 s of a 30 s wait, and closes its connection.
+            with pytest.raises(httpx.ReadTimeout):
+                client.get(poll, params={"wait": 30})
+            client.close()
+
+        def streams_again() -> bool:
+            with http.stream("GET", f"/v1/runs/{run_id}/events", headers=SSE) as stream:
+                return stream.status_code == 200
+
+        # Before the 30 s the waits asked for had run out (at once: within 20 s, however loaded).
+        wait_until(streams_again, timeout=20, interval=0.2, what="the dropped waits' places to be given back")
+        assert http.post(f"/v1/runs/{run_id}/cancel").status_code == 202
