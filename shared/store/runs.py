@@ -81,6 +81,12 @@ class RunsMixin(StoreCore):
             return archive.load(run_id)
         return head
 
+    def phase_of(self, run_id: str) -> Phase | None:
+        """The run's phase as Redis holds it (None: not in Redis), without reading its head: for a
+        sweep over many runs that needs no more (a head holds its whole conversation)."""
+        raw = self.redis.hget(self.keys.run(run_id), protocol.PHASE)
+        return None if raw is None else Phase(_s(raw))
+
     def _load_redis(self, run_id: str) -> RunHead | None:
         raw = self.redis.hmget(self.keys.run(run_id), protocol.BODY, protocol.REQUEST, protocol.EPOCH)
         return loaded_head(raw)
