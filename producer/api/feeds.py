@@ -104,14 +104,15 @@ class Feed:
 
     async def _pump(self) -> None:
         try:
-            latest = await self.hub.redis.xrevrange(self.key, count=1)
-            last = str(latest[0][0]) if latest else "0-0"
-            # An opener's cursor past the stream's end (a client's made-up Last-Event-ID) must not
-            # be where the feed reads from: every later follower of the run would miss what comes
-            # before it. The opener filters the entries before its own cursor itself.
             cursor = self.start_after
-            if cursor is None or after(cursor, last):
-                cursor = last
+            if cursor != "0-0":  # from the start (most first followers): no id can be past the end
+                latest = await self.hub.redis.xrevrange(self.key, count=1)
+                last = str(latest[0][0]) if latest else "0-0"
+                # An opener's cursor past the stream's end (a client's made-up Last-Event-ID) must
+                # not be where the feed reads from: every later follower of the run would miss what
+                # comes before it. The opener filters the entries before its own cursor itself.
+                if cursor is None or after(cursor, last):
+                    cursor = last
             self.ready.set()
             while True:
                 reply: Any = await self.hub.redis.xread(
