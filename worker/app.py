@@ -445,7 +445,9 @@ def _guard_redis_envelopes() -> None:
     loop and the worker exited ("Unrecoverable error"), one worker per such entry. Here an entry
     that is not JSON reaches the delivery as an unreadable envelope, and a malformed envelope is
     dropped there (it was popped, and never entered the unacked hash): logged by its queue and
-    size, never its content."""
+    what is wrong with it, never its content. (kombu's other reads of the module's ``loads``, of
+    entries kombu wrote itself, fail on an unreadable entry as they failed before: with a
+    ``ValueError``.)"""
     from kombu.transport import redis as kombu_redis
     from kombu.transport.virtual import base
 
