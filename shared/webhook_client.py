@@ -19,6 +19,8 @@ every process.
 from __future__ import annotations
 
 import ssl
+import threading
+import time
 import typing
 
 import httpcore
@@ -27,6 +29,47 @@ import httpx
 from shared.webhooks import resolve_checked
 
 __all__ = ["CheckedBackend", "CheckedTransport", "webhook_client"]
+
+
+#: The monotonic time the request under way on this thread must be answered by (None: none).
+_due = threading.local()
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write is cut off at the deadline of the request it serves.
+
+    httpx's timeout bounds each read, not the exchange: a receiver that sends its answer a byte at
+    a time, each within the timeout, held a worker's slot for as long as it liked."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def _left(self, timeout: float | None, error: type[Exception]) -> float | None:
+        due: float | None = getattr(_due, "at", None)
+        if due is None:
+            return timeout
+        left = due - time.monotonic()
+        if left <= 0:
+            raise error("the receiver did not answer within the delivery's deadline")
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, self._left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, self._left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        left = self._left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, left))
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._inner.get_extra_info(info)
 
 
 class CheckedBackend(httpcore.NetworkBackend):
@@ -52,7 +95,8 @@ class CheckedBackend(httpcore.NetworkBackend):
         # them; the inner backend gets an IP literal, so nothing is resolved again.
         for address in addresses:
             try:
-                return self._inner.connect_tcp(str(address), port, timeout, local_address, socket_options)
+                stream = self._inner.connect_tcp(str(address), port, timeout, local_address, socket_options)
+                return _DeadlineStream(stream)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                 failure = exc
         raise failure or httpcore.ConnectError(f"{host!r} resolved to no address")
@@ -84,6 +128,8 @@ class CheckedTransport(httpx.HTTPTransport):
         context = ssl_context if ssl_context is not None else httpx.create_ssl_context()
         super().__init__(verify=context, trust_env=False)
         self.backend = CheckedBackend(allow_private=allow_private, inner=inner)
+        #: How long one exchange may take, from sending the request to the answer's head.
+        self.deadline_s: float | None = None
         self._pool = httpcore.ConnectionPool(
             ssl_context=context,
             max_connections=100,  # httpx's default limits
@@ -91,6 +137,15 @@ class CheckedTransport(httpx.HTTPTransport):
             keepalive_expiry=5.0,
             network_backend=self.backend,
         )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """The exchange up to the answer's head, cut off at ``deadline_s`` (the body, which the
+        delivery never reads, is not under it)."""
+        _due.at = None if self.deadline_s is None else time.monotonic() + self.deadline_s
+        try:
+            return super().handle_request(request)
+        finally:
+            _due.at = None
 
 
 def webhook_client(
@@ -103,4 +158,6 @@ def webhook_client(
     """A client that posts only to checked addresses, follows no redirect (a redirect would lead
     to a URL nobody checked) and uses no proxy from the environment."""
     transport = CheckedTransport(allow_private=allow_private, ssl_context=ssl_context, inner=inner)
+    # ``timeout_s`` bounds the whole exchange up to the answer's head too, not each read only.
+    transport.deadline_s = timeout_s
     return httpx.Client(transport=transport, timeout=timeout_s, follow_redirects=False, trust_env=False)

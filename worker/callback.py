@@ -142,14 +142,20 @@ def _deliver(rt: Runtime, head: RunHead, callback: Callback) -> tuple[str | None
     import httpx
 
     try:
-        response = _client(rt).post(url, content=body, headers=signed_headers(secret, head.run_id, body))
+        # Streamed, and its body never read: only the status says anything, and a receiver could
+        # answer with a body without end. The exchange up to the status has a deadline of its own
+        # (``shared/webhook_client.py``), however slowly the receiver sends it.
+        with _client(rt).stream(
+            "POST", url, content=body, headers=signed_headers(secret, head.run_id, body)
+        ) as response:
+            status = response.status_code
     except InvalidRequest as exc:  # the host reaches a refused address, or does not resolve
         return exc.message, None
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         return f"{type(exc).__name__}: {exc}"[:500], None
-    if 200 <= response.status_code < 300:
-        return None, response.status_code
-    return f"the receiver answered HTTP {response.status_code}", response.status_code
+    if 200 <= status < 300:
+        return None, status
+    return f"the receiver answered HTTP {status}", status
 
 
 def _secret(rt: Runtime, head: RunHead) -> str:

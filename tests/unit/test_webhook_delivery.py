@@ -14,7 +14,8 @@ import shutil
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -251,3 +252,68 @@ def test_tls_names_and_verifies_the_url_host_while_connecting_to_the_checked_add
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def tarpit(answer: Callable[[socket.socket, threading.Event], None]) -> Iterator[int]:
+    """A receiver on loopback that reads a request's head, then answers with ``answer`` until the
+    client hangs up (or the test ends); yields its port."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(5)
+            try:
+                while b"\r\n\r\n" not in conn.recv(65536):
+                    pass
+                answer(conn, stop)
+            except OSError:
+                pass  # the client hung up: what a delivery with a deadline does
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        server.close()
+        thread.join(10)
+
+
+def _slow_head(conn: socket.socket, stop: threading.Event) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\n")
+    while not stop.wait(0.2):  # a header byte now and then, each well within the read timeout
+        conn.sendall(b"x")
+
+
+def _endless_body(conn: socket.socket, stop: threading.Event) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunk = b"10000\r\n" + b"x" * 65536 + b"\r\n"
+    while not stop.is_set():
+        conn.sendall(chunk)
+
+
+def test_a_receiver_that_sends_its_answer_a_byte_at_a_time_is_cut_off_at_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """httpx's timeout bounds each read: a receiver sending a byte every 0.2 s held the delivery,
+    and the worker's slot, for as long as it liked. The exchange has one deadline now."""
+    monkeypatch.setattr(callback, "_clients", {})
+    settings = Settings(webhook_secret=new_secret(), webhook_allow_private=True, webhook_timeout_s=1)
+    rt = cast(Runtime, SimpleNamespace(settings=settings))
+    with tarpit(_slow_head) as port:
+        head = _head(f"http://127.0.0.1:{port}/hooks/runs")
+        assert head.callback is not None
+        error, status = callback._deliver(rt, head, head.callback)
+    assert status is None and error is not None and error.startswith("ReadTimeout: "), error
+
+
+def test_a_receivers_answer_body_is_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the status says anything: an endless body once took the delivery to gigabytes."""
+    rt = _runtime(monkeypatch, allow_private=True)
+    with tarpit(_endless_body) as port:
+        head = _head(f"http://127.0.0.1:{port}/hooks/runs")
+        assert head.callback is not None
+        assert callback._deliver(rt, head, head.callback) == (None, 200)
