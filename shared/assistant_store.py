@@ -49,7 +49,7 @@ from shared.errors import InvalidRequest
 from shared.keys import Keys
 from shared.request import RunRequest
 from shared.scripts import register_script
-from shared.tenants import TenantLimits, Tenants
+from shared.tenants import Tenants
 
 __all__ = ["AssistantStore", "AssistantSummary", "AssistantsFull", "MAX_ASSISTANTS", "MAX_VERSIONS"]
 
@@ -95,7 +95,8 @@ class AssistantStore:
     ) -> None:
         self.redis = client
         self.keys = keys
-        self.max_bytes = max_bytes or _tenant_quota(client, keys)
+        tenants = Tenants(client, keys)
+        self.max_bytes = max_bytes or (lambda tenant: tenants.limits(tenant).max_assistant_bytes)
         self._put = register_script(client, "assistant_put")
         self._delete = register_script(client, "assistant_delete")
 
@@ -291,17 +292,6 @@ class _Record:
             created_at=self.created_at,
             restored_from=self.restored_from,
         ).model_dump_json(exclude={"name", "version"})
-
-
-def _tenant_quota(client: redis.Redis, keys: Keys) -> Callable[[str | None], int]:
-    tenants = Tenants(client, keys)
-
-    def quota(tenant: str | None) -> int:
-        if tenant is None:
-            return TenantLimits().max_assistant_bytes
-        return tenants.limits(tenant).max_assistant_bytes
-
-    return quota
 
 
 def _parse(name: str, raw: Any, version: int) -> AssistantVersion:

@@ -55,7 +55,7 @@ from shared.keys import Keys
 from shared.request import check_json_depth
 from shared.scripts import Script, register_script
 from shared.state import MemoryWrite
-from shared.tenants import TenantLimits, Tenants
+from shared.tenants import Tenants
 
 __all__ = [
     "APPLIED_KEEP_S",
@@ -499,8 +499,6 @@ def memory_of(client: redis.Redis, keys: Keys, tenant: str | None, embed: Embedd
     tenants = Tenants(client, keys)
 
     def quota() -> int:
-        if tenant is None:
-            return TenantLimits().max_memory_items
         return tenants.limits(tenant).max_memory_items
 
     return Memory(client, keys, tenant, quota, embed)

@@ -325,7 +325,10 @@ class Tenants:
         self.redis.hsetnx(key, "webhook_secret", new_secret())
         return str(self.redis.hget(key, "webhook_secret"))
 
-    def limits(self, tenant: str) -> TenantLimits:
+    def limits(self, tenant: str | None) -> TenantLimits:
+        """The tenant's limits (the defaults for runs without a tenant, whose owner sets none)."""
+        if tenant is None:
+            return TenantLimits()
         raw = self.redis.hget(self.keys.tenant(tenant), "limits")
         return TenantLimits.model_validate_json(raw) if raw else TenantLimits()
 
