@@ -48,6 +48,7 @@ __all__ = [
     "Tenants",
     "check_callback_allowed",
     "check_copy_allowed",
+    "check_tenant_name",
     "check_model_allowed",
     "check_models_allowed",
     "check_namespace_allowed",
@@ -85,6 +86,18 @@ class KeyRecord(BaseModel):
 #: What follows a tenant's name in the keys of its own records (``Keys.submits``, ``api_keys``,
 #: ``rate``): no tenant's name may end in one after a ':'.
 _KEY_TAILS = frozenset({"submits", "keys", "rate"})
+
+
+def check_tenant_name(tenant: str) -> None:
+    """Refuse (:class:`InvalidRequest`) a name no tenant's records may be kept under: not a name
+    (``check_name``), or ending as another tenant's own records' keys do (``Keys.tenant`` of
+    tenant ``acme:keys`` would be ``Keys.api_keys`` of tenant acme)."""
+    check_name("tenant", tenant)
+    tail = tenant.rsplit(":", 1)[-1]
+    if ":" in tenant and tail in _KEY_TAILS:
+        raise InvalidRequest(
+            f"tenant {tenant[:80]!r} ends in ':{tail}', as the keys of another tenant's own records do"
+        )
 
 
 class TenantLimits(BaseModel):
@@ -261,13 +274,7 @@ class Tenants:
 
     def create_key(self, tenant: str, name: str = "") -> tuple[str, KeyRecord]:
         """A new key for ``tenant`` (the tenant is created with it): the key, shown once, and its record."""
-        check_name("tenant", tenant)
-        tail = tenant.rsplit(":", 1)[-1]
-        if ":" in tenant and tail in _KEY_TAILS:
-            # ``Keys.tenant`` of tenant ``acme:keys`` would be ``Keys.api_keys`` of tenant acme.
-            raise InvalidRequest(
-                f"tenant {tenant[:80]!r} ends in ':{tail}', as the keys of another tenant's own records do"
-            )
+        check_tenant_name(tenant)
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         hashed = digest(key)
         record = KeyRecord(id=hashed[:12], tenant=tenant, name=name[:200], created_at=time.time())
@@ -321,6 +328,7 @@ class Tenants:
 
     def webhook_secret(self, tenant: str) -> str:
         """The tenant's webhook signing secret, made on first use."""
+        check_tenant_name(tenant)
         key = self.keys.tenant(tenant)
         self.redis.hsetnx(key, "webhook_secret", new_secret())
         return str(self.redis.hget(key, "webhook_secret"))
@@ -360,7 +368,7 @@ class Tenants:
     ) -> CeleryCallbacks:
         """Allow exactly ``tasks`` and ``queues`` for the tenant's Celery callbacks; returns them
         sorted. Raises :class:`InvalidRequest` for a malformed or reserved name, or too many."""
-        check_name("tenant", tenant)
+        check_tenant_name(tenant)
         allowed_tasks, allowed_queues = sorted(set(tasks)), sorted(set(queues))
         for task in allowed_tasks:
             check_callback_task(task)
@@ -380,7 +388,7 @@ class Tenants:
         return self.redis.hget(self.keys.tenant(tenant), "operator") in (b"1", "1")
 
     def set_operator(self, tenant: str, operator: bool) -> None:
-        check_name("tenant", tenant)
+        check_tenant_name(tenant)
         if operator:
             self.redis.hset(self.keys.tenant(tenant), "operator", "1")
             self.redis.sadd(self.keys.tenants(), tenant)
@@ -394,7 +402,7 @@ class Tenants:
     def set_namespaces(self, tenant: str, namespaces: Iterable[str]) -> tuple[str, ...]:
         """Allow exactly ``namespaces`` (besides the default one, always allowed); returns them
         sorted. Raises :class:`InvalidRequest` for a malformed name or too many."""
-        check_name("tenant", tenant)
+        check_tenant_name(tenant)
         allowed = sorted({name for raw in namespaces if (name := check_namespace(raw)) is not None})
         if len(allowed) > MAX_TENANT_NAMESPACES:
             raise InvalidRequest(
@@ -410,7 +418,7 @@ class Tenants:
     def set_models(self, tenant: str, models: Iterable[str]) -> tuple[str, ...]:
         """Allow exactly ``models`` (``PROVIDER:MODEL`` or ``PROVIDER:*``); returns them as stored,
         sorted. Raises :class:`InvalidRequest` for a malformed entry or too many."""
-        check_name("tenant", tenant)
+        check_tenant_name(tenant)
         allowed = sorted({model_pattern(raw) for raw in models})
         if len(allowed) > MAX_TENANT_MODELS:
             raise InvalidRequest(
@@ -429,7 +437,7 @@ class Tenants:
         self.redis.sadd(self.keys.tenants(), tenant)
 
     def set_limits(self, tenant: str, limits: TenantLimits) -> None:
-        check_name("tenant", tenant)
+        check_tenant_name(tenant)
         self.redis.hset(self.keys.tenant(tenant), "limits", limits.model_dump_json())
         self.redis.sadd(self.keys.tenants(), tenant)
 
@@ -441,7 +449,7 @@ class Tenants:
     def set_archive_retention(self, tenant: str, days: float | None) -> None:
         """Keep ``tenant``'s archived runs ``days`` days after they ended (0: forever); None: as
         every tenant's (``WESICHAIN_ARCHIVE_RETENTION_DAYS``)."""
-        check_name("tenant", tenant)
+        check_tenant_name(tenant)
         if days is None:
             self.redis.hdel(self.keys.archive_retention(), tenant)
             return
@@ -455,6 +463,7 @@ class Tenants:
         return str(raw) if raw else None
 
     def set_default_callback(self, tenant: str, url: str | None) -> None:
+        check_tenant_name(tenant)
         if url is None:
             self.redis.hdel(self.keys.tenant(tenant), "callback_url")
         else:

@@ -8,7 +8,7 @@ import pytest
 from shared import keys as keys_module
 from shared.errors import InvalidRequest
 from shared.keys import Keys
-from shared.tenants import Tenants
+from shared.tenants import TenantLimits, Tenants
 
 
 def test_a_runs_cached_names_are_the_per_name_methods_names() -> None:
@@ -71,7 +71,15 @@ def test_no_tenant_is_named_as_another_tenants_records_are_keyed() -> None:
     # The settings hash of tenant "acme:keys" would be the set of tenant acme's API keys.
     assert Keys().tenant("acme:keys") == Keys().api_keys("acme")
     for name in ("acme:keys", "acme:submits", "acme:rate"):
-        with pytest.raises(InvalidRequest, match="as the keys of another tenant's own records do"):
-            tenants.create_key(name)
+        # Whichever record would be written first under the name.
+        for write, args in (
+            (tenants.create_key, ()),
+            (tenants.set_limits, (TenantLimits(max_inflight=5),)),
+            (tenants.set_default_callback, ("https://hooks.example.com/x",)),
+            (tenants.webhook_secret, ()),
+            (tenants.set_operator, (True,)),
+        ):
+            with pytest.raises(InvalidRequest, match="as the keys of another tenant's own records do"):
+                write(name, *args)
     for name in ("acme:eu", "keys", "acme:keys-eu"):
         assert tenants.create_key(name)[1].tenant == name
