@@ -22,8 +22,7 @@ class ErrorInfo(BaseModel):
         description="What went wrong: bad_json, bad_request, invalid_request, unauthorized, forbidden,"
         " not_found, unknown_agent, quota_exceeded, wrong_state, conflict, thread_busy, run_ended,"
         " inbox_full, body_too_large, headers_too_large, request_timeout, rate_limited, too_many_scans,"
-        " too_many_streams, too_many_in_flight, store_full,"
-        " unavailable, internal."
+        " too_many_streams, too_many_in_flight, store_full, unavailable, internal."
     )
     message: str = Field(description="A sentence for a human.")
     details: dict[str, Any] = Field(default_factory=dict, description="Machine-readable specifics.")

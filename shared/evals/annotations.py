@@ -125,10 +125,11 @@ class AnnotationStore:
         """Store ``value`` as ``by``'s annotation of case run ``item`` (now): it becomes the label."""
         annotation = Annotation(**value.model_dump(), item=item, by=by, at=round(time.time(), 3))
         raw = annotation.model_dump_json()
-        if len(raw.encode()) > MAX_ANNOTATION_BYTES:
+        size = len(raw.encode())
+        if size > MAX_ANNOTATION_BYTES:
             raise InvalidRequest(
                 f"an annotation is at most {MAX_ANNOTATION_BYTES} bytes of JSON as stored, this one"
-                f" {len(raw.encode())}: a shorter note or fewer scores"
+                f" {size}: a shorter note or fewer scores"
             )
         latest, log = (
             self.keys.eval_annotations(tenant, eval_id),
