@@ -296,13 +296,11 @@ class Admission:
     def no_room(self) -> TenantLimited:
         """The refusal of a place the counts and the reservations together leave no room for."""
         _refuse_inflight(self.tenant, self.limits, self._inflight)
-        return TenantLimited(
-            429,
-            "too_many_in_flight",
+        return _inflight_refusal(
+            self.limits,
+            self._inflight,
             f"tenant {self.tenant}'s runs in flight and places being taken fill its limit of"
             f" {self.limits.max_inflight}",
-            details={"limit": self.limits.max_inflight, "in_flight": self._inflight},
-            headers={"Retry-After": str(INFLIGHT_RETRY_S)},
         )
 
     def pause(self) -> float:
@@ -326,10 +324,19 @@ class Admission:
 
 def _refuse_inflight(tenant: str, limits: TenantLimits, inflight: int) -> None:
     if inflight >= limits.max_inflight:
-        raise TenantLimited(
-            429,
-            "too_many_in_flight",
+        raise _inflight_refusal(
+            limits,
+            inflight,
             f"tenant {tenant} has {inflight} runs in flight; its limit is {limits.max_inflight}",
-            details={"limit": limits.max_inflight, "in_flight": inflight},
-            headers={"Retry-After": str(INFLIGHT_RETRY_S)},
         )
+
+
+def _inflight_refusal(limits: TenantLimits, inflight: int, message: str) -> TenantLimited:
+    """The 429 of a tenant whose in-flight limit leaves no room: ``message`` says why."""
+    return TenantLimited(
+        429,
+        "too_many_in_flight",
+        message,
+        details={"limit": limits.max_inflight, "in_flight": inflight},
+        headers={"Retry-After": str(INFLIGHT_RETRY_S)},
+    )
