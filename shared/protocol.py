@@ -484,8 +484,12 @@ end
 -- Run the broker commands of a publish (ARGV from index 'at': the epoch they were built for, their
 -- count, then name, argument count and arguments of each) if the run is still at that epoch
 -- ('epoch': the run's epoch field, which the caller has read).
--- Returns '1' if it ran them, '0' if the caller must publish (nothing is run then).
-local PUSH_COMMANDS = {lpush = 'LPUSH', publish = 'PUBLISH', pexpire = 'PEXPIRE'}
+-- Returns '1' if it ran them, '0' if the caller must publish (nothing is run then). HDEL and ZREM
+-- are kombu's ack of the message the committing delivery came from: run with the publish, or not
+-- at all (the worker then acknowledges it as kombu does).
+local PUSH_COMMANDS = {
+  lpush = 'LPUSH', publish = 'PUBLISH', pexpire = 'PEXPIRE', hdel = 'HDEL', zrem = 'ZREM',
+}
 local function push_broker(epoch, at)
   local n = tonumber(ARGV[at + 1])
   if n == 0 or (epoch or '0') ~= ARGV[at] then return '0' end

@@ -88,7 +88,7 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     )
     observing = current.observe().head
     (observe,) = task_for(observing)
-    push = rt.push_for([observe], head.epoch)
+    push = rt.push_for(head.run_id, [observe], head.epoch)
     # Under the claim: while a full Redis refuses the result, the heartbeat keeps the call held, so
     # nothing hands it on and the result is recorded once memory is freed.
     with rt.heartbeat.hold(head.run_id, outcome.field, outcome.token):
@@ -100,8 +100,10 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
         # The call's memory writes are recorded with its result: apply them now (observe applies
         # them again before it commits, a no-op unless this process dies first).
         rt.apply_memory(head, [result])
-    if recorded.status == "complete" and not recorded.pushed:
-        rt.publish([observe], recorded.epoch)
+    if recorded.status == "complete":
+        rt.pushed(head.run_id, recorded.pushed)
+        if not recorded.pushed:
+            rt.publish([observe], recorded.epoch)
     elif recorded.status in ("duplicate", "stale") and emitter.emitted:
         # Another delivery's result is the call's: what this one reported is void. A run that
         # ended (or is gone) meanwhile gets nothing after its end.

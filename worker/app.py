@@ -35,6 +35,7 @@ from celery.signals import (
 )
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request
+from kombu.transport import redis as redis_transport
 from kombu.utils import json as kombu_json
 
 from producer.publishing import MessageBuilder, ReprAMQP, RuntimePublisher, broker_is_store, publish_commands
@@ -61,6 +62,8 @@ from shared.tasks import (
     TASK_TOOL,
 )
 from shared.tls import RedisTlsError
+from worker import acks
+from worker.acks import DeliveryAcks, acked_in_commit, forget_acked_in_commit
 from worker.act import run_tool
 from worker.broker_probe import BrokerProbe, RedisQueues, UnknownBroker
 from worker.callback import run_callback
@@ -197,6 +200,7 @@ class RuntimeHolder:
             gate=model_gate(store, agents, settings, renew_s),
             tracing=Tracing(settings.otel),
             prepare=builder.build if builder is not None and settings.commit_publish else None,
+            acks=_delivery_acks(app) if builder is not None and settings.commit_publish else None,
             # Celery's messages pushed in one pipelined round trip, as ``send`` pushes one.
             send_many=(lambda specs: publish_commands(store.redis, builder.build(specs)))
             if builder is not None
@@ -312,10 +316,29 @@ class LoggedTask(Task):  # type: ignore[misc]
 
     def after_return(self, *_: Any) -> None:
         end_phase()
+        acks.clear()
 
 
 class PhaseRequest(Request):  # type: ignore[misc]
-    """Celery's request, telling the runtime when the pool process running a phase died."""
+    """Celery's request, telling the runtime when the pool process running a phase died, and
+    acknowledging in memory only a message its commit acknowledged (``worker/acks.py``)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The worker runs each task's request as a class Celery derives from this one
+        # (``create_request_cls``), whose ``on_success`` acknowledges the message without calling
+        # this class's: the check that the commit acknowledged it already wraps that one.
+        super().__init_subclass__(**kwargs)
+        on_success = cls.__dict__.get("on_success")
+        if on_success is None:
+            return
+
+        def on_success_acked(self: Request, failed__retval__runtime: Any, **more: Any) -> Any:
+            failed, retval, _ = failed__retval__runtime
+            if not failed and acked_in_commit(retval):
+                forget_acked_in_commit(self._message)
+            return on_success(self, failed__retval__runtime, **more)
+
+        cls.on_success = on_success_acked
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
         exc = exc_info.exception
@@ -519,11 +542,30 @@ def _check_arguments(task: Task, run_id: object, version: object, epoch: object,
         raise MalformedTask(f"{task.name}[{task.request.id}] has malformed arguments: {', '.join(wrong)}")
 
 
-def _delivery(task: Task, run_id: str, version: int, epoch: int, **more: object) -> Delivery:
+def _delivery(task: Task, rt: Runtime, run_id: str, version: int, epoch: int, **more: object) -> Delivery:
     _check_arguments(task, run_id, version, epoch, **more)
     request = task.request
+    if rt.acks is not None:
+        # Late-acked on the store's Redis: the commit that ends this delivery's work acknowledges
+        # its message (``worker/acks.py``).
+        tag = (request.properties or {}).get("delivery_tag") if task.acks_late else None
+        rt.acks.begin(run_id, tag)
     redelivered = bool(request.retries) or bool((request.delivery_info or {}).get("redelivered"))
     return Delivery(task.name, run_id, version, epoch, redelivered)
+
+
+def _acked(rt: Runtime) -> str | None:
+    """What a phase task returns: whether its commit acknowledged its message (``worker/acks.py``)."""
+    return rt.acks.end() if rt.acks is not None else None
+
+
+def _delivery_acks(app: Celery) -> DeliveryAcks:
+    """Where kombu keeps the messages the app's workers hold: the keys a commit's ack names."""
+    options = app.conf.broker_transport_options or {}
+    return DeliveryAcks(
+        options.get("unacked_key", redis_transport.Channel.unacked_key),
+        options.get("unacked_index_key", redis_transport.Channel.unacked_index_key),
+    )
 
 
 def _finish(head: RunHead | None) -> None:
@@ -613,30 +655,40 @@ def create_app(settings: Settings) -> Celery:
     @app.task(name=TASK_START, **options)  # type: ignore[untyped-decorator]
     def start(
         self: Task, run_id: str, version: int = 1, epoch: int = 0, create: dict[str, Any] | None = None
-    ) -> None:
-        _finish(run_start(holder.get(), _delivery(self, run_id, version, epoch), create))
+    ) -> str | None:
+        rt = holder.get()
+        _finish(run_start(rt, _delivery(self, rt, run_id, version, epoch), create))
+        return _acked(rt)
 
     @app.task(name=TASK_THINK, **options)  # type: ignore[untyped-decorator]
-    def think(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> None:
-        _finish(run_think(holder.get(), _delivery(self, run_id, version, epoch, step=step), step))
+    def think(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> str | None:
+        rt = holder.get()
+        _finish(run_think(rt, _delivery(self, rt, run_id, version, epoch, step=step), step))
+        return _acked(rt)
 
     @app.task(name=TASK_TOOL, **options)  # type: ignore[untyped-decorator]
-    def tool(self: Task, run_id: str, step: int, version: int, call_id: str, epoch: int = 0) -> None:
-        run_tool(
-            holder.get(), _delivery(self, run_id, version, epoch, step=step, call_id=call_id), step, call_id
-        )
+    def tool(self: Task, run_id: str, step: int, version: int, call_id: str, epoch: int = 0) -> str | None:
+        rt = holder.get()
+        run_tool(rt, _delivery(self, rt, run_id, version, epoch, step=step, call_id=call_id), step, call_id)
+        return _acked(rt)
 
     @app.task(name=TASK_OBSERVE, **options)  # type: ignore[untyped-decorator]
-    def observe(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> None:
-        _finish(run_observe(holder.get(), _delivery(self, run_id, version, epoch, step=step), step))
+    def observe(self: Task, run_id: str, step: int, version: int, epoch: int = 0) -> str | None:
+        rt = holder.get()
+        _finish(run_observe(rt, _delivery(self, rt, run_id, version, epoch, step=step), step))
+        return _acked(rt)
 
     @app.task(name=TASK_DECIDE, **options)  # type: ignore[untyped-decorator]
-    def decide(self: Task, run_id: str, version: int, epoch: int = 0, step: int | None = None) -> None:
-        _finish(run_decide(holder.get(), _delivery(self, run_id, version, epoch), step))
+    def decide(self: Task, run_id: str, version: int, epoch: int = 0, step: int | None = None) -> str | None:
+        rt = holder.get()
+        _finish(run_decide(rt, _delivery(self, rt, run_id, version, epoch), step))
+        return _acked(rt)
 
     @app.task(name=TASK_CALLBACK, **options)  # type: ignore[untyped-decorator]
-    def callback(self: Task, run_id: str, step: int, version: int, phase: str, epoch: int = 0) -> None:
-        run_callback(holder.get(), _delivery(self, run_id, version, epoch), step, phase)
+    def callback(self: Task, run_id: str, step: int, version: int, phase: str, epoch: int = 0) -> str | None:
+        rt = holder.get()
+        run_callback(rt, _delivery(self, rt, run_id, version, epoch), step, phase)
+        return _acked(rt)
 
     _subagent_tasks(app, holder, outage_retry(settings))
 

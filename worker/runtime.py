@@ -41,6 +41,7 @@ from worker.tracing import Tracing
 if TYPE_CHECKING:
     from shared.assistants import AssistantConfig
     from shared.memory import Memory
+    from worker.acks import DeliveryAcks
 
 __all__ = [
     "Cancelled",
@@ -102,6 +103,9 @@ class Runtime:
     tracing: Tracing = field(default_factory=Tracing)
     #: Commit and publish in one script (None: commit, then send).
     prepare: Prepare | None = None
+    #: The acknowledgement of each thread's delivery, run by the commit script that publishes
+    #: (``worker/acks.py``; None: the worker acknowledges every message itself).
+    acks: DeliveryAcks | None = None
     #: Sends several tasks in one publish (None: ``send`` each); see :meth:`send_all`.
     send_many: Callable[[Sequence[TaskSpec]], None] | None = None
     #: Callback tasks this worker runs in place of sending them (name -> the task's function,
@@ -211,12 +215,21 @@ class Runtime:
         for task in tasks:
             self.send(task)
 
-    def push_for(self, outbox: Sequence[TaskSpec], epoch: int) -> list[BrokerCommand]:
-        """The broker commands a commit script runs to publish ``outbox`` under ``epoch`` (none
-        when this worker cannot commit and publish in one step)."""
-        if self.prepare is None or not outbox:
+    def push_for(self, run_id: str, outbox: Sequence[TaskSpec], epoch: int) -> list[BrokerCommand]:
+        """The broker commands a commit script of ``run_id`` runs to publish ``outbox`` under
+        ``epoch``, and to acknowledge the delivery committing (none when this worker cannot commit
+        and publish in one step)."""
+        if self.prepare is None:
             return []
-        return self.prepare(self.outgoing(outbox, epoch))
+        push = self.prepare(self.outgoing(outbox, epoch)) if outbox else []
+        if self.acks is not None:
+            push += self.acks.commands_for(run_id)
+        return push
+
+    def pushed(self, run_id: str, pushed: bool) -> None:
+        """A commit script of ``run_id`` ran (``pushed``: with the broker commands it was given)."""
+        if self.acks is not None:
+            self.acks.committed(run_id, pushed)
 
     # -- deliveries that claim nothing -------------------------------------------------------
 
@@ -284,7 +297,7 @@ class Runtime:
             outbox = [s.model_copy(update={"countdown": countdown}) for s in outbox]
         here = self._local_callback(head, outbox)
         sent = [s for s in outbox if s is not here]
-        push = self.push_for(sent, current.head.epoch)
+        push = self.push_for(head.run_id, sent, current.head.epoch)
         result = until_room(
             lambda: self.store.commit(
                 current.head,
@@ -298,6 +311,7 @@ class Runtime:
             f"the commit of run {head.run_id} v{head.version}",
         )
         if result.status == "committed":
+            self.pushed(head.run_id, result.pushed)
             self.metrics.committed(current.head, head)
             self._count_end(current.head, head)
             self.hooks.after_commit(current.phase, head, self.store)

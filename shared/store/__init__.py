@@ -35,7 +35,7 @@ around. Every name this module offered before the split is still imported from h
 
 from __future__ import annotations
 
-from shared.store.base import PUBLISH_COMMANDS, BrokerCommand, MessageCache, new_op, new_token
+from shared.store.base import ACK_COMMANDS, PUBLISH_COMMANDS, BrokerCommand, MessageCache, new_op, new_token
 from shared.store.claims import (
     Busy,
     CallClaim,
@@ -60,6 +60,7 @@ from shared.store.threads import HeldThread, ThreadsMixin, ThreadTurn
 
 __all__ = [
     "CURSOR_PATTERN",
+    "ACK_COMMANDS",
     "PUBLISH_COMMANDS",
     "BrokerCommand",
     "Busy",

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from shared.archive import Archive
 
 __all__ = [
+    "ACK_COMMANDS",
     "PUBLISH_COMMANDS",
     "BrokerCommand",
     "MessageCache",
@@ -157,14 +158,18 @@ BrokerCommand = tuple[str, tuple[str, ...]]
 #: The commands a create or commit script runs for a publish (it refuses any other).
 PUBLISH_COMMANDS = frozenset({"lpush", "publish", "pexpire"})
 
+#: The commands a commit script runs, beside a publish, to acknowledge the Redis broker's message the
+#: committing delivery came from (kombu's ack: ``worker/acks.py``).
+ACK_COMMANDS = frozenset({"hdel", "zrem"})
+
 
 def _push_args(epoch: int, push: Sequence[BrokerCommand]) -> list[str]:
     """Broker commands as script arguments: the epoch they were built for, their count, then name,
     argument count and arguments of each."""
     flat = [str(epoch), str(len(push))]
     for name, args in push:
-        if name not in PUBLISH_COMMANDS:
-            raise InternalInvariant(f"publish command {name!r} is not one a script may run")
+        if name not in PUBLISH_COMMANDS and name not in ACK_COMMANDS:
+            raise InternalInvariant(f"broker command {name!r} is not one a script may run")
         flat += [name, str(len(args)), *args]
     return flat
 

@@ -146,3 +146,8 @@ def test_whole_worker_killed_after_a_commit_that_published(
     attempts = client.store.attempts(handle.run_id)
     claims = {k: v for k, v in attempts.items() if k.startswith("v")}
     assert claims and set(claims.values()) == {"1"}, attempts
+    if not on_rabbitmq():
+        # That commit acknowledged its own message too: nothing of the dead worker's is left in the
+        # broker's unacked hash for the visibility timeout to hand back (as a stale delivery).
+        r = client.store.redis
+        wait_until(lambda: r.hlen("unacked") == 0, 10, what="no message left unacked")

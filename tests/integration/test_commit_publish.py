@@ -252,6 +252,41 @@ def test_a_real_worker_consumes_acks_and_reports_what_the_commit_pushed(
         worker.stop()
 
 
+def test_each_phase_s_message_is_acknowledged_by_the_commit_that_ends_it(
+    server: RedisServer, tmp_path: Any
+) -> None:
+    """kombu's ack (the message's removal from the unacked hash and its index) runs in the commit
+    script that ends the delivery's work, and the worker's main process sends none of its own."""
+    worker = WorkerProcess("acks", server.url, log_dir=str(tmp_path)).start()
+    client = Client(Settings(redis_url=server.url, agents_module="tests.agents_fixture"))
+    r = server.client()
+    stop = threading.Event()
+    commands: list[str] = []
+    watcher = threading.Thread(target=_watch, args=(server.client(), stop, commands), daemon=True)
+    watcher.start()
+    try:
+        wait_until(lambda: r.ping() and commands, 10, interval=0.05, what="MONITOR to stream")
+        handle = client.submit("one_hop", "go", check_agent=False)
+        head = handle.wait(30)
+        assert head.phase is Phase.COMPLETED and head.answer == "1 + 2 = 3"
+        wait_until(lambda: r.hlen("unacked") == 0, 10, what="every message acked")
+        assert r.zcard("unacked_index") == 0
+        stop.set()
+        r.ping()  # one more command for the monitor to wake on
+        watcher.join(10)
+        acks = [c.split(" ") for c in commands]
+        acks = [c for c in acks if c[1:3] in (["HDEL", "unacked"], ["ZREM", "unacked_index"])]
+        # start, think, the tool, observe, the last think: five deliveries, five acks in Lua.
+        in_scripts = [c for c in acks if c[0] == "lua"]
+        assert len([c for c in in_scripts if c[1] == "HDEL"]) == 5, acks
+        assert len([c for c in in_scripts if c[1] == "ZREM"]) == 5, acks
+        assert [c for c in acks if c[0] != "lua"] == []
+    finally:
+        stop.set()
+        client.close()
+        worker.stop()
+
+
 def _another(spec: TaskSpec, n: int) -> TaskSpec:
     """A task of the same kind as ``spec`` (name, queue, time limit, argument names), other values."""
     arguments = {k: (f"{v}-{n}" if isinstance(v, str) else v) for k, v in spec.arguments.items()}
