@@ -528,6 +528,38 @@ registry.add(
 )
 
 
+# -- text repeated as it came: through a tool into the answer --------------------------------------
+
+
+class RepeatArgs(BaseModel):
+    text: str
+
+
+@tool
+def repeat(args: RepeatArgs) -> str:
+    """Return the text it was given, as it is."""
+    return args.text
+
+
+def _repeat_prompt(messages: Sequence[Message]) -> ModelResponse:
+    """Pass the user's prompt through the ``repeat`` tool, then answer with the tool's output."""
+    if isinstance(messages[-1], ToolMessage):
+        return reply(f"you said: {messages[-1].content}")
+    prompt = next(m.content for m in messages if isinstance(m, UserMessage))
+    return reply(None, ("repeat", {"text": prompt}))
+
+
+registry.add_model("repeat_prompt", ScriptedModel(_repeat_prompt))
+registry.add(
+    Agent(
+        name="repeat_prompt",
+        model="scripted:repeat_prompt",
+        system_prompt="repeats the prompt",
+        tools=ToolSet([repeat]),
+    )
+)
+
+
 # -- answers cut at the output token limit ---------------------------------------------------------
 
 CUT_ANSWER = "The three reasons are: first, the lease; second, the"

@@ -7,10 +7,20 @@
   the writer), for the embedded mode and single-host use; one connection per process, serialised.
 
 Both raise :class:`~shared.errors.ArchiveUnavailable` when the database cannot be used.
+
+A run's JSON may hold NUL (U+0000) in any string (its input, answer, metadata, a tool's output):
+JSON writes it as the escape ``\\u0000``. The archive stores that text as it is (``json`` in
+PostgreSQL, text in SQLite), but PostgreSQL's ``jsonb`` and JSON path functions refuse the escape
+(``unsupported Unicode escape sequence``) and SQLite's cut a string at it. So a listing's filter on a
+value inside the JSON (:meth:`Database.json_string_is`) reads the document through
+:func:`json_safe_text` and compares with :func:`json_safe_string` of the value: NUL and U+0001 as
+two characters each, one to one, so a filter matches exactly the documents holding its value and
+no document fails the query.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
@@ -23,10 +33,44 @@ from urllib.parse import urlsplit
 from shared.errors import ArchiveUnavailable, ConfigError
 from shared.settings import redact_url
 
-__all__ = ["Cursor", "Database", "Postgres", "Sqlite", "open_database", "sqlite_path"]
+__all__ = [
+    "Cursor",
+    "Database",
+    "Postgres",
+    "Sqlite",
+    "json_safe_string",
+    "json_safe_text",
+    "open_database",
+    "sqlite_path",
+]
 
 #: Any number, the same for every process: PostgreSQL's advisory lock id of schema migrations.
 _MIGRATION_LOCK = 0x57E51C4A
+
+
+#: In JSON text, the escape of NUL or of U+0001 (``\u0000``, ``\u0001``) where it is an escape: after
+#: an even run of backslashes (``\\u0000`` is a backslash and the text ``u0000``). The same pattern
+#: serves PostgreSQL (its regular expressions have lookbehinds) and Python.
+_NUL_OR_ONE = r"(?<!\\)((?:\\\\)*)\\u000([01])"
+#: ... replaced by the escape of U+0001 and the digit it was: U+0000 -> U+0001 "0", U+0001 -> U+0001 "1".
+_NUL_OR_ONE_SAFE = r"\1\\u0001\2"
+_NUL_OR_ONE_RE = re.compile(_NUL_OR_ONE)
+_NUL_OR_ONE_CHAR = re.compile("[\x00\x01]")
+
+
+def json_safe_text(text: str) -> str:
+    """JSON ``text`` whose strings hold no NUL: each NUL written U+0001 ``0``, each U+0001 written
+    U+0001 ``1`` (one to one). Text without either escape is returned as it is."""
+    if "\\u000" not in text:
+        return text
+    return _NUL_OR_ONE_RE.sub(_NUL_OR_ONE_SAFE, text)
+
+
+def json_safe_string(value: str) -> str:
+    """``value`` as it reads in a document after :func:`json_safe_text`."""
+    if "\x00" not in value and "\x01" not in value:
+        return value
+    return _NUL_OR_ONE_CHAR.sub(lambda m: "\x01" + str(ord(m.group())), value)
 
 
 class Cursor(Protocol):
@@ -74,7 +118,11 @@ class Database(ABC):
     @abstractmethod
     def json_string_is(self, column: str, path: Sequence[str], value: str) -> tuple[str, list[Any]]:
         """A condition: the JSON ``column`` holds the string ``value`` at ``path`` (object keys);
-        a number or any other type there never matches. The condition and its parameters."""
+        a number or any other type there never matches. The condition and its parameters.
+
+        The document is read through :func:`json_safe_text` (a NUL anywhere in it must not fail
+        the query, nor cut a string short), so the path and value are compared as
+        :func:`json_safe_string` writes them."""
 
     @abstractmethod
     def insert_many(self, cur: Cursor, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
@@ -97,6 +145,7 @@ class Sqlite(Database):
             self._conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.create_function("wesichain_json_safe", 1, json_safe_text, deterministic=True)
         except sqlite3.Error as exc:
             raise ArchiveUnavailable(f"cannot open the SQLite archive {path}: {exc}") from None
         self._lock = threading.Lock()
@@ -130,8 +179,12 @@ class Sqlite(Database):
 
     def json_string_is(self, column: str, path: Sequence[str], value: str) -> tuple[str, list[Any]]:
         # json_type tells a string ('text') from a number whose text would compare equal.
-        where = "$" + "".join(f'."{key}"' for key in path)
-        return f"(json_type({column}, ?) = 'text' AND json_extract({column}, ?) = ?)", [where, where, value]
+        where = "$" + "".join(f'."{json_safe_string(key)}"' for key in path)
+        doc = f"wesichain_json_safe({column})"
+        return (
+            f"(json_type({doc}, ?) = 'text' AND json_extract({doc}, ?) = ?)",
+            [where, where, json_safe_string(value)],
+        )
 
     def insert_many(self, cur: Cursor, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
         cur.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * width)})", rows)
@@ -194,8 +247,17 @@ class Postgres(Database):
 
     def json_string_is(self, column: str, path: Sequence[str], value: str) -> tuple[str, list[Any]]:
         # jsonb equality (the column may be json): a string equals only a string (to_jsonb keeps the type).
+        # Only a document with an escape of NUL or U+0001 is rewritten (the regular expression's cost).
+        doc = (
+            f"(CASE WHEN strpos({column}::text, ?::text) = 0 THEN {column}::jsonb"
+            f" ELSE regexp_replace({column}::text, ?::text, ?::text, 'g')::jsonb END)"
+        )
         marks = ", ".join("?::text" for _ in path)
-        return f"jsonb_extract_path({column}::jsonb, {marks}) = to_jsonb(?::text)", [*path, value]
+        safe = [json_safe_string(key) for key in path]
+        return (
+            f"jsonb_extract_path({doc}, {marks}) = to_jsonb(?::text)",
+            ["\\u000", _NUL_OR_ONE, _NUL_OR_ONE_SAFE, *safe, json_safe_string(value)],
+        )
 
     def insert_many(self, cur: Cursor, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
         with cur.copy(f"COPY {table} FROM STDIN") as copy:  # type: ignore[attr-defined]

@@ -249,6 +249,10 @@ class SqlArchive(SqlEvalArchive, SqlMemoryArchive, Archive):
         clauses: list[str] = ["tenant = ?"]
         params: list[Any] = [where.tenant or "-"]
         filters = (("agent", where.agent), ("status", where.status), ("thread_id", where.thread_id))
+        if any(value is not None and "\x00" in value for _, value in filters):
+            # No run's agent, status or thread holds NUL (PostgreSQL's text cannot, and a
+            # parameter holding one is refused, not compared): nothing archived matches.
+            return []
         for column, value in filters:
             if value is not None:
                 clauses.append(f"{column} = ?")

@@ -21,7 +21,7 @@ from producer.cli import main
 from producer.client import Client, RequestConflict, RunHandle, RunNotFound
 from producer.evals.client import EvalClient
 from shared import fsm
-from shared.archive import StoredRun, open_archive
+from shared.archive import ListingFilter, StoredRun, open_archive
 from shared.archive.retention import ArchivePruner
 from shared.archive.sql import SqlArchive
 from shared.archiver import Archiver
@@ -521,3 +521,99 @@ def test_a_run_the_archive_holds_otherwise_stays_in_redis_and_the_pass_goes_on(c
     # The next pass tries it again, reports it again, and still ends.
     assert (Archiver(store).run_once(after_s=0).mismatched, store.redis.exists(store.keys.run(odd))) == (1, 1)
     store.redis.zrem(store.keys.ended_of(odd), odd)  # out of the later tests' passes
+
+
+def test_text_holding_nul_reads_back_exactly_and_filtered_listings_still_answer(
+    pool: Pool, client: Client
+) -> None:
+    """NUL (U+0000) in a run's input, answer, metadata and tool output is the JSON escape \\u0000,
+    which PostgreSQL's jsonb refuses and SQLite's JSON functions cut a string at: once archived,
+    the run reads back exactly as it was submitted, and the tenant's listings filtered on values
+    inside the JSON (metadata, version, error kind) answer, matching exactly."""
+    env = {"WESICHAIN_ARCHIVE_URL": pool.url, "WESICHAIN_SEARCH_ATTRIBUTES": "ticket"}
+    api = ApiProcess(pool.server.url, env=env).start()
+    tenant = f"nul-{uuid.uuid4().hex[:8]}"
+    key, _ = Tenants(client.store.redis, client.store.keys).create_key(tenant, "test")
+    # A NUL, the text of its escape, and U+0001 (the filter's own escape character).
+    text = "before\x00after \\u0000 \\\x00 \x01 \x010"
+    try:
+        with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as http:
+
+            def submit(agent: str, input: str, metadata: dict[str, Any]) -> str:
+                response = http.post("/v1/runs", json={"agent": agent, "input": input, "metadata": metadata})
+                assert response.status_code == 202, response.text
+                run_id: str = response.json()["run_id"]
+                return run_id
+
+            def read(run_id: str) -> list[Any]:
+                return [
+                    http.get(f"/v1/runs/{run_id}").json(),
+                    http.get(f"/v1/runs/{run_id}/checkpoints").json(),
+                    http.get(f"/v1/runs/{run_id}/events", params={"limit": 500}).json(),
+                ]
+
+            def search(**query: Any) -> list[str]:
+                response = http.post("/v1/runs/search", json={"query": query, "limit": 50})
+                assert response.status_code == 200, response.text
+                return [run["run_id"] for run in response.json()["runs"]]
+
+            held = submit("repeat_prompt", text, {"ticket": "T\x00-1", "note": text})
+            plain = submit("direct", "hi", {"ticket": "T"})
+            failed = submit("echoing_400", "fail", {"ticket": "T\x00-1"})
+            for run_id in (held, plain, failed):
+                wait_status(http, run_id, {"completed", "failed"}, TIMEOUT)
+            before = {run_id: read(run_id) for run_id in (held, plain, failed)}
+            view, _, events = before[held]
+            assert (view["input"], view["metadata"]["note"]) == (text, text)
+            assert view["answer"] == f"you said: {text}"
+            tool = [e for e in events["events"] if e["kind"] == "ToolCompleted"]
+            assert [e["output"] for e in tool] == [text]
+
+            assert Archiver(client.store).run_once(after_s=0).archived == 3
+            assert client.store.redis.exists(client.store.keys.run(held)) == 0
+
+            for run_id, was in before.items():
+                assert read(run_id) == was, run_id
+            order = search()  # the tenant's runs, newest first
+            assert sorted(order) == sorted(before)
+
+            def runs(*run_ids: str) -> list[str]:
+                return [run_id for run_id in order if run_id in run_ids]
+
+            assert search(metadata={"ticket": "T"}) == [plain]
+            assert search(metadata={"ticket": "T\x00-1"}) == runs(held, failed)
+            assert search(metadata={"ticket": "T\x010-1"}) == []  # how the filter writes it: no match
+            assert search(metadata={"ticket": "T\x00"}) == []
+            kind = before[failed][0]["error"]["kind"]
+            assert search(error_kind=kind) == [failed]
+            version = view["agent_version"]
+            assert search(agent="repeat_prompt", version=version) == [held]
+            listed = http.get("/v1/runs", params={"thread_id": "a\x00b"})
+            assert (listed.status_code, listed.json()["runs"]) == (200, [])
+    finally:
+        api.stop()
+
+
+def test_a_filter_matches_exactly_the_runs_holding_its_value_whatever_nul_or_escape_they_hold(
+    pool: Pool,
+) -> None:
+    """Values that differ only by NUL, U+0001 (the filter's escape) or the text of an escape each
+    match their own run, on an archive whose every document holds some of them."""
+    values = ["a", "a\x00", "a\x00b", "a\x010b", "a\x01", "a\x011", "a\\u0000b", "a\\\x00b", "\x00\x00\x01"]
+    tenant = f"values-{uuid.uuid4().hex[:8]}"
+    archive = open_archive(pool.url)
+    try:
+        records = [
+            sample_record(
+                f"{tenant}-{i}", 1000 + i, tenant=tenant, metadata={"k": value, "all": values}, answer=value
+            )
+            for i, value in enumerate(values)
+        ]
+        archive.put([record.stored() for record in records])
+        for i, value in enumerate(values):
+            listed = archive.list_runs(ListingFilter(tenant, metadata={"k": value}), None, 50)
+            assert [head.run_id for _, head in listed] == [f"{tenant}-{i}"], repr(value)
+            assert listed[0][1] == records[i].head  # read back as written
+        assert archive.list_runs(ListingFilter(tenant, metadata={"k": "b"}), None, 50) == []
+    finally:
+        archive.close()
