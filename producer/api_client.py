@@ -16,6 +16,10 @@ the same exceptions as the Redis client where one exists (:class:`RunNotFound`,
 :class:`RequestConflict`, :class:`StoreFull`),
 else :class:`ApiRequestError`; limits raise :class:`RateLimited` with the server's Retry-After,
 and a queue namespace the key's tenant is not allowed :class:`Forbidden`.
+
+Neither trusts the server with its memory: an answer is read up to ``max_answer_bytes``
+(:data:`MAX_ANSWER_BYTES`), an event stream's line or event up to ``max_event_chars``
+(:data:`MAX_EVENT_CHARS`); more raises :class:`AnswerTooLarge`.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from shared.errors import InvalidRequest, StoreFull, ThreadBusy, WesichainError
 from shared.evals.annotations import Annotation, AnnotationInput
 from shared.evals.errors import EvalNotFound
 from shared.events import END_EVENTS, EVENT_ADAPTER, Event
-from shared.llm.framing import SseParser
+from shared.llm.framing import SseParser, StreamDecodeError
 from shared.memory import Item, MemoryFull, SearchResult
 from shared.pool import PoolView
 from shared.search import SearchQuery
@@ -65,6 +69,9 @@ if TYPE_CHECKING:
     from producer.api_schedules import ApiSchedules, AsyncSchedules
 
 __all__ = [
+    "MAX_ANSWER_BYTES",
+    "MAX_EVENT_CHARS",
+    "AnswerTooLarge",
     "ApiAssistants",
     "ApiClient",
     "ApiEvals",
@@ -91,6 +98,11 @@ ENV_API_KEY = "WESICHAIN_API_KEY"
 _RESUME_S = 0.2
 #: How long a dropped event stream is tried again (an API process restarting, a proxy's hiccup).
 RESUME_FOR_S = 30.0
+#: The largest answer the clients read (bytes, after any content encoding is undone): a page of
+#: 200 runs at the API's largest inputs and answers fits many times over.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+#: The longest line, and event, of a run's event stream the clients read (characters).
+MAX_EVENT_CHARS = 16 * 1024 * 1024
 
 
 class ApiRequestError(WesichainError):
@@ -122,6 +134,60 @@ class RateLimited(ApiRequestError):
     ) -> None:
         super().__init__(status, kind, message, details)
         self.retry_after_s = retry_after_s
+
+
+class AnswerTooLarge(ApiRequestError):
+    """The API's answer is larger than the client reads (``max_answer_bytes``), or a line or an
+    event of its event stream is (``max_event_chars``): a broken or hostile server. Its kind is
+    ``answer_too_large``, its status the answer's; ``details`` name the limit."""
+
+
+def _too_large(status: int, what: str, details: dict[str, Any]) -> AnswerTooLarge:
+    return AnswerTooLarge(status, "answer_too_large", what, details)
+
+
+class _Body:
+    """An answer's body, read chunk by chunk up to ``limit`` bytes (after its content encoding is
+    undone); :meth:`response` is the answer with it, as httpx would have read it whole."""
+
+    def __init__(self, streamed: httpx.Response, limit: int) -> None:
+        self.streamed = streamed
+        self.limit = limit
+        self.parts: list[bytes] = []
+        self.size = 0
+        declared = streamed.headers.get("content-length", "")
+        encoded = streamed.headers.get("content-encoding", "identity").lower() != "identity"
+        if not encoded and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+            raise self.too_large()
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise self.too_large()
+        self.parts.append(chunk)
+
+    def too_large(self) -> AnswerTooLarge:
+        request = self.streamed.request
+        return _too_large(
+            self.streamed.status_code,
+            f"the answer to {request.method} {request.url.path} is larger than {self.limit} bytes",
+            {"max_answer_bytes": self.limit},
+        )
+
+    def response(self) -> httpx.Response:
+        # The body is decoded already: the answer no longer says how it was encoded or framed.
+        headers = [
+            (name, value)
+            for name, value in self.streamed.headers.multi_items()
+            if name.lower() not in ("content-encoding", "content-length", "transfer-encoding")
+        ]
+        return httpx.Response(
+            self.streamed.status_code,
+            headers=headers,
+            content=b"".join(self.parts),
+            request=self.streamed.request,
+            extensions=self.streamed.extensions,
+        )
 
 
 #: The refusals of what the caller's tenant may not do, by kind.
@@ -299,9 +365,19 @@ class _ClientBase:
     """What both clients share: the URL and key, the requests and how their answers read."""
 
     def __init__(
-        self, url: str | None, key: str | None, timeout: float, httpx_options: dict[str, Any]
+        self,
+        url: str | None,
+        key: str | None,
+        timeout: float,
+        httpx_options: dict[str, Any],
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        max_event_chars: int = MAX_EVENT_CHARS,
     ) -> None:
+        if max_answer_bytes < 1 or max_event_chars < 1:
+            raise InvalidRequest("max_answer_bytes and max_event_chars are at least 1")
         self.url, key = _env(url, key)
+        self.max_answer_bytes = max_answer_bytes
+        self.max_event_chars = max_event_chars
         self._http_options: dict[str, Any] = {
             "base_url": self.url,
             "headers": _headers(key),
@@ -797,6 +873,7 @@ class _Follow:
         connect_timeout: float | None,
         idle_timeout: float | None,
         kinds: Collection[str] | None = None,
+        max_event_chars: int = MAX_EVENT_CHARS,
     ) -> None:
         # The server sends only these kinds, and the end event, which ends following as ever.
         only = f"?kinds={','.join(sorted(kinds))}" if kinds is not None else ""
@@ -806,7 +883,8 @@ class _Follow:
         self.timeout = httpx.Timeout(connect_timeout, read=idle_timeout)
         self.resumer = _Resumer()
         self.ended = False
-        self.parser = SseParser()
+        self.max_event_chars = max_event_chars
+        self.parser = SseParser(max_chars=max_event_chars)
 
     def headers(self) -> dict[str, str]:
         return {"Accept": "text/event-stream", "Last-Event-ID": self.cursor}
@@ -817,12 +895,22 @@ class _Follow:
             return False  # resumed after the end event
         _raise_for(response)
         self.resumer.ok()
-        self.parser = SseParser()
+        self.parser = SseParser(max_chars=self.max_event_chars)
         return True
 
     def events(self, chunk: bytes) -> Iterator[Event]:
-        """The events completed by ``chunk``, up to the run's end event."""
-        for message in self.parser.feed(chunk):
+        """The events completed by ``chunk``, up to the run's end event; raises
+        :class:`AnswerTooLarge` for a line or an event over ``max_event_chars``."""
+        try:
+            messages = self.parser.feed(chunk)
+        except StreamDecodeError:
+            raise _too_large(
+                200,
+                f"a line or an event of the event stream of run {self.run_id} is longer than"
+                f" {self.max_event_chars} characters",
+                {"max_event_chars": self.max_event_chars},
+            ) from None
+        for message in messages:
             event = _sse_event(message.data)
             self.cursor = event.stream_id or self.cursor
             yield event
@@ -968,9 +1056,16 @@ class ApiClient(_ClientBase):
     """The HTTP API, synchronously: the Redis client's surface with an API key."""
 
     def __init__(
-        self, url: str | None = None, key: str | None = None, *, timeout: float = 30.0, **httpx_options: Any
+        self,
+        url: str | None = None,
+        key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        max_event_chars: int = MAX_EVENT_CHARS,
+        **httpx_options: Any,
     ) -> None:
-        super().__init__(url, key, timeout, httpx_options)
+        super().__init__(url, key, timeout, httpx_options, max_answer_bytes, max_event_chars)
         self.http = httpx.Client(**self._http_options)
 
     @classmethod
@@ -1012,9 +1107,17 @@ class ApiClient(_ClientBase):
     def _call(
         self, method: str, path: str, *, refusals: Refusals | None = None, **kwargs: Any
     ) -> httpx.Response:
-        response = self.http.request(method, path, **kwargs)
+        with self.http.stream(method, path, **kwargs) as streamed:
+            response = self._read(streamed)
         _raise_for(response, refusals)
         return response
+
+    def _read(self, streamed: httpx.Response) -> httpx.Response:
+        """A streamed answer read whole, up to ``max_answer_bytes``."""
+        body = _Body(streamed, self.max_answer_bytes)
+        for chunk in streamed.iter_bytes():
+            body.add(chunk)
+        return body.response()
 
     def _run(self, op: _Op[_T]) -> _T:
         answer: httpx.Response | None = None
@@ -1211,15 +1314,14 @@ class ApiRunHandle(_RunOps):
             wanted = set(kinds) | set(END_EVENTS) if kinds is not None else None
             yield from (e for e in self._paged(after) if wanted is None or e.kind in wanted)
             return
-        f = _Follow(self.run_id, after, self.client.http.timeout.connect, idle_timeout, kinds)
+        timeout = self.client.http.timeout.connect
+        f = _Follow(self.run_id, after, timeout, idle_timeout, kinds, self.client.max_event_chars)
         while True:
             try:
                 with self.client.http.stream(
                     "GET", f.path, headers=f.headers(), timeout=f.timeout
                 ) as response:
-                    if response.status_code >= 400:
-                        response.read()
-                    if not f.opened(response):
+                    if not f.opened(self.client._read(response) if response.status_code >= 400 else response):
                         return
                     for chunk in response.iter_bytes():
                         yield from f.events(chunk)
@@ -1280,9 +1382,16 @@ class AsyncClient(_ClientBase):
     """The HTTP API for asyncio services: the same surface as :class:`ApiClient`, awaited."""
 
     def __init__(
-        self, url: str | None = None, key: str | None = None, *, timeout: float = 30.0, **httpx_options: Any
+        self,
+        url: str | None = None,
+        key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        max_event_chars: int = MAX_EVENT_CHARS,
+        **httpx_options: Any,
     ) -> None:
-        super().__init__(url, key, timeout, httpx_options)
+        super().__init__(url, key, timeout, httpx_options, max_answer_bytes, max_event_chars)
         self.http = httpx.AsyncClient(**self._http_options)
 
     @classmethod
@@ -1301,9 +1410,17 @@ class AsyncClient(_ClientBase):
     async def _call(
         self, method: str, path: str, *, refusals: Refusals | None = None, **kwargs: Any
     ) -> httpx.Response:
-        response = await self.http.request(method, path, **kwargs)
+        async with self.http.stream(method, path, **kwargs) as streamed:
+            response = await self._read(streamed)
         _raise_for(response, refusals)
         return response
+
+    async def _read(self, streamed: httpx.Response) -> httpx.Response:
+        """A streamed answer read whole, up to ``max_answer_bytes``."""
+        body = _Body(streamed, self.max_answer_bytes)
+        async for chunk in streamed.aiter_bytes():
+            body.add(chunk)
+        return body.response()
 
     async def _run(self, op: _Op[_T]) -> _T:
         answer: httpx.Response | None = None
@@ -1595,15 +1712,15 @@ class AsyncRunHandle(_RunOps):
     ) -> AsyncIterator[Event]:
         """Every event after ``after``, live until the end event, resumed after a dropped stream
         (``kinds``: only those, and the end event)."""
-        f = _Follow(self.run_id, after, self.client.http.timeout.connect, idle_timeout, kinds)
+        timeout = self.client.http.timeout.connect
+        f = _Follow(self.run_id, after, timeout, idle_timeout, kinds, self.client.max_event_chars)
         while True:
             try:
                 async with self.client.http.stream(
                     "GET", f.path, headers=f.headers(), timeout=f.timeout
                 ) as response:
-                    if response.status_code >= 400:
-                        await response.aread()
-                    if not f.opened(response):
+                    answer = await self.client._read(response) if response.status_code >= 400 else response
+                    if not f.opened(answer):
                         return
                     async for chunk in response.aiter_bytes():
                         for event in f.events(chunk):

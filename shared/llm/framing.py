@@ -66,15 +66,19 @@ class LineSplitter:
     The bytes are decoded first, by one :class:`Utf8Decoder` for the whole stream, so a
     multi-byte character cut between chunks is reassembled before any line is split. Text
     without a line ending is only collected, so a long line costs linear time however it is cut.
+    With ``max_chars``, a line longer than that raises :class:`StreamDecodeError` as soon as it is
+    (a stream that never ends its line holds at most that much, and the chunk that crossed it).
     """
 
     _EOL = re.compile(r"\r\n|\r|\n")
     _ANY_EOL = re.compile(r"[\r\n]")
 
-    def __init__(self) -> None:
+    def __init__(self, max_chars: int | None = None) -> None:
         self._decoder = Utf8Decoder()
         self._parts: list[str] = []  # the current line so far; it holds no line ending but a last CR
+        self._held = 0  # characters in _parts
         self._ends_in_cr = False
+        self.max_chars = max_chars
 
     def feed(self, data: bytes) -> list[str]:
         return self._split(self._decoder.feed(data))
@@ -83,7 +87,7 @@ class LineSplitter:
         """Complete lines still held (a final lone CR) and the unterminated rest, if any."""
         lines = self._split(self._decoder.finish())
         rest = "".join(self._parts)
-        self._parts, self._ends_in_cr = [], False
+        self._parts, self._held, self._ends_in_cr = [], 0, False
         if rest.endswith("\r"):
             lines.append(rest[:-1])
             rest = ""
@@ -93,6 +97,8 @@ class LineSplitter:
         if not self._ends_in_cr and not self._ANY_EOL.search(text):
             if text:
                 self._parts.append(text)
+                self._held += len(text)
+                self._check(self._held)
             return []
         buf = "".join(self._parts) + text
         lines: list[str] = []
@@ -100,12 +106,18 @@ class LineSplitter:
         for match in self._EOL.finditer(buf):
             if match.group() == "\r" and match.end() == len(buf):
                 break  # maybe the first half of a CRLF: wait for the next character
+            self._check(match.start() - start)
             lines.append(buf[start : match.start()])
             start = match.end()
         rest = buf[start:]
-        self._parts = [rest] if rest else []
+        self._check(len(rest) - rest.endswith("\r"))
+        self._parts, self._held = ([rest], len(rest)) if rest else ([], 0)
         self._ends_in_cr = rest.endswith("\r")
         return lines
+
+    def _check(self, length: int) -> None:
+        if self.max_chars is not None and length > self.max_chars:
+            raise StreamDecodeError(f"a line of the stream is longer than {self.max_chars} characters")
 
 
 @dataclass(frozen=True)
@@ -123,15 +135,23 @@ class SseParser:
     ``:`` comments skipped (or handed to ``on_comment``), multi-line ``data`` joined with newlines.
 
     The one SSE parser of the code base: the model providers' streams, the API clients' run event
-    streams and the tests' reading of the API's streams all go through it."""
+    streams and the tests' reading of the API's streams all go through it.
+
+    With ``max_chars``, a line, or an event's data (its ``data`` lines joined), longer than that
+    raises :class:`StreamDecodeError`: a stream that never ends a line or an event holds no more."""
 
     #: Called with each comment's text (the API's ``: keep-alive``), for a reader that counts them.
     on_comment: Callable[[str], None] | None = None
+    max_chars: int | None = None
     _lines: LineSplitter = field(default_factory=LineSplitter)
     _event: str = ""
     _data: list[str] = field(default_factory=list)
+    _data_chars: int = 0
     _id: str | None = None
     _started: bool = False
+
+    def __post_init__(self) -> None:
+        self._lines.max_chars = self.max_chars
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         return [event for line in self._lines.feed(chunk) if (event := self._line(line)) is not None]
@@ -155,6 +175,9 @@ class SseParser:
         name, _, value = line.partition(":")
         value = value.removeprefix(" ")
         if name == "data":
+            self._data_chars += len(value) + bool(self._data)  # the newline joining it
+            if self.max_chars is not None and self._data_chars > self.max_chars:
+                raise StreamDecodeError(f"an event of the stream is longer than {self.max_chars} characters")
             self._data.append(value)
         elif name == "event":
             self._event = value
@@ -165,7 +188,7 @@ class SseParser:
     def _dispatch(self) -> SseEvent | None:
         event = SseEvent(event=self._event or "message", data="\n".join(self._data), id=self._id)
         has_data = bool(self._data)
-        self._event, self._data = "", []
+        self._event, self._data, self._data_chars = "", [], 0
         return event if has_data else None
 
 
