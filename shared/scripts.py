@@ -270,7 +270,7 @@ SPECS: dict[str, ScriptSpec] = {
     ),
     # -- evals (shared.evals.store) ------------------------------------------------------------------
     "eval_create": _spec(
-        "meta cases pending active index",
+        "meta cases pending active index tenant_index",
         "eval_id created_ms n_cases n_items",
         more_args="meta field/value pairs, n_cases case JSONs, n_items work items",
         words="exists created",
@@ -285,7 +285,9 @@ SPECS: dict[str, ScriptSpec] = {
         "results slots scoring counts meta pending active cases",
         "item result variant passed failed tokens cost_micro eval_id finished_ms retention_ms",
     ),
-    "eval_drop": _spec("meta cases pending slots scoring results counts index active", "eval_id"),
+    "eval_drop": _spec(
+        "meta cases pending slots scoring results counts index active tenant_index", "eval_id"
+    ),
     "eval_status": _spec("meta active slots", "eval_id status", more_args="the statuses it may move from"),
 }
 

@@ -125,8 +125,9 @@ def list_evals(
 ) -> EvalIndex:
     evals, _ = _stores(services)
     entries = []
-    # The index holds every tenant's evals: read a bounded number past the limit to find the caller's.
-    for eval_id in evals.list_evals(limit * 10):
+    # The tenant's own index, and the archive's newest of every tenant: a bounded number past the
+    # limit, to find the caller's among the archived.
+    for eval_id in evals.tenant_evals(who.tenant, limit * 10):
         try:
             meta = evals.meta(eval_id)
         except EvalNotFound:

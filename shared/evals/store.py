@@ -212,7 +212,7 @@ class EvalStore:
         k = self.keys
         reply = self._scripts["eval_create"](
             keys=[k.eval_meta(eval_id), k.eval_cases(eval_id), k.eval_pending(eval_id)]
-            + [k.evals_active(), k.evals_index()],
+            + [k.evals_active(), k.evals_index(), k.evals_index_of(tenant)],
             args=[
                 eval_id,
                 int(now * 1000),
@@ -223,7 +223,12 @@ class EvalStore:
                 *items,
             ],
         )
-        return _text(reply) == "created"
+        created = _text(reply) == "created"
+        if created:
+            # The tenant's index forgets what expired as it grows (no one pass knows every tenant).
+            cutoff_ms = (time.time() - self.retention_s) * 1000
+            self.redis.zremrangebyscore(k.evals_index_of(tenant), "-inf", cutoff_ms)
+        return created
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -336,8 +341,19 @@ class EvalStore:
         return sorted(_text(m) for m in self.redis.smembers(self.keys.evals_active()))
 
     def list_evals(self, limit: int = 50) -> list[str]:
-        """The newest evals, newest first: Redis's and, merged in by creation time, the archive's."""
-        raw: Any = self.redis.zrevrange(self.keys.evals_index(), 0, limit - 1, withscores=True)
+        """The newest evals of every tenant, newest first: Redis's and, merged in by creation
+        time, the archive's."""
+        return self._newest(self.keys.evals_index(), limit)
+
+    def tenant_evals(self, tenant: str | None, limit: int = 50) -> list[str]:
+        """The newest evals of ``tenant`` (None: the operator's), newest first, read from its own
+        index, so that no number of other tenants' evals crowds them out. The archive keeps no
+        index per tenant: its newest evals of every tenant are merged in (``limit`` of them), for
+        the caller to keep its own."""
+        return self._newest(self.keys.evals_index_of(tenant), limit)
+
+    def _newest(self, index: str, limit: int) -> list[str]:
+        raw: Any = self.redis.zrevrange(index, 0, limit - 1, withscores=True)
         entries = {_text(m): float(score) / 1000 for m, score in raw}
         if self.archive is not None:
             for created_at, eval_id in self.archive.list_evals(limit):
@@ -449,6 +465,7 @@ class EvalStore:
                 k.eval_counts(eval_id),
                 k.evals_index(),
                 k.evals_active(),
+                k.evals_index_of(_optional_text(self.redis.hget(k.eval_meta(eval_id), "tenant"))),
             ],
             args=[eval_id],
         )
@@ -500,3 +517,7 @@ def _context(raw: str | None) -> dict[str, Any]:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else _text(value)

@@ -1,4 +1,4 @@
--- Create an eval once. KEYS: meta, cases, pending, active, index.
+-- Create an eval once. KEYS: meta, cases, pending, active, index, its tenant's index.
 -- ARGV: eval_id, created_ms, n_cases, n_items, then meta field/value pairs, then n_cases case
 -- JSONs (in case order), then n_items work items (in run order). 'exists' if the eval exists.
 local eval_id, created_ms = ARGV[1], tonumber(ARGV[2])
@@ -17,4 +17,5 @@ end
 if #batch > 0 then redis.call('RPUSH', KEYS[3], unpack(batch)) end
 redis.call('SADD', KEYS[4], eval_id)
 redis.call('ZADD', KEYS[5], created_ms, eval_id)
+redis.call('ZADD', KEYS[6], created_ms, eval_id)
 return 'created'
