@@ -416,7 +416,7 @@ class Keys:
     def evals_index_of(self, tenant: str | None) -> str:
         """Sorted set: one tenant's eval ids by creation time (ms; ``-``: the operator's), what its
         listing reads: another tenant's evals, however many, neither crowd its own out nor show."""
-        return f"{self.prefix}{{evals}}index-of:{tenant or '-'}"
+        return f"{self.prefix}{{evals}}index-of:{_owner(tenant)}"
 
     # -- pipeline runs: every key of all of them shares one hash tag (one slot per script) --
 
