@@ -1,13 +1,15 @@
 """Refuse request bodies the API must not take, before anything else reads them: a body over the
 size limit (413), one that does not arrive within the read timeout (408), one whose framing is
-ambiguous (400), and JSON holding numbers JSON does not have (NaN, Infinity, or a literal too large
-for a double: 422)."""
+ambiguous (400), and JSON holding what JSON text cannot carry (NaN, Infinity, a literal too large for
+a double, a lone UTF-16 surrogate) or nested past its bound (422)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import math
+import re
+import sys
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -161,12 +163,35 @@ class BodyLimit:
 
 
 class _NotFinite:
-    """Where json.loads met a number JSON does not have, and the text of it."""
+    """Where json.loads met a value the API cannot take as sent, and what is wrong with it."""
 
     __slots__ = ("problem",)
 
     def __init__(self, problem: str) -> None:
         self.problem = problem
+
+
+#: An integer literal with more digits than this is past a double's range (1.8e308) whatever
+#: they are; Python refuses past 4,300 digits, so such a token is never handed to int().
+_MAX_DOUBLE_DIGITS = 309
+#: The largest integer a double holds (any larger one reads as infinity as a double).
+_MAX_DOUBLE_INT = int(sys.float_info.max)
+#: A ``\uD800``..``\uDFFF`` escape: text holding one may decode to a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _has_surrogate(text: str) -> bool:
+    # json.loads joins a well-formed pair into one character: a surrogate left is a lone one.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _shown(text: str) -> str:
+    """A key as an error may name it: lone surrogates escaped (no UTF-8 encoder takes them)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 #: How deeply a request body may nest: its deepest free-form field (``MAX_JSON_DEPTH``) and the
@@ -175,33 +200,26 @@ MAX_BODY_DEPTH = MAX_JSON_DEPTH + 4
 
 
 def json_body_problems(body: bytes) -> list[dict[str, str]]:
-    """Each place a JSON ``body`` holds NaN, Infinity, -Infinity or a number too large for a
-    double, as ``{"where", "problem"}`` in the shape of the API's validation errors (empty if there
-    is none, or if the body is not JSON at all: the route answers that with its own error); or the
-    one problem of a body nested deeper than ``MAX_BODY_DEPTH``.
+    """Each place a JSON ``body`` holds NaN, Infinity, -Infinity, a number too large for a double
+    or a string (or key) with an unpaired UTF-16 surrogate, as ``{"where", "problem"}`` in the shape
+    of the API's validation errors (empty if there is none, or if the body is not JSON at all: the
+    route answers that with its own error); or the one problem of a body nested deeper than
+    ``MAX_BODY_DEPTH``.
 
-    Python's json reads all of them, as floats that are not finite, and pydantic then stores them
-    as null: the request would be taken with data other than the client sent."""
-    found = False
-
-    def constant(token: str) -> _NotFinite:
-        nonlocal found
-        found = True
-        return _NotFinite(f"{token} is not a JSON number; send a finite number, a string or null")
-
-    def number(token: str) -> float | _NotFinite:
-        value = float(token)
-        if math.isfinite(value):
-            return value
-        nonlocal found
-        found = True
-        return _NotFinite(f"{token} is too large for a JSON number (a double)")
-
+    Python's json reads all of them: numbers as floats that are not finite, which pydantic then
+    stores as null (the request would be taken with data other than the client sent), and
+    ``"\\ud800"`` as a string no UTF-8 encoder takes, which fails wherever it is stored or echoed."""
     if not body:
         return []
+    reader = _Reader()
     try:
-        document = json.loads(body, parse_constant=constant, parse_float=number)
-    except (ValueError, RecursionError):  # not JSON (or not UTF-8, or nested past the stack)
+        text = body.decode(json.detect_encoding(body), "surrogatepass")  # as json.loads does
+        document = json.loads(
+            text, parse_constant=reader.constant, parse_float=reader.number, parse_int=reader.integer
+        )
+    except RecursionError:  # nested past the parser's stack: far past the bound
+        return [{"where": "body", "problem": _too_deep()}]
+    except ValueError:  # not JSON (or not in a JSON encoding)
         return []
     try:
         # Free-form fields (metadata, state, memory values, updates) are bounded where they are
@@ -209,17 +227,66 @@ def json_body_problems(body: bytes) -> list[dict[str, str]]:
         check_json_depth("the request body", document, MAX_BODY_DEPTH)
     except InvalidRequest as exc:
         return [{"where": "body", "problem": exc.message}]
-    if not found:
+    # Escaped, or sent as the UTF-8 bytes of a surrogate (which json.loads decodes too).
+    surrogates = _SURROGATE_ESCAPE.search(text) is not None or _has_surrogate(text)
+    if not reader.found and not surrogates:
         return []
+    return _problems(document, surrogates)
+
+
+class _Reader:
+    """json.loads's hooks for the numbers JSON does not have; ``found`` once one was read."""
+
+    def __init__(self) -> None:
+        self.found = False
+
+    def constant(self, token: str) -> _NotFinite:
+        self.found = True
+        return _NotFinite(f"{token} is not a JSON number; send a finite number, a string or null")
+
+    def number(self, token: str) -> float | _NotFinite:
+        value = float(token)
+        if math.isfinite(value):
+            return value
+        self.found = True
+        return _NotFinite(f"{token} is too large for a JSON number (a double)")
+
+    def integer(self, token: str) -> int | _NotFinite:
+        digits = len(token.lstrip("-"))
+        if digits <= _MAX_DOUBLE_DIGITS:
+            value = int(token)
+            if abs(value) <= _MAX_DOUBLE_INT:
+                return value
+        self.found = True
+        shown = token if len(token) <= 24 else f"{token[:12]}... ({digits} digits)"
+        return _NotFinite(f"{shown} is too large for a JSON number (a double)")
+
+
+_LONE = "holds an unpaired UTF-16 surrogate (\\ud800 to \\udfff), which is not a Unicode character"
+
+
+def _problems(document: Any, surrogates: bool) -> list[dict[str, str]]:
+    """Where ``document`` holds a value json.loads was hooked to mark, or (with ``surrogates``) a
+    string or key with an unpaired surrogate: depth first, in document order, without recursion
+    (the nesting is the client's to choose)."""
     problems: list[dict[str, str]] = []
-    # Depth first, in document order, without recursion (the nesting is the client's to choose).
     stack: list[tuple[str, Any]] = [("body", document)]
     while stack:
         where, value = stack.pop()
         if isinstance(value, _NotFinite):
             problems.append({"where": where, "problem": value.problem})
+        elif isinstance(value, str):
+            if surrogates and _has_surrogate(value):
+                problems.append({"where": where, "problem": f"the string {_LONE}"})
         elif isinstance(value, dict):
-            stack.extend((f"{where}.{k}", v) for k, v in reversed(value.items()))
+            for key in reversed(list(value)):
+                stack.append((f"{where}.{_shown(key)}", value[key]))
+                if surrogates and _has_surrogate(key):
+                    stack.append((f"{where}.{_shown(key)}", _NotFinite(f"the key {_LONE}")))
         elif isinstance(value, list):
             stack.extend((f"{where}.{i}", v) for i, v in reversed(list(enumerate(value))))
     return problems
+
+
+def _too_deep() -> str:
+    return f"the request body nests deeper than {MAX_BODY_DEPTH} levels of objects and arrays"

@@ -400,6 +400,96 @@ def test_json_nested_past_its_bound_is_refused_before_anything_is_stored(tenant:
     assert tenant.get(f"/v1/runs/{fine.json()['run_id']}").json()["metadata"] == _nested(32)
 
 
+LONE = "holds an unpaired UTF-16 surrogate (\\ud800 to \\udfff), which is not a Unicode character"
+
+
+def test_lone_surrogates_are_refused_before_anything_is_stored(tenant: httpx.Client) -> None:
+    # Python's json reads "\ud800" into a string no UTF-8 encoder takes: such a value failed the
+    # submit with a 500 when it was stored, and such a key was stored altered.
+    nan = "NaN is not a JSON number; send a finite number, a string or null"
+    for path, body, problems in [
+        (
+            "/v1/runs",
+            b'{"agent": "direct", "input": "x", "metadata": {"note": "\\ud800"}}',
+            [{"where": "body.metadata.note", "problem": f"the string {LONE}"}],
+        ),
+        (
+            "/v1/runs",
+            b'{"agent": "direct", "input": "x", "state": {"a": ["ok", "\\udfff"]}}',
+            [{"where": "body.state.a.1", "problem": f"the string {LONE}"}],
+        ),
+        (
+            "/v1/runs",
+            b'{"agent": "direct", "input": "x", "metadata": {"\\udc00": 1}}',
+            [{"where": "body.metadata.\\udc00", "problem": f"the key {LONE}"}],
+        ),
+        (
+            "/v1/runs",
+            b'{"agent": "direct", "input": "x", "metadata": {"\\udc00": NaN}}',
+            [
+                {"where": "body.metadata.\\udc00", "problem": f"the key {LONE}"},
+                {"where": "body.metadata.\\udc00", "problem": nan},
+            ],
+        ),
+        (
+            "/v1/runs/no-such-run/messages",
+            b'{"text": "\\ud83d"}',
+            [{"where": "body.text", "problem": f"the string {LONE}"}],
+        ),
+    ]:
+        response = tenant.post(path, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 422, (body, response.text)
+        summary = "; ".join(f"{p['where']}: {p['problem']}" for p in problems)
+        assert response.json() == {
+            "error": {"kind": "invalid_request", "message": summary, "details": {"problems": problems}}
+        }
+    assert tenant.get("/v1/runs").json()["runs"] == []
+    # A pair is one character, taken and given back as sent.
+    pair = b'{"agent": "direct", "input": "x", "metadata": {"\\ud83d\\ude00": "\\ud83d\\ude00"}}'
+    accepted = tenant.post("/v1/runs", content=pair, headers={"content-type": "application/json"})
+    assert accepted.status_code == 202, accepted.text
+    assert accepted.json()["metadata"] == {"\U0001f600": "\U0001f600"}
+
+
+def test_numbers_and_depths_past_what_pythons_parser_reads_are_invalid_requests(
+    tenant: httpx.Client,
+) -> None:
+    # Each was answered 400 bad_request "There was an error parsing the body", or stored.
+    too_large = "is too large for a JSON number (a double)"
+    for body, where, problem in [
+        (
+            b'{"agent": "direct", "input": "x", "metadata": {"big": 1%s}}' % (b"0" * 400),
+            "body.metadata.big",
+            f"100000000000... (401 digits) {too_large}",
+        ),
+        (
+            b'{"agent": "direct", "input": "x", "metadata": {"big": -1%s}}' % (b"0" * 5000),
+            "body.metadata.big",
+            f"-10000000000... (5001 digits) {too_large}",
+        ),
+        (
+            b'{"agent": "direct", "input": "x", "metadata": {"a": %s%s}}' % (b"[" * 5000, b"]" * 5000),
+            "body",
+            "the request body nests deeper than 36 levels of objects and arrays",
+        ),
+    ]:
+        response = tenant.post("/v1/runs", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 422, response.text
+        assert response.json() == {
+            "error": {
+                "kind": "invalid_request",
+                "message": f"{where}: {problem}",
+                "details": {"problems": [{"where": where, "problem": problem}]},
+            }
+        }
+    assert tenant.get("/v1/runs").json()["runs"] == []
+    # The largest a double holds is a number like any other.
+    fine = b'{"agent": "direct", "input": "x", "metadata": {"big": 1%s}}' % (b"0" * 308)
+    accepted = tenant.post("/v1/runs", content=fine, headers={"content-type": "application/json"})
+    assert accepted.status_code == 202, accepted.text
+    assert accepted.json()["metadata"] == {"big": 10**308}
+
+
 def test_numbers_past_what_redis_reads_are_refused(tenant: httpx.Client) -> None:
     run_id = tenant.post("/v1/runs", json={"agent": "direct", "input": "x"}).json()["run_id"]
     for response in [

@@ -148,8 +148,34 @@ def test_where_numbers_json_does_not_have_are() -> None:
     assert json_body_problems(b'{"x": 1.5, "y": "Infinity", "z": 10000000000000000000000}') == []
     # Not JSON: left to the route, which answers bad_json.
     assert json_body_problems(b'{"x": NaN') == []
-    assert json_body_problems(b"[" * 100_000 + b"NaN" + b"]" * 100_000) == []
+    # Nested past the parser's stack: the depth is the problem, not the JSON.
+    assert json_body_problems(b"[" * 100_000 + b"NaN" + b"]" * 100_000) == [
+        {"where": "body", "problem": "the request body nests deeper than 36 levels of objects and arrays"}
+    ]
     assert json_body_problems(b"") == []
+
+
+def test_integers_past_a_double_and_lone_surrogates_are_found() -> None:
+    fits = b"1" + b"0" * 308  # 1e308, below a double's largest
+    body = b'{"a": %s, "b": -%s0, "c": 1%s, "d": "\\ud83d\\ude00", "e": ["\\udc00"], "\\ud800": 1}' % (
+        fits,
+        fits,
+        b"0" * 5000,
+    )
+    lone = "holds an unpaired UTF-16 surrogate (\\ud800 to \\udfff), which is not a Unicode character"
+    too_large = "is too large for a JSON number (a double)"
+    assert json_body_problems(body) == [
+        {"where": "body.b", "problem": f"-10000000000... (310 digits) {too_large}"},
+        {"where": "body.c", "problem": f"100000000000... (5001 digits) {too_large}"},
+        {"where": "body.e.0", "problem": f"the string {lone}"},
+        {"where": "body.\\ud800", "problem": f"the key {lone}"},
+    ]
+    # The UTF-8 bytes of a surrogate, which json.loads decodes to one as well.
+    assert json_body_problems('{"x": "\ud800"}'.encode("utf-8", "surrogatepass")) == [
+        {"where": "body.x", "problem": f"the string {lone}"}
+    ]
+    # An escaped backslash before "u" is no escape of a surrogate.
+    assert json_body_problems(b'{"x": "\\\\ud800"}') == []
 
 
 @pytest.mark.parametrize(
