@@ -58,6 +58,9 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
         version=API_VERSION,
         description=_DESCRIPTION,
         lifespan=lifespan,
+        # A body sent without a Content-Type is read as JSON, the only kind the API takes (as
+        # FastAPI did before 0.132); one declared as anything else is a 415 (errors.py).
+        strict_content_type=False,
     )
     install_error_handlers(app)
     app.include_router(runs.router)

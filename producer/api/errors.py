@@ -21,8 +21,9 @@ class ErrorInfo(BaseModel):
     kind: str = Field(
         description="What went wrong: bad_json, bad_request, invalid_request, unauthorized, forbidden,"
         " not_found, unknown_agent, quota_exceeded, wrong_state, conflict, thread_busy, run_ended,"
-        " inbox_full, body_too_large, headers_too_large, request_timeout, rate_limited, too_many_scans,"
-        " too_many_streams, too_many_in_flight, store_full, unavailable, internal."
+        " inbox_full, body_too_large, headers_too_large, request_timeout, unsupported_media_type,"
+        " rate_limited, too_many_scans, too_many_streams, too_many_in_flight, store_full, unavailable,"
+        " internal."
     )
     message: str = Field(description="A sentence for a human.")
     details: dict[str, Any] = Field(default_factory=dict, description="Machine-readable specifics.")
@@ -85,6 +86,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if isinstance(exc.body, bytes) and any(e.get("loc", ())[:1] == ("body",) for e in exc.errors()):
+            # The route reads a JSON body and was handed bytes: its Content-Type is not JSON.
+            declared = request.headers.get("content-type", "")[:100]
+            return error_response(
+                415,
+                "unsupported_media_type",
+                f"the request body must be JSON, sent as Content-Type: application/json, not {declared!r}",
+                {"content_type": declared},
+            )
         problems = [
             {"where": ".".join(str(p) for p in e.get("loc", ())), "problem": str(e.get("msg", ""))[:300]}
             for e in exc.errors()[:20]

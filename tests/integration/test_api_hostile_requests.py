@@ -267,6 +267,33 @@ def test_every_json_body_is_checked_and_strings_are_left_alone(tenant: httpx.Cli
     assert accepted.json()["metadata"] == words
 
 
+def test_a_body_without_a_content_type_is_json_and_one_declared_otherwise_is_415(
+    tenant: httpx.Client,
+) -> None:
+    # What clients send without saying JSON: requests' data=, curl's -d (a form) and text/plain.
+    body = json.dumps({"agent": "direct", "input": "x", "metadata": {"n": 1}}).encode()
+    for content_type in ["text/plain", "application/x-www-form-urlencoded", "text/plain; charset=utf-8"]:
+        response = tenant.post("/v1/runs", content=body, headers={"content-type": content_type})
+        assert response.status_code == 415, (content_type, response.text)
+        assert response.json() == {
+            "error": {
+                "kind": "unsupported_media_type",
+                "message": "the request body must be JSON, sent as Content-Type: application/json,"
+                f" not {content_type!r}",
+                "details": {"content_type": content_type},
+            }
+        }
+    assert tenant.get("/v1/runs").json()["runs"] == []
+    # No Content-Type at all: read as JSON, the only kind the API takes.
+    untyped = tenant.post("/v1/runs", content=body)
+    assert untyped.status_code == 202, untyped.text
+    assert untyped.json()["metadata"] == {"n": 1}
+    assert tenant.post("/v1/runs", content=b'{"agent": ').json()["error"]["kind"] == "bad_json"
+    for content_type in ["application/json; charset=UTF-8", "Application/JSON", "application/x+json"]:
+        typed = tenant.post("/v1/runs", content=body, headers={"content-type": content_type})
+        assert typed.status_code == 202, (content_type, typed.text)
+
+
 # -- Authentication off under plain uvicorn ---------------------------------------------------
 
 
