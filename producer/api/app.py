@@ -27,6 +27,7 @@ from producer.api.auth import LoopbackOnly
 from producer.api.body_limit import BodyLimit
 from producer.api.config import ApiConfig
 from producer.api.errors import install_error_handlers
+from producer.api.methods import HeadAsGet
 from producer.api.services import Services
 
 __all__ = ["API_VERSION", "create_app", "openapi_document"]
@@ -77,9 +78,11 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     app.include_router(evals.router)
     app.include_router(evals.pages)
     app.mount("/console", console.static_files(), name="console")
-    # Starlette runs the middleware added last first. The body limit goes around everything that
-    # could read a body (routes, auth, error handlers); with authentication off, the loopback guard
-    # goes around it, so that a caller it refuses does not get as far as sending a body.
+    # Starlette runs the middleware added last first. A HEAD is served as a GET (methods.py). The
+    # body limit goes around everything that could read a body (routes, auth, error handlers);
+    # with authentication off, the loopback guard goes around it, so that a caller it refuses does
+    # not get as far as sending a body.
+    app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
     if not config.auth:
         app.add_middleware(LoopbackOnly)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from producer.admission import TenantLimited
+from producer.api.methods import allowed_methods
 from shared.errors import ArchiveUnavailable
 
 __all__ = ["ApiError", "ErrorBody", "ErrorInfo", "error_response", "install_error_handlers"]
@@ -20,10 +21,10 @@ __all__ = ["ApiError", "ErrorBody", "ErrorInfo", "error_response", "install_erro
 class ErrorInfo(BaseModel):
     kind: str = Field(
         description="What went wrong: bad_json, bad_request, invalid_request, unauthorized, forbidden,"
-        " not_found, unknown_agent, quota_exceeded, wrong_state, conflict, thread_busy, run_ended,"
-        " inbox_full, body_too_large, headers_too_large, request_timeout, unsupported_media_type,"
-        " rate_limited, too_many_scans, too_many_streams, too_many_in_flight, store_full, unavailable,"
-        " internal."
+        " not_found, method_not_allowed, unknown_agent, quota_exceeded, wrong_state, conflict,"
+        " thread_busy, run_ended, inbox_full, body_too_large, headers_too_large, request_timeout,"
+        " unsupported_media_type, rate_limited, too_many_scans, too_many_streams, too_many_in_flight,"
+        " store_full, unavailable, internal."
     )
     message: str = Field(description="A sentence for a human.")
     details: dict[str, Any] = Field(default_factory=dict, description="Machine-readable specifics.")
@@ -109,9 +110,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = _KIND_OF_STATUS.get(exc.status_code, "http_error")
-        return error_response(
-            exc.status_code, kind, str(exc.detail), headers=dict(exc.headers) if exc.headers else None
-        )
+        headers = dict(exc.headers) if exc.headers else {}
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(request))  # not only the first route's
+        return error_response(exc.status_code, kind, str(exc.detail), headers=headers or None)
 
     @app.exception_handler(ArchiveUnavailable)
     async def _archive(request: Request, exc: ArchiveUnavailable) -> JSONResponse:

@@ -294,6 +294,38 @@ def test_a_body_without_a_content_type_is_json_and_one_declared_otherwise_is_415
         assert typed.status_code == 202, (content_type, typed.text)
 
 
+# -- Methods -----------------------------------------------------------------------------------
+
+
+def test_head_is_served_as_get_and_a_405_names_every_method_of_the_resource(tenant: httpx.Client) -> None:
+    for path in ["/healthz", "/v1/runs", "/v1/whoami"]:
+        got, head = tenant.get(path), tenant.head(path)
+        assert (head.status_code, head.content) == (200, b""), (path, head.text)
+        assert head.headers["content-type"] == got.headers["content-type"] == "application/json"
+        assert head.headers["content-length"] == got.headers["content-length"]
+    # A HEAD of a live run's event stream ends with its head; the connection serves on.
+    run_id = tenant.post("/v1/runs", json={"agent": "needs_approval", "input": "refund"}).json()["run_id"]
+    stream = tenant.head(f"/v1/runs/{run_id}/events", headers={"Accept": "text/event-stream"})
+    assert (stream.status_code, stream.content) == (200, b"")
+    assert stream.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert tenant.get(f"/v1/runs/{run_id}").json()["run_id"] == run_id
+    # RFC 9110 §15.5.6: a 405's Allow lists the methods of the resource, not one route's.
+    for method, path, allowed in [
+        ("OPTIONS", "/v1/runs", "GET, HEAD, POST"),
+        ("DELETE", "/v1/runs", "GET, HEAD, POST"),
+        ("PATCH", "/v1/assistants/some-name", "DELETE, GET, HEAD, PUT"),
+        ("POST", "/healthz", "GET, HEAD"),
+        ("PUT", "/v1/runs/search", "GET, HEAD, POST"),  # GET is /v1/runs/{run_id}'s
+    ]:
+        response = tenant.request(method, path)
+        assert response.status_code == 405, (method, path, response.text)
+        assert response.headers["allow"] == allowed, (method, path)
+        assert response.json() == {
+            "error": {"kind": "method_not_allowed", "message": "Method Not Allowed", "details": {}}
+        }
+    tenant.post(f"/v1/runs/{run_id}/cancel")
+
+
 # -- Authentication off under plain uvicorn ---------------------------------------------------
 
 
