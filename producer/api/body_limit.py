@@ -1,7 +1,8 @@
 """Refuse request bodies the API must not take, before anything else reads them: a body over the
 size limit (413), one that does not arrive within the read timeout (408), one whose framing is
-ambiguous (400), and JSON holding what JSON text cannot carry (NaN, Infinity, a literal too large for
-a double, a lone UTF-16 surrogate) or nested past its bound (422)."""
+ambiguous (400), one with a content coding (415), and JSON holding what JSON text cannot carry
+(NaN, Infinity, a literal too large for a double, a lone UTF-16 surrogate) or nested past its
+bound (422)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,22 @@ class BodyLimit:
             await self._too_large(scope, receive, send)
             return
         body = b"".join(chunks)
+        coding = self._coding(scope) if body else None
+        if coding is not None:
+            # RFC 9110 §12.5.3: a content coding the server does not take is a 415 naming the ones
+            # it does. Read as it is, a compressed body would be taken for what it is not.
+            refusal = f"the API takes request bodies without a content coding, not Content-Encoding: {coding}"
+            await self._answer(
+                scope,
+                receive,
+                send,
+                415,
+                "unsupported_media_type",
+                refusal,
+                {"content_encoding": coding},
+                headers={"Accept-Encoding": "identity"},
+            )
+            return
         problems = json_body_problems(body)
         if problems:
             summary = "; ".join(f"{p['where']}: {p['problem']}" for p in problems[:5])
@@ -119,6 +136,18 @@ class BodyLimit:
             return "the Content-Length is not a number", 0
         return None, int(length) if len(length) <= _MAX_LENGTH_DIGITS else 10**_MAX_LENGTH_DIGITS
 
+    @staticmethod
+    def _coding(scope: Scope) -> str | None:
+        """The request's Content-Encoding unless it is none (or ``identity``)."""
+        codings = [
+            part.strip().decode("latin-1")[:40]
+            for name, value in scope.get("headers", ())
+            if name == b"content-encoding"
+            for part in value.split(b",")
+        ]
+        taken = [c for c in codings if c and c.lower() != "identity"]
+        return ", ".join(taken) if taken else None
+
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The rest of the body is not read: the connection is closed after the answer, or the
         # server would go on reading (and discarding) whatever the client still sends.
@@ -157,9 +186,10 @@ class BodyLimit:
         details: dict[str, Any],
         *,
         close: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> None:
-        headers = {"Connection": "close"} if close else None
-        await error_response(status, kind, message, details, headers)(scope, receive, send)
+        headers = {**({"Connection": "close"} if close else {}), **(headers or {})}
+        await error_response(status, kind, message, details, headers or None)(scope, receive, send)
 
 
 class _NotFinite:

@@ -109,6 +109,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, UnicodeDecodeError):
+            # FastAPI read a JSON body that is not text (UTF-8, or UTF-16/32 by its first bytes).
+            problem = {"where": f"body.{exc.__cause__.start}", "problem": "not UTF-8 text"}
+            return error_response(
+                400, "bad_json", "the request body is not valid JSON", {"problems": [problem]}
+            )
         kind = _KIND_OF_STATUS.get(exc.status_code, "http_error")
         headers = dict(exc.headers) if exc.headers else {}
         if exc.status_code == 405:

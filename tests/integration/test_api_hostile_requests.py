@@ -5,6 +5,7 @@ real uvicorn, real workers, real redis-server."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import select
 import socket
@@ -292,6 +293,40 @@ def test_a_body_without_a_content_type_is_json_and_one_declared_otherwise_is_415
     for content_type in ["application/json; charset=UTF-8", "Application/JSON", "application/x+json"]:
         typed = tenant.post("/v1/runs", content=body, headers={"content-type": content_type})
         assert typed.status_code == 202, (content_type, typed.text)
+
+
+def test_a_compressed_body_is_415_and_one_not_in_utf8_is_bad_json(tenant: httpx.Client) -> None:
+    body = json.dumps({"agent": "direct", "input": "x"}).encode()
+    packed = gzip.compress(body)
+    for coding, sent in [("gzip", packed), ("br", body), ("identity, gzip", packed)]:
+        response = tenant.post(
+            "/v1/runs", content=sent, headers={"content-type": "application/json", "content-encoding": coding}
+        )
+        assert response.status_code == 415, (coding, response.text)
+        assert response.headers["accept-encoding"] == "identity"
+        shown = coding.removeprefix("identity, ")
+        assert response.json() == {
+            "error": {
+                "kind": "unsupported_media_type",
+                "message": "the API takes request bodies without a content coding,"
+                f" not Content-Encoding: {shown}",
+                "details": {"content_encoding": shown},
+            }
+        }
+    # Latin-1 text sent as JSON (which is UTF-8): the body is not JSON, as documented.
+    latin1 = '{"agent": "direct", "input": "caf\u00e9"}'.encode("latin-1")
+    response = tenant.post("/v1/runs", content=latin1, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json() == {
+        "error": {
+            "kind": "bad_json",
+            "message": "the request body is not valid JSON",
+            "details": {"problems": [{"where": "body.33", "problem": "not UTF-8 text"}]},
+        }
+    }
+    assert tenant.get("/v1/runs").json()["runs"] == []
+    plain = tenant.post("/v1/runs", content=body, headers={"content-encoding": "identity"})
+    assert plain.status_code == 202, plain.text
 
 
 # -- Methods -----------------------------------------------------------------------------------
