@@ -38,7 +38,7 @@ from shared.events import END_EVENTS, EVENT_KINDS, stream_after
 from shared.state import Phase, RunHead
 from shared.store.runs import loaded_head
 
-__all__ = ["event_cursor", "events", "router"]
+__all__ = ["event_cursor", "events", "router", "wants_stream"]
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
@@ -66,6 +66,22 @@ def _wanted(kinds: frozenset[str] | None, kind: str | None) -> bool:
     """Whether an event of ``kind`` is sent: every kind asked for, and always the end event, which
     says the stream is over."""
     return kinds is None or kind in kinds or kind in END_EVENTS
+
+
+def wants_stream(accept: str) -> bool:
+    """Whether an ``Accept`` header asks for an event stream: ``text/event-stream`` among its media
+    ranges, in any case (RFC 9110 §8.3.1), and not refused with ``q=0``."""
+    for media_range in accept.split(","):
+        media_type, *params = (part.strip().lower() for part in media_range.split(";"))
+        if media_type != "text/event-stream":
+            continue
+        weights = [v.strip() for name, _, v in (p.partition("=") for p in params) if name.strip() == "q"]
+        try:
+            if not weights or float(weights[0]) > 0:
+                return True
+        except ValueError:
+            return True  # a weight that is no number: the type is still asked for
+    return False
 
 
 def event_cursor(value: str | None) -> str:
@@ -114,7 +130,7 @@ async def events(
 ) -> Response:
     head = await _owned_run(services, who, run_id)
     only = _kinds(kinds)
-    if "text/event-stream" not in request.headers.get("accept", ""):
+    if not wants_stream(request.headers.get("accept", "")):
         cursor = event_cursor(after)
         batch = await run_in_threadpool(services.store.read_events, run_id, cursor, limit)
         ended = any(e.kind in END_EVENTS for _, e in batch) or (len(batch) < limit and head.terminal)

@@ -100,6 +100,22 @@ def test_idle_stream_keeps_alive_then_follows_the_decision_to_the_end(http: http
     assert kinds.index("AwaitingApproval") < kinds.index("ToolDispatched")
 
 
+def test_the_accept_header_is_read_as_media_ranges(http: httpx.Client) -> None:
+    run_id = http.post("/v1/runs", json={"agent": "direct", "input": "x"}).json()["run_id"]
+    wait_status(http, run_id, {"completed"}, TIMEOUT)
+    ids = [e["id"] for e in all_events(http, run_id, limit=100)]
+    # Media types are case-insensitive (RFC 9110 §8.3.1): a stream, to the end event.
+    for accept in ["Text/Event-Stream", "application/json;q=0.5, TEXT/EVENT-STREAM; charset=utf-8"]:
+        with http.stream("GET", f"/v1/runs/{run_id}/events", headers={"Accept": accept}) as response:
+            assert response.headers["content-type"] == "text/event-stream; charset=utf-8", accept
+            assert [f.id for f in frames(response) if f.data] == ids
+    # q=0 says "not this type": the JSON page.
+    for accept in ["text/event-stream;q=0, application/json", "text/event-stream; q=0.000"]:
+        page = http.get(f"/v1/runs/{run_id}/events", headers={"Accept": accept})
+        assert page.headers["content-type"] == "application/json", accept
+        assert [e["id"] for e in page.json()["events"]] == ids
+
+
 def test_bad_event_ids_are_refused(http: httpx.Client) -> None:
     run_id = http.post("/v1/runs", json={"agent": "direct", "input": "x"}).json()["run_id"]
     bad = http.get(f"/v1/runs/{run_id}/events", headers={**SSE, "Last-Event-ID": "yesterday"})
