@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 from functools import cache
 from typing import Any
@@ -39,6 +40,20 @@ log = logging.getLogger("wesichain.api")
 @cache
 def _head_timeout_s() -> float:
     return head_timeout_from_env()
+
+
+#: Where h11 starts quoting the request's own bytes in its message (``illegal header line:
+#: bytearray(b'...')``, ``Illegal header value b'...'``).
+_QUOTED = re.compile(r"[:\s]*(bytearray\(|b'|b\")")
+
+
+def _reason(refused: BaseException | None) -> str:
+    """What h11 found wrong with a head, without the bytes it quotes: the line it refused may be
+    the Authorization header, and an error answer is no place to repeat a key (or anything else
+    the client sent; proxies and clients log error answers)."""
+    if refused is None:
+        return "malformed"
+    return _QUOTED.split(str(refused), maxsplit=1)[0][:200] or "malformed"
 
 
 class HeadDeadline(H11Protocol):
@@ -82,7 +97,7 @@ class HeadDeadline(H11Protocol):
         if hint == 431:
             status, kind, message = 431, "headers_too_large", "the request's line and headers are too long"
         else:
-            reason = str(refused)[:200] if refused is not None else "malformed"
+            reason = _reason(refused)
             status, kind, message = 400, "bad_request", f"the request's head is not valid HTTP/1.1: {reason}"
         self._answer_and_close(status, kind, message, {})
 

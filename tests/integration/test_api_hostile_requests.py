@@ -195,6 +195,30 @@ def test_malformed_content_lengths_are_refused(api: ApiProcess, lengths: tuple[s
     assert done.headers["connection"] == "close"
 
 
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("Authorization: Bearer wsk_not-to-be-repeated\x00", "illegal header line"),
+        ("X-Note: what the user said, not to be repeated\r", "illegal header line"),
+        ("Bad Name wsk_not-to-be-repeated: x", "illegal header line"),
+    ],
+    ids=["key-with-nul", "text-with-control", "name-with-space"],
+)
+def test_a_refused_head_is_named_without_repeating_its_bytes(
+    api: ApiProcess, line: str, problem: str
+) -> None:
+    # The answer named h11's reason with the refused line in it: a key, or anything else sent.
+    done = exchange(api, post_head("Content-Length: 2", line), iter([b"{}"]))
+    assert done.status == 400, done.body
+    assert done.error() == {
+        "kind": "bad_request",
+        "message": f"the request's head is not valid HTTP/1.1: {problem}",
+        "details": {},
+    }
+    assert b"not to be repeated" not in done.body and b"not-to-be-repeated" not in done.body
+    assert done.headers["connection"] == "close"
+
+
 @pytest.mark.parametrize("head", ["huge-header", "many-headers"])
 def test_a_head_too_long_is_refused_in_the_apis_error_shape(api: ApiProcess, head: str) -> None:
     headers = [f"X-Big: {'a' * 200_000}"] if head == "huge-header" else [f"X-H{i}: v" for i in range(20_000)]
