@@ -59,9 +59,11 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
         version=API_VERSION,
         description=_DESCRIPTION,
         lifespan=lifespan,
-        # A body sent without a Content-Type is read as JSON, the only kind the API takes (as
-        # FastAPI did before 0.132); one declared as anything else is a 415 (errors.py).
-        strict_content_type=False,
+        # Only a body that says it is JSON is read as JSON; any other, one with no Content-Type
+        # included, is a 415 (errors.py). A browser sends such a body cross-site without asking
+        # the server first (no preflight), so an API answering it would act on requests another
+        # site made in the user's browser: with authentication off, on a developer's machine.
+        strict_content_type=True,
     )
     install_error_handlers(app)
     app.include_router(runs.router)

@@ -90,10 +90,11 @@ def install_error_handlers(app: FastAPI) -> None:
         if isinstance(exc.body, bytes) and any(e.get("loc", ())[:1] == ("body",) for e in exc.errors()):
             # The route reads a JSON body and was handed bytes: its Content-Type is not JSON.
             declared = request.headers.get("content-type", "")[:100]
+            sent_as = f"not {declared!r}" if declared else "and it had no Content-Type"
             return error_response(
                 415,
                 "unsupported_media_type",
-                f"the request body must be JSON, sent as Content-Type: application/json, not {declared!r}",
+                f"the request body must be JSON, sent as Content-Type: application/json, {sent_as}",
                 {"content_type": declared},
             )
         problems = [

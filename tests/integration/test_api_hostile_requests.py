@@ -281,7 +281,7 @@ def test_every_json_body_is_checked_and_strings_are_left_alone(tenant: httpx.Cli
         ("/v1/runs/no-such-run/approve", b'{"always": Infinity}'),
         ("/v1/pipelines", b'{"pipeline": "p", "input": {"x": -Infinity}}'),
     ]:
-        # Without a content type FastAPI reads the body as JSON too.
+        # Checked before any route reads it, whatever its Content-Type says (here none).
         response = tenant.post(path, content=body)
         assert response.status_code == 422, (path, response.text)
         assert response.json()["error"]["kind"] == "invalid_request"
@@ -292,7 +292,7 @@ def test_every_json_body_is_checked_and_strings_are_left_alone(tenant: httpx.Cli
     assert accepted.json()["metadata"] == words
 
 
-def test_a_body_without_a_content_type_is_json_and_one_declared_otherwise_is_415(
+def test_a_body_not_declared_as_json_is_415_whether_declared_otherwise_or_not_at_all(
     tenant: httpx.Client,
 ) -> None:
     # What clients send without saying JSON: requests' data=, curl's -d (a form) and text/plain.
@@ -308,12 +308,18 @@ def test_a_body_without_a_content_type_is_json_and_one_declared_otherwise_is_415
                 "details": {"content_type": content_type},
             }
         }
-    assert tenant.get("/v1/runs").json()["runs"] == []
-    # No Content-Type at all: read as JSON, the only kind the API takes.
+    # No Content-Type at all (a browser sends a Blob so to another site without a preflight).
     untyped = tenant.post("/v1/runs", content=body)
-    assert untyped.status_code == 202, untyped.text
-    assert untyped.json()["metadata"] == {"n": 1}
-    assert tenant.post("/v1/runs", content=b'{"agent": ').json()["error"]["kind"] == "bad_json"
+    assert untyped.status_code == 415, untyped.text
+    assert untyped.json() == {
+        "error": {
+            "kind": "unsupported_media_type",
+            "message": "the request body must be JSON, sent as Content-Type: application/json,"
+            " and it had no Content-Type",
+            "details": {"content_type": ""},
+        }
+    }
+    assert tenant.get("/v1/runs").json()["runs"] == []
     for content_type in ["application/json; charset=UTF-8", "Application/JSON", "application/x+json"]:
         typed = tenant.post("/v1/runs", content=body, headers={"content-type": content_type})
         assert typed.status_code == 202, (content_type, typed.text)
@@ -349,7 +355,9 @@ def test_a_compressed_body_is_415_and_one_not_in_utf8_is_bad_json(tenant: httpx.
         }
     }
     assert tenant.get("/v1/runs").json()["runs"] == []
-    plain = tenant.post("/v1/runs", content=body, headers={"content-encoding": "identity"})
+    plain = tenant.post(
+        "/v1/runs", content=body, headers={"content-type": "application/json", "content-encoding": "identity"}
+    )
     assert plain.status_code == 202, plain.text
 
 
