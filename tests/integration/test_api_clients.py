@@ -81,9 +81,12 @@ def test_async_client_submits_follows_and_decides(
     assert [(e.stream_id, e.kind) for e in events] == redis_events(redis_server, run_id)
 
 
-def test_sync_client_resumes_a_stream_across_an_api_restart(redis_server: RedisServer, key: str) -> None:
+def test_sync_client_resumes_a_stream_across_an_api_restart(
+    redis_server: RedisServer, workers: list[WorkerProcess], key: str
+) -> None:
     """The API process is SIGKILLed mid-stream and started again: the client resumes after the last
-    event it received, and gets every event exactly once."""
+    event it received, and gets every event exactly once. (Its own API process, on the module's
+    workers: run first, it must wait for them as the module's API does.)"""
     own = ApiProcess(redis_server.url).start()
     try:
         with ApiClient(own.url, key) as client:
