@@ -26,6 +26,7 @@ __all__ = [
     "StreamSlot",
     "StreamSlots",
     "SubmitGate",
+    "TenantCounts",
 ]
 
 #: What a tenant at its share of a process's event streams is told to wait.
@@ -128,6 +129,21 @@ class SubmitGate:
         return self.admissions.release_and_load(reservation, run_id)
 
 
+class TenantCounts(dict[str | None, int]):
+    """How many of one kind of place each tenant holds in this process: only the tenants holding
+    any are kept, so its size is bounded by the tenants active now."""
+
+    def add(self, tenant: str | None) -> None:
+        self[tenant] = self.get(tenant, 0) + 1
+
+    def remove(self, tenant: str | None) -> None:
+        left = self[tenant] - 1
+        if left:
+            self[tenant] = left
+        else:
+            del self[tenant]
+
+
 class StreamSlots:
     """This process's event streams: ``total`` at most, ``per_tenant`` of them for any one tenant,
     so a tenant that opens streams it never reads leaves other tenants theirs.
@@ -139,7 +155,7 @@ class StreamSlots:
         self.total = total
         self.per_tenant = per_tenant
         self.open = 0
-        self.by_tenant: dict[str | None, int] = {}
+        self.by_tenant = TenantCounts()
 
     def take(self, tenant: str | None) -> StreamSlot:
         """A slot for one stream of ``tenant``; a 503 :class:`ApiError` when the process serves
@@ -162,7 +178,7 @@ class StreamSlots:
                 headers={"Retry-After": str(STREAMS_RETRY_S)},
             )
         self.open += 1
-        self.by_tenant[tenant] = held + 1
+        self.by_tenant.add(tenant)
         return StreamSlot(self, tenant)
 
 
@@ -178,13 +194,8 @@ class StreamSlot:
         if not self.held:
             return
         self.held = False
-        slots = self.slots
-        slots.open -= 1
-        left = slots.by_tenant[self.tenant] - 1
-        if left:
-            slots.by_tenant[self.tenant] = left
-        else:
-            del slots.by_tenant[self.tenant]  # bounded by the tenants streaming now
+        self.slots.open -= 1
+        self.slots.by_tenant.remove(self.tenant)
 
 
 #: Scans of long-term memory (a search, a listing of namespaces) one tenant may run at once in one
@@ -200,7 +211,7 @@ class ScanShares:
     def __init__(self, per_tenant: int = SCANS_PER_TENANT) -> None:
         self.per_tenant = per_tenant
         self._lock = threading.Lock()
-        self._by_tenant: dict[str | None, int] = {}
+        self._by_tenant = TenantCounts()
 
     @contextlib.contextmanager
     def hold(self, tenant: str | None) -> Iterator[None]:
@@ -217,13 +228,9 @@ class ScanShares:
                     details={"limit": self.per_tenant, "running": held},
                     headers={"Retry-After": "1"},
                 )
-            self._by_tenant[tenant] = held + 1
+            self._by_tenant.add(tenant)
         try:
             yield
         finally:
             with self._lock:
-                left = self._by_tenant[tenant] - 1
-                if left:
-                    self._by_tenant[tenant] = left
-                else:
-                    del self._by_tenant[tenant]
+                self._by_tenant.remove(tenant)
