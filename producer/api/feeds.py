@@ -19,8 +19,13 @@ took three or four: the stream's last id, the catch-up, its empty end, then the 
 
 A subscriber whose queue holds more than ``MAX_QUEUED`` batches (a client that does not read) is
 dropped: its stream ends, and the client resumes with ``Last-Event-ID`` without losing anything.
-A feed ends with its last subscriber; one whose read fails ends its subscribers' streams (they
-resume on another try).
+A feed ends with its last subscriber, and after the batch that holds the run's end event: every
+follower's stream ends there, so the feed does not wait in another ``XREAD BLOCK`` only to be
+cancelled in it, which would cost its connection (redis-py drops a connection whose reply was
+cancelled) and the next stream a new one: a connect and its handshake on the way to its first
+event. A subscriber left on a feed that ended this way (one that had asked to resume past the end
+event) is dropped and resumes. A feed whose read fails ends its subscribers' streams (they resume
+on another try).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from shared.events import stream_after
+from shared.events import END_EVENTS, stream_after
 
 __all__ = ["BATCH", "Entry", "Feed", "FeedHub", "MAX_QUEUED", "after", "sse_frame"]
 
@@ -127,6 +132,13 @@ class Feed:
                         self._drop(queue)
                     else:
                         queue.put_nowait(batch)
+                if any(entry.kind in END_EVENTS for entry in batch):
+                    # No await between the batch and this: no subscriber joins in between. Those
+                    # that got the end event stop at it; any other resumes on a feed of its own.
+                    self.hub.forget(self)
+                    for queue in list(self.queues):
+                        self._drop(queue)
+                    return
         except asyncio.CancelledError:
             raise
         except Exception:

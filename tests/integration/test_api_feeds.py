@@ -123,3 +123,44 @@ async def _future_cursor_scenario(url: str) -> None:
 
 def test_a_follower_from_past_the_streams_end_does_not_blind_the_others(redis_server: RedisServer) -> None:
     asyncio.run(_future_cursor_scenario(redis_server.url))
+
+
+async def _end_event_scenario(url: str) -> None:
+    client = _async_client(url)
+    hub = FeedHub(client, block_ms=200)
+    key = f"feedtest:{uuid.uuid4().hex}"
+    first = str(await client.xadd(key, {"e": json.dumps({"kind": "Tick", "i": 0})}))
+
+    async def until_end(cursor: str) -> list[str]:
+        got: list[str] = []
+        async with contextlib.aclosing(hub.follow(key, cursor, idle_s=0.5)) as batches:
+            async for batch in batches:
+                if batch is not None:
+                    got.extend(event_id for event_id, _ in batch)
+                    if any(entry.kind == "Completed" for entry in batch):
+                        break
+        return got
+
+    # One follower from the start opens the feed; one that asked to resume past the stream's end
+    # (a made-up Last-Event-ID) joins it.
+    opener = asyncio.create_task(until_end("0-0"))
+    while key not in hub.feeds or not hub.feeds[key].ready.is_set():
+        await asyncio.sleep(0.01)
+    feed = hub.feeds[key]
+    past_end = asyncio.create_task(until_end("99999999999999-0"))
+    await asyncio.sleep(0.05)
+    end = str(await client.xadd(key, {"e": json.dumps({"kind": "Completed"})}))
+    assert await asyncio.wait_for(opener, 30) == [first, end]
+    # The feed stopped after the end event by itself, not cancelled in another blocked read, and
+    # let the follower it could not serve go (its stream ends; it resumes on a feed of its own).
+    assert await asyncio.wait_for(past_end, 30) == []
+    assert feed.task is not None and feed.task.done() and not feed.task.cancelled()
+    assert hub.feeds == {}
+    # A run interrupted and then resumed appends after its end event: a new follower gets it.
+    later = str(await client.xadd(key, {"e": json.dumps({"kind": "Completed", "again": True})}))
+    assert await asyncio.wait_for(until_end(end), 30) == [later]
+    await client.aclose()
+
+
+def test_a_feed_ends_after_the_runs_end_event(redis_server: RedisServer) -> None:
+    asyncio.run(_end_event_scenario(redis_server.url))

@@ -343,3 +343,28 @@ def test_a_run_s_first_follower_reads_its_events_without_catching_up(
     # The ended run's check that it has events left to send (else 204), then the feed's reads
     # only (the first brings every event; the next waits until the stream is closed).
     assert reads[0] == "XRANGE" and set(reads[1:]) == {"XREAD"}, reads
+
+
+def test_following_runs_to_their_end_opens_no_connection_to_redis(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    """A run's stream ends at its end event, and the run's reader with it, without being cancelled
+    in a blocked read: redis-py drops a connection whose reply was cancelled, and every stream
+    would then cost a new connection and its handshake before its first event."""
+    if is_cluster(redis_server.url):
+        pytest.skip("CLIENT LIST of one standalone server's clients")
+    _, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+
+    def follow_one(http: httpx.Client) -> list[str]:
+        run_id = http.post("/v1/runs", json={"agent": "direct", "input": "x"}).json()["run_id"]
+        with http.stream("GET", f"/v1/runs/{run_id}/events", headers=SSE) as response:
+            assert response.status_code == 200
+            return [f.event["kind"] for f in frames(response) if f.data]
+
+    with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+        follow_one(http)  # the first stream of the process may open the pool's connection
+        before = set(_api_connections(api, redis_server))
+        followed = [follow_one(http) for _ in range(10)]
+        opened = set(_api_connections(api, redis_server)) - before
+    assert all(kinds[-1] == "Completed" for kinds in followed), followed
+    assert opened == set(), f"{len(opened)} connections opened for 10 streams"
