@@ -102,7 +102,9 @@ def whoami(who: Who) -> Identity:
     description="One lane per worker process: each phase delivery from its claim to its commit, tool"
     " calls on the workers that ran them, queue waits, text streamed by a delivery that died, and"
     " takeovers, and a `worker_died` marker where a worker holding one of its claims was found dead"
-    " (its liveness ran out). Times are the workers' clocks (Unix seconds).",
+    " (its liveness ran out). Times are the workers' clocks (Unix seconds). A timeline reads the"
+    " run's every event: a tenant reads at most 2 timelines, memory searches or listings at once on"
+    " one API process (429 ``too_many_scans``).",
 )
 async def timeline(run_id: str, services: Svc, who: Who) -> Timeline:
     return await run_in_threadpool(_timeline, services, who, run_id)
@@ -111,6 +113,7 @@ async def timeline(run_id: str, services: Svc, who: Who) -> Timeline:
 def _timeline(services: Services, who: Caller, run_id: str) -> Timeline:
     head = owned_run(services, who, run_id)
     store = services.store
-    events = [event for _, event in read_all_events(store, run_id)]
-    built = build_timeline(head, store.checkpoints(run_id), events)
+    with services.scans.hold(who.tenant):
+        events = [event for _, event in read_all_events(store, run_id)]
+        built = build_timeline(head, store.checkpoints(run_id), events)
     return with_deaths(built, Obituaries(store.redis, store.keys), time.time())

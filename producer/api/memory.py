@@ -174,7 +174,8 @@ def delete_item(services: Svc, who: Who, namespace: _Namespace, key: _Key) -> De
     description="Items in namespace and key order (``semantic``: most similar first). A search looks"
     " at a bounded number of items of the prefix (and bytes of their values): ``truncated`` says it"
     " stopped there. A semantic search ranks those items only: there is no nearest-neighbour index."
-    " A tenant runs at most 2 searches or listings at once on one API process (429 ``too_many_scans``).",
+    " A tenant runs at most 2 searches, listings or run timelines at once on one API process (429"
+    " ``too_many_scans``).",
 )
 def search_items(body: MemorySearch, services: Svc, who: Who) -> SearchResult:
     try:

@@ -4,8 +4,10 @@ and the OpenAPI document exercised against what the real server answers."""
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +194,53 @@ def test_openapi_document_is_served_and_describes_every_answer(api: ApiProcess, 
     check(document, "post", item + "/deny", http.post("/v1/runs/nope/deny"))
     check(document, "post", "/v1/runs", http.post("/v1/runs", json={"agent": 3}))
     check(document, "get", "/v1/runs", httpx.get(api.url + "/v1/runs"))
+
+
+def test_a_tenants_timelines_at_once_are_its_share_of_the_process(
+    api: ApiProcess, redis_server: RedisServer, http: httpx.Client
+) -> None:
+    """A timeline reads the run's every event (up to ``events_maxlen``): eight at once of one long
+    run took 4.3 s and 620 MB of the API process. One tenant runs at most its share of scans at
+    once; the rest are refused at once, and another tenant's timeline is served meanwhile."""
+    run_id = http.post("/v1/runs", json={"agent": "direct", "input": "long"}).json()["run_id"]
+    wait_status(http, run_id, {"completed"}, TIMEOUT)
+    # The run made long: 6,000 more streamed-text events of 7 KB before its end event, as a long
+    # chatty run leaves (written here rather than run for minutes).
+    client = redis_server.client()
+    stream = Keys().events(run_id)
+    raw: list[Any] = client.xrange(stream) or []
+    entries = [(str(eid), json.loads(fields["e"])) for eid, fields in raw]
+    (end_id, end), delta = entries[-1], next(e for _, e in entries if e["kind"] == "TokenDelta")
+    client.xdel(stream, end_id)
+    pipe = client.pipeline(transaction=False)
+    for _ in range(6000):
+        pipe.xadd(stream, {"e": json.dumps({**delta, "text": "x" * 7000})})
+    pipe.xadd(stream, {"e": json.dumps(end)})
+    pipe.execute()
+    other_key, _ = Tenants(client, Keys()).create_key(f"ev-{uuid.uuid4().hex[:8]}")
+    with httpx.Client(base_url=api.url, headers=bearer(other_key), timeout=TIMEOUT) as other:
+        other_run = other.post("/v1/runs", json={"agent": "direct", "input": "short"}).json()["run_id"]
+        wait_status(other, other_run, {"completed"}, TIMEOUT)
+        barrier = threading.Barrier(9)
+
+        def timeline(key: str, run: str) -> httpx.Response:
+            with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as caller:
+                barrier.wait()
+                return caller.get(f"/v1/runs/{run}/timeline")
+
+        owner_key = http.headers["Authorization"].removeprefix("Bearer ")
+        with ThreadPoolExecutor(9) as pool:
+            floods = [pool.submit(timeline, owner_key, run_id) for _ in range(8)]
+            others = pool.submit(timeline, other_key, other_run)
+            answers = [f.result() for f in floods]
+            assert others.result().status_code == 200
+    served = [a for a in answers if a.status_code == 200]
+    refused = [a for a in answers if a.status_code == 429]
+    assert len(served) + len(refused) == 8, [a.text[:200] for a in answers]
+    # Eight at once, each reading 42 MB of events: they overlap, and two at most ran.
+    assert len(served) >= 1 and refused, [a.status_code for a in answers]
+    for answer in refused:
+        error = answer.json()["error"]
+        assert (error["kind"], error["details"]["limit"]) == ("too_many_scans", 2)
+        assert answer.headers["retry-after"] == "1"
+    assert all(a.json()["run_id"] == run_id for a in served)
