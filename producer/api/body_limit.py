@@ -230,22 +230,29 @@ MAX_BODY_DEPTH = MAX_JSON_DEPTH + 4
 
 
 def json_body_problems(body: bytes) -> list[dict[str, str]]:
-    """Each place a JSON ``body`` holds NaN, Infinity, -Infinity, a number too large for a double
-    or a string (or key) with an unpaired UTF-16 surrogate, as ``{"where", "problem"}`` in the shape
-    of the API's validation errors (empty if there is none, or if the body is not JSON at all: the
-    route answers that with its own error); or the one problem of a body nested deeper than
-    ``MAX_BODY_DEPTH``.
+    """Each place a JSON ``body`` holds NaN, Infinity, -Infinity, a number too large for a double,
+    a string (or key) with an unpaired UTF-16 surrogate, or a key twice in one object, as
+    ``{"where", "problem"}`` in the shape of the API's validation errors (empty if there is none, or
+    if the body is not JSON at all: the route answers that with its own error); or the one problem
+    of a body nested deeper than ``MAX_BODY_DEPTH``.
 
     Python's json reads all of them: numbers as floats that are not finite, which pydantic then
-    stores as null (the request would be taken with data other than the client sent), and
-    ``"\\ud800"`` as a string no UTF-8 encoder takes, which fails wherever it is stored or echoed."""
+    stores as null (the request would be taken with data other than the client sent),
+    ``"\\ud800"`` as a string no UTF-8 encoder takes, which fails wherever it is stored or echoed,
+    and a repeated key as its last value, where other parsers (a gateway that checked the request
+    before it came here) may take the first: the API would act on a request other than the one
+    they passed."""
     if not body:
         return []
     reader = _Reader()
     try:
         text = body.decode(json.detect_encoding(body), "surrogatepass")  # as json.loads does
         document = json.loads(
-            text, parse_constant=reader.constant, parse_float=reader.number, parse_int=reader.integer
+            text,
+            parse_constant=reader.constant,
+            parse_float=reader.number,
+            parse_int=reader.integer,
+            object_pairs_hook=reader.object,
         )
     except RecursionError:  # nested past the parser's stack: far past the bound
         return [{"where": "body", "problem": _too_deep()}]
@@ -264,11 +271,33 @@ def json_body_problems(body: bytes) -> list[dict[str, str]]:
     return _problems(document, surrogates)
 
 
+class _Repeated(dict[str, Any]):
+    """An object read with a key more than once (its last value kept, as json.loads keeps it)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]], repeated: list[str]) -> None:
+        super().__init__(pairs)
+        self.repeated = repeated
+
+
 class _Reader:
-    """json.loads's hooks for the numbers JSON does not have; ``found`` once one was read."""
+    """json.loads's hooks for the numbers JSON does not have and for objects that repeat a key;
+    ``found`` once one was read."""
 
     def __init__(self) -> None:
         self.found = False
+
+    def object(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        value = dict(pairs)
+        if len(value) == len(pairs):
+            return value
+        self.found = True
+        seen: set[str] = set()
+        repeated: list[str] = []
+        for key, _ in pairs:
+            if key in seen and key not in repeated:
+                repeated.append(key)
+            seen.add(key)
+        return _Repeated(pairs, repeated)
 
     def constant(self, token: str) -> _NotFinite:
         self.found = True
@@ -309,6 +338,11 @@ def _problems(document: Any, surrogates: bool) -> list[dict[str, str]]:
             if surrogates and _has_surrogate(value):
                 problems.append({"where": where, "problem": f"the string {_LONE}"})
         elif isinstance(value, dict):
+            if isinstance(value, _Repeated):
+                problems.extend(
+                    {"where": f"{where}.{_shown(key)}", "problem": "the key is in its object more than once"}
+                    for key in value.repeated
+                )
             for key in reversed(list(value)):
                 stack.append((f"{where}.{_shown(key)}", value[key]))
                 if surrogates and _has_surrogate(key):

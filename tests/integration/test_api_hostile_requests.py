@@ -635,3 +635,34 @@ def test_numbers_past_what_redis_reads_are_refused(tenant: httpx.Client) -> None
     ]:
         assert response.status_code == 422, response.text
         assert response.json()["error"]["kind"] == "invalid_request"
+
+
+def test_a_key_twice_in_one_object_is_refused_before_anything_is_stored(tenant: httpx.Client) -> None:
+    # Python's json keeps a repeated key's last value; a gateway in front of the API may have
+    # checked its first (here: an allowed agent, then another; a harmless note, then another).
+    twice = "the key is in its object more than once"
+    for body, problems in [
+        (
+            b'{"agent": "direct", "input": "x", "agent": "chain"}',
+            [{"where": "body.agent", "problem": twice}],
+        ),
+        (
+            b'{"agent": "direct", "input": "x", "metadata": {"a": 1, "b": {"c": 1, "c": 2}, "a": 2}}',
+            [
+                {"where": "body.metadata.a", "problem": twice},
+                {"where": "body.metadata.b.c", "problem": twice},
+            ],
+        ),
+    ]:
+        response = tenant.post("/v1/runs", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 422, (body, response.text)
+        summary = "; ".join(f"{p['where']}: {p['problem']}" for p in problems)
+        assert response.json() == {
+            "error": {"kind": "invalid_request", "message": summary, "details": {"problems": problems}}
+        }
+    assert tenant.get("/v1/runs").json()["runs"] == []
+    # The same key in different objects is no repeat.
+    fine = b'{"agent": "direct", "input": "x", "metadata": {"a": {"a": 1}, "b": {"a": 2}}}'
+    accepted = tenant.post("/v1/runs", content=fine, headers={"content-type": "application/json"})
+    assert accepted.status_code == 202, accepted.text
+    assert accepted.json()["metadata"] == {"a": {"a": 1}, "b": {"a": 2}}
