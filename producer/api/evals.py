@@ -125,9 +125,9 @@ def list_evals(
 ) -> EvalIndex:
     evals, _ = _stores(services)
     entries = []
-    # The tenant's own index, and the archive's newest of every tenant: a bounded number past the
-    # limit, to find the caller's among the archived.
-    for eval_id in evals.tenant_evals(who.tenant, limit * 10):
+    # The tenant's own evals, in Redis and archived; a few more than the limit, for those that
+    # expire between the listing and the read.
+    for eval_id in evals.tenant_evals(who.tenant, limit + 10):
         try:
             meta = evals.meta(eval_id)
         except EvalNotFound:

@@ -429,7 +429,7 @@ def export_index(args: argparse.Namespace) -> int:
     target.mkdir(parents=True, exist_ok=True)
     entries: list[dict[str, Any]] = []
     links: dict[str, str] = {}
-    for eval_id in evals.store.tenant_evals(args.tenant, args.limit * 10):
+    for eval_id in evals.store.tenant_evals(args.tenant, args.limit + 10):
         meta = evals.store.meta(eval_id)
         if meta.tenant != args.tenant:
             continue

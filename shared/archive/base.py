@@ -74,6 +74,10 @@ class EvalArchive(ABC):
     def list_evals(self, limit: int) -> list[tuple[float, str]]:
         """``(created_at, eval id)`` of the newest archived evals, newest first."""
 
+    @abstractmethod
+    def tenant_evals(self, tenant: str | None, limit: int) -> list[tuple[float, str]]:
+        """:meth:`list_evals` of ``tenant``'s evals only (None: the operator's)."""
+
     def eval_annotations(self, eval_id: str) -> tuple[dict[str, str], list[str]]:
         """The archived eval's reviews: item -> its latest (JSON), and every one oldest first."""
         return {}, []

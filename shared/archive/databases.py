@@ -116,6 +116,12 @@ class Database(ABC):
         return column
 
     @abstractmethod
+    def json_member(self, column: str, name: str) -> str:
+        """The member ``name`` (a plain identifier) of the JSON object in ``column``, as text (NULL
+        where it has none), for a statement without parameters. The document is read through
+        :func:`json_safe_text` where that matters (a NUL elsewhere in it must not fail the read)."""
+
+    @abstractmethod
     def json_string_is(self, column: str, path: Sequence[str], value: str) -> tuple[str, list[Any]]:
         """A condition: the JSON ``column`` holds the string ``value`` at ``path`` (object keys);
         a number or any other type there never matches. The condition and its parameters.
@@ -176,6 +182,9 @@ class Sqlite(Database):
 
     def any_of(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
         return f"{column} IN ({', '.join('?' * len(values))})", list(values)
+
+    def json_member(self, column: str, name: str) -> str:
+        return f"json_extract({column}, '$.{name}')"
 
     def json_string_is(self, column: str, path: Sequence[str], value: str) -> tuple[str, list[Any]]:
         # json_type tells a string ('text') from a number whose text would compare equal.
@@ -244,6 +253,15 @@ class Postgres(Database):
 
     def json_text(self, column: str) -> str:
         return f"{column}::text"
+
+    def json_member(self, column: str, name: str) -> str:
+        # Read through json_safe_text: PostgreSQL refuses to turn a document holding the escape of
+        # NUL anywhere into text or jsonb, whichever member is asked for.
+        doc = (
+            f"(CASE WHEN strpos({column}::text, '\\u000') = 0 THEN {column}::jsonb"
+            f" ELSE regexp_replace({column}::text, '{_NUL_OR_ONE}', '{_NUL_OR_ONE_SAFE}', 'g')::jsonb END)"
+        )
+        return f"({doc}->>'{name}')"
 
     def json_string_is(self, column: str, path: Sequence[str], value: str) -> tuple[str, list[Any]]:
         # jsonb equality (the column may be json): a string equals only a string (to_jsonb keeps the type).

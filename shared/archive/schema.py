@@ -148,11 +148,21 @@ CREATE TABLE wesichain_eval_annotations (
 )
 """
 
+# Each archived eval's tenant (NULL: the operator's) in a column of its own, filled in for the
+# evals archived before from their meta, so that a tenant's listing reads its own newest evals from
+# an index, however many other tenants have. ``{meta_tenant}`` is the meta's ``tenant`` as text.
+_V6 = """
+ALTER TABLE wesichain_evals ADD COLUMN tenant TEXT;
+UPDATE wesichain_evals SET tenant = NULLIF({meta_tenant}, '');
+CREATE INDEX wesichain_evals_by_tenant ON wesichain_evals (tenant, created_at, eval_id)
+"""
+
 #: Migration n (1-based) is ``MIGRATIONS[n - 1]``: statements separated by ``;``.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 
 
-def migration(number: int, json_type: str, float_type: str) -> list[str]:
-    """The statements of one migration in a dialect's column types."""
-    text = MIGRATIONS[number - 1].format(json=json_type, float=float_type)
+def migration(number: int, json_type: str, float_type: str, meta_tenant: str) -> list[str]:
+    """The statements of one migration in a dialect's column types (and its expression of an eval
+    meta's tenant)."""
+    text = MIGRATIONS[number - 1].format(json=json_type, float=float_type, meta_tenant=meta_tenant)
     return [statement.strip() for statement in text.split(";") if statement.strip()]

@@ -61,7 +61,8 @@ class SqlArchive(SqlEvalArchive, SqlMemoryArchive, Archive):
                     )
                 if current == len(MIGRATIONS):
                     return current
-                for statement in migration(current + 1, db.json_type, db.float_type):
+                meta_tenant = db.json_member("meta", "tenant")
+                for statement in migration(current + 1, db.json_type, db.float_type, meta_tenant):
                     cur.execute(statement)
                 cur.execute(
                     db.sql(f"INSERT INTO {SCHEMA_TABLE} (version, applied_at) VALUES (?, ?)"),

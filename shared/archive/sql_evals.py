@@ -33,7 +33,7 @@ class SqlEvalArchive(EvalArchive):
             cur.execute(
                 db.sql(
                     "INSERT INTO wesichain_evals (eval_id, created_at, finished_at, archived_at, meta,"
-                    " counts, cases, results) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    " counts, cases, results, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 ),
                 (
                     record.eval_id,
@@ -44,6 +44,7 @@ class SqlEvalArchive(EvalArchive):
                     json.dumps(record.counts),
                     len(record.cases),
                     len(record.results),
+                    record.meta.get("tenant") or None,
                 ),
             )
             cases = [(record.eval_id, index, body) for index, body in sorted(record.cases.items())]
@@ -120,5 +121,14 @@ class SqlEvalArchive(EvalArchive):
         rows = self._eval_rows(
             "SELECT created_at, eval_id FROM wesichain_evals ORDER BY created_at DESC, eval_id DESC LIMIT ?",
             (limit,),
+        )
+        return [(float(created), str(eval_id)) for created, eval_id in rows]
+
+    def tenant_evals(self, tenant: str | None, limit: int) -> list[tuple[float, str]]:
+        mine, params = ("tenant IS NULL", ()) if tenant is None else ("tenant = ?", (tenant,))
+        rows = self._eval_rows(
+            f"SELECT created_at, eval_id FROM wesichain_evals WHERE {mine}"
+            " ORDER BY created_at DESC, eval_id DESC LIMIT ?",
+            (*params, limit),
         )
         return [(float(created), str(eval_id)) for created, eval_id in rows]

@@ -343,21 +343,21 @@ class EvalStore:
     def list_evals(self, limit: int = 50) -> list[str]:
         """The newest evals of every tenant, newest first: Redis's and, merged in by creation
         time, the archive's."""
-        return self._newest(self.keys.evals_index(), limit)
+        archived = self.archive.list_evals(limit) if self.archive is not None else []
+        return self._newest(self.keys.evals_index(), limit, archived)
 
     def tenant_evals(self, tenant: str | None, limit: int = 50) -> list[str]:
         """The newest evals of ``tenant`` (None: the operator's), newest first, read from its own
-        index, so that no number of other tenants' evals crowds them out. The archive keeps no
-        index per tenant: its newest evals of every tenant are merged in (``limit`` of them), for
-        the caller to keep its own."""
-        return self._newest(self.keys.evals_index_of(tenant), limit)
+        index in Redis and in the archive, so that no number of other tenants' evals crowds them
+        out."""
+        archived = self.archive.tenant_evals(tenant, limit) if self.archive is not None else []
+        return self._newest(self.keys.evals_index_of(tenant), limit, archived)
 
-    def _newest(self, index: str, limit: int) -> list[str]:
+    def _newest(self, index: str, limit: int, archived: list[tuple[float, str]]) -> list[str]:
         raw: Any = self.redis.zrevrange(index, 0, limit - 1, withscores=True)
         entries = {_text(m): float(score) / 1000 for m, score in raw}
-        if self.archive is not None:
-            for created_at, eval_id in self.archive.list_evals(limit):
-                entries.setdefault(eval_id, created_at)
+        for created_at, eval_id in archived:
+            entries.setdefault(eval_id, created_at)
         newest = sorted(entries.items(), key=lambda e: (e[1], e[0]), reverse=True)
         return [eval_id for eval_id, _ in newest[:limit]]
 

@@ -3,20 +3,21 @@ schema migrations, idempotent batches, and reads shaped as the Redis reads are."
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 
 from shared.archive import ListingFilter, RunSummary, open_archive
-from shared.archive.databases import sqlite_path
-from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE
+from shared.archive.databases import open_database, sqlite_path
+from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, migration
 from shared.archive.sql import SqlArchive
 from shared.errors import ArchiveUnavailable, ConfigError, RunErrorInfo
 from shared.events import Failed
 from shared.settings import Settings
 from shared.state import CallbackState, Phase
-from tests.archive_support import sample_record, stamped
+from tests.archive_support import BACKENDS, archive_url, sample_record, stamped
 
 
 @pytest.fixture
@@ -142,3 +143,44 @@ def test_a_failed_run_keeps_its_error(archive: SqlArchive) -> None:
     head = archive.load("f")
     assert head is not None and head.error == error and head.status == "failed"
     assert archive.events("f")[-1][1] == failed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_evals_archived_before_their_tenant_had_a_column_are_listed_by_tenant(
+    backend: str, tmp_path: Path
+) -> None:
+    """Migration 6 fills the new ``tenant`` column of the evals already archived from their meta."""
+    with archive_url(backend, tmp_path) as url:
+        db = open_database(url)
+        with db.transaction(exclusive=True) as cur:
+            cur.execute(
+                f"CREATE TABLE {SCHEMA_TABLE} (version INTEGER PRIMARY KEY, applied_at {db.float_type})"
+            )
+            for number in range(1, 6):
+                for statement in migration(
+                    number, db.json_type, db.float_type, db.json_member("meta", "tenant")
+                ):
+                    cur.execute(statement)
+                cur.execute(db.sql(f"INSERT INTO {SCHEMA_TABLE} VALUES (?, ?)"), (number, time.time()))
+            for eval_id, created, meta in [
+                ("acme-1", 1.0, {"tenant": "acme", "note": "a \u0000 in the meta"}),
+                ("ops-1", 2.0, {"status": "completed"}),
+                ("rival-1", 3.0, {"tenant": "rival"}),
+            ]:
+                cur.execute(
+                    db.sql(
+                        "INSERT INTO wesichain_evals (eval_id, created_at, finished_at, archived_at, meta,"
+                        " counts, cases, results) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    ),
+                    (eval_id, created, created, created, json.dumps(meta), "{}", 0, 0),
+                )
+        db.close()
+        migrated = open_archive(url)
+        try:
+            assert isinstance(migrated, SqlArchive) and migrated.migrate() == len(MIGRATIONS) == 6
+            assert migrated.tenant_evals("acme", 10) == [(1.0, "acme-1")]
+            assert migrated.tenant_evals(None, 10) == [(2.0, "ops-1")]
+            assert migrated.tenant_evals("rival", 10) == [(3.0, "rival-1")]
+            assert [e for _, e in migrated.list_evals(10)] == ["rival-1", "ops-1", "acme-1"]
+        finally:
+            migrated.close()

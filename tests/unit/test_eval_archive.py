@@ -147,3 +147,20 @@ def test_reviews_left_in_redis_by_a_dead_archiver_are_not_read_twice(archive: Ar
     assert reviews.latest(None, "e5") == {"0:1:0": said} and reviews.history(None, "e5") == [said]
     assert EvalArchiver(redis_only, archive).run_once(time.time() + 1) == (0, 1)
     assert reviews.history(None, "e5") == [said]
+
+
+def test_a_tenants_archived_evals_are_listed_however_many_others_have(archive: Archive) -> None:
+    """The archive's listing of a tenant's evals reads its own: it once merged in the newest of
+    every tenant's, so a tenant whose evals were older than others' newest saw none of its own."""
+    redis_only, store = stores(archive)
+    complete(redis_only, "acme-1", tenant="acme")
+    complete(redis_only, "mine", tenant=None)  # the operator's
+    for n in range(12):
+        complete(redis_only, f"rival-{n}", tenant="rival")
+    assert EvalArchiver(redis_only, archive).run_once(time.time() + 1) == (14, 0)
+    assert redis_only.tenant_evals("acme") == [] and redis_only.list_evals() == []  # all archived
+    assert store.tenant_evals("acme", 1) == ["acme-1"]
+    assert store.tenant_evals(None, 1) == ["mine"]
+    assert store.tenant_evals("rival", 2) == ["rival-11", "rival-10"]
+    assert store.tenant_evals("nobody") == []
+    assert len(store.list_evals(100)) == 14  # the operator's listing of every tenant's
