@@ -14,7 +14,8 @@
   followers connect, and its first events wait for the last of them).
 
 ``submits`` also reports the API process's CPU and the Redis commands (scripts' own included) per
-submit: figures the machine's load moves far less than the rate.
+submit, and ``overhead`` the API's CPU and the Redis connections it opened per submitted and
+followed run: figures the machine's load moves far less than the rate and the latency.
 """
 
 from __future__ import annotations
@@ -64,8 +65,14 @@ def _overhead(ctx: Any, prefix: str, api: ApiProcess, key: str, n: int) -> dict[
     client = ctx.cluster.client(prefix)
     http_ms: list[float] = []
     redis_ms: list[float] = []
+    redis = ctx.cluster.redis.client()
+    assert api.proc is not None
+    server = psutil.Process(api.proc.pid)
+    cpu_s = connections = 0.0
     with httpx.Client(base_url=api.url, headers=bearer(key), timeout=60) as http:
         for i in range(n + 3):
+            if i == 3:  # the first runs warm connections and caches
+                cpu_s, connections = sum(server.cpu_times()[:2]), _connections(redis)
             started = time.perf_counter()
             run_id = http.post("/v1/runs", json={"agent": "direct", "input": "What is the answer?"}).json()[
                 "run_id"
@@ -73,12 +80,30 @@ def _overhead(ctx: Any, prefix: str, api: ApiProcess, key: str, n: int) -> dict[
             _follow_http(http, run_id)
             elapsed = (time.perf_counter() - started) * 1000
             _, direct = run_and_wait(client, "direct", "What is the answer?")
-            if i >= 3:  # the first runs warm connections and caches
+            if i >= 3:
                 http_ms.append(elapsed)
                 redis_ms.append(direct)
+    cpu_s = sum(server.cpu_times()[:2]) - cpu_s
+    # Connections Redis accepted meanwhile: the API's (the worker and the Python client keep theirs).
+    connections = _connections(redis) - connections
+    redis.close()
     client.close()
     over = summary(http_ms)["p50"] - summary(redis_ms)["p50"]
-    return {"api_ms": summary(http_ms), "python_client_ms": summary(redis_ms), "added_p50_ms": round(over, 3)}
+    return {
+        "api_ms": summary(http_ms),
+        "python_client_ms": summary(redis_ms),
+        "added_p50_ms": round(over, 3),
+        # Counts the machine's load moves less than the latency: the API process's CPU per submit
+        # and its followed stream, and the Redis connections opened per followed run (a stream
+        # ended by cancelling its reader once cost a new one each).
+        "api_cpu_ms_per_run": round(cpu_s * 1000 / n, 3),
+        "redis_connections_per_run": round(connections / n, 3),
+    }
+
+
+def _connections(redis: Any) -> int:
+    """The connections the server has accepted so far."""
+    return int(redis.info("stats")["total_connections_received"])
 
 
 def _submits(ctx: Any, n: int, threads: int) -> dict[str, Any]:
@@ -197,7 +222,11 @@ def scenario_api(ctx: Any) -> dict[str, Any]:
     try:
         key = _key(cl.redis.client(), prefix)
         overhead = _overhead(ctx, prefix, api, key, n=20 if quick else 200)
-        ctx.log(f"    overhead: {overhead['added_p50_ms']} ms added at p50")
+        ctx.log(
+            f"    overhead: {overhead['added_p50_ms']} ms added at p50; API CPU"
+            f" {overhead['api_cpu_ms_per_run']} ms and {overhead['redis_connections_per_run']} Redis"
+            " connections opened per submitted and followed run"
+        )
         fanout = asyncio.run(_fanout(api, key, FANOUT_FOLLOWERS, steps=5 if quick else 10))
         ctx.log(f"    fan-out: lag {fanout['lag_ms']}, live lag {fanout['live_lag_ms']}")
     finally:
