@@ -19,7 +19,7 @@ took three or four: the stream's last id, the catch-up, its empty end, then the 
 
 A subscriber whose queue holds more than ``MAX_QUEUED`` batches (a client that does not read) is
 dropped: its stream ends, and the client resumes with ``Last-Event-ID`` without losing anything.
-A feed ends with its last subscriber, and after the batch that holds the run's end event: every
+A feed ends with its last subscriber, and after a batch that ends with the run's end event: every
 follower's stream ends there, so the feed does not wait in another ``XREAD BLOCK`` only to be
 cancelled in it, which would cost its connection (redis-py drops a connection whose reply was
 cancelled) and the next stream a new one: a connect and its handshake on the way to its first
@@ -132,9 +132,11 @@ class Feed:
                         self._drop(queue)
                     else:
                         queue.put_nowait(batch)
-                if any(entry.kind in END_EVENTS for entry in batch):
-                    # No await between the batch and this: no subscriber joins in between. Those
-                    # that got the end event stop at it; any other resumes on a feed of its own.
+                if batch[-1].kind in END_EVENTS:
+                    # The stream ends (for now) with the run's end event. No await between the
+                    # batch and this: no subscriber joins in between. Those that got the end event
+                    # stop at it; any other resumes on a feed of its own. (Events after an end
+                    # event, a run that went on, keep the feed reading.)
                     self.hub.forget(self)
                     for queue in list(self.queues):
                         self._drop(queue)

@@ -164,3 +164,38 @@ async def _end_event_scenario(url: str) -> None:
 
 def test_a_feed_ends_after_the_runs_end_event(redis_server: RedisServer) -> None:
     asyncio.run(_end_event_scenario(redis_server.url))
+
+
+async def _went_on_scenario(url: str) -> None:
+    client = _async_client(url)
+    hub = FeedHub(client, block_ms=200)
+    key = f"feedtest:{uuid.uuid4().hex}"
+    # A run that ended and went on (interrupted, then resumed): its end event is not the stream's last.
+    ended = str(await client.xadd(key, {"e": json.dumps({"kind": "Interrupted"})}))
+    went_on = str(await client.xadd(key, {"e": json.dumps({"kind": "Tick"})}))
+
+    async def first(cursor: str, n: int) -> list[str]:
+        got: list[str] = []
+        async with contextlib.aclosing(hub.follow(key, cursor, idle_s=0.5)) as batches:
+            async for batch in batches:
+                if batch is not None:
+                    got.extend(event_id for event_id, _ in batch)
+                if len(got) >= n:
+                    break
+        return got
+
+    # One follower from the start opens the feed, one from the end event joins: the feed's first
+    # batch holds the end event, and it reads on for the one that follows what came after.
+    opener = asyncio.create_task(first("0-0", 3))
+    while key not in hub.feeds or not hub.feeds[key].ready.is_set():
+        await asyncio.sleep(0.01)
+    joiner = asyncio.create_task(first(ended, 2))
+    await asyncio.sleep(0.05)
+    later = str(await client.xadd(key, {"e": json.dumps({"kind": "Tick"})}))
+    assert await asyncio.wait_for(joiner, 30) == [went_on, later]
+    assert await asyncio.wait_for(opener, 30) == [ended, went_on, later]
+    await client.aclose()
+
+
+def test_a_feed_reads_on_past_an_end_event_the_run_went_on_after(redis_server: RedisServer) -> None:
+    asyncio.run(_went_on_scenario(redis_server.url))
