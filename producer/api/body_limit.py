@@ -291,13 +291,15 @@ class _Reader:
         if len(value) == len(pairs):
             return value
         self.found = True
+        # Sets, not a list searched for each repeat: a body may repeat thousands of keys in one
+        # object, and a search per repeat would hold the event loop for seconds.
         seen: set[str] = set()
-        repeated: list[str] = []
+        repeated: dict[str, None] = {}  # in the order they were first repeated
         for key, _ in pairs:
-            if key in seen and key not in repeated:
-                repeated.append(key)
+            if key in seen:
+                repeated[key] = None
             seen.add(key)
-        return _Repeated(pairs, repeated)
+        return _Repeated(pairs, list(repeated))
 
     def constant(self, token: str) -> _NotFinite:
         self.found = True
