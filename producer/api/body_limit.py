@@ -219,9 +219,20 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
-def _shown(text: str) -> str:
-    """A key as an error may name it: lone surrogates escaped (no UTF-8 encoder takes them)."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+#: The longest place an error names: a key may be nearly as long as the body, and one place is
+#: named for each of up to 20 problems (and the places under a long key are longer still).
+_MAX_WHERE = 200
+
+
+def _at(where: str, part: str | int) -> str:
+    """The place ``part`` of ``where`` as an error names it: a key with its lone surrogates escaped
+    (no UTF-8 encoder takes them), the whole cut after ``_MAX_WHERE`` characters ("..." ends it;
+    the places under one cut are named as it is)."""
+    if len(where) > _MAX_WHERE:
+        return where
+    shown = str(part) if isinstance(part, int) else part[: _MAX_WHERE + 1]
+    place = f"{where}.{shown.encode('utf-8', 'backslashreplace').decode('utf-8')}"
+    return place if len(place) <= _MAX_WHERE else f"{place[:_MAX_WHERE]}..."
 
 
 #: How deeply a request body may nest: its deepest free-form field (``MAX_JSON_DEPTH``) and the
@@ -310,7 +321,8 @@ class _Reader:
         if math.isfinite(value):
             return value
         self.found = True
-        return _NotFinite(f"{token} is too large for a JSON number (a double)")
+        shown = token if len(token) <= 24 else f"{token[:12]}... ({len(token)} characters)"
+        return _NotFinite(f"{shown} is too large for a JSON number (a double)")
 
     def integer(self, token: str) -> int | _NotFinite:
         digits = len(token.lstrip("-"))
@@ -331,9 +343,12 @@ def _problems(document: Any, surrogates: bool) -> list[dict[str, str]]:
     string or key with an unpaired surrogate: depth first, in document order, without recursion
     (the nesting is the client's to choose)."""
     problems: list[dict[str, str]] = []
-    stack: list[tuple[str, Any]] = [("body", document)]
+    # Each value with the place of what holds it and its key or index: a place is made when its
+    # value is reached, not for all of an array's items at once.
+    stack: list[tuple[str, str | int | None, Any]] = [("body", None, document)]
     while stack:
-        where, value = stack.pop()
+        holder, part, value = stack.pop()
+        where = holder if part is None else _at(holder, part)
         if isinstance(value, _NotFinite):
             problems.append({"where": where, "problem": value.problem})
         elif isinstance(value, str):
@@ -342,15 +357,15 @@ def _problems(document: Any, surrogates: bool) -> list[dict[str, str]]:
         elif isinstance(value, dict):
             if isinstance(value, _Repeated):
                 problems.extend(
-                    {"where": f"{where}.{_shown(key)}", "problem": "the key is in its object more than once"}
+                    {"where": _at(where, key), "problem": "the key is in its object more than once"}
                     for key in value.repeated
                 )
             for key in reversed(list(value)):
-                stack.append((f"{where}.{_shown(key)}", value[key]))
+                stack.append((where, key, value[key]))
                 if surrogates and _has_surrogate(key):
-                    stack.append((f"{where}.{_shown(key)}", _NotFinite(f"the key {_LONE}")))
+                    stack.append((where, key, _NotFinite(f"the key {_LONE}")))
         elif isinstance(value, list):
-            stack.extend((f"{where}.{i}", v) for i, v in reversed(list(enumerate(value))))
+            stack.extend((where, i, v) for i, v in reversed(list(enumerate(value))))
     return problems
 
 

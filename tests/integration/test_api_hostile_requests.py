@@ -10,6 +10,7 @@ import json
 import select
 import socket
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -706,3 +707,60 @@ def test_a_body_repeating_thousands_of_keys_is_refused_as_cheaply_as_one_repeati
                     }
             spent[name] = _cpu_s(api) - before
     assert spent["repeats"] < 3 * spent["unrepeated"] + 0.3, spent
+
+
+def test_places_under_a_long_key_are_named_cut_and_without_a_copy_per_item(api: ApiProcess) -> None:
+    # A 100,000-character key over 10,000 objects that each repeat a key (240 KB, no key needed):
+    # the answer named each of 20 places with the whole key (2 MB), and the check made the place
+    # of every item before looking at any (1 GB).
+    assert api.proc is not None
+    key = "q" * 100_000
+    items = ",".join(['{"a":0,"a":1}'] * 10_000)
+    body = f'{{"agent": "direct", "input": "x", "metadata": {{"{key}": [{items}]}}}}'.encode()
+    assert len(body) < LIMIT
+    process = psutil.Process(api.proc.pid)
+    before = process.memory_info().rss
+    peak = [before]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], process.memory_info().rss)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        response = httpx.post(
+            f"{api.url}/v1/runs", content=body, headers={"content-type": "application/json"}, timeout=60
+        )
+    finally:
+        done.set()
+        watcher.join()
+    assert peak[0] - before < RSS_BOUND, f"the API grew by {(peak[0] - before) // MB} MB"
+    assert response.status_code == 422
+    where = f"body.metadata.{key}"[:200] + "..."
+    problems = [{"where": where, "problem": "the key is in its object more than once"}] * 20
+    assert response.json() == {
+        "error": {
+            "kind": "invalid_request",
+            "message": "; ".join(f"{p['where']}: {p['problem']}" for p in problems[:5]),
+            "details": {"problems": problems},
+        }
+    }
+    assert len(response.content) < 8000
+    # A number too large for a double is named by its start, as long as it is.
+    digits = "1" * 200_000
+    response = httpx.post(
+        f"{api.url}/v1/runs",
+        content=f'{{"agent": "direct", "input": "x", "metadata": {{"n": {digits}.5}}}}'.encode(),
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    problem = "111111111111... (200002 characters) is too large for a JSON number (a double)"
+    assert response.json() == {
+        "error": {
+            "kind": "invalid_request",
+            "message": f"body.metadata.n: {problem}",
+            "details": {"problems": [{"where": "body.metadata.n", "problem": problem}]},
+        }
+    }
