@@ -148,12 +148,14 @@ CREATE TABLE wesichain_eval_annotations (
 )
 """
 
-# Each archived eval's tenant (NULL: the operator's) in a column of its own, filled in for the
-# evals archived before from their meta, so that a tenant's listing reads its own newest evals from
-# an index, however many other tenants have. ``{meta_tenant}`` is the meta's ``tenant`` as text.
+# Each archived eval's tenant ('-': the operator's, as in ``wesichain_runs``) in a column of its
+# own, filled in for the evals archived before from their meta, so that a tenant's listing reads its
+# own newest evals from an index, however many other tenants have. NULL is an eval written by an
+# older release that still had the archive open (it knows no such column): the listing reads those
+# by their meta. ``{meta_tenant}`` is the meta's ``tenant`` as text.
 _V6 = """
 ALTER TABLE wesichain_evals ADD COLUMN tenant TEXT;
-UPDATE wesichain_evals SET tenant = NULLIF({meta_tenant}, '');
+UPDATE wesichain_evals SET tenant = COALESCE(NULLIF({meta_tenant}, ''), '-');
 CREATE INDEX wesichain_evals_by_tenant ON wesichain_evals (tenant, created_at, eval_id)
 """
 

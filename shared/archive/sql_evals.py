@@ -13,6 +13,9 @@ from shared.archive.record import EvalHead, EvalRecord
 
 __all__ = ["SqlEvalArchive"]
 
+#: The ``tenant`` of the operator's evals (no tenant's name starts with '-'), as in ``wesichain_runs``.
+_OPERATOR = "-"
+
 
 class SqlEvalArchive(EvalArchive):
     """The eval half of :class:`~shared.archive.sql.SqlArchive`."""
@@ -44,7 +47,7 @@ class SqlEvalArchive(EvalArchive):
                     json.dumps(record.counts),
                     len(record.cases),
                     len(record.results),
-                    record.meta.get("tenant") or None,
+                    record.meta.get("tenant") or _OPERATOR,
                 ),
             )
             cases = [(record.eval_id, index, body) for index, body in sorted(record.cases.items())]
@@ -125,10 +128,23 @@ class SqlEvalArchive(EvalArchive):
         return [(float(created), str(eval_id)) for created, eval_id in rows]
 
     def tenant_evals(self, tenant: str | None, limit: int) -> list[tuple[float, str]]:
-        mine, params = ("tenant IS NULL", ()) if tenant is None else ("tenant = ?", (tenant,))
-        rows = self._eval_rows(
-            f"SELECT created_at, eval_id FROM wesichain_evals WHERE {mine}"
-            " ORDER BY created_at DESC, eval_id DESC LIMIT ?",
-            (*params, limit),
-        )
-        return [(float(created), str(eval_id)) for created, eval_id in rows]
+        db = self.db
+        with db.transaction() as cur:
+            cur.execute(
+                db.sql(
+                    "SELECT created_at, eval_id FROM wesichain_evals WHERE tenant = ?"
+                    " ORDER BY created_at DESC, eval_id DESC LIMIT ?"
+                ),
+                (tenant or _OPERATOR, limit),
+            )
+            rows = list(cur.fetchall())
+            # An older release that had the archive open when it was migrated writes no tenant
+            # (NULL): those evals (what it archived until it stopped) are told apart by their meta.
+            # Without parameters: the member's expression holds '?' and backslashes of its own.
+            cur.execute(
+                f"SELECT created_at, eval_id, {db.json_member('meta', 'tenant')} FROM wesichain_evals"
+                " WHERE tenant IS NULL"
+            )
+            rows += [(created, eval_id) for created, eval_id, of in cur.fetchall() if (of or None) == tenant]
+        newest = sorted(((float(created), str(eval_id)) for created, eval_id in rows), reverse=True)
+        return newest[:limit]

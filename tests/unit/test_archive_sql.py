@@ -11,6 +11,7 @@ import pytest
 
 from shared.archive import ListingFilter, RunSummary, open_archive
 from shared.archive.databases import open_database, sqlite_path
+from shared.archive.record import EvalRecord
 from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, migration
 from shared.archive.sql import SqlArchive
 from shared.errors import ArchiveUnavailable, ConfigError, RunErrorInfo
@@ -184,3 +185,40 @@ def test_evals_archived_before_their_tenant_had_a_column_are_listed_by_tenant(
             assert [e for _, e in migrated.list_evals(10)] == ["rival-1", "ops-1", "acme-1"]
         finally:
             migrated.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_evals_an_older_release_archives_after_the_migration_are_listed_by_their_tenant(
+    backend: str, tmp_path: Path
+) -> None:
+    """A process of the release before migration 6 that opened the archive before it was migrated
+    (a worker of a rolling upgrade) goes on archiving evals without their tenant: they are listed by
+    their meta's tenant, not taken for the operator's nor lost to their tenant's listing."""
+    with archive_url(backend, tmp_path) as url:
+        archive = open_archive(url)
+        try:
+            assert isinstance(archive, SqlArchive)
+            for eval_id, created, tenant in [("acme-new", 1.0, "acme"), ("ops-new", 2.0, None)]:
+                meta = {"status": "completed"} | ({"tenant": tenant} if tenant else {})
+                assert archive.put_eval(EvalRecord(eval_id, meta, {}, {}, {}, created, created))
+            db = archive.db
+            with db.transaction() as cur:  # as the older release writes an eval
+                for eval_id, created, meta in [
+                    ("acme-old", 3.0, {"tenant": "acme", "note": "a \u0000 in the meta"}),
+                    ("ops-old", 4.0, {"status": "completed"}),
+                    ("rival-old", 5.0, {"tenant": "rival"}),
+                ]:
+                    cur.execute(
+                        db.sql(
+                            "INSERT INTO wesichain_evals (eval_id, created_at, finished_at, archived_at,"
+                            " meta, counts, cases, results) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                        ),
+                        (eval_id, created, created, created, json.dumps(meta), "{}", 0, 0),
+                    )
+            assert archive.tenant_evals("acme", 10) == [(3.0, "acme-old"), (1.0, "acme-new")]
+            assert archive.tenant_evals("acme", 1) == [(3.0, "acme-old")]
+            assert archive.tenant_evals(None, 10) == [(4.0, "ops-old"), (2.0, "ops-new")]
+            assert archive.tenant_evals("rival", 10) == [(5.0, "rival-old")]
+            assert archive.tenant_evals("nobody", 10) == []
+        finally:
+            archive.close()
