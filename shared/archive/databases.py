@@ -256,10 +256,12 @@ class Postgres(Database):
 
     def json_member(self, column: str, name: str) -> str:
         # Read through json_safe_text: PostgreSQL refuses to turn a document holding the escape of
-        # NUL anywhere into text or jsonb, whichever member is asked for.
+        # NUL anywhere into text or jsonb, whichever member is asked for. The backslashes are in
+        # escape strings (E'...'), which read the same whatever standard_conforming_strings is.
+        escape, pattern, safe = (_escaped(text) for text in ("\\u000", _NUL_OR_ONE, _NUL_OR_ONE_SAFE))
         doc = (
-            f"(CASE WHEN strpos({column}::text, '\\u000') = 0 THEN {column}::jsonb"
-            f" ELSE regexp_replace({column}::text, '{_NUL_OR_ONE}', '{_NUL_OR_ONE_SAFE}', 'g')::jsonb END)"
+            f"(CASE WHEN strpos({column}::text, {escape}) = 0 THEN {column}::jsonb"
+            f" ELSE regexp_replace({column}::text, {pattern}, {safe}, 'g')::jsonb END)"
         )
         return f"({doc}->>'{name}')"
 
@@ -284,6 +286,11 @@ class Postgres(Database):
 
     def close(self) -> None:
         self._pool.close()
+
+
+def _escaped(text: str) -> str:
+    """``text`` as a PostgreSQL escape string constant (``E'...'``)."""
+    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def _pool_errors() -> type[BaseException]:

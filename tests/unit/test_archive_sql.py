@@ -18,7 +18,7 @@ from shared.errors import ArchiveUnavailable, ConfigError, RunErrorInfo
 from shared.events import Failed
 from shared.settings import Settings
 from shared.state import CallbackState, Phase
-from tests.archive_support import BACKENDS, archive_url, sample_record, stamped
+from tests.archive_support import BACKENDS, archive_url, postgres_database, sample_record, stamped
 
 
 @pytest.fixture
@@ -222,3 +222,51 @@ def test_evals_an_older_release_archives_after_the_migration_are_listed_by_their
             assert archive.tenant_evals("nobody", 10) == []
         finally:
             archive.close()
+
+
+@pytest.mark.parametrize("conforming", ["on", "off"])
+def test_the_tenant_migration_reads_metas_whatever_the_strings_setting(conforming: str) -> None:
+    """Migration 6 reads each meta's tenant on PostgreSQL with its backslashes in escape strings:
+    with ``standard_conforming_strings`` off, plain strings take backslashes as escapes, and the
+    migration failed (the archive could not be opened at all)."""
+    metas = {
+        "acme-nul": {"tenant": "acme", "note": "a \u0000 and a \u0001"},
+        "acme-text": {"note": "\\u0000 written out, then \\\u0000", "tenant": "acme"},
+        "ops-nul": {"status": "completed", "note": "\u0000"},
+        "rival-1": {"tenant": "rival", "note": 'it\'s "quoted"'},
+    }
+    with postgres_database() as url:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(
+                f"ALTER DATABASE {url.rsplit('/', 1)[1]} SET standard_conforming_strings = {conforming}"
+            )
+        db = open_database(url)
+        with db.transaction(exclusive=True) as cur:
+            cur.execute(
+                f"CREATE TABLE {SCHEMA_TABLE} (version INTEGER PRIMARY KEY, applied_at {db.float_type})"
+            )
+            for number in range(1, 6):
+                for statement in migration(number, db.json_type, db.float_type, "unused"):
+                    cur.execute(statement)
+                cur.execute(db.sql(f"INSERT INTO {SCHEMA_TABLE} VALUES (?, ?)"), (number, time.time()))
+            for created, (eval_id, meta) in enumerate(metas.items()):
+                cur.execute(
+                    db.sql(
+                        "INSERT INTO wesichain_evals (eval_id, created_at, finished_at, archived_at, meta,"
+                        " counts, cases, results) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    ),
+                    (eval_id, float(created), 0.0, 0.0, json.dumps(meta), "{}", 0, 0),
+                )
+            cur.execute("SHOW standard_conforming_strings")
+            assert cur.fetchone()[0] == conforming
+        db.close()
+        migrated = open_archive(url)
+        try:
+            assert isinstance(migrated, SqlArchive) and migrated.migrate() == len(MIGRATIONS)
+            assert migrated.tenant_evals("acme", 10) == [(1.0, "acme-text"), (0.0, "acme-nul")]
+            assert migrated.tenant_evals(None, 10) == [(2.0, "ops-nul")]
+            assert migrated.tenant_evals("rival", 10) == [(3.0, "rival-1")]
+        finally:
+            migrated.close()
