@@ -119,7 +119,12 @@ class Feed:
                 if cursor is None or after(cursor, last):
                     cursor = last
             self.ready.set()
-            while True:
+            # A feed its last subscriber left is forgotten and cancelled, but the cancel can be
+            # lost inside the Redis client (Python 3.11's asyncio.wait_for, which redis-py sends
+            # each command in, returns the result of a send that had just finished instead of
+            # raising it): a forgotten feed stops after its read, or it reads for no one for as
+            # long as the run lives, on a connection of the pool.
+            while self.hub.feeds.get(self.key) is self:
                 reply: Any = await self.hub.redis.xread(
                     {self.key: cursor}, count=BATCH, block=self.hub.block_ms
                 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,8 @@ from jsonschema import Draft202012Validator
 from shared.keys import Keys
 from shared.tenants import Tenants
 from tests.api_support import SSE, ApiProcess, Frame, bearer, frames, wait_status
-from tests.harness import ROOT, RedisServer, WorkerProcess
+from tests.broker import is_cluster
+from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 
 TIMEOUT = 60
 
@@ -159,6 +161,55 @@ def test_streams_per_process_are_bounded(redis_server: RedisServer, workers: lis
             wait_until(served, timeout=TIMEOUT, what="a stream slot to be given back")
     finally:
         small.stop()
+
+
+def test_followers_that_leave_leave_no_reader_behind(
+    redis_server: RedisServer, workers: list[WorkerProcess]
+) -> None:
+    """A run's reader is cancelled when its last follower leaves, and a cancel can be lost in the
+    Redis client when it comes as a command has just been sent: the reader must stop all the same,
+    not read for no one for as long as the run lives. (A keep-alive of 5 ms makes the reader send
+    a read every 5 ms, so followers leaving at random moments meet such a send.)"""
+    if is_cluster(redis_server.url):
+        pytest.skip("the XREAD calls of one standalone server")
+    busy = ApiProcess(redis_server.url, env={"WESICHAIN_API_KEEPALIVE_S": "0.005"}).start()
+    try:
+        key, _ = Tenants(redis_server.client(), Keys()).create_key(f"left-{uuid.uuid4().hex[:8]}")
+        with httpx.Client(base_url=busy.url, headers=bearer(key), timeout=30) as http:
+            runs = [
+                http.post("/v1/runs", json={"agent": "needs_approval", "input": f"x{i}"}).json()["run_id"]
+                for i in range(3)
+            ]
+            for run_id in runs:
+                wait_status(http, run_id, {"awaiting_approval"}, TIMEOUT)
+
+            def follow_and_leave(n: int) -> None:
+                # Leaves after its first few frames (events, then keep-alives every 5 ms).
+                with http.stream("GET", f"/v1/runs/{runs[n % 3]}/events", headers=SSE) as response:
+                    assert response.status_code == 200
+                    for seen, _ in enumerate(frames(response)):
+                        if seen >= n % 7:
+                            break
+
+            with ThreadPoolExecutor(20) as pool:
+                list(pool.map(follow_and_leave, range(300)))
+            redis = redis_server.client()
+
+            def reads() -> int:
+                return int(redis.info("commandstats").get("cmdstat_xread", {}).get("calls", 0))
+
+            def no_reader() -> bool:
+                before = reads()
+                time.sleep(0.5)  # a hundred of a reader's blocking reads of 5 ms
+                return reads() == before
+
+            # Every follower left: no reader reads on, though the runs have not ended.
+            wait_until(no_reader, timeout=15, what="the runs' readers to stop")
+            assert {http.get(f"/v1/runs/{run_id}").json()["status"] for run_id in runs} == {
+                "awaiting_approval"
+            }
+    finally:
+        busy.stop()
 
 
 # -- the OpenAPI document, exercised against the real server -----------------------------------
