@@ -5,6 +5,7 @@ connection resumes with ``Last-Event-ID`` (browsers do this by themselves) and g
 event once: the id is the event's position in the run's stream, not a count kept by this process.
 The stream ends after the run's end event (Completed, Failed or Interrupted); a resume after that
 end is answered ``204 No Content``, which tells a browser's ``EventSource`` to stop reconnecting.
+An ended run's events are read where they are: from the archive once the run has moved there.
 While nothing happens a keep-alive comment is sent every ``keepalive_s``.
 
 All the streams of one run in one process share a single reader (:mod:`producer.api.feeds`): one
@@ -28,13 +29,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from producer.api.errors import ApiError
-from producer.api.feeds import BATCH
+from producer.api.feeds import BATCH, sse_frame
 from producer.api.limits import StreamSlot
 from producer.api.models import EventPage
 from producer.api.runs import ERRORS, Svc, Who, check_run_id, owned, owned_run
 from producer.api.services import Services
 from shared import protocol
-from shared.events import END_EVENTS, EVENT_KINDS, stream_after
+from shared.events import END_EVENTS, EVENT_KINDS, Event, dump_event, stream_after
 from shared.state import Phase, RunHead
 from shared.store.runs import loaded_head
 
@@ -141,16 +142,22 @@ async def events(
         )
         return Response(page.model_dump_json(), media_type="application/json")
     cursor = event_cursor(last_event_id if last_event_id is not None else after)
+    body: AsyncIterator[str] | None = None
     if head.terminal and not await services.aredis.xrange(
         services.keys.events(run_id), min=stream_after(cursor), count=1
     ):
-        return Response(status_code=204)
+        # Ended with nothing after the cursor in Redis; but an ended run's events move to the
+        # archive with it, and a client that lost its stream mid-run may resume after that.
+        rest = await run_in_threadpool(services.store.read_events, run_id, cursor, BATCH)
+        if not rest:
+            return Response(status_code=204)
+        body = _archived(services, run_id, rest, only)
     # Taken here, with no await between the check and the count, so a burst of requests cannot
     # all pass the check before any of them is counted.
     slot = services.streams.take(who.tenant)
     return _SlotStream(
         slot,
-        _stream(services, run_id, cursor, slot, only),
+        _stream(services, run_id, cursor, slot, only) if body is None else body,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -182,6 +189,28 @@ class _SlotStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.slot.release()
+
+
+async def _archived(
+    services: Services, run_id: str, batch: list[tuple[str, Event]], only: frozenset[str] | None
+) -> AsyncIterator[str]:
+    """The stream of an ended run's events after a cursor, read where they are (the archive, once
+    the run moved there), a page at a time, until its end event. (Its slot is given back by the
+    answer, :class:`_SlotStream`.)"""
+    yield "retry: 1000\n\n"
+    while batch:
+        frames = []
+        for event_id, event in batch:
+            if _wanted(only, event.kind):
+                frames.append(sse_frame(event_id, dump_event(event)))
+            if event.kind in END_EVENTS:
+                yield "".join(frames)
+                return
+        if frames:
+            yield "".join(frames)
+        if len(batch) < BATCH:
+            return
+        batch = await run_in_threadpool(services.store.read_events, run_id, batch[-1][0], BATCH)
 
 
 async def _stream(

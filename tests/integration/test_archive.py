@@ -32,7 +32,7 @@ from shared.retention import GarbageCollector
 from shared.state import Callback, CallbackState, ForkOrigin, Phase, RunHead
 from shared.tasks import TASK_ARCHIVE, start_task
 from shared.tenants import Tenants
-from tests.api_support import ApiProcess, bearer, wait_status
+from tests.api_support import SSE, ApiProcess, bearer, frames, wait_status
 from tests.archive_support import BACKENDS, FullRead, archive_url, eval_keys, full_read, sample_record
 from tests.broker import Settings, broker_env
 from tests.harness import RedisServer, WorkerProcess, wait_until
@@ -311,11 +311,23 @@ def test_the_http_api_reads_archived_runs_as_live_ones(pool: Pool, client: Clien
                     http.get("/v1/runs", params={"status": "completed"}).json(),
                 ]
 
+            def streamed(last_event_id: str | None) -> tuple[int, list[dict[str, Any]]]:
+                headers = {**SSE, **({"Last-Event-ID": last_event_id} if last_event_id else {})}
+                with http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers) as response:
+                    return response.status_code, [json.loads(f.data) for f in frames(response) if f.data]
+
             before = read()
             assert before[0]["status"] == "completed" and before[3]["runs"][0]["run_id"] == run_id
+            events = before[2]["events"]
             assert Archiver(client.store).run_once(after_s=0).archived == 1
             assert client.store.redis.exists(client.store.keys.run(run_id)) == 0
             assert read() == before
+            # Followed, or resumed mid-run by a client that lost its stream, once the run is in the
+            # archive: the events after its cursor, as a live run's stream sends them (it once
+            # answered 204 to every stream of an archived run, as if it had nothing more).
+            assert streamed(None) == (200, events)
+            assert streamed(events[1]["id"]) == (200, events[2:])
+            assert streamed(events[-1]["id"]) == (204, [])
             assert http.get("/v1/runs/not-a-run").status_code == 404
     finally:
         api.stop()
