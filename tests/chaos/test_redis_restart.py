@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from producer.client import Client
+from producer.client import Client, NoLiveWorker
 from shared.events import ToolCompleted
 from shared.state import Phase
 from tests.chaos.support import (
@@ -98,10 +98,25 @@ def test_workers_reconnect_after_a_redis_restart(
         f"workers {dead} exited on the broker connection loss instead of reconnecting:\n"
         + "\n".join(_crash_lines(w) for w in workers if not w.alive)
     )
-    after = [aof_client.submit("one_hop", "go").run_id for _ in range(3)]
+    after = [_submitted_once_served(aof_client, "one_hop") for _ in range(3)]
     for run_id in before + after:
         _check_completed(aof_client, run_id)
     assert all(w.alive for w in workers)
+
+
+def _submitted_once_served(client: Client, agent: str) -> str:
+    """A run of ``agent``, submitted once a worker consumes it again after the outage: until the
+    workers have reconnected to the broker the client refuses with NoLiveWorker ("retry
+    shortly"), and a caller retries, as here."""
+
+    def attempt() -> str | None:
+        try:
+            return client.submit(agent, "go").run_id
+        except NoLiveWorker:
+            return None
+
+    run_id: str = wait_until(attempt, 60, what=f"a worker serving {agent!r} to consume again")
+    return run_id
 
 
 def _crash_lines(w: WorkerProcess) -> str:
