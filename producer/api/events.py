@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from producer.api.errors import ApiError
-from producer.api.feeds import BATCH, sse_frame
+from producer.api.feeds import BATCH, Entry
 from producer.api.limits import StreamSlot
 from producer.api.models import EventPage
 from producer.api.runs import ERRORS, Svc, Who, check_run_id, owned, owned_run
@@ -199,18 +199,26 @@ async def _archived(
     answer, :class:`_SlotStream`.)"""
     yield "retry: 1000\n\n"
     while batch:
-        frames = []
-        for event_id, event in batch:
-            if _wanted(only, event.kind):
-                frames.append(sse_frame(event_id, dump_event(event)))
-            if event.kind in END_EVENTS:
-                yield "".join(frames)
-                return
-        if frames:
-            yield "".join(frames)
-        if len(batch) < BATCH:
+        chunk, ended = _chunk([Entry(event_id, dump_event(event)) for event_id, event in batch], only)
+        if chunk:
+            yield chunk
+        if ended or len(batch) < BATCH:
             return
         batch = await run_in_threadpool(services.store.read_events, run_id, batch[-1][0], BATCH)
+
+
+def _chunk(batch: list[Entry], only: frozenset[str] | None) -> tuple[str, bool]:
+    """A batch of a run's events as one write of SSE frames (each event's frame rendered once, for
+    every follower of a feed): those of the kinds asked for, up to the run's end event; and whether
+    that end event was among them (the stream ends with it)."""
+    frames = []
+    for entry in batch:
+        kind = entry.kind
+        if _wanted(only, kind):
+            frames.append(entry.frame)
+        if kind in END_EVENTS:
+            return "".join(frames), True
+    return "".join(frames), False
 
 
 async def _stream(
@@ -223,18 +231,9 @@ async def _stream(
             services.keys.events(run_id), cursor, services.config.keepalive_s
         ):
             if batch is not None:
-                # One write per batch, of frames the feed's entries render once for every follower.
-                frames = []
-                ended = False
-                for entry in batch:
-                    kind = entry.kind
-                    if _wanted(only, kind):
-                        frames.append(entry.frame)
-                    if kind in END_EVENTS:
-                        ended = True
-                        break
-                if frames:
-                    yield "".join(frames)
+                chunk, ended = _chunk(batch, only)
+                if chunk:
+                    yield chunk
                 if ended:
                     return
                 continue
