@@ -12,9 +12,19 @@ cases and result rows) have tables of their own, keyed by eval id.
 
 from __future__ import annotations
 
-__all__ = ["MIGRATIONS", "SCHEMA_TABLE", "TABLES", "migration"]
+__all__ = ["MIGRATIONS", "NO_TENANT", "SCHEMA_TABLE", "TABLES", "migration", "tenant_column"]
 
 SCHEMA_TABLE = "wesichain_schema"
+
+#: The ``tenant`` column's value for what has no tenant (runs and memory without one, the operator's
+#: evals): no tenant's name is ``-``.
+NO_TENANT = "-"
+
+
+def tenant_column(tenant: str | None) -> str:
+    """``tenant`` as the tables' ``tenant`` column holds it."""
+    return tenant or NO_TENANT
+
 
 #: The run tables, children first (the order a run's rows are deleted in).
 TABLES = (

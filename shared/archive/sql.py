@@ -15,7 +15,7 @@ from typing import Any
 from shared.archive.base import Archive, ListingFilter
 from shared.archive.databases import Cursor, Database
 from shared.archive.record import Deletion, RunRecord, RunSummary, StoredRun
-from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, TABLES, migration
+from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, TABLES, migration, tenant_column
 from shared.archive.sql_evals import SqlEvalArchive
 from shared.archive.sql_memory import SqlMemoryArchive
 from shared.errors import ArchiveUnavailable
@@ -248,7 +248,7 @@ class SqlArchive(SqlEvalArchive, SqlMemoryArchive, Archive):
         self, where: ListingFilter, before: tuple[int, str] | None, limit: int
     ) -> list[tuple[int, RunHead]]:
         clauses: list[str] = ["tenant = ?"]
-        params: list[Any] = [where.tenant or "-"]
+        params: list[Any] = [tenant_column(where.tenant)]
         filters = (("agent", where.agent), ("status", where.status), ("thread_id", where.thread_id))
         if any(value is not None and "\x00" in value for _, value in filters):
             # No run's agent, status or thread holds NUL (PostgreSQL's text cannot, and a
@@ -283,7 +283,7 @@ class SqlArchive(SqlEvalArchive, SqlMemoryArchive, Archive):
         rows = self._rows(
             "SELECT run_id FROM wesichain_runs WHERE tenant = ? AND thread_id = ?"
             " ORDER BY created_ms, run_id",
-            (tenant or "-", thread_id),
+            (tenant_column(tenant), thread_id),
         )
         return [row[0] for row in rows]
 
@@ -361,7 +361,7 @@ def _run_row(record: StoredRun, now: float) -> tuple[Any, ...]:
     head = record.head
     return (
         head.run_id,
-        head.tenant or "-",
+        tenant_column(head.tenant),
         head.agent,
         head.status,
         head.thread_id,

@@ -10,11 +10,9 @@ from typing import Any
 from shared.archive.base import EvalArchive
 from shared.archive.databases import Database
 from shared.archive.record import EvalHead, EvalRecord
+from shared.archive.schema import tenant_column
 
 __all__ = ["SqlEvalArchive"]
-
-#: The ``tenant`` of the operator's evals (no tenant's name starts with '-'), as in ``wesichain_runs``.
-_OPERATOR = "-"
 
 
 class SqlEvalArchive(EvalArchive):
@@ -47,7 +45,7 @@ class SqlEvalArchive(EvalArchive):
                     json.dumps(record.counts),
                     len(record.cases),
                     len(record.results),
-                    record.meta.get("tenant") or _OPERATOR,
+                    tenant_column(record.meta.get("tenant")),
                 ),
             )
             cases = [(record.eval_id, index, body) for index, body in sorted(record.cases.items())]
@@ -135,7 +133,7 @@ class SqlEvalArchive(EvalArchive):
                     "SELECT created_at, eval_id FROM wesichain_evals WHERE tenant = ?"
                     " ORDER BY created_at DESC, eval_id DESC LIMIT ?"
                 ),
-                (tenant or _OPERATOR, limit),
+                (tenant_column(tenant), limit),
             )
             rows = list(cur.fetchall())
             # An older release that had the archive open when it was migrated writes no tenant

@@ -10,12 +10,10 @@ from typing import Any
 
 from shared.archive.base import MemoryArchive
 from shared.archive.databases import Database
+from shared.archive.schema import tenant_column
 from shared.memory import Item
 
 __all__ = ["SqlMemoryArchive", "memory_path"]
-
-#: The tenant column's value for the memory of runs without a tenant (as the run tables store it).
-_NO_TENANT = "-"
 
 
 def memory_path(namespace: Sequence[str]) -> str:
@@ -36,7 +34,7 @@ class SqlMemoryArchive(MemoryArchive):
                     "SELECT path, item_key, version, updated_at, expires_at FROM wesichain_memory"
                     " WHERE tenant = ?"
                 ),
-                (tenant or _NO_TENANT,),
+                (tenant_column(tenant),),
             )
             rows = cur.fetchall()
         return {
@@ -47,7 +45,7 @@ class SqlMemoryArchive(MemoryArchive):
     def put_memory(self, tenant: str | None, items: Sequence[Item]) -> int:
         if not items:
             return 0
-        db, who, now = self.db, tenant or _NO_TENANT, time.time()
+        db, who, now = self.db, tenant_column(tenant), time.time()
         with db.transaction() as cur:
             for item in items:
                 cur.execute(
@@ -80,7 +78,7 @@ class SqlMemoryArchive(MemoryArchive):
     def drop_memory(self, tenant: str | None, entries: Sequence[tuple[str, str]]) -> int:
         if not entries:
             return 0
-        db, who, dropped = self.db, tenant or _NO_TENANT, 0
+        db, who, dropped = self.db, tenant_column(tenant), 0
         with db.transaction() as cur:
             for path, key in entries:
                 cur.execute(
@@ -99,7 +97,7 @@ class SqlMemoryArchive(MemoryArchive):
         limit: int = 100,
     ) -> list[Item]:
         db = self.db
-        where, params = "tenant = ?", [tenant or _NO_TENANT]
+        where, params = "tenant = ?", [tenant_column(tenant)]
         if prefix:
             start = memory_path(prefix)
             where += " AND (path = ? OR path LIKE ? ESCAPE '\\')"
