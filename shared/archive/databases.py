@@ -258,25 +258,17 @@ class Postgres(Database):
         # Read through json_safe_text: PostgreSQL refuses to turn a document holding the escape of
         # NUL anywhere into text or jsonb, whichever member is asked for. The backslashes are in
         # escape strings (E'...'), which read the same whatever standard_conforming_strings is.
-        escape, pattern, safe = (_escaped(text) for text in ("\\u000", _NUL_OR_ONE, _NUL_OR_ONE_SAFE))
-        doc = (
-            f"(CASE WHEN strpos({column}::text, {escape}) = 0 THEN {column}::jsonb"
-            f" ELSE regexp_replace({column}::text, {pattern}, {safe}, 'g')::jsonb END)"
-        )
+        doc = _json_safe_document(column, *(_escaped(text) for text in _JSON_SAFE_OPERANDS))
         return f"({doc}->>'{name}')"
 
     def json_string_is(self, column: str, path: Sequence[str], value: str) -> tuple[str, list[Any]]:
         # jsonb equality (the column may be json): a string equals only a string (to_jsonb keeps the type).
-        # Only a document with an escape of NUL or U+0001 is rewritten (the regular expression's cost).
-        doc = (
-            f"(CASE WHEN strpos({column}::text, ?::text) = 0 THEN {column}::jsonb"
-            f" ELSE regexp_replace({column}::text, ?::text, ?::text, 'g')::jsonb END)"
-        )
+        doc = _json_safe_document(column, "?::text", "?::text", "?::text")
         marks = ", ".join("?::text" for _ in path)
         safe = [json_safe_string(key) for key in path]
         return (
             f"jsonb_extract_path({doc}, {marks}) = to_jsonb(?::text)",
-            ["\\u000", _NUL_OR_ONE, _NUL_OR_ONE_SAFE, *safe, json_safe_string(value)],
+            [*_JSON_SAFE_OPERANDS, *safe, json_safe_string(value)],
         )
 
     def insert_many(self, cur: Cursor, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
@@ -286,6 +278,21 @@ class Postgres(Database):
 
     def close(self) -> None:
         self._pool.close()
+
+
+#: The text of :func:`_json_safe_document`'s three operands: the escape it looks for, the pattern of
+#: the escapes it rewrites, and what it rewrites them to.
+_JSON_SAFE_OPERANDS = ("\\u000", _NUL_OR_ONE, _NUL_OR_ONE_SAFE)
+
+
+def _json_safe_document(column: str, escape: str, pattern: str, safe: str) -> str:
+    """PostgreSQL's jsonb of the JSON ``column`` as :func:`json_safe_text` writes it, given its three
+    operands (:data:`_JSON_SAFE_OPERANDS`) as SQL: placeholders or constants. Only a document with
+    an escape of NUL or U+0001 is rewritten (the regular expression's cost)."""
+    return (
+        f"(CASE WHEN strpos({column}::text, {escape}) = 0 THEN {column}::jsonb"
+        f" ELSE regexp_replace({column}::text, {pattern}, {safe}, 'g')::jsonb END)"
+    )
 
 
 def _escaped(text: str) -> str:
