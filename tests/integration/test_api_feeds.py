@@ -28,6 +28,19 @@ def _async_client(url: str) -> aioredis.Redis:
     return aioredis.Redis.from_url(url, decode_responses=True)
 
 
+async def _first_ids(hub: FeedHub, key: str, cursor: str, n: int) -> list[str]:
+    """The ids of the first ``n`` events a follower from ``cursor`` gets (fewer if the feed lets it
+    go first)."""
+    got: list[str] = []
+    async with contextlib.aclosing(hub.follow(key, cursor, idle_s=0.5)) as batches:
+        async for batch in batches:
+            if batch is not None:
+                got.extend(event_id for event_id, _ in batch)
+            if len(got) >= n:
+                break
+    return got
+
+
 async def _followers_scenario(url: str, followers: int) -> None:
     client = _async_client(url)
     hub = FeedHub(client, block_ms=200)
@@ -96,23 +109,13 @@ async def _future_cursor_scenario(url: str) -> None:
     before = [str(await client.xadd(key, {"e": json.dumps({"kind": "Tick", "i": i})})) for i in range(3)]
     future = "99999999999999-0"
 
-    async def first_batches(cursor: str, n: int) -> list[str]:
-        got: list[str] = []
-        async with contextlib.aclosing(hub.follow(key, cursor, idle_s=0.5)) as batches:
-            async for batch in batches:
-                if batch is not None:
-                    got.extend(event_id for event_id, _ in batch)
-                if len(got) >= n:
-                    return got
-        return got
-
     # The first follower opens the run's feed with an id past the stream's end (a client's made-up
     # Last-Event-ID); one that joins after it from the start must still get every event.
-    opener = asyncio.create_task(first_batches(future, 1))
+    opener = asyncio.create_task(_first_ids(hub, key, future, 1))
     await asyncio.sleep(0)
     while key not in hub.feeds or not hub.feeds[key].ready.is_set():
         await asyncio.sleep(0.01)
-    joiner = asyncio.create_task(first_batches("0-0", 6))
+    joiner = asyncio.create_task(_first_ids(hub, key, "0-0", 6))
     later = [str(await client.xadd(key, {"e": json.dumps({"kind": "Tick", "i": 3 + i})})) for i in range(3)]
     assert await asyncio.wait_for(joiner, 30) == before + later
     opener.cancel()
@@ -174,22 +177,12 @@ async def _went_on_scenario(url: str) -> None:
     ended = str(await client.xadd(key, {"e": json.dumps({"kind": "Interrupted"})}))
     went_on = str(await client.xadd(key, {"e": json.dumps({"kind": "Tick"})}))
 
-    async def first(cursor: str, n: int) -> list[str]:
-        got: list[str] = []
-        async with contextlib.aclosing(hub.follow(key, cursor, idle_s=0.5)) as batches:
-            async for batch in batches:
-                if batch is not None:
-                    got.extend(event_id for event_id, _ in batch)
-                if len(got) >= n:
-                    break
-        return got
-
     # One follower from the start opens the feed, one from the end event joins: the feed's first
     # batch holds the end event, and it reads on for the one that follows what came after.
-    opener = asyncio.create_task(first("0-0", 3))
+    opener = asyncio.create_task(_first_ids(hub, key, "0-0", 3))
     while key not in hub.feeds or not hub.feeds[key].ready.is_set():
         await asyncio.sleep(0.01)
-    joiner = asyncio.create_task(first(ended, 2))
+    joiner = asyncio.create_task(_first_ids(hub, key, ended, 2))
     await asyncio.sleep(0.05)
     later = str(await client.xadd(key, {"e": json.dumps({"kind": "Tick"})}))
     assert await asyncio.wait_for(joiner, 30) == [went_on, later]

@@ -530,6 +530,18 @@ def test_json_nested_past_its_bound_is_refused_before_anything_is_stored(tenant:
 LONE = "holds an unpaired UTF-16 surrogate (\\ud800 to \\udfff), which is not a Unicode character"
 
 
+def invalid_body(problems: list[dict[str, str]]) -> dict[str, Any]:
+    """The answer to a body the API's JSON check refused for these problems (all of them listed in
+    the details, the first five in the message)."""
+    return {
+        "error": {
+            "kind": "invalid_request",
+            "message": "; ".join(f"{p['where']}: {p['problem']}" for p in problems[:5]),
+            "details": {"problems": problems},
+        }
+    }
+
+
 def test_lone_surrogates_are_refused_before_anything_is_stored(tenant: httpx.Client) -> None:
     # Python's json reads "\ud800" into a string no UTF-8 encoder takes: such a value failed the
     # submit with a 500 when it was stored, and such a key was stored altered.
@@ -566,10 +578,7 @@ def test_lone_surrogates_are_refused_before_anything_is_stored(tenant: httpx.Cli
     ]:
         response = tenant.post(path, content=body, headers={"content-type": "application/json"})
         assert response.status_code == 422, (body, response.text)
-        summary = "; ".join(f"{p['where']}: {p['problem']}" for p in problems)
-        assert response.json() == {
-            "error": {"kind": "invalid_request", "message": summary, "details": {"problems": problems}}
-        }
+        assert response.json() == invalid_body(problems)
     assert tenant.get("/v1/runs").json()["runs"] == []
     # A pair is one character, taken and given back as sent.
     pair = b'{"agent": "direct", "input": "x", "metadata": {"\\ud83d\\ude00": "\\ud83d\\ude00"}}'
@@ -602,13 +611,7 @@ def test_numbers_and_depths_past_what_pythons_parser_reads_are_invalid_requests(
     ]:
         response = tenant.post("/v1/runs", content=body, headers={"content-type": "application/json"})
         assert response.status_code == 422, response.text
-        assert response.json() == {
-            "error": {
-                "kind": "invalid_request",
-                "message": f"{where}: {problem}",
-                "details": {"problems": [{"where": where, "problem": problem}]},
-            }
-        }
+        assert response.json() == invalid_body([{"where": where, "problem": problem}])
     assert tenant.get("/v1/runs").json()["runs"] == []
     # The largest a double holds is a number like any other.
     fine = b'{"agent": "direct", "input": "x", "metadata": {"big": 1%s}}' % (b"0" * 308)
@@ -657,10 +660,7 @@ def test_a_key_twice_in_one_object_is_refused_before_anything_is_stored(tenant: 
     ]:
         response = tenant.post("/v1/runs", content=body, headers={"content-type": "application/json"})
         assert response.status_code == 422, (body, response.text)
-        summary = "; ".join(f"{p['where']}: {p['problem']}" for p in problems)
-        assert response.json() == {
-            "error": {"kind": "invalid_request", "message": summary, "details": {"problems": problems}}
-        }
+        assert response.json() == invalid_body(problems)
     assert tenant.get("/v1/runs").json()["runs"] == []
     # The same key in different objects is no repeat.
     fine = b'{"agent": "direct", "input": "x", "metadata": {"a": {"a": 1}, "b": {"a": 2}}}'
@@ -698,13 +698,7 @@ def test_a_body_repeating_thousands_of_keys_is_refused_as_cheaply_as_one_repeati
                 response = http.post("/v1/runs", content=body)
                 assert response.status_code == 422, response.text[:300]
                 if body is repeats:
-                    assert response.json() == {
-                        "error": {
-                            "kind": "invalid_request",
-                            "message": "; ".join(f"{p['where']}: {p['problem']}" for p in problems[:5]),
-                            "details": {"problems": problems},
-                        }
-                    }
+                    assert response.json() == invalid_body(problems)
             spent[name] = _cpu_s(api) - before
     assert spent["repeats"] < 3 * spent["unrepeated"] + 0.3, spent
 
@@ -740,13 +734,7 @@ def test_places_under_a_long_key_are_named_cut_and_without_a_copy_per_item(api: 
     assert response.status_code == 422
     where = f"body.metadata.{key}"[:200] + "..."
     problems = [{"where": where, "problem": "the key is in its object more than once"}] * 20
-    assert response.json() == {
-        "error": {
-            "kind": "invalid_request",
-            "message": "; ".join(f"{p['where']}: {p['problem']}" for p in problems[:5]),
-            "details": {"problems": problems},
-        }
-    }
+    assert response.json() == invalid_body(problems)
     assert len(response.content) < 8000
     # A number too large for a double is named by its start, as long as it is.
     digits = "1" * 200_000
@@ -757,10 +745,4 @@ def test_places_under_a_long_key_are_named_cut_and_without_a_copy_per_item(api: 
         timeout=60,
     )
     problem = "111111111111... (200002 characters) is too large for a JSON number (a double)"
-    assert response.json() == {
-        "error": {
-            "kind": "invalid_request",
-            "message": f"body.metadata.n: {problem}",
-            "details": {"problems": [{"where": "body.metadata.n", "problem": problem}]},
-        }
-    }
+    assert response.json() == invalid_body([{"where": "body.metadata.n", "problem": problem}])

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shared.archive import ListingFilter, RunSummary, open_archive
-from shared.archive.databases import open_database, sqlite_path
+from shared.archive.databases import Database, open_database, sqlite_path
 from shared.archive.record import EvalRecord
 from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, migration
 from shared.archive.sql import SqlArchive
@@ -146,6 +147,30 @@ def test_a_failed_run_keeps_its_error(archive: SqlArchive) -> None:
     assert archive.events("f")[-1][1] == failed
 
 
+def _at_version_5(db: Database) -> None:
+    """Make ``db``'s schema the one before the evals' tenant column (migrations 1 to 5)."""
+    with db.transaction(exclusive=True) as cur:
+        cur.execute(f"CREATE TABLE {SCHEMA_TABLE} (version INTEGER PRIMARY KEY, applied_at {db.float_type})")
+        for number in range(1, 6):
+            for statement in migration(number, db.json_type, db.float_type, db.json_member("meta", "tenant")):
+                cur.execute(statement)
+            cur.execute(db.sql(f"INSERT INTO {SCHEMA_TABLE} VALUES (?, ?)"), (number, time.time()))
+
+
+def _put_evals_without_tenant(db: Database, evals: list[tuple[str, float, dict[str, Any]]]) -> None:
+    """Archive ``(eval id, created_at, meta)`` as a release before migration 6 writes an eval: no
+    tenant column."""
+    with db.transaction() as cur:
+        for eval_id, created, meta in evals:
+            cur.execute(
+                db.sql(
+                    "INSERT INTO wesichain_evals (eval_id, created_at, finished_at, archived_at, meta,"
+                    " counts, cases, results) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                ),
+                (eval_id, created, created, created, json.dumps(meta), "{}", 0, 0),
+            )
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_evals_archived_before_their_tenant_had_a_column_are_listed_by_tenant(
     backend: str, tmp_path: Path
@@ -153,28 +178,15 @@ def test_evals_archived_before_their_tenant_had_a_column_are_listed_by_tenant(
     """Migration 6 fills the new ``tenant`` column of the evals already archived from their meta."""
     with archive_url(backend, tmp_path) as url:
         db = open_database(url)
-        with db.transaction(exclusive=True) as cur:
-            cur.execute(
-                f"CREATE TABLE {SCHEMA_TABLE} (version INTEGER PRIMARY KEY, applied_at {db.float_type})"
-            )
-            for number in range(1, 6):
-                for statement in migration(
-                    number, db.json_type, db.float_type, db.json_member("meta", "tenant")
-                ):
-                    cur.execute(statement)
-                cur.execute(db.sql(f"INSERT INTO {SCHEMA_TABLE} VALUES (?, ?)"), (number, time.time()))
-            for eval_id, created, meta in [
+        _at_version_5(db)
+        _put_evals_without_tenant(
+            db,
+            [
                 ("acme-1", 1.0, {"tenant": "acme", "note": "a \u0000 in the meta"}),
                 ("ops-1", 2.0, {"status": "completed"}),
                 ("rival-1", 3.0, {"tenant": "rival"}),
-            ]:
-                cur.execute(
-                    db.sql(
-                        "INSERT INTO wesichain_evals (eval_id, created_at, finished_at, archived_at, meta,"
-                        " counts, cases, results) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                    ),
-                    (eval_id, created, created, created, json.dumps(meta), "{}", 0, 0),
-                )
+            ],
+        )
         db.close()
         migrated = open_archive(url)
         try:
@@ -201,20 +213,14 @@ def test_evals_an_older_release_archives_after_the_migration_are_listed_by_their
             for eval_id, created, tenant in [("acme-new", 1.0, "acme"), ("ops-new", 2.0, None)]:
                 meta = {"status": "completed"} | ({"tenant": tenant} if tenant else {})
                 assert archive.put_eval(EvalRecord(eval_id, meta, {}, {}, {}, created, created))
-            db = archive.db
-            with db.transaction() as cur:  # as the older release writes an eval
-                for eval_id, created, meta in [
+            _put_evals_without_tenant(
+                archive.db,
+                [
                     ("acme-old", 3.0, {"tenant": "acme", "note": "a \u0000 in the meta"}),
                     ("ops-old", 4.0, {"status": "completed"}),
                     ("rival-old", 5.0, {"tenant": "rival"}),
-                ]:
-                    cur.execute(
-                        db.sql(
-                            "INSERT INTO wesichain_evals (eval_id, created_at, finished_at, archived_at,"
-                            " meta, counts, cases, results) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                        ),
-                        (eval_id, created, created, created, json.dumps(meta), "{}", 0, 0),
-                    )
+                ],
+            )
             assert archive.tenant_evals("acme", 10) == [(3.0, "acme-old"), (1.0, "acme-new")]
             assert archive.tenant_evals("acme", 1) == [(3.0, "acme-old")]
             assert archive.tenant_evals(None, 10) == [(4.0, "ops-old"), (2.0, "ops-new")]
@@ -243,22 +249,11 @@ def test_the_tenant_migration_reads_metas_whatever_the_strings_setting(conformin
                 f"ALTER DATABASE {url.rsplit('/', 1)[1]} SET standard_conforming_strings = {conforming}"
             )
         db = open_database(url)
-        with db.transaction(exclusive=True) as cur:
-            cur.execute(
-                f"CREATE TABLE {SCHEMA_TABLE} (version INTEGER PRIMARY KEY, applied_at {db.float_type})"
-            )
-            for number in range(1, 6):
-                for statement in migration(number, db.json_type, db.float_type, "unused"):
-                    cur.execute(statement)
-                cur.execute(db.sql(f"INSERT INTO {SCHEMA_TABLE} VALUES (?, ?)"), (number, time.time()))
-            for created, (eval_id, meta) in enumerate(metas.items()):
-                cur.execute(
-                    db.sql(
-                        "INSERT INTO wesichain_evals (eval_id, created_at, finished_at, archived_at, meta,"
-                        " counts, cases, results) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                    ),
-                    (eval_id, float(created), 0.0, 0.0, json.dumps(meta), "{}", 0, 0),
-                )
+        _at_version_5(db)
+        _put_evals_without_tenant(
+            db, [(eval_id, float(created), meta) for created, (eval_id, meta) in enumerate(metas.items())]
+        )
+        with db.transaction() as cur:
             cur.execute("SHOW standard_conforming_strings")
             assert cur.fetchone()[0] == conforming
         db.close()
