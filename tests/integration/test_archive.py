@@ -311,9 +311,13 @@ def test_the_http_api_reads_archived_runs_as_live_ones(pool: Pool, client: Clien
                     http.get("/v1/runs", params={"status": "completed"}).json(),
                 ]
 
-            def streamed(last_event_id: str | None) -> tuple[int, list[dict[str, Any]]]:
+            def streamed(
+                last_event_id: str | None, kinds: str | None = None
+            ) -> tuple[int, list[dict[str, Any]]]:
                 headers = {**SSE, **({"Last-Event-ID": last_event_id} if last_event_id else {})}
-                with http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers) as response:
+                params = {"kinds": kinds} if kinds else {}
+                path = f"/v1/runs/{run_id}/events"
+                with http.stream("GET", path, headers=headers, params=params) as response:
                     return response.status_code, [json.loads(f.data) for f in frames(response) if f.data]
 
             before = read()
@@ -328,6 +332,10 @@ def test_the_http_api_reads_archived_runs_as_live_ones(pool: Pool, client: Clien
             assert streamed(None) == (200, events)
             assert streamed(events[1]["id"]) == (200, events[2:])
             assert streamed(events[-1]["id"]) == (204, [])
+            # A made-up id past the end, and the kinds asked for, as on a live run's stream.
+            assert streamed("99999999999999-0") == (204, [])
+            wanted = [e for e in events if e["kind"] in ("ToolCompleted", "Completed")]
+            assert len(wanted) == 2 and streamed(None, "ToolCompleted") == (200, wanted)
             assert http.get("/v1/runs/not-a-run").status_code == 404
     finally:
         api.stop()
