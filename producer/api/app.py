@@ -29,6 +29,7 @@ from producer.api.config import ApiConfig
 from producer.api.errors import install_error_handlers
 from producer.api.methods import HeadAsGet
 from producer.api.services import Services
+from producer.api.targets import OriginForm
 
 __all__ = ["API_VERSION", "create_app", "openapi_document"]
 
@@ -64,6 +65,9 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
         # the server first (no preflight), so an API answering it would act on requests another
         # site made in the user's browser: with authentication off, on a developer's machine.
         strict_content_type=True,
+        # A path with a slash too many or too few is redirected by the 404 handler, relatively
+        # (targets.py): Starlette's own redirect names whatever host the request's Host header did.
+        redirect_slashes=False,
     )
     install_error_handlers(app)
     app.include_router(runs.router)
@@ -88,6 +92,8 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
     if not config.auth:
         app.add_middleware(LoopbackOnly)
+    # Outermost: the loopback guard checks the host a target in absolute-form names.
+    app.add_middleware(OriginForm)
     return app
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from producer.api.errors import error_response
+from producer.api.errors import error_response, place_in
 from shared.errors import InvalidRequest
 from shared.request import MAX_JSON_DEPTH, check_json_depth
 
@@ -219,22 +219,6 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
-#: The longest place an error names: a key may be nearly as long as the body, and one place is
-#: named for each of up to 20 problems (and the places under a long key are longer still).
-_MAX_WHERE = 200
-
-
-def _at(where: str, part: str | int) -> str:
-    """The place ``part`` of ``where`` as an error names it: a key with its lone surrogates escaped
-    (no UTF-8 encoder takes them), the whole cut after ``_MAX_WHERE`` characters ("..." ends it;
-    the places under one cut are named as it is)."""
-    if len(where) > _MAX_WHERE:
-        return where
-    shown = str(part) if isinstance(part, int) else part[: _MAX_WHERE + 1]
-    place = f"{where}.{shown.encode('utf-8', 'backslashreplace').decode('utf-8')}"
-    return place if len(place) <= _MAX_WHERE else f"{place[:_MAX_WHERE]}..."
-
-
 #: How deeply a request body may nest: its deepest free-form field (``MAX_JSON_DEPTH``) and the
 #: objects that hold it.
 MAX_BODY_DEPTH = MAX_JSON_DEPTH + 4
@@ -348,7 +332,7 @@ def _problems(document: Any, surrogates: bool) -> list[dict[str, str]]:
     stack: list[tuple[str, str | int | None, Any]] = [("body", None, document)]
     while stack:
         holder, part, value = stack.pop()
-        where = holder if part is None else _at(holder, part)
+        where = holder if part is None else place_in(holder, part)
         if isinstance(value, _NotFinite):
             problems.append({"where": where, "problem": value.problem})
         elif isinstance(value, str):
@@ -357,7 +341,7 @@ def _problems(document: Any, surrogates: bool) -> list[dict[str, str]]:
         elif isinstance(value, dict):
             if isinstance(value, _Repeated):
                 problems.extend(
-                    {"where": _at(where, key), "problem": "the key is in its object more than once"}
+                    {"where": place_in(where, key), "problem": "the key is in its object more than once"}
                     for key in value.repeated
                 )
             for key in reversed(list(value)):

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from producer.admission import TenantLimited
 from producer.api.methods import allowed_methods
+from producer.api.targets import slash_twin
 from shared.errors import ArchiveUnavailable
 
-__all__ = ["ApiError", "ErrorBody", "ErrorInfo", "error_response", "install_error_handlers"]
+__all__ = [
+    "MAX_WHERE",
+    "ApiError",
+    "ErrorBody",
+    "ErrorInfo",
+    "error_place",
+    "error_response",
+    "install_error_handlers",
+    "place_in",
+]
 
 
 class ErrorInfo(BaseModel):
@@ -23,8 +34,8 @@ class ErrorInfo(BaseModel):
         description="What went wrong: bad_json, bad_request, invalid_request, unauthorized, forbidden,"
         " not_found, method_not_allowed, unknown_agent, quota_exceeded, wrong_state, conflict,"
         " thread_busy, run_ended, inbox_full, body_too_large, headers_too_large, request_timeout,"
-        " unsupported_media_type, rate_limited, too_many_scans, too_many_streams, too_many_in_flight,"
-        " store_full, unavailable, internal."
+        " unsupported_media_type, not_implemented, rate_limited, too_many_scans, too_many_streams,"
+        " too_many_in_flight, store_full, unavailable, internal."
     )
     message: str = Field(description="A sentence for a human.")
     details: dict[str, Any] = Field(default_factory=dict, description="Machine-readable specifics.")
@@ -67,6 +78,33 @@ def error_response(
     return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
 
 
+#: The longest place an error names: a key may be nearly as long as the body, and one place is
+#: named for each of up to 20 problems (and the places under a long key are longer still).
+MAX_WHERE = 200
+
+
+def place_in(where: str, part: str | int) -> str:
+    """The place ``part`` of ``where`` as an error names it: a key with its lone surrogates escaped
+    (no UTF-8 encoder takes them), the whole cut after ``MAX_WHERE`` characters ("..." ends it;
+    the places under one cut are named as it is)."""
+    if len(where) > MAX_WHERE:
+        return where
+    shown = str(part) if isinstance(part, int) else part[: MAX_WHERE + 1]
+    place = f"{where}.{shown.encode('utf-8', 'backslashreplace').decode('utf-8')}"
+    return place if len(place) <= MAX_WHERE else f"{place[:MAX_WHERE]}..."
+
+
+def error_place(loc: Sequence[str | int]) -> str:
+    """The place a validation error names for pydantic's ``loc`` (``body.metadata.key``), cut as
+    :func:`place_in` cuts it: a key of the body's (an unexpected field) may be as long as the body."""
+    if not loc:
+        return ""
+    where = str(loc[0])[:MAX_WHERE]
+    for part in loc[1:]:
+        where = place_in(where, part)
+    return where
+
+
 _KIND_OF_STATUS = {
     400: "bad_request",
     401: "unauthorized",
@@ -98,7 +136,7 @@ def install_error_handlers(app: FastAPI) -> None:
                 {"content_type": declared},
             )
         problems = [
-            {"where": ".".join(str(p) for p in e.get("loc", ())), "problem": str(e.get("msg", ""))[:300]}
+            {"where": error_place(e.get("loc", ())), "problem": str(e.get("msg", ""))[:300]}
             for e in exc.errors()[:20]
         ]
         if any(e.get("type") == "json_invalid" for e in exc.errors()):
@@ -109,13 +147,15 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(422, "invalid_request", summary, {"problems": problems})
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         if isinstance(exc.__cause__, UnicodeDecodeError):
             # FastAPI read a JSON body that is not text (UTF-8, or UTF-16/32 by its first bytes).
             problem = {"where": f"body.{exc.__cause__.start}", "problem": "not UTF-8 text"}
             return error_response(
                 400, "bad_json", "the request body is not valid JSON", {"problems": [problem]}
             )
+        if exc.status_code == 404 and (twin := slash_twin(request)) is not None:
+            return RedirectResponse(twin, status_code=307)
         kind = _KIND_OF_STATUS.get(exc.status_code, "http_error")
         headers = dict(exc.headers) if exc.headers else {}
         if exc.status_code == 405:

@@ -13,8 +13,8 @@ one is. The body has its own deadline (``body_limit.py``).
 
 A head h11 cannot read (a malformed request line or header, a ``Content-Length`` that is no
 number, two that differ, a head past h11's 16 KiB) is answered in the API's error shape too, not
-uvicorn's plain text: ``400 bad_request``, or ``431 headers_too_large`` for a head too long, and
-the connection closed.
+uvicorn's plain text: ``400 bad_request``, ``431 headers_too_large`` for a head too long, or ``501
+not_implemented`` for a transfer coding other than chunked, and the connection closed.
 """
 
 from __future__ import annotations
@@ -96,6 +96,10 @@ class HeadDeadline(H11Protocol):
         hint = refused.error_status_hint if isinstance(refused, h11.RemoteProtocolError) else 400
         if hint == 431:
             status, kind, message = 431, "headers_too_large", "the request's line and headers are too long"
+        elif hint == 501:
+            # A transfer coding other than chunked (RFC 9112 §6.1: 501, the server does not do it).
+            status, kind = 501, "not_implemented"
+            message = "a request body is taken with a Content-Length or as one Transfer-Encoding: chunked"
         else:
             reason = _reason(refused)
             status, kind, message = 400, "bad_request", f"the request's head is not valid HTTP/1.1: {reason}"
@@ -104,7 +108,12 @@ class HeadDeadline(H11Protocol):
     def _answer_and_close(self, status: int, kind: str, message: str, details: dict[str, Any]) -> None:
         """Write an error answer by hand (no request reached the app) and close the connection."""
         body = json.dumps({"error": {"kind": kind, "message": message, "details": details}}).encode()
-        phrase = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large"}[status]
+        phrase = {
+            400: "Bad Request",
+            408: "Request Timeout",
+            431: "Request Header Fields Too Large",
+            501: "Not Implemented",
+        }[status]
         head = (
             f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"

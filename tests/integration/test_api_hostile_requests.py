@@ -477,7 +477,8 @@ def test_auth_off_on_all_addresses_under_plain_uvicorn_serves_loopback_callers_o
     server = PlainUvicorn(redis_server.url, "0.0.0.0", "127.0.0.1").start()
     try:
         with httpx.Client(base_url=server.url, timeout=30) as local:
-            assert local.get("/v1/runs").status_code == 200
+            first = local.get("/v1/runs")
+            assert first.status_code == 200, (first.text, server.log()[-3000:])
             # A proxy on this host forwarding someone else's request is someone else.
             refused(local.get("/v1/runs", headers={"X-Forwarded-For": "203.0.113.9"}))
             # A page whose name was rebound to 127.0.0.1 (DNS rebinding) asks from and to loopback,
@@ -487,6 +488,14 @@ def test_auth_off_on_all_addresses_under_plain_uvicorn_serves_loopback_callers_o
                 refused(local.get("/console/", headers={"Host": host}))
             for host in (f"localhost:{server.port}", "LOCALHOST", f"127.0.0.1:{server.port}", "[::1]"):
                 assert local.get("/v1/runs", headers={"Host": host}).status_code == 200, host
+            # A target in absolute-form names the request's host: the Host beside it does not count.
+            for target, status in [
+                (f"http://localhost:{server.port}/v1/runs", 200),
+                (f"http://rebind.example:{server.port}/v1/runs", 403),
+                ("http://attacker.example/console/", 403),
+            ]:
+                done = exchange(server, get_head(target, host=f"127.0.0.1:{server.port}"), iter(()))
+                assert done.status == status, (target, done.body)
         with httpx.Client(base_url=f"http://{address}:{server.port}", timeout=30) as remote:
             refused(remote.get("/v1/runs"))
             refused(remote.get("/v1/runs", headers={"X-Forwarded-For": "127.0.0.1"}))
@@ -746,3 +755,61 @@ def test_places_under_a_long_key_are_named_cut_and_without_a_copy_per_item(api: 
     )
     problem = "111111111111... (200002 characters) is too large for a JSON number (a double)"
     assert response.json() == invalid_body([{"where": "body.metadata.n", "problem": problem}])
+
+
+def test_fields_the_api_does_not_have_are_named_cut(tenant: httpx.Client) -> None:
+    # Twenty unexpected fields under long names: each was named whole, the answer larger than the body.
+    fields = {f"{i:02d}{'k' * 10_000}": 1 for i in range(20)}
+    response = tenant.post("/v1/runs", json={"agent": "direct", "input": "x", **fields})
+    assert response.status_code == 422, response.text[:300]
+    problems = response.json()["error"]["details"]["problems"]
+    assert [p["where"] for p in problems] == [f"body.{i:02d}{'k' * 193}..." for i in range(20)]
+    assert len(response.content) < 8000
+
+
+# -- Request targets ---------------------------------------------------------------------------
+
+
+def get_head(target: str, *headers: str, host: str = "api") -> bytes:
+    return ("\r\n".join([f"GET {target} HTTP/1.1", f"Host: {host}", *headers]) + "\r\n\r\n").encode()
+
+
+def test_a_target_in_absolute_form_is_served_as_its_path(api: ApiProcess, tenant: httpx.Client) -> None:
+    # RFC 9112 §3.2.2: a server accepts it (a proxy, or an older client, sends it); it was a 404.
+    key = tenant.headers["authorization"]
+    tenant_name = tenant.get("/v1/whoami").json()["tenant"]
+    for target in [f"http://127.0.0.1:{api.port}/v1/whoami", "HTTPS://api.example/v1/whoami?x=1"]:
+        done = exchange(api, get_head(target, f"Authorization: {key}"), iter(()))
+        assert done.status == 200, (target, done.body)
+        assert json.loads(done.body)["tenant"] == tenant_name
+    # A target with no path is the root's; one naming user information names no host: no route.
+    done = exchange(api, get_head(f"http://127.0.0.1:{api.port}"), iter(()))
+    assert done.status == 200 and b"<html" in done.body.lower()
+    done = exchange(api, get_head("http://user@api.example/v1/whoami", f"Authorization: {key}"), iter(()))
+    assert (done.status, done.error()["kind"]) == (404, "not_found")
+
+
+def test_a_slash_too_many_or_too_few_is_redirected_to_the_path_alone(api: ApiProcess) -> None:
+    # The Location named the host of the request's Host header: one a cache may keep for others.
+    for target, location in [
+        ("/v1/runs/?limit=3", "/v1/runs?limit=3"),
+        ("/v1/whoami/", "/v1/whoami"),
+        ("/console", "/console/"),
+    ]:
+        done = exchange(api, get_head(target, host="attacker.example"), iter(()))
+        assert (done.status, done.headers["location"]) == (307, location), target
+    for target in ["/v1/nothing-here/", "/console/no-such-file/"]:
+        done = exchange(api, get_head(target, host="attacker.example"), iter(()))
+        assert (done.status, done.error()["kind"]) == (404, "not_found"), target
+        assert "location" not in done.headers
+
+
+def test_a_transfer_coding_other_than_chunked_is_not_implemented(api: ApiProcess) -> None:
+    done = exchange(api, post_head("Transfer-Encoding: gzip, chunked"), iter([b"0\r\n\r\n"]))
+    assert done.status == 501, done.body
+    assert done.error() == {
+        "kind": "not_implemented",
+        "message": "a request body is taken with a Content-Length or as one Transfer-Encoding: chunked",
+        "details": {},
+    }
+    assert done.headers["connection"] == "close"
