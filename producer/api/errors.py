@@ -18,6 +18,7 @@ from producer.api.targets import slash_twin
 from shared.errors import ArchiveUnavailable
 
 __all__ = [
+    "FULL_RETRY_S",
     "MAX_WHERE",
     "ApiError",
     "ErrorBody",
@@ -27,6 +28,9 @@ __all__ = [
     "install_error_handlers",
     "place_in",
 ]
+
+#: How long a client is told to wait before it sends again a write that a full Redis refused.
+FULL_RETRY_S = 30
 
 
 class ErrorInfo(BaseModel):
@@ -189,6 +193,24 @@ def install_error_handlers(app: FastAPI) -> None:
             "unavailable",
             "the run store cannot be reached right now; try again",
             headers={"Retry-After": "1"},
+        )
+
+    @app.exception_handler(redis.exceptions.OutOfMemoryError)
+    async def _store_full(request: Request, exc: Exception) -> JSONResponse:
+        # Redis at maxmemory (noeviction) refused a write that adds data (a signal, a cancel, a
+        # schedule, a thread's turn, ...): refused before it wrote anything (a script is refused at
+        # its first such write), so the request can be sent again as it is once memory is freed.
+        import logging
+
+        logging.getLogger("wesichain.api").warning(
+            "%s %s: the run store is full: %s", request.method, request.url.path, exc
+        )
+        return error_response(
+            503,
+            "store_full",
+            "Redis is full (maxmemory) and refused this write; send it again once memory is freed"
+            " (raise maxmemory, shorten the retention, or run `wesichain gc`)",
+            headers={"Retry-After": str(FULL_RETRY_S)},
         )
 
     @app.exception_handler(Exception)

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from producer.api.auth import Caller
-from producer.api.errors import ApiError
+from producer.api.errors import FULL_RETRY_S, ApiError
 from producer.api.events import event_cursor
 from producer.api.models import PipelineList, namespace_field
 from producer.api.namespaces import allowed_namespace
@@ -125,7 +125,7 @@ def submit_pipeline(body: PipelineSubmit, services: Svc, who: Who) -> PipelineSt
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
     except StoreFull as exc:
-        raise ApiError(503, "store_full", str(exc)) from None
+        raise ApiError(503, "store_full", str(exc), headers={"Retry-After": str(FULL_RETRY_S)}) from None
     return handle.status()
 
 

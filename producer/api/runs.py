@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from producer.admission import Reservation
 from producer.api.auth import Caller, caller
-from producer.api.errors import ApiError, ErrorBody
+from producer.api.errors import FULL_RETRY_S, ApiError, ErrorBody
 from producer.api.models import (
     CheckpointList,
     DecisionBody,
@@ -91,9 +91,6 @@ ERRORS: dict[int | str, dict[str, object]] = {
 }
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
-
-#: How long a client is told to wait before resubmitting to a Redis that is nearly full.
-_FULL_RETRY_S = 30
 
 
 async def services_of(request: Request) -> Services:
@@ -428,7 +425,7 @@ def _refusal(exc: Exception, agent: str) -> ApiError:
     if isinstance(exc, InvalidRequest):
         return ApiError(422, "invalid_request", exc.message)
     if isinstance(exc, StoreFull):
-        return ApiError(503, "store_full", str(exc), headers={"Retry-After": str(_FULL_RETRY_S)})
+        return ApiError(503, "store_full", str(exc), headers={"Retry-After": str(FULL_RETRY_S)})
     raise exc
 
 

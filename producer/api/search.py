@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from producer.api.errors import ApiError
+from producer.api.errors import FULL_RETRY_S, ApiError
 from producer.api.models import RunList, RunView, run_view
 from producer.api.namespaces import allowed_again, allowed_models, model_refusal
 from producer.api.runs import ERRORS, Svc, Who, owned_run
@@ -171,7 +171,7 @@ def fork(run_id: str, services: Svc, who: Who, body: ForkBody | None = None) -> 
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
     except StoreFull as exc:
-        raise ApiError(503, "store_full", str(exc), headers={"Retry-After": "30"}) from None
+        raise ApiError(503, "store_full", str(exc), headers={"Retry-After": str(FULL_RETRY_S)}) from None
     finally:
         services.gate.release(reservation)
     return run_view(handle.status())

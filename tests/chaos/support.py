@@ -447,3 +447,40 @@ def write_doubling_eval(directory: Path, name: str, case_prefix: str, cases: int
         '[[scorers]]\nkind = "custom"\nname = "counted"\nfunction = "tests.eval_scorers:counted"\n'
     )
     return spec
+
+
+# -- a full Redis ---------------------------------------------------------------------------------
+
+#: The keys :func:`fill_redis` fills Redis with: ``free_redis`` deletes them.
+BALLAST = "test:ballast:"
+
+
+def fill_redis(r: redis.Redis) -> int:
+    """Fill Redis up to its maxmemory with ballast keys, then hold it above; returns how many keys."""
+    used = int(r.info("memory")["used_memory"])
+    r.config_set("maxmemory", used + 2 * 2**20)
+    n = 0
+    try:
+        while True:
+            r.set(f"{BALLAST}{n}", b"x" * 64 * 1024)
+            n += 1
+    except redis.exceptions.OutOfMemoryError:
+        # Full: now keep it so by a margin, whatever a worker's pop or delete frees meanwhile.
+        r.config_set("maxmemory", int(r.info("memory")["used_memory"]) - 2**20)
+        return n
+
+
+def free_redis(r: redis.Redis, ballast: int) -> None:
+    """Undo :func:`fill_redis`: its ``ballast`` keys deleted, no maxmemory."""
+    r.delete(*[f"{BALLAST}{n}" for n in range(ballast)])
+    r.config_set("maxmemory", 0)
+
+
+def refuses_writes(r: redis.Redis) -> bool:
+    """Whether Redis refuses a write that adds data (it is full)."""
+    try:
+        r.hset("test:probe", "k", "v" * 1024)
+    except redis.exceptions.OutOfMemoryError:
+        return True
+    r.delete("test:probe")
+    return False

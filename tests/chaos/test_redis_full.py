@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from producer.client import Client
 from producer.publishing import MessageBuilder
@@ -29,10 +28,13 @@ from tests.chaos.support import (
     assert_event_invariants,
     assert_terminal_matches_events,
     events_of,
+    fill_redis,
     first_event_after,
+    free_redis,
     idem,
     kinds,
     note_recovery,
+    refuses_writes,
 )
 from tests.harness import RedisServer, wait_until
 from tests.invariants import ONE_HOP
@@ -52,30 +54,6 @@ PUSH_WHILE_FULL = "redis.call('DEL', KEYS[2]) return redis.call('LPUSH', KEYS[1]
 def _count(gate: Path, name: str) -> int:
     path = gate / name
     return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def _fill(r: redis.Redis) -> int:
-    """Fill Redis up to its maxmemory with ballast keys, then hold it above; returns how many keys."""
-    used = int(r.info("memory")["used_memory"])
-    r.config_set("maxmemory", used + 2 * 2**20)
-    n = 0
-    try:
-        while True:
-            r.set(f"test:ballast:{n}", b"x" * 64 * 1024)
-            n += 1
-    except redis.exceptions.OutOfMemoryError:
-        # Full: now keep it so by a margin, whatever a worker's pop or delete frees meanwhile.
-        r.config_set("maxmemory", int(r.info("memory")["used_memory"]) - 2**20)
-        return n
-
-
-def _refused(r: redis.Redis) -> bool:
-    try:
-        r.hset("test:probe", "k", "v" * 1024)
-    except redis.exceptions.OutOfMemoryError:
-        return True
-    r.delete("test:probe")
-    return False
 
 
 def test_a_full_redis_stalls_runs_and_workers_resume_when_memory_is_freed(
@@ -98,8 +76,8 @@ def test_a_full_redis_stalls_runs_and_workers_resume_when_memory_is_freed(
     ]
     offsets = {w.name: len(w.log()) for w in workers}
 
-    ballast = _fill(r)
-    assert ballast > 0 and _refused(r)
+    ballast = fill_redis(r)
+    assert ballast > 0 and refuses_writes(r)
     full_until = time.monotonic() + FULL_FOR_S
     # Every charge ends while Redis is full: its result cannot be written, nor its task acked.
     (gate / "open").touch()
@@ -113,15 +91,14 @@ def test_a_full_redis_stalls_runs_and_workers_resume_when_memory_is_freed(
         what="a worker's consumer to be refused by the full Redis and restarted",
     )
     wait_until(lambda: time.monotonic() >= full_until, FULL_FOR_S + 5, what="Redis to stay full")
-    assert _refused(r)
+    assert refuses_writes(r)
     assert all(w.alive for w in workers)
     # Nothing moved while Redis was full: no run handed on (its epoch would have risen).
     for h in handles:
         assert r.hget(client.store.keys.run(h.run_id), protocol.EPOCH) in (None, b"0", "0")
         assert client.handle(h.run_id).status().phase is Phase.ACTING
 
-    r.delete(*[f"test:ballast:{n}" for n in range(ballast)])
-    r.config_set("maxmemory", 0)
+    free_redis(r, ballast)
     freed_at = time.time()
 
     for h in handles:
