@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Browser, Page, Route
 
 from tests.agents_console import HOSTILE
 from tests.api_support import ApiProcess, wait_status
@@ -100,6 +100,33 @@ def test_a_runs_subagents_are_linked_both_ways(
     page.click("#parent-link")
     page.wait_for_selector(f'#run-title:text("Run {run_id}")')
     page.wait_for_selector("#run-family:not([hidden])")
+
+
+def test_a_run_page_whose_reads_are_refused_for_a_moment_shows_when_they_are_served(
+    page: Page, http: httpx.Client, api: ApiProcess
+) -> None:
+    # A tenant's timelines share two places per API process (429 too_many_scans past them), and a
+    # page refreshing as events came overlapped its own reads: a refused one left the page with an
+    # error and without its checkpoints, for good once the run had ended (no event asks again).
+    run_id = submit(http, "tool_fails")
+    wait_status(http, run_id, {"failed"})
+    refused: list[str] = []
+    busy = {"error": {"kind": "too_many_scans", "message": "the tenant runs 2 scans", "details": {}}}
+
+    def twice(route: Route) -> None:
+        if len(refused) < 2:
+            refused.append(route.request.url)
+            headers = {"Retry-After": "1", "Content-Type": "application/json"}
+            route.fulfill(status=429, headers=headers, body=json.dumps(busy))
+        else:
+            route.continue_()
+
+    page.route("**/timeline", twice)
+    page.goto(f"{api.url}/#/runs/{run_id}")
+    page.wait_for_selector('#checkpoints button.fork[data-version="1"]')
+    page.wait_for_selector("#run-failure:not([hidden])")
+    assert len(refused) == 2
+    assert page.text_content("#run-error") == ""
 
 
 def test_a_failed_run_shows_its_error_and_is_retried_and_forked_from_its_page(

@@ -24,12 +24,25 @@ class ApiError extends Error {
   }
 }
 
+// A read refused for a moment (429 too_many_scans, 503 while Redis restarts) is sent again after
+// the Retry-After it names, a few times: a page refreshing as events come may overlap its own reads.
+const READ_RETRIES = 4;
+const MAX_RETRY_AFTER_S = 5;
+
 async function api(path, options = {}) {
   const headers = { Accept: "application/json", ...(options.headers || {}) };
   const key = sessionStorage.getItem(KEY_STORE);
   if (key) headers.Authorization = `Bearer ${key}`;
   if (options.body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(path, { ...options, headers, body: options.body === undefined ? undefined : JSON.stringify(options.body) });
+  const read = (options.method || "GET").toUpperCase() === "GET";
+  let response;
+  for (let attempt = 0; ; attempt++) {
+    response = await fetch(path, { ...options, headers, body: options.body === undefined ? undefined : JSON.stringify(options.body) });
+    const wait = Number(response.headers.get("Retry-After"));
+    if (!read || attempt >= READ_RETRIES || ![429, 503].includes(response.status) || !(wait > 0 && wait <= MAX_RETRY_AFTER_S)) break;
+    await new Promise((resolve) => setTimeout(resolve, wait * 1000));
+    if (options.signal && options.signal.aborted) break;
+  }
   if (response.status === 401) throw new Unauthorised();
   const text = await response.text();
   const body = text ? JSON.parse(text) : null;

@@ -32,13 +32,28 @@ function runView(runId) {
   $("#pending").hidden = true;
   $("#stream-box").hidden = true;
 
+  // One refresh at a time: events come faster than a timeline is read, and a tenant's timelines
+  // share two places per API process (429 past them). One asked for meanwhile runs after it.
+  let refreshing = false;
+  let again = false;
   async function refresh() {
     refreshTimer = null;
+    if (refreshing) { again = true; return; }
+    refreshing = true;
     try {
+      await refreshOnce();
+    } finally {
+      refreshing = false;
+      if (again) { again = false; soon(); }
+    }
+  }
+  async function refreshOnce() {
+    try {
+      const read = { signal: controller.signal };
       const [head, timeline, listed] = await Promise.all([
-        api(`/v1/runs/${runId}`),
-        api(`/v1/runs/${runId}/timeline`),
-        api(`/v1/runs/${runId}/checkpoints`),
+        api(`/v1/runs/${runId}`, read),
+        api(`/v1/runs/${runId}/timeline`, read),
+        api(`/v1/runs/${runId}/checkpoints`, read),
       ]);
       if (stopped) return;
       run = head;
@@ -52,7 +67,7 @@ function runView(runId) {
       if (hasChildren || (head.approval && head.approval.kind === "children")) await renderChildren(runId);
       draw();
     } catch (err) {
-      handleError(err, "#run-error");
+      if (!stopped) handleError(err, "#run-error");
     }
   }
   const soon = () => { if (!refreshTimer && !stopped) refreshTimer = setTimeout(refresh, 150); };
