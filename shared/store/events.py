@@ -22,17 +22,19 @@ class EventsMixin(StoreCore):
 
     # -- events ----------------------------------------------------------------------------
 
-    def emit(self, run_id: str, events: Sequence[Event]) -> None:
-        """Append events that are not part of a commit (live token deltas, custom events voided)."""
+    def emit(self, run_id: str, events: Sequence[Event], step: int | None = None) -> int:
+        """Append events that are not part of a commit (live token deltas, custom events voided)
+        while the run has not ended, and is at ``step`` if one is given (``emit_live.lua``).
+        Returns how many were appended: all, or none (the run ended or moved on)."""
         if not events:
-            return
-        key = self.keys.events(run_id)
-        with self.redis.pipeline(transaction=False) as pipe:
-            for e in events:
-                pipe.xadd(
-                    key, {"e": dump_event(e)}, maxlen=self.settings.limits.events_maxlen, approximate=True
-                )
-            pipe.execute()
+            return 0
+        k = self.keys
+        appended = self._run(
+            "emit_live",
+            [k.run(run_id), k.events(run_id)],
+            ["" if step is None else step, self.settings.limits.events_maxlen, *map(dump_event, events)],
+        )
+        return int(appended)
 
     def emit_custom(self, run_id: str, step: int, call_id: str, claim_token: str, event: Event) -> bool:
         """Append a tool's custom event if the delivery holding ``claim_token`` still holds the call

@@ -23,9 +23,10 @@ class Recorder:
     def __init__(self) -> None:
         self.emitted: list[tuple[float, str]] = []
 
-    def emit(self, run_id: str, events: list[Event]) -> None:
+    def emit(self, run_id: str, events: list[Event], step: int | None = None) -> int:
         for e in events:
             self.emitted.append((time.monotonic(), getattr(e, "text", "")))
+        return len(events)
 
 
 class Stalling:

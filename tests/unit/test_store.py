@@ -785,10 +785,26 @@ def dumps(events: Iterable[ev.Event]) -> list[dict[str, Any]]:
 def test_emit_appends_outside_commits(store: RunStore) -> None:
     thinking = started(store)
     run_id = thinking.head.run_id
-    deltas = [ev.TokenDelta(run_id=run_id, step=1, text=t) for t in ("a", "b")]
-    store.emit(run_id, deltas)
-    store.emit(run_id, [])
+    step = thinking.head.step
+    deltas = [ev.TokenDelta(run_id=run_id, step=step, text=t) for t in ("a", "b")]
+    assert store.emit(run_id, deltas, step=step) == 2
+    assert store.emit(run_id, []) == 0
     assert dumps(e for _, e in store.read_events(run_id))[-2:] == dumps(deltas)
+    # The text of a model call for another step (one that lost the run) is not appended.
+    stale = ev.TokenDelta(run_id=run_id, step=step + 1, text="stale")
+    assert store.emit(run_id, [stale], step=step + 1) == 0
+
+
+def test_nothing_is_emitted_after_a_runs_end_event(store: RunStore) -> None:
+    # A stream ends at the run's end event: a delta or notice after it was never sent to a follower.
+    thinking = started(store)
+    run_id = thinking.head.run_id
+    commit(store, thinking, thinking.complete("answer", Usage()))
+    late = [ev.TokenDelta(run_id=run_id, step=thinking.head.step, text="late")]
+    assert store.emit(run_id, late, step=thinking.head.step) == 0
+    assert store.emit(run_id, late) == 0
+    assert store.read_events(run_id)[-1][1].kind == "Completed"
+    assert store.emit("no-such-run", late) == 0
 
 
 # -- human decisions on parked runs ------------------------------------------------------------------
