@@ -637,3 +637,74 @@ def test_a_filter_matches_exactly_the_runs_holding_its_value_whatever_nul_or_esc
         assert archive.list_runs(ListingFilter(tenant, metadata={"k": "b"}), None, 50) == []
     finally:
         archive.close()
+
+
+def test_another_tenant_finds_nothing_of_an_archived_run_over_the_http_api(
+    pool: Pool, client: Client
+) -> None:
+    """Once a tenant's run is in the archive, another tenant's key gets the answers it would get for
+    a run that never existed, on every run route; and its own idempotency key, thread and metadata,
+    the same as the owner's, reach only its own runs (the archive is read by tenant too)."""
+    api = ApiProcess(pool.server.url, env={"WESICHAIN_ARCHIVE_URL": pool.url}).start()
+    tenants = Tenants(client.store.redis, client.store.keys)
+    owner_key, _ = tenants.create_key(f"owner-{uuid.uuid4().hex[:8]}", "test")
+    other_key, _ = tenants.create_key(f"other-{uuid.uuid4().hex[:8]}", "test")
+    request = {"agent": "one_hop", "input": "add", "thread_id": "shared", "metadata": {"order": "4711"}}
+    idempotent = {"Idempotency-Key": "order-4711"}
+    try:
+        with (
+            httpx.Client(base_url=api.url, headers=bearer(owner_key), timeout=30) as owner,
+            httpx.Client(base_url=api.url, headers=bearer(other_key), timeout=30) as other,
+        ):
+            run_id = owner.post("/v1/runs", json=request, headers=idempotent).json()["run_id"]
+            wait_status(owner, run_id, {"completed"}, TIMEOUT)
+            first_event = owner.get(f"/v1/runs/{run_id}/events").json()["events"][0]["id"]
+            assert Archiver(client.store).run_once(after_s=0).archived == 1
+            assert client.store.redis.exists(client.store.keys.run(run_id)) == 0
+            assert owner.get(f"/v1/runs/{run_id}").json()["status"] == "completed"
+
+            def not_found(response: httpx.Response) -> str:
+                assert response.status_code == 404, response.text
+                assert response.json()["error"]["kind"] == "not_found", response.text
+                return str(response.json()["error"]["message"])
+
+            resume = {**SSE, "Last-Event-ID": first_event}
+            for run in (run_id, "never-made"):
+                messages = [
+                    not_found(other.get(f"/v1/runs/{run}")),
+                    not_found(other.get(f"/v1/runs/{run}/events")),
+                    not_found(other.get(f"/v1/runs/{run}/events", headers=resume)),
+                    not_found(other.get(f"/v1/runs/{run}/checkpoints")),
+                    not_found(other.get(f"/v1/runs/{run}/timeline")),
+                    not_found(other.get(f"/v1/runs/{run}/children")),
+                    not_found(other.get(f"/v1/runs/{run}/signals/1")),
+                    not_found(other.post(f"/v1/runs/{run}/retry")),
+                    not_found(other.post(f"/v1/runs/{run}/fork", json={})),
+                    not_found(other.post(f"/v1/runs/{run}/cancel")),
+                    not_found(other.post(f"/v1/runs/{run}/approve", json={})),
+                    not_found(other.post(f"/v1/runs/{run}/messages", json={"text": "hi"})),
+                ]
+                assert all(m == f"no run {run!r}" for m in messages), messages
+            assert other.head(f"/v1/runs/{run_id}").status_code == 404
+
+            # The same request under the same key is another run of the other tenant's own.
+            again = other.post("/v1/runs", json=request, headers=idempotent)
+            assert again.status_code == 202, again.text
+            own = again.json()["run_id"]
+            assert own != run_id
+            wait_status(other, own, {"completed"}, TIMEOUT)
+            search = {"query": {"thread_id": "shared"}}
+            assert [r["run_id"] for r in other.post("/v1/runs/search", json=search).json()["runs"]] == [own]
+            listed = other.get("/v1/runs", params={"thread_id": "shared"}).json()["runs"]
+            assert [r["run_id"] for r in listed] == [own]
+            assert [r["run_id"] for r in other.get("/v1/runs").json()["runs"]] == [own]
+            # The owner's cursor names a place in the owner's listing only.
+            cursor = owner.post("/v1/runs/search", json={"query": {}, "limit": 1}).json()["next_cursor"]
+            if cursor is not None:
+                page = other.post("/v1/runs/search", json={"query": {}, "cursor": cursor}).json()
+                assert run_id not in [r["run_id"] for r in page["runs"]]
+            # And the owner still has its run, under its key, untouched by any of it.
+            assert owner.post("/v1/runs", json=request, headers=idempotent).json()["run_id"] == run_id
+            assert owner.get(f"/v1/runs/{run_id}").json()["status"] == "completed"
+    finally:
+        api.stop()
