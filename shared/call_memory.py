@@ -15,7 +15,7 @@ from shared.errors import InvalidRequest
 from shared.state import MemoryWrite
 
 if TYPE_CHECKING:
-    from shared.memory import Item, Memory, SearchResult
+    from shared.memory import Item, Memory, SearchResult, UntilRoom
 
 __all__ = ["CallMemory", "PhaseMemory"]
 
@@ -108,7 +108,17 @@ class CallMemory:
 class PhaseMemory(CallMemory):
     """``ctx.memory`` of a middleware hook: writes are made at once, each with an id from the run's
     version and the hook (``write_prefix``), so a phase that runs again after a crash, calling its
-    hooks again in the same order, writes nothing twice."""
+    hooks again in the same order, writes nothing twice.
+
+    ``until_room``: how a write that a full Redis refuses waits for memory (the worker's
+    ``until_room``, given here as this module may not import the worker); None: the refusal is
+    raised."""
+
+    def __init__(
+        self, open_memory: Callable[[], Memory], write_prefix: str, until_room: UntilRoom | None = None
+    ) -> None:
+        super().__init__(open_memory, write_prefix)
+        self._until_room = until_room
 
     def put(
         self, namespace: Sequence[str], key: str, value: Mapping[str, Any], *, ttl_s: float | None = None
@@ -131,7 +141,7 @@ class PhaseMemory(CallMemory):
 
     def _flush(self) -> None:
         write = self.pending[-1]
-        if self._memory.apply([write]) == ["full"]:
+        if self._memory.apply([write], self._until_room) == ["full"]:
             from shared.memory import MemoryFull
 
             raise MemoryFull(self._memory.quota())

@@ -28,6 +28,11 @@ writes take effect when its result is recorded). Middleware writes at once throu
 a crash writes nothing twice. Both ``ctx.memory`` kinds live in ``shared/call_memory.py``, which
 every phase loads; this module is loaded by a phase's first memory operation.
 
+A full Redis (``maxmemory``, ``noeviction``) refuses a write that holds a put, before anything of it
+is written (``OutOfMemoryError``); deletes alone go through. The API answers the refusal; the
+workers apply a call's or a hook's writes with an :class:`UntilRoom` (``worker.full.until_room``),
+which tries the script again until memory is freed: the write ids make the retry apply each once.
+
 Bounds: namespace depth and label length, key length, value bytes, writes per call, search page
 and scan (a search looks at a bounded number of items and bytes of a prefix and says when it
 stopped short: ``SearchResult.truncated``), items per tenant.
@@ -44,7 +49,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import redis
 from pydantic import BaseModel, Field
@@ -75,6 +80,7 @@ __all__ = [
     "Memory",
     "MemoryFull",
     "SearchResult",
+    "UntilRoom",
     "check_key",
     "check_namespace",
     "check_ttl",
@@ -83,6 +89,16 @@ __all__ = [
 ]
 
 log = logging.getLogger("wesichain.memory")
+
+T = TypeVar("T")
+
+
+class UntilRoom(Protocol):
+    """How a caller waits out a full Redis: runs ``write``, again while Redis refuses it for want
+    of memory, and returns its reply (``worker.full.until_room``; ``what`` names it in the log)."""
+
+    def __call__(self, write: Callable[[], T], what: str) -> T: ...
+
 
 #: A namespace is 1..MAX_DEPTH labels of 1..MAX_LABEL_CHARS of these characters.
 MAX_DEPTH = 8
@@ -397,26 +413,37 @@ class Memory:
         ((status, _),) = self._apply([write])
         return status == "deleted"
 
-    def apply(self, writes: Sequence[MemoryWrite]) -> list[str]:
+    def apply(self, writes: Sequence[MemoryWrite], until_room: UntilRoom | None = None) -> list[str]:
         """Apply recorded writes, each id once (``duplicate`` for one applied before); a put past
-        the quota is dropped (``full``) and logged by its id. Returns each write's status."""
+        the quota is dropped (``full``) and logged by its id. Returns each write's status.
+
+        A full Redis refuses writes holding a put (``OutOfMemoryError``, nothing written); with
+        ``until_room`` they are sent again through it (the values embedded once) until it takes
+        them."""
         if not writes:
             return []
-        statuses = [status for status, _ in self._apply(writes)]
+        statuses = [status for status, _ in self._apply(writes, until_room)]
         for write, status in zip(writes, statuses, strict=True):
             if status == "full":
                 # The call's result is recorded already: nothing can be told to the tool any more.
                 log.warning("memory write %s was dropped: the tenant's memory is full", write.write_id)
         return statuses
 
-    def _apply(self, writes: Sequence[MemoryWrite]) -> list[tuple[str, Item | None]]:
+    def _apply(
+        self, writes: Sequence[MemoryWrite], until_room: UntilRoom | None = None
+    ) -> list[tuple[str, Item | None]]:
         args: list[Any] = [self.quota(), APPLIED_KEEP_S * 1000, _PURGE_PER_WRITE]
         vectors = self._vectors_of(writes)
         for w, vector in zip(writes, vectors, strict=True):
             value = "" if w.value is None else check_value(w.value)
             ttl_ms = "" if w.ttl_s is None else int(w.ttl_s * 1000)
             args += [w.write_id, w.op, _entry(w.namespace, w.key), value, ttl_ms, vector]
-        replies = self._write([*self._keys, self._applied, self._vectors], args)
+        keys = [*self._keys, self._applied, self._vectors]
+        if until_room is None:
+            replies = self._write(keys, args)
+        else:
+            what = "memory writes " + ", ".join(w.write_id or "(direct)" for w in writes)
+            replies = until_room(lambda: self._write(keys, args), what)
         out: list[tuple[str, Item | None]] = []
         for w, reply in zip(writes, replies, strict=True):
             status = _text(reply[0])

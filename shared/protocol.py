@@ -503,6 +503,17 @@ local function push_broker(epoch, at)
   for _, c in ipairs(commands) do redis.call(c[1], c[2], c[3]) end
   return '1'
 end
+-- Stop here (OOM error, nothing written) when Redis is at maxmemory under noeviction. Redis refuses
+-- a command of a script that may add data only until the script's first write, whatever that
+-- write did: a script whose first write is a purge or a delete would go on to add data past
+-- maxmemory. So a script that adds data on a tenant's or a producer's behalf calls this before it
+-- writes anything: ZADD may add data, so a full Redis refuses it; with XX (update only) on the
+-- member '' and GT -inf (no score is lower) it changes nothing, and on a missing key creates
+-- nothing. 'zset' is one of the script's KEYS that is a sorted set or absent (another type would
+-- be a WRONGTYPE error).
+local function refuse_when_full(zset)
+  redis.call('ZADD', zset, 'XX', 'GT', '-inf', '')
+end
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

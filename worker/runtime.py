@@ -177,13 +177,15 @@ class Runtime:
     def phase_memory(self, head: RunHead, hook: str) -> PhaseMemory:
         """What middleware hook(s) ``hook`` of the phase of ``head`` write memory through: each
         write's id names the run, its version and the hook, so a redelivered phase writes once."""
-        return PhaseMemory(lambda: self.memory(head), f"{head.run_id}:v{head.version}:{hook}")
+        return PhaseMemory(lambda: self.memory(head), f"{head.run_id}:v{head.version}:{hook}", until_room)
 
     def apply_memory(self, head: RunHead, results: Sequence[ToolResult]) -> None:
         """Apply the memory writes of recorded tool results (each write id once)."""
         writes = [w for r in results if r.ok and r.memory_writes for w in r.memory_writes]
         if writes:
-            self.memory(head).apply(writes)
+            # A full Redis refuses them before writing: they wait for room like the result they
+            # came with (a refusal would fail the phase after its result was recorded).
+            self.memory(head).apply(writes, until_room)
 
     def holder(self) -> str:
         """This process, as claims name their holder (read per call: prefork children fork)."""

@@ -7,6 +7,8 @@
 -- Returns 1 if it was deleted, 0 if the tenant has no such assistant.
 local versions, index, kept = KEYS[1], KEYS[2], KEYS[3]
 local name, keep_s = unpack(ARGV, 1, 2)
+-- A full Redis accepts a delete (its first write is this ZREM; see refuse_when_full): it frees
+-- the index entry and its kept entry is of about that size, and a tenant must be able to delete.
 if redis.call('ZREM', index, name) == 0 then return 0 end
 redis.call('EXPIRE', versions, keep_s)
 local now = redis.call('TIME')

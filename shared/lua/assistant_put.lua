@@ -27,6 +27,8 @@ local function forget(old)
   redis.call('ZREM', kept, old)
 end
 
+-- Every change adds a version: at a full Redis it is refused before the purge below writes.
+refuse_when_full(index)
 -- Deleted assistants whose versions have expired since no longer count (a bounded few per write).
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)

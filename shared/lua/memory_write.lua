@@ -13,6 +13,15 @@ local values, versions, created, updated, index, expiry, applied, vectors =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local now = now_ms()
 
+-- A put adds data: at a full Redis the whole call is refused before the purges below write (see
+-- refuse_when_full). Deletes alone go through, and free memory.
+for at = 5, #ARGV, 6 do
+  if ARGV[at] == 'put' then
+    refuse_when_full(applied)
+    break
+  end
+end
+
 local function drop(entry)
   redis.call('HDEL', values, entry)
   redis.call('HDEL', versions, entry)

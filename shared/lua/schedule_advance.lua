@@ -11,6 +11,9 @@ local tick, next_tick, entry, counter, count, run_id, member, history_max, decis
 if redis.call('HGET', schedule, SCHED_NEXT) ~= tick then return 0 end
 local decided = redis.call('HGET', schedule, SCHED_DECISION_PREFIX .. tick)
 if (decided or '') ~= decision then return 0 end
+-- The advance adds its history entry: at a full Redis it is refused before it writes, whether or
+-- not its first write is the removal of SCHED_AFTER.
+refuse_when_full(due)
 local after = redis.call('HGET', schedule, SCHED_AFTER)
 if after then
   next_tick = after

@@ -8,6 +8,9 @@
 local schedule, due = KEYS[1], KEYS[2]
 local mode, member, next_tick = unpack(ARGV, 1, 3)
 if redis.call('HEXISTS', schedule, SCHED_SPEC) == 0 then return 'missing' end
+-- Either way fields are set: at a full Redis a resume (whose first write removes the pause) is
+-- refused before it writes, as a pause is.
+refuse_when_full(due)
 if mode == 'pause' then
   redis.call('HSET', schedule, SCHED_PAUSED, SCHED_YES)
   redis.call('ZREM', due, member)

@@ -4,6 +4,9 @@
 -- Returns {1, 0} when admitted, else {0, ms until the window has room}.
 local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
+-- An admitted submit adds its entry (and its run): at a full Redis the submit is refused before
+-- the trim below writes, so a refused submit spends nothing of the tenant's window.
+refuse_when_full(KEYS[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 local count = redis.call('ZCARD', KEYS[1])
 if count >= limit then

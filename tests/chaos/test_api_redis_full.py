@@ -228,3 +228,46 @@ def test_followers_and_writes_while_redis_is_full(
         assert wait_status(http, run_id, END_STATUSES, RUN_TIMEOUT_S)["status"] == "completed"
     http.close()
     assert "Traceback" not in api.log()
+
+
+def test_a_memory_item_and_a_new_assistant_are_refused_while_redis_is_full(
+    cluster: Cluster, server: RedisServer
+) -> None:
+    # Both scripts write a purge first (expired items, old write ids, expired kept names): the
+    # refusal must come before it, or the item and the assistant are stored past maxmemory.
+    cluster.start(1, agents="tests.agents_assistants")  # an assistant names an agent a worker serves
+    process = ApiProcess(server.url, env={"WESICHAIN_AGENTS": "tests.agents_assistants"}).start()
+    try:
+        r = server.client()
+        key, _ = Tenants(r, Keys()).create_key(f"t-{uuid.uuid4().hex[:8]}")
+        http = httpx.Client(base_url=process.url, headers=bearer(key), timeout=30)
+        item = {"namespace": ["notes"], "key": "k", "value": {"text": "kept"}}
+        where = {"namespace": ["notes"], "key": "k"}
+        assistant = {"name": "helper", "agent": "concierge", "config": {"max_steps": 5}}
+        first = {**assistant, "name": "first"}
+        wait_until(
+            lambda: http.post("/v1/assistants", json=first).status_code == 201, 60, what="a worker to serve"
+        )
+        ballast = fill_redis(r)
+        try:
+            assert ballast > 0 and refuses_writes(r)
+            _refused_full(http.put("/v1/memory/items", json=item))
+            _refused_full(http.post("/v1/assistants", json=assistant))
+            # Nothing was stored, and reads are served meanwhile.
+            assert http.get("/v1/memory/items", params=where).status_code == 404
+            assert http.get("/v1/assistants/helper").status_code == 404
+            assert [a["name"] for a in http.get("/v1/assistants").json()["assistants"]] == ["first"]
+            assert refuses_writes(r)
+        finally:
+            free_redis(r, ballast)
+        stored = http.put("/v1/memory/items", json=item)
+        assert stored.status_code == 200, stored.text
+        assert stored.json()["version"] == 1
+        assert http.get("/v1/memory/items", params=where).json()["value"] == {"text": "kept"}
+        created = http.post("/v1/assistants", json=assistant)
+        assert created.status_code == 201, created.text
+        assert created.json()["version"] == 1
+        http.close()
+        assert "Traceback" not in process.log()
+    finally:
+        process.stop()
