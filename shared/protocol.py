@@ -507,12 +507,13 @@ end
 -- a command of a script that may add data only until the script's first write, whatever that
 -- write did: a script whose first write is a purge or a delete would go on to add data past
 -- maxmemory. So a script that adds data on a tenant's or a producer's behalf calls this before it
--- writes anything: ZADD may add data, so a full Redis refuses it; with XX (update only) on the
--- member '' and GT -inf (no score is lower) it changes nothing, and on a missing key creates
--- nothing. 'zset' is one of the script's KEYS that is a sorted set or absent (another type would
--- be a WRONGTYPE error).
+-- writes anything: ZADD may add data, so a full Redis refuses it; with XX (update only) and INCR
+-- by 0 on the member '' it changes nothing (no such member is added, an existing score stays), and
+-- on a missing key creates nothing (both options are older than any Redis the store runs on).
+-- 'zset' is one of the script's KEYS that is a sorted set or absent (another type would be a
+-- WRONGTYPE error).
 local function refuse_when_full(zset)
-  redis.call('ZADD', zset, 'XX', 'GT', '-inf', '')
+  redis.call('ZADD', zset, 'XX', 'INCR', 0, '')
 end
 local function now_ms()
   local t = redis.call('TIME')
