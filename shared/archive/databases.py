@@ -2,7 +2,8 @@
 
 * :class:`Postgres`: psycopg 3 with a connection pool (``psycopg_pool``), for deployments; bulk
   rows go in with ``COPY``. A connection is checked before use, so a restarted server costs one
-  failed batch at most; connections idle for a minute are closed.
+  failed batch at most, and the first read once a server that was down is back connects;
+  connections idle for a minute are closed.
 * :class:`Sqlite`: the standard library's ``sqlite3`` on one file (WAL, so readers do not wait for
   the writer), for the embedded mode and single-host use; one connection per process, serialised.
 
@@ -227,6 +228,12 @@ class Postgres(Database):
             max_size=max_connections,
             max_idle=60,
             timeout=timeout_s,
+            # A failed connect is retried with a doubling pause until this runs out, and only then
+            # may a reader start another. At the pool's default (5 minutes) a database that was
+            # down for a minute stayed unread for about a minute more, every reader waiting on an
+            # attempt asleep in its pause: an attempt ends well within the time a reader waits, so
+            # the first read after the database is back connects.
+            reconnect_timeout=timeout_s / 2,
             open=True,
             check=ConnectionPool.check_connection,
             kwargs={"connect_timeout": max(1, int(timeout_s))},
