@@ -5,7 +5,9 @@ connection resumes with ``Last-Event-ID`` (browsers do this by themselves) and g
 event once: the id is the event's position in the run's stream, not a count kept by this process.
 The stream ends after the run's end event (Completed, Failed or Interrupted); a resume after that
 end is answered ``204 No Content``, which tells a browser's ``EventSource`` to stop reconnecting.
-An ended run's events are read where they are: from the archive once the run has moved there.
+An ended run's events are read where they are: from the archive once the run has moved there, a
+page at a time; if the archive fails between pages the stream ends early, cleanly, and the resume
+after its last event is answered 503 until the archive can be read again.
 While nothing happens a keep-alive comment is sent every ``keepalive_s``.
 
 All the streams of one run in one process share a single reader (:mod:`producer.api.feeds`): one
@@ -19,6 +21,7 @@ place is taken before its answer starts and given back when the answer ends, how
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -35,6 +38,7 @@ from producer.api.models import EventPage
 from producer.api.runs import ERRORS, Svc, Who, check_run_id, owned, owned_run
 from producer.api.services import Services
 from shared import protocol
+from shared.errors import ArchiveUnavailable
 from shared.events import END_EVENTS, EVENT_KINDS, Event, dump_event, stream_after
 from shared.state import Phase, RunHead
 from shared.store.runs import loaded_head
@@ -42,6 +46,7 @@ from shared.store.runs import loaded_head
 __all__ = ["event_cursor", "events", "router", "wants_stream"]
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
+log = logging.getLogger("wesichain.api")
 
 _STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 
@@ -204,7 +209,15 @@ async def _archived(
             yield chunk
         if ended or len(batch) < BATCH:
             return
-        batch = await run_in_threadpool(services.store.read_events, run_id, batch[-1][0], BATCH)
+        try:
+            batch = await run_in_threadpool(services.store.read_events, run_id, batch[-1][0], BATCH)
+        except ArchiveUnavailable as exc:
+            # The answer has started: no 503 can be sent now. Ended here, the stream closes cleanly
+            # after whole events, each with its id, and the client resumes after the last one it
+            # got (a browser by itself, after the retry above), answered 503 until the archive is
+            # back; failing the answer instead would cut it mid-chunk and log a traceback.
+            log.warning("the archived events of run %s stopped after %s: %s", run_id, batch[-1][0], exc)
+            return
 
 
 def _chunk(batch: list[Entry], only: frozenset[str] | None) -> tuple[str, bool]:

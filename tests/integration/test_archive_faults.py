@@ -1,15 +1,105 @@
-"""The run archive's database failing under real processes: a PostgreSQL database of the test's own
-that starts refusing connections and ends the ones it has, then accepts them again.
+"""The run archive's database failing under real processes: between the pages of an archived run's
+event stream (a real API process, a PostgreSQL database of the test's own that starts refusing and
+ends its connections), and its connection pool after the database is back.
 """
 
 from __future__ import annotations
 
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+
+import httpx
 import pytest
 
+from producer.api.feeds import BATCH
+from shared.archive import open_archive
 from shared.archive.databases import Postgres
 from shared.archive.sql import SqlArchive
 from shared.errors import ArchiveUnavailable
-from tests.archive_support import postgres_database, set_connections
+from shared.events import Completed, CustomEvent, RunStarted
+from shared.keys import Keys
+from shared.llm.base import Usage
+from shared.tenants import Tenants
+from tests.api_support import SSE, ApiProcess, bearer, frames
+from tests.archive_support import postgres_database, sample_record, set_connections, stamped
+from tests.harness import RedisServer, wait_until
+
+#: An archived run's events: this many pages of the stream's reads of the archive, each event about
+#: 4 KB, so the socket buffers between the API and a client that stops reading hold a few pages at
+#: most and the API reads the rest only as the client reads on.
+PAGES = 8
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    started = RedisServer().start()
+    yield started
+    started.cleanup()
+
+
+def _archived_run(url: str, tenant: str) -> tuple[str, list[str]]:
+    """A completed run of ``tenant`` with ``PAGES`` pages of events, written straight to the archive
+    at ``url``: its id, and its event ids in order."""
+    run_id = uuid.uuid4().hex
+    events = [stamped("1000-0", RunStarted(run_id=run_id, step=0, agent="a", agent_version="1", model="m"))]
+    events += [
+        stamped(
+            f"1000-{i}",
+            CustomEvent(run_id=run_id, step=1, call_id="c", tool="t", attempt=1, name="p", data="x" * 4000),
+        )
+        for i in range(1, PAGES * BATCH)
+    ]
+    events.append(stamped("1001-0", Completed(run_id=run_id, step=1, answer="42", usage=Usage())))
+    archive = open_archive(url)
+    try:
+        archive.put([replace(sample_record(run_id, 1000, tenant=tenant), events=events).stored()])
+    finally:
+        archive.close()
+    return run_id, [event_id for event_id, _ in events]
+
+
+def test_an_archived_runs_stream_ends_cleanly_when_the_archive_fails_between_pages_and_resumes(
+    server: RedisServer,
+) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    with postgres_database() as url:
+        run_id, ids = _archived_run(url, tenant)
+        key, _ = Tenants(server.client(), Keys()).create_key(tenant, "test")
+        # One stream per tenant: the resume opens only if the broken stream gave its place back.
+        env = {"WESICHAIN_ARCHIVE_URL": url, "WESICHAIN_API_MAX_STREAMS_PER_TENANT": "1"}
+        api = ApiProcess(server.url, env=env).start()
+        try:
+            # A small receive buffer: the API is held between pages while the test does not read.
+            small = httpx.HTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)])
+            got: list[str] = []
+            with httpx.Client(base_url=api.url, headers=bearer(key), timeout=60, transport=small) as http:
+                path = f"/v1/runs/{run_id}/events"
+                with http.stream("GET", path, headers=SSE) as response:
+                    assert response.status_code == 200
+                    for frame in frames(response):
+                        if frame.id is None:
+                            continue
+                        got.append(frame.id)
+                        if len(got) == 10:  # the first page read; most are still in the archive
+                            set_connections(url, allowed=False)
+                    # The loop ended: the answer ended as an HTTP answer ends (no cut chunk, which
+                    # httpx raises as RemoteProtocolError), after whole events, before the end event.
+            assert 10 <= len(got) < len(ids) and got == ids[: len(got)]
+            with httpx.Client(base_url=api.url, headers=bearer(key), timeout=60) as http:
+                assert http.get("/healthz").status_code == 200  # the API serves on meanwhile
+                resume = {**SSE, "Last-Event-ID": got[-1]}
+                assert http.get(f"/v1/runs/{run_id}/events", headers=resume).status_code == 503
+                set_connections(url, allowed=True)
+                with http.stream("GET", f"/v1/runs/{run_id}/events", headers=resume) as response:
+                    assert response.status_code == 200
+                    rest = [frame.id for frame in frames(response) if frame.id is not None]
+            assert got + rest == ids  # every event once, in order, across the resume
+            said = f"the archived events of run {run_id} stopped after {got[-1]}"
+            wait_until(lambda: said in api.log(), 30, what="the API to log why the stream ended")
+        finally:
+            api.stop()
 
 
 def test_the_first_read_after_the_database_is_back_connects() -> None:
