@@ -3,7 +3,9 @@ and a run read whole through the client, to compare before and after archiving."
 
 from __future__ import annotations
 
+import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +17,8 @@ import pytest
 
 from producer.client import Client
 from shared.archive import RunRecord
+from shared.archive.databases import Database
+from shared.archive.schema import SCHEMA_TABLE, migration
 from shared.errors import RunErrorInfo
 from shared.evals.store import EvalStore
 from shared.events import Completed, Event, RunStarted, StepStarted
@@ -29,6 +33,7 @@ __all__ = [
     "BACKENDS",
     "POSTGRES",
     "FullRead",
+    "archive_at_version_5",
     "archive_url",
     "ended_run",
     "eval_keys",
@@ -37,6 +42,7 @@ __all__ = [
     "stamped",
     "live_run",
     "postgres_database",
+    "put_evals_without_tenant",
     "set_connections",
 ]
 
@@ -204,3 +210,27 @@ def eval_keys(store: EvalStore, eval_id: str) -> int:
             k.eval_counts(eval_id),
         )
     )
+
+
+def archive_at_version_5(db: Database) -> None:
+    """Make ``db``'s schema the one before the evals' tenant column (migrations 1 to 5)."""
+    with db.transaction(exclusive=True) as cur:
+        cur.execute(f"CREATE TABLE {SCHEMA_TABLE} (version INTEGER PRIMARY KEY, applied_at {db.float_type})")
+        for number in range(1, 6):
+            for statement in migration(number, db.json_type, db.float_type, db.json_member("meta", "tenant")):
+                cur.execute(statement)
+            cur.execute(db.sql(f"INSERT INTO {SCHEMA_TABLE} VALUES (?, ?)"), (number, time.time()))
+
+
+def put_evals_without_tenant(db: Database, evals: list[tuple[str, float, dict[str, Any]]]) -> None:
+    """Archive ``(eval id, created_at, meta)`` as a release before migration 6 writes an eval: no
+    tenant column."""
+    with db.transaction() as cur:
+        for eval_id, created, meta in evals:
+            cur.execute(
+                db.sql(
+                    "INSERT INTO wesichain_evals (eval_id, created_at, finished_at, archived_at, meta,"
+                    " counts, cases, results) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                ),
+                (eval_id, created, created, created, json.dumps(meta), "{}", 0, 0),
+            )

@@ -1,21 +1,27 @@
 """The run archive's database failing under real processes: between the pages of an archived run's
 event stream (a real API process, a PostgreSQL database of the test's own that starts refusing and
-ends its connections), and its connection pool after the database is back.
+ends its connections), its connection pool after the database is back, and a schema migration whose
+connection is ended half-way while other processes wait to open the archive.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 
 import httpx
+import psycopg
 import pytest
 
 from producer.api.feeds import BATCH
 from shared.archive import open_archive
-from shared.archive.databases import Postgres
+from shared.archive.databases import Postgres, open_database
+from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE
 from shared.archive.sql import SqlArchive
 from shared.errors import ArchiveUnavailable
 from shared.events import Completed, CustomEvent, RunStarted
@@ -23,8 +29,16 @@ from shared.keys import Keys
 from shared.llm.base import Usage
 from shared.tenants import Tenants
 from tests.api_support import SSE, ApiProcess, bearer, frames
-from tests.archive_support import postgres_database, sample_record, set_connections, stamped
-from tests.harness import RedisServer, wait_until
+from tests.archive_support import (
+    POSTGRES,
+    archive_at_version_5,
+    postgres_database,
+    put_evals_without_tenant,
+    sample_record,
+    set_connections,
+    stamped,
+)
+from tests.harness import ROOT, RedisServer, wait_until
 
 #: An archived run's events: this many pages of the stream's reads of the archive, each event about
 #: 4 KB, so the socket buffers between the API and a client that stops reading hold a few pages at
@@ -122,3 +136,79 @@ def test_the_first_read_after_the_database_is_back_connects() -> None:
             assert archive.load("no-such-run") is None
         finally:
             archive.close()
+
+
+#: A process of its own opening the archive (which applies the migrations it lacks): its version.
+_OPENER = (
+    "import sys; from shared.archive import open_archive; archive = open_archive(sys.argv[1]);"
+    " print('version', archive.migrate(), flush=True); archive.close()"
+)
+
+
+def test_a_migration_whose_connection_ends_midway_is_undone_whole_and_the_next_opener_completes_it() -> None:
+    """Three processes open an archive one migration behind at once. The one applying it has its
+    connection ended after the migration's every statement but its record: it refuses clearly, the
+    archive is left whole at the version before, and another opener applies the migration."""
+    evals = [("acme-1", 1.0, {"tenant": "acme"}), ("ops-1", 2.0, {"status": "completed"})]
+    with postgres_database() as url:
+        db = open_database(url)
+        archive_at_version_5(db)
+        put_evals_without_tenant(db, evals)
+        db.close()
+        name = url.rsplit("/", 1)[1]
+        with (
+            psycopg.connect(f"{POSTGRES}/{name}") as holder,
+            psycopg.connect(f"{POSTGRES}/postgres", autocommit=True) as admin,
+        ):
+            # The record of migration 6, not committed: the migrating opener's own record of it
+            # waits for this one, after every statement of the migration ran.
+            holder.execute(f"INSERT INTO {SCHEMA_TABLE} (version, applied_at) VALUES (6, 0)")
+            openers = [
+                subprocess.Popen(
+                    [sys.executable, "-c", _OPENER, url],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                )
+                for _ in range(3)
+            ]
+            try:
+
+                def backends(where: str) -> list[int]:
+                    rows = admin.execute(
+                        f"SELECT pid FROM pg_stat_activity WHERE datname = %s AND {where}", (name,)
+                    ).fetchall()
+                    return [int(row[0]) for row in rows]
+
+                migrating = f"query LIKE 'INSERT INTO {SCHEMA_TABLE}%%' AND wait_event_type = 'Lock'"
+                waiting = "wait_event = 'advisory'"  # the others, on the migrations' lock
+                wait_until(
+                    lambda: len(backends(migrating)) == 1 and len(backends(waiting)) == 2,
+                    60,
+                    what="one opener to be mid-migration and two to wait for it",
+                )
+                (pid,) = backends(migrating)
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                # Another opener applies every statement of the migration again (its new column
+                # among them: none of the first attempt's was left behind) and waits in turn.
+                wait_until(
+                    lambda: backends(migrating) not in ([], [pid]),
+                    60,
+                    what="another opener to apply the whole migration again",
+                )
+            finally:
+                holder.rollback()
+            outcomes = [opener.communicate(timeout=60) for opener in openers]
+        codes = sorted(opener.returncode for opener in openers)
+        assert codes == [0, 0, 1], outcomes
+        refused = next(err for opener, (_, err) in zip(openers, outcomes, strict=True) if opener.returncode)
+        assert "ArchiveUnavailable: the PostgreSQL archive at" in refused
+        assert sorted(out for out, _ in outcomes if out) == ["version 6\n", "version 6\n"]
+        migrated = open_archive(url)
+        try:
+            assert isinstance(migrated, SqlArchive) and migrated.migrate() == len(MIGRATIONS)
+            assert migrated.tenant_evals("acme", 10) == [(1.0, "acme-1")]
+            assert migrated.tenant_evals(None, 10) == [(2.0, "ops-1")]
+        finally:
+            migrated.close()

@@ -3,23 +3,29 @@ schema migrations, idempotent batches, and reads shaped as the Redis reads are."
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from shared.archive import ListingFilter, RunSummary, open_archive
-from shared.archive.databases import Database, open_database, sqlite_path
+from shared.archive.databases import open_database, sqlite_path
 from shared.archive.record import EvalRecord
-from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE, migration
+from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE
 from shared.archive.sql import SqlArchive
 from shared.errors import ArchiveUnavailable, ConfigError, RunErrorInfo
 from shared.events import Failed
 from shared.settings import Settings
 from shared.state import CallbackState, Phase
-from tests.archive_support import BACKENDS, archive_url, postgres_database, sample_record, stamped
+from tests.archive_support import (
+    BACKENDS,
+    archive_at_version_5,
+    archive_url,
+    postgres_database,
+    put_evals_without_tenant,
+    sample_record,
+    stamped,
+)
 
 
 @pytest.fixture
@@ -147,30 +153,6 @@ def test_a_failed_run_keeps_its_error(archive: SqlArchive) -> None:
     assert archive.events("f")[-1][1] == failed
 
 
-def _at_version_5(db: Database) -> None:
-    """Make ``db``'s schema the one before the evals' tenant column (migrations 1 to 5)."""
-    with db.transaction(exclusive=True) as cur:
-        cur.execute(f"CREATE TABLE {SCHEMA_TABLE} (version INTEGER PRIMARY KEY, applied_at {db.float_type})")
-        for number in range(1, 6):
-            for statement in migration(number, db.json_type, db.float_type, db.json_member("meta", "tenant")):
-                cur.execute(statement)
-            cur.execute(db.sql(f"INSERT INTO {SCHEMA_TABLE} VALUES (?, ?)"), (number, time.time()))
-
-
-def _put_evals_without_tenant(db: Database, evals: list[tuple[str, float, dict[str, Any]]]) -> None:
-    """Archive ``(eval id, created_at, meta)`` as a release before migration 6 writes an eval: no
-    tenant column."""
-    with db.transaction() as cur:
-        for eval_id, created, meta in evals:
-            cur.execute(
-                db.sql(
-                    "INSERT INTO wesichain_evals (eval_id, created_at, finished_at, archived_at, meta,"
-                    " counts, cases, results) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                ),
-                (eval_id, created, created, created, json.dumps(meta), "{}", 0, 0),
-            )
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_evals_archived_before_their_tenant_had_a_column_are_listed_by_tenant(
     backend: str, tmp_path: Path
@@ -178,8 +160,8 @@ def test_evals_archived_before_their_tenant_had_a_column_are_listed_by_tenant(
     """Migration 6 fills the new ``tenant`` column of the evals already archived from their meta."""
     with archive_url(backend, tmp_path) as url:
         db = open_database(url)
-        _at_version_5(db)
-        _put_evals_without_tenant(
+        archive_at_version_5(db)
+        put_evals_without_tenant(
             db,
             [
                 ("acme-1", 1.0, {"tenant": "acme", "note": "a \u0000 in the meta"}),
@@ -213,7 +195,7 @@ def test_evals_an_older_release_archives_after_the_migration_are_listed_by_their
             for eval_id, created, tenant in [("acme-new", 1.0, "acme"), ("ops-new", 2.0, None)]:
                 meta = {"status": "completed"} | ({"tenant": tenant} if tenant else {})
                 assert archive.put_eval(EvalRecord(eval_id, meta, {}, {}, {}, created, created))
-            _put_evals_without_tenant(
+            put_evals_without_tenant(
                 archive.db,
                 [
                     ("acme-old", 3.0, {"tenant": "acme", "note": "a \u0000 in the meta"}),
@@ -249,8 +231,8 @@ def test_the_tenant_migration_reads_metas_whatever_the_strings_setting(conformin
                 f"ALTER DATABASE {url.rsplit('/', 1)[1]} SET standard_conforming_strings = {conforming}"
             )
         db = open_database(url)
-        _at_version_5(db)
-        _put_evals_without_tenant(
+        archive_at_version_5(db)
+        put_evals_without_tenant(
             db, [(eval_id, float(created), meta) for created, (eval_id, meta) in enumerate(metas.items())]
         )
         with db.transaction() as cur:
