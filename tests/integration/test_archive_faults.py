@@ -1,24 +1,31 @@
 """The run archive's database failing under real processes: between the pages of an archived run's
 event stream (a real API process, a PostgreSQL database of the test's own that starts refusing and
-ends its connections), its connection pool after the database is back, and a schema migration whose
-connection is ended half-way while other processes wait to open the archive.
+ends its connections), its connection pool after the database is back, a schema migration whose
+connection is ended half-way while other processes wait to open the archive, and the disk under a
+SQLite archive filling up while ``wesichain archive`` moves runs.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import socket
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
 from producer.api.feeds import BATCH
+from producer.client import Client
 from shared.archive import open_archive
 from shared.archive.databases import Postgres, open_database
 from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE
@@ -27,18 +34,22 @@ from shared.errors import ArchiveUnavailable
 from shared.events import Completed, CustomEvent, RunStarted
 from shared.keys import Keys
 from shared.llm.base import Usage
+from shared.settings import ENV_ARCHIVE_BATCH, ENV_ARCHIVE_URL
 from shared.tenants import Tenants
 from tests.api_support import SSE, ApiProcess, bearer, frames
 from tests.archive_support import (
     POSTGRES,
     archive_at_version_5,
+    full_read,
     postgres_database,
     put_evals_without_tenant,
     sample_record,
     set_connections,
     stamped,
 )
+from tests.broker import Settings, broker_env
 from tests.harness import ROOT, RedisServer, wait_until
+from worker.testing.runs import ended_run
 
 #: An archived run's events: this many pages of the stream's reads of the archive, each event about
 #: 4 KB, so the socket buffers between the API and a client that stops reading hold a few pages at
@@ -212,3 +223,103 @@ def test_a_migration_whose_connection_ends_midway_is_undone_whole_and_the_next_o
             assert migrated.tenant_evals(None, 10) == [(2.0, "ops-1")]
         finally:
             migrated.close()
+
+
+@contextmanager
+def _small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` (root only: skipped where it cannot be mounted)."""
+    path.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {mounted.stderr.decode(errors='replace')[:200]}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=True)
+
+
+def _fill(disk: Path, leave: int) -> Path:
+    """A file filling ``disk`` but ``leave`` bytes; its path."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    os.ftruncate(fd, max(0, os.fstat(fd).st_size - leave))
+    os.close(fd)
+    return filler
+
+
+def test_a_full_disk_under_a_sqlite_archive_keeps_runs_in_redis_until_there_is_room(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """``wesichain archive`` on a SQLite archive whose disk fills: the pass says why and exits 1,
+    each run is whole in Redis or whole in the archive (a batch that fits is archived, the others
+    wait), and once there is room again the next pass archives the rest, which read the same."""
+    with _small_disk(tmp_path / "disk", "8m") as disk:
+        url = f"sqlite:///{disk / 'archive.db'}"
+        settings = Settings(
+            redis_url=server.url, agents_module="tests.agents_fixture", archive_url=url, archive_batch=10
+        )
+        client = Client(settings)
+        store = client.store
+        env = {**os.environ, "PYTHONPATH": str(ROOT), ENV_ARCHIVE_URL: url, ENV_ARCHIVE_BATCH: "10"}
+
+        def archive_pass() -> tuple[int, dict[str, Any]]:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "producer.cli",
+                    "archive",
+                    "--redis",
+                    server.url,
+                    "--after",
+                    "0",
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                env={**env, **broker_env(server.url)},
+                timeout=120,
+            )
+            report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+            return done.returncode, report
+
+        def in_redis(run_ids: list[str]) -> set[str]:
+            return {run_id for run_id in run_ids if store.redis.exists(store.keys.run(run_id))}
+
+        try:
+            first = [ended_run(store) for _ in range(10)]
+            code, report = archive_pass()
+            assert (code, report["archived"], in_redis(first)) == (0, 10, set()), report
+            filler = _fill(disk, leave=300 * 1024)  # room for a batch or so, not for all
+            run_ids = [ended_run(store) for _ in range(40)]
+            before = {run_id: full_read(client, run_id) for run_id in run_ids}
+
+            code, report = archive_pass()
+
+            assert code == 1 and "database or disk is full" in report["error"], report
+            kept = in_redis(run_ids)
+            assert kept, "every run was archived: the disk was not full"
+            archived = set(run_ids) - kept
+            assert store.archive is not None
+            held = store.archive.summaries(run_ids)
+            assert set(held) == archived and report["archived"] == len(archived)  # none half-moved
+            for run_id in run_ids:
+                assert full_read(client, run_id) == before[run_id], run_id
+
+            filler.unlink()
+            code, report = archive_pass()
+
+            assert (code, report["error"], report["archived"]) == (0, "", len(kept)), report
+            assert in_redis(run_ids) == set()
+            for run_id in run_ids:
+                assert full_read(client, run_id) == before[run_id], run_id
+        finally:
+            client.close()
+            store.close_archive()
