@@ -47,6 +47,8 @@ __all__ = [
 
 #: Any number, the same for every process: PostgreSQL's advisory lock id of schema migrations.
 _MIGRATION_LOCK = 0x57E51C4A
+#: PostgreSQL's SQLSTATE of a lock not granted within ``lock_timeout``.
+_LOCK_NOT_AVAILABLE = "55P03"
 
 
 #: In JSON text, the escape of NUL or of U+0001 (``\u0000``, ``\u0001``) where it is an escape: after
@@ -242,12 +244,32 @@ class Postgres(Database):
 
     @contextmanager
     def transaction(self, exclusive: bool = False) -> Iterator[Cursor]:
+        locking = False
         try:
             with self._pool.connection() as conn, conn.cursor() as cur:
                 if exclusive:
+                    # Waited for as long as a connection is, not without end: the process holding
+                    # it may be applying a long migration, or be gone without its connection
+                    # noticing yet. Every process takes it on its first use of the archive, so an
+                    # unbounded wait hung each of them (an API process's every worker thread, one
+                    # read of an archived run after another) until the holder let go. The
+                    # migration's own statements then wait for their locks as configured.
+                    cur.execute(
+                        "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+                        (f"{int(self.timeout_s * 1000)}ms",),
+                    )
+                    row = cur.fetchone()
+                    locking = True
                     cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                    locking = False
+                    cur.execute("SELECT set_config('lock_timeout', %s, true)", (row[0] if row else "0",))
                 yield cur
         except self._errors as exc:
+            if locking and getattr(exc, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
+                raise ArchiveUnavailable(
+                    f"the PostgreSQL archive at {self.url} is being migrated by another process"
+                    f" (its schema lock was not free within {self.timeout_s:g} s): try again"
+                ) from exc
             raise ArchiveUnavailable(
                 f"the PostgreSQL archive at {self.url} failed: {type(exc).__name__}: {exc}"
             ) from exc

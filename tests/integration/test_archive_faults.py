@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -154,6 +154,43 @@ _OPENER = (
     "import sys; from shared.archive import open_archive; archive = open_archive(sys.argv[1]);"
     " print('version', archive.migrate(), flush=True); archive.close()"
 )
+#: A backend applying a migration, held at its record (see :func:`_held_record`).
+_MIGRATING = f"query LIKE 'INSERT INTO {SCHEMA_TABLE}%%' AND wait_event_type = 'Lock'"
+
+
+def _openers(url: str, count: int) -> list[subprocess.Popen[str]]:
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPENER, url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        for _ in range(count)
+    ]
+
+
+@contextmanager
+def _held_record(url: str) -> Iterator[Callable[[str], list[int]]]:
+    """An uncommitted record of migration 6 in the archive at ``url``: an opener applying migration
+    6 runs its every statement, then its own record waits for this one, until the block ends. The
+    block gets the pids of the archive's backends matching a condition on ``pg_stat_activity``."""
+    name = url.rsplit("/", 1)[1]
+    with (
+        psycopg.connect(f"{POSTGRES}/{name}") as holder,
+        psycopg.connect(f"{POSTGRES}/postgres", autocommit=True) as admin,
+    ):
+
+        def backends(where: str) -> list[int]:
+            query = f"SELECT pid FROM pg_stat_activity WHERE datname = %s AND {where}"
+            return [int(row[0]) for row in admin.execute(query, (name,)).fetchall()]
+
+        holder.execute(f"INSERT INTO {SCHEMA_TABLE} (version, applied_at) VALUES (6, 0)")
+        try:
+            yield backends
+        finally:
+            holder.rollback()
 
 
 def test_a_migration_whose_connection_ends_midway_is_undone_whole_and_the_next_opener_completes_it() -> None:
@@ -166,51 +203,25 @@ def test_a_migration_whose_connection_ends_midway_is_undone_whole_and_the_next_o
         archive_at_version_5(db)
         put_evals_without_tenant(db, evals)
         db.close()
-        name = url.rsplit("/", 1)[1]
-        with (
-            psycopg.connect(f"{POSTGRES}/{name}") as holder,
-            psycopg.connect(f"{POSTGRES}/postgres", autocommit=True) as admin,
-        ):
-            # The record of migration 6, not committed: the migrating opener's own record of it
-            # waits for this one, after every statement of the migration ran.
-            holder.execute(f"INSERT INTO {SCHEMA_TABLE} (version, applied_at) VALUES (6, 0)")
-            openers = [
-                subprocess.Popen(
-                    [sys.executable, "-c", _OPENER, url],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    env={**os.environ, "PYTHONPATH": str(ROOT)},
-                )
-                for _ in range(3)
-            ]
-            try:
-
-                def backends(where: str) -> list[int]:
-                    rows = admin.execute(
-                        f"SELECT pid FROM pg_stat_activity WHERE datname = %s AND {where}", (name,)
-                    ).fetchall()
-                    return [int(row[0]) for row in rows]
-
-                migrating = f"query LIKE 'INSERT INTO {SCHEMA_TABLE}%%' AND wait_event_type = 'Lock'"
-                waiting = "wait_event = 'advisory'"  # the others, on the migrations' lock
-                wait_until(
-                    lambda: len(backends(migrating)) == 1 and len(backends(waiting)) == 2,
-                    60,
-                    what="one opener to be mid-migration and two to wait for it",
-                )
-                (pid,) = backends(migrating)
+        with _held_record(url) as backends:
+            openers = _openers(url, 3)
+            waiting = "wait_event = 'advisory'"  # the others, on the migrations' lock
+            wait_until(
+                lambda: len(backends(_MIGRATING)) == 1 and len(backends(waiting)) == 2,
+                60,
+                what="one opener to be mid-migration and two to wait for it",
+            )
+            (pid,) = backends(_MIGRATING)
+            with psycopg.connect(f"{POSTGRES}/postgres", autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                # Another opener applies every statement of the migration again (its new column
-                # among them: none of the first attempt's was left behind) and waits in turn.
-                wait_until(
-                    lambda: backends(migrating) not in ([], [pid]),
-                    60,
-                    what="another opener to apply the whole migration again",
-                )
-            finally:
-                holder.rollback()
-            outcomes = [opener.communicate(timeout=60) for opener in openers]
+            # Another opener applies every statement of the migration again (its new column among
+            # them: none of the first attempt's was left behind) and waits in turn.
+            wait_until(
+                lambda: backends(_MIGRATING) not in ([], [pid]),
+                60,
+                what="another opener to apply the whole migration again",
+            )
+        outcomes = [opener.communicate(timeout=60) for opener in openers]
         codes = sorted(opener.returncode for opener in openers)
         assert codes == [0, 0, 1], outcomes
         refused = next(err for opener, (_, err) in zip(openers, outcomes, strict=True) if opener.returncode)
@@ -223,6 +234,43 @@ def test_a_migration_whose_connection_ends_midway_is_undone_whole_and_the_next_o
             assert migrated.tenant_evals(None, 10) == [(2.0, "ops-1")]
         finally:
             migrated.close()
+
+
+def test_a_process_opening_the_archive_while_another_migrates_it_is_answered_within_its_wait(
+    server: RedisServer,
+) -> None:
+    """A migration under way holds the schema lock that every process takes on its first use of
+    the archive: an API process's read of an archived run meanwhile is answered 503 once it waited
+    as long as for a connection (it waited for the migration's end, and a process whose every
+    worker thread waited so answered nothing), and reads the run once the migration is done."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    run_id = uuid.uuid4().hex
+    with postgres_database() as url:
+        archive = open_archive(url)
+        archive.put([sample_record(run_id, 1000, tenant=tenant).stored()])
+        archive.close()
+        with psycopg.connect(url) as conn:  # one migration behind: migration 6 undone
+            conn.execute("ALTER TABLE wesichain_evals DROP COLUMN tenant")
+            conn.execute(f"DELETE FROM {SCHEMA_TABLE} WHERE version = 6")
+        key, _ = Tenants(server.client(), Keys()).create_key(tenant, "test")
+        api = ApiProcess(server.url, env={"WESICHAIN_ARCHIVE_URL": url}).start()
+        try:
+            with (
+                _held_record(url) as backends,
+                httpx.Client(base_url=api.url, headers=bearer(key), timeout=60) as http,
+            ):
+                (opener,) = _openers(url, 1)
+                wait_until(lambda: len(backends(_MIGRATING)) == 1, 60, what="the opener to be mid-migration")
+
+                during = http.get(f"/v1/runs/{run_id}")
+
+                assert during.status_code == 503 and during.json()["error"]["kind"] == "unavailable"
+                assert "is being migrated by another process" in api.log()
+            assert opener.communicate(timeout=60)[0] == "version 6\n"
+            with httpx.Client(base_url=api.url, headers=bearer(key), timeout=60) as http:
+                assert http.get(f"/v1/runs/{run_id}").json()["answer"] == "42"
+        finally:
+            api.stop()
 
 
 @contextmanager
