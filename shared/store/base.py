@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from shared.errors import InternalInvariant
+from shared.errors import ArchiveUnavailable, InternalInvariant
 from shared.keys import Keys
 from shared.messages import Message
 from shared.scripts import Script, ScriptConnections, ScriptSpec, register_scripts, script_connections
@@ -67,6 +68,8 @@ class StoreCore:
         self._messages = MessageCache()
         self._archive = archive
         self._archive_lock = threading.Lock()
+        #: When the last open of the archive failed (monotonic seconds), and why.
+        self._archive_failed: tuple[float, str] | None = None
 
     @property
     def connections(self) -> ScriptConnections | None:
@@ -78,11 +81,23 @@ class StoreCore:
     def archive(self) -> Archive | None:
         """The archive finished runs move to (opened on first use, once per process), if any."""
         if self._archive is None and self.settings.archive_url:
+            asked = time.monotonic()
             with self._archive_lock:
                 if self._archive is None:
                     from shared.archive import open_archive
 
-                    self._archive = open_archive(self.settings.archive_url)
+                    failed = self._archive_failed
+                    if failed is not None and failed[0] >= asked:
+                        # The open this call waited for failed after it asked: that is its answer
+                        # too. Each call trying again in turn made a burst of reads during an
+                        # outage wait one open's timeout each, one after another, and took every
+                        # worker thread of an API process for minutes.
+                        raise ArchiveUnavailable(failed[1])
+                    try:
+                        self._archive = open_archive(self.settings.archive_url)
+                    except ArchiveUnavailable as exc:
+                        self._archive_failed = (time.monotonic(), str(exc))
+                        raise
         return self._archive
 
     def close_archive(self) -> None:

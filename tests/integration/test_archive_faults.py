@@ -1,8 +1,9 @@
 """The run archive's database failing under real processes: between the pages of an archived run's
 event stream (a real API process, a PostgreSQL database of the test's own that starts refusing and
-ends its connections), its connection pool after the database is back, a schema migration whose
-connection is ended half-way while other processes wait to open the archive, and the disk under a
-SQLite archive filling up while ``wesichain archive`` moves runs.
+ends its connections), its connection pool after the database is back, a process's first open of
+its archive failing under a burst of reads, a schema migration whose connection is ended half-way
+while other processes wait to open the archive, a migration under way while an API process opens
+the archive, and the disk under a SQLite archive filling up while ``wesichain archive`` moves runs.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -24,9 +27,10 @@ import httpx
 import psycopg
 import pytest
 
+import shared.archive
 from producer.api.feeds import BATCH
 from producer.client import Client
-from shared.archive import open_archive
+from shared.archive import Archive, open_archive
 from shared.archive.databases import Postgres, open_database
 from shared.archive.schema import MIGRATIONS, SCHEMA_TABLE
 from shared.archive.sql import SqlArchive
@@ -35,6 +39,7 @@ from shared.events import Completed, CustomEvent, RunStarted
 from shared.keys import Keys
 from shared.llm.base import Usage
 from shared.settings import ENV_ARCHIVE_BATCH, ENV_ARCHIVE_URL
+from shared.store import RunStore
 from shared.tenants import Tenants
 from tests.api_support import SSE, ApiProcess, bearer, frames
 from tests.archive_support import (
@@ -371,3 +376,41 @@ def test_a_full_disk_under_a_sqlite_archive_keeps_runs_in_redis_until_there_is_r
         finally:
             client.close()
             store.close_archive()
+
+
+def test_reads_that_wait_for_an_open_of_the_archive_that_fails_take_its_answer(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that has not opened its archive yet, its database refusing connections: reads
+    asking for it at once wait for one open and all take its failure, rather than each open in
+    turn (each waiting the database's timeout, one after another: minutes of an API process's
+    worker threads for a burst of reads)."""
+    opens: list[str] = []
+
+    def counted(url: str) -> Archive:
+        opens.append(url)
+        return open_archive(url)
+
+    with postgres_database() as url:
+        set_connections(url, allowed=False)
+        monkeypatch.setattr(shared.archive, "open_archive", counted)
+        store = RunStore(server.client(), Settings(redis_url=server.url, archive_url=url))
+        readers = 4
+        together = threading.Barrier(readers)
+
+        def read() -> str:
+            together.wait()
+            try:
+                store.load("an-archived-run")
+            except ArchiveUnavailable as exc:
+                return str(exc)
+            return "read"
+
+        with ThreadPoolExecutor(readers) as pool:
+            answers = list(pool.map(lambda _: read(), range(readers)))
+
+        assert len(opens) == 1 and len(set(answers)) == 1, (opens, answers)
+        assert "the PostgreSQL archive at" in answers[0]
+        set_connections(url, allowed=True)
+        assert store.load("an-archived-run") is None and len(opens) == 2  # asked after it failed: opened anew
+        store.close_archive()
