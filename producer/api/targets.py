@@ -74,7 +74,8 @@ def slash_twin(request: Request) -> str | None:
     if _routed(request, scope):
         return None  # a route took it and answered 404 itself (a file the console does not have)
     twin = path.rstrip("/") if path.endswith("/") else path + "/"
-    if not twin or not _routed(request, {**scope, "path": root + twin}):
+    # A Location starting "//" would name a host (a network-path reference): never one.
+    if not twin or (root + twin).startswith("//") or not _routed(request, {**scope, "path": root + twin}):
         return None
     query = scope.get("query_string", b"").decode("latin-1")
     location: str = root + twin + (f"?{query}" if query else "")

@@ -798,7 +798,12 @@ def test_a_slash_too_many_or_too_few_is_redirected_to_the_path_alone(api: ApiPro
     ]:
         done = exchange(api, get_head(target, host="attacker.example"), iter(()))
         assert (done.status, done.headers["location"]) == (307, location), target
-    for target in ["/v1/nothing-here/", "/console/no-such-file/"]:
+    for target in [
+        "/v1/nothing-here/",
+        "/console/no-such-file/",
+        "//attacker.example/",
+        "//attacker.example",
+    ]:
         done = exchange(api, get_head(target, host="attacker.example"), iter(()))
         assert (done.status, done.error()["kind"]) == (404, "not_found"), target
         assert "location" not in done.headers
