@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+import psutil
 
 from worker.testing.brokers import broker_env
 from worker.testing.harness import ROOT, free_port, wait_until
@@ -85,13 +86,30 @@ class ApiProcess:
         return self
 
     def _up(self) -> bool:
+        return self._answers((200,))
+
+    def _answers(self, statuses: tuple[int, ...]) -> bool:
+        """Whether this process listens on its port and ``/healthz`` answers one of ``statuses``."""
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise RuntimeError(f"the API exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+        # Whoever answers must be this process: another (a server of a test running beside this
+        # one, given the same free port) answers /healthz while this one fails to bind and exits.
+        if not self._listening():
+            return False
         try:
-            return httpx.get(self.url + "/healthz", timeout=2).status_code == 200
+            return httpx.get(self.url + "/healthz", timeout=2).status_code in statuses
         except httpx.HTTPError:
             return False
+
+    def _listening(self) -> bool:
+        assert self.proc is not None
+        try:
+            process = psutil.Process(self.proc.pid)
+            connections = process.net_connections("tcp")
+        except psutil.Error:
+            return False
+        return any(c.status == psutil.CONN_LISTEN and c.laddr[1:2] == (self.port,) for c in connections)
 
     def kill(self) -> None:
         """SIGKILL the server (its port is free again for :meth:`start`)."""
