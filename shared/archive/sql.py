@@ -38,7 +38,13 @@ class SqlArchive(SqlEvalArchive, SqlMemoryArchive, Archive):
     def __init__(self, db: Database) -> None:
         self.db = db
         self.kind = db.kind
-        self.migrate()
+        try:
+            self.migrate()
+        except BaseException:
+            # An archive that could not be opened (its database down, its schema lock held) leaves
+            # no pool behind: the next open makes its own, and each failed one kept its threads.
+            db.close()
+            raise
 
     # -- schema -----------------------------------------------------------------------------------
 

@@ -414,3 +414,16 @@ def test_reads_that_wait_for_an_open_of_the_archive_that_fails_take_its_answer(
         set_connections(url, allowed=True)
         assert store.load("an-archived-run") is None and len(opens) == 2  # asked after it failed: opened anew
         store.close_archive()
+
+
+def test_an_archive_that_cannot_be_opened_leaves_no_pool_behind() -> None:
+    # Each failed open kept its connection pool, whose threads went on trying to connect: four
+    # more threads a failed open, until the garbage collector came by.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connections to it are refused
+        before = threading.active_count()
+        for _ in range(2):
+            with pytest.raises(ArchiveUnavailable):
+                open_archive(f"postgresql://postgres@127.0.0.1:{port}/nothing")
+        assert threading.active_count() == before
