@@ -137,11 +137,15 @@ def analyse(stacks: list[tuple[list[str], int]], top: int = 30) -> dict[str, Any
     return {"samples": total, "inclusive": inclusive_top, "self": own.most_common(top), "keys": key_frames}
 
 
+#: The checkout the profiled code runs from: its files are named relative to it.
+_PROJECT = str(Path(__file__).resolve().parents[1])
+
+
 def _strip_line(frame: str) -> str:
     # "func (path/to/file.py:123)" -> "func (path/to/file.py)", with site-packages paths shortened.
     name, _, where = frame.partition(" (")
     path = where.rstrip(")").rsplit(":", 1)[0]
-    for marker in ("site-packages/", "lib/python3.11/", "/work/main/", str(Path.cwd()) + "/"):
+    for marker in ("site-packages/", "lib/python3.11/", f"{_PROJECT}/", str(Path.cwd()) + "/"):
         if marker in path:
             path = path.split(marker, 1)[1]
     return f"{name} ({path})"
