@@ -40,7 +40,7 @@ from kombu.utils import json as kombu_json
 
 from producer.publishing import MessageBuilder, ReprAMQP, RuntimePublisher, broker_is_store, publish_commands
 from shared.agents import load_registry
-from shared.errors import ConfigError, WesichainError
+from shared.errors import ArchiveUnavailable, ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
 from shared.events import configure_worker_identity, worker_identity
 from shared.pipeline.tasks import TASK_PIPELINE_ADVANCE, TASK_PIPELINE_CHILD
@@ -714,7 +714,11 @@ def create_app(settings: Settings) -> Celery:
         """The next chunk of a bulk job (``worker/bulk.py``)."""
         return holder.bulk().run(tenant, job_id)
 
-    @app.task(name=TASK_ARCHIVE, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    # A database that fails (down, full disk) is an outage the archiver has logged as a warning
+    # already: the task fails (Flower shows it) without a traceback beside that warning each beat.
+    @app.task(  # type: ignore[untyped-decorator]
+        name=TASK_ARCHIVE, ignore_result=True, shared=False, throws=(ArchiveUnavailable,)
+    )
     def archive() -> int:
         """One bounded pass of the archiver (the next beat continues where it stopped)."""
         from worker.archiving import archive_pass

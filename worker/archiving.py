@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from shared.archive.retention import ArchivePruner
 from shared.archiver import Archiver
 from shared.errors import ArchiveUnavailable
@@ -9,6 +11,8 @@ from shared.store import RunStore
 from shared.tenants import Tenants
 
 __all__ = ["ARCHIVE_PASS_BATCHES", "archive_pass"]
+
+log = logging.getLogger("wesichain.archiver")
 
 #: Batches one archiving task moves (and deletes) at most: a long backlog takes several beats,
 #: none of them long.
@@ -21,10 +25,16 @@ def archive_pass(store: RunStore) -> int:
     tries again; the runs stay in Redis meanwhile)."""
     settings = store.settings
     limit = ARCHIVE_PASS_BATCHES * settings.archive_batch
-    report = Archiver(store).run_once(max_runs=limit)
+    try:
+        report = Archiver(store).run_once(max_runs=limit)  # logs a failure of its own pass
+        if not report.error and store.archive is not None:
+            tenants = Tenants(store.redis, store.keys)
+            ArchivePruner(store.archive, tenants, settings.archive_retention_days).prune(max_runs=limit)
+    except ArchiveUnavailable as exc:
+        # The archive could not be opened, or its retention pass failed: said as the archiver
+        # says its own failures (the task itself ends without a traceback, app.py).
+        log.warning("archiving stopped, the runs stay in Redis: %s", exc)
+        raise
     if report.error:
         raise ArchiveUnavailable(report.error)
-    if store.archive is not None:
-        tenants = Tenants(store.redis, store.keys)
-        ArchivePruner(store.archive, tenants, settings.archive_retention_days).prune(max_runs=limit)
     return report.archived + report.already_archived

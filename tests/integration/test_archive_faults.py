@@ -40,6 +40,7 @@ from shared.keys import Keys
 from shared.llm.base import Usage
 from shared.settings import ENV_ARCHIVE_BATCH, ENV_ARCHIVE_URL
 from shared.store import RunStore
+from shared.tasks import TASK_ARCHIVE
 from shared.tenants import Tenants
 from tests.api_support import SSE, ApiProcess, bearer, frames
 from tests.archive_support import (
@@ -53,7 +54,7 @@ from tests.archive_support import (
     stamped,
 )
 from tests.broker import Settings, broker_env
-from tests.harness import ROOT, RedisServer, wait_until
+from tests.harness import ROOT, RedisServer, WorkerProcess, wait_until
 from worker.testing.runs import ended_run
 
 #: An archived run's events: this many pages of the stream's reads of the archive, each event about
@@ -427,3 +428,30 @@ def test_an_archive_that_cannot_be_opened_leaves_no_pool_behind() -> None:
             with pytest.raises(ArchiveUnavailable):
                 open_archive(f"postgresql://postgres@127.0.0.1:{port}/nothing")
         assert threading.active_count() == before
+
+
+def test_the_archiving_task_of_a_database_that_refuses_logs_its_warning_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    # Each beat's task raised ArchiveUnavailable, and Celery logged a traceback beside the
+    # archiver's own warning, once per beat for as long as the database was down.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        refused = f"postgresql://postgres@127.0.0.1:{closed.getsockname()[1]}/nothing"
+        server = RedisServer().start()
+        env = {ENV_ARCHIVE_URL: refused, "WESICHAIN_ARCHIVE_AFTER_S": "0"}
+        worker = WorkerProcess("archiver", server.url, concurrency=1, log_dir=str(tmp_path), env=env)
+        client = Client(Settings(redis_url=server.url, agents_module="tests.agents_fixture"))
+        try:
+            worker.start()
+            client.submit("direct", "to be archived").wait(60)
+            # Two passes on one process: the second's warning comes after the first task ended.
+            client.app.send_task(TASK_ARCHIVE)
+            client.app.send_task(TASK_ARCHIVE)
+            warning = "archiving stopped, the runs stay in Redis"
+            wait_until(lambda: worker.log().count(warning) >= 2, 90, what="two passes' warnings")
+            assert "Traceback" not in worker.log()
+        finally:
+            client.close()
+            worker.stop()
+            server.cleanup()
