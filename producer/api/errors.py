@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,10 +16,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from producer.admission import TenantLimited
 from producer.api.methods import allowed_methods
 from producer.api.targets import slash_twin
-from shared.errors import ArchiveUnavailable
+from shared.errors import ArchiveUnavailable, StoreFull
 
 __all__ = [
-    "FULL_RETRY_S",
     "MAX_WHERE",
     "ApiError",
     "ErrorBody",
@@ -29,8 +29,10 @@ __all__ = [
     "place_in",
 ]
 
+log = logging.getLogger("wesichain.api")
+
 #: How long a client is told to wait before it sends again a write that a full Redis refused.
-FULL_RETRY_S = 30
+_FULL_RETRY_S = 30
 
 
 class ErrorInfo(BaseModel):
@@ -166,59 +168,57 @@ def install_error_handlers(app: FastAPI) -> None:
             headers["Allow"] = ", ".join(allowed_methods(request))  # not only the first route's
         return error_response(exc.status_code, kind, str(exc.detail), headers=headers or None)
 
-    @app.exception_handler(ArchiveUnavailable)
-    async def _archive(request: Request, exc: ArchiveUnavailable) -> JSONResponse:
-        # The run is in the archive and its database cannot be read now (it names no host here).
-        import logging
-
-        logging.getLogger("wesichain.api").warning("archive unavailable: %s", exc)
-        return error_response(
-            503,
-            "unavailable",
-            "the run archive cannot be read right now; try again",
-            headers={"Retry-After": "5"},
-        )
-
-    @app.exception_handler(redis.ConnectionError)
-    @app.exception_handler(redis.TimeoutError)
-    async def _store_down(request: Request, exc: Exception) -> JSONResponse:
-        # Redis restarting or out of reach: an outage to wait out, not a bug (no traceback logged).
-        import logging
-
-        logging.getLogger("wesichain.api").warning(
-            "%s %s: the run store cannot be reached: %s", request.method, request.url.path, exc
-        )
-        return error_response(
-            503,
-            "unavailable",
-            "the run store cannot be reached right now; try again",
-            headers={"Retry-After": "1"},
-        )
-
-    @app.exception_handler(redis.exceptions.OutOfMemoryError)
-    async def _store_full(request: Request, exc: Exception) -> JSONResponse:
-        # Redis at maxmemory (noeviction) refused a write that adds data (a signal, a cancel, a
-        # schedule, a thread's turn, ...): refused before it wrote anything (a script is refused at
-        # its first such write), so the request can be sent again as it is once memory is freed.
-        import logging
-
-        logging.getLogger("wesichain.api").warning(
-            "%s %s: the run store is full: %s", request.method, request.url.path, exc
-        )
-        return error_response(
-            503,
-            "store_full",
-            "Redis is full (maxmemory) and refused this write; send it again once memory is freed"
-            " (raise maxmemory, shorten the retention, or run `wesichain gc`)",
-            headers={"Retry-After": str(FULL_RETRY_S)},
-        )
+    # Outages to wait out, not bugs: answered 503 with Retry-After, logged without a traceback.
+    app.add_exception_handler(ArchiveUnavailable, _archive_unavailable)
+    app.add_exception_handler(redis.ConnectionError, _store_down)
+    app.add_exception_handler(redis.TimeoutError, _store_down)
+    app.add_exception_handler(redis.exceptions.OutOfMemoryError, _store_full)
+    app.add_exception_handler(StoreFull, _nearly_full)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         # The message of an unexpected exception may hold anything: it is logged, not returned.
-        import logging
-
-        logging.getLogger("wesichain.api").exception(
-            "unexpected error on %s %s", request.method, request.url.path
-        )
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
         return error_response(500, "internal", f"unexpected {type(exc).__name__}; see the API's log")
+
+
+async def _archive_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    # The run is in the archive and its database cannot be read now (it names no host here).
+    log.warning("archive unavailable: %s", exc)
+    return error_response(
+        503,
+        "unavailable",
+        "the run archive cannot be read right now; try again",
+        headers={"Retry-After": "5"},
+    )
+
+
+async def _store_down(request: Request, exc: Exception) -> JSONResponse:
+    # Redis restarting or out of reach.
+    log.warning("%s %s: the run store cannot be reached: %s", request.method, request.url.path, exc)
+    return error_response(
+        503,
+        "unavailable",
+        "the run store cannot be reached right now; try again",
+        headers={"Retry-After": "1"},
+    )
+
+
+async def _store_full(request: Request, exc: Exception) -> JSONResponse:
+    # Redis at maxmemory (noeviction) refused a write that adds data (a signal, a cancel, a
+    # schedule, a thread's turn, ...): refused before it wrote anything (a script is refused at
+    # its first such write), so the request can be sent again as it is once memory is freed.
+    log.warning("%s %s: the run store is full: %s", request.method, request.url.path, exc)
+    return error_response(
+        503,
+        "store_full",
+        "Redis is full (maxmemory) and refused this write; send it again once memory is freed"
+        " (raise maxmemory, shorten the retention, or run `wesichain gc`)",
+        headers={"Retry-After": str(_FULL_RETRY_S)},
+    )
+
+
+async def _nearly_full(request: Request, exc: Exception) -> JSONResponse:
+    # A new run (a submit, a fork, a pipeline) refused before Redis is full: the client's message
+    # says how full it is and what to do.
+    return error_response(503, "store_full", str(exc), headers={"Retry-After": str(_FULL_RETRY_S)})

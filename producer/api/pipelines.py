@@ -13,14 +13,14 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from producer.api.auth import Caller
-from producer.api.errors import FULL_RETRY_S, ApiError
+from producer.api.errors import ApiError
 from producer.api.events import event_cursor
 from producer.api.models import PipelineList, namespace_field
 from producer.api.namespaces import allowed_namespace
 from producer.api.runs import ERRORS, MAX_UNIX_S, Svc, Who
 from producer.api.services import Services
 from producer.pipelines import MAX_PIPELINE_ID_CHARS, PipelineConflict, PipelineHandle, UnknownPipeline
-from shared.errors import ConfigError, InvalidRequest, StoreFull
+from shared.errors import ConfigError, InvalidRequest
 from shared.pipeline.status import PipelineStatus, summary_of
 from shared.request import NOT_BLANK, check_name
 from shared.store import CURSOR_PATTERN
@@ -124,8 +124,6 @@ def submit_pipeline(body: PipelineSubmit, services: Svc, who: Who) -> PipelineSt
         raise ApiError(409, "conflict", exc.message) from None
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
-    except StoreFull as exc:
-        raise ApiError(503, "store_full", str(exc), headers={"Retry-After": str(FULL_RETRY_S)}) from None
     return handle.status()
 
 

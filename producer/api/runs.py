@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from producer.admission import Reservation
 from producer.api.auth import Caller, caller
-from producer.api.errors import FULL_RETRY_S, ApiError, ErrorBody
+from producer.api.errors import ApiError, ErrorBody
 from producer.api.models import (
     CheckpointList,
     DecisionBody,
@@ -48,7 +48,7 @@ from producer.client import (
     UnknownAgent,
     idempotent_run_id,
 )
-from shared.errors import ConfigError, InvalidRequest, StoreFull, ThreadBusy
+from shared.errors import ConfigError, InvalidRequest, ThreadBusy
 from shared.request import check_run_id as check_any_run_id
 from shared.request import validate_request
 from shared.state import Callback, CallbackState, Decision, Phase, RunHead, RunStatus
@@ -399,8 +399,9 @@ def _starting(services: Services, who: Caller, agent: str, replay: bool) -> Iter
         start.release()
 
 
-#: What starting a run may refuse it for: :func:`_refusal` answers each.
-_REFUSED = (ThreadBusy, NoLiveWorker, InvalidRequest, StoreFull, RequestConflict)
+#: What starting a run may refuse it for: :func:`_refusal` answers each (a full Redis's
+#: ``StoreFull`` is answered by its handler, errors.py).
+_REFUSED = (ThreadBusy, NoLiveWorker, InvalidRequest, RequestConflict)
 
 
 def _refusal(exc: Exception, agent: str) -> ApiError:
@@ -424,8 +425,6 @@ def _refusal(exc: Exception, agent: str) -> ApiError:
         return model_refusal(exc)
     if isinstance(exc, InvalidRequest):
         return ApiError(422, "invalid_request", exc.message)
-    if isinstance(exc, StoreFull):
-        return ApiError(503, "store_full", str(exc), headers={"Retry-After": str(FULL_RETRY_S)})
     raise exc
 
 

@@ -13,13 +13,13 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from producer.api.errors import FULL_RETRY_S, ApiError
+from producer.api.errors import ApiError
 from producer.api.models import RunList, RunView, run_view
 from producer.api.namespaces import allowed_again, allowed_models, model_refusal
 from producer.api.runs import ERRORS, Svc, Who, owned_run
 from producer.client import BulkJobNotFound, NoLiveWorker, UnknownAgent
 from shared.bulk import DEFAULT_RATE_PER_S, MAX_RATE_PER_S, MIN_RATE_PER_S, BulkAction, BulkJob, BulkOutcome
-from shared.errors import InvalidRequest, StoreFull
+from shared.errors import InvalidRequest
 from shared.search import SearchQuery, UndeclaredSearchKey
 from shared.store import CURSOR_PATTERN
 from shared.tenants import ModelNotAllowed
@@ -170,8 +170,6 @@ def fork(run_id: str, services: Svc, who: Who, body: ForkBody | None = None) -> 
         raise ApiError(503, "no_live_worker", str(exc), headers={"Retry-After": "1"}) from None
     except InvalidRequest as exc:
         raise ApiError(422, "invalid_request", exc.message) from None
-    except StoreFull as exc:
-        raise ApiError(503, "store_full", str(exc), headers={"Retry-After": str(FULL_RETRY_S)}) from None
     finally:
         services.gate.release(reservation)
     return run_view(handle.status())
