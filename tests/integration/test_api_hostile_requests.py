@@ -498,6 +498,20 @@ def test_auth_off_on_all_addresses_under_plain_uvicorn_serves_loopback_callers_o
         server.stop()
 
 
+def test_plain_uvicorn_serves_the_redis_it_is_given_whatever_this_process_left_in_its_environment(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ``wesichain --redis URL`` run in this process (as the CLI's tests run it) leaves URL in the
+    # environment; an app started by plain uvicorn read that Redis, long gone, and answered 503.
+    monkeypatch.setenv("WESICHAIN_REDIS_URL", "redis://127.0.0.1:1/0")
+    server = PlainUvicorn(redis_server.url, "127.0.0.1", "127.0.0.1").start()
+    try:
+        answer = httpx.get(f"{server.url}/v1/runs", timeout=30)
+        assert answer.status_code == 200, answer.text
+    finally:
+        server.stop()
+
+
 def _nested(depth: int) -> dict[str, Any]:
     value: dict[str, Any] = {"leaf": 1}
     for _ in range(depth - 1):

@@ -13,6 +13,7 @@ from typing import IO
 import httpx
 import psutil
 
+from shared.settings import ENV_REDIS_URL
 from worker.testing.brokers import broker_env
 from worker.testing.harness import ROOT, free_port, wait_until
 
@@ -33,7 +34,16 @@ class ApiProcess:
         self.log_path = Path(tempfile.mkdtemp(prefix="wesichain-api-")) / "api.log"
         self.redis_url = redis_url
         self.extra_args = args
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **broker_env(redis_url), **(env or {})}
+        # The Redis named as the app reads it too (a server started otherwise than by ``wesichain
+        # api --redis`` reads only the environment), not one an earlier command of this process
+        # left there (``wesichain --redis`` sets it for the commands it runs in-process).
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            ENV_REDIS_URL: redis_url,
+            **broker_env(redis_url),
+            **(env or {}),
+        }
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._started = False
