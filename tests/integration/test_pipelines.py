@@ -78,10 +78,17 @@ def test_then_hands_each_answer_on(client: Client, server: RedisServer) -> None:
     assert client.submit_pipeline("chain", "first", pipeline_id="chain-1").wait(10).status == "completed"
     counted = calls(server, "worker")
     assert (counted["first"], counted["again done first"]) == (1, 1)
-    # Ended: its keys expire after the retention, like an ended run's.
+    # Ended: its keys expire after the retention, like an ended run's. The worker sets their
+    # expiry just after it writes the end the status reads: waited for, not assumed.
     keys = client.store.keys
-    for key in (keys.pipe_meta("chain-1"), keys.pipe_events("chain-1"), keys.pipe_results("chain-1", 1)):
-        assert 0 < client.store.redis.ttl(key) <= client.settings.retention_s
+    ended = (keys.pipe_meta("chain-1"), keys.pipe_events("chain-1"), keys.pipe_results("chain-1", 1))
+
+    def ttls() -> list[int]:
+        return [client.store.redis.ttl(key) for key in ended]
+
+    wait_until(lambda: -1 not in ttls(), 30, what="the ended pipeline's keys to expire")
+    for ttl in ttls():
+        assert 0 < ttl <= client.settings.retention_s
     kinds = [e["kind"] for e in handle.events(follow=False)]
     assert kinds == [
         "pipeline_started",
