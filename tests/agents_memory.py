@@ -9,6 +9,10 @@ One agent, ``keeper``, whose scripted model reads the run's input and calls one 
 * ``middleware NS KEY``: no tool; the ``Remembering`` middleware puts ``{"seen": KEY}`` before the
   model is asked.
 
+``remember`` records the process that ran it under ``TOOL_PIDS_KEY``. ``gated_letters`` is an
+embedding (``WESICHAIN_MEMORY_EMBEDDING``) that holds every put it embeds until the test opens its
+gate: a worker applies a recorded call's writes after the result, so it holds them there.
+
 Then it answers with the tool's result.
 """
 
@@ -28,14 +32,32 @@ from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import Message, ToolMessage, UserMessage
 from shared.middleware import Middleware, MiddlewareContext
 from shared.tools import ToolContext, ToolSet, tool
+from tests.agents_fixture import GATE_DIR_ENV
 from tests.broker import redis_from_env
+from tests.toy_embedding import letters
 
-__all__ = ["HELD_PIDS_KEY", "PUTS_KEY", "registry"]
+__all__ = [
+    "EMBED_CALLS",
+    "EMBED_OPEN",
+    "HELD_PIDS_KEY",
+    "PUTS_KEY",
+    "TOOL_PIDS_KEY",
+    "gated_letters",
+    "registry",
+]
 
 #: idempotency key -> pid of the process whose ``remember`` call holds after its put.
 HELD_PIDS_KEY = "test:memory:held_pids"
 #: idempotency key -> how many times ``remember`` called ``ctx.memory.put`` for it.
 PUTS_KEY = "test:memory:puts"
+#: idempotency key -> pid of the process that ran ``remember`` last.
+TOOL_PIDS_KEY = "test:memory:tool_pids"
+#: Files under the gate directory (``GATE_DIR_ENV``): a line per embedding made (its pid), and the
+#: gate that lets them go on. Files, not Redis: the test fills Redis while they wait.
+EMBED_CALLS = "embedding.calls"
+EMBED_OPEN = "embedding.open"
+#: How long an embedding waits for its gate at most.
+EMBED_HOLD_S = 120.0
 
 
 @cache
@@ -56,9 +78,21 @@ def remember(args: RememberArgs, ctx: ToolContext) -> str:
     ctx.memory.put(["user", args.namespace], args.key, {"text": args.text, "pid": os.getpid()})
     r = _redis()
     r.hincrby(PUTS_KEY, ctx.idempotency_key, 1)
+    r.hset(TOOL_PIDS_KEY, ctx.idempotency_key, os.getpid())
     if args.hold and r.hsetnx(HELD_PIDS_KEY, ctx.idempotency_key, os.getpid()):
         time.sleep(3600)  # only a SIGKILL ends this
     return f"remembered {args.key}"
+
+
+def gated_letters(text: str) -> Sequence[float]:
+    """The toy letter-count embedding, made only once the gate file exists (each call noted first)."""
+    gate = os.environ[GATE_DIR_ENV]
+    with open(os.path.join(gate, EMBED_CALLS), "a") as f:
+        f.write(f"{os.getpid()}\n")
+    deadline = time.monotonic() + EMBED_HOLD_S
+    while not os.path.exists(os.path.join(gate, EMBED_OPEN)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return letters(text)
 
 
 class RecallArgs(BaseModel):
