@@ -10,7 +10,7 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Any
 
@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from shared.agents import Agent, AgentRegistry
 from shared.errors import ModelTransport
-from shared.llm.base import ModelResponse, RawToolCall, Usage
+from shared.llm.base import ModelRequest, ModelResponse, RawToolCall, StreamPart, TextDelta, Usage
 from shared.llm.scripted import ScriptedModel, reply
 from shared.messages import AssistantMessage, Message, ToolMessage, UserMessage
 from shared.policy import Fail, Interrupt, Policy, Reprompt, Retry
@@ -457,6 +457,31 @@ for _name, _stream in (("slow_answer", False), ("slow_answer_stream", True)):
     registry.add(
         Agent(name=_name, model=f"scripted:{_name}", system_prompt="slow", tools=TOOLS, stream=_stream)
     )
+
+#: The ``dripping`` agent's model streams a piece of text every DRIP_GAP_S, DRIP_PIECES of them (a
+#: minute) before it answers: a cancel lands mid-stream, with pieces still arriving.
+DRIP_GAP_S = 0.01
+DRIP_PIECES = 6000
+
+
+class DrippingModel(ScriptedModel):
+    """A model whose streamed answer comes slowly, a short piece at a time, as a provider's does."""
+
+    def __init__(self, pieces: int, gap_s: float) -> None:
+        super().__init__([reply("dripped")])
+        self.pieces, self.gap_s = pieces, gap_s
+
+    def stream(self, request: ModelRequest) -> Iterator[StreamPart]:
+        for i in range(self.pieces):
+            time.sleep(self.gap_s)  # the provider's pace
+            yield TextDelta(text=f"piece {i}. ")
+        yield reply("dripped")
+
+
+registry.add_model("dripping", DrippingModel(DRIP_PIECES, DRIP_GAP_S))
+registry.add(
+    Agent(name="dripping", model="scripted:dripping", system_prompt="drip", tools=TOOLS, stream=True)
+)
 
 
 # -- custom run state ------------------------------------------------------------------------------
