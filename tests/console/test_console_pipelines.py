@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -15,7 +16,7 @@ from shared.keys import Keys
 from shared.pipeline.store import child_run_id
 from shared.tenants import Tenants
 from tests.api_support import ApiProcess, bearer
-from tests.console.support import screenshot, signed_in
+from tests.console.support import screenshot, signed_in, wait_js
 from tests.harness import RedisServer, WorkerProcess
 
 AGENTS = "tests.agents_pipelines"
@@ -110,3 +111,25 @@ def test_a_pipeline_is_cancelled_from_its_page(
     assert page.text_content("#pipeline-status") == "cancelled"
     assert page.is_hidden("#pipeline-cancel")
     assert http.get(f"/v1/pipelines/{pid}").json()["status"] == "cancelled"
+
+
+def test_a_pipeline_id_with_dot_segments_never_opens_another_pipeline(
+    page: Page, http: httpx.Client, api: tuple[ApiProcess, str]
+) -> None:
+    """A tenant names its pipeline runs: an id holding "/.." must not make the page read (or
+    cancel) the pipeline run it points at, only the one it names."""
+    other = start(http, "fan", [f"slow o{i}" for i in range(30)])
+    hostile = f"h/../{other}"
+    made = http.post("/v1/pipelines", json={"pipeline": "chain", "input": "x", "pipeline_id": hostile})
+    assert made.status_code == 202, made.text
+    named = http.get(f"/v1/pipelines/{quote(hostile, safe='')}")  # the one path segment it is
+    assert named.status_code == 404
+    page.goto(f"{api[0].url}/#/pipelines/{hostile}")
+    wait_js(page, "$('#pipeline-error').textContent || $('#pipeline-facts').children.length")
+    assert page.text_content("#pipeline-title") == f"Pipeline run {hostile}"
+    assert page.text_content("#pipeline-error") == named.json()["error"]["message"]
+    assert page.eval_on_selector("#pipeline-facts", "e => e.children.length") == 0
+    assert page.eval_on_selector("#pipeline-graph", "e => e.children.length") == 0
+    assert page.is_hidden("#pipeline-cancel")
+    assert http.get(f"/v1/pipelines/{other}").json()["status"] == "running"
+    assert http.post(f"/v1/pipelines/{other}/cancel").status_code == 202

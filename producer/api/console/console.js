@@ -415,17 +415,21 @@ function pipelineView(pipelineId) {
   $("#pipeline-error").textContent = "";
   $("#pipeline-graph").replaceChildren();
   $("#pipeline-facts").replaceChildren();
+  // The id is one path segment: a pipeline id may hold "/" and "..", which must not steer the
+  // page's reads (and its cancel) to another resource.
+  const path = `/v1/pipelines/${encodeURIComponent(pipelineId)}`;
   const cancel = $("#pipeline-cancel");
+  cancel.hidden = true;
   cancel.onclick = async () => {
     try {
-      await api(`/v1/pipelines/${pipelineId}/cancel`, { method: "POST" });
+      await api(`${path}/cancel`, { method: "POST" });
       refresh();
     } catch (err) { handleError(err, "#pipeline-error"); }
   };
   async function refresh() {
     if (stopped) return;
     try {
-      const p = await api(`/v1/pipelines/${pipelineId}`);
+      const p = await api(path);
       if (stopped) return;
       drawPipeline(p);
       cancel.hidden = PIPELINE_ENDED.has(p.status);
