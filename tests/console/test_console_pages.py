@@ -11,6 +11,7 @@ the pictures (``DIR/console-*.png``)."""
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import httpx
@@ -198,3 +199,64 @@ def test_the_operator_view_of_a_small_pool(browser: Browser, api: ApiProcess, se
         serves = page.text_content("#pool-workers tr[data-worker] td:nth-child(2)") or ""
         assert "refunds v3" in serves and "shouter v1" in serves
         screenshot(page, "operator")
+
+
+def test_another_tenants_run_reads_on_the_console_as_a_run_that_does_not_exist(
+    browser: Browser, http: httpx.Client, api: ApiProcess, server: RedisServer
+) -> None:
+    """A key of another tenant that opens a run's address sees what a run that never existed
+    shows: the same 404, and none of the run's content."""
+    run_id = submit(http, "desk", f"private {HOSTILE}")
+    wait_status(http, run_id, {"completed"})
+    missing = uuid.uuid4().hex
+    with signed_in(browser, api.url, new_key(server, "rival")) as tab:
+        for target in (run_id, missing):
+            tab.goto(f"{api.url}/#/runs/{target}")
+            wait_js(tab, f"$('#run-title').textContent === 'Run {target}' && $('#run-error').textContent")
+            assert tab.text_content("#run-error") == f"no run '{target}'"
+            assert (
+                tab.eval_on_selector_all(
+                    "#run-facts > *, #conversation > *, #checkpoints tbody > *, #timeline > *",
+                    "es => es.length",
+                )
+                == 0
+            )
+            assert tab.is_hidden("#run-failure") and tab.is_hidden("#pending")
+            shown = tab.text_content("#run-view") or ""
+            assert "private" not in shown and "refunds" not in shown and "desk" not in shown
+
+
+def test_the_console_runs_no_inline_script_and_keeps_the_key_in_its_tab(
+    page: Page, api: ApiProcess, key: str
+) -> None:
+    """Markup that reached the page anyway (a rendering mistake) still could not run script: the
+    policy allows the console's own files only. The key lives in this tab's sessionStorage: never
+    in a cookie, localStorage or the address, and no link sends a Referer."""
+    served = httpx.get(f"{api.url}/")
+    assert served.headers["content-security-policy"] == (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self';"
+        " object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    )
+    assert served.headers["referrer-policy"] == "no-referrer"
+    planted = (
+        '<img src="/console/none.png" onerror="window.__pwned=1">'
+        '<a href="javascript:window.__pwned=1" id="planted">x</a>'
+    )
+    page.evaluate(
+        """(planted) => {
+          window.__blocked = [];
+          document.addEventListener('securitypolicyviolation',
+            (e) => window.__blocked.push(e.violatedDirective));
+          const box = document.createElement('div');
+          box.innerHTML = planted;
+          document.body.append(box);
+          document.getElementById('planted').click();
+        }""",
+        planted,
+    )
+    wait_js(page, "window.__blocked.length >= 2")
+    assert set(page.evaluate("window.__blocked")) == {"script-src-attr", "script-src-elem"}
+    assert page.evaluate("window.__pwned") is None
+    kept = page.evaluate("[sessionStorage.getItem('wesichain.key'), localStorage.length, document.cookie]")
+    assert kept == [key, 0, ""]
+    assert key not in page.url
