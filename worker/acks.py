@@ -26,21 +26,39 @@ The delivery tag is the message's own, as kombu's ack takes it (kombu's Redis en
 ``properties.delivery_tag``, and Celery hands the properties to the task's request): an ack in a
 commit removes the entry kombu's ack would remove, and only a commit of the delivery's own run
 carries it.
+
+kombu keys the unacked hash by that tag alone, and the tag is whatever the envelope says: an
+envelope put on a queue twice, or one forged with another message's tag, would replace the entry a
+running delivery holds when it is handed out, and its ack (by kombu, or in its commit) would then
+remove that entry while the other delivery still runs. So a tag the hash already holds stays with
+the delivery that holds it: a second delivery under it is not recorded there (``HSETNX``, and the
+index's ``ZADD NX``), its task is handed no tag (its commit carries no ack), and its ack is made in
+memory only. The holder's entry leaves the hash when the holder's own work ends.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from celery.utils.saferepr import saferepr
 from kombu.transport import redis as redis_transport
 from kombu.transport import virtual
+from kombu.utils.json import dumps
 
 from shared.store import BrokerCommand
 
-__all__ = ["ACKED_IN_COMMIT", "DeliveryAcks", "acked_in_commit", "clear", "forget_acked_in_commit"]
+__all__ = [
+    "ACKED_IN_COMMIT",
+    "DeliveryAcks",
+    "acked_in_commit",
+    "clear",
+    "forget_acked_in_commit",
+    "install",
+]
 
 #: What a phase task returns when its commit acknowledged its message (the main process reads it).
 ACKED_IN_COMMIT = "acked-in-commit"
@@ -114,30 +132,57 @@ def acked_in_commit(retval: object) -> bool:
 
 #: Tags whose messages a commit acknowledged, until the main process's ack of them comes.
 _ACKED: set[str] = set()
+#: Tags under which a delivery arrived that another message already held in the unacked hash: how
+#: many such deliveries of each are not yet acknowledged (their acks are made in memory only).
+_UNOWNED: Counter[str] = Counter()
 _kombu_ack: Callable[[Any, str], None] | None = None
 
 
 def forget_acked_in_commit(message: Any) -> None:
     """Have the main process's ack of ``message`` only forget it in memory: its commit removed it
     from the broker's unacked hash already."""
-    if _kombu_ack is None:
-        _install()
+    install()
     tag = getattr(message, "delivery_tag", None)
     if isinstance(tag, str):
         _ACKED.add(tag)
 
 
-def _install() -> None:
-    """Wrap kombu's Redis ack (once per process): a tag in :data:`_ACKED` skips the round trip."""
+def install() -> None:
+    """Wrap kombu's Redis QoS (once per process): a delivery is recorded in the unacked hash only
+    under a tag no other message holds there, and an ack of a tag in :data:`_ACKED` or of a
+    delivery not recorded skips the round trip."""
     global _kombu_ack
+    if _kombu_ack is not None:
+        return
     kombu_ack = redis_transport.QoS.ack
 
+    def append(self: Any, message: Any, delivery_tag: str) -> None:
+        delivery = message.delivery_info
+        entry = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])  # type: ignore[no-untyped-call]
+        with self.pipe_or_acquire() as pipe:
+            held, _ = (
+                pipe.hsetnx(self.unacked_key, delivery_tag, entry)
+                .zadd(self.unacked_index_key, {delivery_tag: time.time()}, nx=True)
+                .execute()
+            )
+        if not held:
+            # Another message holds the tag: this delivery acknowledges nothing there.
+            _UNOWNED[delivery_tag] += 1
+            message.properties = {**(message.properties or {}), "delivery_tag": None}
+        virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+
     def ack(self: Any, delivery_tag: str) -> None:
-        if delivery_tag in _ACKED:
-            _ACKED.discard(delivery_tag)
+        if delivery_tag in _ACKED or _UNOWNED[delivery_tag] > 0:
+            if delivery_tag in _ACKED:
+                _ACKED.discard(delivery_tag)
+            else:
+                _UNOWNED[delivery_tag] -= 1
+                if not _UNOWNED[delivery_tag]:
+                    del _UNOWNED[delivery_tag]
             virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]  # in memory only
             return
         kombu_ack(self, delivery_tag)  # type: ignore[no-untyped-call]
 
     _kombu_ack = kombu_ack
-    setattr(redis_transport.QoS, "ack", ack)  # noqa: B010 (mypy refuses assigning a method)
+    setattr(redis_transport.QoS, "append", append)  # noqa: B010 (mypy refuses assigning a method)
+    setattr(redis_transport.QoS, "ack", ack)  # noqa: B010

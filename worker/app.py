@@ -373,6 +373,8 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _guard_redis_envelopes()
+        # A delivery acknowledges only a message it holds in the unacked hash (``worker/acks.py``).
+        acks.install()
         # A Redis at maxmemory refuses kombu's writes (an ack, the record of a message it hands
         # out) with OutOfMemoryError, a channel error Celery would not recover from: the consumer
         # stopped for good while the process stayed up. Treated as a lost connection, the consumer
