@@ -149,7 +149,7 @@ SPECS: dict[str, ScriptSpec] = {
         words="stale duplicate recorded complete",
     ),
     "emit_custom": _spec("run results_key events_key", "step call_id claim_token event events_maxlen"),
-    "emit_live": _spec("run events_key", "step events_maxlen", more_args="each event's JSON"),
+    "emit_live": _spec("run events_key", "step events_maxlen claim_token", more_args="each event's JSON"),
     "memory_write": _spec(
         "values versions created updated index expiry applied vectors",
         "quota applied_keep_ms purge_limit",

@@ -183,6 +183,6 @@ class ModelCall:
             if last and self.carry is not None:
                 self.carry(delta)
             else:
-                self.store.emit(self.run_id, [delta], step=self.step)
+                self.store.emit(self.run_id, [delta], step=self.step, claim_token=self.held.token)
             self._pending.clear()
         self._last_flush = time.monotonic()

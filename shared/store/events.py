@@ -22,9 +22,13 @@ class EventsMixin(StoreCore):
 
     # -- events ----------------------------------------------------------------------------
 
-    def emit(self, run_id: str, events: Sequence[Event], step: int | None = None) -> int:
+    def emit(
+        self, run_id: str, events: Sequence[Event], step: int | None = None, claim_token: str | None = None
+    ) -> int:
         """Append events that are not part of a commit (live token deltas, custom events voided)
-        while the run has not ended, and is at ``step`` if one is given (``emit_live.lua``).
+        while the run has not ended, is at ``step`` if one is given, and its phase claim is the one
+        ``claim_token`` names if one is given (``emit_live.lua``): a delivery that lost its claim
+        (handed on, or its phase committed by another) appends nothing.
         Returns how many were appended: all, or none (the run ended or moved on)."""
         if not events:
             return 0
@@ -32,7 +36,12 @@ class EventsMixin(StoreCore):
         appended = self._run(
             "emit_live",
             [k.run(run_id), k.events(run_id)],
-            ["" if step is None else step, self.settings.limits.events_maxlen, *map(dump_event, events)],
+            [
+                "" if step is None else step,
+                self.settings.limits.events_maxlen,
+                claim_token or "",
+                *map(dump_event, events),
+            ],
         )
         return int(appended)
 
