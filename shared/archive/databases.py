@@ -21,7 +21,10 @@ no document fails the query.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import socket
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
@@ -47,6 +50,9 @@ __all__ = [
 
 #: Any number, the same for every process: PostgreSQL's advisory lock id of schema migrations.
 _MIGRATION_LOCK = 0x57E51C4A
+#: The longest a transaction on the PostgreSQL archive may go on (a read, an archiver's batch, a
+#: migration's step), in multiples of its ``timeout_s``: past it, its connection is cut.
+_TRANSACTION_TIMEOUTS = 6
 #: PostgreSQL's SQLSTATE of a lock not granted within ``lock_timeout``.
 _LOCK_NOT_AVAILABLE = "55P03"
 
@@ -237,16 +243,32 @@ class Postgres(Database):
             # the first read after the database is back connects.
             reconnect_timeout=timeout_s / 2,
             open=True,
-            check=ConnectionPool.check_connection,
+            check=self._check,
             kwargs={"connect_timeout": max(1, int(timeout_s))},
             name="wesichain-archive",
         )
 
+    def _check(self, conn: Any) -> None:
+        """The pool's check of a connection it hands out, given up on after ``timeout_s``."""
+        from psycopg_pool import ConnectionPool
+
+        with _cut_after(conn, self.timeout_s):
+            ConnectionPool.check_connection(conn)
+
     @contextmanager
     def transaction(self, exclusive: bool = False) -> Iterator[Cursor]:
+        """A transaction on a pooled connection. A database that stops answering (a partition that
+        leaves the connection open but silent, a hung server) neither refuses nor resets it: the
+        pool's check of the connection is cut after ``timeout_s``, and the transaction after
+        ``_TRANSACTION_TIMEOUTS`` times that, so the caller gets :class:`ArchiveUnavailable`
+        instead of waiting for the kernel to give the connection up (many minutes)."""
         locking = False
         try:
-            with self._pool.connection() as conn, conn.cursor() as cur:
+            with (
+                self._pool.connection() as conn,
+                _cut_after(conn, self.timeout_s * _TRANSACTION_TIMEOUTS),
+                conn.cursor() as cur,
+            ):
                 if exclusive:
                     # Waited for as long as a connection is, not without end: the process holding
                     # it may be applying a long migration, or be gone without its connection
@@ -327,6 +349,27 @@ def _json_safe_document(column: str, escape: str, pattern: str, safe: str) -> st
 def _escaped(text: str) -> str:
     """``text`` as a PostgreSQL escape string constant (``E'...'``)."""
     return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+@contextmanager
+def _cut_after(conn: Any, seconds: float) -> Iterator[None]:
+    """Shut ``conn``'s socket down if the block has not ended within ``seconds``: a statement
+    waiting for an answer that is not coming then fails at once (OperationalError), and the pool
+    drops the connection."""
+
+    def cut() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            fd = conn.pgconn.socket
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(seconds, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _pool_errors() -> type[BaseException]:
