@@ -43,7 +43,7 @@ from shared.events import END_EVENTS, EVENT_KINDS, Event, dump_event, stream_aft
 from shared.state import Phase, RunHead
 from shared.store.runs import loaded_head
 
-__all__ = ["event_cursor", "events", "router", "wants_stream"]
+__all__ = ["event_cursor", "events", "follow_answer", "router", "wants_stream"]
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 log = logging.getLogger("wesichain.api")
@@ -160,11 +160,26 @@ async def events(
     # Taken here, with no await between the check and the count, so a burst of requests cannot
     # all pass the check before any of them is counted.
     slot = services.streams.take(who.tenant)
+    return follow_answer(services, run_id, cursor, slot, only, body)
+
+
+def follow_answer(
+    services: Services,
+    run_id: str,
+    cursor: str,
+    slot: StreamSlot,
+    only: frozenset[str] | None = None,
+    body: AsyncIterator[str] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """A run's events after ``cursor`` as an SSE answer, live until its end event (``body``: the
+    events of an ended run, read elsewhere), holding ``slot`` until it ends. Also the answer of a
+    submit that asks for an event stream (``POST /v1/runs`` with ``Accept: text/event-stream``)."""
     return _SlotStream(
         slot,
         _stream(services, run_id, cursor, slot, only) if body is None else body,
         media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
     )
 
 

@@ -183,18 +183,43 @@ def _waiting_for(
     " ``details.allowed``)."
     " An agent no live worker serves is a 422 ``unknown_agent``; while no live worker is known at all"
     " (workers registering again after a Redis restart) it is a 503 ``no_live_worker`` with"
-    " Retry-After: send the same request again.",
+    " Retry-After: send the same request again."
+    " With ``Accept: text/event-stream`` the answer is the run's event stream from its first event,"
+    " as ``GET /v1/runs/{run_id}/events`` would send it (``Location`` names the run): submitting and"
+    " following a run in one request. The stream's place among the tenant's streams is taken"
+    " before the run is created, so a 429 ``too_many_streams`` starts nothing.",
+    responses={
+        200: {
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "With Accept: text/event-stream: the new run's events, live until its end event.",
+        }
+    },
 )
 async def submit(
     body: SubmitBody,
+    request: Request,
     services: Svc,
     who: Who,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
 ) -> Response:
-    on_loop = _on_loop(services, who, body, idempotency_key)
-    if on_loop is None:
-        return await run_in_threadpool(_submit_in_thread, body, services, who, idempotency_key)
-    return await _submit_on_loop(body, services, who, *on_loop)
+    # The event stream's answer is events.py's, which builds on this module's reads.
+    from producer.api.events import follow_answer, wants_stream
+
+    slot = services.streams.take(who.tenant) if wants_stream(request.headers.get("accept", "")) else None
+    try:
+        on_loop = _on_loop(services, who, body, idempotency_key)
+        if on_loop is None:
+            view = await run_in_threadpool(_submit_in_thread, body, services, who, idempotency_key)
+        else:
+            view = await _submit_on_loop(body, services, who, *on_loop)
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+    if slot is None:
+        return json_answer(view, 202)
+    location = {"Location": f"/v1/runs/{view.run_id}"}
+    return follow_answer(services, view.run_id, "0-0", slot, headers=location)
 
 
 def _on_loop(
@@ -227,7 +252,7 @@ def _on_loop(
 
 async def _submit_on_loop(
     body: SubmitBody, services: Services, who: Caller, tenant: TenantSettings | None, live: list[LiveWorker]
-) -> Response:
+) -> RunView:
     """A submit on the event loop: the same decisions as the sync client's (``Client.plan_run``,
     ``run_to_create``, ``creation_outcome``), the reservation and the create script sent on the
     event loop's kept connections (``shared.scripts.LoopConnections``): two round trips after the
@@ -263,7 +288,7 @@ async def _submit_on_loop(
     finally:
         if not released:
             await gate.release_on_loop(reservation)
-    return json_answer(_created_view(head, live), 202)
+    return _created_view(head, live)
 
 
 def _created_view(head: RunHead, live: list[LiveWorker]) -> RunView:
@@ -319,7 +344,7 @@ def _run_request(
 
 def _submit_in_thread(
     body: SubmitBody, services: Services, who: Caller, idempotency_key: str | None
-) -> Response:
+) -> RunView:
     """A submit on a worker thread, with the sync client (see :func:`_on_loop` for when)."""
     default = services.gate.default_callback(who.tenant) if who.tenant is not None else None
     namespace, callback = _checked(services, who, body, services.gate, default)
@@ -334,7 +359,7 @@ def _submit_in_thread(
             release=start.with_create,
         )
         head = start.created(handle)
-    return json_answer(_view(services, head, services.recent_workers()), 202)
+    return _view(services, head, services.recent_workers())
 
 
 def json_answer(view: BaseModel, status_code: int = 200) -> Response:

@@ -295,3 +295,62 @@ def test_a_tenants_timelines_at_once_are_its_share_of_the_process(
         assert (error["kind"], error["details"]["limit"]) == ("too_many_scans", 2)
         assert answer.headers["retry-after"] == "1"
     assert all(a.json()["run_id"] == run_id for a in served)
+
+
+def test_a_submit_asking_for_an_event_stream_answers_the_new_runs_events(http: httpx.Client) -> None:
+    with http.stream("POST", "/v1/runs", json={"agent": "chain", "input": "three hops"}, headers=SSE) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        run_id = r.headers["location"].removeprefix("/v1/runs/")
+        streamed = [f for f in frames(r) if f.data]
+    # From the run's first event to its end event, each once, as the run stored them.
+    assert streamed[0].event["kind"] == "RunStarted" and streamed[-1].event["kind"] == "Completed"
+    assert {f.event["run_id"] for f in streamed} == {run_id}
+    assert [str(f.id) for f in streamed] == [e["id"] for e in all_events(http, run_id, limit=50)]
+    assert http.get(f"/v1/runs/{run_id}").json()["status"] == "completed"
+    # The same request sent again with its Idempotency-Key streams the same run, not a new one.
+    again = {**SSE, "Idempotency-Key": f"follow-{uuid.uuid4().hex}"}
+    body = {"agent": "one_hop", "input": "1+2"}
+    runs = []
+    for _ in range(2):
+        with http.stream("POST", "/v1/runs", json=body, headers=again) as r:
+            assert r.status_code == 200
+            runs.append(r.headers["location"])
+            assert [f.event["kind"] for f in frames(r) if f.data][-1] == "Completed"
+    assert runs[0] == runs[1]
+
+
+def test_a_submit_and_follow_takes_its_stream_place_before_it_creates_the_run(
+    redis_server: RedisServer, workers: list[WorkerProcess]
+) -> None:
+    small = ApiProcess(redis_server.url, env={"WESICHAIN_API_MAX_STREAMS_PER_TENANT": "1"}).start()
+    try:
+        tenant = f"sf-{uuid.uuid4().hex[:8]}"
+        key, _ = Tenants(redis_server.client(), Keys()).create_key(tenant)
+        with httpx.Client(base_url=small.url, headers=bearer(key), timeout=30) as http:
+            submit = {"agent": "needs_approval", "input": "x"}
+            with http.stream("POST", "/v1/runs", json=submit, headers=SSE) as held:
+                reader = frames(held)  # kept: closing it closes the answer, and gives its place back
+                assert next(f for f in reader if f.data).event["kind"] == "RunStarted"
+                run_id = held.headers["location"].removeprefix("/v1/runs/")
+                # The tenant's one stream is held: a second submit-and-follow is refused whole.
+                refused = http.post("/v1/runs", json=submit, headers=SSE)
+                assert refused.status_code == 429
+                assert refused.json()["error"]["kind"] == "too_many_streams"
+                assert [r["run_id"] for r in http.get("/v1/runs").json()["runs"]] == [run_id]
+            # A submit refused after its place was taken gives the place back.
+            bad = http.post("/v1/runs", json={"agent": "no-such-agent", "input": "x"}, headers=SSE)
+            assert bad.status_code == 422 and bad.json()["error"]["kind"] == "unknown_agent"
+            wait_status(http, run_id, {"awaiting_approval"}, TIMEOUT)
+            http.post(f"/v1/runs/{run_id}/approve").raise_for_status()
+
+            def followed() -> bool:
+                with http.stream(
+                    "POST", "/v1/runs", json={"agent": "one_hop", "input": "1"}, headers=SSE
+                ) as r:
+                    return r.status_code == 200 and [f.event["kind"] for f in frames(r) if f.data][-1] == (
+                        "Completed"
+                    )
+
+            wait_until(followed, timeout=TIMEOUT, what="the tenant's stream place to be given back")
+    finally:
+        small.stop()
