@@ -10,7 +10,7 @@ local step, events_maxlen, token = ARGV[1], ARGV[2], ARGV[3]
 local run, events_key = KEYS[1], KEYS[2]
 local state = redis.call('HMGET', run, F_PHASE, F_STEP, F_RUNNING)
 if not state[1] or TERMINAL[state[1]] or (step ~= '' and state[2] ~= step) then return 0 end
-if token ~= '' and string.sub(state[3] or '', 1, #token + 1) ~= token .. '|' then return 0 end
+if token ~= '' and (not state[3] or (claim_parts(state[3])) ~= token) then return 0 end
 for at = 4, #ARGV do
   redis.call('XADD', events_key, 'MAXLEN', '~', events_maxlen, '*', EVENT_FIELD, ARGV[at])
 end

@@ -23,7 +23,9 @@ class Recorder:
     def __init__(self) -> None:
         self.emitted: list[tuple[float, str]] = []
 
-    def emit(self, run_id: str, events: list[Event], step: int | None = None) -> int:
+    def emit(
+        self, run_id: str, events: list[Event], step: int | None = None, claim_token: str | None = None
+    ) -> int:
         for e in events:
             self.emitted.append((time.monotonic(), getattr(e, "text", "")))
         return len(events)
