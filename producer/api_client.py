@@ -859,6 +859,20 @@ def _sse_event(data: str) -> Event:
     return event
 
 
+def _followed_submit(body: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:
+    """The keyword arguments of a submit that asks for the new run's event stream as its answer."""
+    key = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    return {"json": body, "headers": {"Accept": "text/event-stream", **key}}
+
+
+def _streamed_run(response: httpx.Response) -> str | None:
+    """The run a submit answered with its event stream names (``Location``); None: the answer is
+    the run as JSON (a server that does not stream a submit's answer)."""
+    if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        return None
+    return response.headers["location"].rsplit("/", 1)[-1]
+
+
 class _Follow:
     """Following a run's event stream, without the I/O: each attempt's request, its answer's
     events, and whether (and after how long) a failed attempt is resumed."""
@@ -1168,6 +1182,61 @@ class ApiClient(_ClientBase):
         )
         return ApiRunHandle(self, self._run(op))
 
+    def submit_and_follow(
+        self,
+        agent: str,
+        input: str,
+        *,
+        thread_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        model: str | None = None,
+        callback: Callback | dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        namespace: str | None = None,
+        thread_policy: ThreadPolicy | None = None,
+        assistant: str | None = None,
+        assistant_version: int | None = None,
+        idle_timeout: float | None = None,
+    ) -> Iterator[Event]:
+        """Start a run (as :meth:`submit`) and follow its events from the first to its end event,
+        in one request: the submit is answered with the run's event stream. Every event names the
+        run (``run_id``). A stream dropped after its answer began is resumed as
+        :meth:`ApiRunHandle.events` resumes; a refused submit raises as :meth:`submit` does (a
+        503 is not waited out: send it again, with ``idempotency_key`` if it may have started)."""
+        body = _submit_body(
+            agent,
+            input,
+            thread_id,
+            metadata,
+            model,
+            callback,
+            namespace,
+            thread_policy,
+            assistant,
+            assistant_version,
+        )
+        timeout = httpx.Timeout(self.http.timeout.connect, read=idle_timeout)
+        with self.http.stream(
+            "POST", "/v1/runs", timeout=timeout, **_followed_submit(body, idempotency_key)
+        ) as r:
+            if r.status_code >= 400:
+                _raise_for(self._read(r))
+            streamed = _streamed_run(r)
+            run_id = streamed or RunView.model_validate_json(self._read(r).content).run_id
+            f = _Follow(run_id, "0-0", timeout.connect, idle_timeout, None, self.max_event_chars)
+            if streamed is not None and f.opened(r):
+                try:
+                    for chunk in r.iter_bytes():
+                        yield from f.events(chunk)
+                        if f.ended:
+                            return
+                except httpx.ReadTimeout:
+                    return  # idle for idle_timeout: following ends, as for a handle's events
+                except _DROPPED:
+                    pass  # resumed below, after the last event received
+        # Resumed with the same follower: it was connected, so a server restarting is waited for.
+        yield from ApiRunHandle(self, run_id)._follow(f)
+
     def handle(self, run_id: str) -> ApiRunHandle:
         return ApiRunHandle(self, run_id)
 
@@ -1315,7 +1384,12 @@ class ApiRunHandle(_RunOps):
             yield from (e for e in self._paged(after) if wanted is None or e.kind in wanted)
             return
         timeout = self.client.http.timeout.connect
-        f = _Follow(self.run_id, after, timeout, idle_timeout, kinds, self.client.max_event_chars)
+        yield from self._follow(
+            _Follow(self.run_id, after, timeout, idle_timeout, kinds, self.client.max_event_chars)
+        )
+
+    def _follow(self, f: _Follow) -> Iterator[Event]:
+        """The run's events after ``f``'s cursor, live until the end event, resumed after drops."""
         while True:
             try:
                 with self.client.http.stream(
@@ -1465,6 +1539,59 @@ class AsyncClient(_ClientBase):
             assistant_version,
         )
         return AsyncRunHandle(self, await self._run(op))
+
+    async def submit_and_follow(
+        self,
+        agent: str,
+        input: str,
+        *,
+        thread_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        model: str | None = None,
+        callback: Callback | dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        namespace: str | None = None,
+        thread_policy: ThreadPolicy | None = None,
+        assistant: str | None = None,
+        assistant_version: int | None = None,
+        idle_timeout: float | None = None,
+    ) -> AsyncIterator[Event]:
+        """:meth:`ApiClient.submit_and_follow`: start a run and follow its events in one request."""
+        body = _submit_body(
+            agent,
+            input,
+            thread_id,
+            metadata,
+            model,
+            callback,
+            namespace,
+            thread_policy,
+            assistant,
+            assistant_version,
+        )
+        timeout = httpx.Timeout(self.http.timeout.connect, read=idle_timeout)
+        async with self.http.stream(
+            "POST", "/v1/runs", timeout=timeout, **_followed_submit(body, idempotency_key)
+        ) as r:
+            if r.status_code >= 400:
+                _raise_for(await self._read(r))
+            streamed = _streamed_run(r)
+            run_id = streamed or RunView.model_validate_json((await self._read(r)).content).run_id
+            f = _Follow(run_id, "0-0", timeout.connect, idle_timeout, None, self.max_event_chars)
+            if streamed is not None and f.opened(r):
+                try:
+                    async for chunk in r.aiter_bytes():
+                        for event in f.events(chunk):
+                            yield event
+                        if f.ended:
+                            return
+                except httpx.ReadTimeout:
+                    return  # idle for idle_timeout: following ends, as for a handle's events
+                except _DROPPED:
+                    pass  # resumed below, after the last event received
+        # Resumed with the same follower: it was connected, so a server restarting is waited for.
+        async for event in AsyncRunHandle(self, run_id)._follow(f):
+            yield event
 
     def handle(self, run_id: str) -> AsyncRunHandle:
         return AsyncRunHandle(self, run_id)
@@ -1714,6 +1841,11 @@ class AsyncRunHandle(_RunOps):
         (``kinds``: only those, and the end event)."""
         timeout = self.client.http.timeout.connect
         f = _Follow(self.run_id, after, timeout, idle_timeout, kinds, self.client.max_event_chars)
+        async for event in self._follow(f):
+            yield event
+
+    async def _follow(self, f: _Follow) -> AsyncIterator[Event]:
+        """The run's events after ``f``'s cursor, live until the end event, resumed after drops."""
         while True:
             try:
                 async with self.client.http.stream(

@@ -173,3 +173,55 @@ def test_a_run_over_the_api_can_be_followed_by_redis_clients_too(
         wait_until(lambda: redis_events(redis_server, handle.run_id), timeout=TIMEOUT)
         page = [(e.stream_id, e.kind) for e in handle.events(follow=False)]
         assert page == redis_events(redis_server, handle.run_id)
+
+
+def test_submit_and_follow_resumes_its_one_request_across_an_api_restart(
+    redis_server: RedisServer, workers: list[WorkerProcess], key: str
+) -> None:
+    """A run submitted and followed in one request: the API process is SIGKILLed mid-stream and
+    started again, and the client resumes the run's stream after the last event it received."""
+    own = ApiProcess(redis_server.url).start()
+    try:
+        with ApiClient(own.url, key) as client:
+            with pytest.raises(UnknownAgent):
+                next(client.submit_and_follow("no-such-agent", "x"))
+            received: list[Event] = []
+            dispatched = threading.Event()
+
+            def follow() -> None:
+                for event in client.submit_and_follow("slow_step", "wait for it", idempotency_key="saf-1"):
+                    received.append(event)
+                    if event.kind == "ToolDispatched":
+                        dispatched.set()
+
+            follower = threading.Thread(target=follow, daemon=True)
+            follower.start()
+            assert dispatched.wait(TIMEOUT)
+            own.kill()
+            own.start()
+            follower.join(TIMEOUT)
+            assert not follower.is_alive()
+            run_id = received[0].run_id
+            assert client.handle(run_id).status().phase is Phase.COMPLETED
+            assert [r.run_id for r in client.list_runs().runs] == [run_id]
+    finally:
+        own.stop()
+    assert received[0].kind == "RunStarted" and received[-1].kind == "Completed"
+    assert {e.run_id for e in received} == {run_id}
+    assert [(e.stream_id, e.kind) for e in received] == redis_events(redis_server, run_id)
+
+
+def test_async_client_submits_and_follows_in_one_request(
+    api: ApiProcess, redis_server: RedisServer, key: str
+) -> None:
+    async def scenario() -> list[Event]:
+        async with AsyncClient(api.url, key) as client:
+            with pytest.raises(UnknownAgent):
+                async for _ in client.submit_and_follow("no-such-agent", "x"):
+                    pass
+            return [e async for e in client.submit_and_follow("one_hop", "1+2", metadata={"n": 1})]
+
+    events = asyncio.run(scenario())
+    assert events[0].kind == "RunStarted" and events[-1].kind == "Completed"
+    run_id = events[0].run_id
+    assert [(e.stream_id, e.kind) for e in events] == redis_events(redis_server, run_id)
