@@ -43,7 +43,7 @@ from shared.events import END_EVENTS, EVENT_KINDS, Event, dump_event, stream_aft
 from shared.state import Phase, RunHead
 from shared.store.runs import loaded_head
 
-__all__ = ["event_cursor", "events", "follow_answer", "router", "wants_stream"]
+__all__ = ["event_cursor", "events", "follow_answer", "router", "submitted_answer", "wants_stream"]
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 log = logging.getLogger("wesichain.api")
@@ -148,12 +148,7 @@ async def events(
         return Response(page.model_dump_json(), media_type="application/json")
     cursor = event_cursor(last_event_id if last_event_id is not None else after)
     body: AsyncIterator[str] | None = None
-    if head.terminal and not await services.aredis.xrange(
-        services.keys.events(run_id), min=stream_after(cursor), count=1
-    ):
-        # Ended with nothing after the cursor in Redis; but an ended run's events move to the
-        # archive with it, and a client that lost its stream mid-run may resume after that.
-        rest = await run_in_threadpool(services.store.read_events, run_id, cursor, BATCH)
+    if head.terminal and (rest := await _ended_rest(services, run_id, cursor)) is not None:
         if not rest:
             return Response(status_code=204)
         body = _archived(services, run_id, rest, only)
@@ -181,6 +176,27 @@ def follow_answer(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
     )
+
+
+async def submitted_answer(
+    services: Services, run_id: str, ended: bool, slot: StreamSlot, headers: dict[str, str]
+) -> Response:
+    """The answer of a submit that asks for an event stream: the run's events from its first, as
+    :func:`follow_answer` sends them. ``ended``: the run had ended already (an idempotent submit
+    sent again), its events read where they are, the archive once the run has moved there."""
+    body = None
+    if ended and (rest := await _ended_rest(services, run_id, "0-0")) is not None:
+        body = _archived(services, run_id, rest, None)
+    return follow_answer(services, run_id, "0-0", slot, body=body, headers=headers)
+
+
+async def _ended_rest(services: Services, run_id: str, cursor: str) -> list[tuple[str, Event]] | None:
+    """The first events after ``cursor`` of an ended run that has none after it in Redis: an ended
+    run's events move to the archive with it, and a client may ask for them after that (resuming
+    a stream lost mid-run, or sending its submit again). None: Redis holds events after it."""
+    if await services.aredis.xrange(services.keys.events(run_id), min=stream_after(cursor), count=1):
+        return None
+    return await run_in_threadpool(services.store.read_events, run_id, cursor, BATCH)
 
 
 async def _owned_run(services: Services, who: Who, run_id: str) -> RunHead:

@@ -51,7 +51,7 @@ from producer.client import (
 from shared.errors import ConfigError, InvalidRequest, ThreadBusy
 from shared.request import check_run_id as check_any_run_id
 from shared.request import validate_request
-from shared.state import Callback, CallbackState, Decision, Phase, RunHead, RunStatus
+from shared.state import TERMINAL_PHASES, Callback, CallbackState, Decision, Phase, RunHead, RunStatus
 from shared.store import CURSOR_PATTERN
 from shared.store.runs import creation_of
 from shared.tenants import ModelNotAllowed, TenantSettings
@@ -203,7 +203,7 @@ async def submit(
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
 ) -> Response:
     # The event stream's answer is events.py's, which builds on this module's reads.
-    from producer.api.events import follow_answer, wants_stream
+    from producer.api.events import submitted_answer, wants_stream
 
     slot = services.streams.take(who.tenant) if wants_stream(request.headers.get("accept", "")) else None
     try:
@@ -212,14 +212,20 @@ async def submit(
             view = await run_in_threadpool(_submit_in_thread, body, services, who, idempotency_key)
         else:
             view = await _submit_on_loop(body, services, who, *on_loop)
+        if slot is None:
+            return json_answer(view, 202)
+        # A run found ended (the same request sent again) is answered its events all the same.
+        ended = view.status in _ENDED
+        location = {"Location": f"/v1/runs/{view.run_id}"}
+        return await submitted_answer(services, view.run_id, ended, slot, location)
     except BaseException:
         if slot is not None:
             slot.release()
         raise
-    if slot is None:
-        return json_answer(view, 202)
-    location = {"Location": f"/v1/runs/{view.run_id}"}
-    return follow_answer(services, view.run_id, "0-0", slot, headers=location)
+
+
+#: A run's status once it has ended.
+_ENDED = frozenset(phase.value for phase in TERMINAL_PHASES)
 
 
 def _on_loop(

@@ -708,3 +708,31 @@ def test_another_tenant_finds_nothing_of_an_archived_run_over_the_http_api(
             assert owner.get(f"/v1/runs/{run_id}").json()["status"] == "completed"
     finally:
         api.stop()
+
+
+def test_a_submit_and_follow_sent_again_once_its_run_is_archived_streams_its_events(
+    pool: Pool, client: Client
+) -> None:
+    """The same submit-and-follow request again (its Idempotency-Key) answers the same run's
+    stream from its first event, also once the run has ended and moved to the archive."""
+    api = ApiProcess(pool.server.url, env={"WESICHAIN_ARCHIVE_URL": pool.url}).start()
+    key, _ = Tenants(client.store.redis, client.store.keys).create_key(f"api-{uuid.uuid4().hex[:8]}")
+    submit = {"json": {"agent": "one_hop", "input": "add"}, "headers": {**SSE, "Idempotency-Key": "k-1"}}
+    try:
+        with httpx.Client(base_url=api.url, headers=bearer(key), timeout=30) as http:
+
+            def streamed() -> tuple[str, list[dict[str, Any]]]:
+                with http.stream("POST", "/v1/runs", **submit) as response:  # type: ignore[arg-type]
+                    assert response.status_code == 200, response.read()
+                    events = [json.loads(f.data) for f in frames(response) if f.data]
+                    return response.headers["location"], events
+
+            location, events = streamed()
+            assert events[0]["kind"] == "RunStarted" and events[-1]["kind"] == "Completed"
+            assert Archiver(client.store).run_once(after_s=0).archived == 1
+            assert client.store.redis.exists(client.store.keys.events(location.rsplit("/", 1)[-1])) == 0
+            # It once answered an empty stream here (no event; it ended after a keep-alive's wait).
+            assert streamed() == (location, events)
+            assert [r["run_id"] for r in http.get("/v1/runs").json()["runs"]] == [location.rsplit("/", 1)[-1]]
+    finally:
+        api.stop()
