@@ -895,7 +895,11 @@ class _Follow:
         self.run_id = run_id
         self.cursor = after
         self.timeout = httpx.Timeout(connect_timeout, read=idle_timeout)
+        self.idle_timeout = idle_timeout
+        #: When the last event came (or following began): the server's keep-alives are no events.
+        self.last_event_at = time.monotonic()
         self.resumer = _Resumer()
+        #: Following is over: the run's end event came, or no event for ``idle_timeout``.
         self.ended = False
         self.max_event_chars = max_event_chars
         self.parser = SseParser(max_chars=max_event_chars)
@@ -924,13 +928,19 @@ class _Follow:
                 f" {self.max_event_chars} characters",
                 {"max_event_chars": self.max_event_chars},
             ) from None
+        now = time.monotonic()
         for message in messages:
             event = _sse_event(message.data)
             self.cursor = event.stream_id or self.cursor
+            self.last_event_at = now
             yield event
             if event.kind in END_EVENTS:
                 self.ended = True
                 return
+        # A stream's keep-alives reset the read timeout, not this: a run parked for longer than
+        # ``idle_timeout`` ends following, at the first keep-alive after it.
+        if self.idle_timeout is not None and now - self.last_event_at >= self.idle_timeout:
+            self.ended = True
 
     def ended_early(self) -> _StreamEnded:
         # Ended before the end event. If the run ended and its remaining events were trimmed,
@@ -1376,7 +1386,8 @@ class ApiRunHandle(_RunOps):
         """Every event after ``after``, in order; with ``follow``, live until the end event.
 
         A dropped stream is resumed after the last event received (``Last-Event-ID``), so no event
-        is lost or repeated. ``idle_timeout`` ends following when nothing arrived for that long.
+        is lost or repeated. ``idle_timeout`` ends following when no event arrived for that long
+        (the stream's keep-alives are none).
         ``kinds``: only events of these kinds (e.g. ``{"CustomEvent"}``), and the run's end event.
         """
         if not follow:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from producer.api_client import ApiClient, AsyncClient
+from producer.api_client import ApiClient, AsyncClient, RateLimited
 from producer.client import Client, RequestConflict, RunNotFound, UnknownAgent
 from shared.events import Event
 from shared.keys import Keys
@@ -225,3 +225,53 @@ def test_async_client_submits_and_follows_in_one_request(
     assert events[0].kind == "RunStarted" and events[-1].kind == "Completed"
     run_id = events[0].run_id
     assert [(e.stream_id, e.kind) for e in events] == redis_events(redis_server, run_id)
+
+
+def test_submit_and_follow_ends_when_idle_or_left_and_gives_its_stream_place_back(
+    redis_server: RedisServer, workers: list[WorkerProcess], key: str
+) -> None:
+    """Following ends after ``idle_timeout`` without an event (the keep-alives of a parked run's
+    stream are no events), or when the caller stops reading: either way the request is closed and
+    the tenant's one stream place is free again."""
+    env = {"WESICHAIN_API_MAX_STREAMS_PER_TENANT": "1", "WESICHAIN_API_KEEPALIVE_S": "0.2"}
+    own = ApiProcess(redis_server.url, env=env).start()
+    try:
+        with ApiClient(own.url, key) as client:
+
+            def place_free() -> bool:
+                try:
+                    return [e.kind for e in client.submit_and_follow("direct", "x")][-1] == "Completed"
+                except RateLimited:
+                    return False  # its place still held: refused, and no run started
+
+            for event in client.submit_and_follow("needs_approval", "left"):
+                assert event.kind == "RunStarted"
+                break  # the iterator dropped: its request is closed
+            wait_until(place_free, timeout=TIMEOUT, what="the place of a stream left to be given back")
+            followed: list[Event] = []
+
+            def follow() -> None:
+                followed.extend(client.submit_and_follow("needs_approval", "idle", idle_timeout=1))
+
+            follower = threading.Thread(target=follow, daemon=True)
+            follower.start()
+            wait_until(lambda: not follower.is_alive(), timeout=TIMEOUT, what="following to end once idle")
+            assert followed[0].kind == "RunStarted" and followed[-1].kind == "AwaitingApproval"
+            wait_until(place_free, timeout=TIMEOUT, what="the place of an idle stream to be given back")
+
+            async def left_async() -> str:
+                async with AsyncClient(own.url, key) as aclient:
+                    run_id = ""
+                    async for event in aclient.submit_and_follow("needs_approval", "left async"):
+                        run_id = event.run_id
+                        break
+                    # The iterator dropped: its request is closed, and its place given back.
+                    await asyncio.to_thread(wait_until, place_free, TIMEOUT)
+                    return run_id
+
+            left_run = asyncio.run(left_async())
+            runs = {r.run_id for r in client.list_runs().runs}
+            # Three parked runs, three followed to their end (each once its place was free).
+            assert len(runs) == 6 and {followed[0].run_id, left_run} < runs
+    finally:
+        own.stop()
