@@ -4,6 +4,7 @@ and the OpenAPI document exercised against what the real server answers."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -354,3 +355,60 @@ def test_a_submit_and_follow_takes_its_stream_place_before_it_creates_the_run(
             wait_until(followed, timeout=TIMEOUT, what="the tenant's stream place to be given back")
     finally:
         small.stop()
+
+
+def test_a_submit_and_follow_refused_or_left_at_once_holds_no_stream_place(
+    redis_server: RedisServer, workers: list[WorkerProcess]
+) -> None:
+    """A process serving its one stream refuses another tenant's submit-and-follow whole (503,
+    nothing started); a submit refused after its place was taken (thread busy, a key's other
+    request, a namespace not allowed), or whose client left without reading its stream, gives it
+    back."""
+    one = ApiProcess(redis_server.url, env={"WESICHAIN_API_MAX_STREAMS": "1"}).start()
+    try:
+        tenants = Tenants(redis_server.client(), Keys())
+        key, other_key = (tenants.create_key(f"sf-{uuid.uuid4().hex[:8]}")[0] for _ in range(2))
+        with (
+            httpx.Client(base_url=one.url, headers=bearer(key), timeout=30) as http,
+            httpx.Client(base_url=one.url, headers=bearer(other_key), timeout=30) as other,
+        ):
+
+            def followed(body: dict[str, Any]) -> bool:
+                with http.stream("POST", "/v1/runs", json=body, headers=SSE) as r:
+                    return r.status_code == 200 and [f.event["kind"] for f in frames(r) if f.data][-1] == (
+                        "Completed"
+                    )
+
+            parked = {"agent": "needs_approval", "input": "x", "thread_id": "t-1"}
+            with http.stream("POST", "/v1/runs", json=parked, headers=SSE) as held:
+                assert held.status_code == 200
+                refused = other.post("/v1/runs", json={"agent": "direct", "input": "x"}, headers=SSE)
+                assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+                assert refused.json()["error"]["kind"] == "unavailable"
+            assert other.get("/v1/runs").json()["runs"] == []
+            http.post("/v1/runs", json={"agent": "direct", "input": "x"}, headers={"Idempotency-Key": "k"})
+            refusals = [
+                ({"agent": "direct", "input": "x", "thread_id": "t-1", "thread_policy": "reject"}, {}, 409),
+                ({"agent": "direct", "input": "other"}, {"Idempotency-Key": "k"}, 409),
+                ({"agent": "direct", "input": "x", "namespace": "not-mine"}, {}, 403),
+            ]
+            for body, headers, status in refusals:
+                wait_until(lambda: followed({"agent": "direct", "input": "x"}), timeout=TIMEOUT)
+                assert http.post("/v1/runs", json=body, headers={**SSE, **headers}).status_code == status
+            wait_until(lambda: followed({"agent": "direct", "input": "x"}), timeout=TIMEOUT)
+            # Left once its answer began, the stream unread.
+            content = json.dumps({"agent": "needs_approval", "input": "left"}).encode()
+            with socket.create_connection(("127.0.0.1", one.port)) as left:
+                left.sendall(
+                    b"POST /v1/runs HTTP/1.1\r\nHost: api\r\nAccept: text/event-stream\r\n"
+                    + f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n".encode()
+                    + f"Content-Length: {len(content)}\r\n\r\n".encode()
+                    + content
+                )
+                assert left.recv(12) == b"HTTP/1.1 200"
+            wait_until(lambda: followed({"agent": "direct", "input": "x"}), timeout=TIMEOUT)
+            kinds = sorted(r["agent"] for r in http.get("/v1/runs").json()["runs"])
+            # Each refused submit started nothing; the one left started its run.
+            assert kinds == ["direct"] * 6 + ["needs_approval"] * 2
+    finally:
+        one.stop()
