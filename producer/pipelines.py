@@ -79,6 +79,10 @@ def submit_pipeline(
     check_name("pipeline_id", public_id)
     if len(public_id) > MAX_PIPELINE_ID_CHARS:
         raise InvalidRequest(f"a pipeline_id is at most {MAX_PIPELINE_ID_CHARS} characters")
+    if "/" in public_id:
+        # It is one segment of the pipeline run's paths (/v1/pipelines/{pipeline_id}, the
+        # console's): one with '/' no path reaches, and one with '..' segments names another.
+        raise InvalidRequest(f"a pipeline_id has no '/': {public_id[:80]!r}")
     # A tenant's pipeline ids are its own: another tenant's same id is another pipeline run.
     pipeline_id = stored_pipeline_id(request.tenant, public_id)
     store = PipelineStore(client.store.redis, client.store.keys, client.settings.retention_s)

@@ -127,6 +127,18 @@ def test_bad_requests(tenant_a: httpx.Client) -> None:
         "invalid_request"
     )
     assert error_kind(tenant_a.post("/v1/pipelines", json={"input": "x"}), 422) == "invalid_request"
+    # An id is one segment of the pipeline run's paths: one with '/' no path would reach, and one
+    # with '..' segments would name another pipeline run in a client that joins it to a path.
+    for pid in ("a/b", "h/../other"):
+        refused = tenant_a.post(
+            "/v1/pipelines", json={"pipeline": "chain", "input": "web", "pipeline_id": pid}
+        )
+        assert (
+            error_kind(refused, 422) == "invalid_request" and "no '/'" in refused.json()["error"]["message"]
+        )
+    assert [
+        p["pipeline_id"] for p in tenant_a.get("/v1/pipelines").json()["pipelines"] if "/" in p["pipeline_id"]
+    ] == []
     assert error_kind(tenant_a.get("/v1/pipelines/missing"), 404) == "not_found"
     bad_after = tenant_a.get("/v1/pipelines/missing/events", params={"after": "x"})
     assert error_kind(bad_after, 422) == "invalid_request"
