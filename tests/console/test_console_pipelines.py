@@ -134,3 +134,25 @@ def test_a_pipeline_id_with_dot_segments_never_opens_another_pipeline(
     assert page.is_hidden("#pipeline-cancel")
     assert http.get(f"/v1/pipelines/{other}").json()["status"] == "running"
     assert http.post(f"/v1/pipelines/{other}/cancel").status_code == 202
+
+
+def test_a_child_run_of_a_pipeline_id_holding_at_opens_its_own_page(
+    page: Page, http: httpx.Client, api: tuple[ApiProcess, str]
+) -> None:
+    """A pipeline id may hold '@' (so its children's run ids do): the child's link opens the
+    child's page, as written and percent-encoded, not the list of runs."""
+    pid = f"order@{uuid.uuid4().hex[:8]}"
+    made = http.post("/v1/pipelines", json={"pipeline": "fan", "input": "slow a,slow b", "pipeline_id": pid})
+    assert made.status_code == 202, made.text
+    page.goto(f"{api[0].url}/#/pipelines/{pid}")
+    page.wait_for_selector("#pipeline-status.badge.completed")
+    child = http.get(f"/v1/pipelines/{pid}").json()["steps"][1]["children"][0]["run_id"]
+    assert "@" in child
+    page.click(f'a[data-run="{child}"]')
+    page.wait_for_selector("#run-status.badge.completed")
+    assert child in (page.text_content("#run-title") or "")
+    page.goto(f"{api[0].url}/#/pipelines")
+    page.wait_for_selector("#pipelines")
+    page.goto(f"{api[0].url}/#/runs/{quote(child, safe='')}")
+    page.wait_for_selector("#run-status.badge.completed")
+    assert child in (page.text_content("#run-title") or "")

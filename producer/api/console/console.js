@@ -505,6 +505,21 @@ function memoryView() {
 // builds no view (two live views would draw into the same page).
 let routing = 0;
 
+// The run a #/runs/ID page names: linked as it is or percent-encoded, and only an id of the
+// characters a run id may hold but '/' (letters, digits and . _ : @ -), so that it goes into the
+// API's paths as one segment as it is.
+function runOf(hash) {
+  const linked = hash.match(/^#\/runs\/([^/?#]+)$/);
+  if (!linked) return null;
+  let id;
+  try {
+    id = decodeURIComponent(linked[1]);
+  } catch {
+    return null;
+  }
+  return /^[A-Za-z0-9_.:@-]+$/.test(id) ? id : null;
+}
+
 async function route() {
   const mine = ++routing;
   if (view) view.stop();
@@ -512,7 +527,7 @@ async function route() {
   // Nothing of the page left behind stays clickable while the next one loads: a button of the
   // previous run's (retry, fork) would act on that run.
   show(null);
-  const match = location.hash.match(/^#\/runs\/([A-Za-z0-9_.:-]+)$/);
+  const runId = runOf(location.hash);
   try {
     const health = await api("/v1/whoami");
     if (mine !== routing) return;
@@ -530,7 +545,7 @@ async function route() {
   else if (location.hash === "#/pipelines") view = pipelinesView();
   else if (location.hash === "#/operator") view = operatorView();
   else if (location.hash === "#/assistants") view = assistantsView();
-  else view = match ? runView(match[1]) : pipeline ? pipelineView(pipeline[1]) : bulk ? bulkView() : listView();
+  else view = runId ? runView(runId) : pipeline ? pipelineView(pipeline[1]) : bulk ? bulkView() : listView();
 }
 
 $("#login-form").onsubmit = (e) => {
