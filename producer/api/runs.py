@@ -51,7 +51,7 @@ from producer.client import (
 from shared.errors import ConfigError, InvalidRequest, ThreadBusy
 from shared.request import check_run_id as check_any_run_id
 from shared.request import validate_request
-from shared.state import TERMINAL_PHASES, Callback, CallbackState, Decision, Phase, RunHead, RunStatus
+from shared.state import Callback, CallbackState, Decision, Phase, RunHead, RunStatus
 from shared.store import CURSOR_PATTERN
 from shared.store.runs import creation_of
 from shared.tenants import ModelNotAllowed, TenantSettings
@@ -215,17 +215,13 @@ async def submit(
         if slot is None:
             return json_answer(view, 202)
         # A run found ended (the same request sent again) is answered its events all the same.
-        ended = view.status in _ENDED
+        ended = Phase(view.phase).terminal
         location = {"Location": f"/v1/runs/{view.run_id}"}
         return await submitted_answer(services, view.run_id, ended, slot, location)
     except BaseException:
         if slot is not None:
             slot.release()
         raise
-
-
-#: A run's status once it has ended.
-_ENDED = frozenset(phase.value for phase in TERMINAL_PHASES)
 
 
 def _on_loop(

@@ -49,6 +49,28 @@ def redis_events(redis_server: RedisServer, run_id: str) -> list[tuple[str | Non
         client.close()
 
 
+def followed_across_a_restart(own: ApiProcess, events: Iterator[Event]) -> list[Event]:
+    """Read ``events`` (of a ``slow_step`` run) on a thread; SIGKILL the API process once its tool
+    is dispatched and start it again; return every event read, once the iterator has ended."""
+    received: list[Event] = []
+    dispatched = threading.Event()
+
+    def follow() -> None:
+        for event in events:
+            received.append(event)
+            if event.kind == "ToolDispatched":
+                dispatched.set()
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    assert dispatched.wait(TIMEOUT)
+    own.kill()
+    own.start()
+    follower.join(TIMEOUT)
+    assert not follower.is_alive()
+    return received
+
+
 def test_async_client_submits_follows_and_decides(
     api: ApiProcess, redis_server: RedisServer, key: str
 ) -> None:
@@ -91,22 +113,7 @@ def test_sync_client_resumes_a_stream_across_an_api_restart(
     try:
         with ApiClient(own.url, key) as client:
             handle = client.submit("slow_step", "wait for it")
-            received: list[Event] = []
-            dispatched = threading.Event()
-
-            def follow() -> None:
-                for event in handle.events():
-                    received.append(event)
-                    if event.kind == "ToolDispatched":
-                        dispatched.set()
-
-            follower = threading.Thread(target=follow, daemon=True)
-            follower.start()
-            assert dispatched.wait(TIMEOUT)
-            own.kill()
-            own.start()
-            follower.join(TIMEOUT)
-            assert not follower.is_alive()
+            received = followed_across_a_restart(own, handle.events())
             assert handle.status().phase is Phase.COMPLETED
     finally:
         own.stop()
@@ -185,22 +192,8 @@ def test_submit_and_follow_resumes_its_one_request_across_an_api_restart(
         with ApiClient(own.url, key) as client:
             with pytest.raises(UnknownAgent):
                 next(client.submit_and_follow("no-such-agent", "x"))
-            received: list[Event] = []
-            dispatched = threading.Event()
-
-            def follow() -> None:
-                for event in client.submit_and_follow("slow_step", "wait for it", idempotency_key="saf-1"):
-                    received.append(event)
-                    if event.kind == "ToolDispatched":
-                        dispatched.set()
-
-            follower = threading.Thread(target=follow, daemon=True)
-            follower.start()
-            assert dispatched.wait(TIMEOUT)
-            own.kill()
-            own.start()
-            follower.join(TIMEOUT)
-            assert not follower.is_alive()
+            followed = client.submit_and_follow("slow_step", "wait for it", idempotency_key="saf-1")
+            received = followed_across_a_restart(own, followed)
             run_id = received[0].run_id
             assert client.handle(run_id).status().phase is Phase.COMPLETED
             assert [r.run_id for r in client.list_runs().runs] == [run_id]
