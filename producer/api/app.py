@@ -84,10 +84,13 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     app.include_router(evals.router)
     app.include_router(evals.pages)
     app.mount("/console", console.static_files(), name="console")
-    # Starlette runs the middleware added last first. A HEAD is served as a GET (methods.py). The
+    # Starlette runs the middleware added last first. The common submit is served by the route's
+    # own code without the framework's routing (runs.py), inside the body limit and the guard. A
+    # HEAD is served as a GET (methods.py). The
     # body limit goes around everything that could read a body (routes, auth, error handlers);
     # with authentication off, the loopback guard goes around it, so that a caller it refuses does
     # not get as far as sending a body.
+    app.add_middleware(runs.SubmitShortcut, api=app)
     app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
     if not config.auth:

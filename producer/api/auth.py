@@ -16,7 +16,7 @@ from producer.api.errors import ApiError, error_response
 from producer.api.services import Services
 from shared.tenants import live_record
 
-__all__ = ["Caller", "LoopbackOnly", "caller"]
+__all__ = ["Caller", "LoopbackOnly", "bearer_credentials", "caller", "caller_with"]
 
 _log = logging.getLogger("wesichain.api")
 
@@ -40,13 +40,29 @@ async def caller(
     """The authenticated caller; 401 without a live key. Read on the event loop's Redis client:
     every request depends on it, and a plain function would cost each a hop to a worker thread."""
     services: Services = request.app.state.services
+    return await caller_with(services, credentials.credentials if credentials is not None else None)
+
+
+def bearer_credentials(authorization: str | None) -> str | None:
+    """The credentials of an ``Authorization`` header of the ``Bearer`` scheme, as the route's
+    ``HTTPBearer`` reads them (None for none, or another scheme)."""
+    if not authorization:
+        return None
+    scheme, _, credentials = authorization.partition(" ")
+    credentials = credentials.strip()
+    return credentials if scheme.lower() == "bearer" and credentials else None
+
+
+async def caller_with(services: Services, credentials: str | None) -> Caller:
+    """The caller sending these ``Bearer`` credentials: what :func:`caller` answers, for a request
+    served without FastAPI's dependencies (``runs.SubmitShortcut``)."""
     if not services.config.auth:
         return Caller(tenant=None, key_id=None)
-    if credentials is None or not credentials.credentials.strip():
+    if credentials is None or not credentials.strip():
         raise ApiError(
             401, "unauthorized", "send an API key as 'Authorization: Bearer <key>'", headers=_CHALLENGE
         )
-    address = services.tenants.record_key(credentials.credentials.strip())
+    address = services.tenants.record_key(credentials.strip())
     record = live_record(await _get(services, address)) if address is not None else None
     if record is None:
         raise ApiError(401, "unauthorized", "the API key is unknown or revoked", headers=_CHALLENGE)

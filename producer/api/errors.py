@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from producer.admission import TenantLimited
 from producer.api.methods import allowed_methods
@@ -24,6 +26,7 @@ __all__ = [
     "ErrorBody",
     "ErrorInfo",
     "error_place",
+    "answer_to",
     "error_response",
     "install_error_handlers",
     "place_in",
@@ -121,6 +124,18 @@ _KIND_OF_STATUS = {
     413: "body_too_large",
     415: "unsupported_media_type",
 }
+
+
+async def answer_to(app: FastAPI, scope: Scope, exc: Exception) -> Response:
+    """The answer the app's exception handlers give ``exc``, raised by a request served outside
+    the app's routing (``runs.SubmitShortcut``): the handler of its nearest class, as Starlette
+    picks it, down to the one for any :class:`Exception` (a 500)."""
+    for cls in type(exc).__mro__:
+        handler = app.exception_handlers.get(cls)
+        if handler is not None:
+            answer = handler(Request({**scope, "app": app}), exc)
+            return await answer if inspect.isawaitable(answer) else answer
+    raise exc  # unreachable: install_error_handlers answers every Exception
 
 
 def install_error_handlers(app: FastAPI) -> None:

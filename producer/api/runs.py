@@ -6,19 +6,21 @@ a tenant cannot even learn that another tenant's run id is taken.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
 import redis
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer.admission import Reservation
-from producer.api.auth import Caller, caller
-from producer.api.errors import ApiError, ErrorBody
+from producer.api.auth import Caller, bearer_credentials, caller, caller_with
+from producer.api.errors import ApiError, ErrorBody, answer_to
 from producer.api.models import (
     CheckpointList,
     DecisionBody,
@@ -66,6 +68,7 @@ __all__ = [
     "ERRORS",
     "MAX_UNIX_S",
     "Svc",
+    "SubmitShortcut",
     "Who",
     "approve",
     "cancel",
@@ -82,6 +85,7 @@ __all__ = [
     "router",
     "services_of",
     "submit",
+    "submitted",
 ]
 
 #: The error answers every route documents (one shape: :class:`ErrorBody`).
@@ -202,10 +206,18 @@ async def submit(
     who: Who,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
 ) -> Response:
+    return await submitted(body, services, who, idempotency_key, request.headers.get("accept", ""))
+
+
+async def submitted(
+    body: SubmitBody, services: Services, who: Caller, idempotency_key: str | None, accept: str
+) -> Response:
+    """The answer to a submit: the run as created (202), or its event stream when ``accept`` asks
+    for one. The route's, and :class:`SubmitShortcut`'s."""
     # The event stream's answer is events.py's, which builds on this module's reads.
     from producer.api.events import submitted_answer, wants_stream
 
-    slot = services.streams.take(who.tenant) if wants_stream(request.headers.get("accept", "")) else None
+    slot = services.streams.take(who.tenant) if wants_stream(accept) else None
     try:
         on_loop = _on_loop(services, who, body, idempotency_key)
         if on_loop is None:
@@ -222,6 +234,91 @@ async def submit(
         if slot is not None:
             slot.release()
         raise
+
+
+class SubmitShortcut:
+    """ASGI middleware: ``POST /v1/runs`` as clients send it, served without FastAPI's routing,
+    middleware and dependency solving, which took a fifth of a submit's CPU in the API process
+    (docs/performance.md, "The ninth round").
+
+    It serves only a request it answers exactly as the route would: a body declared
+    ``application/json`` that the route's model takes, credentials (if any) of the ``Bearer``
+    scheme, no ``Idempotency-Key``, no root path. Any other request is handed to the app, its body
+    with it, so that every refusal of a malformed request comes from one place, the route. What
+    the submit raises is answered by the app's own exception handlers (``errors.answer_to``), and
+    the submit itself is the route's (:func:`submitted`). ``create_app`` adds it inside the body
+    limit and the loopback guard, which it relies on: it reads the body those let through whole."""
+
+    def __init__(self, app: ASGIApp, api: FastAPI) -> None:
+        self.app = app
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        plain = _plain_submit(scope) if scope["type"] == "http" else None
+        services: Services | None = getattr(self.api.state, "services", None)
+        if plain is None or services is None:
+            await self.app(scope, receive, send)
+            return
+        authorization, accept = plain
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        raw = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            # The body once, whole; after it, what the server says next (a disconnect).
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return await receive()
+
+        try:
+            body = SubmitBody.model_validate(json.loads(raw))
+        except ValueError:  # not JSON, or not a submit's body (ValidationError): the route says why
+            await self.app(scope, replay, send)
+            return
+        try:
+            who = await caller_with(services, bearer_credentials(authorization))
+            answer = await submitted(body, services, who, None, accept)
+        except Exception as exc:
+            answer = await answer_to(self.api, scope, exc)
+        await answer(scope, replay, send)
+
+
+#: The content types :class:`SubmitShortcut` reads a body as JSON by (the route takes more: any
+#: ``application/*+json``, with any parameter, which the route is left to read).
+_JSON = (b"application/json", b"application/json; charset=utf-8")
+
+
+def _plain_submit(scope: Scope) -> tuple[str | None, str] | None:
+    """A submit :class:`SubmitShortcut` serves: its ``Authorization`` and ``Accept`` headers. None:
+    any other request, for the app."""
+    if scope["method"] != "POST" or scope["path"] != "/v1/runs" or scope.get("root_path"):
+        return None
+    authorization: str | None = None
+    accept: str | None = None
+    json_body = False
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            if json_body or value.lower() not in _JSON:
+                return None
+            json_body = True
+        elif name == b"authorization":
+            if authorization is not None:
+                return None
+            authorization = value.decode("latin-1")
+        elif name == b"accept" and accept is None:  # the first, as the route reads it
+            accept = value.decode("latin-1")
+        elif name == b"idempotency-key":
+            return None
+    return (authorization, accept or "") if json_body else None
 
 
 def _on_loop(

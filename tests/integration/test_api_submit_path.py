@@ -368,3 +368,103 @@ def test_following_runs_to_their_end_opens_no_connection_to_redis(
         opened = set(_api_connections(api, redis_server)) - before
     assert all(kinds[-1] == "Completed" for kinds in followed), followed
     assert opened == set(), f"{len(opened)} connections opened for 10 streams"
+
+
+#: How the differential test below sends a submit to the route: a Content-Type the route reads as
+#: JSON and the shortcut leaves to it (asserted in the test).
+_TO_THE_ROUTE = "application/json;charset=utf-8"
+_RUN_MADE = {"run_id", "created_at", "updated_at"}
+
+
+def _answer(response: httpx.Response) -> tuple[int, dict[str, str], object]:
+    """What a submit's answer says, without what differs between two runs (ids, times)."""
+    headers = {
+        name: value
+        for name, value in response.headers.items()
+        if name in {"content-type", "www-authenticate", "retry-after", "allow", "connection"}
+    }
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        kinds = [frame.event["kind"] for frame in frames(response) if frame.data]
+        return response.status_code, {**headers, "location": "/v1/runs/<id>"}, kinds
+    body = response.json()
+    if response.status_code == 202:
+        body = {name: value for name, value in body.items() if name not in _RUN_MADE}
+    return response.status_code, headers, body
+
+
+def test_the_submit_shortcut_answers_every_request_as_the_route_does(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    """``POST /v1/runs`` as clients send it is served beside FastAPI's routing (runs.SubmitShortcut).
+    Each request here is sent twice, once as the shortcut serves it and once as only the route
+    does (another spelling of the JSON Content-Type), and the two answers must be the same:
+    accepted runs, a stream, and every refusal the submit or its key can meet."""
+    from producer.api.runs import _plain_submit
+
+    def scope(content_type: str) -> dict[str, object]:
+        headers = [(b"content-type", content_type.encode()), (b"authorization", b"Bearer k")]
+        return {"type": "http", "method": "POST", "path": "/v1/runs", "headers": headers}
+
+    assert _plain_submit(scope("application/json")) == ("Bearer k", "")
+    assert _plain_submit(scope(_TO_THE_ROUTE)) is None
+
+    tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    tenants = Tenants(redis_server.client(), Keys())
+    tenants.set_models(tenant, ["scripted:*"])
+    full, full_key = _tenant(redis_server, TenantLimits(max_inflight=1))
+    with httpx.Client(base_url=api.url, timeout=TIMEOUT) as http:
+        parked = http.post(
+            "/v1/runs", json={"agent": "needs_approval", "input": "x"}, headers=bearer(full_key)
+        )
+        assert parked.status_code == 202, parked.text
+        cases: list[tuple[str, int, dict[str, str], object]] = [
+            ("accepted", 202, bearer(key), {"agent": "direct", "input": "hi"}),
+            (
+                "every field",
+                202,
+                bearer(key),
+                {"agent": "direct", "input": "hi", "metadata": {"a": [1, "b"]}},
+            ),
+            ("streamed", 200, {**bearer(key), **SSE}, {"agent": "direct", "input": "hi"}),
+            ("no key", 401, {}, {"agent": "direct", "input": "hi"}),
+            ("unknown key", 401, bearer("wsk_nobody"), {"agent": "direct", "input": "hi"}),
+            ("another scheme", 401, {"authorization": f"Basic {key}"}, {"agent": "direct", "input": "hi"}),
+            (
+                "model not allowed",
+                403,
+                bearer(key),
+                {"agent": "direct", "input": "hi", "model": "openai:gpt-4o"},
+            ),
+            ("unknown agent", 422, bearer(key), {"agent": "nobody-serves-this", "input": "hi"}),
+            (
+                "reserved callback",
+                422,
+                bearer(key),
+                {"agent": "direct", "input": "hi", "callback": {"task": "wesichain.start"}},
+            ),
+            (
+                "private webhook",
+                422,
+                bearer(key),
+                {"agent": "direct", "input": "hi", "callback": {"url": "http://127.0.0.1/x"}},
+            ),
+            ("unknown field", 422, bearer(key), {"agent": "direct", "input": "hi", "tenant": "other"}),
+            ("not an object", 422, bearer(key), ["direct"]),
+            ("no input", 422, bearer(key), {"agent": "direct"}),
+            ("in flight", 429, bearer(full_key), {"agent": "direct", "input": "hi"}),
+        ]
+        for name, status, headers, body in cases:
+            content = json.dumps(body).encode()
+            shortcut = http.post(
+                "/v1/runs", content=content, headers={**headers, "content-type": "application/json"}
+            )
+            route = http.post("/v1/runs", content=content, headers={**headers, "content-type": _TO_THE_ROUTE})
+            assert shortcut.status_code == status, (name, shortcut.text)
+            assert _answer(shortcut) == _answer(route), name
+        for raw, status in ((b"{", 400), (b"\xff\xfe{}", 400), (b"", 422)):
+            shortcut = http.post(
+                "/v1/runs", content=raw, headers={**bearer(key), "content-type": "application/json"}
+            )
+            route = http.post("/v1/runs", content=raw, headers={**bearer(key), "content-type": _TO_THE_ROUTE})
+            assert shortcut.status_code == status, (raw, shortcut.text)
+            assert _answer(shortcut) == _answer(route), raw
