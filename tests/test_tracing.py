@@ -86,3 +86,33 @@ def test_tracing_is_off_unless_asked() -> None:
     assert not off.enabled
     with off.span("wesichain.thinking", "r1") as span:
         assert span is None
+
+
+@pytest.mark.parametrize("otel", [False, True])
+def test_the_api_traces_its_requests_only_with_the_product_s_switch_on(
+    spans: InMemorySpanExporter, otel: bool
+) -> None:
+    """FastAPI's own request spans follow ``WESICHAIN_OTEL``: off, the API asks OpenTelemetry
+    nothing per request (it read the environment on each), even with a tracer provider set up."""
+    import asyncio
+    import inspect
+
+    import httpx
+    from fastapi import FastAPI
+
+    from producer.api.app import create_app
+    from producer.api.config import ApiConfig
+    from shared.settings import Settings
+
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        pytest.skip("this FastAPI has no instrumentation of its own")
+    app = create_app(ApiConfig(settings=Settings(otel=otel)))
+
+    async def ask() -> int:
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+            return (await http.get("/v1/no-such-path")).status_code
+
+    assert asyncio.run(ask()) == 404
+    requests = [s for s in spans.get_finished_spans() if "no-such-path" in str(_attrs(s).values())]
+    assert bool(requests) is otel

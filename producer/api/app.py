@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -56,6 +57,7 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
             await services.close()
 
     app = FastAPI(
+        **_telemetry(config),
         title="Wesichain",
         version=API_VERSION,
         description=_DESCRIPTION,
@@ -98,6 +100,17 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     # Outermost: the loopback guard checks the host a target in absolute-form names.
     app.add_middleware(OriginForm)
     return app
+
+
+def _telemetry(config: ApiConfig) -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry instrumentation (in the versions that have it) follows the
+    product's switch, ``WESICHAIN_OTEL``: on, it traces requests once a tracer provider is set up;
+    off, nothing is asked per request. Left to its defaults it asks OpenTelemetry for its global
+    providers on every request, which read the environment each time: 2 % of the API process's
+    CPU per submit, with nothing configured."""
+    if config.settings.otel or "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
 
 
 def openapi_document() -> dict[str, Any]:
