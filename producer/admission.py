@@ -33,6 +33,14 @@ create script (on Redis Cluster, a round trip of its own after it; a resubmit th
 already there shares it with the read of that run for the answer). No lock is held, so one tenant's
 submits still run side by side.
 
+On a single Redis, a submit that has its run's create ready (the API's common submit, on its event
+loop) needs no reservation: :meth:`Admissions.create_on_loop` sends one script that checks the
+window, reads the counts and the tenant's live reservations (submits on the other paths, still
+creating their runs), and creates the run in the same atomic step, admitted only if the runs in
+flight, those reservations and this run fit the limit. The argument above holds with that submit
+as one that reserved and created at the same instant; it is one round trip where the reservation
+took two, and a process that dies around it leaves nothing held.
+
 Bulk jobs and schedules start runs through the same reservation as the API's submits (``worker/bulk.py``,
 ``producer/schedules.py``): a tenant's limits hold for every run started in its name.
 """
@@ -51,7 +59,7 @@ from redis.crc import key_slot
 
 from shared.errors import ConfigError
 from shared.protocol import lua_prelude
-from shared.scripts import LoopConnections, ScriptSpec, is_cluster, script_body
+from shared.scripts import SPECS, LoopConnections, ScriptSpec, is_cluster, script_body
 from shared.state import RunHead
 from shared.store import RunStore
 from shared.store.runs import Release, loaded_head
@@ -124,6 +132,66 @@ def _reserve_source() -> str:
     return lua_prelude(body) + body
 
 
+# A submit admitted and its run created in one command, on a single Redis: the window script and
+# the create script (shared/lua/create.lua) each run as a function of its own KEYS (the create's
+# ARGV lead the call's, so its broker commands are where it reads them), with the in-flight counts
+# and the tenant's live reservations (its submits on other paths, still creating their runs)
+# between them. Admitted only when the runs in flight, those reservations and this run fit the
+# limit, and then created in the same step: no reservation of its own, nothing to drop after.
+# Not admitted, it withdraws its window entry and answers {'limited', admitted, value, inflight}
+# as the reservation script would (value: the window's wait, or the places taken with its own).
+_ADMIT_CREATE_BODY = """
+local clock = now_ms()
+local function now_ms()
+  return clock
+end
+local function count_in_window(KEYS, ARGV)
+--WINDOW--
+end
+local function create(KEYS)
+--CREATE--
+end
+local n = #ARGV
+local n_create, tenant, max_inflight = tonumber(ARGV[n]), ARGV[n - 1], tonumber(ARGV[n - 2])
+local window, reserved, member = KEYS[n_create + 1], KEYS[n_create + 2], ARGV[n - 3]
+local function inflight()
+  local total = 0
+  for i = n_create + 3, #KEYS do
+    total = total + (tonumber(redis.call('HGET', KEYS[i], tenant)) or 0)
+  end
+  return total
+end
+local verdict = count_in_window({window}, {ARGV[n - 5], ARGV[n - 4], member})
+if verdict[1] == 0 then
+  return {'limited', 0, verdict[2], inflight()}
+end
+redis.call('ZREMRANGEBYSCORE', reserved, '-inf', clock)
+local taken, total = redis.call('ZCARD', reserved) + 1, inflight()
+if total + taken > max_inflight then
+  redis.call('ZREM', window, member)
+  return {'limited', 1, taken, total}
+end
+return create({unpack(KEYS, 1, n_create)})
+"""
+
+#: What the admitting create takes: the create script's KEYS and ARGV, then its own.
+_ADMIT_CREATE_SPEC = ScriptSpec(
+    keys=SPECS["create"].keys,
+    args=SPECS["create"].args,
+    more_keys="the create's index keys, then the tenant's submit window, its reservations and the"
+    " in-flight hash of every shard",
+    more_args="the create's broker commands, then limit, window ms, member, max_inflight, tenant and"
+    " the number of the create's KEYS",
+    words=SPECS["create"].words | {"limited"},
+)
+
+
+def _admit_create_source() -> str:
+    body = _ADMIT_CREATE_BODY.replace("--WINDOW--", script_body("submit_window"))
+    body = body.replace("--CREATE--", script_body("create"))
+    return lua_prelude(body) + body
+
+
 def reservations_key(window_key: str) -> str:
     """The tenant's reservation set: a key Redis Cluster keeps in the slot of its window's key,
     so that one script can update both (whatever the prefix, unless it holds a ``}`` that closes
@@ -163,12 +231,14 @@ class Admissions:
 
     def __init__(self, store: RunStore, loop: LoopConnections | None = None) -> None:
         self.store = store
-        #: The event loop's connections to the same (single) Redis, for :meth:`reserve_on_loop`
-        #: and :meth:`release_on_loop`.
+        #: The event loop's connections to the same (single) Redis, for :meth:`create_on_loop`.
         self.loop = loop
         # On the store's kept connections: a submit's script skips redis-py's pool, retry wrapper
         # and hooks, as the create script does (``shared.scripts.ScriptConnections``).
         self._reserve = store.register_script("submit_reserve", _reserve_source(), _RESERVE_SPEC)
+        self._admit_create = store.register_script(
+            "submit_create", _admit_create_source(), _ADMIT_CREATE_SPEC
+        )
         self._cluster = is_cluster(store.redis)
         #: Every shard's in-flight hash, the reservation script's KEYS after its own two.
         self._inflight_keys = [store.keys.inflight(shard) for shard in range(store.keys.shards)]
@@ -178,7 +248,7 @@ class Admissions:
 
     @property
     def serves_loop(self) -> bool:
-        """Whether :meth:`reserve_on_loop` can serve (an asyncio client of a single Redis)."""
+        """Whether :meth:`create_on_loop` can serve (an asyncio client of a single Redis)."""
         return self.loop is not None and not self._cluster
 
     def reserve(self, tenant: str, limits: TenantLimits, *, wait: bool = True) -> Reservation:
@@ -201,21 +271,29 @@ class Admissions:
                 raise admission.no_room()
             time.sleep(admission.pause())
 
-    async def reserve_on_loop(self, tenant: str, limits: TenantLimits) -> Reservation:
-        """:meth:`reserve` on the event loop's asyncio client, for a single Redis (on a cluster the
-        in-flight counts are a read of their own: :attr:`serves_loop` is False)."""
+    async def create_on_loop(
+        self, tenant: str, limits: TenantLimits, keys: list[str], args: list[Any]
+    ) -> Any:
+        """Admit one submit of ``tenant`` under ``limits`` and create its run, ``keys`` and ``args``
+        being the create script's (``RunStore.create_call``, with nothing to release): one command
+        on the event loop's connections to a single Redis, its reply the create script's.
+        :class:`TenantLimited` as :meth:`reserve` raises it; while other submits' reservations fill
+        the room the counts leave, it tries again as :meth:`reserve` does."""
         loop = self.loop
         if loop is None or self._cluster:
-            raise ConfigError("a reservation on the event loop needs the connections of a single Redis")
+            raise ConfigError("an admitted create on the event loop needs the connections of a single Redis")
         admission = Admission(tenant, limits, self.store.keys.submits(tenant))
+        more_keys = [*admission.keys, *self._inflight_keys]
+        more_args = [
+            *admission.args[:3],  # the window's limit and length, and this submit's member
+            limits.max_inflight,
+            tenant,
+            len(keys),
+        ]
         while True:
-            reply = await loop.run(
-                self._reserve, [*admission.keys, *self._inflight_keys], [*admission.args, tenant]
-            )
-            if admission.holds(*reply):
-                return admission.reservation
-            for key in admission.keys:  # rare (near the limit): a round trip each
-                await loop.execute("ZREM", key, admission.token)
+            reply = await loop.run(self._admit_create, [*keys, *more_keys], [*args, *more_args])
+            if _text(reply[0]) != "limited" or admission.holds(*reply[1:]):
+                return reply
             await asyncio.sleep(admission.pause())
 
     def _reserve_and_count(self, tenant: str, keys: list[str], args: list[int | str]) -> tuple[int, int, int]:
@@ -234,12 +312,6 @@ class Admissions:
         if reservation is not None:
             window = self.store.keys.submits(reservation.tenant)
             self.store.redis.zrem(reservations_key(window), reservation.token)
-
-    async def release_on_loop(self, reservation: Reservation | None) -> None:
-        """:meth:`release` on the event loop's connections."""
-        if reservation is not None and self.loop is not None:
-            window = self.store.keys.submits(reservation.tenant)
-            await self.loop.execute("ZREM", reservations_key(window), reservation.token)
 
     def released_with_create(self, reservation: Reservation | None) -> Release | None:
         """What the create script drops as it creates the run (``RunStore.create_run``): the
@@ -340,3 +412,7 @@ def _inflight_refusal(limits: TenantLimits, inflight: int, message: str) -> Tena
         details={"limit": limits.max_inflight, "in_flight": inflight},
         headers={"Retry-After": str(INFLIGHT_RETRY_S)},
     )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

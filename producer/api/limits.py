@@ -10,6 +10,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from producer.admission import Admissions, Reservation
 from producer.api.errors import ApiError
@@ -77,7 +78,7 @@ class SubmitGate:
 
     @property
     def serves_loop(self) -> bool:
-        """Whether :meth:`reserve_on_loop` can serve (an asyncio client of a single Redis)."""
+        """Whether :meth:`create_on_loop` can serve (an asyncio client of a single Redis)."""
         return self.admissions.serves_loop
 
     def cached(self, tenant: str, for_s: float = 0.0) -> TenantSettings | None:
@@ -112,15 +113,14 @@ class SubmitGate:
         """:meth:`Admissions.reserve` under the tenant's limits as cached."""
         return self.admissions.reserve(tenant, self.limits(tenant))
 
-    async def reserve_on_loop(self, tenant: str, limits: TenantLimits) -> Reservation:
-        """:meth:`Admissions.reserve_on_loop`; ``limits``: the tenant's, as :meth:`cached` has them."""
-        return await self.admissions.reserve_on_loop(tenant, limits)
+    async def create_on_loop(
+        self, tenant: str, limits: TenantLimits, keys: list[str], args: list[Any]
+    ) -> Any:
+        """:meth:`Admissions.create_on_loop`; ``limits``: the tenant's, as :meth:`cached` has them."""
+        return await self.admissions.create_on_loop(tenant, limits, keys, args)
 
     def release(self, reservation: Reservation | None) -> None:
         self.admissions.release(reservation)
-
-    async def release_on_loop(self, reservation: Reservation | None) -> None:
-        await self.admissions.release_on_loop(reservation)
 
     def released_with_create(self, reservation: Reservation | None) -> Release | None:
         return self.admissions.released_with_create(reservation)

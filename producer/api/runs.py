@@ -353,40 +353,35 @@ async def _submit_on_loop(
     body: SubmitBody, services: Services, who: Caller, tenant: TenantSettings | None, live: list[LiveWorker]
 ) -> RunView:
     """A submit on the event loop: the same decisions as the sync client's (``Client.plan_run``,
-    ``run_to_create``, ``creation_outcome``), the reservation and the create script sent on the
-    event loop's kept connections (``shared.scripts.LoopConnections``): two round trips after the
-    key's read, no worker thread."""
+    ``run_to_create``, ``creation_outcome``), the run admitted under its tenant's limits and
+    created by one script (``Admissions.create_on_loop``) sent on the event loop's kept connections
+    (``shared.scripts.LoopConnections``): one round trip after the key's read, no worker thread."""
     allowed: AllowList = CachedAllowList(tenant) if tenant is not None else services.gate
     default = tenant.default_callback if tenant is not None else None
     namespace, callback = _checked(services, who, body, allowed, default)
     client, gate, loop = services.client, services.gate, services.loop_connections
     if loop is None:
         raise ConfigError("a submit on the event loop needs the connections of a single Redis")
-    reservation = None
-    if who.tenant is not None and tenant is not None:
-        reservation = await gate.reserve_on_loop(who.tenant, tenant.limits)
-    released = False
     try:
         new = _run_request(body, who, namespace, callback)
         head, start, _ = client.plan_run(new, True, None, allowed_models(allowed, who))
         client.memory_guard.check()
-        to_create = client.run_to_create(head, start, gate.released_with_create(reservation))
-        keys, args = services.store.create_call(to_create)
+        keys, args = services.store.create_call(client.run_to_create(head, start, None))
         try:
-            reply = creation_of(await loop.run(services.store.script("create"), keys, args))
+            if who.tenant is not None and tenant is not None:
+                # Admitted under the tenant's limits in the step that creates the run.
+                raw = await gate.create_on_loop(who.tenant, tenant.limits, keys, args)
+            else:
+                raw = await loop.run(services.store.script("create"), keys, args)
         except redis.exceptions.OutOfMemoryError:
             raise await run_in_threadpool(client.store_full) from None  # reads how full Redis is
-        outcome = client.creation_outcome(reply)
-        released = outcome != "exists"  # the create script dropped the reservation with the run
+        outcome = client.creation_outcome(creation_of(raw))
         if outcome == "exists":
             raise InvalidRequest(f"run id {head.run_id!r} already exists")
         if outcome != "pushed":
             await run_in_threadpool(client.send_starts, [start])
     except _REFUSED as exc:
         raise _refusal(exc, body.agent) from None
-    finally:
-        if not released:
-            await gate.release_on_loop(reservation)
     return _created_view(head, live)
 
 

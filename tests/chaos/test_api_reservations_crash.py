@@ -2,10 +2,12 @@
 
 A tenant at ``max_inflight`` N sends N submits to an API process that stops each one right after
 its reservation is taken (``tests/chaos/paused_api.py``), before its run is created, and the process
-is SIGKILLed there. The reservations outlive their holder in Redis until ``RESERVE_TTL_MS`` runs
-out by Redis's clock: until then another API process admits nothing of that tenant (the dead
-reservations fill its limit), afterwards it admits exactly N runs and refuses the next with
-``too_many_in_flight``. Real workers, two real ``wesichain api`` processes, real redis-server.
+is SIGKILLed there. (They carry idempotency keys, which a worker thread serves with a reservation;
+a submit served on the event loop takes none, admitted in the step that creates its run.) The
+reservations outlive their holder in Redis until ``RESERVE_TTL_MS`` runs out by Redis's clock:
+until then another API process admits nothing of that tenant (the dead reservations fill its
+limit), afterwards it admits exactly N runs and refuses the next with ``too_many_in_flight``. Real
+workers, two real ``wesichain api`` processes, real redis-server.
 """
 
 from __future__ import annotations
@@ -39,12 +41,12 @@ class PausedApi(ApiProcess):
 
 
 def _submit(api_url: str, key: str) -> httpx.Response | None:
-    """A submit; None when its connection died with the API process."""
+    """A submit with a reservation; None when its connection died with the API process."""
     try:
         return httpx.post(
             api_url + "/v1/runs",
             json={"agent": "needs_approval", "input": "x"},
-            headers=bearer(key),
+            headers={**bearer(key), "idempotency-key": uuid.uuid4().hex},
             timeout=TIMEOUT,
         )
     except httpx.HTTPError:

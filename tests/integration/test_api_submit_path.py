@@ -171,6 +171,44 @@ def test_a_submit_is_two_scripts_of_the_api_the_create_dropping_the_reservation_
     assert starts == ["lua"], seen
 
 
+def test_on_one_redis_the_common_submit_is_one_script_that_admits_and_creates_its_run(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    """A submit the event loop serves (its process's caches fresh: the submit just before read
+    them) sends one script naming its run: the admission under the tenant's limits and the create
+    in one step, with no reservation taken or dropped, and the start pushed inside it."""
+    if not commit_publishes(redis_server.url):
+        pytest.skip("the broker is not the run state's Redis (RabbitMQ, or Redis Cluster's own broker)")
+    tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    reserved = reservations_key(Keys().submits(tenant))
+    assert api.proc is not None
+    redis_port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
+    shapes = []
+    for _ in range(5):  # a loaded machine may let the caches expire between the two submits
+        with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
+            assert http.post("/v1/runs", json={"agent": "direct", "input": "warm"}).status_code == 202
+        run_id, seen = _monitored_submit(api, redis_server, key)
+        api_ports = {  # after the submit: the connections it was sent on are kept open
+            str(c.laddr.port)
+            for c in psutil.Process(api.proc.pid).net_connections(kind="tcp")
+            if c.raddr and c.raddr.port == redis_port
+        }
+        own = [c["command"] for c in seen if c["client_type"] != "lua" and c["client_port"] in api_ports]
+        shapes.append([c.split()[0] for c in own if run_id in c])
+        if shapes[-1] == ["EVALSHA"]:
+            (script,) = [c for c in own if run_id in c]
+            assert Keys().submits(tenant) in script and reserved in script  # the admission's keys
+            assert not [
+                c for c in seen if c["command"].startswith((f"ZADD {reserved} ", f"ZREM {reserved} "))
+            ]
+            assert [c["client_type"] for c in seen if _starts(c["command"], run_id)] == ["lua"]
+            break
+    # The other shapes: the thread's path (two scripts), taken only while a cache was stale, and a
+    # script Redis has not loaded yet, sent whole after its NOSCRIPT.
+    others = (["EVALSHA", "EVALSHA"], ["EVALSHA", "EVAL"], ["EVALSHA", "EVALSHA", "EVAL"])
+    assert shapes[-1] == ["EVALSHA"] and all(s == ["EVALSHA"] or s in others for s in shapes), shapes
+
+
 def _starts(command: str, run_id: str) -> bool:
     """Whether a command of MONITOR's output is the push of run ``run_id``'s start task."""
     if not command.startswith("LPUSH "):
