@@ -9,6 +9,7 @@ of failing (``worker.full.until_room``), and apply each write once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import uuid
@@ -17,15 +18,22 @@ from contextlib import contextmanager
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
+from producer.admission import Admissions, reservations_key
 from shared.assistant_store import AssistantStore
 from shared.assistants import AssistantConfig, UnknownAssistant
 from shared.call_memory import PhaseMemory
 from shared.keys import Keys
 from shared.memory import Memory, memory_of
 from shared.protocol import SCHED_AFTER, SCHED_NEXT, SCHED_PAUSED, SCHED_SPEC, SCHED_YES
-from shared.scripts import register_script
-from shared.state import MemoryWrite
+from shared.scripts import LoopConnections, register_script
+from shared.settings import Settings
+from shared.state import MemoryWrite, RunHead
+from shared.store import RunStore
+from shared.store.runs import NewRun, creation_of
+from shared.tasks import start_task
+from shared.tenants import TenantLimits
 from tests.chaos.support import fill_redis, free_redis, refuses_writes
 from tests.harness import RedisServer, wait_until
 from worker.full import until_room
@@ -163,6 +171,39 @@ def test_a_submit_is_refused_before_its_window_is_trimmed(r: redis.Redis) -> Non
         assert r.zrange(window, 0, -1) == ["long-ago"]
     assert [int(x) for x in window_script([window], [10, 60_000, "now"])] == [1, 0]
     assert r.zrange(window, 0, -1) == ["now"]
+
+
+def test_a_submit_admitted_with_its_create_is_refused_before_it_writes(
+    server: RedisServer, r: redis.Redis
+) -> None:
+    """The API's common submit (``Admissions.create_on_loop``): its window's trim, its purge of
+    expired reservations and its run, none written at a full Redis; served once memory is freed."""
+    store = RunStore(r, Settings(prefix=f"full-{uuid.uuid4().hex[:8]}:"))
+    admissions = Admissions(store)
+    window = store.keys.submits("t")
+    r.zadd(window, {"long-ago": 1})
+    r.zadd(reservations_key(window), {"expired": 1})
+    head = RunHead.new_idle(uuid.uuid4().hex, "a", "q", tenant="t")
+    keys, args = store.create_call(NewRun(head, [start_task(head.run_id)]))
+
+    async def submit() -> object:
+        client = aioredis.from_url(server.url, decode_responses=True)
+        admissions.loop = LoopConnections(client)
+        try:
+            return await admissions.create_on_loop("t", TenantLimits(), keys, args)
+        finally:
+            await admissions.loop.close()
+            await client.aclose()
+
+    with full(r):
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            asyncio.run(submit())
+        assert r.zrange(window, 0, -1) == ["long-ago"]
+        assert r.zrange(reservations_key(window), 0, -1) == ["expired"]
+        assert store.load(head.run_id) is None and store.inflight("t") == 0
+    assert creation_of(asyncio.run(submit())) in ("created", "pushed")
+    assert store.load(head.run_id) is not None and store.inflight("t") == 1
+    assert r.zcard(window) == 1 and r.zcard(reservations_key(window)) == 0
 
 
 def test_a_schedule_resume_and_an_advance_are_refused_before_they_write(r: redis.Redis) -> None:
