@@ -212,6 +212,22 @@ class Sqlite(Database):
             self._conn.close()
 
 
+def _server_bounds(url: str, timeout_s: float) -> str:
+    """The connection's ``options``: the URL's own, then bounds PostgreSQL keeps on the session
+    itself. A process whose host vanishes (or whose path to the server freezes) mid-transaction
+    leaves the server a connection that is open and silent, its transaction idle, holding its locks
+    (the schema lock of a migration, the rows of an archiver's batch) until the kernel gives the
+    connection up, many minutes later. The server ends such a transaction once it has been idle
+    for as long as the archive lets a transaction last (the client cuts its own then too), and a
+    connection whose sent data goes unacknowledged as long."""
+    import psycopg.conninfo
+
+    bound_ms = int(timeout_s * _TRANSACTION_TIMEOUTS * 1000)
+    own = psycopg.conninfo.conninfo_to_dict(url).get("options") or ""
+    bounds = f"-c idle_in_transaction_session_timeout={bound_ms} -c tcp_user_timeout={bound_ms}"
+    return f"{own} {bounds}".strip()
+
+
 class Postgres(Database):
     kind = "postgresql"
     json_type = "JSON"
@@ -244,7 +260,7 @@ class Postgres(Database):
             reconnect_timeout=timeout_s / 2,
             open=True,
             check=self._check,
-            kwargs={"connect_timeout": max(1, int(timeout_s))},
+            kwargs={"connect_timeout": max(1, int(timeout_s)), "options": _server_bounds(url, timeout_s)},
             name="wesichain-archive",
         )
 

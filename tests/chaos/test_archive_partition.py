@@ -11,6 +11,7 @@ archiving resume.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -20,6 +21,7 @@ import pytest
 import redis
 
 from shared.archiver import Archiver, ArchiveReport
+from shared.errors import ArchiveUnavailable
 from shared.store import RunStore
 from tests.api_support import ApiProcess
 from tests.archive_support import postgres_database
@@ -135,3 +137,50 @@ def test_a_silent_archive_database_is_given_up_on_and_comes_back(
                 api.stop()
             store.close_archive()
             proxy.close()
+
+
+def test_a_migrating_process_cut_off_from_postgresql_gives_its_schema_lock_back() -> None:
+    """A process holding the archive's schema lock (a migration's transaction) whose path to
+    PostgreSQL freezes, as when its host vanishes: PostgreSQL sees a connection that is open and
+    silent, idle in its transaction. The server ends that transaction after the archive's bound on
+    a transaction (``_TRANSACTION_TIMEOUTS`` × ``timeout_s``), so the lock comes back and another
+    process opens the archive, instead of being refused until someone kills the session by hand."""
+    from shared.archive.databases import _TRANSACTION_TIMEOUTS, Postgres
+    from shared.archive.sql import SqlArchive
+
+    with postgres_database() as direct:
+        SqlArchive(Postgres(direct, timeout_s=1)).db.close()  # the schema in place
+        proxy = TcpProxy(("127.0.0.1", urlsplit(direct).port or 5432))
+        doomed = Postgres(_through(proxy, direct), timeout_s=1)
+        holding, vanished = threading.Event(), threading.Event()
+
+        def hold_the_lock() -> None:
+            with doomed.transaction(exclusive=True):
+                proxy.freeze()
+                holding.set()
+                vanished.wait(CLIENT_DEADLINE_S * 4)
+
+        holder, _ = _in_thread(hold_the_lock)
+        try:
+            assert holding.wait(CLIENT_DEADLINE_S)
+            opened: list[SqlArchive] = []
+
+            def opens() -> bool:
+                try:
+                    opened.append(SqlArchive(Postgres(direct, timeout_s=1)))
+                except ArchiveUnavailable as exc:
+                    assert "being migrated by another process" in str(exc), exc
+                    return False
+                return True
+
+            started = time.monotonic()
+            assert not opens()  # held: refused after its lock_timeout
+            wait_until(opens, CLIENT_DEADLINE_S * 2, what="the vanished holder's schema lock to come back")
+            # Not before the bound: the server waited out a transaction's whole allowance.
+            assert time.monotonic() - started >= _TRANSACTION_TIMEOUTS * 1 - 1.5
+            opened[0].db.close()
+        finally:
+            vanished.set()
+            proxy.close()
+            holder.join(CLIENT_DEADLINE_S)
+            doomed.close()

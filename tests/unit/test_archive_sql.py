@@ -247,3 +247,13 @@ def test_the_tenant_migration_reads_metas_whatever_the_strings_setting(conformin
             assert migrated.tenant_evals("rival", 10) == [(3.0, "rival-1")]
         finally:
             migrated.close()
+
+
+def test_a_postgresql_connection_keeps_the_url_s_options_and_adds_the_server_s_bounds() -> None:
+    from shared.archive.databases import _server_bounds
+
+    bounds = "-c idle_in_transaction_session_timeout=30000 -c tcp_user_timeout=30000"
+    assert _server_bounds("postgresql://u@h/db", 5.0) == bounds
+    assert _server_bounds("postgresql://u@h/db?options=-c%20search_path%3Darchive", 5.0) == (
+        f"-c search_path=archive {bounds}"
+    )
