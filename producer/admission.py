@@ -39,7 +39,8 @@ window, reads the counts and the tenant's live reservations (submits on the othe
 creating their runs), and creates the run in the same atomic step, admitted only if the runs in
 flight, those reservations and this run fit the limit. The argument above holds with that submit
 as one that reserved and created at the same instant; it is one round trip where the reservation
-took two, and a process that dies around it leaves nothing held.
+took two, and a process that dies around it leaves nothing held. Sent again after its reply was
+lost, it finds its run and answers it, admitting nothing a second time.
 
 Bulk jobs and schedules start runs through the same reservation as the API's submits (``worker/bulk.py``,
 ``producer/schedules.py``): a tenant's limits hold for every run started in its name.
@@ -140,6 +141,9 @@ def _reserve_source() -> str:
 # limit, and then created in the same step: no reservation of its own, nothing to drop after.
 # Not admitted, it withdraws its window entry and answers {'limited', admitted, value, inflight}
 # as the reservation script would (value: the window's wait, or the places taken with its own).
+# A run already there answers first: sent again after a lost reply (``LoopConnections`` does), the
+# script would count its own run against its limits and refuse it, and withdraw the window entry
+# of a run it had created.
 _ADMIT_CREATE_BODY = """
 local clock = now_ms()
 local function now_ms()
@@ -154,6 +158,11 @@ end
 local n = #ARGV
 local n_create, tenant, max_inflight = tonumber(ARGV[n]), ARGV[n - 1], tonumber(ARGV[n - 2])
 local window, reserved, member = KEYS[n_create + 1], KEYS[n_create + 2], ARGV[n - 3]
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  -- This very call sent again after its reply was lost: the run it created is its answer, not
+  -- admitted twice (the create answers its own replay, by its op id, or 'exists').
+  return create({unpack(KEYS, 1, n_create)})
+end
 local function inflight()
   local total = 0
   for i = n_create + 3, #KEYS do

@@ -1,6 +1,8 @@
 """A TCP forwarder on a free loopback port that can freeze, as a stalled NAT, proxy or network path
 does: every connection stays open (no reset, no close reaches either end) and new ones are still
-accepted, but not a byte passes either way until it thaws.
+accepted, but not a byte passes either way until it thaws. It can also lose one reply: the
+connection that sent a request holding given bytes is closed when the answer comes back, the
+answer not passed on (the server acted on the request; its client never learns how).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class TcpProxy:
         self._closed = False
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._markers: tuple[bytes, ...] = ()
+        self._dropped = threading.Event()
         threading.Thread(target=self._accept, name="tcp-proxy-accept", daemon=True).start()
 
     def freeze(self) -> None:
@@ -31,6 +35,16 @@ class TcpProxy:
 
     def thaw(self) -> None:
         self._flowing.set()
+
+    def drop_reply_to(self, *markers: bytes) -> threading.Event:
+        """Lose the reply to the next request holding every one of ``markers``: the request is
+        passed on, and its connection closed once the reply arrives, before any of it is passed
+        back. The event is set once that happened (a single request at a time on the connection,
+        as a Redis client sends a command and reads its reply)."""
+        with self._lock:
+            self._markers = markers
+            self._dropped = threading.Event()
+            return self._dropped
 
     def close(self) -> None:
         self._closed = True
@@ -55,10 +69,11 @@ class TcpProxy:
             upstream.settimeout(None)
             with self._lock:
                 self._sockets += [downstream, upstream]
-            for src, dst in ((downstream, upstream), (upstream, downstream)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            link = _Link()
+            for src, dst, request in ((downstream, upstream, True), (upstream, downstream, False)):
+                threading.Thread(target=self._pump, args=(src, dst, link, request), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, link: _Link, request: bool) -> None:
         while True:
             try:
                 data = src.recv(65536)
@@ -67,6 +82,16 @@ class TcpProxy:
             self._flowing.wait()  # frozen: hold what came in, and an end of stream too
             if not data or self._closed:
                 break
+            with self._lock:
+                if request:
+                    link.sent = (link.sent + data)[-(1 << 20) :]
+                    if self._markers and all(m in link.sent for m in self._markers):
+                        self._markers, link.losing = (), True
+                elif link.losing:
+                    self._dropped.set()
+                    break  # the reply is lost with the connection
+                else:
+                    link.sent = b""  # answered: what comes next is another request
             try:
                 dst.sendall(data)
             except OSError:
@@ -75,3 +100,12 @@ class TcpProxy:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
             s.close()
+
+
+class _Link:
+    """One forwarded connection: the bytes of its request not answered yet, and whether the
+    reply to them is to be lost."""
+
+    def __init__(self) -> None:
+        self.sent = b""
+        self.losing = False

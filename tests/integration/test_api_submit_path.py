@@ -8,23 +8,26 @@ frames. Real uvicorn, real workers, real redis-server."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import psutil
 import pytest
 
-from producer.admission import reservations_key
+from producer.admission import _admit_create_source, reservations_key
 from shared.keys import Keys
 from shared.tasks import TASK_START
 from shared.tenants import TenantLimits, Tenants
 from tests.api_support import SSE, ApiProcess, Frame, bearer, frames, wait_status
 from tests.broker import commit_publishes, is_cluster
 from tests.harness import RedisServer, WorkerProcess
+from tests.tcp_proxy import TcpProxy
 
 TIMEOUT = 60
 
@@ -506,3 +509,50 @@ def test_the_submit_shortcut_answers_every_request_as_the_route_does(
             route = http.post("/v1/runs", content=raw, headers={**bearer(key), "content-type": _TO_THE_ROUTE})
             assert shortcut.status_code == status, (raw, shortcut.text)
             assert _answer(shortcut) == _answer(route), raw
+
+
+def test_a_common_submit_whose_reply_was_lost_is_answered_the_run_its_script_created(
+    redis_server: RedisServer, workers: list[WorkerProcess]
+) -> None:
+    """The event loop's submit is one script that admits the run and creates it: when the
+    connection drops after Redis ran it and before its reply came back, the API sends it again.
+    That second run must recognise the run the first created (as the create script alone does),
+    not admit it again: counted once more, a tenant one run short of its in-flight limit was
+    refused 429 for a run that had been created and was running, and its submit window lost the
+    entry of that run."""
+    if not commit_publishes(redis_server.url):
+        pytest.skip("the admitting create serves only a single Redis that is the broker too")
+    upstream = urlsplit(redis_server.url)
+    proxy = TcpProxy((upstream.hostname or "127.0.0.1", upstream.port or 6379))
+    through = urlunsplit(upstream._replace(netloc=f"{upstream.hostname}:{proxy.port}"))
+    admit_create = hashlib.sha1(_admit_create_source().encode()).hexdigest().encode()
+    # Loaded: the request whose reply is lost runs the script (a NOSCRIPT runs nothing).
+    assert redis_server.client().script_load(_admit_create_source()).encode() == admit_create
+    process = ApiProcess(through).start()
+    try:
+        for _ in range(5):  # until a submit is served on the event loop (its caches warm)
+            tenant, key = _tenant(redis_server, TenantLimits(max_inflight=2))
+            marker = f"lost-reply-{uuid.uuid4().hex}"
+            with httpx.Client(base_url=process.url, headers=bearer(key), timeout=TIMEOUT) as http:
+                first = http.post("/v1/runs", json={"agent": "needs_approval", "input": "first"})
+                assert first.status_code == 202, first.text
+                lost = proxy.drop_reply_to(admit_create, marker.encode())
+                answer = http.post("/v1/runs", json={"agent": "needs_approval", "input": marker})
+                proxy.drop_reply_to()  # no other request loses its reply
+                if not lost.is_set():
+                    continue  # served by a worker thread (a cache was stale): another tenant
+                assert answer.status_code == 202, answer.text
+                run = answer.json()
+                assert run["input"] == marker
+                listed = http.get("/v1/runs", params={"limit": 10}).json()["runs"]
+                assert sorted(r["input"] for r in listed) == sorted(["first", marker])
+                assert run["run_id"] in {r["run_id"] for r in listed}
+            redis = redis_server.client()
+            keys = Keys()
+            assert redis.zcard(keys.submits(tenant)) == 2  # each run's entry, once
+            assert sum(int(redis.hget(keys.inflight(s), tenant) or 0) for s in range(keys.shards)) == 2
+            return
+        pytest.fail("no submit was served on the event loop in 5 tries")
+    finally:
+        process.stop()
+        proxy.close()
