@@ -24,7 +24,27 @@ from shared.errors import ConfigError
 from shared.settings import ENV_REDIS_CLUSTER, Settings, redact_url
 from shared.tls import RedisTlsError, describe, endpoint
 
-__all__ = ["VerifiedSSLConnection", "check_tls", "connect", "embedded_redis", "preflight"]
+__all__ = [
+    "RECONNECTS",
+    "VerifiedSSLConnection",
+    "check_tls",
+    "connect",
+    "embedded_redis",
+    "preflight",
+    "reconnect_backoff",
+]
+
+#: How many times a command that fails on a dropped connection (or times out) is sent again, on a
+#: new connection, with :func:`reconnect_backoff` between: a restarted Redis, or one that closed
+#: idle connections, costs a command a reconnect rather than an error. Safe for the run state:
+#: every script recognises its own replay, so a write whose reply was lost is not applied twice.
+RECONNECTS = 4
+
+
+def reconnect_backoff() -> ExponentialWithJitterBackoff:
+    """The pause before each of :data:`RECONNECTS` (50 ms doubling, at most 1 s, jittered)."""
+    return ExponentialWithJitterBackoff(base=0.05, cap=1.0)
+
 
 _embedded_lock = threading.Lock()
 _embedded: redis.Redis | None = None
@@ -60,10 +80,7 @@ def connect(settings: Settings, **overrides: Any) -> redis.Redis:
         "socket_timeout": 10,
         "socket_connect_timeout": 5,
         "health_check_interval": 25,
-        # A command that fails on a dropped connection is sent again on a new one. Safe for the
-        # run state: every script recognises its own replay (an op id), so a write whose reply
-        # was lost is not applied twice.
-        "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 4),
+        "retry": Retry(reconnect_backoff(), RECONNECTS),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
     }
     if target.tls is not None:

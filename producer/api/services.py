@@ -8,13 +8,16 @@ import math
 import time
 from typing import Any, cast
 
+import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
 
 from producer.api.config import ApiConfig
 from producer.api.feeds import FeedHub
 from producer.api.limits import ScanShares, StreamSlots, SubmitGate
 from producer.client import Client
 from shared.keys import Keys
+from shared.redis_client import RECONNECTS, reconnect_backoff
 from shared.scripts import LoopConnections
 from shared.tenants import Tenants
 from shared.tls import endpoint
@@ -65,6 +68,12 @@ class Services:
                     decode_responses=True,
                     max_connections=config.max_streams + 8,
                     timeout=5,
+                    # As the sync client's (shared.redis_client.connect): a pooled connection Redis
+                    # closed (a restart, an idle timeout) costs a read or a script a reconnect, not
+                    # a 503 or a follower's stream. Every command sent here is a read, or a script
+                    # that recognises its own replay (the submit's create).
+                    retry=AsyncRetry(reconnect_backoff(), RECONNECTS),
+                    retry_on_error=[redis.ConnectionError, redis.TimeoutError],
                     **options,
                 )
             )

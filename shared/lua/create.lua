@@ -9,13 +9,15 @@
 -- ARGV after the eight: the broker commands that publish the start task (see push_broker; a new
 -- run's epoch is 0), run with the create: the run and its start in one step.
 -- Returns {'created', pushed}, or {'exists'} when a run with this id is already there (a replay of
--- this very create, known by its op id, answers {'created', '0'}: the caller publishes, as after a
--- replayed commit). pushed: '1' if the start was published here.
+-- this very create answers {'created', '0'}: the caller publishes, as after a replayed commit).
+-- pushed: '1' if the start was published here. A replay is known by its request, which the run
+-- keeps as created (every create's request holds its own creation time), not by the op id: the
+-- run's first commit replaces that, and a worker may commit the run before the replay arrives.
 local run_id, op, request, body, outbox, queued_lease_ms, tenant, released = unpack(ARGV, 1, 8)
 local run, checkpoints, leases, runs_index, registry, inflight = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
 if redis.call('EXISTS', run) == 1 then
-  if redis.call('HGET', run, F_OP) == op then return {'created', '0'} end
+  if redis.call('HGET', run, F_REQUEST) == request then return {'created', '0'} end
   return {'exists'}
 end
 local now = now_ms()

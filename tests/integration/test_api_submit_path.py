@@ -291,29 +291,34 @@ def _api_connections(api: ApiProcess, redis_server: RedisServer) -> list[str]:
 def test_submits_go_on_after_redis_dropped_the_api_s_connections(
     api: ApiProcess, redis_server: RedisServer
 ) -> None:
-    """The connections a submit's scripts keep (on the event loop, and on the worker threads) are
-    connected again once Redis has closed them: submits are accepted again at once, and none
-    leaves its reservation. (A request that meets a dropped connection of the asyncio client's
-    own pool may still be answered the retryable 503 ``unavailable``.)"""
+    """Every connection the API process holds to Redis closed by Redis at once (as after a restart,
+    or its idle timeout): the connections a submit's scripts keep (on the event loop, and on the
+    worker threads) and those of the asyncio client's pool (the key's read, the followers' feeds)
+    are connected again as they are next used. Every submit is accepted, none leaves a reservation,
+    and a run followed over plain HTTP (no client that resumes) gets every event to its end."""
     if is_cluster(redis_server.url):
         pytest.skip("CLIENT KILL of one standalone server's clients")
     tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
     with httpx.Client(base_url=api.url, headers=bearer(key), timeout=TIMEOUT) as http:
-        before = [http.post("/v1/runs", json={"agent": "direct", "input": f"b{i}"}) for i in range(3)]
-        assert [a.status_code for a in before] == [202] * 3, [a.text for a in before]
-        killed = _api_connections(api, redis_server)
-        assert killed
-        for client_id in killed:
-            redis_server.client().client_kill_filter(_id=client_id)
-        accepted: list[httpx.Response] = []
-        refused: list[httpx.Response] = []
-        while len(accepted) < 3:
-            answer = http.post("/v1/runs", json={"agent": "direct", "input": f"a{len(accepted)}"})
-            (accepted if answer.status_code == 202 else refused).append(answer)
-            assert len(refused) <= len(killed), [r.text for r in refused]
-        assert {(r.status_code, r.json()["error"]["kind"]) for r in refused} <= {(503, "unavailable")}
-        for answer in accepted:
-            assert wait_status(http, answer.json()["run_id"], {"completed"})["input"].startswith("a")
+        for round_ in range(3):
+            before = [http.post("/v1/runs", json={"agent": "direct", "input": f"b{i}"}) for i in range(3)]
+            assert [a.status_code for a in before] == [202] * 3, [a.text for a in before]
+            followed = _follow(api, key, before[0].json()["run_id"], None)  # a feed, on the pool
+            assert followed[-1].event["kind"] == "Completed"
+            killed = _api_connections(api, redis_server)
+            assert killed
+            for client_id in killed:
+                redis_server.client().client_kill_filter(_id=client_id)
+            after = [http.post("/v1/runs", json={"agent": "direct", "input": f"a{i}"}) for i in range(3)]
+            assert [a.status_code for a in after] == [202] * 3, (round_, [a.text for a in after])
+            with http.stream(
+                "POST", "/v1/runs", json={"agent": "direct", "input": "followed"}, headers=SSE
+            ) as streamed:
+                assert streamed.status_code == 200
+                kinds = [frame.event["kind"] for frame in frames(streamed) if frame.data]
+            assert kinds[0] == "RunStarted" and kinds[-1] == "Completed", (round_, kinds)
+            for answer in after:
+                assert wait_status(http, answer.json()["run_id"], {"completed"})["input"].startswith("a")
     assert redis_server.client().zcard(reservations_key(Keys().submits(tenant))) == 0
 
 

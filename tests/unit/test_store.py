@@ -20,7 +20,7 @@ from shared.llm.base import Usage
 from shared.messages import Message, SystemMessage, ToolMessage, UserMessage
 from shared.state import Decision, Phase, RunHead, TaskSpec
 from shared.store import Busy, CallClaim, Claim, ClaimRef, Done, Due, PhaseClaim, RunStore, Stale
-from shared.store.runs import Release
+from shared.store.runs import NewRun, Release
 from shared.tasks import start_task, task_for
 from tests.harness import RedisServer, wait_until
 from tests.store_support import make_store, redis_ms
@@ -106,6 +106,26 @@ def test_create_runs_the_start_push_and_the_release_only_when_it_creates(store: 
     assert store.redis.zrange("held", 0, -1) == ["other"]
     # Without broker commands the run is created and the caller publishes.
     assert store.create_run(RunHead.new_idle("run-3", "research", "q"), [start_task("run-3")]) == "created"
+
+
+def test_a_create_sent_again_after_the_run_moved_on_answers_created(store: RunStore) -> None:
+    """A create whose reply was lost is sent again (the client's retry); by then a worker may have
+    committed the run's start. The replay still answers 'created' (the caller publishes again, a
+    duplicate the start's claim drops), not 'exists', which the API answers 422 for the caller's own
+    new run; another create of the same id answers 'exists'."""
+    head = RunHead.new_idle(uuid.uuid4().hex, "agent", "question")
+    keys, args = store.create_call(NewRun(head, [start_task(head.run_id)]))
+    script = store._scripts["create"]
+    assert [str(x) for x in script(keys=keys, args=[str(a) for a in args])] == ["created", "0"]
+    idle = fsm.Idle(head)
+    initial: list[Message] = [SystemMessage(content="s"), UserMessage(content="question")]
+    t = idle.start(initial, agent_version="1", model="scripted:x", max_steps=5)
+    commit(store, idle, t)
+    assert store.load(head.run_id) == t.head  # moved on: its op id is the commit's now
+    assert [str(x) for x in script(keys=keys, args=[str(a) for a in args])] == ["created", "0"]
+    assert store.load(head.run_id) == t.head
+    other = RunHead.new_idle(head.run_id, "agent", "question")
+    assert store.create_run(other, [start_task(head.run_id)]) == "exists"
 
 
 def test_create_refuses_anything_but_a_new_idle_head(store: RunStore) -> None:
