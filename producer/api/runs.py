@@ -445,6 +445,14 @@ def _submit_in_thread(
     replay = idempotency_key is not None and bool(
         services.store.redis.exists(services.keys.run(idempotent_run_id(who.tenant, idempotency_key)))
     )
+    if not replay:
+        # Refused before the reservation, which counts in the tenant's submit window: an agent
+        # no live worker serves is the caller's mistake, not a submit. (A replay is answered its
+        # run, whichever agents are served now.)
+        try:
+            services.client.served(body.agent)
+        except _REFUSED as exc:
+            raise _refusal(exc, body.agent) from None
     with _starting(services, who, body.agent, replay) as start:
         handle = services.client.submit_request(
             _run_request(body, who, namespace, callback),

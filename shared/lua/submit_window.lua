@@ -7,6 +7,11 @@ local now = now_ms()
 -- An admitted submit adds its entry (and its run): at a full Redis the submit is refused before
 -- the trim below writes, so a refused submit spends nothing of the tenant's window.
 refuse_when_full(KEYS[1])
+-- This very call sent again after its reply was lost (the client's retry): its entry is there,
+-- and it was admitted. Counted again, the tenant's last free submit would refuse itself.
+if redis.call('ZSCORE', KEYS[1], ARGV[3]) then
+  return {1, 0}
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 local count = redis.call('ZCARD', KEYS[1])
 if count >= limit then

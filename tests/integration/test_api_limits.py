@@ -126,6 +126,27 @@ def test_submits_per_minute_are_limited_with_retry_after(api: ApiProcess, redis_
         assert other.post("/v1/runs", json={"agent": "direct", "input": "x"}).status_code == 202
 
 
+def test_a_submit_refused_for_its_agent_spends_none_of_the_tenants_submits(
+    api: ApiProcess, redis_server: RedisServer
+) -> None:
+    """A submit naming an agent no worker serves is refused (422 ``unknown_agent``) before it counts
+    in the tenant's submit window, whichever way the API serves it (with an idempotency key, a
+    worker thread): refusals of the caller's own mistakes do not use up its submits."""
+    tenant = f"agent-{uuid.uuid4().hex[:6]}"
+    set_limits(redis_server, tenant, "--submits-per-minute", "2")
+    with tenant_client(api, redis_server, tenant) as http:
+        for i in range(4):
+            headers = {"Idempotency-Key": f"u{i}"} if i % 2 else {}
+            refused = http.post(
+                "/v1/runs", json={"agent": "nobody-serves-this", "input": "x"}, headers=headers
+            )
+            assert refused.status_code == 422 and refused.json()["error"]["kind"] == "unknown_agent"
+        accepted = [http.post("/v1/runs", json={"agent": "direct", "input": f"{i}"}) for i in range(2)]
+        assert [r.status_code for r in accepted] == [202, 202], [r.text for r in accepted]
+        over = http.post("/v1/runs", json={"agent": "direct", "input": "x"})
+        assert over.status_code == 429 and over.json()["error"]["kind"] == "rate_limited"
+
+
 def test_runs_in_flight_are_limited(api: ApiProcess, redis_server: RedisServer) -> None:
     tenant = f"inflight-{uuid.uuid4().hex[:6]}"
     set_limits(redis_server, tenant, "--max-inflight", "2")

@@ -120,3 +120,29 @@ def test_a_submit_over_the_window_is_refused_and_writes_nothing(
     assert [(r.status, r.kind) for r in refused] == [(429, "rate_limited")]
     store = admissions.store
     assert store.inflight("t") == 2 and store.redis.zcard(store.keys.submits("t")) == 2
+
+
+def test_a_reservation_sent_again_after_its_reply_was_lost_holds_its_place_once(
+    admissions: Admissions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's client sends a script again when its reply is lost. The reservation's second run
+    finds its own window entry and answers as the first did: at the tenant's last free submit of
+    the minute it is admitted (it was refused ``rate_limited``, and its place held 30 s), and it
+    counts once in the window and among the reservations."""
+    limits = TenantLimits(max_inflight=10, submits_per_minute=2)
+    admissions.release(admissions.reserve("t", limits))  # one of the two submits spent
+    script = admissions._reserve
+
+    class Twice:
+        spec, name = script.spec, script.name
+
+        def __call__(self, *, keys: list[str], args: list[str]) -> object:
+            script(keys=keys, args=args)  # its reply lost
+            return script(keys=keys, args=args)
+
+    monkeypatch.setattr(admissions, "_reserve", Twice())
+    reservation = admissions.reserve("t", limits)
+    window = admissions.store.keys.submits("t")
+    assert admissions.store.redis.zcard(window) == 2
+    assert admissions.store.redis.zrange(reservations_key(window), 0, -1) == [reservation.token]
+    admissions.release(reservation)
