@@ -50,6 +50,7 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = Services(config)
+        await services.open()
         app.state.services = services
         try:
             yield

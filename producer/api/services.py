@@ -149,6 +149,17 @@ class Services:
             # Nothing lost: a cache that expires sends the submits to read it themselves.
             log.warning("reading the submit's caches again failed: %s", exc)
 
+    async def open(self) -> None:
+        """Before the first request: on Redis Cluster, the asyncio client's map of the cluster.
+        Left to the first requests, a burst of them met redis-py setting it up while their own
+        commands were under way, and a command on a node connection it replaced failed with an
+        ``AttributeError`` (a 500). Redis unreachable now: the first request maps it."""
+        if self.config.settings.redis_cluster:
+            try:
+                await cast(aioredis.RedisCluster, self.aredis).initialize()
+            except (redis.RedisError, redis.RedisClusterException, OSError) as exc:
+                log.warning("the Redis Cluster could not be mapped yet: %s", exc)
+
     async def close(self) -> None:
         if self.loop_connections is not None:
             await self.loop_connections.close()
