@@ -160,7 +160,7 @@ local n_create, tenant, max_inflight = tonumber(ARGV[n]), ARGV[n - 1], tonumber(
 local window, reserved, member = KEYS[n_create + 1], KEYS[n_create + 2], ARGV[n - 3]
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- This very call sent again after its reply was lost: the run it created is its answer, not
-  -- admitted twice (the create answers its own replay, by its op id, or 'exists').
+  -- admitted twice (the create answers its own replay, by the request it stored, or 'exists').
   return create({unpack(KEYS, 1, n_create)})
 end
 local function inflight()
@@ -301,7 +301,7 @@ class Admissions:
         ]
         while True:
             reply = await loop.run(self._admit_create, [*keys, *more_keys], [*args, *more_args])
-            if _text(reply[0]) != "limited" or admission.holds(*reply[1:]):
+            if reply[0] not in ("limited", b"limited") or admission.holds(*reply[1:]):
                 return reply
             await asyncio.sleep(admission.pause())
 
@@ -421,7 +421,3 @@ def _inflight_refusal(limits: TenantLimits, inflight: int, message: str) -> Tena
         details={"limit": limits.max_inflight, "in_flight": inflight},
         headers={"Retry-After": str(INFLIGHT_RETRY_S)},
     )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

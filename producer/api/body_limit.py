@@ -19,7 +19,7 @@ from producer.api.errors import error_response, place_in
 from shared.errors import InvalidRequest
 from shared.request import MAX_JSON_DEPTH, check_json_depth
 
-__all__ = ["MAX_BODY_DEPTH", "BodyLimit", "json_body_problems"]
+__all__ = ["MAX_BODY_DEPTH", "BodyLimit", "json_body_problems", "replaying"]
 
 #: A declared length with more digits is over any limit (and is not handed to int()).
 _MAX_LENGTH_DIGITS = 18
@@ -102,17 +102,7 @@ class BodyLimit:
             details = {"problems": problems[:20]}
             await self._answer(scope, receive, send, 422, "invalid_request", summary, details)
             return
-        replayed = False
-
-        async def replay() -> Message:
-            # The body once, whole; after it, what the server says next (a disconnect).
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
     @staticmethod
     def _framing(scope: Scope) -> tuple[str | None, int]:
@@ -190,6 +180,21 @@ class BodyLimit:
     ) -> None:
         headers = {**({"Connection": "close"} if close else {}), **(headers or {})}
         await error_response(status, kind, message, details, headers or None)(scope, receive, send)
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` for an app handed a request whose body was read already: the body once,
+    whole; after it, what the server says next (a disconnect)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 class _NotFinite:

@@ -16,10 +16,11 @@ import redis
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from producer.admission import Reservation
 from producer.api.auth import Caller, bearer_credentials, caller, caller_with
+from producer.api.body_limit import replaying
 from producer.api.errors import ApiError, ErrorBody, answer_to
 from producer.api.models import (
     CheckpointList,
@@ -269,16 +270,7 @@ class SubmitShortcut:
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         raw = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            # The body once, whole; after it, what the server says next (a disconnect).
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            return await receive()
-
+        replay = replaying(raw, receive)
         try:
             body = SubmitBody.model_validate(json.loads(raw))
         except ValueError:  # not JSON, or not a submit's body (ValidationError): the route says why
