@@ -150,6 +150,11 @@ def test_a_submit_is_two_scripts_of_the_api_the_create_dropping_the_reservation_
     creates the run; no drop, read-back or publish of the API's own."""
     if not commit_publishes(redis_server.url):
         pytest.skip("the broker is not the run state's Redis (RabbitMQ, or Redis Cluster's own broker)")
+    # Another tenant's submit first: Redis then knows both scripts (the first ever sent is answered
+    # NOSCRIPT, and loaded), and this tenant's first submit still takes the thread's path.
+    _, other = _tenant(redis_server, TenantLimits(max_inflight=1000))
+    with httpx.Client(base_url=api.url, headers=bearer(other), timeout=TIMEOUT) as http:
+        assert http.post("/v1/runs", json={"agent": "direct", "input": "first"}).status_code == 202
     tenant, key = _tenant(redis_server, TenantLimits(max_inflight=1000))
     run_id, seen = _monitored_submit(api, redis_server, key)
     reserved = reservations_key(Keys().submits(tenant))
