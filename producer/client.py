@@ -32,6 +32,7 @@ from producer.publishing import (
     RuntimePublisher,
     broker_is_store,
     publish_commands,
+    pushes_messages,
 )
 from producer.schedules import Schedules
 from shared.assistants import AssistantVersion
@@ -208,21 +209,28 @@ class Client:
         prepare: Callable[[Sequence[TaskSpec]], list[BrokerCommand]] | None = None,
     ) -> None:
         self.settings = settings
-        #: Builds a task's Celery message from its kind's template and pushes it on the store's
-        #: client when the broker is that Redis (``producer/publishing.py``); else ``send_task``.
-        #: Only on the client's own app: a given one publishes as its owner has it publish.
+        #: Builds a task's Celery message from its kind's template when the broker is a Redis
+        #: (``producer/publishing.py``), pushed on :attr:`_broker`; else ``send_task``. Only on
+        #: the client's own app: a given one publishes as its owner has it publish.
         self._messages: MessageBuilder | None = None
         if app is None:
             app = Celery("wesichain-producer", set_as_current=False)
             app.conf.update(celery_config(settings))
-            if broker_is_store(settings):
+            if pushes_messages(settings):
                 self._messages = MessageBuilder(app)
         self.app = app
         #: Builds the broker commands a create script runs to push the new run's start (no
-        #: publish after it): the client's own messages, or, for a given app, its owner's builder
-        #: (``prepare``: a worker's ``Runtime.prepare``, for the runs its pools create).
-        self._prepare = self._messages.build if self._messages is not None else prepare
+        #: publish after it), when the broker is the store's Redis: the client's own messages, or,
+        #: for a given app, its owner's builder (``prepare``: a worker's ``Runtime.prepare``, for
+        #: the runs its pools create).
+        in_store = broker_is_store(settings)
+        self._prepare = self._messages.build if self._messages is not None and in_store else prepare
         self.store = store or RunStore(connect(settings), settings)
+        #: Where the built messages are pushed: the store's client, or a client of the broker's
+        #: own Redis (the standalone one beside a Redis Cluster run state).
+        self._broker = (
+            self.store.redis if in_store or self._messages is None else connect(settings.broker_endpoint())
+        )
         self.workers = WorkerDirectory(self.store.redis, self.store.keys, settings.registry_interval_s)
         #: Refuses new runs while Redis is nearly at its maxmemory (see ``shared/retention.py``).
         self.memory_guard = MemoryGuard(self.store.redis, settings)
@@ -508,7 +516,7 @@ class Client:
         if not tasks:
             return
         if self._messages is not None:
-            publish_commands(self.store.redis, self._messages.build(tasks))
+            publish_commands(self._broker, self._messages.build(tasks))
         elif isinstance(self.app, RuntimePublisher):
             self.app.send_tasks(tasks)
         else:
@@ -968,6 +976,8 @@ class Client:
             self._messages.close()
         self.store.close_archive()
         self.store.redis.close()
+        if self._broker is not self.store.redis:
+            self._broker.close()
 
 
 def _inherited_model(run: RunHead) -> bool:

@@ -1,12 +1,14 @@
-"""Celery's task messages, built once per kind and published on the store's Redis client.
+"""Celery's task messages, built once per kind and published as plain Redis commands.
 
 Both the client (a run's start, its decisions) and the worker (every next phase) publish Celery
 tasks. When the broker is the Redis that holds the run state, a task's publish is a few Redis
 commands on the store's long-lived client; the worker's commit script can even push the next
 phase's message itself, in the same atomic step as the checkpoint (one round trip instead of two,
-and no window between commit and publish on that path). The outbox and the sweeper stay, for other
-brokers and for the cases the script declines (the run's epoch moved since the claim, a replayed
-commit).
+and no window between commit and publish on that path). When the broker is a standalone Redis of
+its own (beside a Redis Cluster run state), the same commands run on a long-lived client of the
+broker's, after the commit (:func:`pushes_messages`). The outbox and the sweeper stay, for
+RabbitMQ, for that separate broker and for the cases the script declines (the run's epoch moved
+since the claim, a replayed commit).
 
 The message is exactly what Celery puts there, because Celery and kombu build it: ``send_task``
 (protocol 2, routing, parent and root ids, time limits, ETA, the task-sent event when task events
@@ -73,6 +75,7 @@ __all__ = [
     "broker_is_store",
     "celery_repr",
     "publish_commands",
+    "pushes_messages",
     "run_commands",
 ]
 
@@ -424,6 +427,14 @@ def broker_is_store(settings: Settings) -> bool:
     prefix): then a task's publish is a few commands on the store's client, or in a commit script.
     """
     return not settings.embedded and not settings.broker_prefix and not settings.broker_url
+
+
+def pushes_messages(settings: Settings) -> bool:
+    """Whether a task's publish can be the Redis commands :class:`MessageBuilder` collects, run on a
+    client of the broker's: the broker is a Redis (the run state's, or a standalone one of its own
+    beside a Redis Cluster), with no broker key prefix (kombu writes the prefix into a command's
+    keys as it runs it, so the commands it hands over have none)."""
+    return settings.broker_is_redis and not settings.broker_prefix
 
 
 def publish_commands(client: Any, commands: Sequence[BrokerCommand]) -> None:

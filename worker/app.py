@@ -38,7 +38,14 @@ from celery.worker.request import Request
 from kombu.transport import redis as redis_transport
 from kombu.utils import json as kombu_json
 
-from producer.publishing import MessageBuilder, ReprAMQP, RuntimePublisher, broker_is_store, publish_commands
+from producer.publishing import (
+    MessageBuilder,
+    ReprAMQP,
+    RuntimePublisher,
+    broker_is_store,
+    publish_commands,
+    pushes_messages,
+)
 from shared.agents import load_registry
 from shared.errors import ArchiveUnavailable, ConfigError, WesichainError
 from shared.evals.tasks import TASK_EVAL_PUMP, TASK_EVAL_SCORE
@@ -161,15 +168,23 @@ class RuntimeHolder:
         configure_worker_identity(settings.worker_name)
         store = RunStore(connect(settings), settings)
         app = self.app
-        builder = MessageBuilder(app) if broker_is_store(settings) else None
+        builder = MessageBuilder(app) if pushes_messages(settings) else None
+        # Where the built messages go: the store's client when the broker is that Redis, else a
+        # client of the broker's own Redis (the standalone one beside a Redis Cluster run state),
+        # kept for the process as the store's is.
+        in_store = broker_is_store(settings)
+        broker = store.redis if in_store or builder is None else connect(settings.broker_endpoint())
+        # A commit script pushes its next phase (and acknowledges its delivery) only on the
+        # broker's own server.
+        commit_pushes = builder is not None and in_store and settings.commit_publish
 
         delayed = DelayedQueues(app)
 
         def send(spec: TaskSpec) -> None:
             if builder is not None:
-                # Celery's message, pushed on the store's client: no Redis client per publish. A
-                # Redis it cannot reach raises what send_task raises, as for the client's publish.
-                publish_commands(store.redis, builder.build([spec]))
+                # Celery's message, pushed on a kept client: no Redis client per publish and no
+                # send_task per message. A Redis it cannot reach raises what send_task raises.
+                publish_commands(broker, builder.build([spec]))
                 return
             countdown = spec.countdown or None
             if countdown and not settings.broker_is_redis:
@@ -199,10 +214,10 @@ class RuntimeHolder:
             hooks=load_hooks(settings.hooks),
             gate=model_gate(store, agents, settings, renew_s),
             tracing=Tracing(settings.otel),
-            prepare=builder.build if builder is not None and settings.commit_publish else None,
-            acks=_delivery_acks(app) if builder is not None and settings.commit_publish else None,
+            prepare=builder.build if builder is not None and commit_pushes else None,
+            acks=_delivery_acks(app) if commit_pushes else None,
             # Celery's messages pushed in one pipelined round trip, as ``send`` pushes one.
-            send_many=(lambda specs: publish_commands(store.redis, builder.build(specs)))
+            send_many=(lambda specs: publish_commands(broker, builder.build(specs)))
             if builder is not None
             else None,
         )

@@ -20,7 +20,7 @@ from celery import Celery
 
 from producer.client import Client
 from producer.publishing import PUBLISH_ERRORS, MessageBuilder, publish_commands, run_commands
-from shared.settings import QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, celery_config
+from shared.settings import ENV_BROKER_URL, QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, celery_config
 from shared.state import Phase, TaskSpec
 from shared.tasks import TASK_CALLBACK, TASK_THINK, TASK_TOOL, start_task
 from tests.broker import Settings
@@ -193,6 +193,54 @@ def _events(pubsub: Any, stop: threading.Event, events: list[dict[str, Any]]) ->
         events.extend(body if isinstance(body, list) else [body])  # the worker sends some in groups
 
 
+def _one_hop_phases(client: Client) -> list[str]:
+    """Run ``one_hop`` to its end; the id prefixes of its tasks after the start (which the submit
+    publishes): think, tool, observe, think."""
+    handle = client.submit("one_hop", "go", check_agent=False)
+    head = handle.wait(30)
+    assert head.phase is Phase.COMPLETED and head.answer == "1 + 2 = 3"
+    run = handle.run_id
+    return [f"{run}:v2:think", f"{run}:v3:tool:", f"{run}:v4:observe", f"{run}:v5:think"]
+
+
+class _Watched:
+    """What a Redis server runs (MONITOR) and the Celery task events published on it, from the
+    moment it is built until :meth:`pushes` is asked."""
+
+    def __init__(self, server: RedisServer) -> None:
+        self.server = server
+        self.stop = threading.Event()
+        self.commands: list[str] = []
+        self.events: list[dict[str, Any]] = []
+        self.pubsub = server.client().pubsub(ignore_subscribe_messages=True)
+        self.pubsub.psubscribe("*celeryev*")
+        self.threads = [
+            threading.Thread(target=_watch, args=(server.client(), self.stop, self.commands), daemon=True),
+            threading.Thread(target=_events, args=(self.pubsub, self.stop, self.events), daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+
+    def reported(self, task_ids: list[str], kind: str) -> bool:
+        """Whether an event of ``kind`` was published for each task whose id starts so."""
+        return all(
+            any(e["type"] == kind and str(e.get("uuid", "")).startswith(i) for e in self.events)
+            for i in task_ids
+        )
+
+    def pushes(self) -> list[str]:
+        """Every ``LPUSH`` the server ran, as ``"<client type> <command>"`` (watching ends)."""
+        self.stop.set()
+        self.server.client().ping()  # one more command for the monitor to wake on
+        for t in self.threads:
+            t.join(10)
+        return [c.replace('\\"', '"') for c in self.commands if c.split(" ", 2)[1].upper() == "LPUSH"]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.pubsub.close()
+
+
 def test_a_real_worker_consumes_acks_and_reports_what_the_commit_pushed(
     server: RedisServer, tmp_path: Any
 ) -> None:
@@ -205,51 +253,69 @@ def test_a_real_worker_consumes_acks_and_reports_what_the_commit_pushed(
     ).start()
     client = Client(Settings(redis_url=server.url, agents_module="tests.agents_fixture"))
     r = server.client()
-    stop = threading.Event()
-    commands: list[str] = []
-    events: list[dict[str, Any]] = []
-    pubsub = server.client().pubsub(ignore_subscribe_messages=True)
-    pubsub.psubscribe("*celeryev*")
-    threads = [
-        threading.Thread(target=_watch, args=(server.client(), stop, commands), daemon=True),
-        threading.Thread(target=_events, args=(pubsub, stop, events), daemon=True),
-    ]
-    for t in threads:
-        t.start()
+    watched = _Watched(server)
     try:
-        handle = client.submit("one_hop", "go", check_agent=False)
-        head = handle.wait(30)
-        assert head.phase is Phase.COMPLETED and head.answer == "1 + 2 = 3"
-        run = handle.run_id
-        # Every phase after start: think, tool, observe, think (the submit publishes start).
-        ids = [f"{run}:v2:think", f"{run}:v3:tool:", f"{run}:v4:observe", f"{run}:v5:think"]
-
-        def done() -> bool:
-            finished = {e.get("uuid", "") for e in events if e["type"] == "task-succeeded"}
-            return all(any(u.startswith(i) for u in finished) for i in ids)
-
-        wait_until(done, 30, interval=0.1, what="task-succeeded events of every phase")
+        ids = _one_hop_phases(client)
+        wait_until(
+            lambda: watched.reported(ids, "task-succeeded"),
+            30,
+            interval=0.1,
+            what="task-succeeded events of every phase",
+        )
         for prefix in ids:
-            kinds = {e["type"] for e in events if str(e.get("uuid", "")).startswith(prefix)}
+            kinds = {e["type"] for e in watched.events if str(e.get("uuid", "")).startswith(prefix)}
             assert {"task-sent", "task-received", "task-started", "task-succeeded"} <= kinds, prefix
         # Acknowledged: nothing left unacked or queued.
         wait_until(lambda: r.hlen("unacked") == 0, 10, what="every message acked")
         assert r.llen(QUEUE_MODEL) == 0 and r.llen(QUEUE_TOOLS) == 0
         # Pushed by the commit scripts, not by a client: each phase message's LPUSH ran in Lua.
-        stop.set()
-        r.ping()  # one more command for the monitor to wake on
-        for t in threads:
-            t.join(10)
-        pushes = [c.replace('\\"', '"') for c in commands if c.split(" ", 2)[1].upper() == "LPUSH"]
+        pushes = watched.pushes()
         for prefix in ids:
             # A message names its own id, and its parent's (the task that published it).
             (push,) = [c for c in pushes if f'"id": "{prefix}' in c]
             assert push.startswith("lua "), push
     finally:
-        stop.set()
-        pubsub.close()
+        watched.close()
         client.close()
         worker.stop()
+
+
+@pytest.mark.parametrize("task_events", [False, True], ids=["templates", "task-events"])
+def test_a_worker_beside_a_standalone_redis_broker_pushes_celerys_messages_there(
+    server: RedisServer, tmp_path: Any, task_events: bool
+) -> None:
+    """With the broker a standalone Redis of its own (as beside a Redis Cluster run state), no
+    commit script can push on it: each next phase is published after its commit, as the commands
+    :class:`MessageBuilder` builds (from its kind's template, or by ``send_task`` into the
+    collector when task events are on), run on the worker's kept client of the broker. Every phase
+    arrives there from a client, is consumed and acknowledged, and, with task events on, each is
+    reported sent, as Celery's own publish reports it."""
+    broker = RedisServer().start()
+    env = {ENV_BROKER_URL: broker.url, "WESICHAIN_TASK_EVENTS": "1" if task_events else "0"}
+    worker = WorkerProcess("beside", server.url, concurrency=2, env=env, log_dir=str(tmp_path)).start()
+    client = Client(
+        Settings(redis_url=server.url, broker_url=broker.url, agents_module="tests.agents_fixture")
+    )
+    b = broker.client()
+    watched = _Watched(broker)
+    try:
+        ids = _one_hop_phases(client)
+        wait_until(lambda: b.hlen("unacked") == 0, 10, what="every message acked")
+        assert b.llen(QUEUE_MODEL) == 0 and b.llen(QUEUE_TOOLS) == 0
+        # Nothing of the broker's on the run state's server.
+        assert _queue_keys(server.client()) == [] and not server.client().exists("unacked")
+        if task_events:
+            wait_until(lambda: watched.reported(ids, "task-sent"), 30, interval=0.1, what="every phase sent")
+        # Pushed by a client (the worker's, or the submitting one's), not by a script.
+        pushes = watched.pushes()
+        for prefix in ids:
+            (push,) = [c for c in pushes if f'"id": "{prefix}' in c]
+            assert not push.startswith("lua "), push
+    finally:
+        watched.close()
+        client.close()
+        worker.stop()
+        broker.cleanup()
 
 
 def test_each_phase_s_message_is_acknowledged_by_the_commit_that_ends_it(
