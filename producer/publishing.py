@@ -437,21 +437,22 @@ def pushes_messages(settings: Settings) -> bool:
     return settings.broker_is_redis and not settings.broker_prefix
 
 
-def publish_commands(client: Any, commands: Sequence[BrokerCommand]) -> None:
+def publish_commands(client: Any, commands: Sequence[BrokerCommand], atomic: bool = False) -> None:
     """Run publish commands on ``client`` as a publish: a Redis it cannot reach raises what
     ``send_task`` raises for a broker it cannot reach (one of :data:`PUBLISH_ERRORS`), so that the
-    caller marks the task unsent and the sweeper sends it later."""
+    caller marks the task unsent and the sweeper sends it later. ``atomic``: all of them or none
+    (a transaction), for a publish that carries a delivery's acknowledgement."""
     try:
-        run_commands(client, commands)
+        run_commands(client, commands, atomic)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         raise OperationalError(str(exc)) from exc
 
 
-def run_commands(client: Any, commands: Sequence[BrokerCommand]) -> None:
-    """Run publish commands on ``client`` (one pipelined round trip)."""
+def run_commands(client: Any, commands: Sequence[BrokerCommand], atomic: bool = False) -> None:
+    """Run publish commands on ``client`` (one pipelined round trip; ``atomic``: in a transaction)."""
     if not commands:
         return
-    with client.pipeline(transaction=False) as pipe:
+    with client.pipeline(transaction=atomic) as pipe:
         for name, args in commands:
             getattr(pipe, name)(*args)
         pipe.execute()

@@ -11,6 +11,15 @@ leaves kombu's unacked hash exactly when the transition it carried is committed.
 :data:`ACKED_IN_COMMIT`, and the main process then only forgets the delivery in memory (kombu's
 prefetch window) instead of sending the ack again.
 
+When the broker is a standalone Redis of its own (beside a Redis Cluster run state), no commit
+script reaches it: the removal runs in one transaction with the publish that follows the commit
+(``Runtime.publish``), sent by the pool process that committed; after the run's last commit, which
+publishes nothing, alone. The message then leaves the unacked hash when its transition is
+committed and its next phase is on the broker; a crash between the commit and that publish leaves
+it there, as a crash between a commit and its publish always did (a redelivery that finds its run
+moved on publishes the outbox again). A transaction the broker refuses acknowledges nothing: the
+main process acknowledges the message as kombu does.
+
 Nothing a redelivery was for is given up. The unacked hash is what Redis restores after a lost
 worker; a message whose commit removed it there is one whose transition is committed and whose
 next phase is published with it, so its redelivery could only have found its run moved on (a stale

@@ -103,7 +103,7 @@ def run_tool(rt: Runtime, delivery: Delivery, step: int, call_id: str) -> None:
     if recorded.status == "complete":
         rt.pushed(head.run_id, recorded.pushed)
         if not recorded.pushed:
-            rt.publish([observe], recorded.epoch)
+            rt.publish([observe], recorded.epoch, acking=head.run_id)
     elif recorded.status in ("duplicate", "stale") and emitter.emitted:
         # Another delivery's result is the call's: what this one reported is void. A run that
         # ended (or is gone) meanwhile gets nothing after its end.

@@ -175,8 +175,10 @@ class RuntimeHolder:
         in_store = broker_is_store(settings)
         broker = store.redis if in_store or builder is None else connect(settings.broker_endpoint())
         # A commit script pushes its next phase (and acknowledges its delivery) only on the
-        # broker's own server.
+        # broker's own server; beside it, the delivery's acknowledgement goes with the publish that
+        # follows the commit, in one transaction on the broker (``worker/acks.py``).
         commit_pushes = builder is not None and in_store and settings.commit_publish
+        publish_acks = builder is not None and not in_store and settings.commit_publish
 
         delayed = DelayedQueues(app)
 
@@ -215,7 +217,12 @@ class RuntimeHolder:
             gate=model_gate(store, agents, settings, renew_s),
             tracing=Tracing(settings.otel),
             prepare=builder.build if builder is not None and commit_pushes else None,
-            acks=_delivery_acks(app) if commit_pushes else None,
+            acks=_delivery_acks(app) if commit_pushes or publish_acks else None,
+            publish_acked=(
+                lambda specs, ack: publish_commands(broker, [*builder.build(specs), *ack], atomic=True)
+            )
+            if builder is not None and publish_acks
+            else None,
             # Celery's messages pushed in one pipelined round trip, as ``send`` pushes one.
             send_many=(lambda specs: publish_commands(broker, builder.build(specs)))
             if builder is not None
@@ -563,8 +570,8 @@ def _delivery(task: Task, rt: Runtime, run_id: str, version: int, epoch: int, **
     _check_arguments(task, run_id, version, epoch, **more)
     request = task.request
     if rt.acks is not None:
-        # Late-acked on the store's Redis: the commit that ends this delivery's work acknowledges
-        # its message (``worker/acks.py``).
+        # Late-acked on a Redis broker: the commit that ends this delivery's work acknowledges its
+        # message, or the publish that follows it on a broker of its own (``worker/acks.py``).
         tag = (request.properties or {}).get("delivery_tag") if task.acks_late else None
         rt.acks.begin(run_id, tag)
     redelivered = bool(request.retries) or bool((request.delivery_info or {}).get("redelivered"))

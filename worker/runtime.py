@@ -108,6 +108,10 @@ class Runtime:
     acks: DeliveryAcks | None = None
     #: Sends several tasks in one publish (None: ``send`` each); see :meth:`send_all`.
     send_many: Callable[[Sequence[TaskSpec]], None] | None = None
+    #: Publishes tasks and runs the commands that acknowledge this thread's delivery in one
+    #: transaction on the broker, for the publish that follows a commit when no commit script can
+    #: carry them (a standalone Redis broker beside the run state's server: ``worker/acks.py``).
+    publish_acked: Callable[[Sequence[TaskSpec], Sequence[BrokerCommand]], None] | None = None
     #: Callback tasks this worker runs in place of sending them (name -> the task's function,
     #: given the ended run as the callback's claim read it); see ``worker/callback.py``.
     local_callbacks: dict[str, Callable[[RunHead], object]] = field(default_factory=dict)
@@ -195,18 +199,49 @@ class Runtime:
         """The tasks that publish ``outbox`` under the run's ``epoch`` (as the hooks want them)."""
         return [task for spec in outbox for task in self.hooks.outgoing(with_epoch(spec, epoch))]
 
-    def publish(self, outbox: Sequence[TaskSpec], epoch: int) -> None:
+    def publish(self, outbox: Sequence[TaskSpec], epoch: int, acking: str | None = None) -> None:
         """Send ``outbox`` under the run's current ``epoch``.
 
         Should the broker refuse a task, the outbox is marked unsent (the sweeper sends it again)
-        and the error raised: the delivery that committed it fails as it did.
+        and the error raised: the delivery that committed it fails as it did. ``acking``: the run
+        whose commit this publish follows, whose delivery's acknowledgement goes with it where
+        :attr:`publish_acked` can carry it.
         """
-        for task in self.outgoing(outbox, epoch):
+        tasks = self.outgoing(outbox, epoch)
+        if acking is not None and self.publish_acked is not None and self.acks is not None:
+            ack = self.acks.commands_for(acking)
+            if ack:
+                acked = self._publish_acked(self.publish_acked, tasks, ack)
+                self.acks.committed(acking, acked)
+                return
+        for task in tasks:
             try:
                 self.send(task)
             except PUBLISH_ERRORS as exc:
                 mark_unsent(self.store, task, exc)
                 raise
+
+    def _publish_acked(
+        self,
+        publish: Callable[[Sequence[TaskSpec], Sequence[BrokerCommand]], None],
+        tasks: Sequence[TaskSpec],
+        ack: Sequence[BrokerCommand],
+    ) -> bool:
+        """Publish ``tasks`` and acknowledge the delivery in one transaction: whether it ran.
+        Raises as :meth:`publish` does when the broker refuses the tasks (the delivery is then not
+        acknowledged either)."""
+        try:
+            publish(tasks, ack)
+        except PUBLISH_ERRORS as exc:
+            if not tasks:
+                # Only the acknowledgement was refused: the worker makes it as kombu does.
+                log.warning("acknowledging a delivery with its publish failed: %s", exc)
+                return False
+            for task in tasks:  # the tasks of one commit: one outbox, marked once
+                if mark_unsent(self.store, task, exc):
+                    break
+            raise
+        return True
 
     def send_all(self, tasks: Sequence[TaskSpec]) -> None:
         """Send ``tasks`` (runs' tasks built elsewhere, such as the starts of runs a pool
@@ -318,7 +353,7 @@ class Runtime:
             self._count_end(current.head, head)
             self.hooks.after_commit(current.phase, head, self.store)
             if not result.pushed:
-                self.publish(sent, result.epoch)
+                self.publish(sent, result.epoch, acking=head.run_id)
             if here is not None:
                 self._run_here(here, result.epoch)
             if head.terminal:

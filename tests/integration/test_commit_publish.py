@@ -11,21 +11,25 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import pytest
 import redis
 from celery import Celery
 
 from producer.client import Client
 from producer.publishing import PUBLISH_ERRORS, MessageBuilder, publish_commands, run_commands
+from shared.protocol import QUEUED_CHECKS, QUEUED_UNSENT
 from shared.settings import ENV_BROKER_URL, QUEUE_CALLBACKS, QUEUE_MODEL, QUEUE_TOOLS, celery_config
-from shared.state import Phase, TaskSpec
+from shared.state import Phase, RunHead, TaskSpec
 from shared.tasks import TASK_CALLBACK, TASK_THINK, TASK_TOOL, start_task
 from tests.broker import Settings
 from tests.conftest import _need_redis
 from tests.harness import RedisServer, WorkerProcess, wait_until
+from worker.acks import ACKED_IN_COMMIT
 from worker.app import create_app
 
 pytestmark = pytest.mark.redis_broker
@@ -176,10 +180,14 @@ def test_a_start_publish_to_an_unreachable_store_raises_a_publish_error(server: 
         client.close()
 
 
-def _watch(r: redis.Redis, stop: threading.Event, seen: list[str]) -> None:
+def _watch(
+    r: redis.Redis, stop: threading.Event, seen: list[str], by_port: list[tuple[int, str]] | None = None
+) -> None:
     with r.monitor() as monitor:
         for command in monitor.listen():
             seen.append(f"{command['client_type']} {command['command']}")
+            if by_port is not None:
+                by_port.append((int(command.get("client_port") or 0), str(command["command"])))
             if stop.is_set():
                 return
 
@@ -211,11 +219,15 @@ class _Watched:
         self.server = server
         self.stop = threading.Event()
         self.commands: list[str] = []
+        #: The same commands, each with the port of the client connection that sent it.
+        self.seen: list[tuple[int, str]] = []
         self.events: list[dict[str, Any]] = []
         self.pubsub = server.client().pubsub(ignore_subscribe_messages=True)
         self.pubsub.psubscribe("*celeryev*")
         self.threads = [
-            threading.Thread(target=_watch, args=(server.client(), self.stop, self.commands), daemon=True),
+            threading.Thread(
+                target=_watch, args=(server.client(), self.stop, self.commands, self.seen), daemon=True
+            ),
             threading.Thread(target=_events, args=(self.pubsub, self.stop, self.events), daemon=True),
         ]
         for t in self.threads:
@@ -351,6 +363,99 @@ def test_each_phase_s_message_is_acknowledged_by_the_commit_that_ends_it(
         stop.set()
         client.close()
         worker.stop()
+
+
+def test_beside_a_standalone_broker_each_message_is_acknowledged_by_the_publish_after_its_commit(
+    server: RedisServer, tmp_path: Any
+) -> None:
+    """With the broker a Redis of its own, no commit script reaches it: the removal of a delivery's
+    message from kombu's unacked hash and its index runs in one transaction with the publish that
+    follows its commit (alone, after the run's last commit), sent by the pool process, and the
+    worker's main process sends none of its own."""
+    broker = RedisServer().start()
+    worker = WorkerProcess(
+        "acks-beside", server.url, env={ENV_BROKER_URL: broker.url}, log_dir=str(tmp_path)
+    ).start()
+    client = Client(
+        Settings(redis_url=server.url, broker_url=broker.url, agents_module="tests.agents_fixture")
+    )
+    b = broker.client()
+    watched = _Watched(broker)
+    try:
+        wait_until(lambda: b.ping() and watched.seen, 10, interval=0.05, what="MONITOR to stream")
+        _one_hop_phases(client)
+        wait_until(lambda: b.hlen("unacked") == 0, 10, what="every message acked")
+        assert b.zcard("unacked_index") == 0
+        # Which of the worker's processes holds each of its connections to the broker.
+        owner: dict[int, str] = {}
+        for pid in worker.pids():
+            for conn in psutil.Process(pid).net_connections(kind="tcp"):
+                if conn.raddr and conn.raddr.port == broker.port:
+                    owner[conn.laddr.port] = "main" if pid == worker.pid else "child"
+        watched.pushes()  # the end of what is watched
+        by_port: dict[int, list[str]] = {}
+        for port, command in watched.seen:
+            by_port.setdefault(port, []).append(command.split(" ")[0].upper())
+        ack_commands = ("HDEL unacked ", "ZREM unacked_index ")
+        acks = [(owner.get(port, "other"), c) for port, c in watched.seen if c.startswith(ack_commands)]
+        # start, think, the tool, observe, the last think: five deliveries, five acks, each in a
+        # transaction of a pool process's, none from the main process.
+        assert sorted(who for who, c in acks if c.startswith("HDEL")) == ["child"] * 5, acks
+        assert sorted(who for who, c in acks if c.startswith("ZREM")) == ["child"] * 5, acks
+        for port, commands in by_port.items():
+            if owner.get(port) == "child" and "HDEL" in commands:
+                assert commands.count("MULTI") == commands.count("EXEC") >= commands.count("HDEL"), commands
+    finally:
+        watched.close()
+        client.close()
+        worker.stop()
+        broker.cleanup()
+
+
+def test_beside_a_standalone_broker_an_ack_goes_only_with_a_publish_the_broker_took(
+    server: RedisServer,
+) -> None:
+    """The runtime's publish that carries its delivery's acknowledgement, in a worker's own process:
+    taken, the message is on the broker and the entry gone from kombu's unacked hash, and the task
+    says so to the main process; refused (a broker that is gone), nothing is acknowledged, the
+    outbox is marked unsent for a sweeper to send and the publish error raised, as for any publish;
+    the acknowledgement alone refused (the run's last commit publishes nothing) is left to kombu."""
+    broker = RedisServer().start()
+    b = broker.client()
+    try:
+        live = create_app(
+            Settings(redis_url=server.url, broker_url=broker.url, agents_module="tests.agents_fixture")
+        )
+        rt = live.wesichain_runtime.get()
+        assert rt.acks is not None
+        run_id = uuid.uuid4().hex
+        assert rt.store.create(RunHead.new_idle(run_id, "one_hop", "go"), [start_task(run_id)])
+        b.hset("unacked", "tag-1", "[]")
+        b.zadd("unacked_index", {"tag-1": 1.0})
+        rt.acks.begin(run_id, "tag-1")
+        rt.publish([start_task(run_id)], 0, acking=run_id)
+        assert rt.acks.end() == ACKED_IN_COMMIT
+        assert b.hlen("unacked") == 0 and b.zcard("unacked_index") == 0
+        (raw,) = b.lrange(QUEUE_MODEL, 0, -1)
+        assert json.loads(raw)["headers"]["id"] == start_task(run_id).task_id
+
+        gone = RedisServer().start()
+        gone.cleanup()  # a port where a broker was and is no more
+        dead = create_app(
+            Settings(redis_url=server.url, broker_url=gone.url, agents_module="tests.agents_fixture")
+        )
+        rt = dead.wesichain_runtime.get()
+        assert rt.acks is not None
+        rt.acks.begin(run_id, "tag-2")
+        with pytest.raises(PUBLISH_ERRORS):
+            rt.publish([start_task(run_id)], 0, acking=run_id)
+        assert rt.acks.end() is None  # not acknowledged: the main process acknowledges it
+        assert rt.store.redis.hget(rt.store.keys.run(run_id), QUEUED_CHECKS) == str(QUEUED_UNSENT)
+        rt.acks.begin(run_id, "tag-3")
+        rt.publish([], 0, acking=run_id)  # no error: only an acknowledgement was to go
+        assert rt.acks.end() is None
+    finally:
+        broker.cleanup()
 
 
 def _another(spec: TaskSpec, n: int) -> TaskSpec:
