@@ -9,8 +9,8 @@ import uuid
 
 from producer.client import Client
 from shared.messages import SystemMessage, UserMessage
-from shared.settings import Settings
 from shared.state import Phase
+from tests.broker import Settings
 from tests.chaos.support import RUN_TIMEOUT_S, Cluster, wait_paused, wait_terminal
 from tests.harness import RedisServer, wait_thread_free
 

@@ -8,6 +8,7 @@ import pytest
 from producer.cli import main
 from producer.client import Client
 from shared.state import Phase
+from tests.broker import broker_env
 from tests.harness import WorkerProcess, wait_until
 
 TIMEOUT = 30
@@ -15,8 +16,10 @@ TIMEOUT = 30
 
 @pytest.mark.parametrize("verb", ["approve", "deny"])
 def test_the_decision_is_an_event_and_its_note_reaches_the_model(
-    verb: str, workers: list[WorkerProcess], client: Client
+    verb: str, workers: list[WorkerProcess], client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    for name, value in broker_env(client.settings.redis_url).items():  # the CLI's topology (a cluster?)
+        monkeypatch.setenv(name, value)
     handle = client.submit("needs_approval", "please refund")
     wait_until(lambda: handle.status().phase is Phase.AWAITING_APPROVAL, TIMEOUT, what="the run to park")
     note = f"{verb}d: the customer called twice"

@@ -26,7 +26,7 @@ from shared.search import SearchQuery
 from shared.tenants import TenantLimits, Tenants
 from tests.api_support import ApiProcess, bearer, wait_status
 from tests.archive_support import BACKENDS, archive_url
-from tests.broker import Settings
+from tests.broker import Settings, broker_env
 from tests.conftest import own_store
 from tests.harness import RedisServer, WorkerProcess, wait_until
 from tests.redis_cluster import RedisCluster
@@ -462,6 +462,8 @@ def test_the_cli_searches_and_runs_bulk_jobs(
     from producer.cli import main
 
     monkeypatch.setenv("WESICHAIN_SEARCH_ATTRIBUTES", SEARCH_ENV["WESICHAIN_SEARCH_ATTRIBUTES"])
+    for name, value in broker_env(server.url).items():  # the CLI's topology (a cluster?)
+        monkeypatch.setenv(name, value)
     runs = [tenant.submit("long_tool", f"cli {i}", metadata={"customer": "cli"}) for i in range(2)]
     base = ["--redis", server.url, "--tenant", tenant.name]
     assert main(["runs", "search", *base, "--meta", "customer=cli", "--json"]) == 0

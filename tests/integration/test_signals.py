@@ -19,6 +19,7 @@ from shared.messages import UserMessage
 from shared.signals import SignalView
 from shared.state import Phase
 from tests.agents_fixture import EFFECTS_KEY, HOLDING_KEY, RELEASE_KEY, Inbox
+from tests.broker import broker_env
 from tests.harness import WorkerProcess, wait_until
 
 TIMEOUT = 30
@@ -211,8 +212,13 @@ def test_a_message_sent_while_the_parking_think_asks_the_model_wakes_the_run(
 
 
 def test_cli_send_and_update(
-    workers: list[WorkerProcess], client: Client, capsys: pytest.CaptureFixture[str]
+    workers: list[WorkerProcess],
+    client: Client,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    for name, value in broker_env(client.settings.redis_url).items():  # the CLI's topology (a cluster?)
+        monkeypatch.setenv(name, value)
     handle = client.submit("inbox", "go")
     _holding(client, handle.run_id)
     url = ["--redis", client.settings.redis_url, "--agents", "tests.agents_fixture"]
