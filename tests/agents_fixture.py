@@ -467,20 +467,35 @@ DRIP_PIECES = 6000
 class DrippingModel(ScriptedModel):
     """A model whose streamed answer comes slowly, a short piece at a time, as a provider's does."""
 
-    def __init__(self, pieces: int, gap_s: float) -> None:
+    def __init__(self, pieces: int, gap_s: float, pad: int = 0) -> None:
         super().__init__([reply("dripped")])
-        self.pieces, self.gap_s = pieces, gap_s
+        self.pieces, self.gap_s, self.pad = pieces, gap_s, pad
 
     def stream(self, request: ModelRequest) -> Iterator[StreamPart]:
         for i in range(self.pieces):
             time.sleep(self.gap_s)  # the provider's pace
-            yield TextDelta(text=f"piece {i}. ")
+            yield TextDelta(text=f"piece {i}. " + "~" * self.pad)
         yield reply("dripped")
 
 
 registry.add_model("dripping", DrippingModel(DRIP_PIECES, DRIP_GAP_S))
 registry.add(
     Agent(name="dripping", model="scripted:dripping", system_prompt="drip", tools=TOOLS, stream=True)
+)
+
+#: The ``drip_short`` agent's model streams DRIP_SHORT_PIECES pieces the same way (``piece 0. ``,
+#: ``piece 1. ``...; a couple of seconds): a follower's stream is cut at a chosen piece's delta
+#: while the run still streams.
+DRIP_SHORT_PIECES = 200
+registry.add_model("drip_short", DrippingModel(DRIP_SHORT_PIECES, DRIP_GAP_S))
+registry.add(
+    Agent(name="drip_short", model="scripted:drip_short", system_prompt="drip", tools=TOOLS, stream=True)
+)
+#: The ``drip_wide`` agent's pieces are 2,500 characters each: about a megabyte of deltas over a
+#: few seconds, far past the receive window of a follower that stops reading.
+registry.add_model("drip_wide", DrippingModel(DRIP_SHORT_PIECES * 2, DRIP_GAP_S, pad=2_490))
+registry.add(
+    Agent(name="drip_wide", model="scripted:drip_wide", system_prompt="drip", tools=TOOLS, stream=True)
 )
 
 

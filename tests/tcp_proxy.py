@@ -2,7 +2,10 @@
 does: every connection stays open (no reset, no close reaches either end) and new ones are still
 accepted, but not a byte passes either way until it thaws. It can also lose one reply: the
 connection that sent a request holding given bytes is closed when the answer comes back, the
-answer not passed on (the server acted on the request; its client never learns how).
+answer not passed on (the server acted on the request; its client never learns how). And it can
+cut a connection at a chosen point of its answer: the client gets the answer's bytes up to there
+(the head only, half an event of a stream), then the connection closes, as a network path that
+fails mid-answer does.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._markers: tuple[bytes, ...] = ()
         self._dropped = threading.Event()
+        self._cut: _Cut | None = None
         threading.Thread(target=self._accept, name="tcp-proxy-accept", daemon=True).start()
 
     def freeze(self) -> None:
@@ -45,6 +49,15 @@ class TcpProxy:
             self._markers = markers
             self._dropped = threading.Event()
             return self._dropped
+
+    def cut_answer(self, after: bytes, then: bytes = b"") -> threading.Event:
+        """Cut the next connection whose answer holds ``after``: the client gets the answer up to
+        the end of ``after`` (with ``then``: up to the end of the first ``then`` that follows it),
+        and the connection closes, both ways. ``after=b""`` cuts before any byte of the answer.
+        The event is set once the cut happened."""
+        with self._lock:
+            self._cut = _Cut(after, then)
+            return self._cut.done
 
     def close(self) -> None:
         self._closed = True
@@ -92,9 +105,15 @@ class TcpProxy:
                     break  # the reply is lost with the connection
                 else:
                     link.sent = b""  # answered: what comes next is another request
+                    cut = self._cut
+                    if cut is not None and (passed := cut.passed(link, data)) is not None:
+                        data, link.cut, self._cut = data[:passed], True, None
+                        cut.done.set()
             try:
                 dst.sendall(data)
             except OSError:
+                break
+            if link.cut:
                 break
         for s in (src, dst):  # the connection ends for both ends (the other pump sees it too)
             with contextlib.suppress(OSError):
@@ -109,3 +128,32 @@ class _Link:
     def __init__(self) -> None:
         self.sent = b""
         self.losing = False
+        #: Whether the answer was cut (:meth:`TcpProxy.cut_answer`): the connection ends.
+        self.cut = False
+
+
+class _Cut:
+    """Where to cut the next answer that reaches it (:meth:`TcpProxy.cut_answer`)."""
+
+    def __init__(self, after: bytes, then: bytes) -> None:
+        self.after, self.then = after, then
+        self.done = threading.Event()
+        #: What each connection passed back since the cut was asked for (not earlier answers of a
+        #: connection kept alive): a marker may arrive split between two reads.
+        self.seen: dict[_Link, bytes] = {}
+
+    def passed(self, link: _Link, data: bytes) -> int | None:
+        """How many bytes of ``data`` (coming next on ``link``) pass before the cut; None: the
+        cut is not in them."""
+        before = self.seen.get(link, b"")
+        seen = self.seen[link] = before + data
+        at = seen.find(self.after)
+        if at < 0:
+            return None
+        end = at + len(self.after)
+        if self.then:
+            then_at = seen.find(self.then, end)
+            if then_at < 0:
+                return None
+            end = then_at + len(self.then)
+        return end - len(before)
