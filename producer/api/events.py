@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -33,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from producer.api.errors import ApiError
 from producer.api.feeds import BATCH, Entry
+from producer.api.feeds import after as comes_after
 from producer.api.limits import StreamSlot
 from producer.api.models import EventPage
 from producer.api.runs import ERRORS, Svc, Who, check_run_id, owned, owned_run
@@ -49,6 +51,11 @@ router = APIRouter(prefix="/v1", responses=ERRORS)
 log = logging.getLogger("wesichain.api")
 
 _STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+
+#: How far past the clock an event id a client sends may be before it is refused as naming no
+#: event (:func:`_not_in_the_future`). An id is its event's time by Redis's clock; this leaves room
+#: for the clocks of a promoted replica and the primary it replaced to differ.
+FUTURE_ID_SLACK_MS = 60_000
 
 
 def _kinds(value: str | None) -> frozenset[str] | None:
@@ -102,13 +109,38 @@ def event_cursor(value: str | None) -> str:
     return value
 
 
+async def _not_in_the_future(services: Services, run_id: str, cursor: str) -> None:
+    """A 422 for an event id later than the clock (and than the run's last event): no event has it,
+    and none will for as long as that is ahead, so a stream resumed after it would send nothing, only
+    keep-alives, until the run ended, and then end without the end event. (A made-up id, or one
+    read wrong.) Checked on this process's clock first, so a usual resume costs no round trip; an
+    id past it is refused only if it is past Redis's clock too, which gave the ids."""
+    ms = int(cursor.partition("-")[0])
+    if ms <= time.time() * 1000 + FUTURE_ID_SLACK_MS:
+        return
+    seconds, micros = await services.aredis.time()
+    if ms <= seconds * 1000 + micros // 1000 + FUTURE_ID_SLACK_MS:
+        return
+    # Redis's ids follow its clock, or its stream's last id while its clock is behind that.
+    latest = await services.aredis.xrevrange(services.keys.events(run_id), count=1)
+    if latest and not comes_after(cursor, str(latest[0][0])):
+        return
+    raise ApiError(
+        422,
+        "invalid_request",
+        f"event id {cursor} is later than the server's clock: no event of run {run_id} has it",
+        details={"event_id": cursor},
+    )
+
+
 @router.get(
     "/runs/{run_id}/events",
     response_model=EventPage,
     summary="A run's events: a live Server-Sent Events stream, or a JSON page",
     description="With ``Accept: text/event-stream``: every event after ``Last-Event-ID`` (or"
     " ``after``), live until the run's end event, then the stream closes. Otherwise a JSON page of"
-    " at most ``limit`` events after ``after``.",
+    " at most ``limit`` events after ``after``. An event id later than the server's clock names no"
+    " event: 422.",
     responses={
         200: {
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
@@ -138,6 +170,7 @@ async def events(
     only = _kinds(kinds)
     if not wants_stream(request.headers.get("accept", "")):
         cursor = event_cursor(after)
+        await _not_in_the_future(services, run_id, cursor)
         batch = await run_in_threadpool(services.store.read_events, run_id, cursor, limit)
         ended = any(e.kind in END_EVENTS for _, e in batch) or (len(batch) < limit and head.terminal)
         page = EventPage(
@@ -147,6 +180,7 @@ async def events(
         )
         return Response(page.model_dump_json(), media_type="application/json")
     cursor = event_cursor(last_event_id if last_event_id is not None else after)
+    await _not_in_the_future(services, run_id, cursor)
     body: AsyncIterator[str] | None = None
     if head.terminal and (rest := await _ended_rest(services, run_id, cursor)) is not None:
         if not rest:
