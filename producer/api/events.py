@@ -45,7 +45,15 @@ from shared.events import END_EVENTS, EVENT_KINDS, Event, dump_event, stream_aft
 from shared.state import Phase, RunHead
 from shared.store.runs import loaded_head
 
-__all__ = ["event_cursor", "events", "follow_answer", "router", "submitted_answer", "wants_stream"]
+__all__ = [
+    "FUTURE_ID_SLACK_MS",
+    "event_cursor",
+    "events",
+    "follow_answer",
+    "router",
+    "submitted_answer",
+    "wants_stream",
+]
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 log = logging.getLogger("wesichain.api")
