@@ -441,10 +441,19 @@ def publish_commands(client: Any, commands: Sequence[BrokerCommand], atomic: boo
     """Run publish commands on ``client`` as a publish: a Redis it cannot reach raises what
     ``send_task`` raises for a broker it cannot reach (one of :data:`PUBLISH_ERRORS`), so that the
     caller marks the task unsent and the sweeper sends it later. ``atomic``: all of them or none
-    (a transaction), for a publish that carries a delivery's acknowledgement."""
+    (a transaction), for a publish that carries a delivery's acknowledgement.
+
+    A Redis at ``maxmemory`` refuses the messages (``OutOfMemoryError``; a transaction whole): that
+    raises the same, a publish the broker refused. As a Redis error, nothing would mark the task
+    unsent: the sweeper would find its message missing and hand it on as a lost message once per
+    queued lease until the run failed as poison, however soon the broker took messages again."""
     try:
         run_commands(client, commands, atomic)
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+    except (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        redis.exceptions.OutOfMemoryError,
+    ) as exc:
         raise OperationalError(str(exc)) from exc
 
 

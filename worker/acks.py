@@ -2,8 +2,9 @@
 
 Phase tasks are acknowledged late: on the Redis broker kombu keeps every message a worker holds in
 its unacked hash (and the hash's index) until the worker's main process, told by the pool process
-that the task returned, removes it there (``MULTI ZREM HDEL EXEC``). That is one more round trip
-on every transition's path, after the commit, and one more for Redis to serve.
+that the task returned, removes it there (``ZREM`` and ``HDEL``: kombu sends them in a transaction,
+this worker outside one, see :func:`install`). That is one more round trip on every transition's
+path, after the commit, and one more for Redis to serve.
 
 When the commit script publishes the next phase (the broker is the store's Redis: see
 ``producer/publishing.py``), it now runs that removal too, in the same atomic step: the message
@@ -18,7 +19,9 @@ publishes nothing, alone. The message then leaves the unacked hash when its tran
 committed and its next phase is on the broker; a crash between the commit and that publish leaves
 it there, as a crash between a commit and its publish always did (a redelivery that finds its run
 moved on publishes the outbox again). A transaction the broker refuses acknowledges nothing: the
-main process acknowledges the message as kombu does.
+outbox is marked unsent for a sweeper to send, and the main process acknowledges the message as
+kombu does, but with its two removals outside a transaction (a broker at ``maxmemory`` refuses
+every command of a transaction, and takes removals alone).
 
 Nothing a redelivery was for is given up. The unacked hash is what Redis restores after a lost
 worker; a message whose commit removed it there is one whose transition is committed and whose
@@ -158,8 +161,8 @@ def forget_acked_in_commit(message: Any) -> None:
 
 def install() -> None:
     """Wrap kombu's Redis QoS (once per process): a delivery is recorded in the unacked hash only
-    under a tag no other message holds there, and an ack of a tag in :data:`_ACKED` or of a
-    delivery not recorded skips the round trip."""
+    under a tag no other message holds there, an ack of a tag in :data:`_ACKED` or of a delivery
+    not recorded skips the round trip, and an ack's removals go outside a transaction."""
     global _kombu_ack
     if _kombu_ack is not None:
         return
@@ -192,6 +195,17 @@ def install() -> None:
             return
         kombu_ack(self, delivery_tag)  # type: ignore[no-untyped-call]
 
+    def remove_from_indices(self: Any, delivery_tag: str, pipe: Any = None) -> Any:
+        if pipe is None:
+            # An ack (or a reject) of its own: its two removals outside MULTI. A Redis at maxmemory
+            # refuses every command queued in a transaction, removals included, and kombu only logs
+            # an ack it refused: the delivery stayed in the worker's prefetch window for good, and
+            # the worker never consumed again. A restore passes its own transaction: kept.
+            with self.channel.conn_or_acquire() as client:
+                pipe = client.pipeline(transaction=False)
+        return pipe.zrem(self.unacked_index_key, delivery_tag).hdel(self.unacked_key, delivery_tag)
+
     _kombu_ack = kombu_ack
     setattr(redis_transport.QoS, "append", append)  # noqa: B010 (mypy refuses assigning a method)
     setattr(redis_transport.QoS, "ack", ack)  # noqa: B010
+    setattr(redis_transport.QoS, "_remove_from_indices", remove_from_indices)  # noqa: B010

@@ -9,6 +9,8 @@ the same path. The run state stays up throughout: commits go on while the broker
 - The broker is SIGKILLed with runs in flight and started again on its port, without persistence
   (it comes back empty) and with an AOF fsynced on every write (it comes back with its queues and
   its unacked hash).
+- The broker is full (``maxmemory``): it refuses the publish after a commit, for longer than a run
+  may lose its messages before it counts as poison.
 - The pool process is SIGKILLed right after a commit, before and after the publish that carries its
   acknowledgement.
 """
@@ -38,6 +40,8 @@ from tests.chaos.support import (
     check_clean_run,
     effects,
     events_of,
+    fill_redis,
+    free_redis,
     idem,
     is_running,
     kinds,
@@ -169,6 +173,40 @@ def test_runs_end_correctly_across_a_sigkill_of_the_broker(
     )
     assert {h.run_id: snapshot(client, h.run_id) for h in runs} == before
     assert all(w.alive for w in workers)
+
+
+def test_a_full_broker_refusing_the_publish_after_a_commit_does_not_make_the_run_poison(
+    cluster: Cluster, broker: RedisServer, beside: Client
+) -> None:
+    """A broker at ``maxmemory`` refuses the transaction that publishes what a tool's result leads
+    to: the delivery is not acknowledged by it, and the outbox is marked unsent, so that a sweeper
+    sends it again and again without counting a lost message, for as long as the broker stays full,
+    instead of handing the phase on as lost until the run fails as poison. The worker's own
+    acknowledgement of that delivery is taken by the full broker, so the worker (the only one)
+    goes on consuming, and the run completes once memory is freed."""
+    client = beside
+    r = client.store.redis
+    b = broker.client()
+    workers = cluster.start(1, env=_env(broker, WESICHAIN_MAX_PHASE_ATTEMPTS="2"))
+    handle = client.submit("charge_once", "go")
+    key = idem(handle.run_id)
+    wait_tool_started(r, key)
+    ballast = fill_redis(b)
+    # The charge ends while the broker refuses every message: its result is recorded (the run
+    # state has room) and its observe phase cannot be published. Kept so until the run was
+    # published again more often than a phase may lose its messages, or it ended.
+    wait_until(lambda: effects(r, key) == 1, 30, what="the charge to end")
+
+    def waited_past_poison_or_ended() -> bool:
+        head = handle.status()
+        return head.terminal or head.epoch > 2
+
+    wait_until(waited_past_poison_or_ended, RUN_TIMEOUT_S, what="the run to be published again past poison")
+    free_redis(b, ballast)
+
+    _check_one_hop(client, handle)
+    assert all(w.alive for w in workers)
+    wait_until(lambda: _drained(b), 30, what="nothing left in the broker's unacked hash")
 
 
 PHASES = [Phase.IDLE, Phase.THINKING, Phase.OBSERVING]
