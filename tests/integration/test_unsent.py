@@ -17,6 +17,7 @@ from shared.state import Phase, RunHead
 from shared.store import Due
 from shared.tasks import start_task
 from tests.broker import Settings, on_rabbitmq
+from tests.chaos.support import fill_redis
 from tests.harness import RedisServer, WorkerProcess, free_port
 from tests.invariants import ONE_HOP, kinds
 
@@ -72,3 +73,28 @@ def test_an_unsent_outbox_is_handed_on_without_counting_a_loss(client: Client) -
         assert (handed.epoch, handed.lost, handed.tasks) == (attempt, 0, [""])
     # Handed on, the outbox waits its queued time again, as any freshly published one does.
     assert store.redis.hget(store.keys.run(run_id), QUEUED_CHECKS) == "0"
+
+
+def test_a_submit_whose_start_a_full_broker_refuses_is_accepted_with_its_start_unsent(
+    redis_server: RedisServer,
+) -> None:
+    """A standalone Redis broker at ``maxmemory`` refuses the start's message: the run is created all
+    the same and its start kept in its outbox, marked unsent for a sweeper to send, as for a broker
+    that cannot be reached (not an error the submit raises)."""
+    if on_rabbitmq():
+        pytest.skip("about a Redis broker of its own")
+    broker = RedisServer().start()
+    full = broker.client()
+    c = Client(
+        Settings(redis_url=redis_server.url, agents_module="tests.agents_fixture", broker_url=broker.url)
+    )
+    try:
+        fill_redis(full)
+        handle = c.submit("one_hop", "go", check_agent=False)
+        store = c.store
+        assert store.redis.hget(store.keys.run(handle.run_id), QUEUED_CHECKS) == str(QUEUED_UNSENT)
+        assert handle.status().phase is Phase.IDLE
+        assert full.llen("wesichain.model") == 0
+    finally:
+        c.close()
+        broker.cleanup()
