@@ -131,6 +131,39 @@ def charge_gated(args: SleepArgs, ctx: ToolContext) -> SleepResult:
     return SleepResult(label=args.label, pid=os.getpid())
 
 
+@tool
+def slow_gated(args: SleepArgs, ctx: ToolContext) -> SleepResult:
+    """The retry-safe twin of ``charge_gated``: runs until the test opens the gate, counting its
+    starts and effects in files, so it runs on through a Redis outage and past Redis's return."""
+    _count(f"{ctx.idempotency_key}.starts")
+    gate = os.path.join(os.environ[GATE_DIR_ENV], "open")
+    deadline = time.monotonic() + args.seconds
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        if ctx.cancelled():
+            break
+        time.sleep(0.02)
+    _count(f"{ctx.idempotency_key}.effects")
+    return SleepResult(label=args.label, pid=os.getpid())
+
+
+def gated_thinks(run_input: str) -> str:
+    """The file (under the gate directory) counting the calls of ``think_gated``'s model for the
+    run whose input is ``run_input``."""
+    return f"{run_input}.thinks"
+
+
+def _think_until_the_gate_opens(messages: Sequence[Message]) -> ModelResponse:
+    """A model call that counts itself, then holds (up to 60 s) until the test opens the gate:
+    a think in flight through a Redis outage, its counts kept outside Redis."""
+    run_input = next(m.content for m in messages if isinstance(m, UserMessage))
+    _count(gated_thinks(run_input))
+    gate = os.path.join(os.environ[GATE_DIR_ENV], "open")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return reply("thought through the outage")
+
+
 class NoArgs(BaseModel):
     pass
 
@@ -242,6 +275,7 @@ TOOLS = ToolSet(
         held,
         charge,
         charge_gated,
+        slow_gated,
         crash_worker,
         boom,
         charge_holding_gil,
@@ -304,6 +338,12 @@ _add("charge_once", [reply(None, ("charge", {"seconds": 3, "label": "pay"})), re
 _add("slow_step", [reply(None, ("slow", {"seconds": 3, "label": "s"})), reply("slow step done")])
 #: A non-retry-safe call that waits (up to 60 s) for the test to open its gate.
 _add("charge_gated", [reply(None, ("charge_gated", {"seconds": 60, "label": "pay"})), reply("charged")])
+#: A retry-safe call that waits (up to 60 s) for the test to open its gate.
+_add("slow_gated", [reply(None, ("slow_gated", {"seconds": 60, "label": "s"})), reply("slow step done")])
+registry.add_model("think_gated", ScriptedModel(_think_until_the_gate_opens))
+registry.add(
+    Agent(name="think_gated", model="scripted:think_gated", system_prompt="think_gated", tools=TOOLS)
+)
 # Mid-call for long enough that a fault started right after the tool began (a rabbitmqctl call
 # takes seconds on a loaded machine) still finds it running.
 _add("slower_step", [reply(None, ("slow", {"seconds": 10, "label": "s"})), reply("slow step done")])
