@@ -261,6 +261,15 @@ class Keys:
         """String: the token of the sweeper currently allowed to sweep (expires with it)."""
         return f"{self.prefix}sweeper:lock"
 
+    def sweeper_seen(self) -> str:
+        """String: the Redis time (ms) at which a sweeper last reached Redis (``sweep_watch.lua``)."""
+        return f"{self.prefix}{{sweeper}}:seen"
+
+    def sweeper_quiet(self) -> str:
+        """String, expiring: while it exists, sweepers judge no claim expired and no worker dead
+        (Redis was out of every sweeper's reach: its holders could not renew meanwhile)."""
+        return f"{self.prefix}{{sweeper}}:quiet"
+
     def limit(self, scope: str) -> str:
         """Hash: one provider limit's buckets and back-off (``scope``: provider:model[@tenant]).
 

@@ -184,6 +184,7 @@ SPECS: dict[str, ScriptSpec] = {
     "thread_forget": _spec("held", "member score"),
     "thread_cancel": _spec("run leases", "run_id queued_ms"),
     "lock": _spec("lock", "token ttl_ms mode", words="release"),
+    "sweep_watch": _spec("seen_key quiet_key", "gap_ms quiet_ms unreachable"),
     "scan_queue": _spec(
         "queue",
         "start count",
@@ -319,6 +320,7 @@ SCRIPT_NAMES = (
     "thread_forget",
     "thread_cancel",
     "lock",
+    "sweep_watch",
     "scan_queue",
     "worker_beat",
     "worker_live",

@@ -11,6 +11,11 @@ Each run whose lease time came (by Redis's clock) is inspected:
   are only waiting behind a backlog, and the sweeper looks again later (the wait doubles, up to
   ``max_queued_check_s``); only a message gone from the broker is published again, and a run
   whose messages keep vanishing is failed as poison.
+
+Claims and workers' liveness records run out by Redis's clock, which goes on while Redis is down
+or out of reach, when no holder can renew anything. So every sweeper notes each time it reaches
+Redis (``sweep_watch.lua``); after a gap in those notes, or a look that failed to reach Redis,
+sweepers judge nothing expired or dead for a lease, while the live holders renew.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from worker.liveness import SweepLives
 from worker.runtime import Runtime
 from worker.threads import repair_threads
 
-__all__ = ["BATCH", "Repairs", "Sweeper", "TRIM_EVERY"]
+__all__ = ["BATCH", "QUIET_AFTER_SWEEPS", "Repairs", "Sweeper", "TRIM_EVERY"]
 
 log = logging.getLogger("wesichain.sweeper")
 
@@ -46,6 +51,9 @@ log = logging.getLogger("wesichain.sweeper")
 BATCH = 200
 #: Sweeps between two trims of the listing indexes (they only lose entries past the retention).
 TRIM_EVERY = 60
+#: Sweep intervals without any sweeper reaching Redis after which it counts as having been out of
+#: reach (down, or cut off from every worker): what ran out meanwhile is given a lease to renew.
+QUIET_AFTER_SWEEPS = 2
 
 
 class Repairs(Protocol):
@@ -80,7 +88,12 @@ class Sweeper:
         self.bulk = bulk
         self.interval_s = rt.settings.sweep_interval_s
         self.token = uuid.uuid4().hex
-        self._lock = register_scripts(rt.store.redis)["lock"]
+        scripts = register_scripts(rt.store.redis)
+        self._lock = scripts["lock"]
+        self._watch_script = scripts["sweep_watch"]
+        #: This sweeper failed to reach Redis since its last look (its next look says so).
+        self._unreachable = False
+        self._quiet_logged = False
         #: Worker starts' liveness: a dead worker's claims handed on at once, a starved one's kept.
         self.lives = SweepLives(rt)
         self._stop = threading.Event()
@@ -98,22 +111,46 @@ class Sweeper:
 
     def tick(self) -> int:
         """Sweep once if this sweeper holds (or takes) the lock; returns the runs handed on."""
+        quiet_s = self._watch()
         if not self._hold_lock():
             return 0
-        return self.sweep()
+        return self.sweep(quiet_s)
 
     def sweep_once_and_release(self) -> int:
         """One sweep under the lock, then let it go (celery beat's ``wesichain.sweep``)."""
+        quiet_s = self._watch()
         if not self._hold_lock():
             return 0
         try:
-            return self.sweep()
+            return self.sweep(quiet_s)
         finally:
             self._release_lock()
 
+    def _watch(self) -> float:
+        """Note that this sweeper reached Redis; returns the seconds left in which nothing may be
+        judged expired or dead, because Redis was out of reach before (``sweep_watch.lua``)."""
+        settings = self.rt.settings
+        keys = self.rt.store.keys
+        quiet_ms = int(
+            self._watch_script(
+                keys=[keys.sweeper_seen(), keys.sweeper_quiet()],
+                args=[
+                    int(settings.sweep_interval_s * QUIET_AFTER_SWEEPS * 1000),
+                    # A lease for every holder to renew: its claims' and its worker's record's.
+                    int(max(settings.lease_s, settings.worker_lease_s) * 1000),
+                    "1" if self._unreachable else "0",
+                ],
+            )
+        )
+        self._unreachable = False
+        return max(0.0, quiet_ms / 1000)
+
     # -- one sweep -----------------------------------------------------------------------------
 
-    def sweep(self) -> int:
+    def sweep(self, quiet_s: float = 0.0) -> int:
+        """One sweep. While ``quiet_s`` is left after Redis was out of reach, no claim is handed on
+        for having expired and no worker for having stopped saying it is alive: their holders could
+        not renew while Redis was away, and are given the time to do it now."""
         store = self.rt.store
         handed = 0
         if self._sweeps % TRIM_EVERY == 0:
@@ -125,9 +162,18 @@ class Sweeper:
                 store.trim_indexes(shard, cutoff_ms)
         self._sweeps += 1
         self.lives.begin()
+        quiet = quiet_s > 0
+        if quiet and not self._quiet_logged:
+            log.warning(
+                "Redis was out of reach: no claim is handed on as expired, nor any worker's as dead,"
+                " for %.1f s while the live holders renew them",
+                quiet_s,
+            )
+        self._quiet_logged = quiet
         # A dead worker's claims first: its main process stopped saying it is alive long before
         # its claims' leases run out.
-        handed += self.lives.hand_on_dead(lambda seen, why: self._hand_on(seen, [], why))
+        if not quiet:
+            handed += self.lives.hand_on_dead(lambda seen, why: self._hand_on(seen, [], why))
         # Every shard's due runs in one round trip: most sweeps find none anywhere.
         for due in store.due_everywhere(BATCH):
             waiting: list[Due] = []
@@ -136,6 +182,8 @@ class Sweeper:
                 if not isinstance(seen, Due):
                     continue
                 if seen.expired:
+                    if quiet:
+                        continue  # looked at again next sweep, once its holder had time to renew
                     if self.lives.keep_alive(seen):
                         continue  # a starved but live pool process: looked at again next sweep
                     handed += self._hand_on(
@@ -296,6 +344,8 @@ class Sweeper:
             try:
                 self.tick()
             except redis.RedisError as exc:
+                if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+                    self._unreachable = True
                 log.warning("sweep failed (will retry): %s", exc)
             except PUBLISH_ERRORS as exc:
                 # The broker is away: the run being handed on was marked unsent, and the others

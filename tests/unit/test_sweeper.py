@@ -20,7 +20,7 @@ from shared.llm.base import Usage
 from shared.messages import SystemMessage, ToolCall, UserMessage
 from shared.settings import QUEUE_MODEL, QUEUE_TOOLS, Settings, celery_config
 from shared.state import Phase, RunHead, TaskSpec
-from shared.store import CallClaim, Claim, PhaseClaim, RunStore, Stale
+from shared.store import CallClaim, Claim, Due, PhaseClaim, RunStore, Stale
 from shared.tasks import start_task, task_for
 from tests.harness import RedisServer, wait_until
 from worker.broker_probe import Located, RedisQueues
@@ -246,6 +246,33 @@ def test_a_phase_whose_messages_keep_vanishing_is_failed_as_poison(rt: Runtime) 
     assert final.error.details["attempts"] == rt.settings.max_phase_attempts + 1
     assert "vanishing" in final.error.details["last_error"]
     assert len(sent(rt)) == rt.settings.max_phase_attempts  # nothing more was published
+
+
+def test_after_no_sweeper_reached_redis_for_a_while_nothing_is_handed_on_for_a_lease(rt: Runtime) -> None:
+    """Claims run out by Redis's clock, which goes on while Redis is down and no holder can renew:
+    after a gap in the sweepers' looks, an expired claim is left to its holder for a lease."""
+    head = thinking_run(rt)
+    held = rt.store.claim_phase(PhaseClaim(head.run_id, head.version, Phase.THINKING, 0, 1), "h:1")
+    assert isinstance(held, Claim)
+    sweeper = Sweeper(rt, FakeBroker())
+    assert sweeper.tick() == 0  # its claim is live
+    wait_until(
+        lambda: isinstance(seen := rt.store.inspect(head.run_id), Due) and seen.expired,
+        10,
+        what="the claim to expire",
+    )
+    keys, r = rt.store.keys, rt.store.redis
+    # The sweepers' last look, as if none reached Redis since long before the claim ran out.
+    r.set(
+        keys.sweeper_seen(), int(r.get(keys.sweeper_seen()) or 0) - 3_000 * int(rt.settings.sweep_interval_s)
+    )
+    assert sweeper.tick() == 0 and sent(rt) == []
+    lease_ms = 1000 * max(rt.settings.lease_s, rt.settings.worker_lease_s)
+    assert 0 < r.pttl(keys.sweeper_quiet()) <= lease_ms
+    assert sweeper.tick() == 0  # still quiet
+    r.delete(keys.sweeper_quiet())  # its lease is over and the holder renewed nothing: it is dead
+    assert sweeper.tick() == 1
+    assert [s.arguments["epoch"] for s in sent(rt)] == [1]
 
 
 def test_only_one_sweeper_sweeps_at_a_time(rt: Runtime) -> None:
