@@ -56,7 +56,7 @@ def call_model(
         held=held,
         stream=agent.stream if stream is None else stream,
         max_delta_chars=rt.settings.limits.max_event_payload_chars,
-        carry=lambda delta: rt.carry_events(head.run_id, delta),
+        carry=lambda *deltas: rt.carry_events(head.run_id, *deltas),
     )
     provider, model = split_model(head.model)
     span_attributes = {"wesichain.step": head.step, "gen_ai.system": provider, "gen_ai.request.model": model}

@@ -102,11 +102,12 @@ class ModelCall:
         held: Held,
         stream: bool,
         max_delta_chars: int,
-        carry: Callable[[ev.Event], None] | None = None,
+        carry: Callable[..., None] | None = None,
     ) -> None:
         self.store = store
-        #: Takes the text streamed since the last flush once the stream ended, to be appended by the
-        #: think's commit (which follows at once) rather than in a round trip of its own.
+        #: Takes the deltas of the text streamed since the last flush once the stream ended (one, or
+        #: several past the event bound), to be appended by the think's commit (which follows at
+        #: once) rather than in a round trip of its own.
         self.carry = carry
         self.run_id = run_id
         self.step = step
@@ -178,11 +179,16 @@ class ModelCall:
 
     def _flush(self, last: bool = False) -> None:
         if self._pending:
-            text = "".join(self._pending)[: self.max_delta_chars]
-            delta = ev.TokenDelta(run_id=self.run_id, step=self.step, text=text)
+            # The text since the last flush, in deltas of at most the event bound each: a provider
+            # that sends much at once (or a whole answer as one part) loses none of it.
+            text, size = "".join(self._pending), self.max_delta_chars
+            deltas = [
+                ev.TokenDelta(run_id=self.run_id, step=self.step, text=text[i : i + size])
+                for i in range(0, len(text), size)
+            ]
             if last and self.carry is not None:
-                self.carry(delta)
+                self.carry(*deltas)
             else:
-                self.store.emit(self.run_id, [delta], step=self.step, claim_token=self.held.token)
+                self.store.emit(self.run_id, deltas, step=self.step, claim_token=self.held.token)
             self._pending.clear()
         self._last_flush = time.monotonic()

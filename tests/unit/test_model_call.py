@@ -100,6 +100,36 @@ def test_a_lost_claim_gives_the_call_up() -> None:
 REQUEST = ModelRequest(model="m", messages=[])
 
 
+class AllAtOnce:
+    """Sends its whole answer as one streamed part, as some providers and adapters do."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def stream(self, request: ModelRequest) -> Iterator[StreamPart]:
+        yield TextDelta(text=self.text)
+        yield ModelResponse(text=self.text)
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        return ModelResponse(text=self.text)
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["emitted", "carried by the commit"])
+def test_text_past_the_event_bound_is_split_across_deltas_not_cut(carried: bool) -> None:
+    """A flush of more text than one event may hold goes out as several deltas, in order: a client
+    that puts the deltas together gets the whole text (it once got the first 1,000 characters)."""
+    store, held = Recorder(), Held("r", "running", "t")
+    text = "".join(f"{i:05d}" for i in range(500))  # 2,500 characters, each place distinct
+    kept: list[Event] = []
+    model_call = call(store, held)
+    if carried:
+        model_call.carry = lambda *deltas: kept.extend(deltas)
+    assert model_call.run(AllAtOnce(text), REQUEST).text == text
+    pieces = [getattr(e, "text", "") for e in kept] if carried else [t for _, t in store.emitted]
+    assert [len(p) for p in pieces] == [1000, 1000, 500]
+    assert "".join(pieces) == text
+
+
 def _ran_on(helpers: Helpers, block: threading.Event | None = None) -> threading.Event:
     """Runs a job on ``helpers``; the event is set once the job ran (after ``block``, if given)."""
     done = threading.Event()
