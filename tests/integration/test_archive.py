@@ -332,8 +332,9 @@ def test_the_http_api_reads_archived_runs_as_live_ones(pool: Pool, client: Clien
             assert streamed(None) == (200, events)
             assert streamed(events[1]["id"]) == (200, events[2:])
             assert streamed(events[-1]["id"]) == (204, [])
-            # A made-up id past the end, and the kinds asked for, as on a live run's stream.
-            assert streamed("99999999999999-0") == (204, [])
+            # A made-up id later than the clock names no event (422), and the kinds asked for, as
+            # on a live run's stream.
+            assert streamed("99999999999999-0") == (422, [])
             wanted = [e for e in events if e["kind"] in ("ToolCompleted", "Completed")]
             assert len(wanted) == 2 and streamed(None, "ToolCompleted") == (200, wanted)
             assert http.get("/v1/runs/not-a-run").status_code == 404
