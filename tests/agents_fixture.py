@@ -10,8 +10,9 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -118,15 +119,27 @@ def _count(name: str) -> None:
         f.write(f"{os.getpid()}\n")
 
 
+def gated_count(gate: Path, name: str) -> int:
+    """How many times ``name`` was counted under the gate directory ``gate`` (:func:`_count`)."""
+    path = gate / name
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _until_the_gate_opens(seconds: float, stop: Callable[[], bool] = lambda: False) -> None:
+    """Hold until the test opens the gate (a file ``open`` under the gate directory), ``stop``
+    says so, or ``seconds`` passed."""
+    gate = os.path.join(os.environ[GATE_DIR_ENV], "open")
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(gate) and time.monotonic() < deadline and not stop():
+        time.sleep(0.02)
+
+
 @tool(retry_safe=False)
 def charge_gated(args: SleepArgs, ctx: ToolContext) -> SleepResult:
     """A non-retry-safe effect that starts, then ends only once the test opens its gate (a file),
     counting its starts and effects in files rather than in Redis."""
     _count(f"{ctx.idempotency_key}.starts")
-    gate = os.path.join(os.environ[GATE_DIR_ENV], "open")
-    deadline = time.monotonic() + args.seconds
-    while not os.path.exists(gate) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _until_the_gate_opens(args.seconds)
     _count(f"{ctx.idempotency_key}.effects")
     return SleepResult(label=args.label, pid=os.getpid())
 
@@ -136,12 +149,7 @@ def slow_gated(args: SleepArgs, ctx: ToolContext) -> SleepResult:
     """The retry-safe twin of ``charge_gated``: runs until the test opens the gate, counting its
     starts and effects in files, so it runs on through a Redis outage and past Redis's return."""
     _count(f"{ctx.idempotency_key}.starts")
-    gate = os.path.join(os.environ[GATE_DIR_ENV], "open")
-    deadline = time.monotonic() + args.seconds
-    while not os.path.exists(gate) and time.monotonic() < deadline:
-        if ctx.cancelled():
-            break
-        time.sleep(0.02)
+    _until_the_gate_opens(args.seconds, ctx.cancelled)
     _count(f"{ctx.idempotency_key}.effects")
     return SleepResult(label=args.label, pid=os.getpid())
 
@@ -157,10 +165,7 @@ def _think_until_the_gate_opens(messages: Sequence[Message]) -> ModelResponse:
     a think in flight through a Redis outage, its counts kept outside Redis."""
     run_input = next(m.content for m in messages if isinstance(m, UserMessage))
     _count(gated_thinks(run_input))
-    gate = os.path.join(os.environ[GATE_DIR_ENV], "open")
-    deadline = time.monotonic() + 60
-    while not os.path.exists(gate) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _until_the_gate_opens(60)
     return reply("thought through the outage")
 
 

@@ -286,6 +286,24 @@ def queued_phases(r: redis.Redis, kinds: Sequence[str] = QUEUES) -> int:
     return sum(int(r.llen(queue_key(q)) or 0) for q in phase_queues(r, kinds))
 
 
+#: kombu's Redis QoS: the hash of delivered, unacknowledged messages, and its index.
+UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
+
+
+def unacked(r: redis.Redis) -> dict[str, tuple[dict[str, Any], str, str]]:
+    """kombu's unacked hash: delivery tag -> (envelope, exchange, routing key)."""
+    out = {}
+    for tag, raw in r.hgetall(UNACKED).items():
+        envelope, exchange, routing_key = json.loads(raw)
+        out[str(tag)] = (envelope, str(exchange), str(routing_key))
+    return out
+
+
+def unacked_drained(r: redis.Redis) -> bool:
+    """Whether no delivery is left unacknowledged (the hash and its index both empty)."""
+    return r.hlen(UNACKED) == 0 and r.zcard(UNACKED_INDEX) == 0
+
+
 def pending_task_ids(r: redis.Redis) -> set[str]:
     """Task ids still queued (in a kind queue or a version queue) or delivered-but-unacked in the
     broker."""

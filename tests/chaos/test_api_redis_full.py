@@ -23,7 +23,7 @@ import pytest
 
 from shared.keys import Keys
 from shared.tenants import Tenants
-from tests.agents_fixture import GATE_DIR_ENV
+from tests.agents_fixture import GATE_DIR_ENV, gated_count
 from tests.api_support import END, SSE, ApiProcess, bearer, frames, wait_status
 from tests.chaos.support import (
     RUN_TIMEOUT_S,
@@ -49,11 +49,6 @@ def api(server: RedisServer) -> Iterator[ApiProcess]:
     process = ApiProcess(server.url, env=env).start()
     yield process
     process.stop()
-
-
-def _count(gate: Path, name: str) -> int:
-    path = gate / name
-    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 class Follower:
@@ -140,7 +135,7 @@ def test_followers_and_writes_while_redis_is_full(
     schedule_body = {"agent": "direct", "input": "hi", "timing": {"every_s": 3600}}
     schedule = http.post("/v1/schedules", json=schedule_body).json()["schedule_id"]
     wait_until(
-        lambda: all(_count(gate, f"{idem(c)}.starts") for c in charges), 60, what="the charges to start"
+        lambda: all(gated_count(gate, f"{idem(c)}.starts") for c in charges), 60, what="the charges to start"
     )
     wait_status(http, parked, {"awaiting_approval"})
 
@@ -166,7 +161,7 @@ def test_followers_and_writes_while_redis_is_full(
     # Every charge ends while Redis is full: its result waits in the worker.
     (gate / "open").touch()
     wait_until(
-        lambda: all(_count(gate, f"{idem(c)}.effects") for c in charges), 30, what="the charges to end"
+        lambda: all(gated_count(gate, f"{idem(c)}.effects") for c in charges), 30, what="the charges to end"
     )
     resumed = followers[3::4]
     wait_until(lambda: all(f.streams == 2 for f in resumed), 30, what="the dropped followers to resume")

@@ -21,11 +21,14 @@ from shared.state import Phase
 from tests.agents_fixture import RELEASE_KEY
 from tests.broker import DELIVERIES_KEY
 from tests.chaos.support import (
+    UNACKED_INDEX,
     Cluster,
     check_clean_run,
     idem,
     snapshot,
     starts,
+    unacked,
+    unacked_drained,
     wait_tool_started,
 )
 from tests.harness import wait_until
@@ -35,16 +38,6 @@ pytestmark = pytest.mark.redis_broker  # reads and writes the Redis transport's 
 #: Leases long enough that no sweeper takeover mixes into what the deliveries do.
 CALM_ENV = {"WESICHAIN_LEASE_S": "10", "WESICHAIN_QUEUED_LEASE_S": "30"}
 PROBE = ("tests.delivery_probe",)
-UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
-
-
-def _unacked(r: redis.Redis) -> dict[str, tuple[dict[str, Any], str, str]]:
-    """kombu's unacked hash: delivery tag -> (envelope, exchange, routing key)."""
-    out = {}
-    for tag, raw in r.hgetall(UNACKED).items():
-        envelope, exchange, routing_key = json.loads(raw)
-        out[str(tag)] = (envelope, str(exchange), str(routing_key))
-    return out
 
 
 def _held_delivery(r: redis.Redis, task_id_prefix: str) -> tuple[str, dict[str, Any], str]:
@@ -53,7 +46,7 @@ def _held_delivery(r: redis.Redis, task_id_prefix: str) -> tuple[str, dict[str, 
     def find() -> tuple[str, dict[str, Any], str] | None:
         found = [
             (tag, envelope, routing_key)
-            for tag, (envelope, _, routing_key) in _unacked(r).items()
+            for tag, (envelope, _, routing_key) in unacked(r).items()
             if str(envelope["headers"]["id"]).startswith(task_id_prefix)
         ]
         return found[0] if len(found) == 1 else None
@@ -74,10 +67,6 @@ def _dropped_as_busy(cluster: Cluster, run_id: str) -> bool:
     )
 
 
-def _drained(r: redis.Redis) -> bool:
-    return r.hlen(UNACKED) == 0 and r.zcard(UNACKED_INDEX) == 0
-
-
 def test_a_phase_delivered_twice_and_again_after_its_commit(cluster: Cluster, client: Client) -> None:
     cluster.start(2, concurrency=2, env=CALM_ENV, include=PROBE)
     r = client.store.redis
@@ -96,20 +85,20 @@ def test_a_phase_delivered_twice_and_again_after_its_commit(cluster: Cluster, cl
     wait_until(lambda: _dropped_as_busy(cluster, run_id), 30, what="the duplicate to be dropped")
     assert starts(r, idem(run_id, 2)) == 1, "the duplicate started the running call again"
     # The running delivery's message is still held: the duplicate's ack did not take it away.
-    entries = _unacked(r)
+    entries = unacked(r)
     assert tag in entries and entries[tag][0] == envelope, "the duplicate acked the running message"
     during = handle.status()
     assert (during.phase, during.version, during.epoch) == (Phase.ACTING, head.version, head.epoch)
 
     r.set(RELEASE_KEY + run_id, 1)
     check_clean_run(client, run_id, "late_delivery")
-    wait_until(lambda: _drained(r), 30, what="the unacked hash to empty")
+    wait_until(lambda: unacked_drained(r), 30, what="the unacked hash to empty")
     before = snapshot(client, run_id)
 
     # The committed phase's message handed back late, as a visibility-timeout restore would.
     r.lpush(queue, raw)
     wait_until(lambda: _deliveries(r, task_id) == 3, 30, what="the late redelivery to arrive")
-    wait_until(lambda: _drained(r) and r.llen(queue) == 0, 30, what="the late redelivery to be acked")
+    wait_until(lambda: unacked_drained(r) and r.llen(queue) == 0, 30, what="the late redelivery to be acked")
     assert snapshot(client, run_id) == before
     assert starts(r, idem(run_id, 2)) == 1
     assert all(w.alive for w in cluster.workers)
@@ -140,12 +129,12 @@ def test_a_forged_tag_never_acknowledges_another_delivery(cluster: Cluster, clie
 
     check_clean_run(client, forged_run.run_id, "one_hop")
     # The running call's message is still the one kombu holds under its tag.
-    entries = _unacked(r)
+    entries = unacked(r)
     assert victim_tag in entries and entries[victim_tag][0] == victim, "the forged start acked it"
     assert r.zscore(UNACKED_INDEX, victim_tag) is not None
 
     r.set(RELEASE_KEY + held.run_id, 1)
     check_clean_run(client, held.run_id, "late_delivery")
     assert starts(r, idem(held.run_id, 2)) == 1
-    wait_until(lambda: _drained(r), 30, what="the unacked hash to empty")
+    wait_until(lambda: unacked_drained(r), 30, what="the unacked hash to empty")
     assert all(w.alive for w in cluster.workers)

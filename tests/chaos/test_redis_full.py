@@ -21,7 +21,7 @@ from shared import protocol
 from shared.state import Phase
 from shared.tasks import task_for
 from shared.workers import WorkerDirectory
-from tests.agents_fixture import GATE_DIR_ENV
+from tests.agents_fixture import GATE_DIR_ENV, gated_count
 from tests.chaos.support import (
     RUN_TIMEOUT_S,
     Cluster,
@@ -51,11 +51,6 @@ RESTARTED = "Connection to broker lost"
 PUSH_WHILE_FULL = "redis.call('DEL', KEYS[2]) return redis.call('LPUSH', KEYS[1], ARGV[1])"
 
 
-def _count(gate: Path, name: str) -> int:
-    path = gate / name
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
 def test_a_full_redis_stalls_runs_and_workers_resume_when_memory_is_freed(
     cluster: Cluster, server: RedisServer, client: Client, tmp_path: Path
 ) -> None:
@@ -66,7 +61,9 @@ def test_a_full_redis_stalls_runs_and_workers_resume_when_memory_is_freed(
     r = client.store.redis
     handles = [client.submit("charge_gated", "go") for _ in range(3)]
     keys = [idem(h.run_id) for h in handles]
-    wait_until(lambda: all(_count(gate, f"{k}.starts") == 1 for k in keys), 30, what="every charge to start")
+    wait_until(
+        lambda: all(gated_count(gate, f"{k}.starts") == 1 for k in keys), 30, what="every charge to start"
+    )
     # A copy of a running call's message, to reach a worker while Redis is full (see below).
     head = client.handle(handles[0].run_id).status()
     ((queue_key, (payload,)),) = [
@@ -81,7 +78,9 @@ def test_a_full_redis_stalls_runs_and_workers_resume_when_memory_is_freed(
     full_until = time.monotonic() + FULL_FOR_S
     # Every charge ends while Redis is full: its result cannot be written, nor its task acked.
     (gate / "open").touch()
-    wait_until(lambda: all(_count(gate, f"{k}.effects") == 1 for k in keys), 30, what="every charge to end")
+    wait_until(
+        lambda: all(gated_count(gate, f"{k}.effects") == 1 for k in keys), 30, what="every charge to end"
+    )
     # A worker with a free slot takes this message from the broker; kombu cannot record it as
     # unacked (Redis is full), which used to end that worker's consumer for good.
     r.eval(PUSH_WHILE_FULL, 2, queue_key, "test:nothing", payload)
@@ -109,7 +108,7 @@ def test_a_full_redis_stalls_runs_and_workers_resume_when_memory_is_freed(
         assert kinds(events) == ONE_HOP
         assert_event_invariants(events)
         assert_terminal_matches_events(ended, events)
-        assert (_count(gate, f"{key}.starts"), _count(gate, f"{key}.effects")) == (1, 1)
+        assert (gated_count(gate, f"{key}.starts"), gated_count(gate, f"{key}.effects")) == (1, 1)
         assert r.hget(client.store.keys.run(h.run_id), protocol.EPOCH) in (None, b"0", "0")
     # ToolCompleted carries the time its result was made (while Redis was full): a run resumed with
     # the first event written after memory was freed; the last run to resume is the figure.

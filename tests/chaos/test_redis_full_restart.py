@@ -18,7 +18,7 @@ import pytest
 from producer.client import Client, NoLiveWorker, RunHandle
 from shared.events import ToolCompleted
 from shared.state import Phase
-from tests.agents_fixture import GATE_DIR_ENV
+from tests.agents_fixture import GATE_DIR_ENV, gated_count
 from tests.chaos.support import (
     RUN_TIMEOUT_S,
     STATE_LOST,
@@ -37,11 +37,6 @@ from tests.invariants import ONE_HOP
 pytestmark = pytest.mark.standalone_redis  # fills, kills and restarts the one Redis
 
 
-def _count(gate: Path, name: str) -> int:
-    path = gate / name
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
 def test_results_waiting_for_room_survive_a_redis_restart(
     aof_cluster: Cluster, aof_server: RedisServer, aof_client: Client, tmp_path: Path
 ) -> None:
@@ -52,13 +47,17 @@ def test_results_waiting_for_room_survive_a_redis_restart(
     r = aof_client.store.redis
     handles = [aof_client.submit("charge_gated", "go") for _ in range(3)]
     keys = [idem(h.run_id) for h in handles]
-    wait_until(lambda: all(_count(gate, f"{k}.starts") == 1 for k in keys), 30, what="every charge to start")
+    wait_until(
+        lambda: all(gated_count(gate, f"{k}.starts") == 1 for k in keys), 30, what="every charge to start"
+    )
     offsets = {w.name: len(w.log()) for w in workers}
 
     ballast = fill_redis(r)
     assert ballast > 0 and refuses_writes(r)
     (gate / "open").touch()
-    wait_until(lambda: all(_count(gate, f"{k}.effects") == 1 for k in keys), 30, what="every charge to end")
+    wait_until(
+        lambda: all(gated_count(gate, f"{k}.effects") == 1 for k in keys), 30, what="every charge to end"
+    )
     # Each charge's result is refused and waits in its worker for room.
     waiting = [f"of run {h.run_id} waits for memory" for h in handles]
 
@@ -89,7 +88,7 @@ def test_results_waiting_for_room_survive_a_redis_restart(
         assert_terminal_matches_events(head, events)
         (done,) = [e for e in events if isinstance(e, ToolCompleted)]
         assert done.ok and done.attempt == 1, done
-        assert (_count(gate, f"{key}.starts"), _count(gate, f"{key}.effects")) == (1, 1)
+        assert (gated_count(gate, f"{key}.starts"), gated_count(gate, f"{key}.effects")) == (1, 1)
     # The workers reconnected rather than exited, and serve new runs.
     assert {w.name: w.pid for w in workers} == pids and all(w.alive for w in workers)
 

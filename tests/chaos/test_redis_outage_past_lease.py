@@ -31,7 +31,7 @@ from producer.client import Client, NoLiveWorker, RunHandle
 from shared.events import ToolCompleted
 from shared.settings import Settings as RuntimeSettings
 from shared.state import Phase
-from tests.agents_fixture import GATE_DIR_ENV, gated_thinks
+from tests.agents_fixture import GATE_DIR_ENV, gated_count, gated_thinks
 from tests.broker import Settings, on_rabbitmq
 from tests.chaos.support import (
     LEASE_S,
@@ -59,11 +59,6 @@ _DEFAULTS = RuntimeSettings()
 #: (live while three intervals old), and a lease more: everything has run out when Redis is back.
 OUTAGE_S = max(LEASE_S, _DEFAULTS.worker_lease_s, 3 * _DEFAULTS.registry_interval_s) + LEASE_S
 THINK_INPUT = "think through the outage"
-
-
-def _count(gate: Path, name: str) -> int:
-    path = gate / name
-    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 @pytest.fixture
@@ -136,9 +131,9 @@ def test_work_alive_through_an_outage_past_its_lease_is_not_handed_on(
     charge_once = aof_client.submit("charge_once", "go")
     wait_until(
         lambda: (
-            _count(gate, f"{idem(retry_safe.run_id)}.starts")
-            and _count(gate, f"{idem(paying.run_id)}.starts")
-            and _count(gate, gated_thinks(THINK_INPUT))
+            gated_count(gate, f"{idem(retry_safe.run_id)}.starts")
+            and gated_count(gate, f"{idem(paying.run_id)}.starts")
+            and gated_count(gate, gated_thinks(THINK_INPUT))
             and starts(r, idem(slow_step.run_id))
             and starts(r, idem(charge_once.run_id))
         ),
@@ -156,9 +151,9 @@ def test_work_alive_through_an_outage_past_its_lease_is_not_handed_on(
     heads = {agent: aof_client.store.load(run_id) for run_id, agent in gated.items()}
     seen = {
         "epochs": {agent: head.epoch if head else None for agent, head in heads.items()},
-        "retry-safe call starts": _count(gate, f"{idem(retry_safe.run_id)}.starts"),
-        "non-retry-safe call starts": _count(gate, f"{idem(paying.run_id)}.starts"),
-        "model calls": _count(gate, gated_thinks(THINK_INPUT)),
+        "retry-safe call starts": gated_count(gate, f"{idem(retry_safe.run_id)}.starts"),
+        "non-retry-safe call starts": gated_count(gate, f"{idem(paying.run_id)}.starts"),
+        "model calls": gated_count(gate, gated_thinks(THINK_INPUT)),
     }
     # Nothing handed on (no new epoch), nothing run again beside the call or think still running.
     assert seen == {
@@ -179,14 +174,14 @@ def test_work_alive_through_an_outage_past_its_lease_is_not_handed_on(
         (done,) = [e for e in events if isinstance(e, ToolCompleted)]
         assert done.ok and done.attempt == 1, done
         key = idem(handle.run_id)
-        assert (_count(gate, f"{key}.starts"), _count(gate, f"{key}.effects")) == (1, 1)
+        assert (gated_count(gate, f"{key}.starts"), gated_count(gate, f"{key}.effects")) == (1, 1)
     head = thinking.wait(RUN_TIMEOUT_S)
     events = events_of(thinking)
     assert head.phase is Phase.COMPLETED and head.answer == "thought through the outage", head
     assert kinds(events) == ["RunStarted", "StepStarted", "ModelResponded", "Completed"]
     assert_event_invariants(events)
     assert_terminal_matches_events(head, events)
-    assert _count(gate, gated_thinks(THINK_INPUT)) == 1
+    assert gated_count(gate, gated_thinks(THINK_INPUT)) == 1
 
     _check_tool_ended_in_the_outage(aof_client, slow_step, retry_safe=True)
     _check_tool_ended_in_the_outage(aof_client, charge_once, retry_safe=False)

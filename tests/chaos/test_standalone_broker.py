@@ -20,10 +20,8 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-import redis
 
 from producer.client import Client, RunHandle
 from shared.settings import ENV_BROKER_URL
@@ -33,6 +31,8 @@ from tests.chaos.faults import fired_key
 from tests.chaos.support import (
     LOST,
     RUN_TIMEOUT_S,
+    UNACKED,
+    UNACKED_INDEX,
     Cluster,
     RunSnapshot,
     assert_event_invariants,
@@ -47,6 +47,8 @@ from tests.chaos.support import (
     kinds,
     snapshot,
     starts,
+    unacked,
+    unacked_drained,
     wait_tool_started,
 )
 from tests.harness import RedisServer, wait_until
@@ -55,7 +57,6 @@ from tests.invariants import ONE_HOP
 # Reads and writes the broker's unacked hash, and stops and restarts a standalone Redis.
 pytestmark = [pytest.mark.redis_broker, pytest.mark.standalone_redis]
 
-UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
 #: A queued lease far beyond any wait of these tests: a sweeper that asks the broker for a missing
 #: message cannot be what brings a run back, only a redelivery or an outbox marked unsent.
 NO_PROBE = {"WESICHAIN_QUEUED_LEASE_S": "300"}
@@ -82,19 +83,6 @@ def beside(server: RedisServer, broker: RedisServer) -> Iterator[Client]:
 
 def _env(broker: RedisServer, **more: str) -> dict[str, str]:
     return {ENV_BROKER_URL: broker.url, **more}
-
-
-def _unacked(b: redis.Redis) -> dict[str, tuple[dict[str, Any], str, str]]:
-    """kombu's unacked hash: delivery tag -> (envelope, exchange, routing key)."""
-    out = {}
-    for tag, raw in b.hgetall(UNACKED).items():
-        envelope, exchange, routing_key = json.loads(raw)
-        out[str(tag)] = (envelope, str(exchange), str(routing_key))
-    return out
-
-
-def _drained(b: redis.Redis) -> bool:
-    return b.hlen(UNACKED) == 0 and b.zcard(UNACKED_INDEX) == 0
 
 
 def _check_one_hop(client: Client, handle: RunHandle) -> None:
@@ -149,7 +137,7 @@ def test_runs_end_correctly_across_a_sigkill_of_the_broker(
     if not broker.appendonly:
         # The restart emptied the broker; every delivery since was acknowledged, by the transaction
         # of its publish or by the worker.
-        wait_until(lambda: _drained(b), 30, what="nothing left in the broker's unacked hash")
+        wait_until(lambda: unacked_drained(b), 30, what="nothing left in the broker's unacked hash")
         return
     # With an AOF the broker keeps what it recorded before the kill and no worker will acknowledge:
     # a delivery kombu recorded as the kill swallowed its reply (no worker received it), or one
@@ -157,7 +145,7 @@ def test_runs_end_correctly_across_a_sigkill_of_the_broker(
     # its run has moved past (the sweeper handed on what they were for), and comes back only after
     # the visibility timeout: handed back now, as that restore would, each changes nothing.
     before: dict[str, RunSnapshot] = {h.run_id: snapshot(client, h.run_id) for h in runs}
-    for tag, (envelope, _, queue) in _unacked(b).items():
+    for tag, (envelope, _, queue) in unacked(b).items():
         # As kombu's restore puts it back (its routing key names its queue).
         envelope["headers"]["redelivered"] = True
         envelope["properties"]["delivery_info"]["redelivered"] = True
@@ -167,7 +155,9 @@ def test_runs_end_correctly_across_a_sigkill_of_the_broker(
             pipe.rpush(queue, json.dumps(envelope))
             pipe.execute()
     wait_until(
-        lambda: _drained(b) and not any(b.llen(q) for q in b.keys("wesichain.*") if b.type(q) == "list"),
+        lambda: (
+            unacked_drained(b) and not any(b.llen(q) for q in b.keys("wesichain.*") if b.type(q) == "list")
+        ),
         30,
         what="the handed-back deliveries to be taken and acknowledged",
     )
@@ -206,7 +196,7 @@ def test_a_full_broker_refusing_the_publish_after_a_commit_does_not_make_the_run
 
     _check_one_hop(client, handle)
     assert all(w.alive for w in workers)
-    wait_until(lambda: _drained(b), 30, what="nothing left in the broker's unacked hash")
+    wait_until(lambda: unacked_drained(b), 30, what="nothing left in the broker's unacked hash")
 
 
 PHASES = [Phase.IDLE, Phase.THINKING, Phase.OBSERVING]
@@ -245,7 +235,7 @@ def test_a_pool_process_killed_around_the_publish_after_its_commit(
     attempts = client.store.attempts(handle.run_id)
     claims = {k: v for k, v in attempts.items() if k.startswith("v")}
     assert claims and set(claims.values()) == {"1"}, attempts
-    wait_until(lambda: _drained(b), 30, what="nothing left in the broker's unacked hash")
+    wait_until(lambda: unacked_drained(b), 30, what="nothing left in the broker's unacked hash")
 
 
 def test_a_worker_killed_whole_after_the_publish_after_its_commit(
@@ -278,4 +268,4 @@ def test_a_worker_killed_whole_after_the_publish_after_its_commit(
     attempts = client.store.attempts(handle.run_id)
     claims = {k: v for k, v in attempts.items() if k.startswith("v")}
     assert claims and set(claims.values()) == {"1"}, attempts
-    wait_until(lambda: _drained(b), 10, what="nothing left in the broker's unacked hash")
+    wait_until(lambda: unacked_drained(b), 10, what="nothing left in the broker's unacked hash")
