@@ -31,6 +31,7 @@ from producer.publishing import (
     MessageBuilder,
     RuntimePublisher,
     broker_is_store,
+    broker_redis,
     publish_commands,
     pushes_messages,
 )
@@ -228,9 +229,9 @@ class Client:
         self.store = store or RunStore(connect(settings), settings)
         #: Where the built messages are pushed: the store's client, or a client of the broker's
         #: own Redis (the standalone one beside a Redis Cluster run state).
-        self._broker = (
-            self.store.redis if in_store or self._messages is None else connect(settings.broker_endpoint())
-        )
+        self._broker = self.store.redis
+        if self._messages is not None:
+            self._broker = broker_redis(settings, self.store.redis)
         self.workers = WorkerDirectory(self.store.redis, self.store.keys, settings.registry_interval_s)
         #: Refuses new runs while Redis is nearly at its maxmemory (see ``shared/retention.py``).
         self.memory_guard = MemoryGuard(self.store.redis, settings)

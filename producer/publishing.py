@@ -60,6 +60,7 @@ from celery.signals import after_task_publish, before_task_publish
 from kombu.exceptions import OperationalError
 from kombu.transport import redis as redis_transport
 
+from shared.redis_client import connect
 from shared.settings import Settings
 from shared.state import TaskSpec
 from shared.store import PUBLISH_COMMANDS, BrokerCommand
@@ -73,6 +74,7 @@ __all__ = [
     "ReprAMQP",
     "RuntimePublisher",
     "broker_is_store",
+    "broker_redis",
     "celery_repr",
     "publish_commands",
     "pushes_messages",
@@ -435,6 +437,13 @@ def pushes_messages(settings: Settings) -> bool:
     beside a Redis Cluster), with no broker key prefix (kombu writes the prefix into a command's
     keys as it runs it, so the commands it hands over have none)."""
     return settings.broker_is_redis and not settings.broker_prefix
+
+
+def broker_redis(settings: Settings, store_client: Any) -> Any:
+    """The client that reaches the broker's Redis: ``store_client`` when the broker is the run
+    state's own server, else a new client of the broker's (``broker_url``: the standalone Redis
+    beside a Redis Cluster run state), for the caller to keep. Only for a Redis broker."""
+    return connect(settings.broker_endpoint()) if settings.broker_url else store_client
 
 
 def publish_commands(client: Any, commands: Sequence[BrokerCommand], atomic: bool = False) -> None:

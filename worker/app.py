@@ -43,6 +43,7 @@ from producer.publishing import (
     ReprAMQP,
     RuntimePublisher,
     broker_is_store,
+    broker_redis,
     publish_commands,
     pushes_messages,
 )
@@ -173,7 +174,7 @@ class RuntimeHolder:
         # client of the broker's own Redis (the standalone one beside a Redis Cluster run state),
         # kept for the process as the store's is.
         in_store = broker_is_store(settings)
-        broker = store.redis if in_store or builder is None else connect(settings.broker_endpoint())
+        broker = broker_redis(settings, store.redis) if builder is not None else store.redis
         # A commit script pushes its next phase (and acknowledges its delivery) only on the
         # broker's own server; beside it, the delivery's acknowledgement goes with the publish that
         # follows the commit, in one transaction on the broker (``worker/acks.py``).
@@ -284,13 +285,8 @@ class RuntimeHolder:
             return UnknownBroker()
         conf = celery_config(self.settings)
         options = conf["broker_transport_options"]
-        # The broker's own Redis: the store's, or a standalone one of its own (``broker_url``, as
-        # beside a Redis Cluster run state).
-        client = (
-            connect(self.settings.broker_endpoint()) if self.settings.broker_url else self.get().store.redis
-        )
         return RedisQueues(
-            client,
+            broker_redis(self.settings, self.get().store.redis),
             [QUEUE_MODEL, QUEUE_TOOLS, QUEUE_CALLBACKS],
             prefix=options.get("global_keyprefix", ""),
         )
